@@ -1,0 +1,3 @@
+from driverd.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""driverd's command line: argument parsing and output only; every decision lives in the subjects.
+
+Command modules register their subcommands; heavy imports happen inside handlers so that
+`driverd detect` never pays for the Kubernetes client or the package builder.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from driverd import __version__
+from driverd.errors import EXIT_UNEXPECTED, EXIT_USAGE, DriverdError
+
+# Each module defines register(sub, common) and handlers taking (ctx, args) -> int.
+COMMAND_MODULES = ("driverd.cli.host_cmds",)
+
+EPILOG = """\
+exit codes: 0 done or nothing to do, 1 unexpected failure, 2 bad usage or configuration,
+            3 blocked by a precondition (the message says which)
+every command takes --root DIR (default /, the driver container uses /host) and --json.
+start with:  driverd detect            what is on this host
+             driverd plan --driver V   what driverd would do to reach driver V, and why
+"""
+
+
+def common_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("common options")
+    g.add_argument("--root", metavar="DIR", help="host root directory; every host path is read under it "
+                   "(default: $DRIVERD_ROOT or /; the driver container uses /host)")
+    g.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    g.add_argument("--config", metavar="FILE", help="config file (default: <root>/etc/driverd/config.toml)")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = common_parser()
+    parser = argparse.ArgumentParser(
+        prog="driverd", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        description="driverd takes a bare NVIDIA GPU host to workload-ready and keeps it there: it reads the "
+                    "host, decides the driver flavour, fetches or builds a package for the exact kernel, "
+                    "loads it safely and configures the container runtimes.")
+    parser.add_argument("--version", action="version", version=f"driverd {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub, common)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:   # argparse already printed the usage error
+        return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return EXIT_USAGE
+    from driverd.cli.context import Context
+    from driverd.cli.output import error
+
+    ctx = Context.from_args(args)
+    try:
+        return int(args.handler(ctx, args) or 0)
+    except DriverdError as e:
+        return error(ctx.json, e)
+    except KeyboardInterrupt:
+        print("driverd: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # a bug: say so on one line, with where to look
+        import traceback
+        if __import__("os").environ.get("DRIVERD_DEBUG"):
+            traceback.print_exc()
+        print(f"driverd: unexpected error: {e.__class__.__name__}: {e} (set DRIVERD_DEBUG=1 for a traceback "
+              "and report it)", file=sys.stderr)
+        return EXIT_UNEXPECTED
+
+
+def kubectl_main() -> int:
+    """`kubectl driverd ...`: the same commands, invoked as a kubectl plugin."""
+    return main(sys.argv[1:])

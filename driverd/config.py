@@ -1,0 +1,231 @@
+"""Configuration: <root>/etc/driverd/config.toml, then DRIVERD_* environment overrides.
+
+One schema below is the only place a key is defined: its type, allowed values, default and help.
+Loading validates everything; a bad key or value is a one-line ConfigError naming the key, what was
+found and what is allowed. Environment overrides use DRIVERD_<SECTION>_<KEY> (upper-case), e.g.
+DRIVERD_DRIVER_VERSION=550.127.05, DRIVERD_RUNTIME_RUNTIMES=containerd,docker.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from driverd.errors import ConfigError
+
+CONFIG_PATH = "/etc/driverd/config.toml"
+VERSION_RE = re.compile(r"^\d{3}(\.\d{1,3}){1,2}$")
+
+
+@dataclass(frozen=True)
+class Key:
+    type: str                       # str | bool | int | list | params
+    default: Any
+    help: str
+    allowed: tuple[str, ...] = ()   # for str, and for each element of list
+    pattern: re.Pattern | None = None
+    pattern_hint: str = ""
+
+
+SCHEMA: dict[str, Key] = {
+    "driver.version": Key("str", None, "driver version to provision, e.g. 535.261.03",
+                          pattern=VERSION_RE, pattern_hint="a driver version like 535.261.03"),
+    "driver.flavor": Key("str", "auto", "kernel-module flavour", ("auto", "open", "proprietary")),
+    "modules.parameters": Key("params", {}, "module parameters: [modules.parameters.<module>] key = value"),
+    "modules.load_drm": Key("bool", False, "load nvidia-drm (needed for display / DRM consumers)"),
+    "modules.load_peermem": Key("str", "auto", "load nvidia-peermem (auto: when a Mellanox NIC exists)",
+                                ("auto", "true", "false")),
+    "modules.unload_policy": Key("str", "refuse", "what to do with processes holding the GPU on unload",
+                                 ("refuse", "terminate")),
+    "modules.terminate_grace_s": Key("int", 30, "seconds between SIGTERM and SIGKILL when terminating"),
+    "signing.key": Key("str", None, "private key used to sign modules built on this host"),
+    "signing.cert": Key("str", None, "certificate (DER or PEM) matching signing.key"),
+    "packages.repositories": Key("list", [], "package repositories (https://, http://, file://)"),
+    "packages.cache_dir": Key("str", "/var/cache/driverd", "download cache, under the root"),
+    "packages.cache_max_mb": Key("int", 4096, "size bound of the download cache in MiB"),
+    "packages.build_fallback": Key("bool", True, "build locally when no repository holds the package"),
+    "packages.source": Key("str", None, "NVIDIA kernel-module source (tree or tarball) for local builds"),
+    "packages.index_public_key": Key("str", None, "public key that repository index signatures must verify against"),
+    "runtime.runtimes": Key("list", ["auto"], "container runtimes to configure",
+                            ("auto", "containerd", "crio", "docker", "none")),
+    "runtime.handler": Key("str", "nvidia", "runtime handler name", pattern=re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$"),
+                           pattern_hint="a lower-case name like nvidia"),
+    "runtime.binary": Key("str", "/usr/bin/nvidia-container-runtime", "the handler's runtime binary"),
+    "runtime.set_as_default": Key("bool", False, "make the handler the runtime's default"),
+    "runtime.cdi": Key("bool", False, "enable CDI and write a CDI spec"),
+    "runtime.restart": Key("str", "systemd", "how to restart a runtime after a change", ("systemd", "signal", "none")),
+    "daemons.persistenced": Key("bool", True, "run nvidia-persistenced"),
+    "daemons.fabricmanager": Key("str", "auto", "run fabric manager (auto: when NVSwitches exist)",
+                                 ("auto", "true", "false")),
+    "state.dir": Key("str", "/var/lib/driverd", "journal and state directory, under the root"),
+    "cluster.node_name": Key("str", None, "this node's Kubernetes name (default: $NODE_NAME, then hostname)"),
+}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def env_name(key: str) -> str:
+    return "DRIVERD_" + key.replace(".", "_").upper()
+
+
+_ENV_TO_KEY = {env_name(k): k for k in SCHEMA}
+# Environment variables that are not configuration keys but share the prefix.
+_ENV_NOT_KEYS = {"DRIVERD_ROOT", "DRIVERD_CONFIG", "DRIVERD_LOG_LEVEL"}
+
+
+@dataclass
+class Config:
+    values: dict[str, Any]
+    sources: dict[str, str] = field(default_factory=dict)
+    path: str | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in SCHEMA:
+            raise KeyError(key)
+        return self.values.get(key, SCHEMA[key].default)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = self[key]
+        return default if v is None else v
+
+    def with_overrides(self, overrides: Mapping[str, Any], source: str = "command line") -> "Config":
+        values = dict(self.values)
+        sources = dict(self.sources)
+        for k, v in overrides.items():
+            if v is None:
+                continue
+            values[k] = _coerce(k, v, source)
+            sources[k] = source
+        return Config(values, sources, self.path)
+
+    def to_json(self) -> dict:
+        return {k: {"value": self[k], "source": self.sources.get(k, "default")} for k in SCHEMA}
+
+
+def _fail(key: str, found: Any, where: str, allowed: str) -> ConfigError:
+    return ConfigError(f"invalid value {found!r} for {key} in {where}", cause=f"{key} must be {allowed}",
+                       fix=f"set {key} to {allowed}")
+
+
+def _coerce(key: str, value: Any, where: str) -> Any:
+    spec = SCHEMA[key]
+    if spec.type == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
+        raise _fail(key, value, where, "true or false")
+    if spec.type == "int":
+        if isinstance(value, bool):
+            raise _fail(key, value, where, "a whole number")
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            raise _fail(key, value, where, "a whole number") from None
+        if n < 0:
+            raise _fail(key, value, where, "a whole number >= 0")
+        return n
+    if spec.type == "list":
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise _fail(key, value, where, "a list of strings")
+        for v in value:
+            if spec.allowed and v not in spec.allowed:
+                raise _fail(key, v, where, "one of " + ", ".join(spec.allowed))
+        return list(value)
+    if spec.type == "params":
+        if not isinstance(value, dict):
+            raise _fail(key, value, where, "a table of [modules.parameters.<module>] tables")
+        out: dict[str, dict[str, str]] = {}
+        for mod, params in value.items():
+            if not isinstance(params, dict):
+                raise _fail(f"{key}.{mod}", params, where, "a table of parameter = value")
+            for p, v in params.items():
+                if isinstance(v, (dict, list)):
+                    raise _fail(f"{key}.{mod}.{p}", v, where, "a string, number or boolean")
+            out[mod.replace("-", "_")] = {p: _param_str(v) for p, v in params.items()}
+        return out
+    # str
+    if not isinstance(value, str) or value == "":
+        raise _fail(key, value, where, "a non-empty string" if not spec.allowed else "one of " + ", ".join(spec.allowed))
+    if spec.allowed and value not in spec.allowed:
+        raise _fail(key, value, where, "one of " + ", ".join(spec.allowed))
+    if spec.pattern and not spec.pattern.match(value):
+        raise _fail(key, value, where, spec.pattern_hint)
+    return value
+
+
+def _param_str(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)
+
+
+def _flatten(doc: dict, where: str) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    sections = sorted({k.split(".")[0] for k in SCHEMA})
+    for section, body in doc.items():
+        if section not in sections:
+            raise ConfigError(f"unknown section [{section}] in {where}", cause="driverd does not know this section",
+                              fix="use one of: " + ", ".join(f"[{s}]" for s in sections))
+        if not isinstance(body, dict):
+            raise ConfigError(f"{section} in {where} must be a table", cause=f"found {body!r}",
+                              fix=f"write it as [{section}] with keys below it")
+        for k, v in body.items():
+            key = f"{section}.{k}"
+            if key not in SCHEMA:
+                known = [s.split(".", 1)[1] for s in SCHEMA if s.startswith(section + ".")]
+                raise ConfigError(f"unknown key {key} in {where}", cause=f"[{section}] has no key {k!r}",
+                                  fix="use one of: " + ", ".join(known))
+            flat[key] = v
+    return flat
+
+
+def load(root, path: str | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read the config file under `root` (absent file = defaults) and apply DRIVERD_* overrides."""
+    environ = os.environ if environ is None else environ
+    path = path or environ.get("DRIVERD_CONFIG")
+    if path:  # an explicit file is a path on the machine running driverd, not under the root
+        real, shown = Path(path), path
+    else:
+        real = root.real(CONFIG_PATH)
+        shown = CONFIG_PATH if root.is_slash else f"{root.base}{CONFIG_PATH}"
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    try:
+        raw = real.read_bytes()
+    except FileNotFoundError:
+        if path:
+            raise ConfigError(f"config file {shown} does not exist", cause="--config names a missing file",
+                              fix="create it or drop --config") from None
+        raw = None
+    except OSError as e:
+        raise ConfigError(f"cannot read {shown}: {e.strerror}", cause="the file is not readable",
+                          fix="check its permissions") from None
+    if raw is not None:
+        try:
+            doc = tomllib.loads(raw.decode("utf-8", errors="replace"))
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{shown} is not valid TOML: {e}", cause="a syntax error in the config file",
+                              fix="fix the line named above (see `driverd config --help` for the keys)") from None
+        for key, v in _flatten(doc, shown).items():
+            values[key] = _coerce(key, v, shown)
+            sources[key] = shown
+    for name, v in environ.items():
+        if not name.startswith("DRIVERD_") or name in _ENV_NOT_KEYS:
+            continue
+        key = _ENV_TO_KEY.get(name)
+        if key is None:
+            raise ConfigError(f"unknown environment variable {name}", cause="it is not a driverd setting",
+                              fix="unset it or use one of: " + ", ".join(sorted(_ENV_TO_KEY)))
+        if SCHEMA[key].type == "params":
+            raise ConfigError(f"{name} cannot be set from the environment", cause="module parameters are tables",
+                              fix="set [modules.parameters.<module>] in the config file")
+        values[key] = _coerce(key, v, f"environment {name}")
+        sources[key] = f"env {name}"
+    return Config(values, sources, shown)

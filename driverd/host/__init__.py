@@ -1,0 +1,26 @@
+"""Read-only host facts. `collect(root)` returns one immutable snapshot; nothing is changed."""
+from __future__ import annotations
+
+from driverd.host.facts import Facts
+from driverd.root import Root
+
+
+def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia") -> Facts:
+    from driverd.host import kernel, modules, nouveau, osrelease, pci, processes, runtimes
+    from driverd.host.facts import NvmlFacts
+    from driverd.host.nvml import read_nvml
+
+    warnings: list[str] = []
+    k = kernel.read_kernel(root, warnings)
+    o = osrelease.read_os(root, warnings)
+    gpus, switches, nics = pci.classify(root, pci.scan(root, warnings), warnings)
+    drv = modules.read_driver(root, k.release, warnings)
+    nv = nouveau.read_nouveau(root, [g.pci_address for g in gpus])
+    users = processes.gpu_users(root) if drv.loaded else []
+    return Facts(
+        root=root.base, hostname=root.read_first_line("/proc/sys/kernel/hostname") or None,
+        kernel=k, os=o, gpus=tuple(gpus), nvswitches=tuple(switches), mellanox_nics=tuple(nics), nouveau=nv,
+        driver=drv, gpu_users=tuple(users), daemons=tuple(processes.daemons(root)),
+        runtimes=tuple(runtimes.read_runtimes(root, handler)),
+        nvml=read_nvml(root, drv.loaded) if nvml else NvmlFacts(False, "NVML disabled (--no-nvml)"),
+        warnings=tuple(warnings))

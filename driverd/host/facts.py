@@ -1,0 +1,192 @@
+"""Facts: one immutable, JSON-serialisable snapshot of a host. Reading facts never changes anything."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class KernelFacts:
+    release: str | None
+    version: str | None                     # the full /proc/version line
+    arch: str | None
+    cmdline: str
+    modules_supported: bool                 # False when the kernel has no loadable-module support
+    module_signature_enforced: bool
+    signature_enforcement_sources: tuple[str, ...]   # which evidence says so
+    lockdown: str | None                    # none | integrity | confidentiality | None (no LSM file)
+    secure_boot: str                        # enabled | disabled | setup-mode | not-efi | unknown
+    module_unload_supported: bool
+    module_unload_evidence: str
+    headers_present: bool
+    headers_path: str | None                # where /lib/modules/<release>/build resolves on the host
+    config_source: str | None               # /boot/config-<release> or /proc/config.gz
+
+
+@dataclass(frozen=True)
+class OsFacts:
+    id: str
+    version_id: str | None
+    id_like: tuple[str, ...] = ()
+    pretty_name: str | None = None
+    version_codename: str | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    pci_address: str
+    vendor_id: str
+    device_id: str
+    subsystem_vendor_id: str | None
+    subsystem_device_id: str | None
+    class_code: str
+    numa_node: int | None
+    bound_driver: str | None
+    name: str
+    architecture: str                       # "unknown" for device ids missing from the table
+    chip: str | None
+    open_module_support: str                # required | supported | unsupported | unknown
+    min_branch: int | None
+    last_branch: int | None
+    known: bool
+
+
+@dataclass(frozen=True)
+class NvSwitchFacts:
+    pci_address: str
+    device_id: str
+    name: str
+    bound_driver: str | None
+
+
+@dataclass(frozen=True)
+class NicFacts:
+    pci_address: str
+    vendor_id: str
+    device_id: str
+    class_code: str
+    bound_driver: str | None
+    netdevs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModuleFacts:
+    name: str
+    size: int | None
+    refcount: int | None                    # None when the kernel cannot unload modules
+    holders: tuple[str, ...]                # modules using this one (/sys/module/<m>/holders)
+    state: str | None                       # Live | Loading | Unloading
+    taints: str
+    version: str | None
+    srcversion: str | None
+    permanent: bool = False
+
+
+@dataclass(frozen=True)
+class NouveauFacts:
+    loaded: bool
+    refcount: int | None
+    holders: tuple[str, ...]
+    bound_devices: tuple[str, ...]
+    blacklisted: bool
+    blacklist_sources: tuple[str, ...]      # files / cmdline entries that blacklist it
+    modeset_disabled: bool                  # options nouveau modeset=0 or nouveau.modeset=0
+
+
+@dataclass(frozen=True)
+class InstalledPackage:
+    kernel_release: str
+    driver_version: str
+    flavor: str
+    sha256: str | None
+    path: str
+
+
+@dataclass(frozen=True)
+class DriverFacts:
+    loaded: bool
+    version: str | None
+    flavor: str | None                      # open | proprietary
+    version_line: str | None
+    modules: tuple[ModuleFacts, ...]
+    installed: tuple[InstalledPackage, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuUser:
+    pid: int
+    comm: str
+    cmdline: str
+    devices: tuple[str, ...]
+    container_id: str | None = None
+    pod_uid: str | None = None
+
+
+@dataclass(frozen=True)
+class DaemonFacts:
+    name: str
+    running: bool
+    pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class RuntimeFacts:
+    name: str                               # containerd | crio | docker
+    binary: str | None
+    version: str | None
+    config_path: str | None
+    config_exists: bool
+    socket: str | None
+    socket_exists: bool
+    handlers: tuple[str, ...] = ()
+    nvidia_handler: bool = False
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class NvmlDevice:
+    index: int
+    name: str
+    uuid: str
+    pci_bus_id: str
+    memory_total_mib: int | None
+    persistence_mode: bool | None
+    mig_mode_current: bool | None
+    mig_mode_pending: bool | None
+
+
+@dataclass(frozen=True)
+class NvmlFacts:
+    available: bool
+    reason: str | None                      # why not, when unavailable
+    source: str | None = None               # live | capture
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    devices: tuple[NvmlDevice, ...] = ()
+
+
+@dataclass(frozen=True)
+class Facts:
+    root: str
+    hostname: str | None
+    kernel: KernelFacts
+    os: OsFacts
+    gpus: tuple[GpuFacts, ...]
+    nvswitches: tuple[NvSwitchFacts, ...]
+    mellanox_nics: tuple[NicFacts, ...]
+    nouveau: NouveauFacts
+    driver: DriverFacts
+    gpu_users: tuple[GpuUser, ...]
+    daemons: tuple[DaemonFacts, ...]
+    runtimes: tuple[RuntimeFacts, ...]
+    nvml: NvmlFacts
+    warnings: tuple[str, ...] = field(default=())
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def daemon(self, name: str) -> DaemonFacts | None:
+        return next((d for d in self.daemons if d.name == name), None)

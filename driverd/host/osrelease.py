@@ -1,0 +1,49 @@
+"""OS identity from os-release(5): /etc/os-release, falling back to /usr/lib/os-release."""
+from __future__ import annotations
+
+import re
+import shlex
+
+from driverd.host.facts import OsFacts
+from driverd.root import Root
+
+_LINE = re.compile(r"^([A-Z][A-Z0-9_]*)=(.*)$")
+
+
+def parse_os_release(text: str) -> tuple[dict[str, str], list[str]]:
+    """KEY=value lines; values may be single- or double-quoted with shell escapes. Returns the
+    variables and the malformed lines (reported, never fatal)."""
+    out: dict[str, str] = {}
+    bad: list[str] = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if not m:
+            bad.append(f"line {n}: {line[:60]!r}")
+            continue
+        key, value = m.groups()
+        try:
+            parts = shlex.split(value, posix=True) if value else [""]
+            out[key] = " ".join(parts) if parts else ""
+        except ValueError:
+            bad.append(f"line {n}: unbalanced quotes")
+    return out, bad
+
+
+def read_os(root: Root, warnings: list[str]) -> OsFacts:
+    for path in ("/etc/os-release", "/usr/lib/os-release"):
+        text = root.read_text(path)
+        if text is None:
+            continue
+        vals, bad = parse_os_release(text)
+        for b in bad:
+            warnings.append(f"{path}: malformed {b}")
+        if "ID" not in vals:
+            warnings.append(f"{path}: no ID= line; OS reported as linux (the os-release default)")
+        return OsFacts(id=vals.get("ID", "linux").lower() or "linux", version_id=vals.get("VERSION_ID") or None,
+                       id_like=tuple(vals.get("ID_LIKE", "").split()), pretty_name=vals.get("PRETTY_NAME"),
+                       version_codename=vals.get("VERSION_CODENAME") or None, source=path)
+    warnings.append("no os-release file (/etc/os-release, /usr/lib/os-release): OS unknown")
+    return OsFacts(id="unknown", version_id=None)

@@ -1,0 +1,100 @@
+"""PCI devices from sysfs (/sys/bus/pci/devices/<domain:bus:dev.fn>/): NVIDIA GPUs, NVSwitches,
+Mellanox NICs. The `class` file holds 24 bits: base class, subclass, programming interface."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from driverd.host import gputable
+from driverd.host.facts import GpuFacts, NicFacts, NvSwitchFacts
+from driverd.root import Root
+
+PCI_DEVICES = "/sys/bus/pci/devices"
+NVIDIA = "0x10de"
+MELLANOX = "0x15b3"
+GPU_CLASSES = {0x0300, 0x0302}      # VGA-compatible, 3D controller
+NVSWITCH_CLASS = 0x0680             # bridge: other
+_ADDR = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_HEX = re.compile(r"^0x[0-9a-f]+$")
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    address: str
+    vendor: str
+    device: str
+    class_code: int
+    subsystem_vendor: str | None
+    subsystem_device: str | None
+    numa_node: int | None
+    driver: str | None
+
+
+def _hex(root: Root, path: str) -> str | None:
+    v = root.read_first_line(path)
+    if v is None:
+        return None
+    v = v.lower()
+    return v if _HEX.match(v) else None
+
+
+def read_device(root: Root, addr: str, warnings: list[str]) -> PciDevice | None:
+    base = f"{PCI_DEVICES}/{addr}"
+    vendor, device, cls = _hex(root, f"{base}/vendor"), _hex(root, f"{base}/device"), _hex(root, f"{base}/class")
+    if vendor is None or device is None or cls is None:
+        warnings.append(f"PCI device {addr}: unreadable or garbled vendor/device/class in sysfs; skipped")
+        return None
+    numa = root.read_first_line(f"{base}/numa_node")
+    try:
+        numa_node = int(numa) if numa is not None else None
+    except ValueError:
+        numa_node = None
+        warnings.append(f"PCI device {addr}: garbled numa_node {numa!r}")
+    link = root.readlink(f"{base}/driver")
+    return PciDevice(addr, gputable.norm_id(vendor), gputable.norm_id(device), int(cls, 16) >> 8,
+                     _hex(root, f"{base}/subsystem_vendor"), _hex(root, f"{base}/subsystem_device"),
+                     numa_node if numa_node is None or numa_node >= 0 else None,
+                     os.path.basename(link) if link else None)
+
+
+def scan(root: Root, warnings: list[str]) -> list[PciDevice]:
+    out = []
+    for addr in root.listdir(PCI_DEVICES):
+        if not _ADDR.match(addr):
+            continue
+        dev = read_device(root, addr, warnings)
+        if dev is not None:
+            out.append(dev)
+    return out
+
+
+def gpu_from(dev: PciDevice, warnings: list[str]) -> GpuFacts:
+    model = gputable.lookup(dev.device)
+    if model is None:
+        warnings.append(f"GPU {dev.address}: device id {dev.device} is not in driverd's GPU table; "
+                        "architecture and open-module support unknown (set driver.flavor explicitly)")
+    return GpuFacts(
+        pci_address=dev.address, vendor_id=dev.vendor, device_id=dev.device,
+        subsystem_vendor_id=dev.subsystem_vendor, subsystem_device_id=dev.subsystem_device,
+        class_code=f"0x{dev.class_code:04x}", numa_node=dev.numa_node, bound_driver=dev.driver,
+        name=model.name if model else "unknown", architecture=model.architecture if model else "unknown",
+        chip=model.chip if model else None,
+        open_module_support=model.open_module_support if model else "unknown",
+        min_branch=model.min_branch if model else None, last_branch=model.last_branch if model else None,
+        known=model is not None)
+
+
+def classify(root: Root, devices: list[PciDevice], warnings: list[str]
+             ) -> tuple[list[GpuFacts], list[NvSwitchFacts], list[NicFacts]]:
+    gpus, switches, nics = [], [], []
+    for d in devices:
+        if d.vendor == NVIDIA and d.class_code in GPU_CLASSES:
+            gpus.append(gpu_from(d, warnings))
+        elif d.vendor == NVIDIA and d.class_code == NVSWITCH_CLASS:
+            switches.append(NvSwitchFacts(d.address, d.device, gputable.nvswitch_name(d.device) or "NVSwitch",
+                                          d.driver))
+        elif d.vendor == MELLANOX and d.class_code >> 8 == 0x02:   # network controllers
+            nics.append(NicFacts(d.address, d.vendor, d.device, f"0x{d.class_code:04x}", d.driver,
+                                 tuple(root.listdir(f"{PCI_DEVICES}/{d.address}/net"))))
+    return gpus, switches, nics

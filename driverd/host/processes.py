@@ -1,0 +1,63 @@
+"""Processes that matter to a driver change: GPU users (open /dev/nvidia* files) and GPU daemons.
+
+Read from <root>/proc so that the driver container (root=/host with the host's /proc) sees the
+host's processes. The container / pod a process belongs to comes from its cgroup path.
+"""
+from __future__ import annotations
+
+import re
+
+from driverd.host.facts import DaemonFacts, GpuUser
+from driverd.root import Root
+
+DAEMONS = {"nvidia-persistenced": ("nvidia-persistenc", "nvidia-persistenced"),
+           "nv-fabricmanager": ("nv-fabricmanage", "nv-fabricmanager")}
+_POD_RE = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+_CTR_RE = re.compile(r"(?:cri-containerd-|crio-|docker-|/)([0-9a-f]{64})(?:\.scope)?$")
+
+
+def pids(root: Root) -> list[int]:
+    return sorted(int(p) for p in root.listdir("/proc") if p.isdigit())
+
+
+def container_of(cgroup_text: str) -> tuple[str | None, str | None]:
+    """(container id, pod uid) from /proc/<pid>/cgroup (v1 or v2, systemd or cgroupfs drivers)."""
+    ctr = pod = None
+    for line in cgroup_text.splitlines():
+        path = line.split(":", 2)[-1]
+        m = _POD_RE.search(path)
+        if m and pod is None:
+            pod = m.group(1).replace("_", "-")
+        for seg in reversed(path.split("/")):
+            m2 = _CTR_RE.search("/" + seg)
+            if m2:
+                ctr = ctr or m2.group(1)
+                break
+    return ctr, pod
+
+
+def gpu_users(root: Root) -> list[GpuUser]:
+    users = []
+    for pid in pids(root):
+        devs = set()
+        for fd in root.listdir(f"/proc/{pid}/fd"):
+            target = root.readlink(f"/proc/{pid}/fd/{fd}")
+            if target and target.startswith("/dev/nvidia"):
+                devs.add(target)
+        if not devs:
+            continue
+        comm = root.read_first_line(f"/proc/{pid}/comm") or "?"
+        cmd = (root.read_text(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip()
+        ctr, pod = container_of(root.read_text(f"/proc/{pid}/cgroup") or "")
+        users.append(GpuUser(pid, comm, cmd, tuple(sorted(devs)), ctr, pod))
+    return users
+
+
+def daemons(root: Root) -> list[DaemonFacts]:
+    found: dict[str, list[int]] = {name: [] for name in DAEMONS}
+    for pid in pids(root):
+        comm = root.read_first_line(f"/proc/{pid}/comm")
+        for name, comms in DAEMONS.items():
+            if comm in comms:
+                found[name].append(pid)
+    return [DaemonFacts(name, bool(p), tuple(p)) for name, p in found.items()]

@@ -1,0 +1,68 @@
+"""Plans are data: what driverd will do, in order, and why. Printing a plan explains a run."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Step:
+    action: str                         # e.g. "blacklist-nouveau", "load-modules"
+    reason: str                         # why this host needs it
+    params: dict[str, Any] = field(default_factory=dict)
+    preconditions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Desired:
+    """The desired state of one host, from configuration and command-line overrides."""
+    driver_version: str | None
+    flavor: str = "auto"
+    module_parameters: dict[str, dict[str, str]] = field(default_factory=dict)
+    load_drm: bool = False
+    load_peermem: str = "auto"
+    unload_policy: str = "refuse"
+    signing_key: str | None = None
+    signing_cert: str | None = None
+    runtimes: tuple[str, ...] = ("auto",)
+    handler: str = "nvidia"
+    persistenced: bool = True
+    fabricmanager: str = "auto"
+
+    @classmethod
+    def from_config(cls, cfg) -> "Desired":
+        return cls(driver_version=cfg["driver.version"], flavor=cfg["driver.flavor"],
+                   module_parameters=cfg["modules.parameters"], load_drm=cfg["modules.load_drm"],
+                   load_peermem=cfg["modules.load_peermem"], unload_policy=cfg["modules.unload_policy"],
+                   signing_key=cfg["signing.key"], signing_cert=cfg["signing.cert"],
+                   runtimes=tuple(cfg["runtime.runtimes"]), handler=cfg["runtime.handler"],
+                   persistenced=cfg["daemons.persistenced"], fabricmanager=cfg["daemons.fabricmanager"])
+
+
+@dataclass(frozen=True)
+class FlavorDecision:
+    flavor: str | None                  # open | proprietary | None (no GPU)
+    reason: str
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    driver_version: str | None
+    flavor: str | None
+    flavor_reason: str
+    kernel_release: str | None
+    steps: tuple[Step, ...]
+    reboot_required: bool = False
+    reboot_reasons: tuple[str, ...] = ()
+    blocked_by: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def nothing_to_do(self) -> bool:
+        return not self.steps and not self.blocked_by and not self.reboot_required
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["nothing_to_do"] = self.nothing_to_do
+        return out
