@@ -1,0 +1,44 @@
+import os
+
+from driverd.root import Root
+
+
+def test_absolute_symlink_resolves_inside_root(tmp_path):
+    (tmp_path / "usr/src/linux-headers-6.1.0-47-amd64").mkdir(parents=True)
+    (tmp_path / "usr/src/linux-headers-6.1.0-47-amd64/Makefile").write_text("x")
+    (tmp_path / "lib/modules/6.1.0-47-amd64").mkdir(parents=True)
+    os.symlink("/usr/src/linux-headers-6.1.0-47-amd64", tmp_path / "lib/modules/6.1.0-47-amd64/build")
+    root = Root(tmp_path)
+    assert root.resolve("/lib/modules/6.1.0-47-amd64/build/Makefile") == "/usr/src/linux-headers-6.1.0-47-amd64/Makefile"
+    assert root.read_text("/lib/modules/6.1.0-47-amd64/build/Makefile") == "x"
+
+
+def test_symlink_cannot_escape_root(tmp_path):
+    (tmp_path / "etc").mkdir()
+    os.symlink("../../../../../../etc/passwd", tmp_path / "etc/escape")
+    root = Root(tmp_path)
+    assert root.resolve("/etc/escape") == "/etc/passwd"
+    assert root.read_text("/etc/escape") is None   # /etc/passwd does not exist inside the tree
+
+
+def test_missing_and_unreadable_return_none(tmp_path):
+    root = Root(tmp_path)
+    assert root.read_text("/nope") is None
+    assert root.listdir("/nope") == []
+    assert root.readlink("/nope") is None
+
+
+def test_recording_lists_links_and_targets(tmp_path):
+    (tmp_path / "sys/devices/pci0000:00/0000:00:06.0").mkdir(parents=True)
+    (tmp_path / "sys/devices/pci0000:00/0000:00:06.0/vendor").write_text("0x10de\n")
+    (tmp_path / "sys/bus/pci/devices").mkdir(parents=True)
+    os.symlink("../../../devices/pci0000:00/0000:00:06.0", tmp_path / "sys/bus/pci/devices/0000:00:06.0")
+    root = Root(tmp_path, record=True)
+    assert root.read_first_line("/sys/bus/pci/devices/0000:00:06.0/vendor") == "0x10de"
+    assert "/sys/bus/pci/devices/0000:00:06.0" in root.recorded
+    assert "/sys/devices/pci0000:00/0000:00:06.0/vendor" in root.recorded
+
+
+def test_live_detection(tmp_path):
+    assert Root("/").is_live()
+    assert not Root(tmp_path).is_live()
