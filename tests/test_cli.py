@@ -1,0 +1,123 @@
+"""The console script end to end, on captured real hosts and synthetic trees."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_cli
+from driverd.sim.hosttree import HostSpec, Pci, h100, write_host
+
+H200 = "h200-ubuntu-fc-580-open.tar.gz"     # captured on a real H200 host, open driver 580 loaded
+NOGPU = "debian12-nogpu.tar.gz"             # captured on a Debian 12 VM without a GPU
+
+
+def test_detect_json_contract_on_real_gpu_host(unpack_host):
+    root = unpack_host(H200)
+    res = run_cli("detect", "--root", str(root), "--json", check=True)
+    d = json.loads(res.stdout)
+    assert d["kernel"]["release"] == "6.18.44-fc-v657-gpu"
+    assert d["kernel"]["module_signature_enforced"] is True
+    assert d["kernel"]["module_unload_supported"] is False
+    assert (d["os"]["id"], d["os"]["version_id"]) == ("ubuntu", "24.04")
+    [g] = d["gpus"]
+    assert (g["pci_address"], g["device_id"], g["architecture"], g["bound_driver"]) == \
+        ("0000:00:06.0", "0x2335", "Hopper", "nvidia")
+    assert g["name"].startswith("H200") and g["open_module_support"] == "supported"
+    assert d["nvswitches"] == [] and d["nouveau"]["loaded"] is False and d["nouveau"]["blacklisted"] is False
+    assert (d["driver"]["loaded"], d["driver"]["version"], d["driver"]["flavor"]) == (True, "580.159.04", "open")
+    assert {m["name"] for m in d["driver"]["modules"]} == {"nvidia", "nvidia_uvm"}
+    assert d["runtimes"] == []
+    assert d["nvml"]["available"] is True and d["nvml"]["source"] == "capture"
+    assert d["nvml"]["devices"][0]["uuid"].startswith("GPU-")
+
+
+def test_plan_on_real_gpu_host_upgrade_is_blocked_and_needs_reboot(unpack_host):
+    root = unpack_host(H200)
+    res = run_cli("plan", "--root", str(root), "--driver", "590.48.01", "--json")
+    assert res.returncode == 3
+    p = json.loads(res.stdout)
+    assert p["flavor"] == "open" and p["reboot_required"] is True
+    assert any("signatures" in b for b in p["blocked_by"])
+    assert "unload-modules" not in [s["action"] for s in p["steps"]]
+
+
+def test_plan_on_real_gpu_host_same_driver(unpack_host):
+    root = unpack_host(H200)
+    res = run_cli("plan", "--root", str(root), "--driver", "580.159.04", "--json", check=True)
+    p = json.loads(res.stdout)
+    assert p["blocked_by"] == [] and p["reboot_required"] is False
+    assert not {"fetch-package", "install-package", "load-modules"} & {s["action"] for s in p["steps"]}
+
+
+def test_no_gpu_host(unpack_host):
+    root = unpack_host(NOGPU)
+    res = run_cli("detect", "--root", str(root), check=True)
+    assert "no NVIDIA GPU" in res.stdout
+    res = run_cli("plan", "--root", str(root), "--driver", "570.195.03", "--json", check=True)
+    p = json.loads(res.stdout)
+    assert p["steps"] == [] and p["blocked_by"] == [] and p["nothing_to_do"] is True
+
+
+def test_human_plan_and_help(tmp_path):
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
+    res = run_cli("plan", "--root", str(tmp_path), "--driver", "570.195.03", check=True)
+    assert "fetch-package" in res.stdout and "flavour:" in res.stdout
+    assert "exit codes" in run_cli("--help").stdout
+    assert "--root" in run_cli("plan", "--help").stdout
+
+
+@pytest.mark.parametrize("args,code,words", [
+    (["plan"], 2, "no driver version requested"),
+    (["plan", "--driver", "banana"], 2, "invalid value 'banana' for driver.version"),
+    (["plan", "--driver", "570.195.03", "--flavor", "proprietary"], 3, "proprietary kernel modules do not support"),
+    (["frobnicate"], 2, "invalid choice"),
+])
+def test_errors_are_one_line(tmp_path, args, code, words):
+    b200 = Pci("0000:c3:00.0", "0x10de", "0x2901", "0x030200")
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0"), b200]))
+    res = run_cli(*args, "--root", str(tmp_path))
+    assert res.returncode == code
+    assert words in res.stderr
+    assert "Traceback" not in res.stderr
+    if code != 2 or "invalid choice" not in words:
+        assert len([ln for ln in res.stderr.splitlines() if ln.strip()]) == 1
+
+
+def test_bad_config_file(tmp_path):
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")],
+                                  files={"/etc/driverd/config.toml": '[driver]\nflavour = "open"\n'}))
+    res = run_cli("plan", "--root", str(tmp_path), "--json")
+    assert res.returncode == 2
+    assert json.loads(res.stdout)["error"].startswith("unknown key driver.flavour")
+
+
+def test_host_commands_never_import_kubernetes(tmp_path):
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
+    code = ("import sys; from driverd.cli import main; "
+            f"main(['detect', '--root', {str(tmp_path)!r}, '--json']); "
+            f"main(['plan', '--root', {str(tmp_path)!r}, '--driver', '570.195.03', '--json']); "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'requests', 'tomlkit', 'yaml')]; "
+            "sys.exit(f'imported {bad}' if bad else 0)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def test_capture_roundtrip(tmp_path):
+    src = tmp_path / "src"
+    write_host(src, HostSpec(pci=[h100("0000:1b:00.0", "nvidia")], sig_enforce=True,
+                             modprobe_d={"/etc/modprobe.d/bl.conf": "blacklist nouveau\n"}))
+    out = tmp_path / "cap.tar.gz"
+    run_cli("debug", "capture-host", "--root", str(src), "--out", str(out), check=True)
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    import tarfile
+    with tarfile.open(out) as t:
+        names = t.getnames()
+        t.extractall(dst, filter="tar")
+    assert not any(n.startswith(("usr/src", "boot/vmlinuz")) and n.endswith(".ko") for n in names)
+    a = json.loads(run_cli("detect", "--root", str(src), "--json", check=True).stdout)
+    b = json.loads(run_cli("detect", "--root", str(dst), "--json", check=True).stdout)
+    for d in (a, b):
+        d.pop("root"), d.pop("nvml")
+    assert a == b
