@@ -1,0 +1,27 @@
+import json
+
+from driverd.host.nvml import CAPTURE_PATH, read_nvml
+from driverd.root import Root
+
+
+def test_not_live_root_says_why(tmp_path):
+    n = read_nvml(Root(tmp_path), driver_loaded=True)
+    assert not n.available and "not the live host" in n.reason
+
+
+def test_captured_report_and_garbled(tmp_path):
+    p = tmp_path / CAPTURE_PATH.lstrip("/")
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps({"available": True, "reason": None, "driver_version": "580.159.04", "devices": [
+        {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-1", "pci_bus_id": "00000000:00:06.0",
+         "memory_total_mib": 143771, "persistence_mode": True, "mig_mode_current": False, "mig_mode_pending": False}]}))
+    n = read_nvml(Root(tmp_path), driver_loaded=True)
+    assert n.available and n.source == "capture" and n.devices[0].memory_total_mib == 143771
+    p.write_text("{broken")
+    n = read_nvml(Root(tmp_path), driver_loaded=True)
+    assert not n.available and "garbled" in n.reason
+
+
+def test_live_host_without_driver():
+    n = read_nvml(Root("/"), driver_loaded=False)
+    assert not n.available and n.reason == "the NVIDIA driver is not loaded"

@@ -1,0 +1,40 @@
+import pytest
+
+from driverd.host import collect
+from driverd.host.processes import container_of
+from driverd.root import Root
+from driverd.sim.hosttree import HostSpec, Module, Proc, h100, nvidia_version_line, write_host
+
+CID = "4f6b" * 16
+
+
+@pytest.mark.parametrize("cgroup,ctr,pod", [
+    # cgroup v2, systemd driver (kubelet + containerd)
+    (f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod6a2b1c3d_9e8f_4a5b_8c7d_112233445566.slice/cri-containerd-{CID}.scope",
+     CID, "6a2b1c3d-9e8f-4a5b-8c7d-112233445566"),
+    # cgroup v1, cgroupfs driver
+    (f"12:devices:/kubepods/burstable/pod6a2b1c3d-9e8f-4a5b-8c7d-112233445566/{CID}\n11:memory:/kubepods/burstable/pod6a2b1c3d-9e8f-4a5b-8c7d-112233445566/{CID}",
+     CID, "6a2b1c3d-9e8f-4a5b-8c7d-112233445566"),
+    # CRI-O
+    (f"0::/kubepods.slice/kubepods-pod6a2b1c3d_9e8f_4a5b_8c7d_112233445566.slice/crio-{CID}.scope",
+     CID, "6a2b1c3d-9e8f-4a5b-8c7d-112233445566"),
+    # plain docker, no pod
+    (f"0::/system.slice/docker-{CID}.scope", CID, None),
+    ("0::/user.slice/user-1000.slice/session-3.scope", None, None),
+])
+def test_container_and_pod_from_cgroup(cgroup, ctr, pod):
+    assert container_of(cgroup) == (ctr, pod)
+
+
+def test_gpu_users_and_daemons(tmp_path):
+    write_host(tmp_path, HostSpec(
+        pci=[h100("0000:1b:00.0", "nvidia")], modules=[Module("nvidia", refcount=2)],
+        nvidia_version_text=nvidia_version_line("570.195.03", "open"),
+        procs=[Proc(100, "python3", ("/dev/nvidia0", "/dev/nvidiactl", "/tmp/x"), cmdline="python3 train.py"),
+               Proc(200, "bash", ("/dev/null",)), Proc(300, "nvidia-persistenc", ("/dev/nvidiactl",))]))
+    f = collect(Root(tmp_path), nvml=False)
+    users = {u.pid: u for u in f.gpu_users}
+    assert set(users) == {100, 300}
+    assert users[100].devices == ("/dev/nvidia0", "/dev/nvidiactl") and users[100].cmdline == "python3 train.py"
+    assert f.daemon("nvidia-persistenced").pids == (300,)
+    assert not f.daemon("nv-fabricmanager").running
