@@ -51,6 +51,8 @@ class GpuFacts:
     min_branch: int | None
     last_branch: int | None
     known: bool
+    uuid: str | None = None                 # from /proc/driver/nvidia/gpus/<addr>/information
+    minor: int | None = None                # /dev/nvidia<minor>
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,17 @@ def scan(root: Root, warnings: list[str]) -> list[PciDevice]:
     return out
 
 
-def gpu_from(dev: PciDevice, warnings: list[str]) -> GpuFacts:
+def nvidia_gpu_information(root: Root, addr: str) -> dict[str, str]:
+    """'Key: value' lines of /proc/driver/nvidia/gpus/<addr>/information (present while nvidia is bound)."""
+    out = {}
+    for line in (root.read_text(f"/proc/driver/nvidia/gpus/{addr}/information") or "").splitlines():
+        k, sep, v = line.partition(":")
+        if sep:
+            out[k.strip()] = v.strip()
+    return out
+
+
+def gpu_from(dev: PciDevice, warnings: list[str], info: dict[str, str] | None = None) -> GpuFacts:
     model = gputable.lookup(dev.device)
     if model is None:
         warnings.append(f"GPU {dev.address}: device id {dev.device} is not in driverd's GPU table; "
@@ -82,7 +92,8 @@ def gpu_from(dev: PciDevice, warnings: list[str]) -> GpuFacts:
         chip=model.chip if model else None,
         open_module_support=model.open_module_support if model else "unknown",
         min_branch=model.min_branch if model else None, last_branch=model.last_branch if model else None,
-        known=model is not None)
+        known=model is not None, uuid=(info or {}).get("GPU UUID") or None,
+        minor=int(info["Device Minor"]) if (info or {}).get("Device Minor", "").isdigit() else None)
 
 
 def classify(root: Root, devices: list[PciDevice], warnings: list[str]
@@ -90,7 +101,7 @@ def classify(root: Root, devices: list[PciDevice], warnings: list[str]
     gpus, switches, nics = [], [], []
     for d in devices:
         if d.vendor == NVIDIA and d.class_code in GPU_CLASSES:
-            gpus.append(gpu_from(d, warnings))
+            gpus.append(gpu_from(d, warnings, nvidia_gpu_information(root, d.address)))
         elif d.vendor == NVIDIA and d.class_code == NVSWITCH_CLASS:
             switches.append(NvSwitchFacts(d.address, d.device, gputable.nvswitch_name(d.device) or "NVSwitch",
                                           d.driver))

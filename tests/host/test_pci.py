@@ -46,3 +46,12 @@ def test_garbled_sysfs_is_a_warning(tmp_path):
     assert [g.pci_address for g in gpus] == ["0000:02:00.0"] and gpus[0].numa_node is None
     assert any("0000:01:00.0" in x and "garbled" in x for x in w)
     assert any("numa_node" in x for x in w)
+
+
+def test_uuid_and_minor_from_driver_information(tmp_path):
+    info = ("Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 41\nGPU UUID: \t GPU-4ba22e54-1086-e7cd-2c47-046899b49032\n"
+            "Bus Location: \t 0000:1b:00.0\nDevice Minor: \t 3\nGPU Excluded:\t No\n")
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0", "nvidia")],
+                                  files={"/proc/driver/nvidia/gpus/0000:1b:00.0/information": info}))
+    g = collect(Root(tmp_path), nvml=False).gpus[0]
+    assert g.uuid == "GPU-4ba22e54-1086-e7cd-2c47-046899b49032" and g.minor == 3
