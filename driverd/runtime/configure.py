@@ -106,6 +106,8 @@ def write_cdi_spec(root: Root, options: Options, report: ChangeReport, facts=Non
 
 def _restart(root, runtime, config_path, rf, options, runner, report) -> None:
     from driverd.runtime.restart import restart
+    if report.dry_run and not runner.dry_run:
+        runner = Runner(dry_run=True)       # a dry run never restarts anything
     unit, sock = _unit_and_socket(root, runtime, config_path, rf)
     report.restarted, report.restart_detail, report.socket_ready_s = restart(
         root, runtime, unit, sock, options.restart, runner, options.wait_timeout_s)
