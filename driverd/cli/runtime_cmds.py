@@ -1,0 +1,112 @@
+"""runtime configure / revert: link container runtimes to the NVIDIA runtime handler."""
+from __future__ import annotations
+
+import argparse
+
+from driverd.cli.output import emit
+from driverd.errors import EXIT_OK
+
+CONFIGURE_EXAMPLES = """\
+examples:
+  driverd runtime configure                         every detected runtime, handler 'nvidia'
+  driverd runtime configure --runtime containerd --set-as-default --cdi --dry-run
+  driverd runtime configure --runtime containerd \\
+      --config-path /var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl
+  driverd runtime revert                            undo everything driverd changed
+"""
+
+
+def register(sub, common) -> None:
+    rt = sub.add_parser("runtime", help="configure container runtimes (containerd, CRI-O, Docker) and CDI",
+                        description="Add or remove the NVIDIA runtime handler in container runtime configuration.")
+    rsub = rt.add_subparsers(dest="runtime_command", metavar="COMMAND")
+
+    p = rsub.add_parser("configure", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog=CONFIGURE_EXAMPLES, help="add the NVIDIA runtime handler (idempotent)",
+                        description="Add the runtime handler to containerd (1.x/2.x, k3s/RKE2 templates), CRI-O "
+                        "and/or Docker, keeping every existing setting, comment and import; optionally make it "
+                        "the default and write a CDI spec for the GPUs. Originals are backed up once; a second "
+                        "run changes nothing; the runtime is restarted only when its configuration changed.")
+    p.add_argument("--runtime", choices=("auto", "containerd", "crio", "docker"), default=None,
+                   help="which runtime (default: runtime.runtimes; auto = every runtime detect finds)")
+    p.add_argument("--handler", dest="handler_name", metavar="NAME", help="handler name (default: runtime.handler, 'nvidia')")
+    p.add_argument("--binary", metavar="PATH", help="the handler's runtime binary (default: runtime.binary)")
+    p.add_argument("--set-as-default", action="store_true", default=None, help="make the handler the default runtime")
+    p.add_argument("--cdi", action="store_true", default=None,
+                   help="enable CDI in the runtime and write the CDI spec (/var/run/cdi/nvidia.yaml)")
+    p.add_argument("--restart", choices=("systemd", "signal", "none"), help="how to restart after a change "
+                   "(default: runtime.restart)")
+    p.add_argument("--config-path", metavar="FILE", help="a custom runtime config file (host path)")
+    p.add_argument("--dry-run", action="store_true", help="print the diff; write and restart nothing")
+    p.set_defaults(handler=cmd_configure)
+
+    p = rsub.add_parser("revert", parents=[common], help="undo driverd's runtime changes",
+                        description="Restore what driverd changed: byte-identical originals when nobody edited the "
+                        "files since, otherwise only driverd's own entries are removed (never other handlers). "
+                        "Restarts a runtime whose configuration changed.\n\n"
+                        "example:  driverd runtime revert --runtime containerd --dry-run",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runtime", choices=("auto", "containerd", "crio", "docker", "cdi"), default="auto",
+                   help="which runtime (default auto: every runtime driverd changed, and the CDI spec)")
+    p.add_argument("--restart", choices=("systemd", "signal", "none"), help="how to restart after a change")
+    p.add_argument("--config-path", metavar="FILE", help="the runtime's config file, for the restart")
+    p.add_argument("--dry-run", action="store_true", help="print the diff; write and restart nothing")
+    p.set_defaults(handler=cmd_revert)
+
+
+def _options(ctx, args):
+    from driverd.runtime.model import Options
+    return Options.from_config(ctx.config, handler=getattr(args, "handler_name", None) or None,
+                               binary=getattr(args, "binary", None), set_as_default=getattr(args, "set_as_default", None),
+                               cdi=getattr(args, "cdi", None), restart=args.restart, dry_run=args.dry_run,
+                               config_path=args.config_path)
+
+
+def _targets(ctx, args, opts) -> list[str]:
+    wanted = [args.runtime] if args.runtime else list(ctx.config["runtime.runtimes"])
+    if "none" in wanted:
+        return []
+    if "auto" in wanted:
+        from driverd.host.runtimes import read_runtimes
+        return [r.name for r in read_runtimes(ctx.root, opts.handler)]
+    return wanted
+
+
+def cmd_configure(ctx, args) -> int:
+    from driverd.runtime import configure
+    opts = _options(ctx, args)
+    targets = _targets(ctx, args, opts)
+    reports = [configure(ctx.root, name, opts, ctx.runner).to_json() for name in targets]
+    emit(ctx.json, {"reports": reports, "runtimes": targets}, render)
+    return EXIT_OK
+
+
+def cmd_revert(ctx, args) -> int:
+    from driverd.runtime import revert
+    from driverd.runtime.configure import recorded_runtimes
+    opts = _options(ctx, args)
+    targets = recorded_runtimes(ctx.root) if args.runtime == "auto" else [args.runtime]
+    reports = [revert(ctx.root, name, opts, ctx.runner).to_json() for name in targets]
+    emit(ctx.json, {"reports": reports, "runtimes": targets}, render)
+    return EXIT_OK
+
+
+def render(d: dict) -> str:
+    if not d["reports"]:
+        return "nothing to do: no runtime selected (none detected, or runtime.runtimes = none)"
+    lines = []
+    for r in d["reports"]:
+        head = f"{r['runtime']}: "
+        if r["skipped"]:
+            head += r["skipped"]
+        else:
+            verb = "would change" if r["dry_run"] else ("reverted" if r["action"] == "revert" else "changed")
+            head += f"{verb} {', '.join(r['files_changed']) or 'nothing'}"
+        lines.append(head)
+        lines.extend(f"  backup   {b}" for b in r["backups"])
+        lines.extend(f"  note     {n}" for n in r["notes"])
+        if r["restart_detail"]:
+            lines.append(f"  restart  {r['restart_detail']}")
+        if r["dry_run"]:
+            lines.extend("  " + ln for diff in r["diffs"].values() for ln in diff.splitlines())
+    return "\n".join(lines)

@@ -1,0 +1,92 @@
+"""Data shared by the runtime handlers: what the operator asked for, what one edit of one file is,
+and what a configure/revert run did."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+RUNTIMES = ("containerd", "crio", "docker")
+RESTART_MODES = ("systemd", "signal", "none")
+DEFAULT_CDI_SPEC = "/var/run/cdi/nvidia.yaml"
+
+
+@dataclass(frozen=True)
+class Options:
+    handler: str = "nvidia"
+    binary: str = "/usr/bin/nvidia-container-runtime"
+    set_as_default: bool = False
+    cdi: bool = False
+    restart: str = "systemd"                 # systemd | signal | none
+    dry_run: bool = False
+    config_path: str | None = None           # a custom runtime config file (host path)
+    cdi_spec_path: str = DEFAULT_CDI_SPEC
+    wait_timeout_s: float = 30.0             # bounded wait for the runtime's socket after a restart
+
+    @classmethod
+    def from_config(cls, cfg, **overrides: Any) -> "Options":
+        """Options from driverd's configuration (runtime.* keys); CLI flags override (None = keep)."""
+        base = dict(handler=cfg["runtime.handler"], binary=cfg["runtime.binary"],
+                    set_as_default=cfg["runtime.set_as_default"], cdi=cfg["runtime.cdi"],
+                    restart=cfg["runtime.restart"])
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
+
+
+@dataclass
+class Change:
+    """One reversible change inside a structured file (TOML/JSON).
+
+    op "set": `key` was set; `had_old`/`old` is what was there before (revert puts it back or
+    deletes the key). op "append": `value` was appended to the list at `key` (revert removes it).
+    """
+    op: str
+    key: list[str]
+    had_old: bool = False
+    old: Any = None
+    value: Any = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Change":
+        return cls(d["op"], list(d["key"]), d.get("had_old", False), d.get("old"), d.get("value"))
+
+
+@dataclass
+class FileEdit:
+    """The new content of one host file and the changes that produced it (for surgical revert)."""
+    path: str                                # host path
+    new: bytes                               # the complete new content
+    old: bytes | None                        # the content before (None: the file did not exist)
+    fmt: str                                 # toml | json | block (marker-delimited text) | owned (whole file is ours)
+    changes: list[Change] = field(default_factory=list)
+    marker: str | None = None                # for fmt == block: the block's marker name
+
+    @property
+    def noop(self) -> bool:
+        return self.old == self.new
+
+
+@dataclass
+class ChangeReport:
+    runtime: str
+    handler: str
+    action: str = "configure"                # configure | revert
+    config_path: str | None = None
+    files_changed: list[str] = field(default_factory=list)
+    backups: list[str] = field(default_factory=list)
+    restarted: bool = False
+    restart_detail: str | None = None
+    socket_ready_s: float | None = None
+    skipped: str | None = None               # why nothing was done
+    notes: list[str] = field(default_factory=list)
+    dry_run: bool = False
+    diffs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.files_changed)
+
+    def to_json(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,205 @@
+"""What driverd changed in runtime configuration, so that `revert` undoes exactly that.
+
+<root>/var/lib/driverd/runtime/state.json records, per runtime, every file we edited or created: the
+backup of the original (taken once, before our first edit), the hash of what we wrote and the
+changes we made. Revert restores the backup byte for byte when nobody touched the file since; when
+someone did, it removes only our changes and keeps theirs. Files are written atomically; a run that
+fails half-way puts back the files it already wrote.
+"""
+from __future__ import annotations
+
+import difflib
+import errno
+import hashlib
+import json
+import os
+
+from driverd.errors import RuntimeConfigError
+from driverd.fsutil import atomic_write, atomic_write_json
+from driverd.root import Root
+from driverd.runtime.model import Change, ChangeReport, FileEdit
+
+STATE_DIR = "/var/lib/driverd/runtime"
+STATE_FILE = f"{STATE_DIR}/state.json"
+BACKUP_DIR = f"{STATE_DIR}/backups"
+
+
+def sha256(data: bytes | None) -> str | None:
+    return hashlib.sha256(data).hexdigest() if data is not None else None
+
+
+def load(root: Root) -> dict:
+    raw = root.read_text(STATE_FILE)
+    if not raw:
+        return {"version": 1, "runtimes": {}}
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        raise RuntimeConfigError(f"{STATE_FILE} is corrupt ({e})", fix=f"inspect or remove {STATE_FILE}") from None
+    data.setdefault("runtimes", {})
+    return data
+
+
+def save(root: Root, data: dict) -> None:
+    atomic_write_json(root.path(STATE_FILE), data)
+
+
+def backup_path(hostpath: str) -> str:
+    return f"{BACKUP_DIR}/{hostpath.strip('/').replace('/', '__')}.orig"
+
+
+def read(root: Root, hostpath: str) -> bytes | None:
+    p = root.real(hostpath)
+    try:
+        return p.read_bytes()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise RuntimeConfigError(f"{hostpath} is a directory, not a file", fix="pass the config file's path") from None
+
+
+def unified_diff(path: str, old: bytes | None, new: bytes | None) -> str:
+    a = (old or b"").decode(errors="replace").splitlines(keepends=True)
+    b = (new or b"").decode(errors="replace").splitlines(keepends=True)
+    return "".join(difflib.unified_diff(a, b, f"a{path}" if old is not None else "/dev/null",
+                                        f"b{path}" if new is not None else "/dev/null"))
+
+
+def _write_error(path: str, e: OSError) -> RuntimeConfigError:
+    why = {errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+           errno.ENOSPC: "no space left on the device"}.get(e.errno, e.strerror or str(e))
+    fix = ("mount the host's configuration read-write (the driver container needs /host/etc writable)"
+           if e.errno == errno.EROFS else "check permissions and free space, then run again")
+    return RuntimeConfigError(f"cannot write {path}: {why}", cause=why, fix=f"{fix}; nothing was changed")
+
+
+def _put(root: Root, hostpath: str, data: bytes | None) -> None:
+    real = root.path(hostpath) if not root.path(hostpath).is_symlink() else root.real(hostpath)
+    if data is None:
+        try:
+            os.unlink(real)
+        except FileNotFoundError:
+            pass
+    else:
+        atomic_write(real, data)
+
+
+def apply(root: Root, runtime: str, handler: str, edits: list[FileEdit], report: ChangeReport,
+          dry_run: bool) -> None:
+    """Write `edits` (skipping those that change nothing), back up originals once, record state."""
+    edits = [e for e in edits if not e.noop]
+    for e in edits:
+        report.diffs[e.path] = unified_diff(e.path, e.old, e.new)
+    if dry_run or not edits:
+        report.files_changed = [e.path for e in edits]
+        return
+    data = load(root)
+    rec = data["runtimes"].setdefault(runtime, {"handler": handler, "files": {}})
+    done: list[FileEdit] = []
+    try:
+        for e in edits:
+            frec = rec["files"].get(e.path)
+            if frec is None:
+                frec = {"created": e.old is None, "backup": None, "fmt": e.fmt, "changes": [], "marker": e.marker}
+                if e.old is not None:
+                    bp = backup_path(e.path)
+                    if not root.path(bp).exists():   # one backup of the original, never overwritten
+                        atomic_write(root.path(bp), e.old, 0o600)
+                    frec["backup"] = bp
+                    report.backups.append(bp)
+            _put(root, e.path, e.new)
+            done.append(e)
+            frec["changes"].extend(c.to_json() for c in e.changes)
+            frec["written_sha256"] = sha256(e.new)
+            rec["files"][e.path] = frec
+            report.files_changed.append(e.path)
+        save(root, data)
+    except OSError as err:
+        for e in reversed(done):          # put back what this run already wrote
+            try:
+                _put(root, e.path, e.old)
+            except OSError:
+                pass
+        report.files_changed = []
+        raise _write_error(getattr(err, "filename", None) or (edits[len(done)].path if len(done) < len(edits)
+                                                               else STATE_FILE), err) from None
+
+
+def recorded(root: Root, runtime: str) -> dict | None:
+    return load(root)["runtimes"].get(runtime)
+
+
+def revert(root: Root, runtime: str, report: ChangeReport, dry_run: bool) -> None:
+    """Undo everything recorded for `runtime`; keep edits other people made since."""
+    data = load(root)
+    rec = data["runtimes"].get(runtime)
+    if not rec:
+        report.skipped = f"driverd has not changed {runtime}'s configuration (nothing recorded in {STATE_FILE})"
+        return
+    plans: list[tuple[str, bytes | None, bytes | None, str]] = []
+    for path, frec in rec["files"].items():
+        cur = read(root, path)
+        if cur is not None and sha256(cur) == frec.get("written_sha256"):
+            # Untouched since our write: the original, byte for byte.
+            orig = None if frec["created"] else root.read_bytes(frec["backup"])
+            if not frec["created"] and orig is None:
+                raise RuntimeConfigError(f"the backup of {path} ({frec['backup']}) is missing",
+                                         fix="restore the file by hand; driverd changed nothing")
+            plans.append((path, cur, orig, "restored the original"))
+        elif cur is None:
+            plans.append((path, None, None, "already removed by someone else"))
+        else:
+            new = _surgical(path, cur, frec)
+            plans.append((path, cur, new, "edited since driverd's change: removed only driverd's changes"))
+    for path, cur, new, how in plans:
+        if cur == new:
+            continue
+        report.diffs[path] = unified_diff(path, cur, new)
+        report.notes.append(f"{path}: {how}")
+    if dry_run:
+        report.files_changed = [p for p, c, n, _ in plans if c != n]
+        return
+    for path, cur, new, _ in plans:
+        if cur == new:
+            continue
+        try:
+            _put(root, path, new)
+        except OSError as err:
+            raise _write_error(path, err) from None
+        report.files_changed.append(path)
+    for frec in rec["files"].values():
+        if frec.get("backup"):
+            try:
+                os.unlink(root.path(frec["backup"]))
+            except FileNotFoundError:
+                pass
+    del data["runtimes"][runtime]
+    save(root, data)
+
+
+def _surgical(path: str, cur: bytes, frec: dict) -> bytes | None:
+    changes = [Change.from_json(c) for c in frec["changes"]]
+    text = cur.decode()
+    fmt = frec["fmt"]
+    if fmt in ("toml", "owned") and path.endswith((".toml", ".conf")):
+        from driverd.runtime import tomldoc
+        doc = tomldoc.parse(text, path)
+        tomldoc.undo(doc, changes)
+        out = doc.as_string()
+        if fmt == "owned" and not _has_content_toml(doc):
+            return None
+        return out.encode()
+    if fmt == "json":
+        from driverd.runtime import jsondoc
+        return jsondoc.undo_text(text, changes, path).encode()
+    if fmt == "block":
+        from driverd.runtime.textblock import remove_block
+        out = remove_block(text, frec["marker"])
+        return None if frec["created"] and not out.strip() else out.encode()
+    if fmt == "owned":
+        return None
+    raise RuntimeConfigError(f"do not know how to revert {path} ({fmt})")
+
+
+def _has_content_toml(doc) -> bool:
+    return any(k != "version" for k in doc.keys())
