@@ -25,12 +25,12 @@ def gpu_devices(root: Root, facts=None) -> list[tuple[int, str | None]]:
     """(minor, uuid) per GPU: /proc/driver/nvidia/gpus/*/information first (no NVML needed), then
     NVML facts, then the /dev/nvidiaN nodes alone."""
     out: dict[int, str | None] = {}
+    from driverd.host.pci import nvidia_gpu_information
     for pci in root.listdir("/proc/driver/nvidia/gpus"):
-        info = root.read_text(f"/proc/driver/nvidia/gpus/{pci}/information") or ""
-        minor = re.search(r"^Device Minor:\s*(\d+)", info, re.M)
-        uuid = re.search(r"^GPU UUID:\s*(\S+)", info, re.M)
-        if minor:
-            out[int(minor.group(1))] = uuid.group(1) if uuid and "?" not in uuid.group(1) else None
+        info = nvidia_gpu_information(root, pci)
+        if info.get("Device Minor", "").isdigit():
+            uuid = info.get("GPU UUID")
+            out[int(info["Device Minor"])] = uuid if uuid and "?" not in uuid else None
     if not out and facts is not None and getattr(facts, "nvml", None) and facts.nvml.available:
         for d in facts.nvml.devices:
             out[d.index] = d.uuid
