@@ -7,15 +7,18 @@ import shlex
 from driverd.host.facts import OsFacts
 from driverd.root import Root
 
-_LINE = re.compile(r"^([A-Z][A-Z0-9_]*)=(.*)$")
+_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 
 
 def parse_os_release(text: str) -> tuple[dict[str, str], list[str]]:
-    """KEY=value lines; values may be single- or double-quoted with shell escapes. Returns the
-    variables and the malformed lines (reported, never fatal)."""
+    """os-release(5): newline-separated KEY=value lines, '#' comment lines and blank lines; values
+    may be single- or double-quoted with shell escapes. Files written on Windows (CRLF) or with a
+    UTF-8 byte-order mark are tolerated. Returns the variables and the malformed lines (reported,
+    never fatal)."""
     out: dict[str, str] = {}
     bad: list[str] = []
-    for n, raw in enumerate(text.splitlines(), 1):
+    text = text.removeprefix("\ufeff")
+    for n, raw in enumerate(text.split("\n"), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -43,7 +46,7 @@ def read_os(root: Root, warnings: list[str]) -> OsFacts:
         if "ID" not in vals:
             warnings.append(f"{path}: no ID= line; OS reported as linux (the os-release default)")
         return OsFacts(id=vals.get("ID", "linux").lower() or "linux", version_id=vals.get("VERSION_ID") or None,
-                       id_like=tuple(vals.get("ID_LIKE", "").split()), pretty_name=vals.get("PRETTY_NAME"),
+                       id_like=tuple(vals.get("ID_LIKE", "").lower().split()), pretty_name=vals.get("PRETTY_NAME"),
                        version_codename=vals.get("VERSION_CODENAME") or None, source=path)
     warnings.append("no os-release file (/etc/os-release, /usr/lib/os-release): OS unknown")
     return OsFacts(id="unknown", version_id=None)
