@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import re
-import shlex
 
 from driverd.host.facts import OsFacts
 from driverd.root import Root
@@ -27,12 +26,59 @@ def parse_os_release(text: str) -> tuple[dict[str, str], list[str]]:
             bad.append(f"line {n}: {line[:60]!r}")
             continue
         key, value = m.groups()
-        try:
-            parts = shlex.split(value, posix=True) if value else [""]
-            out[key] = " ".join(parts) if parts else ""
-        except ValueError:
+        parsed = shell_value(value)
+        if parsed is None:
             bad.append(f"line {n}: unbalanced quotes")
+        else:
+            out[key] = parsed
     return out, bad
+
+
+def shell_value(value: str) -> str | None:
+    """The value of a shell-style assignment's right-hand side (os-release(5): "following shell
+    style"): '...' is literal; inside "..." a backslash escapes only $ ` " \\; outside quotes it
+    escapes any character. Unquoted words separated by blanks are joined with one space (not valid
+    shell, but seen in the wild). None when a quote is left open."""
+    out: list[str] = []
+    words: list[str] = []
+    i, n = 0, len(value)
+    while i < n:
+        c = value[i]
+        if c == "'":
+            j = value.find("'", i + 1)
+            if j < 0:
+                return None
+            out.append(value[i + 1:j])
+            i = j + 1
+        elif c == '"':
+            i += 1
+            while True:
+                if i >= n:
+                    return None
+                c = value[i]
+                if c == '"':
+                    i += 1
+                    break
+                if c == "\\" and i + 1 < n and value[i + 1] in '$`"\\':
+                    out.append(value[i + 1])
+                    i += 2
+                    continue
+                out.append(c)
+                i += 1
+        elif c == "\\" and i + 1 < n:
+            out.append(value[i + 1])
+            i += 2
+        elif c in " \t":
+            if out:
+                words.append("".join(out))
+                out = []
+            i += 1
+        else:
+            out.append(c)
+            i += 1
+    if out or not words:
+        words.append("".join(out))
+    return " ".join(words)
 
 
 def read_os(root: Root, warnings: list[str]) -> OsFacts:
