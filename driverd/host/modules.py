@@ -93,8 +93,9 @@ def loaded_modules(root: Root) -> dict[str, dict]:
 
 
 def is_loaded(root: Root, name: str, proc: dict[str, dict]) -> bool:
-    # Built-in modules also appear in /sys/module, but only loadable ones have initstate.
-    return name in proc or root.exists(f"/sys/module/{name}/initstate")
+    # Built-in modules also appear in /sys/module, but only loadable ones have initstate, which
+    # reads live/coming/going; a directory or junk in its place is no evidence.
+    return name in proc or root.read_first_line(f"/sys/module/{name}/initstate") in INITSTATE
 
 
 def parse_nvidia_version(text: str | None) -> tuple[str | None, str | None, str | None]:
@@ -111,10 +112,10 @@ def parse_nvidia_version(text: str | None) -> tuple[str | None, str | None, str 
     first = next((ln.strip() for ln in text.splitlines() if ln.strip().startswith("NVRM version")), None)
     if first is None:
         lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        return None, None, (lines[0][:200] if lines else None)
+        return None, None, (lines[0][:200] if lines and lines[0].isprintable() else None)
     ident = first.partition(":")[2]
     if "Kernel Module" not in ident:
-        return None, None, first[:200]
+        return None, None, first[:200] if first.isprintable() else None
     m = _VERSION_RE.search(ident.split("Kernel Module", 1)[1])
     flavor = "open" if "Open Kernel Module" in ident else "proprietary"
     return (m.group(1) if m else None), flavor, first[:200]

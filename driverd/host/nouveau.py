@@ -6,7 +6,7 @@ import os
 
 from driverd.host.facts import NouveauFacts
 from driverd.host.kernel import cmdline_args
-from driverd.host.modules import parse_proc_modules, read_module
+from driverd.host.modules import is_loaded, parse_proc_modules, read_module
 from driverd.root import Root
 
 # kmod's search order; a file name in an earlier directory hides the same name in later ones.
@@ -94,7 +94,7 @@ def read_nouveau(root: Root, gpu_addresses: list[str]) -> NouveauFacts:
         elif key == "nouveau.modeset" and value is not None:
             modeset0 = value.strip() == "0"
     proc = parse_proc_modules(root.read_text("/proc/modules"))
-    loaded = "nouveau" in proc or root.exists("/sys/module/nouveau/initstate")
+    loaded = is_loaded(root, "nouveau", proc)
     mod = read_module(root, "nouveau", proc.get("nouveau")) if loaded else None
     bound = tuple(sorted({os.path.basename(d) for d in root.listdir("/sys/bus/pci/drivers/nouveau")
                           if ":" in d} | {a for a in gpu_addresses if

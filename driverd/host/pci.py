@@ -70,7 +70,12 @@ def read_device(root: Root, addr: str, warnings: list[str]) -> PciDevice | None:
 
 
 def _driver_name(link: str | None) -> str | None:
-    name = os.path.basename(link.rstrip("/")) if link else ""
+    """The bound driver from the device's `driver` symlink, which the driver core always points
+    at .../bus/<bus>/drivers/<name>; any other target (a loop, junk) names no driver."""
+    parts = link.rstrip("/").split("/") if link else []
+    if len(parts) < 2 or parts[-2] != "drivers":
+        return None
+    name = parts[-1]
     return name if name and name.isprintable() else None
 
 
