@@ -193,11 +193,17 @@ def load(root, path: str | None = None, environ: Mapping[str, str] | None = None
     if path:  # an explicit file is a path on the machine running driverd, not under the root
         real, shown = Path(path), path
     else:
-        real = root.real(CONFIG_PATH)
         shown = CONFIG_PATH if root.is_slash else f"{root.base}{CONFIG_PATH}"
+        try:
+            real = root.real(CONFIG_PATH)
+        except OSError as e:   # e.g. a symlink loop under the root
+            raise ConfigError(f"cannot read {shown}: {e.strerror}", cause="the path does not resolve to a file",
+                              fix=f"replace {shown} with a regular file") from None
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     try:
+        if real.exists() and not real.is_file():   # a directory, FIFO or device: never block on it
+            raise IsADirectoryError(21, "not a regular file") if real.is_dir() else OSError(22, "not a regular file")
         raw = real.read_bytes()
     except FileNotFoundError:
         if path:
@@ -210,6 +216,9 @@ def load(root, path: str | None = None, environ: Mapping[str, str] | None = None
     if raw is not None:
         try:
             doc = tomllib.loads(raw.decode("utf-8", errors="replace"))
+        except RecursionError:
+            raise ConfigError(f"{shown} is not valid TOML: nested too deeply", cause="a syntax error in the config file",
+                              fix="fix the config file (see `driverd config --help` for the keys)") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{shown} is not valid TOML: {e}", cause="a syntax error in the config file",
                               fix="fix the line named above (see `driverd config --help` for the keys)") from None

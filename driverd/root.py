@@ -93,12 +93,18 @@ class Root:
             self.recorded.add(hp)
 
     # -- reads (never raise for a missing or unreadable file: facts report absence) ----------
-    def read_bytes(self, hostpath: str, limit: int = 4 << 20) -> bytes | None:
+    # Every query below answers "absent" rather than raising for a tree nobody has seen: symlink
+    # loops (ELOOP), names the OS rejects (ENAMETOOLONG, NUL bytes -> ValueError), directories
+    # where files belong, FIFOs and devices (which would block or never end).
+    def safe_real(self, hostpath: str) -> Path | None:
         try:
-            with open(self.real(hostpath), "rb") as f:
-                return f.read(limit)
+            return self.real(hostpath)
         except (OSError, ValueError):
             return None
+
+    def read_bytes(self, hostpath: str, limit: int = 4 << 20) -> bytes | None:
+        real = self.safe_real(hostpath)
+        return None if real is None else read_regular(real, limit)
 
     def read_text(self, hostpath: str, limit: int = 4 << 20) -> str | None:
         data = self.read_bytes(hostpath, limit)
@@ -115,28 +121,39 @@ class Root:
     def listdir(self, hostpath: str) -> list[str]:
         try:
             return sorted(os.listdir(self.real(hostpath)))
-        except OSError:
+        except (OSError, ValueError):
             return []
 
     def readlink(self, hostpath: str) -> str | None:
-        hp = self._norm(hostpath)
-        # Resolve the parent (it may itself be a link, e.g. /sys/bus/pci/devices/X), keep the leaf.
-        parent = self.resolve(os.path.dirname(hp))
-        leaf = parent.rstrip("/") + "/" + os.path.basename(hp)
-        self._record(leaf)
         try:
+            hp = self._norm(hostpath)
+            # Resolve the parent (it may itself be a link, e.g. /sys/bus/pci/devices/X), keep the leaf.
+            parent = self.resolve(os.path.dirname(hp))
+            leaf = parent.rstrip("/") + "/" + os.path.basename(hp)
+            self._record(leaf)
             return os.readlink(self.path(leaf))
-        except OSError:
+        except (OSError, ValueError):
+            return None
+
+    def _stat(self, hostpath: str) -> os.stat_result | None:
+        real = self.safe_real(hostpath)
+        if real is None:
+            return None
+        try:
+            return os.stat(real)
+        except (OSError, ValueError):
             return None
 
     def exists(self, hostpath: str) -> bool:
-        return self.real(hostpath).exists()
+        return self._stat(hostpath) is not None
 
     def is_dir(self, hostpath: str) -> bool:
-        return self.real(hostpath).is_dir()
+        st = self._stat(hostpath)
+        return st is not None and stat.S_ISDIR(st.st_mode)
 
     def is_file(self, hostpath: str) -> bool:
-        return self.real(hostpath).is_file()
+        st = self._stat(hostpath)
+        return st is not None and stat.S_ISREG(st.st_mode)
 
     def glob(self, hostdir: str, suffix: str = "") -> list[str]:
         """Host paths of the entries of `hostdir` whose names end with `suffix`, sorted."""
@@ -153,12 +170,42 @@ class Root:
             return True
         mine = _boot_id("/proc/sys/kernel/random/boot_id")
         theirs = _boot_id(str(self.path("/proc/sys/kernel/random/boot_id")))
-        return mine is not None and mine == theirs and self.path("/proc/self").is_symlink()
+        try:
+            return mine is not None and mine == theirs and self.path("/proc/self").is_symlink()
+        except (OSError, ValueError):
+            return False
+
+
+def read_regular(path: str | os.PathLike, limit: int) -> bytes | None:
+    """At most `limit` bytes of a regular file; None for anything else.
+
+    procfs and sysfs attributes are regular files; a FIFO or device in their place (a damaged or
+    hostile tree) is refused without blocking: opened non-blocking, checked with fstat.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks: list[bytes] = []
+        left = limit
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _boot_id(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip() or None
-    except OSError:
+    data = read_regular(path, 4096)
+    if data is None:
         return None
+    return data.decode("ascii", errors="replace").strip() or None

@@ -49,6 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Host trees may hold names that are not valid UTF-8 (Python keeps them as surrogates):
+    # print them escaped rather than die with UnicodeEncodeError half-way through the output.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -17,8 +17,12 @@ def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia") -> Facts:
     drv = modules.read_driver(root, k.release, warnings)
     nv = nouveau.read_nouveau(root, [g.pci_address for g in gpus])
     users = processes.gpu_users(root) if drv.loaded else []
+    hostname = root.read_first_line("/proc/sys/kernel/hostname") or None
+    if hostname is not None and (len(hostname) > 64 or not hostname.isprintable()):
+        warnings.append("/proc/sys/kernel/hostname is garbled; ignored")
+        hostname = None
     return Facts(
-        root=root.base, hostname=root.read_first_line("/proc/sys/kernel/hostname") or None,
+        root=root.base, hostname=hostname,
         kernel=k, os=o, gpus=tuple(gpus), nvswitches=tuple(switches), mellanox_nics=tuple(nics), nouveau=nv,
         driver=drv, gpu_users=tuple(users), daemons=tuple(processes.daemons(root)),
         runtimes=tuple(runtimes.read_runtimes(root, handler)),

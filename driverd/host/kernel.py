@@ -1,10 +1,11 @@
 """Kernel facts: release, version, signature enforcement, lockdown, Secure Boot, unload support, headers."""
 from __future__ import annotations
 
-import gzip
 import re
+import zlib
 
 from driverd.host.facts import KernelFacts
+from driverd.host.textfmt import kstrtobool
 from driverd.root import Root
 
 EFI_GLOBAL_GUID = "8be4df61-93ca-11d2-aa0d-e0a9e8d14b8c"
@@ -16,13 +17,50 @@ def read_cmdline(root: Root) -> str:
     return (root.read_text("/proc/cmdline") or "").strip()
 
 
-def cmdline_params(cmdline: str) -> dict[str, str]:
-    """Kernel command-line parameters; the last occurrence wins, as in the kernel."""
-    out: dict[str, str] = {}
-    for tok in cmdline.split():
-        k, _, v = tok.partition("=")
-        out[k] = v if _ else ""
+def cmdline_args(cmdline: str) -> list[tuple[str, str | None]]:
+    """(name, value) pairs in order, split the way the kernel's next_arg() (lib/cmdline.c) does:
+    double quotes group spaces (`dyndbg="file x +p"`, `"a b=c"`), the quotes are dropped, a bare
+    word has value None, and a lone `--` ends the kernel's parameters (the rest goes to init).
+    Names compare with '-' and '_' equal (kernel/params.c parameq()), so names are normalised to '_'."""
+    out: list[tuple[str, str | None]] = []
+    s = cmdline
+    i, n = 0, len(s)
+    while i < n:
+        while i < n and s[i].isspace():
+            i += 1
+        if i >= n:
+            break
+        quoted = s[i] == '"'
+        if quoted:
+            i += 1
+        start, in_quote, equals = i, quoted, -1
+        while i < n and (in_quote or not s[i].isspace()):
+            if equals < 0 and s[i] == "=":
+                equals = i
+            if s[i] == '"':
+                in_quote = not in_quote
+            i += 1
+        tok = s[start:i]
+        if equals < 0:
+            name, value = tok.rstrip('"') if quoted else tok, None
+        else:
+            name, value = s[start:equals], s[equals + 1:i]
+            if value.startswith('"'):
+                value = value[1:]
+                if value.endswith('"'):
+                    value = value[:-1]
+            elif quoted and value.endswith('"'):
+                value = value[:-1]
+        if value is None and name == "--":
+            break
+        out.append((name.replace("-", "_"), value))
     return out
+
+
+def cmdline_params(cmdline: str) -> dict[str, str]:
+    """Kernel command-line parameters; the last occurrence wins, as in the kernel. A bare word
+    maps to "" (for a bool parameter the kernel reads that as true)."""
+    return {k: ("" if v is None else v) for k, v in cmdline_args(cmdline)}
 
 
 def kernel_config(root: Root, release: str | None) -> tuple[dict[str, str], str | None]:
@@ -35,11 +73,8 @@ def kernel_config(root: Root, release: str | None) -> tuple[dict[str, str], str 
     if text is None:
         raw = root.read_bytes("/proc/config.gz", 16 << 20)
         if raw:
-            try:
-                text = gzip.decompress(raw).decode("utf-8", errors="replace")
-                source = "/proc/config.gz"
-            except (OSError, EOFError):
-                text = None
+            text = _gunzip(raw, 64 << 20)
+            source = "/proc/config.gz" if text is not None else None
     opts: dict[str, str] = {}
     for line in (text or "").splitlines():
         if line.startswith("CONFIG_") and "=" in line:
@@ -50,12 +85,26 @@ def kernel_config(root: Root, release: str | None) -> tuple[dict[str, str], str 
     return opts, source
 
 
+def _gunzip(raw: bytes, cap: int) -> str | None:
+    """A gzip member, decompressed to at most `cap` bytes; None when it is not gzip at all."""
+    try:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        data = d.decompress(raw, cap)
+    except zlib.error:
+        return None
+    return data.decode("utf-8", errors="replace")
+
+
+LOCKDOWN_LEVELS = ("none", "integrity", "confidentiality")
+
+
 def parse_lockdown(text: str | None) -> str | None:
-    """/sys/kernel/security/lockdown reads e.g. 'none [integrity] confidentiality'."""
+    """security/lockdown/lockdown.c lockdown_read() prints every level, the active one in
+    brackets: 'none [integrity] confidentiality'. Anything else (empty, junk) is unknown."""
     if text is None:
         return None
-    m = re.search(r"\[(\w+)\]", text)
-    return m.group(1) if m else None
+    m = re.search(r"\[([a-z]+)\]", text)
+    return m.group(1) if m and m.group(1) in LOCKDOWN_LEVELS else None
 
 
 def read_secure_boot(root: Root) -> str:
@@ -95,12 +144,24 @@ def module_unload_evidence(proc_modules: str | None, config: dict[str, str]) -> 
     return True, "no evidence either way; assumed supported"
 
 
+# utsname.release is at most 64 characters (__NEW_UTS_LEN); it names a directory under
+# /lib/modules, so anything with a slash, whitespace or control characters is not a release.
+_RELEASE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+~-]{0,63}")
+
+
+def _release(text: str | None) -> str | None:
+    return text if text and _RELEASE.fullmatch(text) else None
+
+
 def read_kernel(root: Root, warnings: list[str]) -> KernelFacts:
-    release = root.read_first_line("/proc/sys/kernel/osrelease") or None
+    raw_release = root.read_first_line("/proc/sys/kernel/osrelease") or None
+    release = _release(raw_release)
+    if raw_release and release is None:
+        warnings.append(f"/proc/sys/kernel/osrelease is garbled ({raw_release[:40]!r}); ignored")
     version = root.read_first_line("/proc/version") or None
     if release is None and version:
         m = re.match(r"Linux version (\S+)", version)
-        release = m.group(1) if m else None
+        release = _release(m.group(1)) if m else None
     if release is None:
         warnings.append("kernel release unknown: /proc/sys/kernel/osrelease and /proc/version are missing")
     arch = root.read_first_line("/proc/sys/kernel/arch") or None
@@ -112,14 +173,21 @@ def read_kernel(root: Root, warnings: list[str]) -> KernelFacts:
     proc_modules = root.read_text("/proc/modules")
 
     sources: list[str] = []
+    # kernel/module/signing.c: sig_enforce is a bool_enable_only parameter, printed "Y"/"N", that
+    # starts as IS_ENABLED(CONFIG_MODULE_SIG_FORCE) and can be switched on (only) by the command
+    # line. CONFIG_MODULE_SIG without FORCE therefore means "checked, not enforced".
     sig = root.read_first_line("/sys/module/module/parameters/sig_enforce")
-    if sig is not None and sig.upper() in ("Y", "1"):
+    if kstrtobool(sig):
         sources.append("/sys/module/module/parameters/sig_enforce=Y")
-    if params.get("module.sig_enforce") in ("1", "y", "Y"):
+    if "module.sig_enforce" in params and kstrtobool(params["module.sig_enforce"] or "1"):
+        # a bare `module.sig_enforce` sets a bool parameter (kernel/params.c param_set_bool)
         sources.append("kernel command line module.sig_enforce=1")
     if config.get("CONFIG_MODULE_SIG_FORCE") == "y":
         sources.append(f"CONFIG_MODULE_SIG_FORCE=y ({config_source})")
-    lockdown = parse_lockdown(root.read_text("/sys/kernel/security/lockdown"))
+    lockdown_text = root.read_text("/sys/kernel/security/lockdown")
+    lockdown = parse_lockdown(lockdown_text)
+    if lockdown_text is not None and lockdown is None:
+        warnings.append("/sys/kernel/security/lockdown is empty or garbled: lockdown level unknown")
     if lockdown in ("integrity", "confidentiality"):
         # Lockdown rejects unsigned modules regardless of sig_enforce (kernel/module/signing.c).
         sources.append(f"kernel lockdown={lockdown}")
@@ -133,7 +201,11 @@ def read_kernel(root: Root, warnings: list[str]) -> KernelFacts:
     headers_present = False
     if release:
         build = f"/lib/modules/{release}/build"
-        resolved = root.resolve(build)
+        try:
+            resolved = root.resolve(build)
+        except OSError:
+            resolved = build
+            warnings.append(f"{build}: symlink loop; kernel headers treated as missing")
         if root.is_dir(resolved) and (root.exists(f"{resolved}/Makefile")):
             headers_present, headers_path = True, resolved
     return KernelFacts(

@@ -14,6 +14,8 @@ CAPTURE_PATH = "/var/lib/driverd/capture/nvml.json"
 
 
 def _from_json(doc: dict) -> NvmlFacts:
+    if not isinstance(doc, dict) or not isinstance(doc.get("devices", []), list):
+        raise TypeError("not an NVML report object")
     return NvmlFacts(available=bool(doc.get("available")), reason=doc.get("reason"), source="capture",
                      driver_version=doc.get("driver_version"), cuda_driver_version=doc.get("cuda_driver_version"),
                      devices=tuple(NvmlDevice(**d) for d in doc.get("devices", [])))
@@ -25,7 +27,7 @@ def read_nvml(root: Root, driver_loaded: bool) -> NvmlFacts:
         if text:
             try:
                 return _from_json(json.loads(text))
-            except (ValueError, TypeError) as e:
+            except (ValueError, TypeError, AttributeError, RecursionError) as e:
                 return NvmlFacts(False, f"captured NVML report {CAPTURE_PATH} is garbled ({e.__class__.__name__})")
         return NvmlFacts(False, f"root {root.base} is not the live host; NVML reports only on the live host")
     if not driver_loaded:

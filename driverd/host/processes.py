@@ -17,7 +17,8 @@ _CTR_RE = re.compile(r"(?:cri-containerd-|crio-|docker-|/)([0-9a-f]{64})(?:\.sco
 
 
 def pids(root: Root) -> list[int]:
-    return sorted(int(p) for p in root.listdir("/proc") if p.isdigit())
+    # ASCII digits only: str.isdigit() also accepts '²', which int() rejects.
+    return sorted(int(p) for p in root.listdir("/proc") if p.isascii() and p.isdigit() and len(p) < 12)
 
 
 def container_of(cgroup_text: str) -> tuple[str | None, str | None]:

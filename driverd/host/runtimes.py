@@ -10,7 +10,11 @@ import tomllib
 from driverd.host.facts import RuntimeFacts
 from driverd.root import Root
 
+# Where the CRI runtimes live, per containerd config version: v1 (containerd 1.x, the default when
+# `version` is absent) keys plugins by short name `cri`; v2 by `io.containerd.grpc.v1.cri`; v3
+# (containerd 2.x) by `io.containerd.cri.v1.runtime`. 2.x migrates v2 files, so both are read.
 CONTAINERD_CRI_PLUGINS = ("io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime")
+CONTAINERD_V1_CRI_PLUGIN = "cri"
 # (name, binaries, configs, sockets) in order of preference; the first existing config/socket wins.
 CANDIDATES = (
     ("containerd", ("/usr/bin/containerd", "/usr/local/bin/containerd", "/var/lib/rancher/rke2/bin/containerd"),
@@ -42,24 +46,56 @@ def _toml(root: Root, path: str) -> dict:
         text = "\n".join(ln for ln in text.splitlines() if "{{" not in ln)
     try:
         return tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):   # deeply nested junk overflows the parser
         return {}
 
 
-def containerd_handlers(root: Root, config_path: str) -> tuple[list[str], str | None]:
-    docs = [_toml(root, config_path)]
-    for pattern in docs[0].get("imports", []) or []:
-        if not isinstance(pattern, str):
+def _dig(doc: object, *keys: str) -> dict:
+    """doc[k1][k2]...; {} as soon as a level is missing or not a table (a hostile file may put a
+    string or an array where a table belongs)."""
+    for k in keys:
+        if not isinstance(doc, dict):
+            return {}
+        doc = doc.get(k, {})
+    return doc if isinstance(doc, dict) else {}
+
+
+_MAX_IMPORT_DEPTH = 8
+
+
+def _containerd_docs(root: Root, path: str, depth: int = 0, seen: set[str] | None = None) -> list[dict]:
+    """The config and the files its `imports` name (recursively, as containerd does). A relative
+    import is relative to the importing file's directory; each pattern is a filepath.Glob."""
+    seen = set() if seen is None else seen
+    if path in seen or depth > _MAX_IMPORT_DEPTH:
+        return []
+    seen.add(path)
+    doc = _toml(root, path)
+    docs = [doc]
+    imports = doc.get("imports", [])
+    for pattern in imports if isinstance(imports, list) else []:
+        if not isinstance(pattern, str) or not pattern:
             continue
+        if not pattern.startswith("/"):
+            pattern = f"{path.rpartition('/')[0]}/{pattern}"
         d, _, glob = pattern.rpartition("/")
-        docs.extend(_toml(root, f"{d}/{n}") for n in root.listdir(d) if fnmatch.fnmatch(n, glob))
+        for n in root.listdir(d or "/"):
+            if fnmatch.fnmatchcase(n, glob):
+                docs.extend(_containerd_docs(root, f"{d}/{n}", depth + 1, seen))
+    return docs
+
+
+def containerd_handlers(root: Root, config_path: str) -> tuple[list[str], str | None]:
+    docs = _containerd_docs(root, config_path)
+    version = docs[0].get("version", 1)
     names: list[str] = []
     for doc in docs:
-        plugins = doc.get("plugins", {}) if isinstance(doc.get("plugins"), dict) else {}
-        for plugin in CONTAINERD_CRI_PLUGINS:
-            runtimes = plugins.get(plugin, {}).get("containerd", {}).get("runtimes", {})
-            if isinstance(runtimes, dict):
-                names.extend(n for n in runtimes if n not in names)
+        plugins = _dig(doc, "plugins")
+        keys = CONTAINERD_CRI_PLUGINS + ((CONTAINERD_V1_CRI_PLUGIN,) if version in (1, None) or
+                                         not isinstance(version, int) else ())
+        for plugin in keys:
+            runtimes = _dig(plugins, plugin, "containerd", "runtimes")
+            names.extend(n for n in runtimes if n not in names)
     note = None if docs[0] or not root.read_text(config_path) else f"{config_path} is not valid TOML"
     return names, note
 
@@ -68,16 +104,15 @@ def crio_handlers(root: Root, config_path: str | None) -> list[str]:
     names: list[str] = []
     files = ([config_path] if config_path else []) + root.glob("/etc/crio/crio.conf.d", ".conf")
     for f in files:
-        runtimes = _toml(root, f).get("crio", {}).get("runtime", {}).get("runtimes", {})
-        if isinstance(runtimes, dict):
-            names.extend(n for n in runtimes if n not in names)
+        runtimes = _dig(_toml(root, f), "crio", "runtime", "runtimes")
+        names.extend(n for n in runtimes if n not in names)
     return names
 
 
 def docker_handlers(root: Root, config_path: str) -> tuple[list[str], str | None]:
     try:
         doc = json.loads(root.read_text(config_path) or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         return [], f"{config_path} is not valid JSON"
     runtimes = doc.get("runtimes", {}) if isinstance(doc, dict) else {}
     return list(runtimes) if isinstance(runtimes, dict) else [], None
@@ -89,9 +124,10 @@ CAPTURED_VERSIONS = "/var/lib/driverd/capture/versions.json"
 def _version(root: Root, binary: str) -> str | None:
     if not root.is_live():
         try:
-            return json.loads(root.read_text(CAPTURED_VERSIONS) or "{}").get(binary)
-        except (ValueError, AttributeError):
+            v = json.loads(root.read_text(CAPTURED_VERSIONS) or "{}").get(binary)
+        except (ValueError, AttributeError, RecursionError):
             return None
+        return v if isinstance(v, str) else None
     from driverd.runner import Runner
     from driverd.errors import CommandError
     try:
