@@ -39,7 +39,8 @@ class LoadedModule:
 
 def kernel_error(verb: str, name: str, reason: str, log: list[str], fix: str, **details) -> ModuleError:
     """A failed insert/remove, carrying the kernel's own words (the NVRM / module lines of its log)."""
-    words = [ln for ln in log if NVRM_RE.search(ln) or name in ln][-8:]
+    # The lines since the attempt started; on a busy real host keep the ones about the driver.
+    words = ([ln for ln in log if NVRM_RE.search(ln) or name in ln or "module" in ln] if len(log) > 8 else log)[-8:]
     cause = reason + (" — kernel log: " + " | ".join(words) if words else "")
     return ModuleError(f"could not {verb} {name}: {reason}", cause=cause, fix=fix,
                        details={"module": name, "reason": reason, "kernel_log": words, **details})

@@ -122,7 +122,7 @@ def from_fields(path: str, fields: list[tuple[str, str]], signed: bool, signer: 
         else:
             one.setdefault(k, v)
     params = {n: Param(n, types.get(n), descs.get(n, "")) for n in list(types) + [d for d in descs if d not in types]}
-    deps = tuple(d for d in one.get("depends", "").split(",") if d)
+    deps = tuple(d.replace("-", "_") for d in one.get("depends", "").split(",") if d)
     return ModInfo(path=path, name=one.get("name") or module_name(path), version=one.get("version"),
                    license=one.get("license"), vermagic=one.get("vermagic"), depends=deps,
                    firmware=tuple(firmware), params=params, signed=signed, signer=signer, fields=tuple(fields))
