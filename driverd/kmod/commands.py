@@ -74,6 +74,10 @@ def plan_steps(plan) -> list[dict]:
     """A driverd.plan Plan as executor steps; a snapshot first whenever the driver is touched."""
     from driverd.apply.executor import DRIVER_ACTIONS
     steps = [{"action": s.action, "params": dict(s.params), "reason": s.reason} for s in plan.steps]
+    for i, s in enumerate(steps):
+        if s["action"] == "fetch-package":
+            steps.insert(i + 1, {"action": "verify-package", "params": {}, "reason": "sha256 of every file"})
+            break
     if any(s["action"] in DRIVER_ACTIONS for s in steps):
         steps.insert(0, {"action": "snapshot"})
     for s in steps:
