@@ -6,7 +6,7 @@ def test_demo_runs_end_to_end(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     out = r.stdout + r.stderr
     assert "apply: done" in out and "reload: rolled-back" in out and "RmFetchGspRmImages" in out
-    assert out.rstrip().splitlines()[-1].startswith("== done in")
+    assert r.stdout.rstrip().splitlines()[-1].startswith("== done in")
     st = run_cli("status", "--root", str(tmp_path / "demo/host"), "--json")
     import json
     s = json.loads(st.stdout)
