@@ -41,6 +41,8 @@ SCHEMA: dict[str, Key] = {
     "modules.unload_policy": Key("str", "refuse", "what to do with processes holding the GPU on unload",
                                  ("refuse", "terminate")),
     "modules.terminate_grace_s": Key("int", 30, "seconds between SIGTERM and SIGKILL when terminating"),
+    "modules.kernel": Key("str", "auto", "kernel boundary: real (kmod tools), sim (simulated kernel in a host "
+                          "tree: tests, demo), auto (sim only for trees written by driverd.sim)", ("auto", "real", "sim")),
     "signing.key": Key("str", None, "private key used to sign modules built on this host"),
     "signing.cert": Key("str", None, "certificate (DER or PEM) matching signing.key"),
     "packages.repositories": Key("list", [], "package repositories (https://, http://, file://)"),
@@ -58,6 +60,8 @@ SCHEMA: dict[str, Key] = {
     "runtime.cdi": Key("bool", False, "enable CDI and write a CDI spec"),
     "runtime.restart": Key("str", "systemd", "how to restart a runtime after a change", ("systemd", "signal", "none")),
     "daemons.persistenced": Key("bool", True, "run nvidia-persistenced"),
+    "daemons.mode": Key("str", "auto", "how GPU daemons run: systemd (host), child (driver container), sim; "
+                        "auto picks", ("auto", "systemd", "child", "sim")),
     "daemons.fabricmanager": Key("str", "auto", "run fabric manager (auto: when NVSwitches exist)",
                                  ("auto", "true", "false")),
     "state.dir": Key("str", "/var/lib/driverd", "journal and state directory, under the root"),
@@ -74,7 +78,8 @@ def env_name(key: str) -> str:
 
 _ENV_TO_KEY = {env_name(k): k for k in SCHEMA}
 # Environment variables that are not configuration keys but share the prefix.
-_ENV_NOT_KEYS = {"DRIVERD_ROOT", "DRIVERD_CONFIG", "DRIVERD_LOG_LEVEL"}
+_ENV_NOT_KEYS = {"DRIVERD_ROOT", "DRIVERD_CONFIG", "DRIVERD_LOG_LEVEL", "DRIVERD_DEBUG",
+                 "DRIVERD_TEST_CRASH_AT", "DRIVERD_TEST_BOUNDARIES"}   # the last two: executor test hooks
 
 
 @dataclass

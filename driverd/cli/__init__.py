@@ -13,7 +13,8 @@ from driverd import __version__
 from driverd.errors import EXIT_UNEXPECTED, EXIT_USAGE, DriverdError
 
 # Each module defines register(sub, common) and handlers taking (ctx, args) -> int.
-COMMAND_MODULES = ("driverd.cli.host_cmds", "driverd.cli.runtime_cmds")
+COMMAND_MODULES = ("driverd.cli.host_cmds", "driverd.cli.package_cmds", "driverd.cli.kmod_cmds",
+                   "driverd.cli.runtime_cmds")
 
 EPILOG = """\
 exit codes: 0 done or nothing to do, 1 unexpected failure, 2 bad usage or configuration,

@@ -1,0 +1,167 @@
+"""build, build-matrix, repo index, fetch, install, rollback-install: the package commands."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from driverd.cli.output import emit
+from driverd.errors import EXIT_OK, UsageError
+
+F = argparse.RawDescriptionHelpFormatter
+
+
+def register(sub, common) -> None:
+    p = sub.add_parser(
+        "build", parents=[common], formatter_class=F,
+        help="compile the NVIDIA kernel modules for one kernel and pack them as a package",
+        description="Compile NVIDIA's kernel modules from a driver source (a kernel-source tarball such as "
+        "/usr/src/nvidia-open-kernel.tar.xz, or an unpacked tree) against a kernel's headers with kbuild, read "
+        "every module with modinfo, optionally sign each with the kernel's scripts/sign-file, and pack a "
+        "package named after its sha256. A build the output directory already holds is served from there. "
+        "A failed compile keeps the log and exits 3 with the first compiler error.",
+        epilog="examples:\n"
+               "  driverd build --source /usr/src/nvidia-open-kernel.tar.xz --kernel 6.1.0-47-cloud-amd64 \\\n"
+               "                --flavor open --out /srv/driverd-repo\n"
+               "  driverd build --source /usr/src/nvidia-kernel.tar.xz --kernel 6.1.0-47-cloud-amd64 \\\n"
+               "                --flavor proprietary --sign-key mok.key --sign-cert mok.der --out out/ --json")
+    p.add_argument("--source", required=True, metavar="PATH", help="NVIDIA kernel-module source: tarball or tree")
+    p.add_argument("--kernel", required=True, metavar="RELEASE", help="kernel release, e.g. 6.1.0-47-cloud-amd64")
+    p.add_argument("--headers", metavar="DIR", help="kernel headers (default: <root>/lib/modules/RELEASE/build, "
+                   "then /usr/src/linux-headers-RELEASE)")
+    p.add_argument("--flavor", required=True, choices=("open", "proprietary"), help="kernel-module flavour")
+    p.add_argument("--sign-key", metavar="KEY", help="private key for sign-file (default: signing.key)")
+    p.add_argument("--sign-cert", metavar="CERT", help="certificate for sign-file (default: signing.cert)")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory (or repository) to write the package to")
+    p.add_argument("--jobs", "-j", type=int, metavar="N", help="make -jN (default: number of CPUs)")
+    p.add_argument("--work-dir", metavar="DIR", help="where sources are unpacked and built "
+                   "(default: <cache_dir>/build); extracted sources are reused")
+    p.add_argument("--no-strip", action="store_true", help="keep debug info in the modules (10x larger)")
+    p.add_argument("--force", action="store_true", help="build even when --out already holds the package")
+    p.set_defaults(handler=cmd_build)
+
+    p = sub.add_parser(
+        "build-matrix", parents=[common], formatter_class=F,
+        help="build every missing (kernel x flavour x driver) cell of a matrix file",
+        description="Read a declarative matrix (kernels/*.toml: kernel releases x flavours x driver versions, "
+        "and how to get each kernel's headers) and build every cell the output repository lacks, in "
+        "parallel up to --jobs cells. Cells already in the repository are skipped, so running it again is "
+        "cheap. Each cell is reported as built / skipped / failed (with the reason); failures do not stop "
+        "the others. Exit 3 when any cell failed. The repository index is rewritten at the end.",
+        epilog="example:\n  driverd build-matrix kernels/debian-bookworm.toml --out /srv/driverd-repo --jobs 2")
+    p.add_argument("matrix", metavar="FILE", help="matrix file, e.g. kernels/debian-bookworm.toml")
+    p.add_argument("--out", metavar="DIR", help="repository directory (default: the matrix's `repository`)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N", help="cells built at once (default: matrix or 1)")
+    p.add_argument("--make-jobs", type=int, default=None, metavar="N", help="make -jN inside each cell")
+    p.add_argument("--work-dir", metavar="DIR", help="build directory (default: <cache_dir>/build)")
+    p.add_argument("--only", action="append", metavar="GLOB", help="only cells whose id matches (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="print what would be built; build nothing")
+    p.set_defaults(handler=cmd_build_matrix)
+
+    repo = sub.add_parser("repo", help="package repository tools")
+    rsub = repo.add_subparsers(dest="repo_command", metavar="COMMAND")
+    p = rsub.add_parser(
+        "index", parents=[common], formatter_class=F, help="(re)write a repository's index.json",
+        description="Scan DIR for packages (*.tar.zst), read each manifest, and atomically (re)write "
+        "DIR/index.json listing driver, flavour, kernel release, arch, sha256, size and path of every package. "
+        "With --sign-key the index is signed (DIR/index.json.sig, openssl dgst -sha256); fetch checks it "
+        "against packages.index_public_key. Any static HTTP server can then serve DIR.",
+        epilog="example:\n  driverd repo index /srv/driverd-repo && python3 -m http.server -d /srv/driverd-repo")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--sign-key", metavar="KEY", help="private key (PEM) to sign index.json with")
+    p.add_argument("--no-verify", action="store_true", help="trust each file's name; do not re-hash packages")
+    p.set_defaults(handler=cmd_repo_index)
+
+    p = sub.add_parser(
+        "fetch", parents=[common], formatter_class=F,
+        help="find, download and verify the package for this host's kernel",
+        description="Look up the package for the host's running kernel (from facts under --root) and the "
+        "requested driver and flavour in each repository in turn (https://, http://, file://), download it "
+        "into the cache (<root>/var/cache/driverd; resumes partial downloads, retries with backoff, honours "
+        "HTTP(S)_PROXY/NO_PROXY), check its sha256 against the index and every file against its manifest. "
+        "When no repository has it, build it locally if the headers and packages.source are available; "
+        "otherwise exit 3 naming the package looked for and where.",
+        epilog="examples:\n  driverd fetch --driver 535.261.03 --flavor open --repo https://repo.example/driverd\n"
+               "  driverd fetch --root /host --driver 535.261.03 --repo file:///mnt/usb/driverd --json")
+    p.add_argument("--driver", metavar="VERSION", help="driver version (default: driver.version)")
+    p.add_argument("--flavor", choices=("auto", "open", "proprietary"), help="flavour (default: driver.flavor; "
+                   "auto decides from the GPUs)")
+    p.add_argument("--repo", action="append", metavar="URL", help="repository URL (repeatable; default: "
+                   "packages.repositories)")
+    p.add_argument("--kernel", metavar="RELEASE", help="kernel release (default: the running kernel)")
+    p.add_argument("--arch", metavar="ARCH", help="architecture (default: the kernel's)")
+    p.add_argument("--no-build", action="store_true", help="never fall back to a local build")
+    p.set_defaults(handler=cmd_fetch)
+
+    p = sub.add_parser(
+        "install", parents=[common], formatter_class=F,
+        help="install a package's modules and firmware for its kernel (does not load them)",
+        description="Check the package's vermagic against the target kernel, refuse unsigned modules when "
+        "the kernel enforces signatures, verify every file, then install the modules into "
+        "<root>/lib/modules/<release>/updates/driverd/ and firmware into <root>/lib/firmware/nvidia/<version>/ "
+        "through a staging directory and an atomic switch, keep the replaced installation under "
+        "<root>/var/lib/driverd/packages/previous/<release>/, run depmod and check that modprobe resolves "
+        "nvidia. Installing the same package again changes nothing.",
+        epilog="example:\n  driverd install --root /host /var/cache/driverd/driverd-535.261.03-open-....tar.zst")
+    p.add_argument("package", metavar="PACKAGE")
+    p.add_argument("--kernel", metavar="RELEASE", help="target kernel (default: the running kernel, else the "
+                   "package's)")
+    p.add_argument("--enforce-signatures", choices=("auto", "yes", "no"), default="auto",
+                   help="treat the kernel as enforcing module signatures (default auto: from the host facts)")
+    p.set_defaults(handler=cmd_install)
+
+    p = sub.add_parser(
+        "rollback-install", parents=[common], formatter_class=F,
+        help="put back the installation the last install replaced",
+        description="Swap <root>/var/lib/driverd/packages/previous/<release>/ back into place and run depmod. "
+        "The rolled-back installation becomes the previous one, so running it twice returns to the start.")
+    p.add_argument("--kernel", metavar="RELEASE", help="kernel release (default: the running kernel)")
+    p.set_defaults(handler=cmd_rollback)
+
+
+def _release(ctx, given: str | None) -> str:
+    rel = given or ctx.root.read_first_line("/proc/sys/kernel/osrelease")
+    if not rel:
+        raise UsageError("kernel release unknown", cause="no --kernel and no /proc/sys/kernel/osrelease under "
+                         "the root", fix="pass --kernel RELEASE")
+    return rel
+
+
+def cmd_install(ctx, args) -> int:
+    from driverd.packages.install import install
+    if not os.path.isfile(args.package):
+        raise UsageError(f"package {args.package} does not exist", fix="pass the path `driverd fetch` printed")
+    enforce = {"auto": None, "yes": True, "no": False}[args.enforce_signatures]
+    rep = install(ctx.root, args.package, ctx.runner, kernel=args.kernel, enforce=enforce,
+                  state_dir=ctx.config["state.dir"])
+    emit(ctx.json, rep.to_json(), lambda r: (
+        f"installed {r['driver_version']} ({r['flavor']}) for {r['kernel_release']} into {r['modules_dir']}"
+        if r["changed"] else f"already installed: {r['driver_version']} ({r['flavor']}) for {r['kernel_release']}")
+        + (f"\n  previous kept in {r['previous']}" if r["previous"] and r["changed"] else "")
+        + (f"\n  modprobe resolves nvidia: {' '.join(os.path.basename(x) for x in r['resolves'])}"
+           if r["resolves"] else ""))
+    return EXIT_OK
+
+
+def cmd_rollback(ctx, args) -> int:
+    from driverd.packages.install import rollback_install
+    rep = rollback_install(ctx.root, _release(ctx, args.kernel), ctx.runner, state_dir=ctx.config["state.dir"])
+    emit(ctx.json, rep.to_json(), lambda r: (
+        f"rolled back to {r['driver_version']} ({r['flavor']}) for {r['kernel_release']}" if r["driver_version"]
+        else f"rolled back: no driverd modules installed for {r['kernel_release']} now"))
+    return EXIT_OK
+
+
+def cmd_build(ctx, args) -> int:
+    raise UsageError("not implemented yet")
+
+
+def cmd_build_matrix(ctx, args) -> int:
+    raise UsageError("not implemented yet")
+
+
+def cmd_repo_index(ctx, args) -> int:
+    raise UsageError("not implemented yet")
+
+
+def cmd_fetch(ctx, args) -> int:
+    raise UsageError("not implemented yet")

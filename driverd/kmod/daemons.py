@@ -1,0 +1,194 @@
+"""GPU daemons: nvidia-persistenced (keeps GPUs initialised) and fabric manager (NVSwitch hosts; CUDA
+cannot use NVLink until it has configured the fabric). Three ways to run them, one interface:
+
+- systemd (host mode): `systemctl start|stop|is-active <unit>` through the Runner;
+- child processes (driver container, root=/host): started from the host's binaries, pid files under
+  <root>/run/driverd/, stopped with SIGTERM;
+- simulated (sim kernel): processes in the tree's /proc that hold /dev/nvidia* like the real ones.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from driverd.errors import ModuleError
+from driverd.fsutil import atomic_write
+from driverd.host.processes import DAEMONS
+
+PERSISTENCED = "nvidia-persistenced"
+FABRICMANAGER = "nv-fabricmanager"
+UNITS = {PERSISTENCED: "nvidia-persistenced.service", FABRICMANAGER: "nvidia-fabricmanager.service"}
+COMMANDS = {PERSISTENCED: ["/usr/bin/nvidia-persistenced", "--persistence-mode", "--verbose"],
+            FABRICMANAGER: ["/usr/bin/nv-fabricmanager", "-c", "/usr/share/nvidia/nvswitch/fabricmanager.cfg"]}
+FM_READY_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class DaemonStatus:
+    name: str
+    running: bool
+    pids: tuple[int, ...] = ()
+
+
+class Services(ABC):
+    mode = "abstract"
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self.root = kernel.root
+        self.runner = kernel.runner
+
+    def pids(self, name: str) -> list[int]:
+        comms = DAEMONS[name]
+        return [int(p) for p in self.root.listdir("/proc") if p.isdigit()
+                and self.root.read_first_line(f"/proc/{p}/comm") in comms]
+
+    def running(self, name: str) -> bool:
+        return bool(self.pids(name))
+
+    @abstractmethod
+    def start(self, name: str) -> None: ...
+
+    @abstractmethod
+    def stop(self, name: str) -> None: ...
+
+    def wait_ready(self, name: str, timeout: float = FM_READY_TIMEOUT) -> None:
+        """Fabric manager is ready when every GPU reports fabric state Completed (NVML), or, where
+        NVML cannot tell, when the daemon is still alive after it configured the switches."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.fabric_state()
+            if state == "completed":
+                return
+            if not self.running(name):
+                raise ModuleError(f"{name} exited while configuring the fabric",
+                                  cause="see its log (journalctl -u nvidia-fabricmanager or /var/log/fabricmanager.log)",
+                                  fix="the fabric manager version must equal the driver version")
+            time.sleep(0.5)
+        raise ModuleError(f"{name} did not finish configuring the NVSwitch fabric in {timeout:.0f}s",
+                          cause="GPU fabric state never reached Completed", fix="check the fabric manager log")
+
+    def fabric_state(self) -> str | None:
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+        except Exception:   # no NVML here: readiness by survival
+            time.sleep(1.0)
+            return "completed" if self.running(FABRICMANAGER) else None
+        try:
+            states = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                info = pynvml.nvmlDeviceGetGpuFabricInfo(pynvml.nvmlDeviceGetHandleByIndex(i))
+                states.append(info.state)
+            done = getattr(pynvml, "NVML_GPU_FABRIC_STATE_COMPLETED", 3)
+            return "completed" if states and all(s == done for s in states) else "in-progress"
+        except Exception:
+            return "completed" if self.running(FABRICMANAGER) else None
+        finally:
+            try:
+                pynvml.nvmlShutdown()
+            except Exception:
+                pass
+
+
+class SystemdServices(Services):
+    mode = "systemd"
+
+    def _ctl(self, *args: str, check: bool = True):
+        from driverd.runner import which
+        return self.runner.run([which("systemctl") or "systemctl", *args], timeout=180, check=check)
+
+    def start(self, name: str) -> None:
+        self._ctl("start", UNITS[name])
+
+    def stop(self, name: str) -> None:
+        self._ctl("stop", UNITS[name])
+
+    def running(self, name: str) -> bool:
+        res = self.runner.run(["systemctl", "is-active", "--quiet", UNITS[name]], timeout=30, check=False,
+                              mutates=False)
+        return res.returncode == 0 or super().running(name)
+
+
+class ChildServices(Services):
+    """The driver container runs the daemons itself (the host has no unit for them)."""
+    mode = "child"
+
+    def _pidfile(self, name: str):
+        return self.root.path(f"/run/driverd/{name}.pid")
+
+    def start(self, name: str) -> None:
+        if self.running(name):
+            return
+        argv = list(COMMANDS[name])
+        exe = self.root.real(argv[0])
+        if not exe.is_file():
+            raise ModuleError(f"{name} is not installed on the host", cause=f"{argv[0]} is missing under {self.root.base}",
+                              fix="install the NVIDIA userspace (or set daemons.persistenced=false)")
+        if self.runner.dry_run:
+            return
+        proc = subprocess.Popen([str(exe), *argv[1:]], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        atomic_write(self._pidfile(name), f"{proc.pid}\n")
+
+    def stop(self, name: str) -> None:
+        for pid in self.pids(name):
+            self.kernel.signal(pid, signal.SIGTERM)
+        left = self.kernel.wait_gone(self.pids(name), 10)
+        for pid in left:
+            self.kernel.signal(pid, signal.SIGKILL)
+        self._pidfile(name).unlink(missing_ok=True)
+
+
+class SimServices(Services):
+    """Daemons as simulated processes that hold the driver open, like the real ones do."""
+    mode = "sim"
+
+    def start(self, name: str) -> None:
+        if self.running(name):
+            return
+        from driverd.sim.kernel import FABRIC
+        if not self.kernel.is_loaded("nvidia") or not self.root.exists("/dev/nvidiactl"):
+            raise ModuleError(f"{name} could not start", cause="Failed to open /dev/nvidiactl: the driver is not loaded",
+                              fix="load the driver first (driverd load)")
+        devs = ["/dev/nvidiactl"] + sorted(p for p in (f"/dev/{n}" for n in self.root.listdir("/dev"))
+                                          if p[11:].isdigit() and p.startswith("/dev/nvidia"))
+        if name == FABRICMANAGER:
+            devs.append("/dev/nvidia-nvswitchctl")
+        comm = DAEMONS[name][0]
+        self.kernel.spawn(comm, devs, cmdline=" ".join(COMMANDS[name]))
+        if name == FABRICMANAGER:
+            atomic_write(self.root.path(FABRIC), "completed\n")
+
+    def stop(self, name: str) -> None:
+        for pid in self.pids(name):
+            self.kernel.signal(pid, signal.SIGTERM)
+
+    def fabric_state(self) -> str | None:
+        from driverd.sim.kernel import FABRIC
+        return (self.root.read_first_line(FABRIC) or None)
+
+
+def select_services(kernel, mode: str = "auto") -> Services:
+    if mode == "auto":
+        if kernel.name == "sim":
+            mode = "sim"
+        elif kernel.root.is_slash and os.path.isdir("/run/systemd/system"):
+            mode = "systemd"
+        else:
+            mode = "child"
+    return {"sim": SimServices, "systemd": SystemdServices, "child": ChildServices}[mode](kernel)
+
+
+def wanted_daemons(cfg, nvswitches: int) -> list[str]:
+    out = []
+    if cfg["daemons.persistenced"]:
+        out.append(PERSISTENCED)
+    fm = cfg["daemons.fabricmanager"]
+    if fm == "true" or (fm == "auto" and nvswitches):
+        out.append(FABRICMANAGER)
+    return out

@@ -1,0 +1,288 @@
+"""The kernel boundary: load, unload and inspect modules. One interface, two implementations:
+
+- RealKernel: kmod tools through the Runner (`modprobe [-d ROOT] NAME k=v...`, `rmmod NAME`,
+  `dmesg`), honouring --root the way the driver container needs (root=/host).
+- SimKernel (driverd/sim/kernel.py): keeps /proc/modules, /sys/module/*/{refcnt,holders},
+  /proc/driver/nvidia/* and /proc/devices inside a root tree and fails the way the real kernel fails.
+
+Everything above this line (load/unload/reload/validate) is written once against `Kernel` and runs
+identically on a host, in the driver container, in tests and in the demo. `select_kernel` is the one
+place that chooses.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal as _signal
+import stat
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from driverd.errors import ConfigError, ModuleError
+from driverd.host.modules import INSTALL_DIR, loaded_modules, read_module
+from driverd.kmod.modinfo import ModInfo, module_name, modinfo_tool, read_modinfo
+from driverd.root import Root
+
+SIM_MARKER = "/run/driverd-sim/kernel"
+NVRM_RE = re.compile(r"NVRM|nvidia", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class LoadedModule:
+    name: str
+    refcount: int | None
+    holders: tuple[str, ...]
+    version: str | None = None
+    parameters: dict[str, str] = field(default_factory=dict)
+
+
+def kernel_error(verb: str, name: str, reason: str, log: list[str], fix: str, **details) -> ModuleError:
+    """A failed insert/remove, carrying the kernel's own words (the NVRM / module lines of its log)."""
+    # The lines since the attempt started; on a busy real host keep the ones about the driver.
+    words = ([ln for ln in log if NVRM_RE.search(ln) or name in ln or "module" in ln] if len(log) > 8 else log)[-8:]
+    cause = reason + (" — kernel log: " + " | ".join(words) if words else "")
+    return ModuleError(f"could not {verb} {name}: {reason}", cause=cause, fix=fix,
+                       details={"module": name, "reason": reason, "kernel_log": words, **details})
+
+
+class Kernel(ABC):
+    """Module operations on one host (its running kernel, seen through `root`)."""
+
+    name = "abstract"
+
+    def __init__(self, root: Root, runner) -> None:
+        self.root = root
+        self.runner = runner
+        self.release = root.read_first_line("/proc/sys/kernel/osrelease") or ""
+
+    # -- inspection (shared: both kernels expose the same procfs/sysfs files) --------------------
+    def modules(self) -> dict[str, LoadedModule]:
+        out = {}
+        for name, row in loaded_modules(self.root).items():
+            mf = read_module(self.root, name, row)
+            params = {p: (self.root.read_first_line(f"/sys/module/{name}/parameters/{p}") or "")
+                      for p in self.root.listdir(f"/sys/module/{name}/parameters")}
+            out[name] = LoadedModule(name, mf.refcount, mf.holders, mf.version, params)
+        return out
+
+    def is_loaded(self, name: str) -> bool:
+        return name in self.modules()
+
+    def modules_dir(self) -> str:
+        return f"/lib/modules/{self.release}"
+
+    def module_file(self, name: str) -> str | None:
+        """Host path of the file modprobe would load for `name`, from depmod's modules.dep."""
+        dep = parse_modules_dep(self.root.read_text(f"{self.modules_dir()}/modules.dep") or "")
+        rel = dep.get(name.replace("-", "_"))
+        return f"{self.modules_dir()}/{rel[0]}" if rel else None
+
+    def module_deps(self, name: str) -> list[str]:
+        dep = parse_modules_dep(self.root.read_text(f"{self.modules_dir()}/modules.dep") or "")
+        rel = dep.get(name.replace("-", "_"))
+        return [module_name(p) for p in rel[1]] if rel else []
+
+    def modinfo(self, name: str) -> ModInfo:
+        path = self.module_file(name)
+        if path is None:
+            raise ModuleError(f"module {name} is not installed for kernel {self.release}",
+                              cause=f"{self.modules_dir()}/modules.dep has no entry for {name}",
+                              fix="install the driver package (driverd install) or run depmod")
+        real = str(self.root.real(path))
+        info = modinfo_tool(self.runner, real)
+        return info if info is not None else read_modinfo(real)
+
+    # -- the kernel's log ------------------------------------------------------------------------
+    @abstractmethod
+    def log_mark(self) -> int: ...
+
+    @abstractmethod
+    def log_since(self, mark: int) -> list[str]: ...
+
+    # -- changes ---------------------------------------------------------------------------------
+    @abstractmethod
+    def load(self, name: str, params: dict[str, str] | None = None) -> None:
+        """Insert `name` (modprobe semantics: a loaded module is left alone). Raises ModuleError."""
+
+    @abstractmethod
+    def unload(self, name: str) -> None:
+        """Remove exactly `name` (rmmod semantics). Raises ModuleError (e.g. in use)."""
+
+    @abstractmethod
+    def mknod(self, hostpath: str, major: int, minor: int) -> None: ...
+
+    @abstractmethod
+    def set_firmware_path(self, hostdir: str) -> None:
+        """Point the kernel's firmware loader at an extra directory (firmware_class.path)."""
+
+    def firmware_path(self) -> str:
+        return (self.root.read_first_line("/sys/module/firmware_class/parameters/path") or "").strip()
+
+    # -- processes (holders are terminated through the kernel boundary) ---------------------------
+    @abstractmethod
+    def signal(self, pid: int, sig: int) -> None: ...
+
+    @abstractmethod
+    def alive(self, pid: int) -> bool: ...
+
+    def wait_gone(self, pids: list[int], timeout: float) -> list[int]:
+        deadline = time.monotonic() + timeout
+        left = [p for p in pids if self.alive(p)]
+        while left and time.monotonic() < deadline:
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            left = [p for p in left if self.alive(p)]
+        return left
+
+
+def parse_modules_dep(text: str) -> dict[str, tuple[str, list[str]]]:
+    """modules.dep: 'path/mod.ko: dep1.ko dep2.ko' -> {name: (path, [deps in load-last-first order])}."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    for line in text.splitlines():
+        path, sep, deps = line.partition(":")
+        if not sep:
+            continue
+        name = module_name(path.strip())
+        out.setdefault(name, (path.strip(), deps.split()))
+    return out
+
+
+_ERRNO_FIX = {
+    "Exec format error": "the module was built for another kernel (vermagic); install the package built for "
+                         "the running kernel",
+    "Key was rejected by service": "the kernel enforces module signatures: sign the modules with a key "
+                                   "enrolled in the MOK/platform keyring ([signing] key/cert)",
+    "Required key not available": "the kernel enforces module signatures: sign the modules with an enrolled key",
+    "Invalid argument": "a module parameter has a value the module rejects; check [modules.parameters]",
+    "No such device": "no GPU could be initialised: check the kernel log lines above (firmware, nouveau bound, "
+                      "unsupported GPU for this flavour)",
+    "Unknown symbol in module": "a dependency is missing or was built against another driver version",
+    "File exists": "the module is already loaded",
+}
+
+
+class RealKernel(Kernel):
+    """kmod tools through the Runner. Refuses a root that is not the live host: modprobe would load
+    this machine's kernel with another machine's files."""
+
+    name = "real"
+
+    def __init__(self, root: Root, runner) -> None:
+        super().__init__(root, runner)
+        if not root.is_live():
+            raise ConfigError(f"root {root.base} is not the live host; the real kernel cannot load its modules",
+                              cause="its /proc is not this machine's /proc",
+                              fix="use --kernel sim for a simulated tree, or run on the host (root / or /host)")
+
+    def _tool(self, name: str) -> str:
+        from driverd.runner import which
+        return which(name) or name
+
+    def log_mark(self) -> int:
+        return len(self._dmesg())
+
+    def log_since(self, mark: int) -> list[str]:
+        return self._dmesg()[mark:]
+
+    def _dmesg(self) -> list[str]:
+        res = self.runner.run([self._tool("dmesg")], timeout=15, check=False, mutates=False)
+        return res.stdout.splitlines() if res.ok else []
+
+    def load_argv(self, name: str, params: dict[str, str] | None = None) -> list[str]:
+        argv = [self._tool("modprobe")]
+        if not self.root.is_slash:
+            argv += ["-d", self.root.base]        # modules.dep and the .ko files of the host tree
+        return argv + [name] + [f"{k}={v}" for k, v in sorted((params or {}).items())]
+
+    def unload_argv(self, name: str) -> list[str]:
+        return [self._tool("rmmod"), name]
+
+    def load(self, name: str, params: dict[str, str] | None = None) -> None:
+        mark = self.log_mark()
+        res = self.runner.run(self.load_argv(name, params), timeout=300, check=False)
+        if not res.ok:
+            reason = _reason(res.stderr or res.stdout)
+            raise kernel_error("load", name, reason, self.log_since(mark),
+                               _ERRNO_FIX.get(reason, "see the kernel log (dmesg) for the NVRM lines"))
+
+    def unload(self, name: str) -> None:
+        mark = self.log_mark()
+        res = self.runner.run(self.unload_argv(name), timeout=120, check=False)
+        if not res.ok:
+            reason = _reason(res.stderr or res.stdout)
+            raise kernel_error("unload", name, reason, self.log_since(mark),
+                               "stop the processes and modules holding it (driverd unload lists them)")
+
+    def mknod(self, hostpath: str, major: int, minor: int) -> None:
+        if self.runner.dry_run:
+            return
+        p = self.root.path(hostpath)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        os.mknod(p, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        os.chmod(p, 0o666)
+
+    def set_firmware_path(self, hostdir: str) -> None:
+        if self.runner.dry_run:
+            return
+        with open(self.root.path("/sys/module/firmware_class/parameters/path"), "w") as f:
+            f.write(hostdir)
+
+    def signal(self, pid: int, sig: int) -> None:
+        if self.runner.dry_run:
+            return
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def alive(self, pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+
+def _reason(text: str) -> str:
+    """'modprobe: ERROR: could not insert 'nvidia': Exec format error' -> 'Exec format error'."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return "failed"
+    last = lines[-1]
+    m = re.search(r"could not (?:insert|remove) '[^']+': (.+)$", last) or re.search(r"ERROR: (.+)$", last)
+    return (m.group(1) if m else last).strip()
+
+
+KERNELS = ("auto", "real", "sim")
+
+
+def select_kernel(root: Root, runner, choice: str | None = None) -> Kernel:
+    """The one place the kernel implementation is chosen.
+
+    Order: explicit choice (--kernel), then $DRIVERD_MODULES_KERNEL via config (modules.kernel),
+    then auto: a tree written by driverd.sim.hosttree carries SIM_MARKER and gets the simulated
+    kernel; anything else, and always root /, gets the real one.
+    """
+    choice = choice or "auto"
+    if choice not in KERNELS:
+        raise ConfigError(f"unknown kernel {choice!r}", cause="the kernel boundary is real or sim",
+                          fix="use --kernel real|sim|auto")
+    if choice == "auto":
+        choice = "sim" if (not root.is_slash and root.exists(SIM_MARKER)) else "real"
+    if choice == "sim":
+        if root.is_slash:
+            raise ConfigError("the simulated kernel never runs on root /", cause="it would write into /proc and /sys",
+                              fix="pass --root DIR with a simulated host tree (driverd demo makes one)")
+        from driverd.sim.kernel import SimKernel
+        return SimKernel(root, runner)
+    return RealKernel(root, runner)
+
+
+def installed_dir(release: str) -> str:
+    return f"/lib/modules/{release}/{INSTALL_DIR}"
+
+
+__all__ = ["Kernel", "RealKernel", "LoadedModule", "select_kernel", "parse_modules_dep", "kernel_error",
+           "installed_dir", "SIM_MARKER", "_signal"]

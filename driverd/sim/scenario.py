@@ -1,0 +1,38 @@
+"""Ready-made simulated hosts and package sets for tests, the demo and fleet benchmarks."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from driverd.sim.hosttree import HostSpec, Module, Pci, h100, write_host
+
+RELEASE = "6.1.0-47-cloud-amd64"
+CONTAINERD_CONFIG = 'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n  default_runtime_name = "runc"\n' \
+                    '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n  runtime_type = "io.containerd.runc.v2"\n'
+
+
+def dgx_spec(gpus: int = 8, nvswitches: int = 4, nic: bool = True, nouveau: bool = True,
+             nouveau_in_use: bool = False) -> HostSpec:
+    pci = [h100(f"0000:{0x18 + 0x10 * i:02x}:00.0", "nouveau" if nouveau else None, i // 4) for i in range(gpus)]
+    pci += [Pci(f"0000:{0xc0 + i:02x}:00.0", "0x10de", "0x22a3", "0x068000") for i in range(nvswitches)]
+    if nic:
+        pci.append(Pci("0000:0c:00.0", "0x15b3", "0x1021", "0x020700", "mlx5_core", 0, "0x15b3", "0x0023"))
+    mods = [Module("ext4", 1000000, 1, (), "")]
+    if nouveau:
+        mods.append(Module("nouveau", 2400000, 1 if nouveau_in_use else 0, (), ""))
+    return HostSpec(release=RELEASE, pci=pci, modules=mods, hostname="dgx-h100-01",
+                    files={"/etc/containerd/config.toml": CONTAINERD_CONFIG, "/usr/bin/containerd": ""})
+
+
+def make_host(root: str | os.PathLike, spec: HostSpec | None = None) -> Path:
+    return write_host(root, spec or dgx_spec())
+
+
+def make_packages(out: str | os.PathLike, release: str = RELEASE) -> dict[str, Path]:
+    """old (535, open), new (550, open), broken (550.x, open, GSP firmware missing: loads fail)."""
+    from driverd.sim.fakepkg import make_fake_package
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return {"old": make_fake_package(out, "535.261.03", release).path,
+            "new": make_fake_package(out, "550.127.05", release).path,
+            "broken": make_fake_package(out / "broken", "550.127.08", release, with_firmware=False).path}

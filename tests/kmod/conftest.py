@@ -1,0 +1,31 @@
+"""Simulated hosts with the simulated kernel and fake packages (real ELF modules, real depmod)."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from driverd.root import Root
+from driverd.runner import Runner
+
+
+@pytest.fixture(scope="session")
+def packages(tmp_path_factory):
+    from driverd.sim.scenario import make_packages
+    return make_packages(tmp_path_factory.mktemp("pkgs"))
+
+
+@pytest.fixture
+def host(tmp_path, packages):
+    """A 2-GPU, 1-NVSwitch host with NIC, no nouveau, package `old` installed (not loaded)."""
+    from driverd.packages.install import install
+    from driverd.sim.scenario import dgx_spec, make_host
+    root = tmp_path / "root"
+    make_host(root, dgx_spec(gpus=2, nvswitches=1, nouveau=False))
+    install(Root(root), packages["old"], Runner())
+    return root
+
+
+def kernel_of(root):
+    from driverd.kmod.kernel import select_kernel
+    return select_kernel(Root(root), Runner())
