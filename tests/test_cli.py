@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import run_cli
+from tests.conftest import run_cli
 from driverd.sim.hosttree import HostSpec, Pci, h100, write_host
 
 H200 = "h200-ubuntu-fc-580-open.tar.gz"     # captured on a real H200 host, open driver 580 loaded
@@ -121,3 +121,11 @@ def test_capture_roundtrip(tmp_path):
     for d in (a, b):
         d.pop("root"), d.pop("nvml")
     assert a == b
+
+
+def test_common_options_before_or_after_the_command(tmp_path):
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
+    for args in (["--root", str(tmp_path), "--json", "detect"], ["detect", "--root", str(tmp_path), "--json"],
+                 ["--json", "detect", "--root", str(tmp_path)]):
+        d = json.loads(run_cli(*args, check=True).stdout)
+        assert d["root"] == str(tmp_path) and d["gpus"][0]["pci_address"] == "0000:1b:00.0"

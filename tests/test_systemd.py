@@ -2,7 +2,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from conftest import REPO, require_binary
+from tests.conftest import REPO, require_binary
 
 
 def test_units_verify_with_systemd_analyze(tmp_path):

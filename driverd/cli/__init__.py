@@ -25,8 +25,10 @@ start with:  driverd detect            what is on this host
 """
 
 
-def common_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
+def common_parser(suppress: bool = False) -> argparse.ArgumentParser:
+    """--root/--json/--config, accepted before or after the command name. On subcommands the
+    defaults are SUPPRESS so that `driverd --root X plan` keeps X instead of the subcommand's default."""
+    p = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS if suppress else None)
     g = p.add_argument_group("common options")
     g.add_argument("--root", metavar="DIR", help="host root directory; every host path is read under it "
                    "(default: $DRIVERD_ROOT or /; the driver container uses /host)")
@@ -36,14 +38,14 @@ def common_parser() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = common_parser()
     parser = argparse.ArgumentParser(
-        prog="driverd", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        prog="driverd", parents=[common_parser()], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="driverd takes a bare NVIDIA GPU host to workload-ready and keeps it there: it reads the "
                     "host, decides the driver flavour, fetches or builds a package for the exact kernel, "
                     "loads it safely and configures the container runtimes.")
     parser.add_argument("--version", action="version", version=f"driverd {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    common = common_parser(suppress=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub, common)
     return parser

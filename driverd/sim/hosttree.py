@@ -171,7 +171,7 @@ def write_host(root: str | os.PathLike, spec: HostSpec) -> Path:
     for p in spec.procs:
         base = r / "proc" / str(p.pid)
         (base / "fd").mkdir(parents=True, exist_ok=True)
-        _w(r, f"/proc/{p.pid}/comm", p.comm + "\n")
+        _w(r, f"/proc/{p.pid}/comm", p.comm[:15] + "\n")   # TASK_COMM_LEN: 15 chars + NUL
         _w(r, f"/proc/{p.pid}/cmdline", (p.cmdline or p.comm).replace(" ", "\0") + "\0")
         _w(r, f"/proc/{p.pid}/cgroup", p.cgroup + "\n")
         for i, target in enumerate(p.fds, 3):

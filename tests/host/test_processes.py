@@ -31,7 +31,7 @@ def test_gpu_users_and_daemons(tmp_path):
         pci=[h100("0000:1b:00.0", "nvidia")], modules=[Module("nvidia", refcount=2)],
         nvidia_version_text=nvidia_version_line("570.195.03", "open"),
         procs=[Proc(100, "python3", ("/dev/nvidia0", "/dev/nvidiactl", "/tmp/x"), cmdline="python3 train.py"),
-               Proc(200, "bash", ("/dev/null",)), Proc(300, "nvidia-persistenc", ("/dev/nvidiactl",))]))
+               Proc(200, "bash", ("/dev/null",)), Proc(300, "nvidia-persistenced", ("/dev/nvidiactl",))]))
     f = collect(Root(tmp_path), nvml=False)
     users = {u.pid: u for u in f.gpu_users}
     assert set(users) == {100, 300}

@@ -45,13 +45,13 @@ def test_bare_host_full_provisioning_in_order(tmp_path):
 def test_satisfied_host_has_no_steps(tmp_path):
     f = facts(tmp_path, pci=[h100("0000:1b:00.0", "nvidia")],
               modprobe_d={"/etc/modprobe.d/nv.conf": "blacklist nouveau\noptions nouveau modeset=0\n"},
-              procs=[Proc(812, "nvidia-persistenc")], **loaded())
+              procs=[Proc(812, "nvidia-persistenced")], **loaded())
     p = plan(f, Desired("570.195.03", runtimes=("none",)))
     assert p.nothing_to_do, actions(p)
 
 
 def test_upgrade_replaces_loaded_driver(tmp_path):
-    f = facts(tmp_path, pci=[h100("0000:1b:00.0", "nvidia")], procs=[Proc(812, "nvidia-persistenc")],
+    f = facts(tmp_path, pci=[h100("0000:1b:00.0", "nvidia")], procs=[Proc(812, "nvidia-persistenced")],
               modprobe_d={"/etc/modprobe.d/nv.conf": "blacklist nouveau\noptions nouveau modeset=0\n"},
               **loaded("550.127.05", "proprietary"))
     p = plan(f, Desired("570.195.03", runtimes=("none",)))
