@@ -390,19 +390,35 @@ class Validate(StepImpl):
 
 @register
 class ConfigureRuntime(StepImpl):
+    """Add the handler to one container runtime (driverd.runtime); idempotent by construction: a
+    second run writes and restarts nothing."""
     action = "configure-runtime"
 
     def do(self, ctx, params):
-        try:
-            from driverd.runtime import configure   # provided by the runtime subject
-        except ImportError:
-            raise PlanError("configure-runtime is not available in this build",
-                            cause="driverd.runtime.configure is not part of this driverd yet",
-                            fix="configure the runtime by hand, or drop it with runtime.runtimes=none") from None
-        return configure(ctx.root, params, runner=ctx.runner, config=ctx.config) or {}
+        from driverd.runtime import Options, configure
+        opts = Options.from_config(ctx.config, handler=params.get("handler"), dry_run=ctx.runner.dry_run)
+        return configure(ctx.root, params["runtime"], opts, ctx.runner).to_json()
+
+    def undo(self, ctx, params, result):
+        if not result or not result.get("files_changed"):
+            return []
+        return [{"action": "revert-runtime", "params": {"runtime": params["runtime"], "handler": params.get("handler")}}]
 
     def describe(self, params):
         return f"configure {params.get('runtime')} handler {params.get('handler')}"
+
+
+@register
+class RevertRuntime(StepImpl):
+    action = "revert-runtime"
+
+    def do(self, ctx, params):
+        from driverd.runtime import Options, revert
+        opts = Options.from_config(ctx.config, handler=params.get("handler"), dry_run=ctx.runner.dry_run)
+        return revert(ctx.root, params["runtime"], opts, ctx.runner).to_json()
+
+    def describe(self, params):
+        return f"revert driverd's {params.get('runtime')} handler"
 
 
 def restore_lkg_steps(lkg: dict | None, ctx: StepContext) -> list[dict]:

@@ -17,7 +17,9 @@ flavor = "open"
 [packages]
 repositories = ["file://{repo}"]
 [runtime]
-runtimes = ["none"]
+runtimes = ["containerd"]
+restart = "none"
+cdi = true
 """
 
 
