@@ -24,6 +24,7 @@ def test_detect_json_contract_on_real_gpu_host(unpack_host):
     assert (g["pci_address"], g["device_id"], g["architecture"], g["bound_driver"]) == \
         ("0000:00:06.0", "0x2335", "Hopper", "nvidia")
     assert g["name"].startswith("H200") and g["open_module_support"] == "supported"
+    assert g["uuid"] == "GPU-32774125-ffe1-5c12-7dad-de94a2a6affc" and g["minor"] == 0
     assert d["nvswitches"] == [] and d["nouveau"]["loaded"] is False and d["nouveau"]["blacklisted"] is False
     assert (d["driver"]["loaded"], d["driver"]["version"], d["driver"]["flavor"]) == (True, "580.159.04", "open")
     assert {m["name"] for m in d["driver"]["modules"]} == {"nvidia", "nvidia_uvm"}
@@ -129,3 +130,12 @@ def test_common_options_before_or_after_the_command(tmp_path):
                  ["--json", "detect", "--root", str(tmp_path)]):
         d = json.loads(run_cli(*args, check=True).stdout)
         assert d["root"] == str(tmp_path) and d["gpus"][0]["pci_address"] == "0000:1b:00.0"
+
+
+def test_cdi_spec_from_real_gpu_host(unpack_host):
+    from driverd.root import Root
+    from driverd.runtime import cdi
+    spec = cdi.build(Root(unpack_host(H200)))
+    names = [d["name"] for d in spec["devices"]]
+    assert names == ["0", "GPU-32774125-ffe1-5c12-7dad-de94a2a6affc", "all"]
+    assert cdi.validate(spec) == []
