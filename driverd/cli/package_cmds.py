@@ -152,7 +152,17 @@ def cmd_rollback(ctx, args) -> int:
 
 
 def cmd_build(ctx, args) -> int:
-    raise UsageError("not implemented yet")
+    from driverd.cli.output import log
+    from driverd.packages.build import build
+    cfg = ctx.config
+    key = args.sign_key or (cfg["signing.key"] if not args.sign_cert else None)
+    cert = args.sign_cert or (cfg["signing.cert"] if not args.sign_key else None)
+    work = args.work_dir or str(ctx.root.real(cfg["packages.cache_dir"]) / "build")
+    res = build(source=args.source, kernel=args.kernel, flavor=args.flavor, out=args.out, headers=args.headers,
+                sign_key=key, sign_cert=cert, jobs=args.jobs, work_dir=work, strip=not args.no_strip,
+                force=args.force, root=ctx.root, runner=ctx.runner, log=None if ctx.json else log)
+    emit(ctx.json, res.to_json(), lambda r: r["package"])
+    return EXIT_OK
 
 
 def cmd_build_matrix(ctx, args) -> int:
@@ -160,8 +170,38 @@ def cmd_build_matrix(ctx, args) -> int:
 
 
 def cmd_repo_index(ctx, args) -> int:
-    raise UsageError("not implemented yet")
+    from driverd.packages.repo import INDEX_NAME, write_index
+    idx = write_index(args.dir, sign_key=args.sign_key, runner=ctx.runner, verify=not args.no_verify)
+    out = {"index": os.path.join(args.dir, INDEX_NAME), "packages": len(idx.packages), "signed": bool(args.sign_key),
+           "entries": idx.to_json()["packages"]}
+    emit(ctx.json, out, lambda r: f"wrote {r['index']}: {r['packages']} packages" + (" (signed)" if r["signed"] else ""))
+    return EXIT_OK
 
 
 def cmd_fetch(ctx, args) -> int:
-    raise UsageError("not implemented yet")
+    from driverd.packages.fetch import Want, fetch
+    cfg = ctx.config.with_overrides({"driver.version": args.driver, "driver.flavor": args.flavor})
+    version = cfg["driver.version"]
+    if not version:
+        raise UsageError("no driver version", fix="pass --driver VERSION or set driver.version")
+    release = _release(ctx, args.kernel)
+    arch = args.arch or ctx.root.read_first_line("/proc/sys/kernel/arch") or os.uname().machine
+    flavor = cfg["driver.flavor"]
+    if flavor == "auto":
+        from driverd.host import collect
+        from driverd.plan.flavor import decide
+        facts = collect(ctx.root, nvml=False)
+        flavor = decide(facts.gpus, version, "auto").flavor
+        if flavor is None:
+            raise UsageError("flavour auto: this host has no NVIDIA GPU to decide from", fix="pass --flavor")
+    repos = args.repo or cfg["packages.repositories"]
+    want = Want(version, flavor, release, arch)
+    builder, reason = None, "disabled (--no-build or packages.build_fallback=false)"
+    if not args.no_build and cfg["packages.build_fallback"]:
+        from driverd.packages.build import local_builder
+        builder, reason = local_builder(ctx.root, cfg, want, ctx.runner)
+    res = fetch(ctx.root, want, repos, cache=cfg["packages.cache_dir"], cache_max_mb=cfg["packages.cache_max_mb"],
+                public_key=cfg["packages.index_public_key"], runner=ctx.runner, builder=builder,
+                no_build_reason=reason)
+    emit(ctx.json, res.to_json(), lambda r: r["package"])
+    return EXIT_OK
