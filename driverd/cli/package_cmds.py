@@ -55,6 +55,10 @@ def register(sub, common) -> None:
     p.add_argument("--work-dir", metavar="DIR", help="build directory (default: <cache_dir>/build)")
     p.add_argument("--only", action="append", metavar="GLOB", help="only cells whose id matches (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="print what would be built; build nothing")
+    p.add_argument("--sign-key", metavar="KEY", help="sign every module (default: signing.key)")
+    p.add_argument("--sign-cert", metavar="CERT", help="certificate for --sign-key (default: signing.cert)")
+    p.add_argument("--install-headers", action="store_true", help="install missing kernel headers with the "
+                   "matrix's per-distro command (e.g. apt-get install linux-headers-RELEASE)")
     p.set_defaults(handler=cmd_build_matrix)
 
     repo = sub.add_parser("repo", help="package repository tools")
@@ -166,7 +170,23 @@ def cmd_build(ctx, args) -> int:
 
 
 def cmd_build_matrix(ctx, args) -> int:
-    raise UsageError("not implemented yet")
+    from driverd.errors import EXIT_BLOCKED
+    from driverd.packages import matrix as mx
+    m = mx.load(args.matrix)
+    out = args.out or m.repository
+    if not out:
+        raise UsageError("no output repository", fix="pass --out DIR or set `repository` in the matrix")
+    work = args.work_dir or str(ctx.root.real(ctx.config["packages.cache_dir"]) / "build")
+    results = mx.run(m, out, jobs=args.jobs, make_jobs=args.make_jobs, work_dir=work, only=args.only,
+                     dry_run=args.dry_run, install_headers=args.install_headers,
+                     sign_key=args.sign_key or ctx.config["signing.key"], sign_cert=args.sign_cert or ctx.config["signing.cert"],
+                     root=ctx.root, runner=ctx.runner,
+                     progress=None)
+    counts = {s: sum(1 for r in results if r.status == s) for s in ("built", "skipped", "failed", "would-build")}
+    data = {"matrix": str(m.path), "repository": out, **counts, "cells": [r.to_json() for r in results]}
+    emit(ctx.json, data, lambda d: f"{d['built']} built, {d['skipped']} skipped, {d['failed']} failed"
+         + (f", {d['would-build']} would be built" if d["would-build"] else "") + f" (repository {d['repository']})")
+    return EXIT_BLOCKED if counts["failed"] else EXIT_OK
 
 
 def cmd_repo_index(ctx, args) -> int:
