@@ -104,7 +104,10 @@ def test_failing_cell_via_build_exits_3_with_first_error(real):
     r = run_cli("build", "--source", OPEN_SRC, "--kernel", BAD, "--flavor", "open", "--out",
                 str(real["base"] / "o2"), "--work-dir", str(real["work"]))
     assert r.returncode == 3
-    assert r.stderr.count("\n") == 1 and "pci_resize_resource" in r.stderr
+    last = r.stderr.strip().splitlines()[-1]        # progress lines before it, the error on one line
+    assert last.startswith("driverd: error: build of 535.261.03-open-6.1.0-56-cloud-amd64-x86_64 failed: ")
+    assert "error: too few arguments to function" in last and "pci_resize_resource" in last
+    assert r.stdout == ""
 
 
 def test_missing_headers_is_a_clean_refusal(real, tmp_path):
