@@ -4,10 +4,12 @@
     python bench/fetch_install.py PACKAGE.tar.zst [--runs N]
 
 Both sides download from the same loopback HTTP server into a fresh root each run:
-  driverd:   `driverd fetch --root R --driver V --flavor F --repo URL` then `driverd install --root R PKG`
-             (two CLI processes, as an operator or the daemon's step runner would invoke them; fetch verifies
-             sha256 and every file against the manifest, install re-checks, stages, switches, runs the real
-             depmod and modprobe --show-depends)
+  driverd, three ways:
+    in-process  the daemon's path: fetch(verify sha256 against the index) + install(expected_sha256) which
+                checks every file against the manifest while unpacking, stages, switches, runs the real
+                depmod and modprobe --show-depends. No interpreter start-up.
+    cli-1       `driverd fetch ... --install` (one process: start-up + imports + the above)
+    cli-2       `driverd fetch ...` (full verification) then `driverd install PKG` (verifies again)
   baseline:  curl -o, sha256sum, tar -I zstd -x into lib/modules/<rel>/updates/driverd, depmod -b R <rel>
 Prints the median of N runs for each and the ratio driverd / baseline (target <= 1.5).
 """
@@ -56,17 +58,34 @@ def main() -> None:
         repo.mkdir()
         shutil.copy(pkg, repo / pkg.name)
         write_index(repo)
-        d_times, b_times = [], []
+        from driverd.packages.fetch import Want, fetch
+        from driverd.packages.install import install
+        from driverd.root import Root
+        from driverd.runner import Runner
+        times: dict[str, list[float]] = {"in-process": [], "cli-1": [], "cli-2": []}
+        b_times: list[float] = []
+        fetch_args = ["--driver", m.driver_version, "--flavor", m.flavor, "--no-build"]
         with RepoServer(repo) as srv:
             url = f"{srv.url}/{pkg.name}"
+            want = Want(m.driver_version, m.flavor, rel, m.arch)
             for i in range(a.runs):
-                # driverd
+                root = write_host(t / f"p{i}", HostSpec(release=rel))
+                t0 = time.perf_counter()
+                res = fetch(Root(root), want, [srv.url], verify_files=False)
+                install(Root(root), res.package, Runner(), expected_sha256=res.sha256)
+                times["in-process"].append(time.perf_counter() - t0)
+
+                root = write_host(t / f"o{i}", HostSpec(release=rel))
+                t0 = time.perf_counter()
+                run(driverd_cmd() + ["fetch", "--root", str(root), "--repo", srv.url, "--install"] + fetch_args, env=env)
+                times["cli-1"].append(time.perf_counter() - t0)
+
                 root = write_host(t / f"d{i}", HostSpec(release=rel))
                 t0 = time.perf_counter()
-                out = run(driverd_cmd() + ["fetch", "--root", str(root), "--driver", m.driver_version, "--flavor",
-                                           m.flavor, "--repo", srv.url, "--no-build"], env=env).stdout.strip()
+                out = run(driverd_cmd() + ["fetch", "--root", str(root), "--repo", srv.url] + fetch_args,
+                          env=env).stdout.strip()
                 run(driverd_cmd() + ["install", "--root", str(root), out], env=env)
-                d_times.append(time.perf_counter() - t0)
+                times["cli-2"].append(time.perf_counter() - t0)
                 # baseline
                 root = write_host(t / f"b{i}", HostSpec(release=rel))
                 dest = root / "lib/modules" / rel / "updates/driverd"
@@ -78,11 +97,12 @@ def main() -> None:
                 run(["tar", "-I", "zstd", "-xf", str(f), "-C", str(dest)])
                 run(["depmod", "-b", str(root), rel])
                 b_times.append(time.perf_counter() - t0)
-        d, b = statistics.median(d_times), statistics.median(b_times)
-        print(f"package: {pkg.name} ({pkg.stat().st_size / 1e6:.1f} MB, {len(m.files)} files)")
-        print(f"driverd fetch+verify+install+depmod: median {d:.3f}s  (runs: {' '.join(f'{x:.3f}' for x in d_times)})")
-        print(f"curl+sha256sum+tar+depmod baseline:  median {b:.3f}s  (runs: {' '.join(f'{x:.3f}' for x in b_times)})")
-        print(f"ratio driverd/baseline: {d / b:.2f} (target <= 1.5)")
+        b = statistics.median(b_times)
+        print(f"package: {pkg.name} ({pkg.stat().st_size / 1e6:.1f} MB, {len(m.files)} files), {a.runs} runs")
+        print(f"baseline curl+sha256sum+tar+depmod: median {b:.3f}s")
+        for k, v in times.items():
+            d = statistics.median(v)
+            print(f"driverd {k:<11} median {d:.3f}s  ratio {d / b:.2f}  (target <= 1.5)")
 
 
 if __name__ == "__main__":

@@ -94,6 +94,8 @@ def register(sub, common) -> None:
     p.add_argument("--kernel", metavar="RELEASE", help="kernel release (default: the running kernel)")
     p.add_argument("--arch", metavar="ARCH", help="architecture (default: the kernel's)")
     p.add_argument("--no-build", action="store_true", help="never fall back to a local build")
+    p.add_argument("--install", action="store_true", help="install the package right away (as `driverd install`); "
+                   "its files are then verified once, while unpacking")
     p.set_defaults(handler=cmd_fetch)
 
     p = sub.add_parser(
@@ -222,6 +224,14 @@ def cmd_fetch(ctx, args) -> int:
         builder, reason = local_builder(ctx.root, cfg, want, ctx.runner)
     res = fetch(ctx.root, want, repos, cache=cfg["packages.cache_dir"], cache_max_mb=cfg["packages.cache_max_mb"],
                 public_key=cfg["packages.index_public_key"], runner=ctx.runner, builder=builder,
-                no_build_reason=reason)
-    emit(ctx.json, res.to_json(), lambda r: r["package"])
+                no_build_reason=reason, verify_files=not args.install)
+    out = res.to_json()
+    if args.install:
+        from driverd.packages.install import install
+        rep = install(ctx.root, res.package, ctx.runner, kernel=release, state_dir=ctx.config["state.dir"],
+                      expected_sha256=res.sha256)
+        out["install"] = rep.to_json()
+    emit(ctx.json, out, lambda r: r["package"] + (
+        f"\ninstalled into {r['install']['modules_dir']}" if r.get("install") and r["install"]["changed"]
+        else "\nalready installed" if r.get("install") else ""))
     return EXIT_OK

@@ -236,9 +236,15 @@ def _copy_file(url: str, entry: IndexEntry, dest: Path) -> None:
     os.replace(part, dest)
 
 
-def _verify_into_cache(path: Path, entry: IndexEntry, where: str) -> None:
+def _verify_into_cache(path: Path, entry: IndexEntry, where: str, files: bool = True) -> None:
     try:
-        verify_package(path, entry.sha256)
+        if files:
+            verify_package(path, entry.sha256)
+        else:
+            from driverd.packages.archive import _wrong_sha, sha256_file
+            got = sha256_file(path)
+            if got != entry.sha256:
+                raise _wrong_sha(path, got, entry.sha256)
     except PackageError as e:
         path.unlink(missing_ok=True)        # never keep a bad package in the cache
         raise PackageError(f"{e.message} (from {where})", cause=e.cause, fix=e.fix) from None
@@ -251,8 +257,12 @@ def _verify_into_cache(path: Path, entry: IndexEntry, where: str) -> None:
 def fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache/driverd", cache_max_mb: int = 4096,
           public_key: str | None = None, runner: Runner | None = None,
           builder: Callable[[Path], Path] | None = None, no_build_reason: str | None = None,
-          attempts: int = ATTEMPTS) -> FetchResult:
-    """The verified local package for `want`: from the cache, a repository, or a local build."""
+          attempts: int = ATTEMPTS, verify_files: bool = True) -> FetchResult:
+    """The verified local package for `want`: from the cache, a repository, or a local build.
+
+    verify_files=False checks only the archive's sha256 against the index; use it only when the
+    package goes straight to `install(..., expected_sha256=)`, which checks every file while unpacking
+    (one decompression instead of two)."""
     cdir = cache_dir(root, cache)
     cdir.mkdir(parents=True, exist_ok=True)
     looked: list[str] = []
@@ -274,7 +284,7 @@ def fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache/
         dest = cdir / cache_name(entry)
         if dest.exists():
             try:
-                _verify_into_cache(dest, entry, "cache")
+                _verify_into_cache(dest, entry, "cache", verify_files)
                 _touch(dest)
                 return FetchResult(dest, entry.sha256, url, cached=True, looked_in=looked)
             except PackageError:
@@ -284,7 +294,7 @@ def fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache/
             _copy_file(url, entry, dest)
         else:
             n = download(url, entry, dest, session, attempts)
-        _verify_into_cache(dest, entry, _join(url, entry.path))
+        _verify_into_cache(dest, entry, _join(url, entry.path), verify_files)
         prune_cache(cdir, cache_max_mb << 20, keep=dest)
         return FetchResult(dest, entry.sha256, url, attempts=n, looked_in=looked)
     if builder is not None:
