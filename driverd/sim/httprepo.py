@@ -96,3 +96,15 @@ class RepoServer:
     def __exit__(self, *exc) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def main() -> None:
+    """python -m driverd.sim.httprepo DIR: serve DIR on a loopback port; prints the URL, runs until killed."""
+    import sys
+    srv = RepoServer(sys.argv[1])
+    print(srv.url, flush=True)
+    srv.httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
