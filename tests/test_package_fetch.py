@@ -206,3 +206,32 @@ def test_cli_repo_index_fetch_install(tmp_path, repo, host):
     assert r.returncode == 3
     assert "no package driverd-999.1.1-open-6.1.0-47-cloud-amd64-x86_64 found in" in r.stderr
     assert "packages.source is not set" in r.stderr
+
+
+def test_local_build_fallback_decision(tmp_path):
+    """fetch builds locally only when a source of the wanted version and the kernel's headers exist."""
+    from driverd.config import Config
+    from driverd.packages.build import local_builder
+    root = Root(write_host(tmp_path / "h", HostSpec(release=REL)))
+    want = Want("535.261.03", "open", REL, "x86_64")
+
+    def cfg(**kv):
+        return Config({}).with_overrides({f"packages.{k}": v for k, v in kv.items()})
+    b, why = local_builder(root, cfg(), want, Runner())
+    assert b is None and why == "packages.source is not set (no driver source to build from)"
+    b, why = local_builder(root, cfg(source="/usr/src/none.tar.xz"), want, Runner())
+    assert b is None and why == "driver source /usr/src/none.tar.xz does not exist"
+    src = Path(root.base) / "usr/src/nv/modules/nvidia-open-kernel"
+    (src / "nvidia").mkdir(parents=True)
+    (src / "Makefile").write_text("")
+    (src / "Kbuild").write_text('ccflags-y += -DNV_VERSION_STRING=\\"535.261.03\\"\n')
+    b, why = local_builder(root, cfg(source="/usr/src/nv"), want, Runner())
+    assert b is None and why.startswith(f"kernel headers for {REL} not found")
+    hdr = Path(root.base) / f"usr/src/linux-headers-{REL}"
+    hdr.mkdir(parents=True, exist_ok=True)
+    (hdr / "Makefile").write_text("")
+    (hdr / ".config").write_text("CONFIG_X86_64=y\n")
+    b, why = local_builder(root, cfg(source="/usr/src/nv"), want, Runner())
+    assert b is not None and why is None
+    b, why = local_builder(root, cfg(source="/usr/src/nv"), Want("550.127.05", "open", REL, "x86_64"), Runner())
+    assert b is None and why == "packages.source /usr/src/nv is driver 535.261.03, not 550.127.05"

@@ -48,9 +48,11 @@ class BuildResult:
     cached: bool
     seconds: float
     log: str | None = None
+    phases: dict[str, float] | None = None      # seconds per step: extract, copy, make, strip, sign, pack
 
     def to_json(self) -> dict:
-        return {**self.package.to_json(), "cached": self.cached, "seconds": round(self.seconds, 2), "log": self.log}
+        return {**self.package.to_json(), "cached": self.cached, "seconds": round(self.seconds, 2), "log": self.log,
+                "phases": {k: round(v, 2) for k, v in (self.phases or {}).items()}}
 
 
 class BuildFailed(PackageError):
@@ -262,7 +264,10 @@ def build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os.
             m = read_manifest(hit)
             sha = re.search(r"\.([0-9a-f]{64})\.tar\.zst$", hit.name).group(1)
             return BuildResult(PackageRef(hit, sha, hit.stat().st_size, m), True, time.monotonic() - t0)
+    phases: dict[str, float] = {}
+    tp = time.monotonic()
     src = prepare_source(source, work)
+    phases["extract"] = time.monotonic() - tp
     _check_flavor(src, flavor)
     if not force:
         hit = existing(out, src.version, flavor, kernel, arch)
@@ -276,7 +281,9 @@ def build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os.
     try:
         if log:
             log(f"{cell}: copying sources")
+        tp = time.monotonic()
         shutil.copytree(src.tree, tree, symlinks=True, dirs_exist_ok=True)
+        phases["copy"] = time.monotonic() - tp
         make = which("make")
         if make is None:
             raise PackageError("make is not installed", fix="install build-essential")
@@ -285,7 +292,9 @@ def build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os.
                 f"KERNEL_UNAME={kernel}"]
         if log:
             log(f"{cell}: {' '.join(argv[1:])}")
+        tp = time.monotonic()
         res = runner.run(argv, cwd=tree, timeout=3600, check=False, env={"LC_ALL": "C"})
+        phases["make"] = time.monotonic() - tp
         log_path.write_text(f"$ {' '.join(argv)}\n{res.stdout}\n{res.stderr}")
         if not res.ok:
             err = first_compiler_error(res.stdout + "\n" + res.stderr, tree)
@@ -295,14 +304,19 @@ def build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os.
         mods = [tree / f"{n}.ko" for n in MODULE_NAMES if (tree / f"{n}.ko").is_file()]
         if not mods:
             raise BuildFailed(f"build of {cell} produced no modules", cause=f"log {log_path}", fix="see the log")
+        tp = time.monotonic()
         if strip:
             for m in mods:
                 runner.run(["strip", "--strip-debug", str(m)], timeout=300)
+        phases["strip"] = time.monotonic() - tp
+        tp = time.monotonic()
         if sign_key:
             sf = _sign_file(hdr)
             algo = hdr.config.get("CONFIG_MODULE_SIG_HASH", "sha256")
             for m in mods:
                 runner.run([sf, algo, sign_key, sign_cert, str(m)], timeout=300)
+        phases["sign"] = time.monotonic() - tp
+        tp = time.monotonic()
         firmware = _firmware(src, flavor)
         prov = Provenance(source_sha256=src.sha256, source=src.origin, compiler=_compiler(hdr),
                           built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -312,7 +326,8 @@ def build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os.
             for old in out.glob(f"{package_basename(src.version, flavor, kernel, arch)}.*{SUFFIX}"):
                 if old != ref.path:
                     old.unlink()
-        return BuildResult(ref, False, time.monotonic() - t0, str(log_path))
+        phases["pack"] = time.monotonic() - tp
+        return BuildResult(ref, False, time.monotonic() - t0, str(log_path), phases)
     finally:
         shutil.rmtree(tree, ignore_errors=True)
 
