@@ -184,6 +184,8 @@ def test_disk_full_during_install(host, pkgs, monkeypatch):
             return self
         def __exit__(self, *a):
             self.f.close()
+        def close(self):
+            self.f.close()
 
     def fdopen(fd, *a, **kw):
         f = real_open(fd, *a, **kw)

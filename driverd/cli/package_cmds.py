@@ -55,6 +55,10 @@ def register(sub, common) -> None:
     p.add_argument("--work-dir", metavar="DIR", help="build directory (default: <cache_dir>/build)")
     p.add_argument("--only", action="append", metavar="GLOB", help="only cells whose id matches (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="print what would be built; build nothing")
+    p.add_argument("--sign-key", metavar="KEY", help="sign every module (default: signing.key)")
+    p.add_argument("--sign-cert", metavar="CERT", help="certificate for --sign-key (default: signing.cert)")
+    p.add_argument("--install-headers", action="store_true", help="install missing kernel headers with the "
+                   "matrix's per-distro command (e.g. apt-get install linux-headers-RELEASE)")
     p.set_defaults(handler=cmd_build_matrix)
 
     repo = sub.add_parser("repo", help="package repository tools")
@@ -90,6 +94,8 @@ def register(sub, common) -> None:
     p.add_argument("--kernel", metavar="RELEASE", help="kernel release (default: the running kernel)")
     p.add_argument("--arch", metavar="ARCH", help="architecture (default: the kernel's)")
     p.add_argument("--no-build", action="store_true", help="never fall back to a local build")
+    p.add_argument("--install", action="store_true", help="install the package right away (as `driverd install`); "
+                   "its files are then verified once, while unpacking")
     p.set_defaults(handler=cmd_fetch)
 
     p = sub.add_parser(
@@ -152,16 +158,80 @@ def cmd_rollback(ctx, args) -> int:
 
 
 def cmd_build(ctx, args) -> int:
-    raise UsageError("not implemented yet")
+    from driverd.cli.output import log
+    from driverd.packages.build import build
+    cfg = ctx.config
+    key = args.sign_key or (cfg["signing.key"] if not args.sign_cert else None)
+    cert = args.sign_cert or (cfg["signing.cert"] if not args.sign_key else None)
+    work = args.work_dir or str(ctx.root.real(cfg["packages.cache_dir"]) / "build")
+    res = build(source=args.source, kernel=args.kernel, flavor=args.flavor, out=args.out, headers=args.headers,
+                sign_key=key, sign_cert=cert, jobs=args.jobs, work_dir=work, strip=not args.no_strip,
+                force=args.force, root=ctx.root, runner=ctx.runner, log=None if ctx.json else log)
+    emit(ctx.json, res.to_json(), lambda r: r["package"])
+    return EXIT_OK
 
 
 def cmd_build_matrix(ctx, args) -> int:
-    raise UsageError("not implemented yet")
+    from driverd.errors import EXIT_BLOCKED
+    from driverd.packages import matrix as mx
+    m = mx.load(args.matrix)
+    out = args.out or m.repository
+    if not out:
+        raise UsageError("no output repository", fix="pass --out DIR or set `repository` in the matrix")
+    work = args.work_dir or str(ctx.root.real(ctx.config["packages.cache_dir"]) / "build")
+    results = mx.run(m, out, jobs=args.jobs, make_jobs=args.make_jobs, work_dir=work, only=args.only,
+                     dry_run=args.dry_run, install_headers=args.install_headers,
+                     sign_key=args.sign_key or ctx.config["signing.key"], sign_cert=args.sign_cert or ctx.config["signing.cert"],
+                     root=ctx.root, runner=ctx.runner,
+                     progress=None)
+    counts = {s: sum(1 for r in results if r.status == s) for s in ("built", "skipped", "failed", "would-build")}
+    data = {"matrix": str(m.path), "repository": out, **counts, "cells": [r.to_json() for r in results]}
+    emit(ctx.json, data, lambda d: f"{d['built']} built, {d['skipped']} skipped, {d['failed']} failed"
+         + (f", {d['would-build']} would be built" if d["would-build"] else "") + f" (repository {d['repository']})")
+    return EXIT_BLOCKED if counts["failed"] else EXIT_OK
 
 
 def cmd_repo_index(ctx, args) -> int:
-    raise UsageError("not implemented yet")
+    from driverd.packages.repo import INDEX_NAME, write_index
+    idx = write_index(args.dir, sign_key=args.sign_key, runner=ctx.runner, verify=not args.no_verify)
+    out = {"index": os.path.join(args.dir, INDEX_NAME), "packages": len(idx.packages), "signed": bool(args.sign_key),
+           "entries": idx.to_json()["packages"]}
+    emit(ctx.json, out, lambda r: f"wrote {r['index']}: {r['packages']} packages" + (" (signed)" if r["signed"] else ""))
+    return EXIT_OK
 
 
 def cmd_fetch(ctx, args) -> int:
-    raise UsageError("not implemented yet")
+    from driverd.packages.fetch import Want, fetch
+    cfg = ctx.config.with_overrides({"driver.version": args.driver, "driver.flavor": args.flavor})
+    version = cfg["driver.version"]
+    if not version:
+        raise UsageError("no driver version", fix="pass --driver VERSION or set driver.version")
+    release = _release(ctx, args.kernel)
+    arch = args.arch or ctx.root.read_first_line("/proc/sys/kernel/arch") or os.uname().machine
+    flavor = cfg["driver.flavor"]
+    if flavor == "auto":
+        from driverd.host import collect
+        from driverd.plan.flavor import decide
+        facts = collect(ctx.root, nvml=False)
+        flavor = decide(facts.gpus, version, "auto").flavor
+        if flavor is None:
+            raise UsageError("flavour auto: this host has no NVIDIA GPU to decide from", fix="pass --flavor")
+    repos = args.repo or cfg["packages.repositories"]
+    want = Want(version, flavor, release, arch)
+    builder, reason = None, "disabled (--no-build or packages.build_fallback=false)"
+    if not args.no_build and cfg["packages.build_fallback"]:
+        from driverd.packages.build import local_builder
+        builder, reason = local_builder(ctx.root, cfg, want, ctx.runner)
+    res = fetch(ctx.root, want, repos, cache=cfg["packages.cache_dir"], cache_max_mb=cfg["packages.cache_max_mb"],
+                public_key=cfg["packages.index_public_key"], runner=ctx.runner, builder=builder,
+                no_build_reason=reason, verify_files=not args.install)
+    out = res.to_json()
+    if args.install:
+        from driverd.packages.install import install
+        rep = install(ctx.root, res.package, ctx.runner, kernel=release, state_dir=ctx.config["state.dir"],
+                      expected_sha256=res.sha256)
+        out["install"] = rep.to_json()
+    emit(ctx.json, out, lambda r: r["package"] + (
+        f"\ninstalled into {r['install']['modules_dir']}" if r.get("install") and r["install"]["changed"]
+        else "\nalready installed" if r.get("install") else ""))
+    return EXIT_OK

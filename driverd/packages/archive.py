@@ -168,11 +168,43 @@ def _check_member(package, ti: tarfile.TarInfo) -> str:
     return rel
 
 
-def _open_stream(package: str | os.PathLike):
+class _HashingReader(io.RawIOBase):
+    """Reads a file while hashing it: the archive's sha256 comes from the same pass that unpacks it."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.h, self.n = f, hashlib.sha256(), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:   # type: ignore[override]
+        data = self.f.read(len(b))
+        n = len(data)
+        b[:n] = data
+        self.h.update(data)
+        self.n += n
+        return n
+
+    def finish(self) -> str:
+        while chunk := self.f.read(_CHUNK):
+            self.h.update(chunk)
+            self.n += len(chunk)
+        return self.h.hexdigest()
+
+    def close(self) -> None:
+        self.f.close()
+        super().close()
+
+
+def _open_stream(package: str | os.PathLike, hashing: bool = False):
     import zstandard
     f = open(package, "rb")
-    reader = zstandard.ZstdDecompressor().stream_reader(f, closefd=True)
-    return tarfile.open(fileobj=reader, mode="r|", format=tarfile.PAX_FORMAT)
+    src = _HashingReader(f) if hashing else f
+    reader = zstandard.ZstdDecompressor().stream_reader(src, closefd=True, read_size=_CHUNK)
+    tar = tarfile.open(fileobj=reader, mode="r|", format=tarfile.PAX_FORMAT)
+    if hashing:
+        tar._driverd_hasher = src      # type: ignore[attr-defined]
+    return tar
 
 
 def _stream_errors():
@@ -199,22 +231,26 @@ def read_manifest(package: str | os.PathLike) -> Manifest:
     return Manifest.loads(data, f"{os.path.basename(os.fspath(package))}: manifest.json")
 
 
-def unpack(package: str | os.PathLike, dest: str | os.PathLike) -> Manifest:
-    """Unpack and verify `package` into `dest` (created; must not exist). Removes `dest` on any refusal."""
+def unpack(package: str | os.PathLike, dest: str | os.PathLike, expected_sha256: str | None = None) -> Manifest:
+    """Unpack and verify `package` into `dest` (created; must not exist). Removes `dest` on any refusal.
+    With `expected_sha256` the archive's own hash is checked in the same pass."""
     dest = Path(dest)
     dest.mkdir(parents=True)
     try:
-        return _unpack_into(package, dest)
+        return _unpack_into(package, dest, expected_sha256)
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
 
 
-def _unpack_into(package, dest: Path) -> Manifest:
+def _unpack_into(package, dest: Path | None, expected_sha256: str | None = None) -> Manifest:
+    """One pass over the archive: hash it, check each member, hash each file (writing it under
+    `dest` unless dest is None, which only verifies), then compare everything with the manifest."""
     actual: dict[str, FileEntry] = {}
     manifest_bytes: bytes | None = None
+    got_sha: str | None = None
     try:
-        with _open_stream(package) as tar:
+        with _open_stream(package, hashing=expected_sha256 is not None) as tar:
             for ti in tar:
                 rel = _check_member(package, ti)
                 if ti.isdir():
@@ -226,29 +262,46 @@ def _unpack_into(package, dest: Path) -> Manifest:
                 if rel == MANIFEST_NAME:
                     manifest_bytes = src.read()
                     continue
-                target = dest / rel
-                target.parent.mkdir(exist_ok=True)
                 h, n = hashlib.sha256(), 0
-                # O_EXCL|O_NOFOLLOW: never write through anything that appeared in dest meanwhile.
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                with os.fdopen(fd, "wb") as out:
+                mode = ti.mode & 0o777
+                if dest is None:
                     while chunk := src.read(_CHUNK):
                         h.update(chunk)
                         n += len(chunk)
-                        out.write(chunk)
-                mode = ti.mode & 0o777
-                os.chmod(target, mode)
+                else:
+                    target = dest / rel
+                    target.parent.mkdir(exist_ok=True)
+                    # O_EXCL|O_NOFOLLOW: never write through anything that appeared in dest meanwhile.
+                    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                    with os.fdopen(fd, "wb") as out:
+                        while chunk := src.read(_CHUNK):
+                            h.update(chunk)
+                            n += len(chunk)
+                            out.write(chunk)
+                    os.chmod(target, mode)
                 actual[rel] = FileEntry(rel, n, mode, h.hexdigest())
+            hasher = getattr(tar, "_driverd_hasher", None)
+            if hasher is not None:
+                got_sha = hasher.finish()
     except PackageError:
         raise
     except _stream_errors() as e:
         raise _refuse(package, f"the archive is truncated or corrupt ({e})") from None
+    if expected_sha256 is not None and got_sha != expected_sha256:
+        raise _wrong_sha(package, got_sha, expected_sha256)
     if manifest_bytes is None:
         raise _refuse(package, "it has no manifest.json")
     manifest = Manifest.loads(manifest_bytes, f"{os.path.basename(os.fspath(package))}: manifest.json")
     verify_files(package, manifest, actual)
-    (dest / MANIFEST_NAME).write_bytes(manifest_bytes)
+    if dest is not None:
+        (dest / MANIFEST_NAME).write_bytes(manifest_bytes)
     return manifest
+
+
+def _wrong_sha(package, got: str | None, want: str) -> PackageError:
+    return PackageError(f"package {os.path.basename(os.fspath(package))} has sha256 {got}, expected {want}",
+                        cause="the download is damaged or was replaced",
+                        fix="delete it and fetch again; if it persists, the repository index is stale")
 
 
 def verify_files(package, manifest: Manifest, actual: dict[str, FileEntry]) -> None:
@@ -270,12 +323,14 @@ def verify_files(package, manifest: Manifest, actual: dict[str, FileEntry]) -> N
 
 
 def verify_package(package: str | os.PathLike, expected_sha256: str | None = None) -> Manifest:
-    """Check the archive's own sha256 (when given) and every member against the manifest, in a temp dir."""
-    if expected_sha256 is not None:
-        got = sha256_file(package)
-        if got != expected_sha256:
-            raise PackageError(f"package {os.path.basename(os.fspath(package))} has sha256 {got}, expected "
-                               f"{expected_sha256}", cause="the download is damaged or was replaced",
-                               fix="delete it and fetch again; if it persists, the repository index is stale")
-    with tempfile.TemporaryDirectory(prefix="driverd-verify.") as t:
-        return unpack(package, Path(t) / "p")
+    """Check the archive's sha256 (when given) and every member against the manifest, in one streaming
+    pass that writes nothing to disk."""
+    try:
+        return _unpack_into(package, None, expected_sha256)
+    except PackageError as e:
+        # A corrupt stream with the wrong hash is reported as the wrong hash (the more useful cause).
+        if expected_sha256 is not None and "sha256" not in e.message:
+            got = sha256_file(package)
+            if got != expected_sha256:
+                raise _wrong_sha(package, got, expected_sha256) from None
+        raise

@@ -164,7 +164,9 @@ def _clean_stale(d: Path) -> None:
 
 def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, runner: Runner | None = None, *,
             kernel: str | None = None, enforce: bool | None = None,
-            state_dir: str = "/var/lib/driverd") -> InstallReport:
+            state_dir: str = "/var/lib/driverd", expected_sha256: str | None = None) -> InstallReport:
+    """Install `package_path` (see the module docstring). With `expected_sha256` (from a repository
+    index) the archive's hash is checked in the same pass that unpacks and verifies its files."""
     root, runner = _root(root), runner or Runner()
     package_path = Path(package_path)
     manifest = read_manifest(package_path)
@@ -176,7 +178,7 @@ def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, run
         enforced, sources = enforce, ("--enforce-signatures",)
     check_signatures(manifest, enforced, sources)
 
-    sha = sha256_file(package_path)
+    sha = expected_sha256 or sha256_file(package_path)
     mdir, fdir = modules_dir(root, release), firmware_dir(root, manifest.driver_version)
     prev = previous_dir(root, release, state_dir)
     if installed_sha256(root, release) == sha and _intact(mdir, manifest):
@@ -195,7 +197,7 @@ def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, run
     try:
         created += _mkdirs(updates)
         staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=updates))
-        unpack(package_path, staging / "pkg")
+        unpack(package_path, staging / "pkg", expected_sha256)
         newmods = staging / "pkg" / MODULES_DIR
         os.replace(staging / "pkg" / MANIFEST_NAME, newmods / MANIFEST_NAME)
         atomic_write_json(newmods / INSTALL_RECORD, {

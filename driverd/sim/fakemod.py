@@ -91,6 +91,17 @@ class _StrTab:
         return self.index[s]
 
 
+def _filler(seed: str, n: int) -> bytes:
+    """Deterministic, incompressible bytes standing in for machine code (so package sizes are real)."""
+    import hashlib
+    out = bytearray()
+    i = 0
+    while len(out) < n:
+        out += hashlib.sha256(f"{seed}:{i}".encode()).digest()
+        i += 1
+    return bytes(out[:n])
+
+
 def elf_bytes(mod: FakeModule, arch: str = "x86_64") -> bytes:
     """The bytes of a relocatable ELF64 little-endian object that kmod reads as a kernel module."""
     if arch not in EM_BY_ARCH:
@@ -99,7 +110,7 @@ def elf_bytes(mod: FakeModule, arch: str = "x86_64") -> bytes:
     this_module = bytearray(THIS_MODULE_SIZE)
     nm = mod.name.encode()[:MODULE_NAME_LEN - 1]
     this_module[THIS_MODULE_NAME_OFFSET:THIS_MODULE_NAME_OFFSET + len(nm)] = nm
-    text = bytes(max(mod.text_size, len(mod.exports) * 16, 16))
+    text = _filler(mod.name, max(mod.text_size, len(mod.exports) * 16, 16))
     ksymstr = b"".join(e.encode() + b"\0" for e in mod.exports)
 
     # Sections: (name, type, flags, data, align, entsize)

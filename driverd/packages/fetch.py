@@ -1,0 +1,315 @@
+"""Finding, downloading and verifying the package for a host.
+
+Repositories are tried in the order given (https://, http://, file://, or a plain directory).
+Downloads go to the cache (<root>/var/cache/driverd/packages/, content-addressed file names) through
+`requests`: timeouts on connect and read, retries with exponential backoff (tenacity) on connection
+errors, truncated bodies and 5xx/429, resume of a partial file with an HTTP Range request, proxies from
+HTTP(S)_PROXY/NO_PROXY (requests' trust_env). A package is used only after its sha256 matches the
+index and every file matches its manifest. The cache is kept under packages.cache_max_mb by removing
+the least recently used packages.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+from urllib.parse import unquote, urlsplit
+
+from driverd.errors import PackageError
+from driverd.packages.archive import SUFFIX, verify_package
+from driverd.packages.manifest import package_basename
+from driverd.packages.repo import INDEX_NAME, SIG_NAME, Index, IndexEntry, parse_index, verify_signature
+from driverd.root import Root
+from driverd.runner import Runner
+
+CONNECT_TIMEOUT = 10.0
+READ_TIMEOUT = 60.0
+ATTEMPTS = 5
+_CHUNK = 64 << 10
+
+
+@dataclass(frozen=True)
+class Want:
+    driver: str
+    flavor: str
+    kernel_release: str
+    arch: str
+
+    @property
+    def name(self) -> str:
+        return package_basename(self.driver, self.flavor, self.kernel_release, self.arch)
+
+
+@dataclass
+class FetchResult:
+    package: Path
+    sha256: str
+    source: str                 # repository URL, "cache" or "local-build"
+    cached: bool = False
+    attempts: int = 0
+    looked_in: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"package": str(self.package), "sha256": self.sha256, "source": self.source,
+                "cached": self.cached, "attempts": self.attempts}
+
+
+class _Retryable(Exception):
+    """A transient failure: the download is retried (resuming) with backoff."""
+
+
+class _Fatal(Exception):
+    """A failure retrying cannot fix (404, sha mismatch after a full download...)."""
+
+
+def _is_file_repo(url: str) -> bool:
+    return url.startswith("file://") or "://" not in url
+
+
+def _file_path(url: str) -> Path:
+    return Path(unquote(urlsplit(url).path)) if url.startswith("file://") else Path(url)
+
+
+def _join(url: str, rel: str) -> str:
+    return url.rstrip("/") + "/" + rel
+
+
+def _session():
+    import requests
+    s = requests.Session()
+    s.trust_env = True              # HTTP_PROXY / HTTPS_PROXY / NO_PROXY
+    s.headers["User-Agent"] = "driverd"
+    return s
+
+
+def _retrying(fn: Callable[[], object], what: str, attempts: int = ATTEMPTS):
+    import requests
+    from tenacity import (RetryError, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter,
+                          Retrying)
+    transient = (_Retryable, requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+    try:
+        for attempt in Retrying(stop=stop_after_attempt(attempts), reraise=False,
+                                wait=wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2),
+                                retry=retry_if_exception_type(transient)):
+            with attempt:
+                return fn()
+    except RetryError as e:
+        last = e.last_attempt.exception()
+        raise PackageError(f"{what} failed after {attempts} attempts: {last}",
+                           cause="the repository is unreachable or keeps failing",
+                           fix="check the network, proxy settings (HTTPS_PROXY) and the repository URL") from None
+
+
+def read_index(url: str, *, public_key: str | None = None, runner: Runner | None = None, session=None) -> Index:
+    """The repository's index (signature checked when a public key is configured)."""
+    where = _join(url, INDEX_NAME)
+    if _is_file_repo(url):
+        d = _file_path(url)
+        try:
+            data = (d / INDEX_NAME).read_bytes()
+        except OSError as e:
+            raise PackageError(f"cannot read {d / INDEX_NAME}: {e.strerror}",
+                               fix=f"run `driverd repo index {d}` or check the path") from None
+        sig = (d / SIG_NAME).read_bytes() if (d / SIG_NAME).exists() else None
+    else:
+        session = session or _session()
+
+        def get(name: str, required: bool) -> bytes | None:
+            r = session.get(_join(url, name), timeout=(CONNECT_TIMEOUT, READ_TIMEOUT))
+            if r.status_code == 404 and not required:
+                return None
+            if r.status_code >= 500 or r.status_code == 429:
+                raise _Retryable(f"HTTP {r.status_code}")
+            if r.status_code != 200:
+                raise PackageError(f"GET {_join(url, name)}: HTTP {r.status_code}",
+                                   fix="check the repository URL (it must contain index.json)")
+            return r.content
+        data = _retrying(lambda: get(INDEX_NAME, True), f"GET {where}")
+        sig = _retrying(lambda: get(SIG_NAME, False), f"GET {_join(url, SIG_NAME)}") if public_key else None
+    if public_key:
+        verify_signature(data, sig, public_key, where, runner)
+    return parse_index(data, where)
+
+
+# -- cache --------------------------------------------------------------------------------------
+
+def cache_dir(root: Root, configured: str = "/var/cache/driverd") -> Path:
+    return root.real(configured) / "packages"
+
+
+def cache_name(e: IndexEntry) -> str:
+    return f"{e.name}.{e.sha256}{SUFFIX}"
+
+
+def prune_cache(cache: Path, max_bytes: int, keep: Path | None = None) -> list[Path]:
+    """Remove least recently used packages until the cache fits `max_bytes`; never `keep`."""
+    if not cache.is_dir():
+        return []
+    files = [p for p in cache.iterdir() if p.is_file()]
+    total = sum(p.stat().st_size for p in files)
+    removed: list[Path] = []
+    for p in sorted(files, key=lambda p: max(p.stat().st_atime, p.stat().st_mtime)):
+        if total <= max_bytes:
+            break
+        if keep is not None and p == keep:
+            continue
+        total -= p.stat().st_size
+        p.unlink()
+        removed.append(p)
+    return removed
+
+
+def _touch(p: Path) -> None:
+    now = time.time()
+    os.utime(p, (now, now))
+
+
+# -- download -----------------------------------------------------------------------------------
+
+def download(url: str, entry: IndexEntry, dest: Path, session=None, attempts: int = ATTEMPTS) -> int:
+    """Download to `dest` (via `dest`.part, resuming it); returns the number of attempts used."""
+    import requests
+    part = dest.with_name("." + dest.name + ".part")
+    src = _join(url, entry.path)
+    session = session or _session()
+    count = {"n": 0}
+
+    def once() -> None:
+        count["n"] += 1
+        have = part.stat().st_size if part.exists() else 0
+        if have > entry.size:
+            part.unlink()
+            have = 0
+        if have == entry.size:
+            return
+        headers = {"Range": f"bytes={have}-"} if have else {}
+        with session.get(src, headers=headers, stream=True, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT)) as r:
+            if r.status_code in (500, 502, 503, 504, 429):
+                raise _Retryable(f"HTTP {r.status_code}")
+            if r.status_code == 416:            # our partial file is no prefix of theirs: start over
+                part.unlink(missing_ok=True)
+                raise _Retryable("HTTP 416 on resume")
+            if r.status_code not in (200, 206):
+                raise _Fatal(f"GET {src}: HTTP {r.status_code}")
+            mode = "ab" if r.status_code == 206 and have else "wb"
+            with open(part, mode) as f:
+                try:
+                    for chunk in r.iter_content(_CHUNK):
+                        f.write(chunk)
+                except (requests.exceptions.ChunkedEncodingError, requests.ConnectionError) as e:
+                    f.flush()
+                    raise _Retryable(f"download interrupted at {f.tell()} of {entry.size} bytes ({e})") from None
+                got = f.tell()
+        if got < entry.size:
+            raise _Retryable(f"download ended at {got} of {entry.size} bytes")
+        if got > entry.size:
+            part.unlink()
+            raise _Fatal(f"{src} is {got} bytes, the index says {entry.size}")
+
+    try:
+        _retrying(once, f"download of {src}", attempts)
+    except _Fatal as e:
+        raise PackageError(str(e), cause="the repository does not serve what its index lists",
+                           fix="rewrite the repository index (driverd repo index DIR)") from None
+    except OSError as e:
+        raise PackageError(f"cannot write {part}: {e.strerror}", cause=str(e),
+                           fix="free space in the cache (packages.cache_dir)") from None
+    os.replace(part, dest)
+    return count["n"]
+
+
+def _copy_file(url: str, entry: IndexEntry, dest: Path) -> None:
+    src = _file_path(url) / entry.path
+    part = dest.with_name("." + dest.name + ".part")
+    try:
+        shutil.copyfile(src, part)
+    except FileNotFoundError:
+        raise PackageError(f"{src} is listed in the index but missing", cause="the repository is incomplete",
+                           fix=f"rewrite the index: driverd repo index {_file_path(url)}") from None
+    except OSError as e:
+        part.unlink(missing_ok=True)
+        raise PackageError(f"cannot copy {src} into the cache: {e.strerror}",
+                           fix="free space in the cache (packages.cache_dir)") from None
+    os.replace(part, dest)
+
+
+def _verify_into_cache(path: Path, entry: IndexEntry, where: str, files: bool = True) -> None:
+    try:
+        if files:
+            verify_package(path, entry.sha256)
+        else:
+            from driverd.packages.archive import _wrong_sha, sha256_file
+            got = sha256_file(path)
+            if got != entry.sha256:
+                raise _wrong_sha(path, got, entry.sha256)
+    except PackageError as e:
+        path.unlink(missing_ok=True)        # never keep a bad package in the cache
+        raise PackageError(f"{e.message} (from {where})", cause=e.cause, fix=e.fix) from None
+    m_ok = path.stat().st_size == entry.size
+    if not m_ok:
+        path.unlink(missing_ok=True)
+        raise PackageError(f"{path.name}: size differs from the index ({where})", fix="fetch again")
+
+
+def fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache/driverd", cache_max_mb: int = 4096,
+          public_key: str | None = None, runner: Runner | None = None,
+          builder: Callable[[Path], Path] | None = None, no_build_reason: str | None = None,
+          attempts: int = ATTEMPTS, verify_files: bool = True) -> FetchResult:
+    """The verified local package for `want`: from the cache, a repository, or a local build.
+
+    verify_files=False checks only the archive's sha256 against the index; use it only when the
+    package goes straight to `install(..., expected_sha256=)`, which checks every file while unpacking
+    (one decompression instead of two)."""
+    cdir = cache_dir(root, cache)
+    cdir.mkdir(parents=True, exist_ok=True)
+    looked: list[str] = []
+    session = None
+    for url in repos:
+        try:
+            if not _is_file_repo(url) and session is None:
+                session = _session()
+            idx = read_index(url, public_key=public_key, runner=runner, session=session)
+        except PackageError as e:
+            if "signature" in e.message or "listed twice" in e.message:
+                raise                       # a tampered or inconsistent index is never skipped silently
+            looked.append(f"{url} ({e.message})")
+            continue
+        entry = idx.find(want.driver, want.flavor, want.kernel_release, want.arch)
+        if entry is None:
+            looked.append(f"{url} (index lists {len(idx.packages)} packages, not this one)")
+            continue
+        dest = cdir / cache_name(entry)
+        if dest.exists():
+            try:
+                _verify_into_cache(dest, entry, "cache", verify_files)
+                _touch(dest)
+                return FetchResult(dest, entry.sha256, url, cached=True, looked_in=looked)
+            except PackageError:
+                pass                        # damaged cache entry: removed, fetch it again
+        n = 1
+        if _is_file_repo(url):
+            _copy_file(url, entry, dest)
+        else:
+            n = download(url, entry, dest, session, attempts)
+        _verify_into_cache(dest, entry, _join(url, entry.path), verify_files)
+        prune_cache(cdir, cache_max_mb << 20, keep=dest)
+        return FetchResult(dest, entry.sha256, url, attempts=n, looked_in=looked)
+    if builder is not None:
+        built = builder(cdir)
+        from driverd.packages.archive import sha256_file
+        prune_cache(cdir, cache_max_mb << 20, keep=built)
+        return FetchResult(built, sha256_file(built), "local-build", looked_in=looked)
+    where = "; ".join(looked) if looked else "no repositories configured (packages.repositories / --repo)"
+    raise PackageError(f"no package {want.name} found in: {where}",
+                       cause="no repository holds a package for this kernel"
+                             + (f", and a local build is not possible: {no_build_reason}" if no_build_reason else ""),
+                       fix=f"build it: driverd build --kernel {want.kernel_release} --flavor {want.flavor} "
+                           f"--source SRC --out REPO, then driverd repo index REPO")
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    from driverd.packages.archive import sha256_file
+    return sha256_file(path)

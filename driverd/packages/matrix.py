@@ -1,0 +1,216 @@
+"""`driverd build-matrix`: build every missing cell of a declarative kernel x flavour x driver matrix.
+
+Cells run in parallel up to a job limit; each is reported as built, skipped (the repository holds
+it) or failed (with the one-line reason), and a failure never stops the other cells. The repository
+index is rewritten at the end so the new packages are fetchable at once.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+import threading
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, TextIO
+
+from driverd.errors import DriverdError, UsageError
+from driverd.root import Root
+from driverd.runner import Runner
+
+_ARCH = {"amd64": "x86_64", "arm64": "aarch64"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    driver: str
+    flavor: str
+    release: str
+    arch: str
+    source: str
+    distro: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.driver}-{self.flavor}-{self.release}-{self.arch}"
+
+
+@dataclass
+class Matrix:
+    path: Path
+    cells: list[Cell]
+    repository: str | None = None
+    jobs: int = 1
+    make_jobs: int = 0
+    headers: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def headers_hint(self, cell: Cell) -> str:
+        h = self.headers.get(cell.distro, {})
+        return h.get("install", "").format(release=cell.release)
+
+
+@dataclass
+class CellResult:
+    cell: Cell
+    status: str                  # built | skipped | failed | would-build
+    reason: str = ""
+    package: str | None = None
+    sha256: str | None = None
+    seconds: float = 0.0
+    log: str | None = None
+
+    def to_json(self) -> dict:
+        return {"id": self.cell.id, "driver": self.cell.driver, "flavor": self.cell.flavor,
+                "kernel_release": self.cell.release, "arch": self.cell.arch, "status": self.status,
+                "reason": self.reason, "package": self.package, "sha256": self.sha256,
+                "seconds": round(self.seconds, 2), "log": self.log}
+
+
+def load(path: str | os.PathLike) -> Matrix:
+    p = Path(path)
+
+    def bad(msg: str) -> UsageError:
+        return UsageError(f"matrix {p}: {msg}", fix="see kernels/debian-bookworm.toml for the format")
+    try:
+        d = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"matrix {p} does not exist", fix="pass a file under kernels/") from None
+    except tomllib.TOMLDecodeError as e:
+        raise bad(f"not valid TOML ({e})") from None
+    cells: list[Cell] = []
+    try:
+        for drv in d["drivers"]:
+            version, flavors, sources = str(drv["version"]), list(drv["flavors"]), dict(drv.get("sources", {}))
+            for fl in flavors:
+                if fl not in ("open", "proprietary"):
+                    raise bad(f"driver {version}: flavor {fl!r} is not open or proprietary")
+                if fl not in sources:
+                    raise bad(f"driver {version}: no source for the {fl} flavour (sources.{fl})")
+            for k in d["kernels"]:
+                rel = str(k["release"])
+                arch = str(k.get("arch") or _ARCH.get(rel.rsplit("-", 1)[-1], "x86_64"))
+                for fl in flavors:
+                    cells.append(Cell(version, fl, rel, arch, str(sources[fl]), str(k.get("distro", "debian"))))
+    except (KeyError, TypeError) as e:
+        raise bad(f"missing or malformed {e}") from None
+    ids = [c.id for c in cells]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise bad(f"cell {dup[0]} appears twice")
+    return Matrix(p, cells, d.get("repository"), int(d.get("jobs", 1)), int(d.get("make_jobs", 0)),
+                  dict(d.get("headers", {})))
+
+
+class Progress:
+    """A redrawn bar on a terminal; one line per event otherwise (CI logs)."""
+
+    def __init__(self, total: int, stream: TextIO = sys.stderr, tty: bool | None = None, enabled: bool = True):
+        self.total, self.stream, self.enabled = total, stream, enabled
+        self.tty = stream.isatty() if tty is None else tty
+        self.done: dict[str, int] = {"built": 0, "skipped": 0, "failed": 0}
+        self.running: set[str] = set()
+        self.lock = threading.Lock()
+        self.t0 = time.monotonic()
+
+    def start(self, cell: Cell) -> None:
+        with self.lock:
+            self.running.add(cell.id)
+            self._emit(f"start   {cell.id}")
+
+    def finish(self, r: CellResult) -> None:
+        with self.lock:
+            self.running.discard(r.cell.id)
+            self.done[r.status] = self.done.get(r.status, 0) + 1
+            detail = r.reason if r.status != "built" else f"{r.package} ({r.seconds:.0f}s)"
+            self._emit(f"{r.status:<7} {r.cell.id}" + (f": {detail}" if detail else ""))
+
+    def _emit(self, line: str) -> None:
+        if not self.enabled:
+            return
+        n = sum(self.done.values())
+        if self.tty:
+            width = 24
+            fill = int(width * n / max(self.total, 1))
+            bar = f"[{'#' * fill}{'.' * (width - fill)}] {n}/{self.total} " \
+                  f"built {self.done['built']} skipped {self.done['skipped']} failed {self.done['failed']} " \
+                  f"{time.monotonic() - self.t0:.0f}s"
+            self.stream.write("\r\033[K" + line + "\n" + bar)
+        else:
+            self.stream.write(f"[{n}/{self.total}] {line}\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def run(matrix: Matrix, out: str | os.PathLike, *, jobs: int | None = None, make_jobs: int | None = None,
+        work_dir: str | os.PathLike, only: list[str] | None = None, dry_run: bool = False,
+        install_headers: bool = False, sign_key: str | None = None, sign_cert: str | None = None, root: Root | None = None, runner: Runner | None = None,
+        progress: Progress | None = None,
+        build_fn: Callable[..., object] | None = None) -> list[CellResult]:
+    from driverd.packages.build import build, existing, find_headers
+    from driverd.packages.repo import write_index
+    root, runner = root or Root("/"), runner or Runner()
+    outp = Path(out)
+    outp.mkdir(parents=True, exist_ok=True)
+    cells = [c for c in matrix.cells if not only or any(fnmatch.fnmatch(c.id, g) for g in only)]
+    if not cells:
+        raise UsageError(f"no cell of {matrix.path} matches {only}", fix="check --only")
+    progress = progress or Progress(len(cells))
+    build_fn = build_fn or build
+    mj = make_jobs if make_jobs is not None else (matrix.make_jobs or None)
+
+    def one(cell: Cell) -> CellResult:
+        t0 = time.monotonic()
+        hit = existing(outp, cell.driver, cell.flavor, cell.release, cell.arch)
+        if hit is not None:
+            r = CellResult(cell, "skipped", "already in the repository", str(hit), hit.name.split(".")[-3])
+            progress.finish(r)
+            return r
+        if dry_run:
+            r = CellResult(cell, "would-build", "missing from the repository")
+            progress.finish(r)
+            return r
+        progress.start(cell)
+        try:
+            try:
+                find_headers(root, cell.release)
+            except DriverdError:
+                hint = matrix.headers_hint(cell)
+                if install_headers and hint:
+                    runner.run(hint.split(), timeout=1800)
+                else:
+                    raise
+            res = build_fn(source=cell.source, kernel=cell.release, flavor=cell.flavor, out=outp, jobs=mj,
+                           work_dir=work_dir, sign_key=sign_key, sign_cert=sign_cert, root=root, runner=runner)
+            r = CellResult(cell, "skipped" if res.cached else "built",
+                           "already in the repository" if res.cached else "", str(res.package.path),
+                           res.package.sha256, time.monotonic() - t0, res.log)
+        except DriverdError as e:
+            hint = matrix.headers_hint(cell) if "headers" in e.message else ""
+            reason = e.message + (f" (get them with: {hint})" if hint else "")
+            r = CellResult(cell, "failed", reason, seconds=time.monotonic() - t0, log=e.details.get("log"))
+        except Exception as e:          # a bug in one cell must not take the others down
+            r = CellResult(cell, "failed", f"unexpected {e.__class__.__name__}: {e}", seconds=time.monotonic() - t0)
+        progress.finish(r)
+        return r
+
+    n = max(1, jobs or matrix.jobs or 1)
+    try:
+        if n == 1:
+            results = [one(c) for c in cells]
+        else:
+            with ThreadPoolExecutor(max_workers=n) as ex:
+                results = list(ex.map(one, cells))
+    finally:
+        progress.close()
+    if not dry_run and any(r.status == "built" for r in results):
+        write_index(outp, runner=runner, verify=False)
+    elif not dry_run and not (outp / "index.json").exists():
+        write_index(outp, runner=runner, verify=False)
+    return results

@@ -1,0 +1,173 @@
+"""A package repository: a static directory (served as-is by any HTTP server, or read via file://)
+with `index.json` listing every package, optionally signed (`index.json.sig`).
+
+index.json:
+    {"schema": 1, "generated_at": "...",
+     "packages": [{"driver": "535.261.03", "flavor": "open", "kernel_release": "6.1.0-47-cloud-amd64",
+                   "arch": "x86_64", "sha256": "...", "size": 17123456, "path": "driverd-....tar.zst"}]}
+
+The signature is `openssl dgst -sha256 -sign KEY` over the exact bytes of index.json; a fetcher
+configured with packages.index_public_key refuses an index whose signature is missing or wrong. Each
+index entry pins a package's sha256, and each package's manifest pins every file, so one signature
+covers everything a node installs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from driverd.errors import PackageError
+from driverd.fsutil import atomic_write, fsync_dir
+from driverd.packages.archive import SUFFIX, read_manifest, sha256_file
+from driverd.packages.manifest import package_basename
+from driverd.runner import Runner
+
+INDEX_NAME = "index.json"
+SIG_NAME = "index.json.sig"
+INDEX_SCHEMA = 1
+_SHA_IN_NAME = re.compile(r"\.([0-9a-f]{64})\.tar\.zst$")
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    driver: str
+    flavor: str
+    kernel_release: str
+    arch: str
+    sha256: str
+    size: int
+    path: str                      # relative to the repository root
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.driver, self.flavor, self.kernel_release, self.arch)
+
+    @property
+    def name(self) -> str:
+        return package_basename(*self.key)
+
+
+@dataclass(frozen=True)
+class Index:
+    packages: tuple[IndexEntry, ...]
+    generated_at: str | None = None
+
+    def find(self, driver: str, flavor: str, release: str, arch: str) -> IndexEntry | None:
+        return next((e for e in self.packages if e.key == (driver, flavor, release, arch)), None)
+
+    def to_json(self) -> dict:
+        return {"schema": INDEX_SCHEMA, "generated_at": self.generated_at,
+                "packages": [asdict(e) for e in sorted(self.packages, key=lambda e: (e.key, e.sha256))]}
+
+
+def parse_index(data: bytes | str, where: str) -> Index:
+    """Validate an index: well-formed entries, safe relative paths, no cell listed with two hashes."""
+    def bad(msg: str) -> PackageError:
+        return PackageError(f"repository index {where}: {msg}", cause="the index is damaged or inconsistent",
+                            fix="rewrite it with `driverd repo index DIR` on the repository")
+    try:
+        d = json.loads(data)
+        if int(d.get("schema", 0)) != INDEX_SCHEMA:
+            raise bad(f"unsupported schema {d.get('schema')!r}")
+        entries = [IndexEntry(str(p["driver"]), str(p["flavor"]), str(p["kernel_release"]), str(p["arch"]),
+                              str(p["sha256"]), int(p["size"]), str(p["path"])) for p in d["packages"]]
+    except PackageError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise bad(f"malformed ({e.__class__.__name__}: {e})") from None
+    seen: dict[tuple, IndexEntry] = {}
+    out: list[IndexEntry] = []
+    for e in entries:
+        if not re.fullmatch(r"[0-9a-f]{64}", e.sha256):
+            raise bad(f"{e.name}: invalid sha256 {e.sha256!r}")
+        parts = e.path.split("/")
+        if e.path.startswith("/") or ".." in parts or "" in parts or "\\" in e.path:
+            raise bad(f"{e.name}: path {e.path!r} leaves the repository")
+        prev = seen.get(e.key)
+        if prev is not None:
+            if prev.sha256 != e.sha256:
+                raise bad(f"{e.name} is listed twice with different sha256 ({prev.sha256[:12]}… at {prev.path}, "
+                          f"{e.sha256[:12]}… at {e.path})")
+            continue
+        seen[e.key] = e
+        out.append(e)
+    return Index(tuple(out), d.get("generated_at"))
+
+
+def scan(directory: str | os.PathLike, verify: bool = True) -> list[IndexEntry]:
+    root = Path(directory)
+    out: list[IndexEntry] = []
+    for p in sorted(root.rglob("*" + SUFFIX)):
+        if p.name.startswith("."):
+            continue       # temp files of a pack in progress
+        m = read_manifest(p)
+        named = _SHA_IN_NAME.search(p.name)
+        sha = sha256_file(p) if verify or not named else named.group(1)
+        if named and named.group(1) != sha:
+            raise PackageError(f"{p.name}: content sha256 is {sha}, not the one in its name",
+                               cause="the file was modified or truncated after it was built",
+                               fix=f"delete {p} and rebuild it")
+        out.append(IndexEntry(m.driver_version, m.flavor, m.kernel_release, m.arch, sha, p.stat().st_size,
+                              p.relative_to(root).as_posix()))
+    return out
+
+
+def write_index(directory: str | os.PathLike, *, sign_key: str | None = None, runner: Runner | None = None,
+                verify: bool = True) -> Index:
+    """(Re)write DIR/index.json atomically from the packages DIR holds (and sign it when asked)."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise PackageError(f"repository {d} is not a directory", fix="create it or pass the right path")
+    entries = scan(d, verify)
+    idx = Index(tuple(entries), datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    data = (json.dumps(idx.to_json(), indent=2) + "\n").encode()
+    parse_index(data, str(d / INDEX_NAME))      # the same checks a fetcher applies (duplicates!)
+    if sign_key:
+        # Sign a temp copy first so index.json and its signature change together as far as possible:
+        # a reader between the two renames sees a mismatch and retries, never an unsigned index.
+        fd, tmp = tempfile.mkstemp(prefix=".index.", dir=d)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        try:
+            sig = sign_bytes(tmp, sign_key, runner)
+        finally:
+            os.unlink(tmp)
+        atomic_write(d / SIG_NAME, sig)
+    atomic_write(d / INDEX_NAME, data)
+    fsync_dir(d)
+    return idx
+
+
+def sign_bytes(path: str, key: str, runner: Runner | None = None) -> bytes:
+    runner = runner or Runner()
+    with tempfile.TemporaryDirectory(prefix="driverd-sign.") as t:
+        out = os.path.join(t, "sig")
+        res = runner.run(["openssl", "dgst", "-sha256", "-sign", key, "-out", out, path], timeout=60, check=False)
+        if not res.ok:
+            raise PackageError(f"cannot sign the index with {key}: {res.first_error_line()}",
+                               fix="pass a PEM private key readable by driverd")
+        return Path(out).read_bytes()
+
+
+def verify_signature(data: bytes, sig: bytes | None, public_key: str, where: str,
+                     runner: Runner | None = None) -> None:
+    if sig is None:
+        raise PackageError(f"repository index {where} is not signed", cause=f"{SIG_NAME} is missing",
+                           fix="sign it with `driverd repo index DIR --sign-key KEY` or unset "
+                               "packages.index_public_key")
+    runner = runner or Runner()
+    with tempfile.TemporaryDirectory(prefix="driverd-verify.") as t:
+        dp, sp = os.path.join(t, "index.json"), os.path.join(t, "sig")
+        Path(dp).write_bytes(data)
+        Path(sp).write_bytes(sig)
+        res = runner.run(["openssl", "dgst", "-sha256", "-verify", public_key, "-signature", sp, dp],
+                         timeout=60, check=False, mutates=False)
+    if not res.ok:
+        raise PackageError(f"repository index {where} has a bad signature",
+                           cause=f"it does not verify against {public_key}",
+                           fix="check the repository and packages.index_public_key")
