@@ -1,13 +1,14 @@
 """The one way driverd runs external commands (modprobe, depmod, make, systemctl, containerd...).
 
 Argument lists only (never a shell string), a timeout on everything, output captured, and a dry-run
-mode in which commands that change the host are recorded instead of run. Built on subprocess (it was
-`sh`, whose per-command overhead of 30-100 ms dominated package installs).
+mode in which commands that change the host are recorded instead of run. Built on `sh`, imported
+lazily so host-only reads stay fast.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -52,9 +53,7 @@ class Runner:
             res = Result(args, 0, "", "", 0.0, dry_run=True)
             self.history.append(res)
             return res
-        # subprocess, not sh: measured on this code path, sh added 30-100 ms per command (its timeout
-        # watcher and output-pump threads), e.g. depmod 107 ms vs 5.5 ms; that dominated installs.
-        import subprocess
+        import sh
 
         run_env = None
         if env is not None or self.env is not None:
@@ -63,28 +62,57 @@ class Runner:
         if exe is None or not os.access(exe, os.X_OK):
             raise CommandError(f"command not found: {args[0]}", cause="it is not installed or not on PATH",
                                fix=f"install the package that provides {os.path.basename(args[0])}")
-        data = input.encode() if isinstance(input, str) else input
+        kwargs: dict = dict(_bg=True, _return_cmd=True, _ok_code=_ALL_EXITS, _tty_out=False,
+                            _decode_errors="replace", _in=input if input is not None else "")
+        if cwd is not None:
+            kwargs["_cwd"] = os.fspath(cwd)
+        if run_env is not None:
+            kwargs["_env"] = run_env
         start = time.monotonic()
+        fired = threading.Event()
         try:
-            proc = subprocess.run((exe,) + args[1:], input=data, capture_output=True, timeout=timeout,
-                                  cwd=os.fspath(cwd) if cwd is not None else None, env=run_env,
-                                  stdin=None if data is not None else subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            raise CommandError(f"{' '.join(args[:3])} timed out after {timeout:g}s",
-                               cause="the command did not finish in time",
-                               fix="check the host load or raise the timeout") from None
+            # Started in the background and waited for without sh's own timeout: sh polls a timed
+            # wait every 100 ms (and its _timeout= watcher costs ~100 ms per command), which
+            # dominated package installs. A timer kills the command instead; waitpid returns at once.
+            proc = sh.Command(exe)(*args[1:], **kwargs)
+            timer = threading.Timer(timeout, lambda: (fired.set(), _kill(proc)))
+            timer.start()
+            try:
+                proc.wait()
+            finally:
+                timer.cancel()
+            if fired.is_set():
+                raise CommandError(f"{' '.join(args[:3])} timed out after {timeout:g}s",
+                                   cause="the command did not finish in time",
+                                   fix="check the host load or raise the timeout")
+            rc = proc.exit_code if proc.exit_code >= 0 else 128 - proc.exit_code   # killed by a signal
         except OSError as e:
             raise CommandError(f"cannot run {args[0]}: {e.strerror}", cause=str(e),
                                fix=f"check that {args[0]} is an executable") from None
-        rc = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode   # killed by a signal
-        out = proc.stdout.decode(errors="replace")
-        err = proc.stderr.decode(errors="replace")
+        out = _text(proc.stdout)
+        err = _text(proc.stderr)
         res = Result(args, rc, out, err, time.monotonic() - start)
         self.history.append(res)
         if check and rc != 0:
             raise CommandError(f"{os.path.basename(args[0])} failed (exit {rc}): {res.first_error_line()}",
                                cause=" ".join(args), fix="see the command's output above")
         return res
+
+
+# sh reports a signal death as a negative exit code; accepting them all keeps sh from raising (and
+# from printing tracebacks in its background thread): the runner judges exit codes itself.
+_ALL_EXITS = list(range(-64, 256))
+
+
+def _kill(proc) -> None:
+    try:
+        proc.kill()
+    except OSError:   # already gone
+        pass
+
+
+def _text(v) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else (v or "")
 
 
 def which(name: str, root=None, extra: Sequence[str] = ()) -> str | None:

@@ -201,7 +201,7 @@ def cmd_repo_index(ctx, args) -> int:
 
 
 def cmd_fetch(ctx, args) -> int:
-    from driverd.packages.fetch import Want, fetch
+    from driverd.packages.fetch import Want, fetch_configured
     cfg = ctx.config.with_overrides({"driver.version": args.driver, "driver.flavor": args.flavor})
     version = cfg["driver.version"]
     if not version:
@@ -218,13 +218,8 @@ def cmd_fetch(ctx, args) -> int:
             raise UsageError("flavour auto: this host has no NVIDIA GPU to decide from", fix="pass --flavor")
     repos = args.repo or cfg["packages.repositories"]
     want = Want(version, flavor, release, arch)
-    builder, reason = None, "disabled (--no-build or packages.build_fallback=false)"
-    if not args.no_build and cfg["packages.build_fallback"]:
-        from driverd.packages.build import local_builder
-        builder, reason = local_builder(ctx.root, cfg, want, ctx.runner)
-    res = fetch(ctx.root, want, repos, cache=cfg["packages.cache_dir"], cache_max_mb=cfg["packages.cache_max_mb"],
-                public_key=cfg["packages.index_public_key"], runner=ctx.runner, builder=builder,
-                no_build_reason=reason, verify_files=not args.install)
+    res = fetch_configured(ctx.root, cfg, want, repos, runner=ctx.runner, allow_build=not args.no_build,
+                           verify_files=not args.install)
     out = res.to_json()
     if args.install:
         from driverd.packages.install import install

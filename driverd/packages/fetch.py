@@ -313,3 +313,17 @@ def fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache/
 def sha256_of(path: str | os.PathLike) -> str:
     from driverd.packages.archive import sha256_file
     return sha256_file(path)
+
+
+def fetch_configured(root: Root, cfg, want: Want, repos: list[str] | None = None, *, runner: Runner | None = None,
+                     allow_build: bool = True, verify_files: bool = True) -> FetchResult:
+    """fetch() with everything taken from driverd's configuration, including the decision whether
+    this host may build the package itself when no repository has it (packages.build_fallback)."""
+    builder, reason = None, "disabled (--no-build or packages.build_fallback=false)"
+    if allow_build and cfg["packages.build_fallback"]:
+        from driverd.packages.build import local_builder
+        builder, reason = local_builder(root, cfg, want, runner or Runner())
+    return fetch(root, want, list(repos if repos is not None else cfg["packages.repositories"]),
+                 cache=cfg["packages.cache_dir"], cache_max_mb=cfg["packages.cache_max_mb"],
+                 public_key=cfg["packages.index_public_key"], runner=runner, builder=builder,
+                 no_build_reason=reason, verify_files=verify_files)

@@ -33,6 +33,10 @@ def make_packages(out: str | os.PathLike, release: str = RELEASE) -> dict[str, P
     from driverd.sim.fakepkg import make_fake_package
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    return {"old": make_fake_package(out, "535.261.03", release).path,
-            "new": make_fake_package(out, "550.127.05", release).path,
-            "broken": make_fake_package(out / "broken", "550.127.08", release, with_firmware=False).path}
+    from driverd.packages.repo import write_index
+    pk = {"old": make_fake_package(out, "535.261.03", release).path,
+          "new": make_fake_package(out, "550.127.05", release).path,
+          "broken": make_fake_package(out / "broken", "550.127.08", release, with_firmware=False).path}
+    write_index(out)
+    write_index(out / "broken")
+    return pk
