@@ -138,30 +138,26 @@ def read_modinfo(path: str | os.PathLike) -> ModInfo:
 
 
 def parse_tool_output(path: str, text: str) -> ModInfo:
-    """`modinfo FILE` output ('key:   value' lines) into a ModInfo."""
+    """`modinfo FILE` output into a ModInfo (the tool's format is parsed in one place:
+    driverd.packages.modinfo.parse_modinfo)."""
+    from driverd.packages.modinfo import parse_modinfo
+    rec = (parse_modinfo(text) or [{}])[0]
     fields: list[tuple[str, str]] = []
-    signer = None
-    signed = False
-    for line in text.splitlines():
-        k, sep, v = line.partition(":")
-        if not sep or " " in k:
-            continue
-        v = v.strip()
-        if k == "parm":   # 'NAME:description (type)'
-            n, _, rest = v.partition(":")
-            typ = None
-            if rest.endswith(")") and "(" in rest:
-                rest, _, typ = rest[:-1].rpartition("(")
-                rest = rest.rstrip()
-            fields.append(("parm", f"{n}:{rest}"))
-            if typ:
-                fields.append(("parmtype", f"{n}:{typ}"))
-        elif k in ("sig_id", "sig_key", "signature"):
-            signed = True
-        elif k == "signer":
-            signer, signed = v, True
-        elif k != "filename":
-            fields.append((k, v))
+    for k, values in rec.items():
+        for v in values:
+            if k == "parm":   # 'NAME:description (type)'
+                n, _, rest = v.partition(":")
+                typ = None
+                if rest.endswith(")") and "(" in rest:
+                    rest, _, typ = rest[:-1].rpartition("(")
+                    rest = rest.rstrip()
+                fields.append(("parm", f"{n}:{rest}"))
+                if typ:
+                    fields.append(("parmtype", f"{n}:{typ}"))
+            elif k not in ("filename", "sig_id", "sig_key", "signature", "signer", "sig_hashalgo"):
+                fields.append((k, v))
+    signer = (rec.get("signer") or [None])[0]
+    signed = any(k in rec for k in ("sig_id", "sig_key", "signature", "signer"))
     return from_fields(path, fields, signed, signer)
 
 

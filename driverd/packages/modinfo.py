@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Sequence
 
 from driverd.errors import PackageError
@@ -60,4 +59,5 @@ def first(fields: dict[str, list[str]], key: str) -> str | None:
 
 
 def module_name_from_file(path: str | os.PathLike) -> str:
-    return Path(path).name.split(".ko")[0].replace("-", "_")
+    from driverd.kmod.modinfo import module_name
+    return module_name(os.fspath(path))
