@@ -31,7 +31,7 @@ def run_demo(workdir: str | None, as_json: bool = False) -> int:
     from driverd.cli import main
     from driverd.sim.scenario import dgx_spec, make_host, make_packages
     t0 = time.monotonic()
-    wd = Path(workdir or tempfile.mkdtemp(prefix="driverd-demo."))
+    wd = Path(workdir or tempfile.mkdtemp(prefix="driverd-demo.")).resolve()
     root, repo = wd / "host", wd / "repo"
     if root.exists():
         import shutil
