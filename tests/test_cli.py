@@ -139,3 +139,29 @@ def test_cdi_spec_from_real_gpu_host(unpack_host):
     names = [d["name"] for d in spec["devices"]]
     assert names == ["0", "GPU-32774125-ffe1-5c12-7dad-de94a2a6affc", "all"]
     assert cdi.validate(spec) == []
+
+
+def test_kubectl_plugin_through_real_kubectl(tmp_path):
+    """`kubectl driverd ...` is found by the real kubectl's plugin discovery and runs the same CLI."""
+    import os
+    import shutil
+    from tests.conftest import require_binary
+    kubectl = require_binary("kubectl")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    plugin = bindir / "kubectl-driverd"
+    installed = shutil.which("kubectl-driverd", path=os.path.dirname(sys.executable))
+    if installed:
+        os.symlink(installed, plugin)
+    else:   # running from a source tree without the console script: an equivalent wrapper
+        plugin.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import sys; from driverd.cli import kubectl_main; "
+                          "sys.exit(kubectl_main())' \"$@\"\n")
+        plugin.chmod(0o755)
+    write_host(tmp_path / "host", HostSpec(pci=[h100("0000:1b:00.0")]))
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+    listed = subprocess.run([kubectl, "plugin", "list"], capture_output=True, text=True, env=env)
+    assert str(plugin) in listed.stdout
+    res = subprocess.run([kubectl, "driverd", "plan", "--root", str(tmp_path / "host"), "--driver", "570.195.03",
+                          "--json"], capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["flavor"] == "open"
