@@ -50,3 +50,38 @@ def run_cli(*args: str, env: dict | None = None, check: bool = False) -> subproc
     if check and res.returncode != 0:
         raise AssertionError(f"driverd {' '.join(args)} exited {res.returncode}: {res.stderr}")
     return res
+
+
+# Host state that tests must never change on the machine running them (every test works in a temp root).
+_GUARDED = ("/etc/modprobe.d", "/etc/containerd", "/etc/crio", "/etc/docker", "/etc/driverd", "/var/lib/driverd",
+            "/var/cache/driverd", "/var/run/cdi", "/etc/cdi", "/lib/firmware/nvidia")
+
+
+def _snapshot_host() -> dict[str, object]:
+    snap: dict[str, object] = {}
+    for top in _GUARDED:
+        if not os.path.lexists(top):
+            snap[top] = None
+            continue
+        for dirpath, dirnames, filenames in os.walk(top):
+            for name in filenames + dirnames:
+                p = os.path.join(dirpath, name)
+                try:
+                    st = os.lstat(p)
+                    snap[p] = (st.st_mtime_ns, st.st_size)
+                except OSError:
+                    pass
+    for rel in os.listdir("/lib/modules") if os.path.isdir("/lib/modules") else []:
+        d = f"/lib/modules/{rel}/updates"
+        snap[d] = sorted(os.listdir(d)) if os.path.isdir(d) else None
+    return snap
+
+
+@pytest.fixture(scope="session", autouse=True)
+def never_touch_the_real_host():
+    """Fails the run if any test wrote into this machine's /etc, /lib/modules or driverd state."""
+    before = _snapshot_host()
+    yield
+    after = _snapshot_host()
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    assert not changed, f"tests changed the real host: {changed[:10]}"
