@@ -337,3 +337,20 @@ def test_cli_install_json_and_refusal(host, pkgs):
     assert r.returncode == 2 and "does not exist" in r.stderr
     r = run_cli("rollback-install", "--root", str(host), "--kernel", REL, "--json")
     assert r.returncode == 0, r.stderr
+
+
+def test_install_dry_run_checks_everything_and_writes_nothing(tmp_path):
+    import hashlib
+    from driverd.sim.fakepkg import make_fake_package
+    from driverd.sim.hosttree import HostSpec, write_host
+    from tests.conftest import run_cli
+    root = write_host(tmp_path / "host", HostSpec())
+    pkg = make_fake_package(tmp_path / "repo", "535.261.03", "6.1.0-47-cloud-amd64").path
+    snap = lambda: {str(p): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "d" for p in root.rglob("*")}
+    before = snap()
+    r = run_cli("install", "--root", str(root), str(pkg), "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["dry_run"] is True and snap() == before
+    other = make_fake_package(tmp_path / "other", "535.261.03", "6.1.0-50-cloud-amd64").path
+    r = run_cli("install", "--root", str(root), str(other), "--dry-run", "--kernel", "6.1.0-47-cloud-amd64")
+    assert r.returncode == 3 and "vermagic" in r.stderr.lower() and snap() == before

@@ -114,6 +114,29 @@ class Executor:
         self.journal.save(doc)
         return self._continue(doc)
 
+    def preview(self, command: str, steps: list[dict]) -> dict:
+        """--dry-run: what a run would do, step by step, without doing it or writing a journal.
+        Each step's check() (read-only) tells whether it is already in place."""
+        doc = self.pending()
+        if doc is not None:
+            command = f"{doc['command']} (unfinished run {doc['run_id']}, {doc['state']})"
+            steps = [s for s in doc["rollback" if doc["state"] == "rolling-back" else "steps"]
+                     if s["status"] not in ("done", "skipped")]
+        out = []
+        for s in steps:
+            impl = self.registry.get(s["action"])
+            if impl is None:
+                raise JournalError(f"no implementation for step {s['action']}", fix="this is a driverd bug")
+            params = s.get("params", {})
+            try:
+                state = "in place" if impl.check(self.ctx, params) else "would run"
+            except DriverdError as e:
+                state = f"would run (cannot tell now: {e.message})"
+            out.append({"action": s["action"], "description": impl.describe(params), "state": state,
+                        "params": params})
+            self.ctx.log(f"  {'=' if state == 'in place' else '>'} {impl.describe(params)}: {state}")
+        return {"command": command, "dry_run": True, "steps": out}
+
     def rollback_now(self, reason: str) -> dict:
         """Turn an unfinished forward run into a rollback (driverd rollback while a run is pending)."""
         doc = self.pending()

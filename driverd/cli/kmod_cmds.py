@@ -79,24 +79,17 @@ def cmd_run(ctx, args) -> int:
         cfg = cfg.with_overrides({"driver.version": args.driver, "driver.flavor": args.flavor})
     sctx = c.make_context(ctx.root, ctx.runner, cfg, args.kernel)
     ex = c.executor(sctx)
+    if ctx.dry_run:        # nothing is done and no journal is written: the steps and whether each is needed
+        out = ex.preview(args.kind, c.steps_for(args.kind, sctx, ctx.root, cfg, args))
+        emit(ctx.json, out, lambda o: f"{o['command']}: dry run, nothing changed")
+        return EXIT_OK
+    c.require_changeable(sctx)
     if args.kind == "rollback":
         doc = ex.rollback_now("rollback requested") if ex.pending() else ex.run("rollback", c.rollback_steps(sctx))
     elif ex.pending() is not None:
         doc = ex.run(args.kind, [])            # finish the interrupted run first
-    elif args.kind == "load":
-        doc = ex.run("load", c.load_steps())
-    elif args.kind == "unload":
-        doc = ex.run("unload", c.unload_steps("terminate" if args.terminate else None))
-    elif args.kind == "reload":
-        doc = ex.run("reload", c.reload_steps(args.package))
     else:
-        from driverd.host import collect
-        from driverd.plan import Desired, plan
-        p = plan(collect(ctx.root, nvml=False, handler=cfg["runtime.handler"]), Desired.from_config(cfg))
-        if p.blocked_by:
-            from driverd.errors import PlanError
-            raise PlanError("the plan is blocked: " + "; ".join(p.blocked_by), fix="see `driverd plan`")
-        doc = ex.run("apply", c.plan_steps(p))
+        doc = ex.run(args.kind, c.steps_for(args.kind, sctx, ctx.root, cfg, args))
     out = c.outcome(doc, sctx)
     emit(ctx.json, out, render_outcome)
     c.raise_for(out)

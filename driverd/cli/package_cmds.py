@@ -113,6 +113,7 @@ def register(sub, common) -> None:
                    "package's)")
     p.add_argument("--enforce-signatures", choices=("auto", "yes", "no"), default="auto",
                    help="treat the kernel as enforcing module signatures (default auto: from the host facts)")
+    p.add_argument("--dry-run", action="store_true", help="make every check and verify every file; write nothing")
     p.set_defaults(handler=cmd_install)
 
     p = sub.add_parser(
@@ -140,6 +141,8 @@ def cmd_install(ctx, args) -> int:
     rep = install(ctx.root, args.package, ctx.runner, kernel=args.kernel, enforce=enforce,
                   state_dir=ctx.config["state.dir"])
     emit(ctx.json, rep.to_json(), lambda r: (
+        f"dry run: would install {r['driver_version']} ({r['flavor']}) for {r['kernel_release']} into "
+        f"{r['modules_dir']} (package verified; nothing written)" if r["dry_run"] else
         f"installed {r['driver_version']} ({r['flavor']}) for {r['kernel_release']} into {r['modules_dir']}"
         if r["changed"] else f"already installed: {r['driver_version']} ({r['flavor']}) for {r['kernel_release']}")
         + (f"\n  previous kept in {r['previous']}" if r["previous"] and r["changed"] else "")

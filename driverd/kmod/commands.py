@@ -18,6 +18,31 @@ def make_context(root, runner, config, kernel_choice: str | None = None, log=Non
                        log=log or (lambda m: print(m, file=sys.stderr, flush=True)))
 
 
+def require_changeable(ctx) -> None:
+    """Refuse before any journal is written when the real kernel cannot change this root."""
+    if ctx.kernel.name == "real":
+        ctx.kernel.check_changeable()      # raises the one-line error naming the cause and the fix
+
+
+def steps_for(kind: str, ctx, root, cfg, args) -> list[dict]:
+    """The step list of a lifecycle command (apply plans first and refuses a blocked plan)."""
+    if kind == "rollback":
+        return rollback_steps(ctx)
+    if kind == "load":
+        return load_steps()
+    if kind == "unload":
+        return unload_steps("terminate" if getattr(args, "terminate", False) else None)
+    if kind == "reload":
+        return reload_steps(args.package)
+    from driverd.errors import PlanError
+    from driverd.host import collect
+    from driverd.plan import Desired, plan
+    p = plan(collect(root, nvml=False, handler=cfg["runtime.handler"]), Desired.from_config(cfg))
+    if p.blocked_by:
+        raise PlanError("the plan is blocked: " + "; ".join(p.blocked_by), fix="see `driverd plan`")
+    return plan_steps(p)
+
+
 def executor(ctx):
     from driverd.apply.executor import Executor
     from driverd.apply.journal import Journal

@@ -162,17 +162,29 @@ _ERRNO_FIX = {
 
 
 class RealKernel(Kernel):
-    """kmod tools through the Runner. Refuses a root that is not the live host: modprobe would load
-    this machine's kernel with another machine's files."""
+    """kmod tools through the Runner. A root that is not the live host (a captured tree) can be read
+    and dry-run, but never changed: modprobe would load this machine's kernel with another
+    machine's files, and its PIDs are not this machine's."""
 
     name = "real"
 
     def __init__(self, root: Root, runner) -> None:
         super().__init__(root, runner)
-        if not root.is_live():
-            raise ConfigError(f"root {root.base} is not the live host; the real kernel cannot load its modules",
+        self.live = root.is_live()
+
+    def _changes_allowed(self) -> bool:
+        """False in dry-run (record only); raises for a real change to a tree that is not this host."""
+        if self.runner.dry_run:
+            return False
+        self.check_changeable()
+        return True
+
+    def check_changeable(self) -> None:
+        if not self.live:
+            raise ConfigError(f"root {self.root.base} is not the live host; the real kernel cannot change it",
                               cause="its /proc is not this machine's /proc",
-                              fix="use --kernel sim for a simulated tree, or run on the host (root / or /host)")
+                              fix="use --kernel sim for a simulated tree, --dry-run to see the steps, or run on "
+                                  "the host (root / or /host)")
 
     def _tool(self, name: str) -> str:
         from driverd.runner import which
@@ -185,6 +197,8 @@ class RealKernel(Kernel):
         return self._dmesg()[mark:]
 
     def _dmesg(self) -> list[str]:
+        if not self.live:      # this machine's kernel log says nothing about a captured tree
+            return []
         res = self.runner.run([self._tool("dmesg")], timeout=15, check=False, mutates=False)
         return res.stdout.splitlines() if res.ok else []
 
@@ -198,6 +212,9 @@ class RealKernel(Kernel):
         return [self._tool("rmmod"), name]
 
     def load(self, name: str, params: dict[str, str] | None = None) -> None:
+        if not self._changes_allowed():
+            self.runner.run(self.load_argv(name, params))      # recorded by the dry-run runner
+            return
         mark = self.log_mark()
         res = self.runner.run(self.load_argv(name, params), timeout=300, check=False)
         if not res.ok:
@@ -206,6 +223,9 @@ class RealKernel(Kernel):
                                _ERRNO_FIX.get(reason, "see the kernel log (dmesg) for the NVRM lines"))
 
     def unload(self, name: str) -> None:
+        if not self._changes_allowed():
+            self.runner.run(self.unload_argv(name))
+            return
         mark = self.log_mark()
         res = self.runner.run(self.unload_argv(name), timeout=120, check=False)
         if not res.ok:
@@ -214,7 +234,7 @@ class RealKernel(Kernel):
                                "stop the processes and modules holding it (driverd unload lists them)")
 
     def mknod(self, hostpath: str, major: int, minor: int) -> None:
-        if self.runner.dry_run:
+        if not self._changes_allowed():
             return
         p = self.root.path(hostpath)
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -222,13 +242,13 @@ class RealKernel(Kernel):
         os.chmod(p, 0o666)
 
     def set_firmware_path(self, hostdir: str) -> None:
-        if self.runner.dry_run:
+        if not self._changes_allowed():
             return
         with open(self.root.path("/sys/module/firmware_class/parameters/path"), "w") as f:
             f.write(hostdir)
 
     def signal(self, pid: int, sig: int) -> None:
-        if self.runner.dry_run:
+        if not self._changes_allowed():
             return
         try:
             os.kill(pid, sig)

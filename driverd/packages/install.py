@@ -54,6 +54,7 @@ class InstallReport:
     changed: bool
     depmod: str = ""
     resolves: list[str] = field(default_factory=list)   # modprobe --show-depends nvidia, in load order
+    dry_run: bool = False
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -187,6 +188,11 @@ def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, run
                              str(prev) if prev.exists() else None, changed=False,
                              resolves=_resolves(root, release, runner))
     updates = mdir.parent
+    if runner.dry_run:    # every check a real install makes before writing, and nothing written
+        from driverd.packages.archive import verify_package
+        verify_package(package_path, expected_sha256)
+        return InstallReport(str(package_path), sha, manifest.driver_version, manifest.flavor, release, str(mdir),
+                             str(fdir) if manifest.firmware_files else None, str(prev), changed=True, dry_run=True)
     check_space(updates, manifest)
     _clean_stale(updates)
     _clean_stale(fdir.parent)

@@ -63,6 +63,8 @@ class SimKernel(Kernel):
 
     def __init__(self, root: Root, runner=None) -> None:
         super().__init__(root, runner)
+        # A dry run leaves even the simulated kernel's /proc and /sys alone.
+        self._readonly = runner is not None and runner.dry_run
         self._state = self._load_state()
         self._render()
 
@@ -88,6 +90,8 @@ class SimKernel(Kernel):
         return {"modules": mods, "next_pid": 40000, "procs": {}, "log": 0}
 
     def _save(self) -> None:
+        if self._readonly:
+            return
         atomic_write_json(self._p(STATE), self._state)
         self._render()
 
@@ -117,6 +121,8 @@ class SimKernel(Kernel):
 
     def _render(self) -> None:
         """Write the procfs/sysfs views from the state (idempotent; also heals a view left stale)."""
+        if self._readonly:
+            return
         unload = self.root.read_text("/proc/modules") is None or _has_refcounts(self.root)
         opens = self._opens()
         rows, addr = [], 0xffffffffc0400000

@@ -1,3 +1,5 @@
+import json
+
 from tests.conftest import run_cli
 
 
@@ -42,3 +44,41 @@ def test_runtime_change_is_undone_when_a_later_step_fails(tmp_path):
     journal = (root / "var/lib/driverd/journal.json").read_text()
     assert '"files_changed": [' in journal and "config.toml" in journal     # configure-runtime did write
     assert '"revert-runtime"' in journal                                     # and its undo ran
+
+
+def _tree(root):
+    import hashlib
+    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() and not p.is_symlink()
+                                       else str(p.readlink()) if p.is_symlink() else "dir")
+            for p in sorted(root.rglob("*"))}
+
+
+def test_dry_run_changes_nothing_and_writes_no_journal(tmp_path):
+    from driverd.sim.scenario import dgx_spec, make_host, make_packages
+    root, repo = tmp_path / "host", tmp_path / "repo"
+    make_host(root, dgx_spec())
+    make_packages(repo)
+    (root / "etc/driverd").mkdir(parents=True, exist_ok=True)
+    (root / "etc/driverd/config.toml").write_text(
+        f'[driver]\nversion = "535.261.03"\nflavor = "open"\n[packages]\nrepositories = ["file://{repo}"]\n'
+        '[runtime]\nruntimes = ["containerd"]\nrestart = "none"\n')
+    before = _tree(root)
+    for cmd in (["apply"], ["load"], ["unload"], ["reload", "--package", str(next(repo.glob("*550.127.05*")))]):
+        r = run_cli(*cmd, "--root", str(root), "--dry-run", "--json")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["dry_run"] is True and out["steps"], out
+    assert _tree(root) == before
+    apply = json.loads(run_cli("apply", "--root", str(root), "--dry-run", "--json").stdout)
+    assert [s["action"] for s in apply["steps"]][:4] == ["snapshot", "blacklist-nouveau", "unload-nouveau", "fetch-package"]
+    assert all(s["state"].startswith("would run") for s in apply["steps"])
+
+
+def test_real_kernel_refuses_to_change_a_captured_tree_before_journaling(unpack_host):
+    root = unpack_host("h200-ubuntu-fc-580-open.tar.gz")
+    before = _tree(root)
+    r = run_cli("unload", "--root", str(root))
+    assert r.returncode == 2 and "not the live host" in r.stderr and "Traceback" not in r.stderr
+    assert _tree(root) == before
+    st = json.loads(run_cli("status", "--root", str(root), "--json").stdout)
+    assert st["loaded"] == {"version": "580.159.04", "flavor": "open"}

@@ -176,8 +176,14 @@ def test_modinfo_tool_and_elf_reader_agree(host):
 
 def test_real_kernel_argv_and_refusals(host):
     runner = Runner(dry_run=True)
+    captured = RealKernel(Root(host), Runner())          # a tree that is not this host: readable ...
+    assert not captured.live
     with pytest.raises(ConfigError, match="not the live host"):
-        RealKernel(Root(host), runner)
+        captured.load("nvidia", {})                       # ... never changed
+    with pytest.raises(ConfigError, match="not the live host"):
+        captured.unload("nvidia")
+    RealKernel(Root(host), runner).load("nvidia", {})    # in dry-run it is only recorded
+    assert runner.history[-1].dry_run and "-d" in runner.history[-1].argv
     k = RealKernel(Root("/"), runner)
     assert k.load_argv("nvidia", {"NVreg_EnableGpuFirmware": "1"})[-2:] == ["nvidia", "NVreg_EnableGpuFirmware=1"]
     assert k.unload_argv("nvidia_uvm")[-1] == "nvidia_uvm"
