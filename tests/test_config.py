@@ -55,3 +55,10 @@ def test_invalid_env(tmp_path):
 def test_env_names_are_unique():
     names = [config.env_name(k) for k in config.SCHEMA]
     assert len(names) == len(set(names))
+
+
+def test_readme_documents_every_key():
+    from tests.conftest import REPO
+    readme = (REPO / "README.md").read_text()
+    missing = [k for k in config.SCHEMA if k not in readme and not (k.startswith("signing.") and "signing.key / signing.cert" in readme)]
+    assert not missing, f"README.md does not mention {missing}"
