@@ -264,26 +264,30 @@ class StartDaemons(StepImpl):
         return "start GPU daemons (" + ", ".join(params.get("daemons") or ["as configured"]) + ")"
 
 
+class _StartOneDaemon(StartDaemons):
+    """The plan's per-daemon steps: start-gpu-daemons restricted to `daemon`."""
+    daemon = ""
+
+    def check(self, ctx, params):
+        return ctx.services.running(self.daemon)
+
+    def do(self, ctx, params):
+        return super().do(ctx, {"daemons": [self.daemon]})
+
+    def describe(self, params):
+        return f"start {self.daemon}"
+
+
 @register
-class StartPersistenced(StartDaemons):
+class StartPersistenced(_StartOneDaemon):
     action = "start-persistenced"
-
-    def check(self, ctx, params):
-        return ctx.services.running(dmn.PERSISTENCED)
-
-    def do(self, ctx, params):
-        return super().do(ctx, {"daemons": [dmn.PERSISTENCED]})
+    daemon = dmn.PERSISTENCED
 
 
 @register
-class StartFabricManager(StartDaemons):
+class StartFabricManager(_StartOneDaemon):
     action = "start-fabricmanager"
-
-    def check(self, ctx, params):
-        return ctx.services.running(dmn.FABRICMANAGER)
-
-    def do(self, ctx, params):
-        return super().do(ctx, {"daemons": [dmn.FABRICMANAGER]})
+    daemon = dmn.FABRICMANAGER
 
 
 @register

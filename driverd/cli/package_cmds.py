@@ -126,7 +126,8 @@ def register(sub, common) -> None:
 
 
 def _release(ctx, given: str | None) -> str:
-    rel = given or ctx.root.read_first_line("/proc/sys/kernel/osrelease")
+    from driverd.host.kernel import running_release
+    rel = given or running_release(ctx.root)
     if not rel:
         raise UsageError("kernel release unknown", cause="no --kernel and no /proc/sys/kernel/osrelease under "
                          "the root", fix="pass --kernel RELEASE")
@@ -204,29 +205,16 @@ def cmd_repo_index(ctx, args) -> int:
 
 
 def cmd_fetch(ctx, args) -> int:
-    from driverd.packages.fetch import Want, fetch_configured
+    from driverd.packages.fetch import fetch_configured, want_for_host
     cfg = ctx.config.with_overrides({"driver.version": args.driver, "driver.flavor": args.flavor})
-    version = cfg["driver.version"]
-    if not version:
-        raise UsageError("no driver version", fix="pass --driver VERSION or set driver.version")
-    release = _release(ctx, args.kernel)
-    arch = args.arch or ctx.root.read_first_line("/proc/sys/kernel/arch") or os.uname().machine
-    flavor = cfg["driver.flavor"]
-    if flavor == "auto":
-        from driverd.host import collect
-        from driverd.plan.flavor import decide
-        facts = collect(ctx.root, nvml=False)
-        flavor = decide(facts.gpus, version, "auto").flavor
-        if flavor is None:
-            raise UsageError("flavour auto: this host has no NVIDIA GPU to decide from", fix="pass --flavor")
+    want = want_for_host(ctx.root, cfg, args.kernel, args.arch)
     repos = args.repo or cfg["packages.repositories"]
-    want = Want(version, flavor, release, arch)
     res = fetch_configured(ctx.root, cfg, want, repos, runner=ctx.runner, allow_build=not args.no_build,
                            verify_files=not args.install)
     out = res.to_json()
     if args.install:
         from driverd.packages.install import install
-        rep = install(ctx.root, res.package, ctx.runner, kernel=release, state_dir=ctx.config["state.dir"],
+        rep = install(ctx.root, res.package, ctx.runner, kernel=want.kernel_release, state_dir=ctx.config["state.dir"],
                       expected_sha256=res.sha256)
         out["install"] = rep.to_json()
     emit(ctx.json, out, lambda r: r["package"] + (

@@ -149,6 +149,11 @@ def module_unload_evidence(proc_modules: str | None, config: dict[str, str]) -> 
 _RELEASE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+~-]{0,63}")
 
 
+def running_release(root: Root) -> str | None:
+    """The running kernel's release (utsname.release), validated; the one place it is read."""
+    return _release(root.read_first_line("/proc/sys/kernel/osrelease") or None)
+
+
 def _release(text: str | None) -> str | None:
     return text if text and _RELEASE.fullmatch(text) else None
 

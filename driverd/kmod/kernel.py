@@ -54,7 +54,8 @@ class Kernel(ABC):
     def __init__(self, root: Root, runner) -> None:
         self.root = root
         self.runner = runner
-        self.release = root.read_first_line("/proc/sys/kernel/osrelease") or ""
+        from driverd.host.kernel import running_release
+        self.release = running_release(root) or ""
 
     # -- inspection (shared: both kernels expose the same procfs/sysfs files) --------------------
     def modules(self) -> dict[str, LoadedModule]:

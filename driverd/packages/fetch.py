@@ -327,3 +327,30 @@ def fetch_configured(root: Root, cfg, want: Want, repos: list[str] | None = None
                  cache=cfg["packages.cache_dir"], cache_max_mb=cfg["packages.cache_max_mb"],
                  public_key=cfg["packages.index_public_key"], runner=runner, builder=builder,
                  no_build_reason=reason, verify_files=verify_files)
+
+
+def want_for_host(root: Root, cfg, kernel: str | None = None, arch: str | None = None) -> Want:
+    """The package this host needs: driver from config, kernel release and arch from the host's
+    facts (or given), flavour from config or — for auto — the same decision `driverd plan` makes."""
+    from driverd.errors import UsageError
+    from driverd.host.kernel import read_kernel
+    version = cfg["driver.version"]
+    if not version:
+        raise UsageError("no driver version", cause="neither --driver nor driver.version is set",
+                         fix="pass --driver VERSION or set driver.version")
+    k = read_kernel(root, [])
+    release, arch = kernel or k.release, arch or k.arch
+    if not release:
+        raise UsageError("kernel release unknown", cause="no --kernel and no /proc/sys/kernel/osrelease under "
+                         "the root", fix="pass --kernel RELEASE")
+    if not arch:
+        raise UsageError("kernel architecture unknown", cause="no /proc/sys/kernel/arch under the root and the "
+                         "release does not name it", fix="pass --arch")
+    flavor = cfg["driver.flavor"]
+    if flavor == "auto":
+        from driverd.host import collect
+        from driverd.plan.flavor import decide
+        flavor = decide(collect(root, nvml=False).gpus, version, "auto").flavor
+        if flavor is None:
+            raise UsageError("flavour auto: this host has no NVIDIA GPU to decide from", fix="pass --flavor")
+    return Want(version, flavor, release, arch)

@@ -81,8 +81,8 @@ def previous_dir(root: Root, release: str, state_dir: str = "/var/lib/driverd") 
 def target_release(root: Root, manifest: Manifest, kernel: str | None) -> str:
     if kernel:
         return kernel
-    running = root.read_first_line("/proc/sys/kernel/osrelease")
-    return running or manifest.kernel_release
+    from driverd.host.kernel import running_release
+    return running_release(root) or manifest.kernel_release
 
 
 def kernel_vermagic(root: Root, release: str, runner: Runner | None = None) -> str | None:

@@ -199,9 +199,9 @@ class SimKernel(Kernel):
         return sw
 
     def _sig_enforced(self) -> bool:
-        sig = (self.root.read_first_line("/sys/module/module/parameters/sig_enforce") or "N").upper()
-        lock = self.root.read_text("/sys/kernel/security/lockdown") or ""
-        return sig in ("Y", "1") or "[integrity]" in lock or "[confidentiality]" in lock
+        # The same evidence detect reports (sig_enforce, cmdline, CONFIG_MODULE_SIG_FORCE, lockdown).
+        from driverd.host.kernel import read_kernel
+        return read_kernel(self.root, []).module_signature_enforced
 
     def _firmware_found(self, fw: str) -> bool:
         dirs = [d for d in [self.firmware_path()] if d] + [f"/lib/firmware/updates/{self.release}",
@@ -279,8 +279,9 @@ class SimKernel(Kernel):
             for fw in missing:
                 self._log(f"{name}: Direct firmware load for {fw} failed with error -2")
             if name == "nvidia":
+                first = next((g.pci_address for g in self._gpus()), "0000:00:00.0")
                 self._log("NVRM: RmFetchGspRmImages: No firmware image found",
-                          "NVRM: GPU 0000:00:00.0: RmInitAdapter failed! (0x61:0x56:1594)",
+                          f"NVRM: GPU {first}: RmInitAdapter failed! (0x61:0x56:1594)",
                           "NVRM: None of the NVIDIA devices were initialized.")
             return "No such device", f"firmware {', '.join(missing)} is missing: install the package's firmware " \
                                      f"under /lib/firmware (or point firmware_class.path at it)"
@@ -414,8 +415,8 @@ class SimKernel(Kernel):
 
 
 def _has_refcounts(root: Root) -> bool:
-    rows = [ln.split() for ln in (root.read_text("/proc/modules") or "").splitlines() if ln.strip()]
-    return not rows or any(len(r) > 2 and r[2] != "-" for r in rows)
+    from driverd.host.kernel import module_unload_evidence
+    return module_unload_evidence(root.read_text("/proc/modules"), {})[0]
 
 
 def _valid(ptype: str | None, value: str) -> bool:
