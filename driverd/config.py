@@ -65,6 +65,9 @@ SCHEMA: dict[str, Key] = {
     "daemons.fabricmanager": Key("str", "auto", "run fabric manager (auto: when NVSwitches exist)",
                                  ("auto", "true", "false")),
     "state.dir": Key("str", "/var/lib/driverd", "journal and state directory, under the root"),
+    "state.journal_keep": Key("int", 20, "finished runs kept in <state.dir>/journal.d (older ones are pruned)"),
+    "state.lock_wait_s": Key("int", 0, "seconds a command waits for the host lock before exiting 3 "
+                             "(--wait overrides; the daemon always waits)"),
     "cluster.node_name": Key("str", None, "this node's Kubernetes name (default: $NODE_NAME, then hostname)"),
 }
 
@@ -78,8 +81,7 @@ def env_name(key: str) -> str:
 
 _ENV_TO_KEY = {env_name(k): k for k in SCHEMA}
 # Environment variables that are not configuration keys but share the prefix.
-_ENV_NOT_KEYS = {"DRIVERD_ROOT", "DRIVERD_CONFIG", "DRIVERD_LOG_LEVEL", "DRIVERD_DEBUG",
-                 "DRIVERD_TEST_CRASH_AT", "DRIVERD_TEST_BOUNDARIES"}   # the last two: executor test hooks
+_ENV_NOT_KEYS = {"DRIVERD_ROOT", "DRIVERD_CONFIG", "DRIVERD_LOG_LEVEL", "DRIVERD_DEBUG"}
 
 
 @dataclass

@@ -9,6 +9,7 @@ EXIT_OK = 0
 EXIT_UNEXPECTED = 1
 EXIT_USAGE = 2
 EXIT_BLOCKED = 3
+EXIT_REBOOT = 4         # everything safe was done; the host must reboot to finish (driverd apply)
 
 
 class DriverdError(Exception):
@@ -57,6 +58,13 @@ class HostError(DriverdError):
     """A host fact could not be read in a way that makes the whole snapshot meaningless."""
     subject = "host"
     exit_code = EXIT_UNEXPECTED
+
+
+class HostPathError(HostError):
+    """A host path cannot be written inside the root: a symlink loop, too many links, a link where
+    driverd must not follow one. driverd writes nothing rather than write somewhere else."""
+    subject = "host"
+    exit_code = EXIT_BLOCKED
 
 
 class PlanError(DriverdError):

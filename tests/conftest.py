@@ -11,6 +11,11 @@ from pathlib import Path
 
 import pytest
 
+import driverd.sim
+
+# Tests are a composition root like the CLI: the simulated kernel, daemons and MIG are available.
+driverd.sim.install_backends()
+
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HOSTS = FIXTURES / "hosts"
@@ -26,6 +31,13 @@ def require_binary(name: str, *candidates: str) -> str:
     if os.environ.get("CI"):
         pytest.fail(msg)
     pytest.skip(msg)
+
+
+@pytest.fixture
+def kmod_tools():
+    """The real kmod tools (modinfo, depmod, modprobe) that package installs drive."""
+    for t in ("modinfo", "depmod", "modprobe"):
+        require_binary(t, f"/usr/sbin/{t}", f"/sbin/{t}")
 
 
 @pytest.fixture
@@ -54,7 +66,7 @@ def run_cli(*args: str, env: dict | None = None, check: bool = False) -> subproc
 
 # Host state that tests must never change on the machine running them (every test works in a temp root).
 _GUARDED = ("/etc/modprobe.d", "/etc/containerd", "/etc/crio", "/etc/docker", "/etc/driverd", "/var/lib/driverd",
-            "/var/cache/driverd", "/var/run/cdi", "/etc/cdi", "/lib/firmware/nvidia")
+            "/var/cache/driverd", "/var/run/cdi", "/run/cdi", "/etc/cdi", "/lib/firmware/nvidia")
 
 
 def _snapshot_host() -> dict[str, object]:

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from driverd.packages.archive import read_manifest, unpack
-from driverd.packages.modinfo import modinfo, parse_modinfo
+from driverd.modinfo import modinfo, parse_modinfo
 from driverd.sim import fakemod
 from driverd.sim.fakepkg import make_fake_package
 from tests.conftest import require_binary

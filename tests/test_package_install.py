@@ -29,9 +29,8 @@ pytestmark = pytest.mark.real
 
 
 @pytest.fixture(autouse=True)
-def _kmod():
-    for t in ("modinfo", "depmod", "modprobe"):
-        require_binary(t, f"/usr/sbin/{t}", f"/sbin/{t}")
+def _kmod(kmod_tools):
+    return kmod_tools
 
 
 @pytest.fixture(scope="module")
@@ -104,37 +103,52 @@ def test_reinstall_same_package_changes_nothing(host, pkgs):
 def test_upgrade_keeps_previous_and_rollback_swaps(host, pkgs):
     inst.install(host, pkgs["535"].path, Runner())
     rep = inst.install(host, pkgs["550"].path, Runner())
-    prev = host / "var/lib/driverd/packages/previous" / REL
-    assert rep.previous == str(prev)
-    assert json.loads((prev / "modules/manifest.json").read_text())["driver"]["version"] == "535.261.03"
-    assert json.loads((prev / "state.json").read_text())["package_sha256"] == pkgs["535"].sha256
+    state = host / "var/lib/driverd/packages"
+    kept = state / "kept" / pkgs["535"].sha256
+    assert rep.previous == str(kept)
+    assert json.loads((kept / "modules/manifest.json").read_text())["driver"]["version"] == "535.261.03"
+    assert json.loads((state / "previous" / f"{REL}.json").read_text())["sha256"] == pkgs["535"].sha256
+    assert inst.previous_sha(host, REL) == (True, pkgs["535"].sha256)
+    assert sorted(os.listdir(kept / "firmware/535.261.03")) == ["gsp_ga10x.bin", "gsp_tu10x.bin"]
+    assert not (state / f"pending-{REL}.json").exists()
     # firmware of both versions stays: 535's is what a rollback needs
     assert sorted(os.listdir(host / "lib/firmware/nvidia")) == ["535.261.03", "550.127.05"]
     # no staging or holding directory is left in the module tree (depmod must never see two nvidia.ko)
     kos = [p for p in (host / "lib/modules").rglob("*.ko")]
     assert len(kos) == 5
+    assert not [n for n in os.listdir(host / "lib/modules" / REL / "updates") if n != "driverd"]
     r = Runner()
     inst.rollback_install(host, REL, r)
     m = json.loads((host / "lib/modules" / REL / "updates/driverd/manifest.json").read_text())
     assert m["driver"]["version"] == "535.261.03"
+    assert inst.is_installed(host, REL, pkgs["535"].sha256)
     assert any(res.argv[1:] == ("-b", str(host), REL) for res in r.history)
-    assert json.loads((prev / "modules/manifest.json").read_text())["driver"]["version"] == "550.127.05"
+    assert inst.previous_sha(host, REL) == (True, pkgs["550"].sha256)
     assert [Path(p).name for p in show_depends(host)] == ["nvidia.ko", "nvidia-uvm.ko"]
     inst.rollback_install(host, REL, Runner())   # and back again
     assert json.loads((host / "lib/modules" / REL / "updates/driverd/manifest.json").read_text())["driver"][
         "version"] == "550.127.05"
+    assert inst.is_installed(host, REL, pkgs["550"].sha256)
+    assert inst.previous_sha(host, REL) == (True, pkgs["535"].sha256)
 
 
 def test_rollback_of_first_install_removes_it(host, pkgs):
     inst.install(host, pkgs["535"].path, Runner())
+    assert inst.previous_sha(host, REL) == (True, None)
     inst.rollback_install(host, REL, Runner())
     assert not (host / "lib/modules" / REL / "updates/driverd").exists()
     assert collect(Root(host), nvml=False).driver.installed == ()
+    assert inst.is_installed(host, REL, None)
+    inst.rollback_install(host, REL, Runner())          # and back: the removed one was kept
+    assert inst.is_installed(host, REL, pkgs["535"].sha256)
 
 
 def test_rollback_without_previous_is_refused(host):
-    with pytest.raises(PackageError, match="no previous installation"):
+    before = tree(host)
+    with pytest.raises(PackageError, match="nothing to roll back to: no previous installation") as ei:
         inst.rollback_install(host, REL, Runner())
+    assert "\n" not in ei.value.one_line()
+    assert tree(host) == before
 
 
 # -- bad input: one line, host unchanged ----------------------------------------------------------
@@ -329,10 +343,13 @@ def test_cli_install_json_and_refusal(host, pkgs):
     r = run_cli("install", "--root", str(host), str(pkgs["535"].path), "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["sha256"] == pkgs["535"].sha256 and out["changed"] is True
+    assert out["state"] == "done" and out["command"] == "install" and out["journal"]
+    assert out["report"]["sha256"] == pkgs["535"].sha256 and out["report"]["changed"] is True
+    journal = (host / "var/lib/driverd/journal.json").read_bytes()
     r = run_cli("install", "--root", str(host), str(pkgs["other"].path))
     assert r.returncode == 3
     assert r.stderr.count("\n") == 1 and "package is for kernel 6.1.0-56-cloud-amd64" in r.stderr
+    assert (host / "var/lib/driverd/journal.json").read_bytes() == journal      # refused before any run
     r = run_cli("install", "--root", str(host), "/nonexistent.tar.zst")
     assert r.returncode == 2 and "does not exist" in r.stderr
     r = run_cli("rollback-install", "--root", str(host), "--kernel", REL, "--json")

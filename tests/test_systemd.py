@@ -1,6 +1,5 @@
 import shutil
 import subprocess
-from pathlib import Path
 
 from tests.conftest import REPO, require_binary
 

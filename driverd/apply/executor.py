@@ -1,148 +1,114 @@
-"""The executor: runs a list of steps through the step registry with the journal.
+"""The executor: runs a list of steps through an explicit step registry with the journal.
 
-For every step: journal says `running` (fsync) -> check() (already done? then skip) -> do() ->
-journal says `done` (fsync). A step that fails turns the run into `rolling-back`: the rollback list
-(each done step's own undo steps in reverse, then - when the driver was touched - the convergence
-back to the last-known-good driver) is written into the journal and executed the same way. A run
-found `running` or `rolling-back` on start is continued where it stopped; steps are idempotent, so
-re-running the one that was interrupted is safe.
+For every step: journal says `running` (fsync) -> preimage of the files the step may change ->
+check() (already in place? then skip) -> do() -> journal says `done` (fsync). *Any* exception from
+a step is a failed step: the run turns `rolling-back`, the rollback list (each started step's own
+undo steps in reverse, then - for what the run touched of the package and the modules - the
+convergence back to the last-known-good state recorded by the snapshot) is written into the
+journal and executed the same way. A run found `running` or `rolling-back` is continued where it
+stopped; steps are idempotent, so re-running the one that was interrupted is safe.
 
-Test hook: DRIVERD_TEST_CRASH_AT=N makes the process SIGKILL itself at the Nth step boundary (a
-boundary is just before and just after each step's action); DRIVERD_TEST_BOUNDARIES=FILE appends
-each boundary's label to FILE. Used by the crash-safety tests, inert otherwise.
+The caller holds the host lock (driverd.apply.lock) for as long as an Executor changes anything.
 """
 from __future__ import annotations
 
-import os
-import signal
+import base64
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from driverd.apply.journal import UNFINISHED, Journal
+from driverd.apply.step import Registry, StepContext
 from driverd.errors import DriverdError, JournalError
 
-DRIVER_ACTIONS = {"install-package", "unload-modules", "load-modules", "stop-gpu-daemons", "start-gpu-daemons",
-                  "start-persistenced", "start-fabricmanager", "restore-package", "restore-previous-package"}
+# converge(lkg, touched, ctx) -> the steps that bring the touched parts back to the snapshot.
+Converge = Callable[[dict | None, set, StepContext], list[dict]]
 
 
-@dataclass
-class StepContext:
-    root: Any
-    runner: Any
-    kernel: Any
-    config: Any
-    services: Any
-    doc: dict = field(default_factory=dict)
-    log: Callable[[str], None] = lambda msg: None
-
-    def warn(self, msg: str) -> None:
-        self.doc.setdefault("warnings", []).append(msg)
-        self.log(f"warning: {msg}")
-
-
-class StepImpl:
-    """One idempotent action. Subclasses set `action` and override what applies."""
-    action = ""
-    touches_driver = False
-
-    def check(self, ctx: StepContext, params: dict) -> bool:
-        """True when the step's effect is already in place (the step is then skipped)."""
-        return False
-
-    def do(self, ctx: StepContext, params: dict) -> dict | None:
-        raise NotImplementedError
-
-    def undo(self, ctx: StepContext, params: dict, result: dict | None) -> list[dict]:
-        """Steps that revert this one (journaled like any other). Driver steps return nothing:
-        the last-known-good convergence covers them."""
-        return []
-
-    def describe(self, params: dict) -> str:
-        return self.action
-
-
-REGISTRY: dict[str, StepImpl] = {}
-
-
-def register(cls):
-    REGISTRY[cls.action] = cls()
-    return cls
-
-
-class _Boundaries:
-    def __init__(self) -> None:
-        self.count = 0
-        at = os.environ.get("DRIVERD_TEST_CRASH_AT")
-        self.crash_at = int(at) if at and at.isdigit() else None
-        self.trace = os.environ.get("DRIVERD_TEST_BOUNDARIES")
-
-    def hit(self, label: str) -> None:
-        self.count += 1
-        if self.trace:
-            with open(self.trace, "a") as f:
-                f.write(f"{self.count} {label}\n")
-        if self.crash_at == self.count:
-            os.kill(os.getpid(), signal.SIGKILL)
+def error_record(e: BaseException) -> dict:
+    """A step's failure as the journal keeps it: a DriverdError's own fields, or for anything else
+    the exception's type and text (an OSError, a KeyError from a damaged file...)."""
+    if isinstance(e, DriverdError):
+        return e.to_json()
+    text = f"{e.__class__.__name__}: {e}"
+    return {"error": text, "subject": "unexpected", "cause": text,
+            "fix": "see the error; driverd rolled back what the run had changed", "exit_code": 1}
 
 
 class Executor:
-    def __init__(self, ctx: StepContext, journal: Journal, registry: dict[str, StepImpl] | None = None) -> None:
+    def __init__(self, ctx: StepContext, journal: Journal, registry: Registry, converge: Converge) -> None:
         self.ctx = ctx
         self.journal = journal
-        self.registry = registry if registry is not None else REGISTRY
-        self.bounds = _Boundaries()
+        self.registry = registry
+        self.converge = converge
 
-    def pending(self) -> dict | None:
-        doc = self.journal.load()
+    def pending(self, repair: bool = True) -> dict | None:
+        doc = self.journal.load(repair=repair)
         return doc if doc and doc.get("state") in UNFINISHED else None
 
-    def run(self, command: str, steps: list[dict], meta: dict | None = None) -> dict:
-        """Start a run (archiving a finished journal), or continue an unfinished one first."""
-        doc = self.pending()
-        if doc is not None:
-            doc["resumed"] = doc.get("resumed", 0) + 1
-            self.ctx.log(f"resuming interrupted run {doc['run_id']} ({doc['command']}, {doc['state']})")
-            return self._continue(doc)
+    def _known(self, steps: list[dict]) -> None:
         for s in steps:
             if s["action"] not in self.registry:
                 raise JournalError(f"no implementation for step {s['action']}", fix="this is a driverd bug")
-        old = self.journal.load()
+
+    def in_place(self, steps: list[dict]) -> bool:
+        """True when every step that is not read-only says its effect is already in place: such a
+        run would change nothing, so it is not started and nothing is written."""
+        self._known(steps)
+        for s in steps:
+            impl = self.registry[s["action"]]
+            if impl.read_only:
+                continue
+            try:
+                if not impl.check(self.ctx, s.get("params", {})):
+                    return False
+            except Exception:
+                return False
+        return True
+
+    def run(self, command: str, steps: list[dict], meta: dict | None = None) -> dict:
+        """Start a new run (archiving the finished journal). The caller finishes a pending run first."""
+        if self.pending() is not None:
+            raise JournalError("an unfinished run is pending", fix="finish it first (this is a driverd bug)")
+        self._known(steps)
+        for s in steps:
+            self.registry[s["action"]].preflight(self.ctx, s.get("params", {}))
+        old = self.journal.load(repair=True)
         if old is not None:
             self.journal.archive(old)
         doc = self.journal.new(command, steps, meta)
         self.journal.save(doc)
         return self._continue(doc)
 
+    def resume(self, doc: dict) -> dict:
+        doc["resumed"] = doc.get("resumed", 0) + 1
+        self.ctx.log(f"finishing the interrupted run {doc['run_id']} ({doc['command']}, {doc['state']}) first")
+        return self._continue(doc)
+
     def preview(self, command: str, steps: list[dict]) -> dict:
         """--dry-run: what a run would do, step by step, without doing it or writing a journal.
         Each step's check() (read-only) tells whether it is already in place."""
-        doc = self.pending()
+        doc = self.pending(repair=False)
         if doc is not None:
             command = f"{doc['command']} (unfinished run {doc['run_id']}, {doc['state']})"
             steps = [s for s in doc["rollback" if doc["state"] == "rolling-back" else "steps"]
                      if s["status"] not in ("done", "skipped")]
+        self._known(steps)
         out = []
         for s in steps:
-            impl = self.registry.get(s["action"])
-            if impl is None:
-                raise JournalError(f"no implementation for step {s['action']}", fix="this is a driverd bug")
+            impl = self.registry[s["action"]]
             params = s.get("params", {})
             try:
                 state = "in place" if impl.check(self.ctx, params) else "would run"
-            except DriverdError as e:
-                state = f"would run (cannot tell now: {e.message})"
+            except Exception as e:
+                state = f"would run (cannot tell now: {error_record(e)['error']})"
             out.append({"action": s["action"], "description": impl.describe(params), "state": state,
                         "params": params})
             self.ctx.log(f"  {'=' if state == 'in place' else '>'} {impl.describe(params)}: {state}")
         return {"command": command, "dry_run": True, "steps": out}
 
-    def rollback_now(self, reason: str) -> dict:
+    def rollback_now(self, doc: dict, reason: str) -> dict:
         """Turn an unfinished forward run into a rollback (driverd rollback while a run is pending)."""
-        doc = self.pending()
-        if doc is None:
-            raise JournalError("no unfinished run to roll back", fix="driverd rollback without a pending run "
-                               "returns to the previous installed driver")
+        doc["resumed"] = doc.get("resumed", 0) + 1
         if doc["state"] == "running":
             doc["failure"] = {"step": None, "error": {"error": reason}}
             self._start_rollback(doc)
@@ -152,74 +118,87 @@ class Executor:
     def _continue(self, doc: dict) -> dict:
         self.ctx.doc = doc
         if doc["state"] == "running":
-            for i, s in enumerate(doc["steps"]):
+            for s in doc["steps"]:
                 if s["status"] in ("done", "skipped"):
                     continue
-                if not self._step(doc, s, f"{i}:{s['action']}"):
+                if not self._step(doc, s):
                     self._start_rollback(doc)
                     break
             else:
-                doc["state"] = "done"
-                doc["finished_at"] = time.time()
-                self.journal.save(doc)
-                return doc
+                return self._finish(doc, "done")
         if doc["state"] == "rolling-back":
-            for i, s in enumerate(doc["rollback"]):
+            for s in doc["rollback"]:
                 if s["status"] in ("done", "skipped"):
                     continue
-                if not self._step(doc, s, f"rollback-{i}:{s['action']}"):
-                    doc["state"] = "rollback-failed"
-                    doc["finished_at"] = time.time()
-                    self.journal.save(doc)
-                    return doc
-            doc["state"] = "rolled-back"
-            doc["finished_at"] = time.time()
-            self.journal.save(doc)
+                if not self._step(doc, s):
+                    return self._finish(doc, "rollback-failed")
+            return self._finish(doc, "rolled-back")
         return doc
 
-    def _step(self, doc: dict, s: dict, label: str) -> bool:
-        impl = self.registry[s["action"]]
-        s["status"] = "running"
-        s["started_at"] = time.time()
+    def _finish(self, doc: dict, state: str) -> dict:
+        doc["state"] = state
+        doc["finished_at"] = time.time()
         self.journal.save(doc)
-        self.bounds.hit(f"before {label}")
+        return doc
+
+    def _step(self, doc: dict, s: dict) -> bool:
+        impl = self.registry[s["action"]]
+        params = s.get("params", {})
+        resumed = s["status"] == "running"      # interrupted mid-step: its effect may be this run's own
         try:
-            if impl.check(self.ctx, s["params"]):
-                s["status"] = "skipped"
-                self.ctx.log(f"  = {impl.describe(s['params'])}: already in place")
+            s["status"] = "running"
+            s.setdefault("started_at", time.time())
+            if "before" not in s:
+                paths = impl.preimage(self.ctx, params)
+                if paths:
+                    s["before"] = {p: _b64(self.ctx.root.read_bytes(p, 64 << 20)) for p in paths}
+            self.journal.save(doc)
+            if impl.check(self.ctx, params):
+                # In place before the run: skipped. In place after an interrupted attempt of this run:
+                # done by it, and so part of what a rollback must undo.
+                s["status"] = "done" if resumed else "skipped"
+                s.setdefault("result", {"completed_before_interruption": True} if resumed else None)
+                if s["result"] is None:
+                    del s["result"]
+                self.ctx.log(f"  = {impl.describe(params)}: already in place")
             else:
-                self.ctx.log(f"  > {impl.describe(s['params'])}")
-                s["result"] = impl.do(self.ctx, s["params"]) or {}
+                self.ctx.log(f"  > {impl.describe(params)}")
+                s["result"] = impl.do(self.ctx, params) or {}
                 s["status"] = "done"
-        except DriverdError as e:
+        except Exception as e:           # any exception is a failed step, never a run left "running"
+            err = error_record(e)
             s["status"] = "failed"
-            s["error"] = e.to_json()
-            self.ctx.log(f"  ! {impl.describe(s['params'])} failed: {e.one_line()}")
-            if doc["state"] == "running":
-                doc["failure"] = {"step": s["action"], "error": e.to_json()}
-            else:
-                doc["rollback_failure"] = {"step": s["action"], "error": e.to_json()}
+            s["error"] = err
+            self.ctx.log(f"  ! {impl.describe(params)} failed: "
+                         + (e.one_line() if isinstance(e, DriverdError) else err["error"]))
+            key = "failure" if doc["state"] == "running" else "rollback_failure"
+            doc[key] = {"step": s["action"], "error": err}
             self.journal.save(doc)
             return False
-        self.bounds.hit(f"after {label}")
         s["finished_at"] = time.time()
         self.journal.save(doc)
         return True
 
     def _start_rollback(self, doc: dict) -> None:
         rb: list[dict] = []
-        touched = False
+        touched: set[str] = set()
         for s in reversed(doc["steps"]):
-            if s["status"] in ("pending",):
+            if s["status"] in ("pending", "skipped"):     # skipped: in place before this run, not ours
                 continue
             impl = self.registry[s["action"]]
-            touched = touched or impl.touches_driver
-            if s["status"] in ("done", "running", "failed"):
-                rb += impl.undo(self.ctx, s["params"], s.get("result"))
+            touched |= impl.touches
+            rb += impl.undo(self.ctx, s.get("params", {}), s)
         if touched:
-            from driverd.apply.steps import restore_lkg_steps
-            rb += restore_lkg_steps(doc.get("lkg"), self.ctx)
+            rb += self.converge(doc.get("lkg"), touched, self.ctx)
         doc["rollback"] = [{"action": r["action"], "params": r.get("params", {}), "reason": r.get("reason", ""),
                             "status": "pending"} for r in rb]
         doc["state"] = "rolling-back"
         self.journal.save(doc)
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode()
+
+
+def unb64(text: str | None) -> bytes | None:
+    return None if text is None else base64.b64decode(text)

@@ -1,25 +1,32 @@
-"""Step implementations, registered by action name (the names driverd.plan emits, plus the ones a
-reload or rollback needs). Each step is idempotent: check() says whether its effect is in place."""
+"""Step implementations, by action name (the names driverd.plan emits, plus the ones the lifecycle
+commands and rollbacks need). Each step is idempotent: check() says whether its effect is in place.
+`REGISTRY` is the explicit list the executor is given; nothing registers itself on import."""
 from __future__ import annotations
 
-import json
 import os
+import tempfile
 
-from driverd.apply.executor import StepContext, StepImpl, register
-from driverd.errors import ModuleError, PackageError, PlanError
+from driverd.apply.executor import unb64
+from driverd.apply.step import MODULES, PACKAGE, Registry, StepContext, StepImpl
+from driverd.errors import ModuleError, PackageError
 from driverd.kmod import daemons as dmn
 from driverd.kmod import load as ld
 from driverd.kmod import mig, nouveau
 from driverd.kmod import unload as ul
 from driverd.kmod.holders import NVIDIA_FAMILY
 
+REBOOT_RECORD = "reboot-required.json"          # under state.dir
+REBOOT_SENTINEL = "/var/run/reboot-required"     # what kured and Ubuntu's update-notifier watch
+REBOOT_PKGS = "/var/run/reboot-required.pkgs"
 
-def _identity(ctx) -> dict | None:
+
+def installed(ctx) -> dict | None:
+    """The driverd package installed for the running kernel: version, flavour, sha256."""
     ident = ld.installed_identity(ctx.kernel)
     return None if ident is None else {"version": ident[0], "flavor": ident[1], "sha256": ident[2]}
 
 
-def _loaded_identity(ctx) -> dict | None:
+def loaded(ctx) -> dict | None:
     from driverd.host.modules import parse_nvidia_version
     ver, flav, _ = parse_nvidia_version(ctx.root.read_text("/proc/driver/nvidia/version"))
     return None if ver is None else {"version": ver, "flavor": flav}
@@ -31,24 +38,48 @@ def _nics_switches(ctx) -> tuple[int, int]:
     return len(nics), len(sw)
 
 
-@register
+def running_parameters(ctx, modules: list[str]) -> dict[str, dict[str, str]]:
+    """The parameters the running modules were loaded with, as /sys/module/<m>/parameters shows
+    them. NULL strings ("(null)") and empty values are left out: passing them back would set a
+    literal string instead of leaving the default."""
+    mods = ctx.kernel.modules()
+    out = {}
+    for m in modules:
+        lm = mods.get(m)
+        if lm is None:
+            continue
+        vals = {k: v for k, v in lm.parameters.items() if v not in ("", "(null)")}
+        if vals:
+            out[m] = vals
+    return out
+
+
+def _restore_files_steps(entry: dict, restart: list[str] | None = None, reason: str = "") -> list[dict]:
+    before = entry.get("before")
+    if not before:
+        return []
+    return [{"action": "restore-files", "params": {"files": before, "restart": restart or []},
+             "reason": reason or f"undo {entry['action']}: put back the files as they were before it"}]
+
+
 class Snapshot(StepImpl):
     """Record the last-known-good state before anything changes: the loaded driver, its modules and
-    parameters, the installed package, running daemons, MIG layout, the kernel-log position."""
+    the parameters they are running with, the installed package, running daemons, MIG layout, the
+    kernel-log position."""
     action = "snapshot"
+    read_only = True
 
     def check(self, ctx, params):
         return "lkg" in ctx.doc
 
     def do(self, ctx, params):
         mods = ctx.kernel.modules()
-        loaded = _loaded_identity(ctx)
+        now = loaded(ctx)
         family = [m for m in reversed(NVIDIA_FAMILY) if m in mods]
-        lkg = {"loaded": loaded, "modules": family,
-               "parameters": {m: p for m, p in ctx.config["modules.parameters"].items() if m in family},
-               "installed": _identity(ctx),
+        lkg = {"loaded": now, "modules": family, "parameters": running_parameters(ctx, family),
+               "installed": installed(ctx),
                "daemons": [d for d in (dmn.PERSISTENCED, dmn.FABRICMANAGER) if ctx.services.running(d)],
-               "mig": mig.record(ctx.kernel) if loaded else None}
+               "mig": mig.record(ctx.kernel) if now else None}
         ctx.doc["lkg"] = lkg
         ctx.doc["log_mark"] = ctx.kernel.log_mark()
         return {"lkg": lkg}
@@ -57,16 +88,16 @@ class Snapshot(StepImpl):
         return "record the last-known-good state"
 
 
-@register
 class BlacklistNouveau(StepImpl):
     action = "blacklist-nouveau"
 
     def check(self, ctx, params):
-        p = ctx.root.path(nouveau.BLACKLIST_PATH)
-        return p.is_file() and p.read_text() == nouveau.BLACKLIST_TEXT
+        return ctx.root.read_text(nouveau.BLACKLIST_PATH) == nouveau.BLACKLIST_TEXT
+
+    def preimage(self, ctx, params):
+        return [nouveau.BLACKLIST_PATH]
 
     def do(self, ctx, params):
-        existed = ctx.root.path(nouveau.BLACKLIST_PATH).exists()
         nouveau.write_blacklist(ctx.root)
         from driverd.host.osrelease import read_os
         os_ = read_os(ctx.root, [])
@@ -74,27 +105,15 @@ class BlacklistNouveau(StepImpl):
         if ird.get("regenerate"):
             ctx.warn(f"the initramfs {ird['image']} carries nouveau: regenerate it so the blacklist applies at "
                      f"boot: {' '.join(ird['regenerate'])}")
-        return {"written": not existed, "initramfs": ird}
+        return {"initramfs": ird}
 
-    def undo(self, ctx, params, result):
-        return [{"action": "unblacklist-nouveau"}] if result and result.get("written") else []
+    def undo(self, ctx, params, entry):
+        return _restore_files_steps(entry)
 
     def describe(self, params):
         return f"blacklist nouveau ({nouveau.BLACKLIST_PATH})"
 
 
-@register
-class UnblacklistNouveau(StepImpl):
-    action = "unblacklist-nouveau"
-
-    def check(self, ctx, params):
-        return not ctx.root.path(nouveau.BLACKLIST_PATH).exists()
-
-    def do(self, ctx, params):
-        nouveau.remove_blacklist(ctx.root)
-
-
-@register
 class UnloadNouveau(StepImpl):
     action = "unload-nouveau"
 
@@ -109,24 +128,27 @@ class UnloadNouveau(StepImpl):
         return res.to_json()
 
 
-@register
 class FetchPackage(StepImpl):
+    """Download (or build) the package into the cache; nothing outside the cache changes."""
     action = "fetch-package"
 
     def check(self, ctx, params):
         return bool(params.get("package")) and os.path.isfile(params["package"])
 
     def do(self, ctx, params):
-        from driverd.apply.packages_api import fetch
-        path = fetch(ctx, params)
-        ctx.doc["package"] = path
-        return {"package": path}
+        from driverd.packages.fetch import Want, fetch_configured
+        want = Want(params["driver"], params["flavor"], params["kernel"], params.get("arch") or "x86_64")
+        res = fetch_configured(ctx.root, ctx.config, want, params.get("repositories") or None, runner=ctx.runner,
+                               allow_build=params.get("allow_build", True))
+        ctx.doc["package"] = str(res.package)
+        return {"package": str(res.package), "sha256": res.sha256}
 
     def describe(self, params):
         return f"fetch package {params.get('driver')} ({params.get('flavor')}) for {params.get('kernel')}"
 
 
-def _package(ctx, params) -> str:
+def package_path(ctx, params) -> str:
+    """The package a step works on: its own parameter, else what the run's fetch step produced."""
     path = params.get("package") or ctx.doc.get("package") or next(
         (s.get("result", {}).get("package") for s in ctx.doc.get("steps", []) if s["action"] == "fetch-package"
          and s.get("result")), None)
@@ -136,83 +158,93 @@ def _package(ctx, params) -> str:
     return path
 
 
-@register
+def _expected_sha(ctx, params) -> str | None:
+    return params.get("sha256") or next((s.get("result", {}).get("sha256") for s in ctx.doc.get("steps", [])
+                                         if s["action"] == "fetch-package" and s.get("result")), None)
+
+
 class VerifyPackage(StepImpl):
     action = "verify-package"
+    read_only = True
 
     def do(self, ctx, params):
         from driverd.packages.archive import verify_package
-        m = verify_package(_package(ctx, params))
+        m = verify_package(package_path(ctx, params), _expected_sha(ctx, params))
         return {"driver": m.driver_version, "flavor": m.flavor, "kernel": m.kernel_release}
 
     def describe(self, params):
         return f"verify package {os.path.basename(params.get('package') or '(fetched)')}"
 
 
-@register
+def _release(ctx, params) -> str:
+    return params.get("kernel_release") or ctx.kernel.release
+
+
 class InstallPackage(StepImpl):
     action = "install-package"
-    touches_driver = True
+    touches = frozenset({PACKAGE})
+
+    def preflight(self, ctx, params):
+        if params.get("package"):        # a fetched package is checked when the fetch has run
+            from driverd.packages.install import preflight
+            preflight(ctx.root, params["package"], ctx.runner, kernel=params.get("kernel_release"),
+                      enforce=params.get("enforce"))
 
     def check(self, ctx, params):
         from driverd.packages.archive import sha256_file
-        ident = _identity(ctx)
-        path = _package(ctx, params)
-        return ident is not None and os.path.isfile(path) and ident["sha256"] == sha256_file(path)
+        from driverd.packages.install import is_installed
+        path = package_path(ctx, params)
+        return os.path.isfile(path) and is_installed(ctx.root, _release(ctx, params), sha256_file(path),
+                                                     ctx.config["state.dir"])
 
     def do(self, ctx, params):
         from driverd.packages.install import install
-        rep = install(ctx.root, _package(ctx, params), ctx.runner, kernel=ctx.kernel.release,
-                      state_dir=ctx.config["state.dir"])
-        return {"driver": rep.driver_version, "flavor": rep.flavor, "sha256": rep.sha256,
-                "resolves": rep.resolves}
+        rep = install(ctx.root, package_path(ctx, params), ctx.runner, kernel=params.get("kernel_release"),
+                      enforce=params.get("enforce"), state_dir=ctx.config["state.dir"],
+                      expected_sha256=_expected_sha(ctx, params))
+        return rep.to_json()
 
     def describe(self, params):
         return f"install package {os.path.basename(params.get('package') or '(fetched)')}"
 
 
-@register
 class RestorePackage(StepImpl):
-    """Make the installed package the given one (sha256) again, through the kept previous install."""
+    """Make the installed package the given one (sha256; null: none) again, from the kept store."""
     action = "restore-package"
-    touches_driver = True
+    touches = frozenset({PACKAGE})
 
     def check(self, ctx, params):
-        ident = _identity(ctx)
-        return (ident["sha256"] if ident else None) == params.get("sha256")
+        from driverd.packages.install import is_installed
+        return is_installed(ctx.root, _release(ctx, params), params.get("sha256"), ctx.config["state.dir"])
 
     def do(self, ctx, params):
-        from driverd.packages.install import previous_dir, rollback_install
-        prev = previous_dir(ctx.root, ctx.kernel.release, ctx.config["state.dir"])
-        try:
-            state = json.loads((prev / "state.json").read_text())
-        except (OSError, ValueError):
-            state = None
-        if state is None or state.get("package_sha256") != params.get("sha256"):
-            raise PackageError("the last-known-good package is not kept any more",
-                               cause=f"{prev} holds {state and state.get('package_sha256')}, wanted {params.get('sha256')}",
-                               fix="install the wanted package with driverd install, then driverd load")
-        rep = rollback_install(ctx.root, ctx.kernel.release, ctx.runner, state_dir=ctx.config["state.dir"])
-        return {"driver": rep.driver_version, "flavor": rep.flavor}
+        from driverd.packages.install import restore
+        return restore(ctx.root, _release(ctx, params), params.get("sha256"), ctx.runner,
+                       state_dir=ctx.config["state.dir"]).to_json()
 
     def describe(self, params):
-        return f"restore the last-known-good package ({(params.get('sha256') or 'none')[:12]})"
+        sha = params.get("sha256")
+        return f"restore the last-known-good package ({sha[:12] if sha else 'none installed'})"
 
 
-@register
 class RestorePreviousPackage(StepImpl):
-    """driverd rollback with no pending run: switch to the kept previous installation, once."""
+    """driverd rollback / rollback-install with no pending run: the installation the last install
+    replaced comes back."""
     action = "restore-previous-package"
-    touches_driver = True
+    touches = frozenset({PACKAGE})
 
     def check(self, ctx, params):
-        ident = _identity(ctx)
-        return (ident["sha256"] if ident else None) == params.get("target_sha256")
+        from driverd.packages.install import is_installed
+        return is_installed(ctx.root, _release(ctx, params), params.get("target_sha256"), ctx.config["state.dir"])
 
     def do(self, ctx, params):
-        from driverd.packages.install import rollback_install
-        rep = rollback_install(ctx.root, ctx.kernel.release, ctx.runner, state_dir=ctx.config["state.dir"])
-        return {"driver": rep.driver_version, "flavor": rep.flavor}
+        from driverd.packages.install import restore
+        return restore(ctx.root, _release(ctx, params), params.get("target_sha256"), ctx.runner,
+                       state_dir=ctx.config["state.dir"]).to_json()
+
+    def describe(self, params):
+        sha = params.get("target_sha256")
+        return f"put back the previous installation ({sha[:12] if sha else 'none'})"
 
 
 def _daemons(ctx, params) -> list[str]:
@@ -224,10 +256,9 @@ def _daemons(ctx, params) -> list[str]:
     return list(d)
 
 
-@register
 class StopDaemons(StepImpl):
     action = "stop-gpu-daemons"
-    touches_driver = True
+    touches = frozenset({MODULES})
 
     def check(self, ctx, params):
         return not any(ctx.services.running(d) for d in _daemons(ctx, {"daemons": "all", **params}))
@@ -242,10 +273,9 @@ class StopDaemons(StepImpl):
         return "stop GPU daemons"
 
 
-@register
 class StartDaemons(StepImpl):
     action = "start-gpu-daemons"
-    touches_driver = True
+    touches = frozenset({MODULES})
 
     def check(self, ctx, params):
         return all(ctx.services.running(d) for d in _daemons(ctx, params))
@@ -261,7 +291,8 @@ class StartDaemons(StepImpl):
         return {"started": started}
 
     def describe(self, params):
-        return "start GPU daemons (" + ", ".join(params.get("daemons") or ["as configured"]) + ")"
+        d = params.get("daemons")
+        return "start GPU daemons (" + (", ".join(d) if isinstance(d, list) else "as configured") + ")"
 
 
 class _StartOneDaemon(StartDaemons):
@@ -278,22 +309,19 @@ class _StartOneDaemon(StartDaemons):
         return f"start {self.daemon}"
 
 
-@register
 class StartPersistenced(_StartOneDaemon):
     action = "start-persistenced"
     daemon = dmn.PERSISTENCED
 
 
-@register
 class StartFabricManager(_StartOneDaemon):
     action = "start-fabricmanager"
     daemon = dmn.FABRICMANAGER
 
 
-@register
 class UnloadModules(StepImpl):
     action = "unload-modules"
-    touches_driver = True
+    touches = frozenset({MODULES})
 
     def check(self, ctx, params):
         mods = ctx.kernel.modules()
@@ -311,7 +339,7 @@ class UnloadModules(StepImpl):
 def _expect(ctx, params) -> tuple[str, str] | None:
     if params.get("expect"):
         return tuple(params["expect"])
-    ident = _identity(ctx)
+    ident = installed(ctx)
     return (ident["version"], ident["flavor"]) if ident else None
 
 
@@ -319,26 +347,59 @@ def _modules(ctx, params) -> list[str]:
     return list(params.get("modules") or ld.wanted_modules(ctx.config, _nics_switches(ctx)[0]))
 
 
-def _params(ctx, params, mods) -> dict:
+def _params(ctx, params) -> dict:
     p = params.get("parameters")
-    if p is None:
-        p = {m: v for m, v in ctx.config["modules.parameters"].items()}
-    return p
+    return dict(ctx.config["modules.parameters"]) if p is None else p
 
 
-@register
+class CheckParameters(StepImpl):
+    """Module parameters are checked against the module files that will be loaded (names and value
+    types, as modinfo -p declares them) while the running driver is still in place: a bad value
+    must never be found after the unload."""
+    action = "check-parameters"
+    read_only = True
+
+    def do(self, ctx, params):
+        mods = _modules(ctx, params)
+        infos = None
+        if params.get("package"):
+            infos = _package_modinfo(package_path(ctx, params))
+        order = [m for m in mods]
+        checked = ld.validate_parameters(ctx.kernel, order, _params(ctx, params), infos)
+        return {"parameters": checked}
+
+    def describe(self, params):
+        return "check module parameters against the modules to be loaded"
+
+
+def _package_modinfo(package: str) -> dict:
+    """ModInfo of every module in a package, read from its files (nothing is installed)."""
+    from driverd.modinfo import read_modinfo
+    from driverd.packages.archive import unpack
+    from driverd.packages.manifest import MODULES_DIR
+    with tempfile.TemporaryDirectory(prefix="driverd-modinfo-") as tmp:
+        unpack(package, os.path.join(tmp, "pkg"))
+        d = os.path.join(tmp, "pkg", MODULES_DIR)
+        infos = {}
+        for n in sorted(os.listdir(d)):
+            if ".ko" in n:
+                info = read_modinfo(os.path.join(d, n))
+                infos[info.name or n.split(".ko")[0]] = info
+        return infos
+
+
 class LoadModules(StepImpl):
     action = "load-modules"
-    touches_driver = True
+    touches = frozenset({MODULES})
 
     def check(self, ctx, params):
         expect = _expect(ctx, params)
-        loaded = ctx.kernel.modules()
-        ident = _loaded_identity(ctx)
+        mods = ctx.kernel.modules()
+        ident = loaded(ctx)
         from driverd.kmod.devnodes import wanted_nodes
-        nodes_ok = all(ctx.root.path(p).exists() for p, _, _ in wanted_nodes(ctx.root, set(loaded)))
+        nodes_ok = all(ctx.root.path(p).exists() for p, _, _ in wanted_nodes(ctx.root, set(mods)))
         return (expect is not None and ident is not None and (ident["version"], ident["flavor"]) == expect
-                and all(m in loaded for m in _modules(ctx, params)) and nodes_ok)
+                and all(m in mods for m in _modules(ctx, params)) and nodes_ok)
 
     def do(self, ctx, params):
         expect = _expect(ctx, params)
@@ -346,8 +407,7 @@ class LoadModules(StepImpl):
             raise ModuleError("no driver package is installed for this kernel",
                               cause=f"/lib/modules/{ctx.kernel.release}/updates/driverd/manifest.json is missing",
                               fix="driverd install PACKAGE (or driverd apply)")
-        mods = _modules(ctx, params)
-        rep = ld.load(ctx.kernel, mods, _params(ctx, params, mods), expect)
+        rep = ld.load(ctx.kernel, _modules(ctx, params), _params(ctx, params), expect)
         return rep.to_json()
 
     def describe(self, params):
@@ -355,7 +415,6 @@ class LoadModules(StepImpl):
         return "load the NVIDIA modules" + (f" ({e[0]} {e[1]})" if e else "")
 
 
-@register
 class RestoreMig(StepImpl):
     action = "restore-mig"
 
@@ -370,9 +429,9 @@ class RestoreMig(StepImpl):
         return "restore the MIG layout recorded before the reload"
 
 
-@register
 class Validate(StepImpl):
     action = "validate"
+    read_only = True
 
     def do(self, ctx, params):
         expect = _expect(ctx, params) or (None, None)
@@ -392,52 +451,200 @@ class Validate(StepImpl):
         return "validate the driver" + (f" ({e[0]} {e[1]})" if e else "")
 
 
-@register
-class ConfigureRuntime(StepImpl):
-    """Add the handler to one container runtime (driverd.runtime); idempotent by construction: a
-    second run writes and restarts nothing."""
-    action = "configure-runtime"
+def runtime_options(ctx, params, dry_run: bool = False):
+    from driverd.runtime.model import Options
+    opts = dict(params.get("options") or {})
+    return Options.from_config(ctx.config, handler=params.get("handler"), dry_run=dry_run or ctx.runner.dry_run,
+                               **{k: v for k, v in opts.items() if k != "handler"})
+
+
+def _runtime_files(ctx, params, verb: str) -> list[str]:
+    """The files a configure/revert would write, from a dry run of it (without any restart), plus
+    driverd's runtime record and the runtime's main config: what the undo must put back."""
+    import dataclasses
+    from driverd.runtime.handler import DEFAULT_CONFIGS, configure, revert
+    from driverd.runtime.state import STATE_FILE
+    from driverd.runner import Runner
+    opts = dataclasses.replace(runtime_options(ctx, params, dry_run=True), restart="none")
+    files = {STATE_FILE}
+    if params["runtime"] in DEFAULT_CONFIGS:
+        files.add(opts.config_path or DEFAULT_CONFIGS[params["runtime"]])
+    if opts.cdi or params["runtime"] == "cdi":
+        files.add(opts.cdi_spec_path)
+    fn = configure if verb == "configure" else revert
+    try:
+        rep = fn(ctx.root, params["runtime"], opts, Runner(dry_run=True))
+        files |= set(rep.files_changed) | set(rep.backups)
+    except Exception:
+        pass                           # do() fails the same way, before it writes anything
+    return sorted(files)
+
+
+class _RuntimeStep(StepImpl):
+    """configure/revert one container runtime (driverd.runtime); idempotent by construction: a
+    second run writes and restarts nothing. The files it may write are kept in the journal first,
+    so a failure after the write (a restart that fails) still puts them back byte for byte."""
+    verb = ""
+
+    def _fn(self):
+        from driverd.runtime import handler as c
+        return c.configure if self.verb == "configure" else c.revert
+
+    def check(self, ctx, params):
+        from driverd.runner import Runner
+        try:
+            rep = self._fn()(ctx.root, params["runtime"], runtime_options(ctx, params, True), Runner(dry_run=True))
+        except Exception:
+            return False
+        return not rep.files_changed
+
+    def preimage(self, ctx, params):
+        return _runtime_files(ctx, params, self.verb)
 
     def do(self, ctx, params):
-        from driverd.runtime import Options, configure
-        opts = Options.from_config(ctx.config, handler=params.get("handler"), dry_run=ctx.runner.dry_run)
-        return configure(ctx.root, params["runtime"], opts, ctx.runner).to_json()
+        return self._fn()(ctx.root, params["runtime"], runtime_options(ctx, params), ctx.runner).to_json()
 
-    def undo(self, ctx, params, result):
-        if not result or not result.get("files_changed"):
+    def undo(self, ctx, params, entry):
+        if entry["status"] == "done" and not (entry.get("result") or {}).get("files_changed"):
             return []
-        return [{"action": "revert-runtime", "params": {"runtime": params["runtime"], "handler": params.get("handler")}}]
+        return _restore_files_steps(entry, [] if params["runtime"] == "cdi" else [params["runtime"]])
+
+
+class ConfigureRuntime(_RuntimeStep):
+    action = "configure-runtime"
+    verb = "configure"
 
     def describe(self, params):
-        return f"configure {params.get('runtime')} handler {params.get('handler')}"
+        return f"configure {params.get('runtime')} handler {params.get('handler') or '(configured)'}"
 
 
-@register
-class RevertRuntime(StepImpl):
+class RevertRuntime(_RuntimeStep):
     action = "revert-runtime"
+    verb = "revert"
+
+    def describe(self, params):
+        return f"revert driverd's {params.get('runtime')} changes"
+
+
+class RestoreFiles(StepImpl):
+    """Put files back exactly as a step's preimage recorded them (absent ones are removed), then
+    restart the runtimes whose configuration that changed. A restart that fails is a warning: the
+    files are what the runtime will read when it next starts."""
+    action = "restore-files"
+
+    def check(self, ctx, params):
+        return all(ctx.root.read_bytes(p, 64 << 20) == unb64(b) for p, b in params["files"].items())
 
     def do(self, ctx, params):
-        from driverd.runtime import Options, revert
-        opts = Options.from_config(ctx.config, handler=params.get("handler"), dry_run=ctx.runner.dry_run)
-        return revert(ctx.root, params["runtime"], opts, ctx.runner).to_json()
+        changed = []
+        for p, b in sorted(params["files"].items()):
+            data = unb64(b)
+            if ctx.root.read_bytes(p, 64 << 20) == data:
+                continue
+            if data is None:
+                ctx.root.unlink(p)
+            else:
+                ctx.root.atomic_write(p, data)
+            changed.append(p)
+        restarted = []
+        for rt in params.get("restart") or []:
+            if not changed:
+                break
+            try:
+                from driverd.runtime import restart_runtime
+                restarted.append(restart_runtime(ctx.root, rt, runtime_options(ctx, {"runtime": rt}), ctx.runner))
+            except Exception as e:
+                ctx.warn(f"{rt} could not be restarted after its configuration was restored: {e}")
+        return {"restored": changed, "restarts": restarted}
 
     def describe(self, params):
-        return f"revert driverd's {params.get('runtime')} handler"
+        return "put back " + ", ".join(sorted(params["files"]))
 
 
-def restore_lkg_steps(lkg: dict | None, ctx: StepContext) -> list[dict]:
-    """Converge to the last-known-good driver: stop daemons, unload whatever is loaded, put the
-    LKG package back, load it with its parameters, re-create MIG, restart its daemons, validate."""
-    steps = [{"action": "stop-gpu-daemons", "params": {"daemons": "all"}},
-             {"action": "unload-modules", "params": {}}]
-    if not lkg:
+class RequireReboot(StepImpl):
+    """Record that the host must reboot to finish (durably, with the reasons) and raise the
+    sentinel reboot coordinators watch (/var/run/reboot-required, as Ubuntu and kured use)."""
+    action = "require-reboot"
+
+    def _record(self, ctx) -> str:
+        return f"{ctx.config['state.dir']}/{REBOOT_RECORD}"
+
+    def check(self, ctx, params):
+        import json
+        text = ctx.root.read_text(self._record(ctx))
+        try:
+            rec = json.loads(text) if text else None
+        except ValueError:
+            rec = None
+        return bool(rec) and rec.get("reasons") == params["reasons"] and ctx.root.exists(REBOOT_SENTINEL)
+
+    def do(self, ctx, params):
+        import time
+        created = not ctx.root.exists(REBOOT_SENTINEL)
+        if created:
+            ctx.root.atomic_write(REBOOT_SENTINEL, "*** System restart required ***\n", 0o644)
+        pkgs = ctx.root.read_text(REBOOT_PKGS) or ""
+        if "driverd" not in pkgs.split():
+            ctx.root.atomic_write(REBOOT_PKGS, pkgs + ("" if not pkgs or pkgs.endswith("\n") else "\n") + "driverd\n",
+                                  0o644)
+        rec = {"reasons": params["reasons"], "since": time.time(), "boot_id": _boot_id(ctx),
+               "sentinel_created": created, "target": params.get("target")}
+        ctx.root.atomic_write_json(self._record(ctx), rec, 0o644)
+        return rec
+
+    def describe(self, params):
+        return "record that a reboot is required (" + "; ".join(params["reasons"]) + ")"
+
+
+class ClearReboot(StepImpl):
+    """After the reboot: forget the record and take our name off the sentinel."""
+    action = "clear-reboot"
+
+    def check(self, ctx, params):
+        return not ctx.root.exists(f"{ctx.config['state.dir']}/{REBOOT_RECORD}")
+
+    def do(self, ctx, params):
+        import json
+        rec_path = f"{ctx.config['state.dir']}/{REBOOT_RECORD}"
+        try:
+            rec = json.loads(ctx.root.read_text(rec_path) or "{}")
+        except ValueError:
+            rec = {}
+        pkgs = [p for p in (ctx.root.read_text(REBOOT_PKGS) or "").split() if p != "driverd"]
+        if pkgs:
+            ctx.root.atomic_write(REBOOT_PKGS, "\n".join(pkgs) + "\n", 0o644)
+        else:
+            ctx.root.unlink(REBOOT_PKGS)
+            if rec.get("sentinel_created"):
+                ctx.root.unlink(REBOOT_SENTINEL)
+        ctx.root.unlink(rec_path)
+        return {"cleared": rec.get("reasons")}
+
+    def describe(self, params):
+        return "clear the reboot-required record"
+
+
+def _boot_id(ctx) -> str | None:
+    return (ctx.root.read_first_line("/proc/sys/kernel/random/boot_id") or None)
+
+
+def converge(lkg: dict | None, touched: set, ctx: StepContext) -> list[dict]:
+    """Back to the last-known-good state, for exactly what the run touched: the installed package
+    (from the kept store) and/or the loaded driver (stop daemons, unload whatever is loaded, load the
+    LKG modules with the parameters they were running with, re-create MIG, restart its daemons,
+    validate)."""
+    steps: list[dict] = []
+    if MODULES in touched:
+        steps += [{"action": "stop-gpu-daemons", "params": {"daemons": "all"}},
+                  {"action": "unload-modules", "params": {}}]
+    if lkg is None:
         return steps
-    inst = lkg.get("installed")
-    if inst:
-        steps.append({"action": "restore-package", "params": {"sha256": inst["sha256"]}})
-    loaded = lkg.get("loaded")
-    if loaded:
-        expect = [loaded["version"], loaded["flavor"]]
+    if PACKAGE in touched:
+        inst = lkg.get("installed")
+        steps.append({"action": "restore-package", "params": {"sha256": inst["sha256"] if inst else None}})
+    now = lkg.get("loaded")
+    if MODULES in touched and now:
+        expect = [now["version"], now["flavor"]]
         steps += [{"action": "load-modules", "params": {"modules": lkg["modules"], "parameters": lkg["parameters"],
                                                         "expect": expect}},
                   {"action": "restore-mig", "params": {}},
@@ -445,3 +652,10 @@ def restore_lkg_steps(lkg: dict | None, ctx: StepContext) -> list[dict]:
                   {"action": "validate", "params": {"expect": expect, "modules": lkg["modules"],
                                                     "persistence": dmn.PERSISTENCED in lkg["daemons"]}}]
     return steps
+
+
+REGISTRY: Registry = {impl.action: impl for impl in (
+    Snapshot(), BlacklistNouveau(), UnloadNouveau(), FetchPackage(), VerifyPackage(), InstallPackage(),
+    RestorePackage(), RestorePreviousPackage(), StopDaemons(), StartDaemons(), StartPersistenced(),
+    StartFabricManager(), UnloadModules(), CheckParameters(), LoadModules(), RestoreMig(), Validate(),
+    ConfigureRuntime(), RevertRuntime(), RestoreFiles(), RequireReboot(), ClearReboot())}

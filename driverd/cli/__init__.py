@@ -13,12 +13,13 @@ from driverd import __version__
 from driverd.errors import EXIT_UNEXPECTED, EXIT_USAGE, DriverdError
 
 # Each module defines register(sub, common) and handlers taking (ctx, args) -> int.
-COMMAND_MODULES = ("driverd.cli.host_cmds", "driverd.cli.package_cmds", "driverd.cli.kmod_cmds",
+COMMAND_MODULES = ("driverd.cli.host_cmds", "driverd.cli.package_cmds", "driverd.cli.lifecycle_cmds",
                    "driverd.cli.runtime_cmds")
 
 EPILOG = """\
 exit codes: 0 done or nothing to do, 1 unexpected failure, 2 bad usage or configuration,
-            3 blocked by a precondition (the message says which)
+            3 blocked by a precondition or another driverd holding the host lock (the message says which),
+            4 done what is safe, a reboot is required to finish (apply)
 every command takes --root DIR (default /, the driver container uses /host) and --json.
 start with:  driverd detect            what is on this host
              driverd plan --driver V   what driverd would do to reach driver V, and why
@@ -71,11 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     from driverd.cli.context import Context
     from driverd.cli.output import error
 
-    ctx = Context.from_args(args)
     try:
+        ctx = Context.from_args(args)
         return int(args.handler(ctx, args) or 0)
     except DriverdError as e:
-        return error(ctx.json, e)
+        return error(bool(getattr(args, "json", False)), e)
     except KeyboardInterrupt:
         print("driverd: interrupted", file=sys.stderr)
         return 130

@@ -1,13 +1,20 @@
-"""What every command gets: the host root, the validated configuration, output mode, the runner."""
+"""What every command gets: the host root, the validated configuration, output mode, the runner.
+This is also the composition root: the one place that decides to bring in the simulated backends
+(driverd.sim) for a simulated host tree or --kernel sim."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from functools import cached_property
 
 from driverd import config as config_mod
+from driverd.errors import UsageError
 from driverd.root import Root
 from driverd.runner import Runner
+
+# Commands whose answer is the host's facts (the others use --root for a few paths only).
+_HOST_COMMANDS = {"detect", "plan", "load", "unload", "reload", "rollback", "apply", "status", "debug"}
 
 
 @dataclass
@@ -25,7 +32,40 @@ class Context:
     def runner(self) -> Runner:
         return Runner(dry_run=self.dry_run)
 
+    def step_context(self, cfg=None, kernel_choice: str | None = None):
+        """The context steps run in, with the kernel and service backends for this root."""
+        from driverd.apply.lifecycle import make_context
+        cfg = cfg or self.config
+        choice = kernel_choice or cfg["modules.kernel"]
+        if wants_sim(self.root, choice):
+            from driverd.sim import install_backends
+            install_backends()
+        return make_context(self.root, self.runner, cfg, choice)
+
     @classmethod
     def from_args(cls, args) -> "Context":
         root = args.root or os.environ.get("DRIVERD_ROOT") or "/"
+        check_root(root, getattr(args, "command", None))
         return cls(Root(root), bool(args.json), bool(getattr(args, "dry_run", False)), args.config)
+
+
+def wants_sim(root: Root, choice: str | None) -> bool:
+    from driverd.kmod.kernel import SIM_MARKER
+    return choice == "sim" or (choice in (None, "auto") and not root.is_slash and root.exists(SIM_MARKER))
+
+
+def check_root(path: str, command: str | None) -> None:
+    """A --root that is not a directory is bad usage (exit 2); one that holds no host at all gets a
+    warning naming what is missing, since every fact read under it would be 'absent'."""
+    if not os.path.exists(path):
+        raise UsageError(f"--root {path} does not exist", fix="pass the directory holding the host's root file "
+                         "system (/ on a host, /host in the driver container)")
+    if not os.path.isdir(path):
+        raise UsageError(f"--root {path} is not a directory", fix="pass the directory holding the host's root file "
+                         "system (/ on a host, /host in the driver container)")
+    if os.path.abspath(path) == "/" or command not in _HOST_COMMANDS:
+        return
+    missing = [p for p in ("proc", "sys", "etc/os-release") if not os.path.lexists(os.path.join(path, p))]
+    if len(missing) == 3:
+        print(f"driverd: warning: --root {path} holds no host: {', '.join(missing)} missing; facts read under it "
+              "will be empty", file=sys.stderr)

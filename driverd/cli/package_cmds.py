@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from driverd.cli.lifecycle_cmds import add_wait
 from driverd.cli.output import emit
 from driverd.errors import EXIT_OK, UsageError
 
@@ -96,6 +97,7 @@ def register(sub, common) -> None:
     p.add_argument("--no-build", action="store_true", help="never fall back to a local build")
     p.add_argument("--install", action="store_true", help="install the package right away (as `driverd install`); "
                    "its files are then verified once, while unpacking")
+    add_wait(p)
     p.set_defaults(handler=cmd_fetch)
 
     p = sub.add_parser(
@@ -104,9 +106,12 @@ def register(sub, common) -> None:
         description="Check the package's vermagic against the target kernel, refuse unsigned modules when "
         "the kernel enforces signatures, verify every file, then install the modules into "
         "<root>/lib/modules/<release>/updates/driverd/ and firmware into <root>/lib/firmware/nvidia/<version>/ "
-        "through a staging directory and an atomic switch, keep the replaced installation under "
-        "<root>/var/lib/driverd/packages/previous/<release>/, run depmod and check that modprobe resolves "
-        "nvidia. Installing the same package again changes nothing.",
+        "through a staging directory and an atomic switch, run depmod and check that modprobe resolves "
+        "nvidia. The replaced package is kept first, by sha256, in <root>/var/lib/driverd/packages/kept/ "
+        "(rollback-install and any rollback bring it back). One journalled run under the host lock: a "
+        "process killed at any point is finished by the next driverd command. A package for another kernel "
+        "or with unsigned modules under enforcement is refused before anything starts. Installing the "
+        "same package again changes nothing and writes nothing.",
         epilog="example:\n  driverd install --root /host /var/cache/driverd/driverd-535.261.03-open-....tar.zst")
     p.add_argument("package", metavar="PACKAGE")
     p.add_argument("--kernel", metavar="RELEASE", help="target kernel (default: the running kernel, else the "
@@ -114,14 +119,19 @@ def register(sub, common) -> None:
     p.add_argument("--enforce-signatures", choices=("auto", "yes", "no"), default="auto",
                    help="treat the kernel as enforcing module signatures (default auto: from the host facts)")
     p.add_argument("--dry-run", action="store_true", help="make every check and verify every file; write nothing")
+    add_wait(p)
     p.set_defaults(handler=cmd_install)
 
     p = sub.add_parser(
         "rollback-install", parents=[common], formatter_class=F,
         help="put back the installation the last install replaced",
-        description="Swap <root>/var/lib/driverd/packages/previous/<release>/ back into place and run depmod. "
-        "The rolled-back installation becomes the previous one, so running it twice returns to the start.")
+        description="Put back, from the kept store, the package the last install (or rollback-install) "
+        "replaced, and run depmod: a journalled run under the host lock. The rolled-back installation becomes "
+        "the previous one, so running it twice returns to the start. Loaded modules are not touched "
+        "(driverd rollback also reloads).")
     p.add_argument("--kernel", metavar="RELEASE", help="kernel release (default: the running kernel)")
+    p.add_argument("--dry-run", action="store_true", help="say what would be put back; change nothing")
+    add_wait(p)
     p.set_defaults(handler=cmd_rollback)
 
 
@@ -135,38 +145,57 @@ def _release(ctx, given: str | None) -> str:
 
 
 def cmd_install(ctx, args) -> int:
-    from driverd.packages.install import install
+    """One journalled step under the host lock; a failure restores the package that was installed.
+    --dry-run makes every check a real install makes (vermagic, signatures, every file's hash)."""
+    from driverd.apply import lifecycle as lc
+    from driverd.cli.lifecycle_cmds import finish
     if not os.path.isfile(args.package):
         raise UsageError(f"package {args.package} does not exist", fix="pass the path `driverd fetch` printed")
     enforce = {"auto": None, "yes": True, "no": False}[args.enforce_signatures]
-    rep = install(ctx.root, args.package, ctx.runner, kernel=args.kernel, enforce=enforce,
-                  state_dir=ctx.config["state.dir"])
-    emit(ctx.json, rep.to_json(), lambda r: (
-        f"dry run: would install {r['driver_version']} ({r['flavor']}) for {r['kernel_release']} into "
-        f"{r['modules_dir']} (package verified; nothing written)" if r["dry_run"] else
-        f"installed {r['driver_version']} ({r['flavor']}) for {r['kernel_release']} into {r['modules_dir']}"
-        if r["changed"] else f"already installed: {r['driver_version']} ({r['flavor']}) for {r['kernel_release']}")
-        + (f"\n  previous kept in {r['previous']}" if r["previous"] and r["changed"] else "")
-        + (f"\n  modprobe resolves nvidia: {' '.join(os.path.basename(x) for x in r['resolves'])}"
-           if r["resolves"] else ""))
-    return EXIT_OK
+    package = os.path.abspath(args.package)
+    if ctx.dry_run:
+        from driverd.packages.install import install
+        rep = install(ctx.root, package, ctx.runner, kernel=args.kernel, enforce=enforce,
+                      state_dir=ctx.config["state.dir"]).to_json()
+        emit(ctx.json, rep, lambda r: f"dry run: would install {r['driver_version']} ({r['flavor']}) for "
+             f"{r['kernel_release']} into {r['modules_dir']} (package verified; nothing written)" if r["changed"]
+             else f"dry run: {r['driver_version']} ({r['flavor']}) is already installed; nothing to do")
+        return EXIT_OK
+    req = lc.Request("install", lambda c: lc.install_steps(package, args.kernel, enforce),
+                     {"package": package, "kernel": args.kernel}, changes_kernel=False)
+    out = lc.transact(ctx.step_context(), req, wait_s=args.wait)
+    out["report"] = next((r["result"] for r in out["results"] if r["action"] == "install-package"), None)
+    return finish(ctx, out, _install_head)
+
+
+def _install_head(o: dict) -> str:
+    r = o.get("report")
+    if not r or o["state"] != "done":
+        return ""
+    return (f"installed {r['driver_version']} ({r['flavor']}) for {r['kernel_release']} into {r['modules_dir']}"
+            + (f"\n  modprobe resolves nvidia: {' '.join(os.path.basename(x) for x in r['resolves'])}"
+               if r.get("resolves") else ""))
 
 
 def cmd_rollback(ctx, args) -> int:
-    from driverd.packages.install import rollback_install
-    rep = rollback_install(ctx.root, _release(ctx, args.kernel), ctx.runner, state_dir=ctx.config["state.dir"])
-    emit(ctx.json, rep.to_json(), lambda r: (
-        f"rolled back to {r['driver_version']} ({r['flavor']}) for {r['kernel_release']}" if r["driver_version"]
-        else f"rolled back: no driverd modules installed for {r['kernel_release']} now"))
-    return EXIT_OK
+    from driverd.apply import lifecycle as lc
+    from driverd.cli.lifecycle_cmds import finish
+    release = _release(ctx, args.kernel)
+
+    def build(c):
+        target = lc.previous_target(c, release)
+        return [{"action": "snapshot"},
+                {"action": "restore-previous-package", "params": {"target_sha256": target, "kernel_release": release}}]
+    req = lc.Request("rollback-install", build, {"kernel": release}, changes_kernel=False)
+    return finish(ctx, lc.transact(ctx.step_context(), req, wait_s=args.wait, dry_run=ctx.dry_run))
 
 
 def cmd_build(ctx, args) -> int:
     from driverd.cli.output import log
     from driverd.packages.build import build
     cfg = ctx.config
-    key = args.sign_key or (cfg["signing.key"] if not args.sign_cert else None)
-    cert = args.sign_cert or (cfg["signing.cert"] if not args.sign_key else None)
+    from driverd.packages.sign import signing_pair
+    key, cert = signing_pair(cfg, args.sign_key, args.sign_cert)
     work = args.work_dir or str(ctx.root.real(cfg["packages.cache_dir"]) / "build")
     res = build(source=args.source, kernel=args.kernel, flavor=args.flavor, out=args.out, headers=args.headers,
                 sign_key=key, sign_cert=cert, jobs=args.jobs, work_dir=work, strip=not args.no_strip,
@@ -183,9 +212,11 @@ def cmd_build_matrix(ctx, args) -> int:
     if not out:
         raise UsageError("no output repository", fix="pass --out DIR or set `repository` in the matrix")
     work = args.work_dir or str(ctx.root.real(ctx.config["packages.cache_dir"]) / "build")
+    from driverd.packages.sign import signing_pair
+    key, cert = signing_pair(ctx.config, args.sign_key, args.sign_cert)
     results = mx.run(m, out, jobs=args.jobs, make_jobs=args.make_jobs, work_dir=work, only=args.only,
                      dry_run=args.dry_run, install_headers=args.install_headers,
-                     sign_key=args.sign_key or ctx.config["signing.key"], sign_cert=args.sign_cert or ctx.config["signing.cert"],
+                     sign_key=key, sign_cert=cert,
                      root=ctx.root, runner=ctx.runner,
                      progress=None)
     counts = {s: sum(1 for r in results if r.status == s) for s in ("built", "skipped", "failed", "would-build")}
@@ -213,11 +244,14 @@ def cmd_fetch(ctx, args) -> int:
                            verify_files=not args.install)
     out = res.to_json()
     if args.install:
-        from driverd.packages.install import install
-        rep = install(ctx.root, res.package, ctx.runner, kernel=want.kernel_release, state_dir=ctx.config["state.dir"],
-                      expected_sha256=res.sha256)
-        out["install"] = rep.to_json()
+        from driverd.apply import lifecycle as lc
+        req = lc.Request("fetch --install", lambda c: lc.install_steps(str(res.package), want.kernel_release, None,
+                                                                      res.sha256),
+                         {"package": str(res.package), "kernel": want.kernel_release}, changes_kernel=False)
+        tx = lc.transact(ctx.step_context(cfg), req, wait_s=args.wait)
+        out["install"] = tx
+        lc.raise_for(tx)
     emit(ctx.json, out, lambda r: r["package"] + (
-        f"\ninstalled into {r['install']['modules_dir']}" if r.get("install") and r["install"]["changed"]
+        f"\ninstalled ({r['install']['run_id']})" if r.get("install") and r["install"]["state"] == "done"
         else "\nalready installed" if r.get("install") else ""))
     return EXIT_OK

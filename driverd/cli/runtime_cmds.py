@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from driverd.cli.lifecycle_cmds import add_wait
 from driverd.cli.output import emit
 from driverd.errors import EXIT_OK
 
@@ -38,6 +39,7 @@ def register(sub, common) -> None:
                    "(default: runtime.restart)")
     p.add_argument("--config-path", metavar="FILE", help="a custom runtime config file (host path)")
     p.add_argument("--dry-run", action="store_true", help="print the diff; write and restart nothing")
+    add_wait(p)
     p.set_defaults(handler=cmd_configure)
 
     p = rsub.add_parser("revert", parents=[common], help="undo driverd's runtime changes",
@@ -51,6 +53,7 @@ def register(sub, common) -> None:
     p.add_argument("--restart", choices=("systemd", "signal", "none"), help="how to restart after a change")
     p.add_argument("--config-path", metavar="FILE", help="the runtime's config file, for the restart")
     p.add_argument("--dry-run", action="store_true", help="print the diff; write and restart nothing")
+    add_wait(p)
     p.set_defaults(handler=cmd_revert)
 
 
@@ -62,33 +65,47 @@ def _options(ctx, args):
                                config_path=args.config_path)
 
 
-def _targets(ctx, args, opts) -> list[str]:
-    wanted = [args.runtime] if args.runtime else list(ctx.config["runtime.runtimes"])
-    if "none" in wanted:
-        return []
-    if "auto" in wanted:
-        from driverd.host.runtimes import read_runtimes
-        return [r.name for r in read_runtimes(ctx.root, opts.handler)]
-    return wanted
+def _step_options(args) -> dict:
+    """The flags given, as the configure/revert step's options (the rest comes from the config)."""
+    keys = ("binary", "set_as_default", "cdi", "restart", "config_path")
+    out = {k: getattr(args, k, None) for k in keys}
+    out["handler"] = getattr(args, "handler_name", None)
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _run(ctx, args, verb: str, targets: list[str]) -> int:
+    """configure/revert: a dry run prints the diffs (nothing written); otherwise one journalled
+    transaction under the host lock, each runtime a step whose files are put back on failure."""
+    from driverd.apply import lifecycle as lc
+    from driverd.cli.lifecycle_cmds import finish
+    from driverd.runtime.handler import configure, revert
+    if args.dry_run:
+        fn = configure if verb == "configure" else revert
+        opts = _options(ctx, args)
+        reports = [fn(ctx.root, name, opts, ctx.runner).to_json() for name in targets]
+        emit(ctx.json, {"reports": reports, "runtimes": targets}, render)
+        return EXIT_OK
+    if not targets:
+        emit(ctx.json, {"reports": [], "runtimes": []}, render)
+        return EXIT_OK
+    req = lc.runtime_request(verb, targets, _step_options(args))
+    out = lc.transact(ctx.step_context(), req, wait_s=args.wait)
+    out["runtimes"] = targets
+    out["reports"] = [r["result"] for r in out["results"] if r["action"].endswith("-runtime")]
+    return finish(ctx, out, lambda o: render(o) if o["reports"] else "")
 
 
 def cmd_configure(ctx, args) -> int:
-    from driverd.runtime import configure
+    from driverd.runtime import select_targets
     opts = _options(ctx, args)
-    targets = _targets(ctx, args, opts)
-    reports = [configure(ctx.root, name, opts, ctx.runner).to_json() for name in targets]
-    emit(ctx.json, {"reports": reports, "runtimes": targets}, render)
-    return EXIT_OK
+    wanted = [args.runtime] if args.runtime else list(ctx.config["runtime.runtimes"])
+    return _run(ctx, args, "configure", select_targets(ctx.root, wanted, opts.handler))
 
 
 def cmd_revert(ctx, args) -> int:
-    from driverd.runtime import revert
-    from driverd.runtime.configure import recorded_runtimes
-    opts = _options(ctx, args)
+    from driverd.runtime.handler import recorded_runtimes
     targets = recorded_runtimes(ctx.root) if args.runtime == "auto" else [args.runtime]
-    reports = [revert(ctx.root, name, opts, ctx.runner).to_json() for name in targets]
-    emit(ctx.json, {"reports": reports, "runtimes": targets}, render)
-    return EXIT_OK
+    return _run(ctx, args, "revert", targets)
 
 
 def render(d: dict) -> str:

@@ -2,7 +2,6 @@
 Mellanox NICs. The `class` file holds 24 bits: base class, subclass, programming interface."""
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 

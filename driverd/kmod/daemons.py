@@ -4,7 +4,7 @@ cannot use NVLink until it has configured the fabric). Three ways to run them, o
 - systemd (host mode): `systemctl start|stop|is-active <unit>` through the Runner;
 - child processes (driver container, root=/host): started from the host's binaries, pid files under
   <root>/run/driverd/, stopped with SIGTERM;
-- simulated (sim kernel): processes in the tree's /proc that hold /dev/nvidia* like the real ones.
+- simulated (driverd.sim.services, through driverd.backends): processes in the tree's /proc.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from driverd.errors import ModuleError
-from driverd.fsutil import atomic_write
 from driverd.host.processes import DAEMONS
 
 PERSISTENCED = "nvidia-persistenced"
@@ -118,8 +117,9 @@ class ChildServices(Services):
     """The driver container runs the daemons itself (the host has no unit for them)."""
     mode = "child"
 
-    def _pidfile(self, name: str):
-        return self.root.path(f"/run/driverd/{name}.pid")
+    @staticmethod
+    def _pidfile(name: str) -> str:
+        return f"/run/driverd/{name}.pid"          # a host path: written through the root
 
     def start(self, name: str) -> None:
         if self.running(name):
@@ -133,7 +133,7 @@ class ChildServices(Services):
             return
         proc = subprocess.Popen([str(exe), *argv[1:]], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
-        atomic_write(self._pidfile(name), f"{proc.pid}\n")
+        self.root.atomic_write(self._pidfile(name), f"{proc.pid}\n")
 
     def stop(self, name: str) -> None:
         for pid in self.pids(name):
@@ -141,47 +141,26 @@ class ChildServices(Services):
         left = self.kernel.wait_gone(self.pids(name), 10)
         for pid in left:
             self.kernel.signal(pid, signal.SIGKILL)
-        self._pidfile(name).unlink(missing_ok=True)
-
-
-class SimServices(Services):
-    """Daemons as simulated processes that hold the driver open, like the real ones do."""
-    mode = "sim"
-
-    def start(self, name: str) -> None:
-        if self.running(name):
-            return
-        from driverd.sim.kernel import FABRIC
-        if not self.kernel.is_loaded("nvidia") or not self.root.exists("/dev/nvidiactl"):
-            raise ModuleError(f"{name} could not start", cause="Failed to open /dev/nvidiactl: the driver is not loaded",
-                              fix="load the driver first (driverd load)")
-        devs = ["/dev/nvidiactl"] + sorted(p for p in (f"/dev/{n}" for n in self.root.listdir("/dev"))
-                                          if p[11:].isdigit() and p.startswith("/dev/nvidia"))
-        if name == FABRICMANAGER:
-            devs.append("/dev/nvidia-nvswitchctl")
-        comm = DAEMONS[name][0]
-        self.kernel.spawn(comm, devs, cmdline=" ".join(COMMANDS[name]))
-        if name == FABRICMANAGER:
-            atomic_write(self.root.path(FABRIC), "completed\n")
-
-    def stop(self, name: str) -> None:
-        for pid in self.pids(name):
-            self.kernel.signal(pid, signal.SIGTERM)
-
-    def fabric_state(self) -> str | None:
-        from driverd.sim.kernel import FABRIC
-        return (self.root.read_first_line(FABRIC) or None)
+        self.root.unlink(self._pidfile(name))
 
 
 def select_services(kernel, mode: str = "auto") -> Services:
+    """systemd on a host that runs it, child processes in the driver container; a kernel backend
+    with its own services (the simulated one) brings them through driverd.backends."""
+    from driverd import backends
     if mode == "auto":
-        if kernel.name == "sim":
-            mode = "sim"
+        if kernel.name in backends.SERVICES:
+            mode = kernel.name
         elif kernel.root.is_slash and os.path.isdir("/run/systemd/system"):
             mode = "systemd"
         else:
             mode = "child"
-    return {"sim": SimServices, "systemd": SystemdServices, "child": ChildServices}[mode](kernel)
+    factory = {"systemd": SystemdServices, "child": ChildServices, **backends.SERVICES}.get(mode)
+    if factory is None:
+        from driverd.errors import ConfigError
+        raise ConfigError(f"daemons.mode {mode} is not available in this process",
+                          fix="use daemons.mode auto, systemd or child")
+    return factory(kernel)
 
 
 def wanted_daemons(cfg, nvswitches: int) -> list[str]:

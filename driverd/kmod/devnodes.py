@@ -59,7 +59,7 @@ def create_missing(kernel) -> list[str]:
     loaded = set(kernel.modules())
     made = []
     for path, major, minor in wanted_nodes(kernel.root, loaded):
-        if kernel.root.path(path).exists() or kernel.root.path(path).is_symlink():
+        if kernel.root.exists(path) or kernel.root.readlink(path) is not None:   # inside the root, as written
             continue
         kernel.mknod(path, major, minor)
         made.append(path)

@@ -183,6 +183,15 @@ def find_holders(kernel, exclude_pids: set[int] = frozenset()) -> Holders:
     return h
 
 
-def _owner(use: str) -> str | None:
-    from driverd.sim.kernel import device_owner
-    return device_owner(use)
+def device_owner(dev: str) -> str | None:
+    """Which module a character device belongs to (its open files pin that module)."""
+    if dev.startswith("/dev/nvidia-uvm"):
+        return "nvidia_uvm"
+    if dev == "/dev/nvidia-modeset":
+        return "nvidia_modeset"
+    if re.match(r"^/dev/nvidia(ctl|\d+|-caps/.*|-nvswitch.*)$", dev):
+        return "nvidia"
+    return None
+
+
+_owner = device_owner

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from driverd.errors import ConfigError, ModuleError
 from driverd.host.modules import INSTALL_DIR, loaded_modules, read_module
-from driverd.kmod.modinfo import ModInfo, module_name, modinfo_tool, read_modinfo
+from driverd.modinfo import ModInfo, module_name, modinfo_tool, read_modinfo
 from driverd.root import Root
 
 SIM_MARKER = "/run/driverd-sim/kernel"
@@ -237,16 +237,12 @@ class RealKernel(Kernel):
     def mknod(self, hostpath: str, major: int, minor: int) -> None:
         if not self._changes_allowed():
             return
-        p = self.root.path(hostpath)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        os.mknod(p, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-        os.chmod(p, 0o666)
+        self.root.mknod(hostpath, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
 
     def set_firmware_path(self, hostdir: str) -> None:
         if not self._changes_allowed():
             return
-        with open(self.root.path("/sys/module/firmware_class/parameters/path"), "w") as f:
-            f.write(hostdir)
+        self.root.write_existing("/sys/module/firmware_class/parameters/path", hostdir)
 
     def signal(self, pid: int, sig: int) -> None:
         if not self._changes_allowed():
@@ -284,21 +280,27 @@ def select_kernel(root: Root, runner, choice: str | None = None) -> Kernel:
 
     Order: explicit choice (--kernel), then $DRIVERD_MODULES_KERNEL via config (modules.kernel),
     then auto: a tree written by driverd.sim.hosttree carries SIM_MARKER and gets the simulated
-    kernel; anything else, and always root /, gets the real one.
+    kernel; anything else, and always root /, gets the real one. Implementations other than the
+    real one come from driverd.backends (the simulated kernel is registered there by driverd.sim).
     """
+    from driverd import backends
     choice = choice or "auto"
     if choice not in KERNELS:
         raise ConfigError(f"unknown kernel {choice!r}", cause="the kernel boundary is real or sim",
                           fix="use --kernel real|sim|auto")
     if choice == "auto":
         choice = "sim" if (not root.is_slash and root.exists(SIM_MARKER)) else "real"
-    if choice == "sim":
-        if root.is_slash:
-            raise ConfigError("the simulated kernel never runs on root /", cause="it would write into /proc and /sys",
-                              fix="pass --root DIR with a simulated host tree (driverd demo makes one)")
-        from driverd.sim.kernel import SimKernel
-        return SimKernel(root, runner)
-    return RealKernel(root, runner)
+    if choice == "real":
+        return RealKernel(root, runner)
+    if root.is_slash:
+        raise ConfigError("the simulated kernel never runs on root /", cause="it would write into /proc and /sys",
+                          fix="pass --root DIR with a simulated host tree (driverd demo makes one)")
+    factory = backends.KERNELS.get(choice)
+    if factory is None:
+        raise ConfigError(f"the {choice} kernel is not available in this process",
+                          cause="driverd.sim was not installed as a backend",
+                          fix="run through the driverd command line, or call driverd.sim.install_backends()")
+    return factory(root, runner)
 
 
 def installed_dir(release: str) -> str:

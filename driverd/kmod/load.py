@@ -26,14 +26,16 @@ def installed_manifest(kernel) -> dict | None:
 def installed_identity(kernel) -> tuple[str, str, str | None] | None:
     """(version, flavour, package sha256) of the installed driverd package, or None."""
     m = installed_manifest(kernel)
-    if not m:
-        return None
+    try:
+        version, flavor = m["driver"]["version"], m["flavor"]
+    except (TypeError, KeyError):
+        return None            # nothing, or a damaged manifest: no usable driverd package is installed
     rec = kernel.root.read_text(f"/lib/modules/{kernel.release}/{INSTALL_DIR}/install.json")
     try:
         sha = json.loads(rec).get("package_sha256") if rec else None
     except ValueError:
         sha = None
-    return m["driver"]["version"], m["flavor"], sha
+    return version, flavor, sha
 
 
 def wanted_modules(cfg, mellanox_nics: int) -> list[str]:
@@ -68,9 +70,12 @@ def dependency_order(kernel, modules: list[str]) -> list[str]:
     return out
 
 
-def validate_parameters(kernel, modules: list[str], params: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+def validate_parameters(kernel, modules: list[str], params: dict[str, dict[str, str]],
+                        infos: dict | None = None) -> dict[str, dict[str, str]]:
     """Every configured parameter must be one the module file declares (modinfo -p): an unknown
-    one is an error here, because the kernel would only log 'unknown parameter ignored'."""
+    one is an error here, because the kernel would only log 'unknown parameter ignored'; and its
+    value must parse as the declared type. `infos` (module name -> ModInfo) judges against module
+    files that are not installed yet (a package about to be installed)."""
     for mod in params:
         if mod not in modules:
             raise ConfigError(f"parameters configured for {mod}, which driverd does not load",
@@ -81,15 +86,63 @@ def validate_parameters(kernel, modules: list[str], params: dict[str, dict[str, 
         want = params.get(mod, {})
         if not want:
             continue
-        info = kernel.modinfo(mod)
+        info = infos[mod] if infos and mod in infos else kernel.modinfo(mod)
         unknown = sorted(set(want) - set(info.params))
         if unknown:
             raise ConfigError(f"unknown parameter {', '.join(unknown)} for module {mod}",
                               cause=f"{info.path} declares only: {', '.join(sorted(info.params)) or 'no parameters'} "
                                     "(the kernel would silently ignore it)",
                               fix=f"fix [modules.parameters.{mod}] in the config", details={"module": mod, "unknown": unknown})
-        out[mod] = dict(want)
+        bad = [f"{k}={v!r} ({problem})" for k, v in sorted(want.items())
+               for problem in [value_problem(info.params[k].type, str(v))] if problem]
+        if bad:
+            raise ConfigError(f"invalid value for module {mod}: {'; '.join(bad)}",
+                              cause=f"{info.path} declares the types (modinfo -p); the kernel would refuse the load "
+                                    "with 'Invalid argument'",
+                              fix=f"fix [modules.parameters.{mod}] in the config", details={"module": mod, "invalid": bad})
+        out[mod] = {k: str(v) for k, v in want.items()}
     return out
+
+
+# Integer parameter types and their ranges, as the kernel's param_set_* (kernel/params.c) parse them
+# with kstrto*(value, 0): decimal, 0x hex or 0 octal; a sign only for the signed types.
+_INT_RANGES = {"byte": (0, 0xff), "short": (-(1 << 15), (1 << 15) - 1), "ushort": (0, 0xffff),
+               "int": (-(1 << 31), (1 << 31) - 1), "uint": (0, 0xffffffff), "hexint": (0, 0xffffffff),
+               "long": (-(1 << 63), (1 << 63) - 1), "ulong": (0, (1 << 64) - 1), "ullong": (0, (1 << 64) - 1)}
+_BOOL_TYPES = ("bool", "invbool")
+
+
+def value_problem(ptype: str | None, value: str) -> str | None:
+    """Why the kernel would refuse `value` for a parameter of type `ptype` (modinfo's parmtype), or
+    None when it accepts it. Undeclared types are accepted: the kernel alone can judge them."""
+    if ptype is None:
+        return None
+    ptype = ptype.strip()
+    if ptype.startswith("array of "):
+        elems = value.split(",")
+        for e in elems:
+            p = value_problem(ptype[len("array of "):], e)
+            if p:
+                return f"element {e!r}: {p}"
+        return None
+    v = value[:-1] if value.endswith("\n") else value
+    if ptype in _INT_RANGES:
+        lo, hi = _INT_RANGES[ptype]
+        m = re.fullmatch(r"([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)", v)
+        if not m or (m.group(1) == "-" and lo == 0):
+            return f"{ptype} wants a{'n unsigned' if lo == 0 else 'n'} integer"
+        n = int(m.group(2), 0) * (-1 if m.group(1) == "-" else 1)
+        if not lo <= n <= hi:
+            return f"{n} is out of range for {ptype} ({lo}..{hi})"
+        return None
+    if ptype in _BOOL_TYPES:
+        # kstrtobool: y/Y/1/n/N/0 by the first character, on/off by the first two.
+        if v[:1] in ("y", "Y", "1", "n", "N", "0") or v[:2].lower() in ("on", "of"):
+            return None
+        return f"{ptype} wants y, n, 1, 0, on or off"
+    if ptype in ("charp", "string"):
+        return "longer than 1024 bytes" if len(v.encode()) > 1024 else None
+    return None
 
 
 def ensure_firmware(kernel, version: str) -> str | None:
@@ -109,9 +162,11 @@ def ensure_firmware(kernel, version: str) -> str | None:
         return None
     # The package layout puts GSP images in /lib/firmware/nvidia/<version>/; anything else installed
     # beside the modules is the fallback (e.g. a package whose firmware went to the state dir).
-    for cand in (f"/var/lib/driverd/firmware", f"/lib/modules/{kernel.release}/{INSTALL_DIR}/firmware"):
+    for cand in ("/var/lib/driverd/firmware", f"/lib/modules/{kernel.release}/{INSTALL_DIR}/firmware"):
         if all(kernel.root.is_file(f"{cand}/{fw}") for fw in missing):
-            kernel.set_firmware_path(str(kernel.root.path(cand)) if kernel.name == "real" else cand)
+            # A host path: the kernel's firmware loader resolves it in the host's own mount namespace,
+            # also when driverd runs in the driver container with the host at /host.
+            kernel.set_firmware_path(cand)
             return cand
     return None
 

@@ -7,10 +7,8 @@ Backends: NVML (pynvml) on a live host; the simulated GPUs of a sim tree.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 
-from driverd.fsutil import atomic_write_json
 
 MIG_PARTED_CONFIG = "/etc/nvidia-mig-manager/config.yaml"
 
@@ -51,29 +49,13 @@ class MigRestore:
         return asdict(self)
 
 
-class SimMig:
-    """MIG state of simulated GPUs: /run/driverd-sim/mig/<pci>.json."""
-
-    def __init__(self, kernel) -> None:
-        self.kernel = kernel
-
-    def read(self) -> list[GpuMig] | None:
-        from driverd.sim.kernel import MIG_DIR
-        if not self.kernel.is_loaded("nvidia"):
-            return None
-        r = self.kernel.root
-        return [GpuMig.from_json(json.loads(r.read_text(f"{MIG_DIR}/{f}") or "{}")) for f in r.listdir(MIG_DIR)]
-
-    def create(self, gpu: GpuMig) -> None:
-        from driverd.sim.kernel import MIG_DIR
-        atomic_write_json(self.kernel.root.path(f"{MIG_DIR}/{gpu.pci_address}.json"), asdict(gpu))
-
-
 class NvmlMig:
     def __init__(self, kernel) -> None:
         self.kernel = kernel
 
     def read(self) -> list[GpuMig] | None:
+        if not self.kernel.root.is_live():     # NVML answers for this machine, not a captured tree
+            return None
         try:
             import pynvml
             pynvml.nvmlInit()
@@ -132,7 +114,8 @@ class NvmlMig:
 
 
 def backend(kernel):
-    return SimMig(kernel) if kernel.name == "sim" else NvmlMig(kernel)
+    from driverd import backends
+    return backends.MIG.get(kernel.name, NvmlMig)(kernel)
 
 
 def record(kernel) -> list[dict] | None:

@@ -8,7 +8,6 @@ import gzip
 import lzma
 from dataclasses import asdict, dataclass, field
 
-from driverd.fsutil import atomic_write
 from driverd.host.nouveau import read_nouveau
 from driverd.runner import which
 
@@ -30,20 +29,16 @@ class NouveauResult:
 
 
 def write_blacklist(root) -> bool:
-    """Idempotent: True when the file was (re)written."""
-    p = root.path(BLACKLIST_PATH)
-    if p.is_file() and p.read_text() == BLACKLIST_TEXT:
+    """Idempotent: True when the file was (re)written. Resolved inside the root: a hostile or looping
+    /etc/modprobe.d link is a HostPathError, never a write elsewhere."""
+    if root.read_text(BLACKLIST_PATH) == BLACKLIST_TEXT:
         return False
-    atomic_write(p, BLACKLIST_TEXT, 0o644)
+    root.atomic_write(BLACKLIST_PATH, BLACKLIST_TEXT, 0o644)
     return True
 
 
 def remove_blacklist(root) -> bool:
-    p = root.path(BLACKLIST_PATH)
-    if p.exists():
-        p.unlink()
-        return True
-    return False
+    return root.unlink(BLACKLIST_PATH)
 
 
 def unload(kernel) -> NouveauResult:

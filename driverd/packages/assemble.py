@@ -12,7 +12,7 @@ from typing import Sequence
 from driverd.errors import PackageError
 from driverd.packages.archive import PackageRef, file_entry, pack
 from driverd.packages.manifest import (FIRMWARE_DIR, MODULES_DIR, Manifest, ModuleInfo, Provenance)
-from driverd.packages.modinfo import first, modinfo, module_name_from_file
+from driverd.modinfo import first, modinfo, module_name_from_file
 from driverd.runner import Runner
 
 

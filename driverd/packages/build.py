@@ -311,7 +311,7 @@ def build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os.
         phases["strip"] = time.monotonic() - tp
         tp = time.monotonic()
         if sign_key:
-            sf = _sign_file(hdr)
+            sf = _sign_file(hdr, root)
             algo = hdr.config.get("CONFIG_MODULE_SIG_HASH", "sha256")
             for m in mods:
                 runner.run([sf, algo, sign_key, sign_cert, str(m)], timeout=300)
@@ -361,9 +361,9 @@ def _firmware(src: Source, flavor: str) -> list[Path]:
     return found
 
 
-def _sign_file(hdr: Headers) -> str:
-    from driverd.sim.fakemod import find_sign_file
-    sf = find_sign_file(str(hdr.output))
+def _sign_file(hdr: Headers, root: Root) -> str:
+    from driverd.packages.sign import find_sign_file
+    sf = find_sign_file(str(hdr.output), root)
     if sf is None:
         raise PackageError("scripts/sign-file not found", cause=f"neither {hdr.output}/scripts/sign-file nor an "
                            "installed linux-kbuild has it", fix="install the kernel's kbuild package")

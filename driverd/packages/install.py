@@ -3,42 +3,64 @@
 Installed layout (a contract with the module lifecycle and the host fact reader):
     <root>/lib/modules/<release>/updates/driverd/   *.ko, manifest.json, install.json
     <root>/lib/firmware/nvidia/<version>/           gsp_*.bin (open flavour, when the package has them)
-    <root>/var/lib/driverd/packages/previous/<release>/
-        modules/                the installation this one replaced (same shape as updates/driverd/)
-        firmware/<version>/     firmware this one replaced (only when the same version's files differ)
-        state.json              {"had_modules": bool, "saved_at": ..., "package_sha256": ...}
+State (under the state dir, /var/lib/driverd):
+    packages/kept/<sha256>/             every package installed or replaced, restorable by sha256
+                                        (driverd.packages.kept: complete or absent)
+    packages/pending-<release>.json     an unfinished switch: {"target": sha|null, "replaced": ...}
+    packages/previous/<release>.json    what the last install/restore replaced: {"sha256": sha|null}
 
 Order: the package's vermagic is checked against the target kernel first, then signatures against
-the kernel's enforcement, then free space; only then is anything written. Files are unpacked and
-verified in a staging directory beside the target and switched in atomically (renameat2 exchange);
-the replaced tree is kept as `previous`. `depmod -b <root> <release>` runs for real and
-`modprobe --show-depends nvidia` must resolve; if either fails the switch is undone.
+the kernel's enforcement, then free space; only then is anything written. The package is unpacked,
+verified and kept by its sha256; the installed tree is kept too (when it is not kept yet) — all
+before anything under /lib changes, so a refusal (disk full, read-only) changes nothing. Then:
+
+    1. a staging directory beside the target is filled from the kept entry (hard links or copies);
+    2. the pending marker names the target and what it replaces (atomic, fsync'd);
+    3. the staging tree is switched in (renameat2 exchange), the replaced tree deleted (it is kept);
+    4. firmware likewise, when the version's directory differs from the package's;
+    5. `depmod -b <root> <release>` runs and `modprobe --show-depends nvidia` must resolve; if
+       either fails, the replaced package is switched back in the same way;
+    6. the previous record is written and the marker removed: only now is the install complete.
+
+A process killed anywhere leaves the marker or a finished switch; `recover()` (run first by every
+install/restore/rollback) drives a marker to its target again (the target and the replaced package
+are both kept, so this always can be done), re-runs depmod, and only then deletes leftovers, after
+keeping any complete installation they hold.
 """
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
+import re
 import shutil
-import tempfile
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
-from driverd.errors import PackageError
+from driverd.errors import DriverdError, PackageError
 from driverd.fsutil import atomic_write_json, fsync_dir
 from driverd.host.modules import INSTALL_DIR
+from driverd.packages import kept as kp
 from driverd.packages.archive import read_manifest, sha256_file, unpack
+from driverd.packages.kept import (INSTALL_RECORD, OLD_PREFIX, STAGING_PREFIX, Additions, Kept, kept_base, lookup,
+                                   prune_kept)
 from driverd.packages.manifest import FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR, Manifest
-from driverd.packages.modinfo import first, modinfo
-from driverd.packages.switch import move, switch_in
+from driverd.modinfo import first, modinfo
+from driverd.packages.switch import replace_dir
 from driverd.root import Root
 from driverd.runner import Runner, which
 
-INSTALL_RECORD = "install.json"
-PREVIOUS_DIR = "packages/previous"      # under the state dir (/var/lib/driverd)
-STAGING_PREFIX = ".driverd-staging-"
-OLD_PREFIX = ".driverd-old-"
+__all__ = ["InstallReport", "firmware_dir", "install", "installed_sha256", "is_installed", "kept_dir", "modules_dir",
+           "previous_sha", "prune_kept", "recover", "restore", "rollback_install"]
+
+DEFAULT_STATE_DIR = "/var/lib/driverd"
+PACKAGES_DIR = "packages"               # under the state dir
+PREVIOUS_DIR = "packages/previous"      # <release>.json records (and, before, <release>/ trees)
+MAX_KEPT = 3
+_RELEASE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+_UNSET = object()
 
 
 @dataclass
@@ -50,11 +72,12 @@ class InstallReport:
     kernel_release: str
     modules_dir: str
     firmware_dir: str | None
-    previous: str | None            # where the replaced installation was kept
+    previous: str | None            # the kept entry of the package this one replaced
     changed: bool
     depmod: str = ""
     resolves: list[str] = field(default_factory=list)   # modprobe --show-depends nvidia, in load order
     dry_run: bool = False
+    notes: list[str] = field(default_factory=list)      # what recover() did first
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -72,8 +95,22 @@ def firmware_dir(root: Root, version: str) -> Path:
     return root.real(f"/lib/firmware/nvidia/{version}")
 
 
-def previous_dir(root: Root, release: str, state_dir: str = "/var/lib/driverd") -> Path:
-    return root.real(f"{state_dir}/{PREVIOUS_DIR}/{release}")
+def kept_dir(root: Root, sha256: str, state_dir: str = DEFAULT_STATE_DIR) -> Path:
+    return kept_base(root, state_dir) / kp.check_sha(sha256)
+
+
+def _os_errors(fn):
+    """Public entry points raise PackageError, never a raw OSError."""
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except OSError as e:
+            where = e.filename or "the host root"
+            raise PackageError(f"{fn.__name__.replace('_', ' ')} failed: {e.strerror or e} ({where})",
+                               cause=str(e), fix="check the filesystem and permissions, then run it again "
+                               "(an interrupted switch is completed or undone first)") from None
+    return wrapper
 
 
 # -- preconditions ------------------------------------------------------------------------------
@@ -138,210 +175,504 @@ def check_space(where: Path, manifest: Manifest) -> None:
                            cause="the filesystem is full", fix="free space there and install again")
 
 
-def installed_sha256(root: Root, release: str) -> str | None:
+# -- paths and state ------------------------------------------------------------------------------
+
+@dataclass
+class _Ctx:
+    root: Root
+    release: str
+    runner: Runner
+    state_dir: str
+
+    def __post_init__(self) -> None:
+        if not _RELEASE.fullmatch(self.release or ""):
+            raise PackageError(f"kernel release {self.release!r} is not a plain name",
+                               fix="pass the release as `uname -r` prints it")
+        self.mdir = modules_dir(self.root, self.release)
+        self.updates = self.mdir.parent
+        self.pkgs = self.root.real(f"{self.state_dir}/{PACKAGES_DIR}")
+        self.marker = self.pkgs / f"pending-{self.release}.json"
+        self.prev_rec = self.root.real(f"{self.state_dir}/{PREVIOUS_DIR}") / f"{self.release}.json"
+        self.fwbase = self.root.real("/lib/firmware/nvidia")
+
+    def fw(self, version: str) -> Path:
+        return firmware_dir(self.root, version)
+
+
+@dataclass
+class _Cur:
+    exists: bool
+    sha: str | None = None
+    manifest: Manifest | None = None
+    intact: bool = False
+
+
+def _current(ctx: _Ctx) -> _Cur:
+    if not os.path.lexists(ctx.mdir):
+        return _Cur(False)
+    m, sha = kp.tree_manifest(ctx.mdir), kp.tree_sha(ctx.mdir)
+    return _Cur(True, sha, m, m is not None and sha is not None and kp.modules_intact(ctx.mdir, m))
+
+
+def installed_sha256(root: Root | str | os.PathLike, release: str) -> str | None:
+    return kp.tree_sha(modules_dir(_root(root), release))
+
+
+def _read_json(p: Path) -> dict | None:
     try:
-        rec = json.loads((modules_dir(root, release) / INSTALL_RECORD).read_text())
-        return rec.get("package_sha256")
-    except (OSError, ValueError, AttributeError):
+        d = json.loads(p.read_text())
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError):
+        return {}
+    return d if isinstance(d, dict) else {}
 
 
-# -- install ------------------------------------------------------------------------------------
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _sha_or_none(v: object) -> str | None:
+    return v if kp.valid_sha(v) else None
+
+
+# -- queries --------------------------------------------------------------------------------------
+
+@_os_errors
+def previous_sha(root: Root | str | os.PathLike, release: str,
+                 state_dir: str = DEFAULT_STATE_DIR) -> tuple[bool, str | None]:
+    """(known, sha256) of what the last install/restore for `release` replaced; sha None means no
+    driverd package was installed then. known is False when nothing was ever replaced."""
+    ctx = _Ctx(_root(root), release, Runner(), state_dir)
+    rec = _read_json(ctx.prev_rec)
+    if not rec or "sha256" not in rec:
+        return False, None
+    return True, _sha_or_none(rec["sha256"])
+
+
+@_os_errors
+def is_installed(root: Root | str | os.PathLike, release: str, sha256: str | None,
+                 state_dir: str = DEFAULT_STATE_DIR) -> bool:
+    """The package `sha256` (None: no driverd package) is installed for `release`, complete: its
+    install record names it, no switch is pending and every module file has its manifest size."""
+    ctx = _Ctx(_root(root), release, Runner(), state_dir)
+    if os.path.lexists(ctx.marker):
+        return False
+    cur = _current(ctx)
+    if sha256 is None:
+        return not cur.exists
+    return cur.intact and cur.sha == sha256
+
+
+# -- the switch -----------------------------------------------------------------------------------
 
 def _disk_error(e: OSError, where: Path) -> PackageError:
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return PackageError(f"disk full while installing into {where}; nothing was changed",
                             cause=os.strerror(e.errno), fix="free space there and install again")
-    return PackageError(f"cannot write {where}: {e.strerror}; nothing was changed", cause=str(e),
-                        fix="check permissions and the filesystem")
+    return PackageError(f"cannot write {e.filename or where}: {e.strerror or e}; nothing was changed",
+                        cause=str(e), fix="check permissions and that the filesystem is writable")
 
 
-def _clean_stale(d: Path) -> None:
-    if d.is_dir():
-        for n in os.listdir(d):
-            if n.startswith((STAGING_PREFIX, OLD_PREFIX)):
-                shutil.rmtree(d / n, ignore_errors=True)
+def _interrupted(ctx: _Ctx, target: str | None, e: OSError) -> PackageError:
+    return PackageError(f"switching kernel {ctx.release} to package {(target or 'none')[:12]} was interrupted: "
+                        f"{e.strerror or e} ({e.filename})", cause=str(e),
+                        fix=f"fix the filesystem; the switch is recorded in {ctx.marker} and the next driverd "
+                        "install/rollback-install completes or undoes it")
 
 
-def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, runner: Runner | None = None, *,
-            kernel: str | None = None, enforce: bool | None = None,
-            state_dir: str = "/var/lib/driverd", expected_sha256: str | None = None) -> InstallReport:
-    """Install `package_path` (see the module docstring). With `expected_sha256` (from a repository
-    index) the archive's hash is checked in the same pass that unpacks and verifies its files."""
-    root, runner = _root(root), runner or Runner()
-    package_path = Path(package_path)
+def _drop(d: Path) -> None:
+    """Delete a directory under /lib: renamed to a leftover name first, so a crash mid-delete leaves
+    something recover() removes, never a half tree under the real name."""
+    if os.path.lexists(d):
+        gone = d.parent / f"{OLD_PREFIX}{d.name}-{os.getpid()}"
+        shutil.rmtree(gone, ignore_errors=True)
+        os.rename(d, gone)
+        fsync_dir(d.parent)
+        shutil.rmtree(gone, ignore_errors=True)
+
+
+@dataclass
+class _Done:
+    changed: bool
+    depmod: str
+    resolves: list[str]
+    replaced: str | None
+
+
+def _switch(ctx: _Ctx, target: Kept | None, *, adds: Additions, set_previous: bool, verify: bool = True,
+            replaced: object = _UNSET, drop_fw: str | None = None, created_fw: str | None = None) -> _Done:
+    """Make the installed package `target` (None: none), through the pending marker (module docstring).
+
+    Before the marker: the current tree is kept, staging is filled; any failure undoes `adds` and
+    changes nothing. After it: an OSError leaves the marker for recover(); a failed depmod/modprobe
+    check (when `verify`) switches back to what was replaced and raises."""
+    cur = _current(ctx)
+    want = target.sha if target else None
+    mods_ok = (cur.intact and cur.sha == want) if target else not cur.exists
+    if replaced is _UNSET:
+        replaced = cur.sha if cur.intact else None
+    if not mods_ok and cur.exists and cur.sha is None and _has_files(ctx.mdir):
+        raise PackageError(f"{ctx.mdir} holds files driverd did not install (no install record); nothing was changed",
+                           cause="every driverd installation has an install.json naming its package",
+                           fix=f"move {ctx.mdir} away, then run the command again")
+    stage = fw_stage = fdir = None
+    try:
+        if not mods_ok and cur.intact:          # keep what is about to be replaced, first
+            kp.keep_tree(ctx.root, ctx.state_dir, ctx.mdir, ctx.fw(cur.manifest.driver_version), adds)
+        if not mods_ok and target is not None:
+            adds.dirs += kp.mkdirs(ctx.updates)
+            stage = kp.stage_from(target.modules, ctx.updates)
+        if target is not None and target.firmware is not None:
+            fdir = ctx.fw(target.version)
+            if not kp.firmware_same(fdir, target.manifest):
+                adds.dirs += kp.mkdirs(fdir.parent)
+                fw_stage = kp.stage_from(target.firmware, fdir.parent)
+                if not os.path.lexists(fdir):
+                    created_fw = target.version
+        adds.dirs += kp.mkdirs(ctx.pkgs)
+        atomic_write_json(ctx.marker, {
+            "release": ctx.release, "target": want, "replaced": replaced, "set_previous": set_previous,
+            "verify": verify, "drop_fw": drop_fw, "created_fw": created_fw, "started_at": _now()})
+    except BaseException as e:
+        for d in (stage, fw_stage):
+            if d is not None:
+                shutil.rmtree(d, ignore_errors=True)
+        adds.undo()
+        if isinstance(e, OSError):
+            raise _disk_error(e, ctx.updates) from None
+        raise
+    changed = not mods_ok or fw_stage is not None
+    try:
+        if not mods_ok:
+            if target is not None:
+                old = replace_dir(stage, ctx.mdir)
+                if old is not None:
+                    shutil.rmtree(old, ignore_errors=True)
+            else:
+                _drop(ctx.mdir)
+        if drop_fw and (target is None or drop_fw != target.version):
+            _drop(ctx.fw(drop_fw))
+            changed = True
+        if fw_stage is not None:
+            old = replace_dir(fw_stage, fdir)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        if target is not None:
+            kp.touch(target.path)
+    except OSError as e:
+        raise _interrupted(ctx, want, e) from None
+    try:
+        dep = _depmod(ctx.root, ctx.release, ctx.runner, check=verify)
+        resolves = _resolves(ctx.root, ctx.release, ctx.runner, strict=verify) if target is not None else []
+    except DriverdError as e:
+        if not verify:
+            raise
+        back = lookup(ctx.root, ctx.state_dir, replaced) if replaced and replaced != want else None
+        try:
+            _switch(ctx, back, adds=Additions(), set_previous=False, verify=False, drop_fw=created_fw)
+        except (OSError, DriverdError) as e2:
+            raise PackageError(f"{e.message}; switching back failed too: {e2}", cause=e.cause,
+                               fix="run driverd install or rollback-install again") from None
+        adds.undo(keep={back.sha} if back else set())
+        what = f"package {back.sha[:12]} is installed again" if back else "no driverd package is installed now"
+        raise PackageError(f"{e.message}; {what}", cause=e.cause, fix=e.fix) from None
+    except OSError as e:
+        raise _interrupted(ctx, want, e) from None
+    try:
+        if set_previous and replaced != want:
+            atomic_write_json(ctx.prev_rec, {"sha256": replaced, "replaced_by": want, "at": _now()})
+        os.unlink(ctx.marker)
+        fsync_dir(ctx.pkgs)
+    except OSError as e:
+        raise _interrupted(ctx, want, e) from None
+    return _Done(changed, dep, resolves, replaced if isinstance(replaced, str) else None)
+
+
+def _has_files(d: Path) -> bool:
+    try:
+        return not os.path.isdir(d) or bool(os.listdir(d))
+    except OSError:
+        return True
+
+
+def _keep_package(ctx: _Ctx, package: Path, manifest: Manifest, sha: str, expected: str | None,
+                  adds: Additions) -> Kept:
+    """Unpack and verify the package into a new kept entry (complete or absent)."""
+    base = kept_base(ctx.root, ctx.state_dir)
+    adds.dirs += kp.mkdirs(base)
+    tmp = kp.temp_dir(base, 0o700)
+    try:
+        unpack(package, tmp / "pkg", expected)
+        mods = tmp / MODULES_DIR
+        os.rename(tmp / "pkg" / MODULES_DIR, mods)
+        os.replace(tmp / "pkg" / MANIFEST_NAME, mods / MANIFEST_NAME)
+        atomic_write_json(mods / INSTALL_RECORD, {
+            "package_sha256": sha, "package": package.name, "installed_at": _now(),
+            "driver_version": manifest.driver_version, "flavor": manifest.flavor,
+            "kernel_release": manifest.kernel_release})
+        os.chmod(mods, 0o755)
+        if (tmp / "pkg" / FIRMWARE_DIR).is_dir():
+            os.mkdir(tmp / "firmware", 0o755)
+            os.rename(tmp / "pkg" / FIRMWARE_DIR, tmp / "firmware" / manifest.driver_version)
+            os.chmod(tmp / "firmware" / manifest.driver_version, 0o755)
+        os.rmdir(tmp / "pkg")
+        kp.commit(tmp, base / sha)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    adds.kept.append(base / sha)
+    k = lookup(ctx.root, ctx.state_dir, sha)
+    if k is None:
+        raise PackageError(f"the kept copy of package {sha[:12]} is incomplete right after writing it",
+                           cause=f"{base / sha} does not match its manifest", fix="check the filesystem")
+    return k
+
+
+def _prune(ctx: _Ctx) -> list[str]:
+    try:
+        return [f"pruned kept package {s[:12]}" for s in prune_kept(ctx.root, ctx.state_dir, max_kept=MAX_KEPT)]
+    except PackageError as e:
+        return [f"pruning kept packages failed: {e.message}"]
+
+
+def _report(ctx: _Ctx, package: str, k: Kept | None, done: _Done | None, notes: list[str], *,
+            changed: bool, dry_run: bool = False) -> InstallReport:
+    m = k.manifest if k else None
+    fw = str(ctx.fw(m.driver_version)) if m and m.firmware_files else None
+    prev = None
+    if done is not None:
+        prev = done.replaced
+    else:
+        prev = previous_sha(ctx.root, ctx.release, ctx.state_dir)[1]
+    prev_dir = str(kept_base(ctx.root, ctx.state_dir) / prev) if prev and lookup(
+        ctx.root, ctx.state_dir, prev) else None
+    resolves = done.resolves if done else (_resolves(ctx.root, ctx.release, ctx.runner) if k else [])
+    return InstallReport(package, k.sha if k else "", m.driver_version if m else "", m.flavor if m else "",
+                         ctx.release, str(ctx.mdir), fw, prev_dir, changed=changed,
+                         depmod=done.depmod if done else "", resolves=resolves, dry_run=dry_run, notes=notes)
+
+
+# -- install / restore / rollback -----------------------------------------------------------------
+
+def preflight(root: Root, package_path: str | os.PathLike, runner: Runner | None = None, *,
+              kernel: str | None = None, enforce: bool | None = None) -> tuple[Manifest, str]:
+    """What decides, before anything is written (or a transaction is even started), whether the
+    package can go onto this kernel: its manifest, its vermagic against the target kernel, its
+    signatures against the kernel's enforcement. Returns (manifest, target release)."""
     manifest = read_manifest(package_path)
     release = target_release(root, manifest, kernel)
-    check_vermagic(root, manifest, release, runner)                   # before anything else
+    check_vermagic(root, manifest, release, runner or Runner())
     if enforce is None:
         enforced, sources = signature_enforced(root)
     else:
         enforced, sources = enforce, ("--enforce-signatures",)
     check_signatures(manifest, enforced, sources)
+    return manifest, release
 
+
+@_os_errors
+def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, runner: Runner | None = None, *,
+            kernel: str | None = None, enforce: bool | None = None,
+            state_dir: str = DEFAULT_STATE_DIR, expected_sha256: str | None = None) -> InstallReport:
+    """Install `package_path` (see the module docstring). With `expected_sha256` (from a repository
+    index) the archive's hash is checked in the same pass that unpacks and verifies its files.
+    Installing the package that is installed, intact, with no switch pending writes nothing."""
+    root, runner = _root(root), runner or Runner()
+    package_path = Path(package_path)
+    manifest, release = preflight(root, package_path, runner, kernel=kernel, enforce=enforce)
+    if expected_sha256 is not None:
+        kp.check_sha(expected_sha256)
     sha = expected_sha256 or sha256_file(package_path)
-    mdir, fdir = modules_dir(root, release), firmware_dir(root, manifest.driver_version)
-    prev = previous_dir(root, release, state_dir)
-    if installed_sha256(root, release) == sha and _intact(mdir, manifest):
-        return InstallReport(str(package_path), sha, manifest.driver_version, manifest.flavor, release,
-                             str(mdir), str(fdir) if manifest.firmware_files else None,
-                             str(prev) if prev.exists() else None, changed=False,
-                             resolves=_resolves(root, release, runner))
-    updates = mdir.parent
+    ctx = _Ctx(root, release, runner, state_dir)
     if runner.dry_run:    # every check a real install makes before writing, and nothing written
         from driverd.packages.archive import verify_package
+        cur = _current(ctx)
         verify_package(package_path, expected_sha256)
-        return InstallReport(str(package_path), sha, manifest.driver_version, manifest.flavor, release, str(mdir),
-                             str(fdir) if manifest.firmware_files else None, str(prev), changed=True, dry_run=True)
-    check_space(updates, manifest)
-    _clean_stale(updates)
-    _clean_stale(fdir.parent)
-
-    staging: Path | None = None
-    fw_stage: Path | None = None
-    created: list[Path] = []        # directories we made, removed again if we refuse
-    try:
-        created += _mkdirs(updates)
-        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=updates))
-        unpack(package_path, staging / "pkg", expected_sha256)
-        newmods = staging / "pkg" / MODULES_DIR
-        os.replace(staging / "pkg" / MANIFEST_NAME, newmods / MANIFEST_NAME)
-        atomic_write_json(newmods / INSTALL_RECORD, {
-            "package_sha256": sha, "package": package_path.name,
-            "installed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "driver_version": manifest.driver_version, "flavor": manifest.flavor, "kernel_release": release})
-        os.chmod(newmods, 0o755)
-        fw_new = staging / "pkg" / FIRMWARE_DIR
-        if manifest.firmware_files and not _same_firmware(fdir, manifest):
-            created += _mkdirs(fdir.parent)
-            fw_stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=fdir.parent))
-            move(fw_new, fw_stage / "fw")
-            os.chmod(fw_stage / "fw", 0o755)
-    except PackageError:
-        _rm(staging, fw_stage)
-        _rmdirs(created)
-        raise
-    except OSError as e:
-        _rm(staging, fw_stage)
-        _rmdirs(created)
-        raise _disk_error(e, updates) from None
-
-    # Everything is verified and on disk: switch it in. What it replaces leaves /lib/modules at once
-    # (depmod must never see two nvidia.ko) into a holding directory beside `previous`.
-    hold = _holding(root, state_dir)
-    old_mods: Path | None = None
-    if switch_in(newmods, mdir, staging / "old-modules"):
-        old_mods = hold / "modules"
-        move(staging / "old-modules", old_mods)
-    old_fw = None
-    if fw_stage is not None and switch_in(fw_stage / "fw", fdir, fw_stage / "old"):
-        old_fw = hold / "firmware"
-        move(fw_stage / "old", old_fw)
-    fw_switched = fw_stage is not None
-    try:
-        dep = _depmod(root, release, runner)
-        resolves = _resolves(root, release, runner, strict=True)
-    except Exception:
-        _undo(mdir, old_mods, fdir if fw_switched else None, old_fw)
-        _depmod(root, release, runner, check=False)
-        _rm(staging, fw_stage, hold)
-        raise
-    _save_previous(prev, old_mods, old_fw, manifest.driver_version, sha)
-    _rm(staging, fw_stage, hold)
-    return InstallReport(str(package_path), sha, manifest.driver_version, manifest.flavor, release, str(mdir),
-                         str(fdir) if manifest.firmware_files else None, str(prev), changed=True, depmod=dep,
-                         resolves=resolves)
-
-
-def _mkdirs(d: Path) -> list[Path]:
-    missing = []
-    while not d.exists():
-        missing.append(d)
-        d = d.parent
-    for m in reversed(missing):
-        m.mkdir()
-    return missing
-
-
-def _rmdirs(dirs: list[Path]) -> None:
-    for d in dirs:          # deepest first, as _mkdirs listed them
+        return _report(ctx, str(package_path), Kept(sha, ctx.mdir, manifest), _Done(True, "", [], cur.sha), [],
+                       changed=not (cur.intact and cur.sha == sha), dry_run=True)
+    notes = recover(root, release, runner, state_dir)
+    cur = _current(ctx)
+    have = lookup(root, state_dir, sha)
+    if cur.intact and cur.sha == sha and not os.path.lexists(ctx.marker):
+        return _report(ctx, str(package_path), have or Kept(sha, ctx.mdir.parent, cur.manifest), None, notes,
+                       changed=False)
+    adds = Additions()
+    if have is None:
+        check_space(kept_base(root, state_dir), manifest)
         try:
-            d.rmdir()
-        except OSError:
-            pass
+            have = _keep_package(ctx, package_path, manifest, sha, expected_sha256, adds)
+        except PackageError:
+            adds.undo()
+            raise
+        except OSError as e:
+            adds.undo()
+            raise _disk_error(e, ctx.updates) from None
+    done = _switch(ctx, have, adds=adds, set_previous=True)
+    return _report(ctx, str(package_path), have, done, notes + _prune(ctx), changed=True)
 
 
-def _holding(root: Root, state_dir: str) -> Path:
-    base = root.real(f"{state_dir}/{PREVIOUS_DIR}").parent
-    base.mkdir(parents=True, exist_ok=True)
-    _clean_stale(base)
-    return Path(tempfile.mkdtemp(prefix=OLD_PREFIX, dir=base))
+@_os_errors
+def restore(root: Root | str | os.PathLike, release: str, sha256: str | None, runner: Runner | None = None, *,
+            state_dir: str = DEFAULT_STATE_DIR) -> InstallReport:
+    """Make the installed driverd package for `release` exactly the kept package `sha256` (modules
+    and firmware); None: no driverd package (the current one is kept, then removed). A no-op when it
+    is so already. PackageError when that package is not kept."""
+    root, runner = _root(root), runner or Runner()
+    ctx = _Ctx(root, release, runner, state_dir)
+    if sha256 is not None:
+        kp.check_sha(sha256)
+    notes = recover(root, release, runner, state_dir)
+    cur = _current(ctx)
+    pending = os.path.lexists(ctx.marker)
+    if sha256 is None and not cur.exists and not pending:
+        return _report(ctx, "", None, None, notes, changed=False)
+    if not pending and cur.intact and cur.sha == sha256 and (not cur.manifest.firmware_files or kp.firmware_present(
+            ctx.fw(cur.manifest.driver_version), cur.manifest)):         # so already: kept or not
+        return _report(ctx, "", lookup(root, state_dir, sha256) or Kept(sha256, ctx.mdir.parent, cur.manifest),
+                       None, notes, changed=False)
+    k = None
+    if sha256 is not None:
+        k = lookup(root, state_dir, sha256)
+        if k is None:
+            raise PackageError(f"package {sha256[:12]} is not kept for kernel {release}",
+                               cause=f"{kept_base(root, state_dir) / sha256} is missing or incomplete",
+                               fix="install that package with driverd install <package>")
+        if k.manifest.kernel_release != release:
+            raise PackageError(f"kept package {sha256[:12]} is for kernel {k.manifest.kernel_release}, not {release}",
+                               fix=f"restore a package built for {release}")
+    if runner.dry_run:
+        return _report(ctx, "", k, _Done(True, "", [], cur.sha), notes, changed=True, dry_run=True)
+    done = _switch(ctx, k, adds=Additions(), set_previous=True)
+    return _report(ctx, str(k.path) if k else "", k, done, notes + _prune(ctx), changed=True)
 
 
-def _intact(mdir: Path, manifest: Manifest) -> bool:
-    for f in manifest.module_files:
-        p = mdir / Path(f.path).name
-        if not p.is_file() or p.stat().st_size != f.size:
-            return False
-    return True
+@_os_errors
+def rollback_install(root: Root | str | os.PathLike, release: str, runner: Runner | None = None, *,
+                     state_dir: str = DEFAULT_STATE_DIR) -> InstallReport:
+    """restore() what the last install/restore replaced. The one rolled back from becomes the
+    previous one, so a second rollback returns to it."""
+    root, runner = _root(root), runner or Runner()
+    ctx = _Ctx(root, release, runner, state_dir)
+    notes = recover(root, release, runner, state_dir)
+    known, sha = previous_sha(root, release, state_dir)
+    if not known:
+        raise PackageError(f"nothing to roll back to: no previous installation is recorded for kernel {release}",
+                           cause=f"{ctx.prev_rec} is missing", fix="install the wanted package with driverd install")
+    rep = restore(root, release, sha, runner, state_dir=state_dir)
+    rep.notes = notes + rep.notes
+    return rep
 
 
-def _same_firmware(fdir: Path, manifest: Manifest) -> bool:
-    from driverd.packages.archive import file_entry
-    if not fdir.is_dir():
-        return False
-    want = {Path(f.path).name: (f.size, f.sha256) for f in manifest.firmware_files}
-    have = {n: (e.size, e.sha256) for n in os.listdir(fdir) if (fdir / n).is_file()
-            for e in [file_entry(fdir / n, n)]}
-    return want == have
+# -- recovery -------------------------------------------------------------------------------------
+
+@_os_errors
+def recover(root: Root | str | os.PathLike, release: str, runner: Runner | None = None,
+            state_dir: str = DEFAULT_STATE_DIR) -> list[str]:
+    """Finish what an interrupted install/restore left: drive a pending switch to its target (and
+    through its checks; a failing check switches back to what it replaced), re-running depmod; keep
+    any complete installation found in leftover staging/holding directories, then delete them;
+    move a `previous/<release>/` tree of older driverd versions into the kept store. Returns notes
+    of what it did; writes nothing when there is nothing to do (or on a dry-run runner)."""
+    root, runner = _root(root), runner or Runner()
+    ctx = _Ctx(root, release, runner, state_dir)
+    notes: list[str] = []
+    marker = _read_json(ctx.marker)
+    if runner.dry_run:
+        if marker is not None:
+            notes.append(f"would finish the interrupted switch to {marker.get('target')}")
+        return notes
+    _migrate_legacy(ctx, notes)
+    _clean(ctx, notes)          # first: depmod must not see a leftover tree (everything is kept by now)
+    if marker is not None:
+        _redrive(ctx, marker, notes)
+    return notes
 
 
-def _rm(*paths: Path | None) -> None:
-    for p in paths:
-        if p is not None:
-            shutil.rmtree(p, ignore_errors=True)
-
-
-def _undo(mdir: Path, old_mods: Path | None, fdir: Path | None, old_fw: Path | None) -> None:
-    """Put back what the switch replaced; the refused new tree is moved out of /lib for deletion."""
-    failed = mdir.parent / f"{OLD_PREFIX}failed"
-    if old_mods is not None:
-        back = mdir.parent / f"{STAGING_PREFIX}undo"
-        move(old_mods, back)
-        switch_in(back, mdir, failed)
-    else:
-        os.rename(mdir, failed)
-    shutil.rmtree(failed, ignore_errors=True)
-    if fdir is None:
+def _redrive(ctx: _Ctx, m: dict, notes: list[str]) -> None:
+    cur = _current(ctx)
+    if not m:                                  # unreadable: settle on what is installed
+        m = {"target": cur.sha if cur.intact else None, "replaced": None, "set_previous": False, "verify": False}
+    target, replaced = _sha_or_none(m.get("target")), _sha_or_none(m.get("replaced"))
+    k = lookup(ctx.root, ctx.state_dir, target) if target else None
+    kw = {"set_previous": bool(m.get("set_previous")), "verify": bool(m.get("verify", True)), "replaced": replaced,
+          "drop_fw": m.get("drop_fw") if isinstance(m.get("drop_fw"), str) else None,
+          "created_fw": m.get("created_fw") if isinstance(m.get("created_fw"), str) else None}
+    if target is None or k is not None:
+        try:
+            _switch(ctx, k, adds=Additions(), **kw)
+            notes.append(f"finished the interrupted switch of kernel {ctx.release} to package "
+                         f"{(target or 'none')[:12]}")
+        except PackageError as e:
+            notes.append(f"the interrupted switch to package {(target or 'none')[:12]} failed its checks and was "
+                         f"undone: {e.message}")
         return
-    if old_fw is not None:
-        back = fdir.parent / f"{STAGING_PREFIX}undo"
-        move(old_fw, back)
-        switch_in(back, fdir, fdir.parent / f"{OLD_PREFIX}failed")
-    else:
-        os.rename(fdir, fdir.parent / f"{OLD_PREFIX}failed")
-    shutil.rmtree(fdir.parent / f"{OLD_PREFIX}failed", ignore_errors=True)
+    back = lookup(ctx.root, ctx.state_dir, replaced) if replaced else None
+    if replaced and back is None:
+        raise PackageError(f"cannot finish the interrupted switch of kernel {ctx.release}: neither package "
+                           f"{target[:12]} nor {replaced[:12]} is kept", cause=f"{ctx.marker} names them",
+                           fix="install the wanted package with driverd install")
+    kw.update(set_previous=False, verify=False, drop_fw=kw["created_fw"])
+    _switch(ctx, back, adds=Additions(), **kw)
+    notes.append(f"undid the interrupted switch to package {target[:12]} (it is not kept)")
 
 
-def _save_previous(prev: Path, old_mods: Path | None, old_fw: Path | None, version: str, sha: str) -> None:
-    if prev.exists():
-        shutil.rmtree(prev)
-    prev.mkdir(parents=True)
-    if old_mods is not None:
-        move(old_mods, prev / "modules")
-    if old_fw is not None:
-        (prev / "firmware").mkdir()
-        move(old_fw, prev / "firmware" / version)
-    old_sha = None
-    if old_mods is not None:
-        try:
-            old_sha = json.loads((prev / "modules" / INSTALL_RECORD).read_text()).get("package_sha256")
-        except (OSError, ValueError, AttributeError):
-            pass
-    atomic_write_json(prev / "state.json", {
-        "had_modules": old_mods is not None, "package_sha256": old_sha, "replaced_by_sha256": sha,
-        "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+def _leftovers(d: Path, prefixes=(STAGING_PREFIX, OLD_PREFIX)) -> list[Path]:
+    try:
+        return [d / n for n in sorted(os.listdir(d)) if n.startswith(prefixes)]
+    except OSError:
+        return []
 
+
+def _rescue(ctx: _Ctx, d: Path, fw: Path | None = None) -> None:
+    """Keep the installation a leftover directory holds, when it is complete and not kept yet."""
+    for cand in (d, d / MODULES_DIR, d / "old-modules"):
+        m = kp.tree_manifest(cand)
+        if m is not None:
+            kp.keep_tree(ctx.root, ctx.state_dir, cand,
+                         fw if fw is not None and fw.is_dir() else ctx.fw(m.driver_version), Additions())
+
+
+def _clean(ctx: _Ctx, notes: list[str]) -> None:
+    for d in _leftovers(ctx.updates):
+        _rescue(ctx, d)
+        shutil.rmtree(d)
+        notes.append(f"removed leftover {d}")
+    for d in _leftovers(ctx.fwbase):
+        shutil.rmtree(d)
+        notes.append(f"removed leftover {d}")
+    for d in _leftovers(ctx.pkgs, (OLD_PREFIX,)):       # holding directories of older driverd versions
+        for v in (os.listdir(d / "firmware") if (d / "firmware").is_dir() else []) or [None]:
+            _rescue(ctx, d, d / "firmware" / v if v else None)
+        shutil.rmtree(d)
+        notes.append(f"removed leftover {d}")
+    for d in _leftovers(kept_base(ctx.root, ctx.state_dir)):
+        shutil.rmtree(d)
+        notes.append(f"removed incomplete kept entry {d}")
+
+
+def _migrate_legacy(ctx: _Ctx, notes: list[str]) -> None:
+    """Older driverd kept the replaced tree in previous/<release>/ with a state.json."""
+    legacy = ctx.prev_rec.parent / ctx.release
+    if not legacy.is_dir():
+        return
+    st = _read_json(legacy / "state.json")
+    if st and _read_json(ctx.prev_rec) is None:
+        if st.get("had_modules"):
+            m = kp.tree_manifest(legacy / MODULES_DIR)
+            fw = legacy / FIRMWARE_DIR / m.driver_version if m else None
+            k = kp.keep_tree(ctx.root, ctx.state_dir, legacy / MODULES_DIR,
+                             fw if fw is not None and fw.is_dir() else (ctx.fw(m.driver_version) if m else None),
+                             Additions())
+            if k is not None:
+                atomic_write_json(ctx.prev_rec, {"sha256": k.sha, "replaced_by": None, "at": _now()})
+        else:
+            atomic_write_json(ctx.prev_rec, {"sha256": None, "replaced_by": None, "at": _now()})
+    shutil.rmtree(legacy)
+    notes.append(f"moved the previous installation of {ctx.release} from {legacy} into the kept store")
+
+
+# -- depmod / modprobe ----------------------------------------------------------------------------
 
 def _depmod(root: Root, release: str, runner: Runner, check: bool = True) -> str:
     exe = which("depmod")
@@ -374,62 +705,3 @@ def _resolves(root: Root, release: str, runner: Runner, strict: bool = False) ->
     return [ln.split()[-1] for ln in res.stdout.splitlines() if ln.startswith("insmod ")]
 
 
-def rollback_install(root: Root | str | os.PathLike, release: str, runner: Runner | None = None, *,
-                     state_dir: str = "/var/lib/driverd") -> InstallReport:
-    """Put the previous installation back. The one rolled back from becomes `previous`, so a second
-    rollback returns to it."""
-    root, runner = _root(root), runner or Runner()
-    prev = previous_dir(root, release, state_dir)
-    state = None
-    try:
-        state = json.loads((prev / "state.json").read_text())
-    except (OSError, ValueError):
-        pass
-    if state is None:
-        raise PackageError(f"no previous installation is kept for kernel {release}",
-                           cause=f"{prev} is missing", fix="install the wanted package with driverd install")
-    mdir = modules_dir(root, release)
-    cur_sha = installed_sha256(root, release)
-    mdir.parent.mkdir(parents=True, exist_ok=True)
-    hold = _holding(root, state_dir)          # becomes the new `previous`
-    try:
-        had_cur = False
-        if (prev / "modules").is_dir():
-            stage = mdir.parent / f"{STAGING_PREFIX}rollback"
-            shutil.rmtree(stage, ignore_errors=True)
-            move(prev / "modules", stage)
-            if switch_in(stage, mdir, mdir.parent / f"{OLD_PREFIX}rollback"):
-                had_cur = True
-                move(mdir.parent / f"{OLD_PREFIX}rollback", hold / "modules")
-        elif mdir.exists():
-            move(mdir, hold / "modules")
-            had_cur = True
-        if (prev / "firmware").is_dir():
-            for v in os.listdir(prev / "firmware"):
-                fd = firmware_dir(root, v)
-                fd.parent.mkdir(parents=True, exist_ok=True)
-                stage = fd.parent / f"{STAGING_PREFIX}rollback"
-                shutil.rmtree(stage, ignore_errors=True)
-                move(prev / "firmware" / v, stage)
-                if switch_in(stage, fd, fd.parent / f"{OLD_PREFIX}rollback"):
-                    (hold / "firmware").mkdir(exist_ok=True)
-                    move(fd.parent / f"{OLD_PREFIX}rollback", hold / "firmware" / v)
-        dep = _depmod(root, release, runner)
-        atomic_write_json(hold / "state.json", {
-            "had_modules": had_cur, "package_sha256": cur_sha, "replaced_by_sha256": state.get("package_sha256"),
-            "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
-        shutil.rmtree(prev)
-        move(hold, prev)
-    finally:
-        shutil.rmtree(hold, ignore_errors=True)
-    m = _installed_manifest(mdir)
-    return InstallReport("", installed_sha256(root, release) or "", m.driver_version if m else "",
-                         m.flavor if m else "", release, str(mdir), None, str(prev), changed=True, depmod=dep,
-                         resolves=_resolves(root, release, runner) if m else [])
-
-
-def _installed_manifest(mdir: Path) -> Manifest | None:
-    try:
-        return Manifest.loads((mdir / MANIFEST_NAME).read_bytes(), str(mdir / MANIFEST_NAME))
-    except (OSError, PackageError):
-        return None

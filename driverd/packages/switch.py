@@ -43,6 +43,25 @@ def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     raise OSError(e, os.strerror(e), os.fspath(a))
 
 
+def replace_dir(new: str | os.PathLike, target: str | os.PathLike) -> str | None:
+    """Make the directory `new` appear at `target` (same filesystem). Returns the path that now holds
+    what `target` held, for the caller to delete (it is `new` itself after an exchange, `new` + ".old"
+    after the two-rename fallback), or None when `target` did not exist."""
+    new, target = os.fspath(new), os.fspath(target)
+    if not os.path.lexists(target):
+        os.rename(new, target)
+        fsync_dir(os.path.dirname(target))
+        return None
+    if exchange(new, target):            # looked up at call time: tests wrap it
+        fsync_dir(os.path.dirname(target))
+        return new
+    old = new + ".old"
+    os.rename(target, old)
+    os.rename(new, target)
+    fsync_dir(os.path.dirname(target))
+    return old
+
+
 def switch_in(new: str | os.PathLike, target: str | os.PathLike, old_out: str | os.PathLike) -> bool:
     """Make `new` appear at `target`. When `target` existed its old contents end up at `old_out`
     (which must not exist; same filesystem as target). Returns True when there was an old tree."""

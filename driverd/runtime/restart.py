@@ -1,8 +1,14 @@
-"""Restart a runtime after its configuration changed, then wait (bounded) until its socket answers.
+"""Restart a runtime after its configuration changed, then wait (bounded) until it answers again.
 
-systemd: `systemctl restart UNIT` (through `chroot ROOT` when driverd runs in a container with the
-host at ROOT). signal: SIGHUP, which dockerd and CRI-O take as "reload the configuration";
-containerd has no reload, so signal is refused for it. none: report that a restart is needed.
+systemd: ask `systemctl is-active UNIT` first (through `chroot ROOT` when driverd runs in a container
+with the host at ROOT). Only an active unit is restarted, with `systemctl try-restart --no-block`; one
+that is not running reads the new configuration when it starts. Never a synchronous `systemctl
+restart`: at boot driverd.service runs Before=containerd.service, so a blocking restart job would wait
+for driverd itself until its timeout (and the failed step would roll back the driver it just loaded).
+After the non-blocking restart driverd waits, bounded by the timeout, for a new invocation of the
+unit and then for its socket; running out of time is a note in the report, never a hang.
+signal: SIGHUP, which dockerd and CRI-O take as "reload the configuration"; containerd has no reload,
+so signal is refused for it. none: report that a restart is needed.
 Running containers survive all three: containerd/CRI-O shims and Docker with live-restore keep them.
 """
 from __future__ import annotations
@@ -12,8 +18,9 @@ import signal
 import socket
 import time
 
+from driverd.errors import DriverdError
 from driverd.root import Root
-from driverd.runner import Runner
+from driverd.runner import Result, Runner
 
 UNITS = {"crio": "crio", "docker": "docker"}
 COMMS = {"containerd": ("containerd", "k3s-server", "k3s-agent", "rke2"), "crio": ("crio",),
@@ -51,22 +58,109 @@ def _pids(root: Root, comms: tuple[str, ...]) -> list[int]:
     return out
 
 
+# What `systemctl is-active` prints; anything else (empty, an error) means systemd could not be asked.
+UNIT_STATES = ("active", "reloading", "refreshing", "inactive", "activating", "deactivating", "failed",
+               "maintenance", "unknown")
+
+
+def systemd_decision(runtime: str, unit: str, state: str) -> tuple[bool, str]:
+    """(restart it?, why) from the unit state `systemctl is-active` printed. Pure.
+
+    Only a running unit is restarted (try-restart --no-block). A unit that is not running, or is
+    starting right now (at boot: waiting for driverd.service, which is ordered before it), is left
+    alone: it reads the new configuration when it starts, and a restart job could only wait for us.
+    """
+    state = (state or "").strip() or "unknown"
+    if state in ("active", "reloading", "refreshing"):
+        return True, f"{unit} is {state}"
+    if state == "activating":
+        return False, (f"{unit} is starting (activating): not restarted, it reads the new configuration as it "
+                       f"starts; if it had already read it before driverd's change, restart {unit} once it is up")
+    if state == "deactivating":
+        return False, f"{unit} is stopping: not restarted; {runtime} reads the new configuration when it starts again"
+    return False, f"{unit} is {state}: not restarted; {runtime} reads the new configuration when it starts"
+
+
+def _systemctl(root: Root, *args: str) -> list[str]:
+    argv = ["systemctl", *args]
+    return argv if root.is_slash else ["chroot", root.base] + argv
+
+
+def _show(root: Root, unit: str, runner: Runner) -> dict[str, str]:
+    """ActiveState and InvocationID of `unit` ({} when systemd cannot be asked)."""
+    try:
+        res = runner.run(_systemctl(root, "show", "-p", "ActiveState", "-p", "InvocationID", unit), timeout=15,
+                         check=False, mutates=False)
+    except DriverdError:
+        return {}
+    if not res.ok:
+        return {}
+    return dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+
+
+def _is_active(root: Root, unit: str, runner: Runner) -> tuple[str | None, Result | None, str]:
+    argv = _systemctl(root, "is-active", unit)
+    try:
+        res = runner.run(argv, timeout=15, check=False, mutates=False)
+    except DriverdError as e:
+        return None, None, f"{' '.join(argv)} failed: {e.one_line()}"
+    first = (res.stdout.strip().splitlines() or [""])[0].strip()
+    if first in UNIT_STATES:
+        return first, res, ""
+    return None, res, f"{' '.join(argv)} failed: {res.first_error_line()}"
+
+
+def _systemd_restart(root: Root, runtime: str, unit: str, socket_path: str | None, runner: Runner,
+                     timeout_s: float) -> tuple[bool, str, float | None]:
+    argv = _systemctl(root, "try-restart", "--no-block", unit)
+    if runner.dry_run:
+        runner.run(argv)                               # recorded, not run
+        return False, f"would run: {' '.join(argv)} (only if {unit} is active)", None
+    state, _, err = _is_active(root, unit, runner)
+    if state is None:
+        return False, err, None
+    restart_it, why = systemd_decision(runtime, unit, state)
+    if not restart_it:
+        return False, why, None
+    start = time.monotonic()
+    before = _show(root, unit, runner).get("InvocationID") or None
+    try:
+        res = runner.run(argv, timeout=30, check=False)
+    except DriverdError as e:
+        return False, f"{' '.join(argv)} failed: {e.one_line()}", None
+    if not res.ok:
+        return False, f"{' '.join(argv)} failed: {res.first_error_line()}", None
+    what = f"{why}: ran {' '.join(argv)}"
+    deadline = start + timeout_s
+    if before:      # --no-block returned at once: wait (bounded) for the new invocation to be up
+        while True:
+            now = _show(root, unit, runner)
+            new = now.get("InvocationID") not in (None, "", before)
+            if new and now.get("ActiveState") == "active":
+                break
+            if new and now.get("ActiveState") == "failed":
+                return True, f"{what}; {unit} failed to start again: see journalctl -u {unit}", None
+            if time.monotonic() >= deadline:
+                return True, (f"{what}; {unit} was not running again within {timeout_s:g}s (the restart is queued "
+                              f"in systemd, which may be waiting for other units first): check systemctl status {unit}"), None
+            time.sleep(0.2)
+    if not socket_path:
+        return True, what, None
+    waited = wait_socket(str(root.real(socket_path)), max(0.0, deadline - time.monotonic()))
+    if waited is None:
+        return True, (f"{what}; its socket {socket_path} did not answer within {timeout_s:g}s: {runtime} may "
+                      f"still be starting, check systemctl status {unit}"), None
+    return True, f"{what}; {socket_path} answered after {waited:g}s", waited
+
+
 def restart(root: Root, runtime: str, unit: str, socket_path: str | None, mode: str, runner: Runner,
             timeout_s: float = 30.0) -> tuple[bool, str, float | None]:
     """(restarted, what happened, seconds until the socket answered)."""
     if mode == "none":
         return False, f"restart {runtime} to apply the change (restart mode 'none')", None
     if mode == "systemd":
-        argv = ["systemctl", "restart", unit]
-        if not root.is_slash:
-            argv = ["chroot", root.base] + argv
-        res = runner.run(argv, timeout=max(timeout_s, 30), check=False)
-        if res.dry_run:
-            return False, f"would run: {' '.join(argv)}", None
-        if not res.ok:
-            return False, f"{' '.join(argv)} failed: {res.first_error_line()}", None
-        what = f"ran {' '.join(argv)}"
-    elif mode == "signal":
+        return _systemd_restart(root, runtime, unit, socket_path, runner, timeout_s)
+    if mode == "signal":
         if runtime == "containerd":
             return False, ("containerd does not reload its configuration on a signal; "
                            "restart it (--restart systemd) to apply the change"), None

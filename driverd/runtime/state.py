@@ -12,10 +12,8 @@ import difflib
 import errno
 import hashlib
 import json
-import os
 
-from driverd.errors import RuntimeConfigError
-from driverd.fsutil import atomic_write, atomic_write_json
+from driverd.errors import HostPathError, RuntimeConfigError
 from driverd.root import Root
 from driverd.runtime.model import Change, ChangeReport, FileEdit
 
@@ -41,7 +39,7 @@ def load(root: Root) -> dict:
 
 
 def save(root: Root, data: dict) -> None:
-    atomic_write_json(root.path(STATE_FILE), data)
+    root.atomic_write_json(STATE_FILE, data)
 
 
 def backup_path(hostpath: str) -> str:
@@ -56,6 +54,13 @@ def read(root: Root, hostpath: str) -> bytes | None:
         return None
     except IsADirectoryError:
         raise RuntimeConfigError(f"{hostpath} is a directory, not a file", fix="pass the config file's path") from None
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise RuntimeConfigError(f"cannot read {hostpath} under {root.base}: too many levels of symbolic links",
+                                 cause=f"a link on the way to {hostpath} loops inside the host root",
+                                 fix="replace the looping link with a real directory or file; nothing was changed"
+                                 ) from None
 
 
 def unified_diff(path: str, old: bytes | None, new: bytes | None) -> str:
@@ -74,14 +79,12 @@ def _write_error(path: str, e: OSError) -> RuntimeConfigError:
 
 
 def _put(root: Root, hostpath: str, data: bytes | None) -> None:
-    real = root.path(hostpath) if not root.path(hostpath).is_symlink() else root.real(hostpath)
+    """Write (or with None remove) `hostpath` inside the root. A symlinked config file is written
+    through to its target inside the root, and removing undoes exactly that (the link stays)."""
     if data is None:
-        try:
-            os.unlink(real)
-        except FileNotFoundError:
-            pass
+        root.unlink(hostpath, follow_symlink=True)
     else:
-        atomic_write(real, data)
+        root.atomic_write(hostpath, data)
 
 
 def apply(root: Root, runtime: str, handler: str, edits: list[FileEdit], report: ChangeReport,
@@ -103,8 +106,8 @@ def apply(root: Root, runtime: str, handler: str, edits: list[FileEdit], report:
                 frec = {"created": e.old is None, "backup": None, "fmt": e.fmt, "changes": [], "marker": e.marker}
                 if e.old is not None:
                     bp = backup_path(e.path)
-                    if not root.path(bp).exists():   # one backup of the original, never overwritten
-                        atomic_write(root.path(bp), e.old, 0o600)
+                    if not root.exists(bp):          # one backup of the original, never overwritten
+                        root.atomic_write(bp, e.old, 0o600)
                     frec["backup"] = bp
                     report.backups.append(bp)
             _put(root, e.path, e.new)
@@ -114,13 +117,15 @@ def apply(root: Root, runtime: str, handler: str, edits: list[FileEdit], report:
             rec["files"][e.path] = frec
             report.files_changed.append(e.path)
         save(root, data)
-    except OSError as err:
+    except (OSError, HostPathError) as err:
         for e in reversed(done):          # put back what this run already wrote
             try:
                 _put(root, e.path, e.old)
-            except OSError:
+            except (OSError, HostPathError):
                 pass
         report.files_changed = []
+        if isinstance(err, HostPathError):   # already one line naming the path, cause and fix
+            raise
         raise _write_error(getattr(err, "filename", None) or (edits[len(done)].path if len(done) < len(edits)
                                                                else STATE_FILE), err) from None
 
@@ -169,10 +174,7 @@ def revert(root: Root, runtime: str, report: ChangeReport, dry_run: bool) -> Non
         report.files_changed.append(path)
     for frec in rec["files"].values():
         if frec.get("backup"):
-            try:
-                os.unlink(root.path(frec["backup"]))
-            except FileNotFoundError:
-                pass
+            root.unlink(frec["backup"])
     del data["runtimes"][runtime]
     save(root, data)
 

@@ -17,7 +17,6 @@ import struct
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 EM_BY_ARCH = {"x86_64": 62, "aarch64": 183}
 ET_REL = 1
@@ -253,31 +252,10 @@ def write_nvidia_build(directory: str | os.PathLike, version: str = DEFAULT_VERS
 
 # -- signing with the kernel's own sign-file ---------------------------------------------------
 
-SIGN_FILE_CANDIDATES = ("/usr/lib/linux-kbuild-6.1/scripts/sign-file",)
-
-
 def find_sign_file(headers: str | os.PathLike | None = None) -> str | None:
-    """The kernel's scripts/sign-file: from the given headers, any installed kbuild, or PATH."""
-    cands: list[str] = []
-    if headers:
-        cands.append(os.path.join(os.fspath(headers), "scripts", "sign-file"))
-    cands += list(SIGN_FILE_CANDIDATES)
-    try:
-        for d in sorted(os.listdir("/usr/lib")):
-            if d.startswith("linux-kbuild-"):
-                cands.append(f"/usr/lib/{d}/scripts/sign-file")
-    except OSError:
-        pass
-    try:
-        for d in sorted(os.listdir("/usr/src")):
-            if d.startswith("linux-headers-"):
-                cands.append(f"/usr/src/{d}/scripts/sign-file")
-    except OSError:
-        pass
-    for c in cands:
-        if os.path.isfile(c) and os.access(c, os.X_OK):
-            return c
-    return shutil.which("sign-file") or shutil.which("kmodsign")
+    """The signer for this machine's fake modules (tests sign with this machine's kbuild)."""
+    from driverd.packages.sign import find_sign_file as find
+    return find(headers)
 
 
 def make_signing_key(directory: str | os.PathLike, cn: str = "driverd test signing key") -> tuple[Path, Path]:

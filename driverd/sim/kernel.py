@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import time
@@ -31,8 +30,9 @@ from driverd.errors import ModuleError
 from driverd.fsutil import atomic_write, atomic_write_json
 from driverd.host import gputable, pci
 from driverd.host.modules import parse_proc_modules
+from driverd.kmod.holders import device_owner
 from driverd.kmod.kernel import Kernel, LoadedModule, kernel_error
-from driverd.kmod.modinfo import read_modinfo
+from driverd.modinfo import read_modinfo
 from driverd.root import Root
 
 STATE = "/run/driverd-sim/state.json"
@@ -45,17 +45,6 @@ BASE_DEVICES = [(1, "mem"), (4, "/dev/vc/0"), (4, "tty"), (5, "/dev/tty"), (5, "
 MODULE_DEVICES = {"nvidia": [(195, "nvidia"), (235, "nvidia-caps")], "nvidia_uvm": [(510, "nvidia-uvm")]}
 NVSWITCH_MAJOR = 509
 INT_TYPES = ("int", "uint", "long", "ulong", "short", "ushort", "byte", "ullong", "hexint")
-
-
-def device_owner(dev: str) -> str | None:
-    """Which module a character device belongs to (its open files pin that module)."""
-    if dev.startswith("/dev/nvidia-uvm"):
-        return "nvidia_uvm"
-    if dev == "/dev/nvidia-modeset":
-        return "nvidia_modeset"
-    if re.match(r"^/dev/nvidia(ctl|\d+|-caps/.*|-nvswitch.*)$", dev):
-        return "nvidia"
-    return None
 
 
 class SimKernel(Kernel):
@@ -329,7 +318,7 @@ class SimKernel(Kernel):
             _bind(self.root, g.pci_address, "nvidia")
         for s in self._nvswitches():
             _bind(self.root, s.pci_address, "nvidia-nvswitch")
-        self._log(f"nvidia: loading out-of-tree module taints kernel.",
+        self._log("nvidia: loading out-of-tree module taints kernel.",
                   f"NVRM: loading {nvidia_version_line(info.version or '0.0', info.flavor).splitlines()[0][14:]}")
 
     # -- unload ------------------------------------------------------------------------------------
@@ -365,6 +354,27 @@ class SimKernel(Kernel):
                 if g.bound_driver == "nouveau":
                     _unbind(self.root, g.pci_address, "nouveau")
         self._log(f"{name}: unloaded")
+        self._save()
+
+    def reboot(self) -> None:
+        """A simulated reboot: the driver and its processes are gone, nouveau is gone too when the
+        modprobe.d files now blacklist it (else it comes back as it was), the boot id changes."""
+        import uuid
+        from driverd.host.nouveau import read_nouveau
+        blacklisted = read_nouveau(self.root, []).blacklisted
+        for pid in list(self._state["procs"]):
+            shutil.rmtree(self._p(f"/proc/{pid}"), ignore_errors=True)
+        self._state["procs"] = {}
+        for m in list(reversed(self._state["modules"])):
+            if m["name"].startswith("nvidia") or (m["name"] == "nouveau" and blacklisted):
+                m["holders"], m["pinned"] = [], 0
+        for m in list(reversed(self._state["modules"])):
+            if m["name"].startswith("nvidia") or (m["name"] == "nouveau" and blacklisted):
+                for other in self._state["modules"]:
+                    other["holders"] = [h for h in other["holders"] if h != m["name"]]
+                self.unload(m["name"])
+        _write(self._p("/proc/sys/kernel/random/boot_id"), str(uuid.uuid4()) + "\n")
+        self._log("reboot: a new boot")
         self._save()
 
     def _destroy_mig_instances(self) -> None:

@@ -78,7 +78,7 @@ TEXT_FILES = ["/proc/modules", "/proc/cmdline", "/proc/version", "/proc/sys/kern
               "/sys/module/nvidia/initstate", "/sys/module/nvidia/taint", "/sys/module/nvidia/version",
               "/sys/kernel/security/lockdown", "/sys/module/module/parameters/sig_enforce",
               "/etc/modprobe.d/blacklist-nouveau.conf", "/etc/containerd/config.toml",
-              "/boot/config-6.1.0-47-cloud-amd64", f"/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-e0a9e8d14b8c"]
+              "/boot/config-6.1.0-47-cloud-amd64", "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-e0a9e8d14b8c"]
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 """Simulated hosts with the simulated kernel and fake packages (real ELF modules, real depmod)."""
 from __future__ import annotations
 
-import shutil
 
 import pytest
 

@@ -25,7 +25,7 @@ def test_runtime_change_is_undone_when_a_later_step_fails(tmp_path):
     """configure-runtime has an undo: when a step after it fails, containerd's config is restored."""
     from driverd import config as config_mod
     from driverd.errors import DriverdError
-    from driverd.kmod.commands import executor, make_context
+    from driverd.apply.lifecycle import executor, make_context
     from driverd.root import Root
     from driverd.runner import Runner
     from driverd.sim.scenario import dgx_spec, make_host
@@ -40,10 +40,11 @@ def test_runtime_change_is_undone_when_a_later_step_fails(tmp_path):
         doc = executor(ctx).run("apply", steps)
     except DriverdError:
         doc = None
+    assert doc is not None and doc["state"] == "rolled-back"
     assert (root / "etc/containerd/config.toml").read_bytes() == before
     journal = (root / "var/lib/driverd/journal.json").read_text()
     assert '"files_changed": [' in journal and "config.toml" in journal     # configure-runtime did write
-    assert '"revert-runtime"' in journal                                     # and its undo ran
+    assert '"restore-files"' in journal                                      # and its undo ran
 
 
 def _tree(root):

@@ -70,11 +70,26 @@ def test_unknown_parameter_is_an_error_not_ignored(host):
     assert any("unknown parameter 'NVreg_Bogus' ignored" in ln for ln in k.log_since(0))
 
 
-def test_bad_parameter_value_is_einval_with_kernel_words(host):
+def test_bad_parameter_value_is_refused_by_type_before_the_kernel_sees_it(host):
     k = kernel_of(host)
-    with pytest.raises(ModuleError) as e:
+    with pytest.raises(ConfigError) as e:
         ld.load(k, CORE, {"nvidia_uvm": {"uvm_perf_prefetch_enable": "maybe"}}, ("535.261.03", "open"))
+    assert "uvm_perf_prefetch_enable='maybe' (uint wants an unsigned integer)" in e.value.message
+    assert not k.is_loaded("nvidia")
+    # The kernel itself refuses it the same way (EINVAL, with its own words in the log).
+    with pytest.raises(ModuleError) as e:
+        k.load("nvidia_uvm", {"uvm_perf_prefetch_enable": "maybe"})
     assert "Invalid argument" in e.value.message and "invalid for parameter" in e.value.cause
+
+
+@pytest.mark.parametrize("ptype,value,ok", [
+    ("int", "-5", True), ("int", "0x1f", True), ("int", "2147483648", False), ("uint", "-1", False),
+    ("uint", "4294967295", True), ("byte", "255", True), ("byte", "256", False), ("ulong", "18446744073709551615", True),
+    ("bool", "Y", True), ("bool", "on", True), ("bool", "off", True), ("bool", "maybe", False), ("invbool", "0", True),
+    ("charp", "anything at all", True), ("charp", "x" * 1025, False), ("array of int", "1,2,3", True),
+    ("array of int", "1,x", False), ("hexint", "0xff", True), ("short", "-32769", False), (None, "whatever", True)])
+def test_parameter_values_are_judged_by_the_kernels_rules(ptype, value, ok):
+    assert (ld.value_problem(ptype, value) is None) == ok
 
 
 def test_wrong_vermagic_and_unsigned_under_enforcement(host, tmp_path):
@@ -166,7 +181,7 @@ def test_real_depmod_and_modprobe_agree_with_load_order(host):
 @pytest.mark.real
 def test_modinfo_tool_and_elf_reader_agree(host):
     require_binary("modinfo")
-    from driverd.kmod.modinfo import modinfo_tool, read_modinfo
+    from driverd.modinfo import modinfo_tool, read_modinfo
     k = kernel_of(host)
     path = str(k.root.real(k.module_file("nvidia")))
     a, b = modinfo_tool(Runner(), path), read_modinfo(path)
@@ -195,7 +210,8 @@ def test_real_kernel_argv_and_refusals(host):
 
 def test_mig_layout_restored_across_reload(host):
     from driverd.kmod import mig
-    from driverd.kmod.mig import GpuInstance, GpuMig, ComputeInstance, SimMig
+    from driverd.kmod.mig import GpuInstance, GpuMig, ComputeInstance
+    from driverd.sim.services import SimMig
     k = kernel_of(host)
     ld.load(k, CORE, {}, ("535.261.03", "open"))
     g = GpuMig("0000:18:00.0", True, (GpuInstance(9, 0, 4, (ComputeInstance(0),)), GpuInstance(9, 4, 4)))

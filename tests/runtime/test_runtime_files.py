@@ -282,5 +282,6 @@ def test_restart_systemd_dry_run_goes_through_the_host_root(tmp_path):
     host = _ctd_host(tmp_path, (RT / "containerd/v2.toml").read_text())
     runner = Runner(dry_run=True)
     rep = configure(Root(host), "containerd", Options(restart="systemd", dry_run=True), runner)
-    assert rep.restart_detail == f"would run: chroot {host} systemctl restart containerd"
+    assert rep.restart_detail == (f"would run: chroot {host} systemctl try-restart --no-block containerd "
+                                  "(only if containerd is active)")
     assert not (host / STATE_FILE.lstrip("/")).exists()

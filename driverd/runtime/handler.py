@@ -1,5 +1,5 @@
-"""configure / revert one container runtime: the step functions the executor calls for the plan's
-`configure-runtime` step, and what `driverd runtime configure|revert` runs.
+"""configure / revert one container runtime's handler: what the executor's `configure-runtime` and
+`revert-runtime` steps and `driverd runtime configure|revert` run.
 
 Idempotent: a second run with the same options computes the same files, writes nothing and restarts
 nothing. The CDI spec is recorded on its own ("cdi") because several runtimes share it.

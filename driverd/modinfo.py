@@ -1,14 +1,22 @@
-"""What a kernel module file declares: the NUL-separated key=value strings of its ELF `.modinfo`
-section (version, license, vermagic, depends, firmware, parm/parmtype) and whether a signature is
-appended. Read directly from the file, the way the kernel itself reads it at load time, so the
-simulated kernel and the validation before a real load judge the same bytes. `modinfo_tool` runs
-kmod's own `modinfo` for what only it decodes (the PKCS#7 signer)."""
+"""What a kernel module file declares, read in one place for the whole of driverd (packages and the
+module lifecycle alike):
+
+- `read_modinfo`: the NUL-separated key=value strings of the file's ELF `.modinfo` section (version,
+  license, vermagic, depends, firmware, parm/parmtype) and whether a signature is appended, read
+  the way the kernel itself reads them at load time, so the simulated kernel and the validation
+  before a real load judge the same bytes;
+- `parse_modinfo` / `modinfo` / `modinfo_tool`: kmod's own `modinfo` output, for what only it
+  decodes (the PKCS#7 signer), one run for many files."""
 from __future__ import annotations
 
 import lzma
 import os
 import struct
 from dataclasses import dataclass, field
+from typing import Sequence
+
+from driverd.errors import CommandError, PackageError
+from driverd.runner import Runner, which
 
 SIG_MAGIC = b"~Module signature appended~\n"
 OPEN_LICENSES = ("Dual MIT/GPL", "GPL", "Dual BSD/GPL", "GPL v2")
@@ -138,9 +146,7 @@ def read_modinfo(path: str | os.PathLike) -> ModInfo:
 
 
 def parse_tool_output(path: str, text: str) -> ModInfo:
-    """`modinfo FILE` output into a ModInfo (the tool's format is parsed in one place:
-    driverd.packages.modinfo.parse_modinfo)."""
-    from driverd.packages.modinfo import parse_modinfo
+    """`modinfo FILE` output into a ModInfo (the tool's format is parsed in one place: parse_modinfo)."""
     rec = (parse_modinfo(text) or [{}])[0]
     fields: list[tuple[str, str]] = []
     for k, values in rec.items():
@@ -163,8 +169,6 @@ def parse_tool_output(path: str, text: str) -> ModInfo:
 
 def modinfo_tool(runner, path: str) -> ModInfo | None:
     """kmod's `modinfo FILE`, or None when the tool is missing (callers fall back to read_modinfo)."""
-    from driverd.errors import CommandError
-    from driverd.runner import which
     exe = which("modinfo")
     if exe is None:
         return None
@@ -175,3 +179,59 @@ def modinfo_tool(runner, path: str) -> ModInfo | None:
     if res.returncode != 0:
         return None
     return parse_tool_output(path, res.stdout)
+
+
+# -- kmod's modinfo tool --------------------------------------------------------------------------
+SINGLE_FIELDS = ("name", "version", "vermagic", "srcversion", "signer", "sig_key", "sig_hashalgo")
+
+
+def parse_modinfo(text: str) -> list[dict[str, list[str]]]:
+    """Split `modinfo a.ko b.ko` output into one dict per file: field -> values (in order).
+
+    Continuation lines (the signature's hex dump) start with a tab and belong to the previous field.
+    """
+    out: list[dict[str, list[str]]] = []
+    cur: dict[str, list[str]] | None = None
+    last: str | None = None
+    for line in text.splitlines():
+        if line.startswith(("\t", " ")) and cur is not None and last is not None:
+            cur[last][-1] += line.strip()
+            continue
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key, value = key.strip(), value.strip()
+        if key == "filename":
+            cur = {}
+            out.append(cur)
+        if cur is None:
+            cur = {}
+            out.append(cur)
+        cur.setdefault(key, []).append(value)
+        last = key
+    return out
+
+
+def modinfo(paths: Sequence[str | os.PathLike], runner: Runner | None = None) -> dict[str, dict[str, list[str]]]:
+    """filename -> fields for every module, from one `modinfo` run."""
+    runner = runner or Runner()
+    exe = which("modinfo")
+    if exe is None:
+        raise PackageError("modinfo is not installed", cause="kmod is missing", fix="install kmod")
+    if not paths:
+        return {}
+    res = runner.run([exe, *map(os.fspath, paths)], timeout=60, check=False, mutates=False)
+    if not res.ok:
+        raise PackageError(f"modinfo could not read a module: {res.first_error_line()}",
+                           cause="a .ko file is damaged or not a kernel module", fix="rebuild the package")
+    parsed = parse_modinfo(res.stdout)
+    return {os.path.realpath(p["filename"][0]): p for p in parsed if p.get("filename")}
+
+
+def first(fields: dict[str, list[str]], key: str) -> str | None:
+    v = fields.get(key)
+    return v[0] if v else None
+
+
+def module_name_from_file(path: str | os.PathLike) -> str:
+    return module_name(os.fspath(path))

@@ -1,4 +1,5 @@
-"""load, unload, reload, rollback, status, apply, demo: the kernel-module lifecycle commands."""
+"""load, unload, reload, rollback, status, apply, demo: the lifecycle commands (driverd.apply.lifecycle
+runs them; this module parses and renders)."""
 from __future__ import annotations
 
 from driverd.cli.output import emit
@@ -10,6 +11,13 @@ KERNEL_HELP = "kernel boundary: real (kmod tools), sim (simulated kernel of a ho
 def _common(p) -> None:
     p.add_argument("--dry-run", action="store_true", help="print what would run; change nothing")
     p.add_argument("--kernel", choices=("auto", "real", "sim"), help=KERNEL_HELP)
+    add_wait(p)
+
+
+def add_wait(p) -> None:
+    p.add_argument("--wait", type=float, metavar="SECONDS", default=None,
+                   help="wait up to SECONDS for another driverd transaction on this host to finish (default: "
+                        "state.lock_wait_s, 0: exit 3 at once naming the holder)")
 
 
 def register(sub, common) -> None:
@@ -51,7 +59,16 @@ def register(sub, common) -> None:
 
     p = sub.add_parser("apply", parents=[common], formatter_class=fmt, help="plan and execute: bring the host to the desired driver",
                        description="Read the host, plan (as `driverd plan`), and execute the plan step by step with "
-                       "the journal.\n\nexample:\n  driverd apply --driver 535.261.03")
+                       "the journal, under the host lock. An interrupted earlier run is finished (or rolled back) "
+                       "first, and said so. A host already as requested is left alone and nothing is written.\n\n"
+                       "When the plan needs a reboot (nouveau in use, or a kernel that cannot unload modules), apply "
+                       "does what is safe before it (blacklist nouveau, fetch, verify and install the package for "
+                       "the next boot, configure runtimes), records the reason in <state.dir>/reboot-required.json, "
+                       "writes /var/run/reboot-required (the sentinel kured and Ubuntu watch) and exits 4. After "
+                       "the reboot, apply finishes and clears both.\n\n"
+                       "exit codes: 0 done or nothing to do, 2 bad configuration, 3 blocked, failed and rolled back, "
+                       "or the host lock is held, 4 reboot required to finish\n\n"
+                       "example:\n  driverd apply --driver 535.261.03")
     _common(p)
     p.add_argument("--driver", metavar="VERSION", help="driver version (default: driver.version)")
     p.add_argument("--flavor", choices=("auto", "open", "proprietary"))
@@ -73,58 +90,53 @@ def register(sub, common) -> None:
 
 
 def cmd_run(ctx, args) -> int:
-    from driverd.kmod import commands as c
+    from driverd.apply import lifecycle as lc
     cfg = ctx.config
     if args.kind == "apply":
         cfg = cfg.with_overrides({"driver.version": args.driver, "driver.flavor": args.flavor})
-    sctx = c.make_context(ctx.root, ctx.runner, cfg, args.kernel)
-    ex = c.executor(sctx)
-    if ctx.dry_run:        # nothing is done and no journal is written: the steps and whether each is needed
-        out = ex.preview(args.kind, c.steps_for(args.kind, sctx, ctx.root, cfg, args))
+    sctx = ctx.step_context(cfg, args.kernel)
+    req = lc.lifecycle_request(args.kind, package=getattr(args, "package", None),
+                               terminate=getattr(args, "terminate", False), cfg=cfg)
+    out = lc.transact(sctx, req, wait_s=args.wait, dry_run=ctx.dry_run)
+    return finish(ctx, out)
+
+
+def finish(ctx, out: dict, head=None) -> int:
+    """Print a transaction's outcome (after `head(out)`, a command's own summary) and turn it into
+    the exit code (a failed run raises)."""
+    from driverd.apply import lifecycle as lc
+    if out.get("dry_run"):
         emit(ctx.json, out, lambda o: f"{o['command']}: dry run, nothing changed")
         return EXIT_OK
-    c.require_changeable(sctx)
-    if args.kind == "rollback":
-        doc = ex.rollback_now("rollback requested") if ex.pending() else ex.run("rollback", c.rollback_steps(sctx))
-    elif ex.pending() is not None:
-        doc = ex.run(args.kind, [])            # finish the interrupted run first
-    else:
-        doc = ex.run(args.kind, c.steps_for(args.kind, sctx, ctx.root, cfg, args))
-    out = c.outcome(doc, sctx)
-    emit(ctx.json, out, render_outcome)
-    c.raise_for(out)
-    return EXIT_OK
+    emit(ctx.json, out, lambda o: "\n".join(t for t in ((head(o) if head else ""), render_outcome(o)) if t))
+    return lc.raise_for(out)
 
 
 def render_outcome(o: dict) -> str:
-    lines = [f"{o['command']}: {o['state']}" + (f" (resumed {o['resumed']}x)" if o["resumed"] else "")]
+    lines = []
+    f = o.get("finished_first")
+    if f:
+        lines.append(f"first finished the interrupted {f['command']} run {f['run_id']}: {f['state']}")
+    head = f"{o['command']}: {o['state']}" + (f" (resumed {o['resumed']}x)" if o["resumed"] else "")
+    if o["state"] == "nothing-to-do":
+        head = f"{o['command']}: nothing to do, the host is already as requested (no journal written)"
+    lines.append(head)
     lo = o["loaded"]
     lines.append(f"  loaded:    {lo['version']} ({lo['flavor']})" if lo else "  loaded:    no NVIDIA driver")
     ins = o["installed"]
     lines.append(f"  installed: {ins['version']} ({ins['flavor']})" if ins else "  installed: none")
+    for r in o.get("reboot_required") or []:
+        lines.append(f"  REBOOT REQUIRED: {r}")
     for w in o["warnings"]:
         lines.append(f"  warning:   {w}")
-    lines.append(f"  journal:   {o['journal']}")
+    if o["journal"]:
+        lines.append(f"  journal:   {o['journal']} (run {o['run_id']})")
     return "\n".join(lines)
 
 
 def cmd_status(ctx, args) -> int:
-    from driverd.kmod import commands as c
-    from driverd.kmod.holders import find_holders
-    sctx = c.make_context(ctx.root, ctx.runner, ctx.config, args.kernel)
-    doc = c.executor(sctx).journal.load()
-    from driverd.apply.steps import _loaded_identity
-    from driverd.kmod.load import installed_identity
-    inst = installed_identity(sctx.kernel)
-    h = find_holders(sctx.kernel)
-    out = {"loaded": _loaded_identity(sctx), "installed": None if inst is None else
-           {"version": inst[0], "flavor": inst[1], "sha256": inst[2]},
-           "modules": {n: {"refcount": m.refcount, "holders": list(m.holders)} for n, m in sctx.kernel.modules().items()
-                       if n.startswith("nvidia") or n == "nouveau"},
-           "holders": h.to_json(), "daemons": {d: sctx.services.running(d) for d in ("nvidia-persistenced", "nv-fabricmanager")},
-           "last_run": None if doc is None else {"run_id": doc["run_id"], "command": doc["command"], "state": doc["state"],
-                                                 "failure": doc.get("failure"), "warnings": doc.get("warnings", [])},
-           "kernel": sctx.kernel.name}
+    from driverd.apply import lifecycle as lc
+    out = lc.status(ctx.step_context(ctx.config, args.kernel))
     emit(ctx.json, out, render_status)
     return EXIT_OK
 
@@ -138,15 +150,24 @@ def render_status(s: dict) -> str:
     lines.append("daemons    " + ", ".join(f"{d} {'running' if r else 'stopped'}" for d, r in s["daemons"].items()))
     for p in s["holders"]["processes"]:
         lines.append(f"gpu user   pid {p['pid']} {p['cmdline'] or p['comm']}" + (f" pod {p['pod'] or p['pod_uid']}" if p["pod"] or p["pod_uid"] else ""))
+    rb = s["reboot_required"]
+    if rb:
+        lines.append("REBOOT REQUIRED: " + "; ".join(rb.get("reasons") or []))
+    h = s["lock_holder"]
+    if h:
+        lines.append(f"in progress  pid {h.get('pid')} ({h.get('command')}) holds the host lock")
+    if s["journal_problem"]:
+        lines.append(f"journal    {s['journal_problem']}")
     if lr:
         lines.append(f"last run   {lr['command']} {lr['state']} ({lr['run_id']})")
         if lr["failure"]:
             lines.append(f"  failure: {lr['failure']['step']}: {lr['failure']['error'].get('error')}")
-        if lr["state"] in ("running", "rolling-back"):
-            lines.append("  UNFINISHED: the next driverd load/unload/reload/apply resumes it; driverd rollback rolls it back")
+        if lr["unfinished"] and not h:
+            lines.append("  UNFINISHED: the next driverd command that changes the host finishes it first; "
+                         "driverd rollback rolls it back")
     return "\n".join(lines)
 
 
 def cmd_demo(ctx, args) -> int:
-    from driverd.kmod.demo import run_demo
+    from driverd.sim.demo import run_demo
     return run_demo(args.workdir, as_json=ctx.json)

@@ -1,0 +1,322 @@
+"""Every command that changes a host, as one transaction: load, unload, reload, rollback, apply,
+install, rollback-install, runtime configure/revert.
+
+A command is a `Request` (its name, what identifies it, how to build its steps). `transact` runs it:
+    --dry-run -> preview only (check() of each step; no lock, no journal)
+    take the host lock (exit 3 naming the holder, or wait)
+    a pending (interrupted) run is finished first - or rolled back, for `rollback` - and said so
+    build the steps from the host as it is now; a run whose steps are all in place writes nothing
+    execute with the journal; a plan that needs a reboot does what is safe before it and says so
+The CLI only parses arguments and renders what this returns.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+from driverd.apply.executor import Executor
+from driverd.apply.journal import UNFINISHED, Journal
+from driverd.apply.lock import HostLock
+from driverd.apply.step import StepContext
+from driverd.apply import steps as st
+from driverd.errors import EXIT_REBOOT, ModuleError, PackageError, PlanError
+
+# What may still be done when the plan needs a reboot first: nothing that touches the running driver.
+SAFE_BEFORE_REBOOT = ("blacklist-nouveau", "fetch-package", "verify-package", "install-package", "configure-runtime")
+
+
+def make_context(root, runner, config, kernel_choice: str | None = None, log=None) -> StepContext:
+    from driverd.kmod.daemons import select_services
+    from driverd.kmod.kernel import select_kernel
+    kernel = select_kernel(root, runner, kernel_choice or config["modules.kernel"])
+    services = select_services(kernel, config["daemons.mode"])
+    return StepContext(root, runner, kernel, config, services,
+                       log=log or (lambda m: print(m, file=sys.stderr, flush=True)))
+
+
+def journal(ctx: StepContext) -> Journal:
+    return Journal(ctx.root, ctx.config["state.dir"], ctx.config["state.journal_keep"], ctx.log)
+
+
+def executor(ctx: StepContext) -> Executor:
+    return Executor(ctx, journal(ctx), st.REGISTRY, st.converge)
+
+
+@dataclass
+class Request:
+    command: str
+    build: Callable[[StepContext], list[dict]]
+    identity: dict = field(default_factory=dict)     # what makes two requests the same command
+    changes_kernel: bool = True                       # needs a kernel that may change this root
+    reboot: list[str] = field(default_factory=list)   # filled by build when the plan needs a reboot
+
+
+# -- the step lists of each command ----------------------------------------------------------------
+
+def load_steps(ctx) -> list[dict]:
+    return [{"action": "snapshot"}, {"action": "check-parameters"}, {"action": "load-modules"},
+            {"action": "start-gpu-daemons"}, {"action": "validate"}]
+
+
+def unload_steps(policy: str | None = None) -> list[dict]:
+    return [{"action": "snapshot"}, {"action": "stop-gpu-daemons", "params": {"daemons": "all"}},
+            {"action": "unload-modules", "params": {"policy": policy} if policy else {}}]
+
+
+def reload_steps(package: str | None = None) -> list[dict]:
+    """Stage (verify) the new package and check the parameters against it while the old driver still
+    runs, then swap it in with the driver out of the kernel. Any failure converges back to the
+    recorded last-known-good."""
+    steps: list[dict] = [{"action": "snapshot"}]
+    expect = None
+    if package:
+        from driverd.packages.archive import read_manifest
+        m = read_manifest(package)
+        expect = [m.driver_version, m.flavor]
+        steps.append({"action": "verify-package", "params": {"package": package}})
+    steps.append({"action": "check-parameters", "params": {"package": package} if package else {}})
+    steps += [{"action": "stop-gpu-daemons", "params": {"daemons": "all"}}, {"action": "unload-modules"}]
+    if package:
+        steps.append({"action": "install-package", "params": {"package": package}})
+    load = {"action": "load-modules", "params": {"expect": expect} if expect else {}}
+    steps += [load, {"action": "restore-mig"}, {"action": "start-gpu-daemons"},
+              {"action": "validate", "params": {"expect": expect} if expect else {}}]
+    return steps
+
+
+def previous_target(ctx, release: str | None = None) -> str | None:
+    from driverd.packages.install import previous_sha
+    release = release or ctx.kernel.release
+    known, sha = previous_sha(ctx.root, release, ctx.config["state.dir"])
+    if not known:
+        raise PackageError(f"nothing to roll back to: no previous installation is recorded for {release}",
+                           cause="no driverd install has replaced another one on this kernel",
+                           fix="install the wanted package with driverd install")
+    return sha
+
+
+def rollback_steps(ctx) -> list[dict]:
+    """driverd rollback with no pending run: back to the previous installed package, loaded."""
+    target = previous_target(ctx)
+    return [{"action": "snapshot"}, {"action": "stop-gpu-daemons", "params": {"daemons": "all"}},
+            {"action": "unload-modules"},
+            {"action": "restore-previous-package", "params": {"target_sha256": target}},
+            {"action": "check-parameters"}, {"action": "load-modules"}, {"action": "restore-mig"},
+            {"action": "start-gpu-daemons"}, {"action": "validate"}]
+
+
+def install_steps(package: str, release: str | None, enforce: bool | None, sha256: str | None = None) -> list[dict]:
+    params = {"package": package, "kernel_release": release, "enforce": enforce}
+    if sha256:
+        params["sha256"] = sha256
+    return [{"action": "snapshot"}, {"action": "install-package", "params": params}]
+
+
+def plan_steps(plan) -> list[dict]:
+    """A driverd.plan Plan as executor steps: a snapshot first whenever the package or the driver is
+    touched, the package verified after its fetch, parameters checked before the unload."""
+    steps = [{"action": s.action, "params": dict(s.params), "reason": s.reason} for s in plan.steps]
+    for i, s in enumerate(steps):
+        if s["action"] == "fetch-package":
+            steps.insert(i + 1, {"action": "verify-package", "params": {}, "reason": "sha256 of every file"})
+            break
+    load = next((s for s in steps if s["action"] == "load-modules"), None)
+    if load is not None:
+        load["params"] = {"modules": load["params"].get("modules"), "parameters": load["params"].get("parameters"),
+                          "expect": [plan.driver_version, plan.flavor]}
+        at = next((i for i, s in enumerate(steps) if s["action"] in ("stop-gpu-daemons", "unload-modules",
+                                                                      "load-modules")), len(steps))
+        steps.insert(at, {"action": "check-parameters", "params": {"modules": load["params"]["modules"],
+                                                                   "parameters": load["params"]["parameters"]},
+                          "reason": "a bad value must be found before the driver is unloaded"})
+    for s in steps:
+        if s["action"] == "validate":
+            s["params"] = {"expect": [plan.driver_version, plan.flavor]}
+    if any(st.REGISTRY[s["action"]].touches for s in steps):
+        steps.insert(0, {"action": "snapshot"})
+    return steps
+
+
+def apply_request(cfg) -> Request:
+    """`driverd apply`: plan from the host's facts and execute; a plan that needs a reboot does the
+    safe part and records the reboot; after the reboot the rest is done and the record cleared."""
+    req = Request("apply", lambda ctx: [], {"driver": cfg["driver.version"], "flavor": cfg["driver.flavor"]})
+
+    def build(ctx) -> list[dict]:
+        from driverd.host import collect
+        from driverd.plan import Desired, plan
+        p = plan(collect(ctx.root, nvml=False, handler=cfg["runtime.handler"]), Desired.from_config(cfg))
+        if p.blocked_by:
+            raise PlanError("the plan is blocked: " + "; ".join(p.blocked_by), fix="see `driverd plan`")
+        steps = plan_steps(p)
+        rec = reboot_record(ctx)
+        if p.reboot_required:
+            req.reboot[:] = list(p.reboot_reasons)
+            steps = [s for s in steps if s["action"] in SAFE_BEFORE_REBOOT]
+            if any(st.REGISTRY[s["action"]].touches for s in steps):
+                steps.insert(0, {"action": "snapshot"})
+            steps.append({"action": "require-reboot", "params": {"reasons": list(p.reboot_reasons),
+                                                                 "target": [p.driver_version, p.flavor]}})
+        elif rec is not None and rec.get("boot_id") != st._boot_id(ctx):
+            steps.append({"action": "clear-reboot", "reason": "the host rebooted since the reboot was required"})
+        return steps
+
+    req.build = build
+    return req
+
+
+def lifecycle_request(kind: str, *, package: str | None = None, terminate: bool = False, cfg=None) -> Request:
+    if kind == "apply":
+        return apply_request(cfg)
+    if kind == "load":
+        return Request("load", load_steps)
+    if kind == "unload":
+        return Request("unload", lambda ctx: unload_steps("terminate" if terminate else None),
+                       {"terminate": terminate})
+    if kind == "reload":
+        return Request("reload", lambda ctx: reload_steps(package), {"package": package})
+    if kind == "rollback":
+        return Request("rollback", rollback_steps)
+    raise ValueError(kind)
+
+
+def runtime_request(verb: str, targets: list[str], options: dict) -> Request:
+    action = "configure-runtime" if verb == "configure" else "revert-runtime"
+    steps = [{"action": action, "params": {"runtime": t, "handler": options.get("handler"), "options": options}}
+             for t in targets]
+    return Request(f"runtime {verb}", lambda ctx: list(steps), {"targets": targets, "options": options},
+                   changes_kernel=False)
+
+
+# -- running a request ----------------------------------------------------------------------------
+
+def require_changeable(ctx) -> None:
+    """Refuse before any lock or journal when the real kernel cannot change this root."""
+    check = getattr(ctx.kernel, "check_changeable", None)
+    if check is not None:
+        check()                 # raises the one-line error naming the cause and the fix
+
+
+def transact(ctx: StepContext, req: Request, *, wait_s: float | None = None, dry_run: bool = False) -> dict:
+    ex = executor(ctx)
+    if dry_run:       # nothing is done and no journal or lock is written: the steps and whether each is needed
+        return ex.preview(req.command, req.build(ctx))
+    if req.changes_kernel:
+        require_changeable(ctx)
+    lock = HostLock(ctx.root, ctx.config["state.dir"], req.command)
+    lock.acquire(wait_s if wait_s is not None else float(ctx.config["state.lock_wait_s"]))
+    try:
+        return _transact_locked(ctx, ex, req)
+    finally:
+        lock.release()
+
+
+def _transact_locked(ctx, ex: Executor, req: Request) -> dict:
+    pending = ex.pending()
+    finished = None
+    if pending is not None:
+        if req.command == "rollback":
+            return outcome(ex.rollback_now(pending, "rollback requested"), ctx, ex)
+        doc = ex.resume(pending)
+        finished = summary(doc)
+        same = doc["command"] == req.command and (doc.get("meta") or {}).get("request") == req.identity
+        if same or doc["state"] not in ("done", "rolled-back"):
+            return outcome(doc, ctx, ex)
+    steps = req.build(ctx)
+    if not steps or ex.in_place(steps):
+        out = nothing_to_do(req, ctx, ex)
+    else:
+        out = outcome(ex.run(req.command, steps, {"request": req.identity}), ctx, ex)
+    if finished:
+        out["finished_first"] = finished
+    if req.reboot and out["state"] in ("done", "nothing-to-do"):
+        out["reboot_required"] = list(req.reboot)
+    return out
+
+
+def summary(doc: dict) -> dict:
+    return {"run_id": doc["run_id"], "command": doc["command"], "state": doc["state"]}
+
+
+def nothing_to_do(req: Request, ctx, ex: Executor) -> dict:
+    return {"run_id": None, "command": req.command, "state": "nothing-to-do", "resumed": 0,
+            "loaded": st.loaded(ctx), "installed": _installed_short(ctx), "failure": None, "rollback_failure": None,
+            "warnings": list(ex.journal.warnings), "journal": None, "kernel": ctx.kernel.name,
+            "daemons": ctx.services.mode, "steps": [], "rollback": [], "results": []}
+
+
+def _installed_short(ctx) -> dict | None:
+    inst = st.installed(ctx)
+    return None if inst is None else {"version": inst["version"], "flavor": inst["flavor"]}
+
+
+def outcome(doc: dict, ctx, ex: Executor) -> dict:
+    return {"run_id": doc["run_id"], "command": doc["command"], "state": doc["state"],
+            "resumed": doc.get("resumed", 0), "loaded": st.loaded(ctx), "installed": _installed_short(ctx),
+            "failure": doc.get("failure"), "rollback_failure": doc.get("rollback_failure"),
+            "warnings": doc.get("warnings", []), "journal": ex.journal.hostpath,
+            "kernel": ctx.kernel.name, "daemons": ctx.services.mode,
+            "steps": [{"action": s["action"], "status": s["status"]} for s in doc["steps"]],
+            "rollback": [{"action": s["action"], "status": s["status"]} for s in doc.get("rollback", [])],
+            "results": [{"action": s["action"], "result": s.get("result")} for s in doc["steps"]
+                        if s.get("result") is not None]}
+
+
+def raise_for(out: dict) -> int:
+    """The exit code of a run: 0 done (or nothing to do), EXIT_REBOOT when the host must reboot to
+    finish; a run that did not finish `done` raises (exit 3) with what failed and where it ended."""
+    if out["state"] in ("done", "nothing-to-do"):
+        return EXIT_REBOOT if out.get("reboot_required") else 0
+    f = out.get("failure") or {}
+    err = f.get("error") or {}
+    where = f" at {f['step']}" if f.get("step") else ""
+    back = out.get("loaded")
+    if out["state"] == "rolled-back":
+        msg = (f"{out['command']} failed{where}: {err.get('error')}; rolled back to "
+               + (f"{back['version']} ({back['flavor']}), validated" if back else "the state before the run"))
+    else:
+        rf = (out.get("rollback_failure") or {}).get("error") or {}
+        msg = f"{out['command']} failed{where}: {err.get('error')}; ROLLBACK FAILED: {rf.get('error')}"
+    raise ModuleError(msg, cause=err.get("cause"), fix=err.get("fix") if out["state"] == "rolled-back" else
+                      "the host has no validated driver: see the journal and the kernel log; driverd rollback retries",
+                      details=out)
+
+
+# -- status (a reader: no lock) ---------------------------------------------------------------------
+
+def reboot_record(ctx) -> dict | None:
+    text = ctx.root.read_text(f"{ctx.config['state.dir']}/{st.REBOOT_RECORD}")
+    try:
+        rec = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def status(ctx) -> dict:
+    from driverd.errors import JournalError
+    from driverd.kmod.holders import find_holders
+    j = journal(ctx)
+    try:
+        doc, problem = j.load(repair=False), None
+    except JournalError as e:
+        doc, problem = None, e.one_line()
+    inst = st.installed(ctx)
+    h = find_holders(ctx.kernel)
+    lock = HostLock(ctx.root, ctx.config["state.dir"], "status")
+    holder = lock.held_by()
+    rec = reboot_record(ctx)
+    return {"loaded": st.loaded(ctx), "installed": inst,
+            "modules": {n: {"refcount": m.refcount, "holders": list(m.holders), "parameters": m.parameters}
+                        for n, m in ctx.kernel.modules().items() if n.startswith("nvidia") or n == "nouveau"},
+            "holders": h.to_json(),
+            "daemons": {d: ctx.services.running(d) for d in ("nvidia-persistenced", "nv-fabricmanager")},
+            "last_run": None if doc is None else {
+                "run_id": doc["run_id"], "command": doc["command"], "state": doc["state"],
+                "unfinished": doc["state"] in UNFINISHED, "failure": doc.get("failure"),
+                "warnings": doc.get("warnings", [])},
+            "journal_problem": problem, "history": j.history()[-5:],
+            "lock_holder": holder,
+            "reboot_required": rec, "kernel": ctx.kernel.name}

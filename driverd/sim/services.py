@@ -1,0 +1,57 @@
+"""Simulated GPU daemons and MIG for the simulated kernel: processes in the tree's /proc that hold
+/dev/nvidia* like the real daemons do, and MIG layouts kept beside the simulated kernel's state.
+Registered as backends by driverd.sim.install_backends."""
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import asdict
+
+from driverd.errors import ModuleError
+from driverd.fsutil import atomic_write, atomic_write_json
+from driverd.kmod.daemons import COMMANDS, DAEMONS, FABRICMANAGER, Services
+from driverd.kmod.mig import GpuMig
+from driverd.sim.kernel import FABRIC, MIG_DIR
+
+
+class SimServices(Services):
+    """Daemons as simulated processes that hold the driver open, like the real ones do."""
+    mode = "sim"
+
+    def start(self, name: str) -> None:
+        if self.running(name):
+            return
+        if not self.kernel.is_loaded("nvidia") or not self.root.exists("/dev/nvidiactl"):
+            raise ModuleError(f"{name} could not start", cause="Failed to open /dev/nvidiactl: the driver is not loaded",
+                              fix="load the driver first (driverd load)")
+        devs = ["/dev/nvidiactl"] + sorted(p for p in (f"/dev/{n}" for n in self.root.listdir("/dev"))
+                                          if p[11:].isdigit() and p.startswith("/dev/nvidia"))
+        if name == FABRICMANAGER:
+            devs.append("/dev/nvidia-nvswitchctl")
+        comm = DAEMONS[name][0]
+        self.kernel.spawn(comm, devs, cmdline=" ".join(COMMANDS[name]))
+        if name == FABRICMANAGER:
+            atomic_write(self.root.path(FABRIC), "completed\n")
+
+    def stop(self, name: str) -> None:
+        for pid in self.pids(name):
+            self.kernel.signal(pid, signal.SIGTERM)
+
+    def fabric_state(self) -> str | None:
+        return (self.root.read_first_line(FABRIC) or None)
+
+
+class SimMig:
+    """MIG state of simulated GPUs: /run/driverd-sim/mig/<pci>.json."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+
+    def read(self) -> list[GpuMig] | None:
+        if not self.kernel.is_loaded("nvidia"):
+            return None
+        r = self.kernel.root
+        return [GpuMig.from_json(json.loads(r.read_text(f"{MIG_DIR}/{f}") or "{}")) for f in r.listdir(MIG_DIR)]
+
+    def create(self, gpu: GpuMig) -> None:
+        atomic_write_json(self.kernel.root.path(f"{MIG_DIR}/{gpu.pci_address}.json"), asdict(gpu))

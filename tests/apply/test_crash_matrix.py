@@ -1,0 +1,98 @@
+"""kill -9 right after every durable effect inside a command (each rename, fsync'd write, unlink,
+directory switch, module load/unload, daemon start/stop, external command), then the next driverd
+command: the host ends with the new driver validated or the last-known-good driver loaded with its
+files intact, and the journal says which. The faults come from the test side
+(tests/faults/sitecustomize.py on the child's PYTHONPATH), never from hooks in driverd."""
+from __future__ import annotations
+
+import shutil
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.apply.conftest import drv, journal, kernel_of
+
+OLD, NEW = ("535.261.03", "open"), ("550.127.05", "open")
+
+
+def final(root) -> tuple:
+    from driverd.kmod.daemons import select_services
+    from driverd.kmod.load import installed_identity, validate
+    from driverd.packages.archive import sha256_file  # noqa: F401
+    k = kernel_of(root)
+    v = validate(k, None, None, select_services(k), True)
+    inst = installed_identity(k)
+    return (v.version, v.flavor), v, inst, journal(root)
+
+
+def pending_markers(root) -> list[str]:
+    d = Path(root) / "var/lib/driverd/packages"
+    return sorted(p.name for p in d.glob("pending-*")) if d.is_dir() else []
+
+
+def _host(base: Path, kind: str, packages) -> Path:
+    from driverd.packages.install import install
+    from driverd.root import Root
+    from driverd.runner import Runner
+    from driverd.sim.scenario import dgx_spec, make_host
+    root = make_host(base, dgx_spec(gpus=2, nvswitches=1, nouveau=(kind == "fresh")))
+    if kind == "fresh":
+        cfg = root / "etc/driverd/config.toml"
+        cfg.parent.mkdir(parents=True, exist_ok=True)
+        cfg.write_text(f'[driver]\nversion = "{OLD[0]}"\nflavor = "open"\n[packages]\nrepositories = '
+                       f'["file://{packages["old"].parent}"]\n[runtime]\nrestart = "none"\n')
+        return root
+    install(Root(root), packages["old"], Runner())
+    r = drv(root, "load")
+    assert r.returncode == 0, r.stderr
+    return root
+
+
+SCENARIOS = {
+    # name: (host kind, command, what a run that is not interrupted ends with)
+    "apply-fresh-host": ("fresh", ("apply",), (OLD, "done")),
+    "reload-535-to-550": ("loaded", ("reload", "--package", "new"), (NEW, "done")),
+    "failing-reload": ("loaded", ("reload", "--package", "broken"), (OLD, "rolled-back")),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_kill9_after_every_durable_effect(tmp_path, packages, name):
+    kind, cmd, (want, want_state) = SCENARIOS[name]
+    args = tuple(str(packages[a]) if a in packages else a for a in cmd)
+    template = _host(tmp_path / "template", kind, packages)
+    count = tmp_path / "count"
+    shutil.copytree(template, count, symlinks=True)
+    trace = tmp_path / "trace"
+    r = drv(count, *args, faults={"FAULTS_TRACE": trace, "FAULTS_UNDER": count})
+    assert r.returncode in (0, 3), r.stderr
+    labels = trace.read_text().splitlines()
+    assert final(count)[0] == want and journal(count)["state"] == want_state
+    assert len(labels) >= 20, labels
+
+    def trial(n: int) -> tuple[int, str, str]:
+        root = tmp_path / f"n{n}"
+        shutil.copytree(template, root, symlinks=True)
+        killed = drv(root, *args, faults={"FAULTS_KILL_AFTER": n, "FAULTS_UNDER": root})
+        assert killed.returncode == -signal.SIGKILL, (n, labels[n - 1], killed.returncode, killed.stderr[-600:])
+        again = drv(root, *args)                                     # the next driverd command
+        loaded, v, inst, doc = final(root)
+        where = (n, labels[n - 1], again.returncode, again.stderr[-800:])
+        assert v.ok, (where, v.problems)
+        assert loaded in (want, OLD), (where, loaded)
+        # The journal says which: the wanted driver after a finished run, the last-known-good one after a rollback.
+        assert doc["state"] == ("done" if loaded == want and want_state == "done" else "rolled-back"), (where, doc["state"])
+        assert inst is not None and (inst[0], inst[1]) == loaded, (where, inst)
+        assert not pending_markers(root), (where, pending_markers(root))
+        shutil.rmtree(root)
+        return n, labels[n - 1], doc["state"]
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(trial, range(1, len(labels) + 1)))
+    ends = {s: sum(1 for r in results if r[2] == s) for s in ("done", "rolled-back")}
+    print(f"\ncrash matrix {name}: {len(results)}/{len(labels)} kill points end validated "
+          f"({ends['done']} done on the new driver, {ends['rolled-back']} rolled back to the last-known-good)")
+    assert len(results) == len(labels)
