@@ -114,6 +114,28 @@ def install_steps(package: str, release: str | None, enforce: bool | None, sha25
     return [{"action": "snapshot"}, {"action": "install-package", "params": params}]
 
 
+def prepare_kernel_request(cfg, want, allow_build: bool) -> Request:
+    """The package for another (newly installed, not yet running) kernel, fetched or built and
+    installed into /lib/modules/<release>/updates/driverd before the reboot into it. The running
+    kernel and its driver are not touched; an install that fails leaves that kernel's previous
+    package (install is atomic and kept)."""
+    params = {"driver": want.driver, "flavor": want.flavor, "kernel": want.kernel_release, "arch": want.arch,
+              "allow_build": allow_build}
+    steps = [{"action": "fetch-package", "params": params, "reason": f"kernel {want.kernel_release} was installed"},
+             {"action": "verify-package", "params": {}},
+             {"action": "install-package", "params": {"kernel_release": want.kernel_release}}]
+
+    def build(ctx) -> list[dict]:
+        from driverd.host.modules import read_installed
+        from driverd.packages.install import is_installed
+        have = any(p.driver_version == want.driver and p.flavor == want.flavor and p.sha256
+                   and is_installed(ctx.root, want.kernel_release, p.sha256, ctx.config["state.dir"])
+                   for p in read_installed(ctx.root, want.kernel_release, []))
+        return [] if have else [dict(s) for s in steps]
+    return Request("prepare-kernel", build, {"kernel": want.kernel_release, "driver": want.driver,
+                                             "flavor": want.flavor}, changes_kernel=False)
+
+
 def plan_steps(plan) -> list[dict]:
     """A driverd.plan Plan as executor steps: a snapshot first whenever the package or the driver is
     touched, the package verified after its fetch, parameters checked before the unload."""

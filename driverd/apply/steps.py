@@ -193,7 +193,10 @@ class InstallPackage(StepImpl):
     def check(self, ctx, params):
         from driverd.packages.archive import sha256_file
         from driverd.packages.install import is_installed
-        path = package_path(ctx, params)
+        try:
+            path = package_path(ctx, params)
+        except PackageError:            # not fetched yet: a run is needed
+            return False
         return os.path.isfile(path) and is_installed(ctx.root, _release(ctx, params), sha256_file(path),
                                                      ctx.config["state.dir"])
 

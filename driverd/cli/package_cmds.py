@@ -1,4 +1,4 @@
-"""build, build-matrix, repo index, fetch, install, rollback-install: the package commands."""
+"""build, build-matrix, repo index, fetch, install, prepare-kernel, rollback-install: the package commands."""
 from __future__ import annotations
 
 import argparse
@@ -123,6 +123,26 @@ def register(sub, common) -> None:
     p.set_defaults(handler=cmd_install)
 
     p = sub.add_parser(
+        "prepare-kernel", parents=[common], formatter_class=F,
+        help="fetch (or build) and install the driver package for another kernel, before booting it",
+        description="For a kernel release that is installed but not running yet (the kernel package's "
+        "post-install hook calls this: systemd/kernel-postinst.d/driverd), fetch the package for the "
+        "configured driver from the repositories — or build it locally when none has it — verify it and "
+        "install it into <root>/lib/modules/RELEASE/updates/driverd/, so the first boot into that kernel "
+        "has its driver without a compile. The running kernel and its driver are not touched. A "
+        "journalled transaction under the host lock; running it again changes nothing.",
+        epilog="examples:\n  driverd prepare-kernel 6.1.0-50-cloud-amd64\n"
+               "  driverd prepare-kernel 6.1.0-50-cloud-amd64 --no-build   # fail fast when no repository has it")
+    p.add_argument("release", metavar="RELEASE", help="the kernel release, as in /lib/modules/RELEASE")
+    p.add_argument("--driver", metavar="VERSION", help="driver version (default: driver.version)")
+    p.add_argument("--flavor", choices=("auto", "open", "proprietary"), help="flavour (default: driver.flavor)")
+    p.add_argument("--arch", metavar="ARCH", help="architecture (default: the running kernel's)")
+    p.add_argument("--no-build", action="store_true", help="never fall back to a local build")
+    p.add_argument("--dry-run", action="store_true", help="say what would be done; change nothing")
+    add_wait(p)
+    p.set_defaults(handler=cmd_prepare_kernel)
+
+    p = sub.add_parser(
         "rollback-install", parents=[common], formatter_class=F,
         help="put back the installation the last install replaced",
         description="Put back, from the kept store, the package the last install (or rollback-install) "
@@ -133,6 +153,19 @@ def register(sub, common) -> None:
     p.add_argument("--dry-run", action="store_true", help="say what would be put back; change nothing")
     add_wait(p)
     p.set_defaults(handler=cmd_rollback)
+
+
+def cmd_prepare_kernel(ctx, args) -> int:
+    from driverd.apply import lifecycle as lc
+    from driverd.cli.lifecycle_cmds import finish
+    from driverd.packages.fetch import want_for_host
+    cfg = ctx.config.with_overrides({"driver.version": args.driver, "driver.flavor": args.flavor})
+    want = want_for_host(ctx.root, cfg, args.release, args.arch)
+    req = lc.prepare_kernel_request(cfg, want, allow_build=not args.no_build)
+    out = lc.transact(ctx.step_context(cfg), req, wait_s=args.wait, dry_run=ctx.dry_run)
+    return finish(ctx, out, lambda o: f"kernel {want.kernel_release}: driver {want.driver} ({want.flavor}) "
+                  + ("prepared" if o["state"] == "done" else "already prepared" if o["state"] == "nothing-to-do"
+                     else o["state"]))
 
 
 def _release(ctx, given: str | None) -> str:
