@@ -18,6 +18,7 @@ from driverd.errors import ConfigError
 
 CONFIG_PATH = "/etc/driverd/config.toml"
 VERSION_RE = re.compile(r"^\d{3}(\.\d{1,3}){1,2}$")
+LISTEN_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$")
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ SCHEMA: dict[str, Key] = {
     "runtime.binary": Key("str", "/usr/bin/nvidia-container-runtime", "the handler's runtime binary"),
     "runtime.set_as_default": Key("bool", False, "make the handler the runtime's default"),
     "runtime.cdi": Key("bool", False, "enable CDI and write a CDI spec"),
+    "runtime.adopt_foreign": Key("bool", False, "take over a handler of the same name that another tool pointed "
+                                 "at something other than an NVIDIA container runtime"),
     "runtime.restart": Key("str", "systemd", "how to restart a runtime after a change", ("systemd", "signal", "none")),
     "daemons.persistenced": Key("bool", True, "run nvidia-persistenced"),
     "daemons.mode": Key("str", "auto", "how GPU daemons run: systemd (host), child (driver container), sim; "
@@ -69,6 +72,17 @@ SCHEMA: dict[str, Key] = {
     "state.lock_wait_s": Key("int", 0, "seconds a command waits for the host lock before exiting 3 "
                              "(--wait overrides; the daemon always waits)"),
     "cluster.node_name": Key("str", None, "this node's Kubernetes name (default: $NODE_NAME, then hostname)"),
+    "daemon.interval_s": Key("int", 300, "seconds between two reconciles of `driverd daemon` / container-entrypoint "
+                             "when nothing else wakes it (config change, SIGHUP)"),
+    "daemon.listen": Key("str", "127.0.0.1:9477", "ADDR:PORT of the daemon's /metrics, /healthz and /readyz (port 0: "
+                         "any free port, printed at start)", pattern=LISTEN_RE,
+                         pattern_hint="ADDR:PORT, e.g. 127.0.0.1:9477, 0.0.0.0:9477 or [::1]:9477"),
+    "daemon.config_check_s": Key("int", 5, "seconds between two checks of the config file for a change "
+                                 "(mtime, size, inode)"),
+    "daemon.retry_min_s": Key("int", 10, "first retry delay after a failed or blocked reconcile (doubles each time)"),
+    "daemon.retry_max_s": Key("int", 900, "longest retry delay after failed or blocked reconciles"),
+    "daemon.unload_on_exit": Key("bool", False, "unload the driver (a journalled unload) when the daemon or the driver "
+                                 "container stops"),
 }
 
 _TRUE = {"1", "true", "yes", "on"}

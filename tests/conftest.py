@@ -52,13 +52,13 @@ def unpack_host(tmp_path):
     return _unpack
 
 
-def run_cli(*args: str, env: dict | None = None, check: bool = False) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict | None = None, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the installed console script `driverd` (falls back to python -m driverd outside a venv)."""
     exe = Path(sys.executable).parent / "driverd"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "driverd"]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("DRIVERD_")}
     full_env.update(env or {})
-    res = subprocess.run(cmd + list(args), capture_output=True, text=True, env=full_env, timeout=600)
+    res = subprocess.run(cmd + list(args), capture_output=True, text=True, env=full_env, timeout=timeout)
     if check and res.returncode != 0:
         raise AssertionError(f"driverd {' '.join(args)} exited {res.returncode}: {res.stderr}")
     return res

@@ -20,7 +20,8 @@ from tests.conftest import REPO, require_binary, run_cli
 GOOD, BAD = "6.1.0-47-cloud-amd64", "6.1.0-56-cloud-amd64"
 OPEN_SRC = "/usr/src/nvidia-open-kernel.tar.xz"
 MATRIX = str(REPO / "kernels" / "debian-bookworm.toml")
-pytestmark = [pytest.mark.real, pytest.mark.slow]
+# A real compile of NVIDIA's modules takes about 2 minutes on 2 idle cores; allow for a loaded machine.
+pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 def _need_real_build():
@@ -44,7 +45,7 @@ def real(tmp_path_factory):
     t0 = time.monotonic()
     r = run_cli("build-matrix", MATRIX, "--out", str(repo), "--work-dir", str(work), "--jobs", "1",
                 "--only", f"*-open-{GOOD}-*", "--only", f"*-open-{BAD}-*",
-                "--sign-key", str(signer.key), "--sign-cert", str(signer.cert), "--json")
+                "--sign-key", str(signer.key), "--sign-cert", str(signer.cert), "--json", timeout=2000)
     return {"base": base, "repo": repo, "work": work, "signer": signer, "result": r,
             "seconds": time.monotonic() - t0, "out": json.loads(r.stdout) if r.stdout.strip() else None}
 

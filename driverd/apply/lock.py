@@ -76,7 +76,7 @@ class HostLock:
                            cause=str(e), fix=f"driverd needs {self.state_dir} writable under the root (in the driver "
                            "container, mount the host's /var/lib/driverd read-write)") from None
         deadline = time.monotonic() + (wait_s or 0)
-        grace = time.monotonic() + 1.0
+        grace = time.monotonic() + 3.0
         delay = 0.05
         while True:
             try:
@@ -87,7 +87,7 @@ class HostLock:
                     os.close(fd)
                     raise
             # A lock with no holder named in it is a reader's momentary probe (status) or a holder
-            # that is just starting: give it a second before calling it held.
+            # that is just starting: give it a few seconds before calling it held.
             now = time.monotonic()
             if now >= deadline and (now >= grace or (self.holder() or {}).get("pid")):
                 os.close(fd)

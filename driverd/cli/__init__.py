@@ -14,7 +14,7 @@ from driverd.errors import EXIT_UNEXPECTED, EXIT_USAGE, DriverdError
 
 # Each module defines register(sub, common) and handlers taking (ctx, args) -> int.
 COMMAND_MODULES = ("driverd.cli.host_cmds", "driverd.cli.package_cmds", "driverd.cli.lifecycle_cmds",
-                   "driverd.cli.runtime_cmds")
+                   "driverd.cli.runtime_cmds", "driverd.cli.daemon_cmds")
 
 EPILOG = """\
 exit codes: 0 done or nothing to do, 1 unexpected failure, 2 bad usage or configuration,

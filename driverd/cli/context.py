@@ -14,7 +14,8 @@ from driverd.root import Root
 from driverd.runner import Runner
 
 # Commands whose answer is the host's facts (the others use --root for a few paths only).
-_HOST_COMMANDS = {"detect", "plan", "load", "unload", "reload", "rollback", "apply", "status", "debug"}
+_HOST_COMMANDS = {"detect", "plan", "load", "unload", "reload", "rollback", "apply", "status", "debug", "daemon",
+                  "container-entrypoint"}
 
 
 @dataclass
@@ -44,7 +45,8 @@ class Context:
 
     @classmethod
     def from_args(cls, args) -> "Context":
-        root = args.root or os.environ.get("DRIVERD_ROOT") or "/"
+        # container-entrypoint defaults to /host (the driver container's mount of the host root)
+        root = args.root or os.environ.get("DRIVERD_ROOT") or getattr(args, "default_root", None) or "/"
         check_root(root, getattr(args, "command", None))
         return cls(Root(root), bool(args.json), bool(getattr(args, "dry_run", False)), args.config)
 

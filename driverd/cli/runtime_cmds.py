@@ -13,7 +13,13 @@ examples:
   driverd runtime configure --runtime containerd --set-as-default --cdi --dry-run
   driverd runtime configure --runtime containerd \\
       --config-path /var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl
+  driverd runtime configure --runtime docker        take over nvidia-ctk's 'nvidia' handler
+  driverd runtime configure --adopt-foreign         take over an 'nvidia' handler that runs something else
   driverd runtime revert                            undo everything driverd changed
+
+An 'nvidia' handler another tool wrote (nvidia-ctk, the GPU Operator's toolkit, by hand) is taken over
+when it runs an NVIDIA container runtime: backed up once, its binary made absolute, and given back
+as it was by `driverd runtime revert`. --set-as-default, --cdi and --binary apply to it as well.
 """
 
 
@@ -25,16 +31,21 @@ def register(sub, common) -> None:
     p = rsub.add_parser("configure", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter,
                         epilog=CONFIGURE_EXAMPLES, help="add the NVIDIA runtime handler (idempotent)",
                         description="Add the runtime handler to containerd (1.x/2.x, k3s/RKE2 templates), CRI-O "
-                        "and/or Docker, keeping every existing setting, comment and import; optionally make it "
-                        "the default and write a CDI spec for the GPUs. Originals are backed up once; a second "
-                        "run changes nothing; the runtime is restarted only when its configuration changed.")
+                        "and/or Docker, keeping every existing setting, comment and import, or take over the one "
+                        "NVIDIA's tooling wrote; optionally make it the default and enable CDI (the CDI spec is "
+                        "written once the GPUs are visible). Originals are backed up once; a second run changes "
+                        "nothing; the runtime is restarted only when its configuration changed.")
     p.add_argument("--runtime", choices=("auto", "containerd", "crio", "docker"), default=None,
                    help="which runtime (default: runtime.runtimes; auto = every runtime detect finds)")
     p.add_argument("--handler", dest="handler_name", metavar="NAME", help="handler name (default: runtime.handler, 'nvidia')")
     p.add_argument("--binary", metavar="PATH", help="the handler's runtime binary (default: runtime.binary)")
     p.add_argument("--set-as-default", action="store_true", default=None, help="make the handler the default runtime")
     p.add_argument("--cdi", action="store_true", default=None,
-                   help="enable CDI in the runtime and write the CDI spec (/var/run/cdi/nvidia.yaml)")
+                   help="enable CDI in the runtime and write the CDI spec (/var/run/cdi/nvidia.yaml) — the spec "
+                   "as soon as the GPUs are visible")
+    p.add_argument("--adopt-foreign", action="store_true", default=None,
+                   help="take over a handler of the same name that runs something other than an NVIDIA container "
+                   "runtime (default: runtime.adopt_foreign; without it such a handler is refused)")
     p.add_argument("--restart", choices=("systemd", "signal", "none"), help="how to restart after a change "
                    "(default: runtime.restart)")
     p.add_argument("--config-path", metavar="FILE", help="a custom runtime config file (host path)")
@@ -62,12 +73,12 @@ def _options(ctx, args):
     return Options.from_config(ctx.config, handler=getattr(args, "handler_name", None) or None,
                                binary=getattr(args, "binary", None), set_as_default=getattr(args, "set_as_default", None),
                                cdi=getattr(args, "cdi", None), restart=args.restart, dry_run=args.dry_run,
-                               config_path=args.config_path)
+                               config_path=args.config_path, adopt_foreign=getattr(args, "adopt_foreign", None))
 
 
 def _step_options(args) -> dict:
     """The flags given, as the configure/revert step's options (the rest comes from the config)."""
-    keys = ("binary", "set_as_default", "cdi", "restart", "config_path")
+    keys = ("binary", "set_as_default", "cdi", "restart", "config_path", "adopt_foreign")
     out = {k: getattr(args, k, None) for k in keys}
     out["handler"] = getattr(args, "handler_name", None)
     return {k: v for k, v in out.items() if v is not None}
@@ -121,6 +132,8 @@ def render(d: dict) -> str:
             head += f"{verb} {', '.join(r['files_changed']) or 'nothing'}"
         lines.append(head)
         lines.extend(f"  backup   {b}" for b in r["backups"])
+        lines.extend(f"  adopted  '{a['handler']}' in {a['file']}: ran {a['before']}, now {a['binary']} ({a['how']}); "
+                     "revert gives it back" for a in r.get("adopted") or [])
         lines.extend(f"  note     {n}" for n in r["notes"])
         if r["restart_detail"]:
             lines.append(f"  restart  {r['restart_detail']}")

@@ -101,8 +101,11 @@ def containerd_handlers(root: Root, config_path: str) -> tuple[list[str], str | 
 
 
 def crio_handlers(root: Root, config_path: str | None) -> list[str]:
+    # CRI-O reads every regular file of crio.conf.d, whatever its extension (nvidia-ctk writes
+    # 99-nvidia.toml there), in lexical order.
     names: list[str] = []
-    files = ([config_path] if config_path else []) + root.glob("/etc/crio/crio.conf.d", ".conf")
+    files = ([config_path] if config_path else []) + [
+        p for p in root.glob("/etc/crio/crio.conf.d") if root.is_file(p)]
     for f in files:
         runtimes = _dig(_toml(root, f), "crio", "runtime", "runtimes")
         names.extend(n for n in runtimes if n not in names)

@@ -90,8 +90,11 @@ def plan(facts: Facts, desired: Desired) -> Plan:
             else:
                 if running:
                     steps.append(Step("stop-gpu-daemons", "they hold the driver open", {"daemons": running}))
-                if facts.gpu_users and desired.unload_policy == "refuse":
-                    blocked.append("the GPU is in use by " + "; ".join(_user(u) for u in facts.gpu_users)
+                # The GPU daemons hold /dev/nvidia* too, but the plan stops them before the unload.
+                ours = {p for dm in facts.daemons if dm.running for p in dm.pids}
+                users = [u for u in facts.gpu_users if u.pid not in ours]
+                if users and desired.unload_policy == "refuse":
+                    blocked.append("the GPU is in use by " + "; ".join(_user(u) for u in users)
                                    + ": stop them, drain the node, or set modules.unload_policy=terminate")
                 steps.append(Step("unload-modules", f"driver {d.version} ({d.flavor}) is loaded; {version} ({flavor}) "
                                   "is wanted", {"modules": [m.name for m in d.modules]},

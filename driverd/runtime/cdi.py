@@ -4,6 +4,10 @@ minor) and by UUID, plus `all`; the control nodes every GPU container needs go i
 We emit cdiVersion 0.5.0: the oldest version whose features cover what we write (containerd 2.1
 reads 0.3.0 ... 1.0.0; Debian's containerd 1.6 has no CDI at all). `validate` checks a spec against
 the rules of the version it declares, including the minimum version each feature needs.
+
+CDI comes in two parts: `driverd runtime configure --cdi` enables CDI in the runtime at once (no GPU
+needed); the spec needs the GPUs, so `refresh(root, options)` writes it once they are visible and
+rewrites it when they (or the driver's device nodes) change — the daemon calls it after a load.
 """
 from __future__ import annotations
 
@@ -40,6 +44,60 @@ def gpu_devices(root: Root, facts=None) -> list[tuple[int, str | None]]:
             if m:
                 out[int(m.group(1))] = None
     return sorted(out.items())
+
+
+PENDING = ("no NVIDIA GPU is visible yet (driver not loaded?): CDI is enabled in the runtime; the spec {path} is "
+           "written when the GPUs appear (driverd.runtime.cdi.refresh, which the daemon runs after a driver load)")
+
+
+def build_if_visible(root: Root, facts=None) -> dict | None:
+    """The spec for the GPUs visible now, None when there are none."""
+    return build(root, facts) if gpu_devices(root, facts) else None
+
+
+def refresh(root: Root, options=None, facts=None, dry_run: bool | None = None):
+    """Write or rewrite the CDI spec from the GPUs visible now; a ChangeReport says what changed.
+
+    Nothing is written when CDI is not enabled (options.cdi / runtime.cdi), when no GPU is visible
+    (an existing spec is kept: it goes stale only if the GPUs changed, and the next refresh after the
+    driver is back rewrites it), or when the spec on disk is already the one the GPUs give. Changes go
+    through driverd's runtime record ("cdi"), so `driverd runtime revert --runtime cdi` removes the
+    spec (or puts back a spec another tool had written there). Call it under the host lock."""
+    from driverd.runtime.model import ChangeReport, Options
+    options = options or Options(cdi=True)
+    dry = options.dry_run if dry_run is None else dry_run
+    report = ChangeReport("cdi", options.handler, "refresh", options.cdi_spec_path, dry_run=dry)
+    if not options.cdi:
+        report.skipped = "CDI is not enabled (runtime.cdi / --cdi): no spec written"
+        return report
+    spec = build_if_visible(root, facts)
+    if spec is None:
+        kept = " (the existing spec is kept)" if root.exists(options.cdi_spec_path) else ""
+        report.skipped = (f"no NVIDIA GPU is visible: {options.cdi_spec_path} is written when the GPUs appear"
+                          f"{kept}")
+        return report
+    write_spec(root, options, report, facts, dry, spec)
+    if not report.files_changed:
+        report.skipped = f"{options.cdi_spec_path} already describes the GPUs on this host: nothing to do"
+    return report
+
+
+def write_spec(root: Root, options, report, facts=None, dry: bool = False, spec: dict | None = None) -> None:
+    """Write the spec (built from the GPUs now visible unless given) through driverd's runtime record
+    ("cdi"): backed up once if another tool's spec was there, restored or removed by revert."""
+    from driverd.runtime import state
+    from driverd.runtime.model import ChangeReport, FileEdit
+    spec = spec or build(root, facts)
+    new = render(spec).encode()
+    old = root.read_bytes(options.cdi_spec_path)
+    sub = ChangeReport("cdi", options.handler)
+    state.apply(root, "cdi", options.handler, [FileEdit(options.cdi_spec_path, new, old, "owned")], sub, dry)
+    report.files_changed += sub.files_changed
+    report.backups += sub.backups
+    report.diffs.update(sub.diffs)
+    devs = [d["name"] for d in spec["devices"]]
+    report.notes.append(f"CDI spec {options.cdi_spec_path} (cdiVersion {spec['cdiVersion']}, kind {spec['kind']}): "
+                        f"devices {', '.join(devs)}")
 
 
 def build(root: Root, facts=None) -> dict:

@@ -24,13 +24,15 @@ from typing import Any
 
 from driverd.errors import RuntimeConfigError
 from driverd.root import Root
-from driverd.runtime import textblock, tomldoc
+from driverd.runtime import adopt, textblock, tomldoc
 from driverd.runtime.model import Change, ChangeReport, FileEdit, Options
 
 CRI_PLUGIN = {1: ["plugins", "cri"], 2: ["plugins", "io.containerd.grpc.v1.cri"],
               3: ["plugins", "io.containerd.cri.v1.runtime"]}
-RUNC_TYPES = ("io.containerd.runc.v2", "io.containerd.runc.v1", "io.containerd.runtime.v1.linux")
-DEFAULT_RUNC = {"runtime_type": "io.containerd.runc.v2"}
+RUNC_V2 = "io.containerd.runc.v2"
+LINUX_V1 = "io.containerd.runtime.v1.linux"      # containerd 1.x's v1 shim: options are RuncOptions
+RUNC_TYPES = (RUNC_V2, "io.containerd.runc.v1", LINUX_V1)
+DEFAULT_RUNC = {"runtime_type": RUNC_V2}
 CDI_DIRS = ["/etc/cdi", "/var/run/cdi"]
 K3S_DIRS = ("/var/lib/rancher/k3s/agent/etc/containerd/", "/var/lib/rancher/rke2/agent/etc/containerd/")
 _VERSION_RE = re.compile(r"^\s*version\s*=\s*(\S+)", re.M)
@@ -90,22 +92,87 @@ def deep_merge(a: dict, b: dict) -> dict:
 
 
 # -- the handler we add ----------------------------------------------------------------------------
-def derive(runtimes: dict, default_name: str, handler: str, binary: str) -> tuple[dict, str]:
-    """The handler's table: a copy of the runc-type runtime it derives from (default, else runc,
-    else containerd's built-in runc), so SystemdCgroup and friends are inherited; BinaryName set."""
-    base, name = None, "containerd's built-in runc"
-    cand = runtimes.get(default_name) if default_name != handler else None
-    if isinstance(cand, dict) and cand.get("runtime_type", "io.containerd.runc.v2") in RUNC_TYPES:
-        base, name = cand, default_name
-    elif isinstance(runtimes.get("runc"), dict) and handler != "runc":
-        base, name = runtimes["runc"], "runc"
+def runtime_type(table: dict) -> str:
+    """The runtime_type containerd's CRI plugin sees ('' when the key is missing or empty)."""
+    t = table.get("runtime_type") if isinstance(table, dict) else None
+    return t if isinstance(t, str) else ""
+
+
+def runc_family(table: dict) -> bool:
+    """A runc-shim table (an empty runtime_type is a runc table someone wrote without the type)."""
+    return runtime_type(table) in RUNC_TYPES + ("",)
+
+
+def _options(table: dict) -> dict:
+    o = table.get("options") if isinstance(table, dict) else None
+    return o if isinstance(o, dict) else {}
+
+
+def binaries(table: dict) -> list[str | None]:
+    """The binaries a runtime table names, the one containerd executes first: the v1 shim
+    (io.containerd.runtime.v1.linux) reads RuncOptions.Runtime (runtime_engine without options);
+    the runc v1/v2 shims read BinaryName."""
+    o = _options(table)
+    if runtime_type(table) == LINUX_V1:
+        first = o.get("Runtime") if o else table.get("runtime_engine")
+        return [first, o.get("BinaryName")]
+    return [o.get("BinaryName"), o.get("Runtime")]
+
+
+def runs(table: dict) -> str:
+    """What containerd actually runs for a runtime table, in words (for one-line messages)."""
+    t = runtime_type(table)
+    if not runc_family(table):
+        return f"the {t} shim"
+    first = binaries(table)[0]
+    what = repr(first) if first else "plain runc (no binary set)"
+    return f"{what} with an empty runtime_type (containerd then ignores BinaryName)" if not t else what
+
+
+def legacy_default(ctd: dict, binv: tuple[int, int] | None) -> dict | None:
+    """The deprecated [.containerd.default_runtime] table when containerd honours it: 1.x makes it
+    runtime "default" and the default, overriding default_runtime_name, as soon as its runtime_type is
+    set; 2.x ignores it (measured: "Ignoring unknown key ... default_runtime")."""
+    t = ctd.get("default_runtime")
+    if not isinstance(t, dict) or not runtime_type(t) or (binv and binv[0] >= 2):
+        return None
+    return t
+
+
+def derive(runtimes: dict, default_name: str, handler: str, binary: str, legacy: dict | None = None,
+           plugin_systemd: bool = False) -> tuple[dict, str, list[str]]:
+    """The handler's table: a copy of the runc-type runtime it derives from (the runtime pods run by
+    default, else runc, else containerd's built-in runc), so SystemdCgroup and friends are inherited;
+    the binary set where that shim reads it. Returns (table, derived from, notes)."""
+    cands = [(legacy, "the deprecated default_runtime table (containerd's effective default)")]
+    if default_name != handler:
+        cands.append((runtimes.get(default_name), default_name))
+    if handler != "runc":
+        cands.append((runtimes.get("runc"), "runc"))
+    base, name = next(((t, n) for t, n in cands if isinstance(t, dict) and runc_family(t)),
+                      (None, "containerd's built-in runc"))
     new = copy.deepcopy(base) if base else dict(DEFAULT_RUNC)
-    new.setdefault("runtime_type", "io.containerd.runc.v2")
-    opts = new.get("options") if isinstance(new.get("options"), dict) else {}
-    opts = dict(opts)
+    notes: list[str] = []
+    if not runtime_type(new):
+        # containerd reads an empty type's options as generic runtime options: BinaryName would be lost.
+        new["runtime_type"] = RUNC_V2
+        for k in ("runtime_engine", "runtime_root"):     # 1.x accepts these only for the v1 shim
+            if new.get(k):
+                del new[k]
+        if base is not None:
+            notes.append(f"{name} has an empty runtime_type (containerd then ignores BinaryName); "
+                         f"the handler uses {RUNC_V2}")
+    opts = dict(_options(new))
     opts["BinaryName"] = binary
+    if new["runtime_type"] == LINUX_V1:
+        opts["Runtime"] = binary          # the v1 shim runs RuncOptions.Runtime, not BinaryName
+        if plugin_systemd and "SystemdCgroup" not in opts:
+            opts["SystemdCgroup"] = True  # what the plugin-wide systemd_cgroup gave the option-less table
+        if new.get("runtime_engine"):
+            del new["runtime_engine"]     # read only when a v1 table has no options; ours has
+        notes.append(f"{name} uses the v1 shim ({LINUX_V1}): the handler sets options.Runtime, which that shim runs")
     new["options"] = opts
-    return new, name
+    return new, name, notes
 
 
 def _ensure(doc: Any, key: list[str], value: Any, changes: list[Change]) -> None:
@@ -122,17 +189,22 @@ def _is_ours(rec: dict | None, path: str, key: list[str]) -> bool:
     return any(not c.get("had_old") and key[:len(c["key"])] == c["key"] for c in frec.get("changes", []))
 
 
-def _check_taken(existing: Any, binary: str, where: str, handler: str) -> bool:
-    """True when someone else's handler of that name already runs our binary (nothing to do)."""
-    if not isinstance(existing, dict):
-        return False
-    got = (existing.get("options") or {}).get("BinaryName") if isinstance(existing.get("options"), dict) else None
-    if got == binary:
-        return True
-    raise RuntimeConfigError(
-        f"runtime handler '{handler}' already exists in {where} and is not driverd's (BinaryName {got!r})",
-        cause="driverd never overwrites a handler it did not add",
-        fix=f"choose another name with --handler (runtime.handler), or remove '{handler}' from {where}", exit_code=3)
+def adoption_fixes(existing: dict, hkey: list[str], binary: str, derived: dict) -> list[tuple[list[str], Any]]:
+    """The keys to set so another tool's handler runs `binary` with the shim it names; everything
+    else it had (annotations, privileged_without_host_devices, other options) stays."""
+    if not runc_family(existing):
+        return [(hkey, derived)]          # another shim taken over with --adopt-foreign: driverd's table
+    fixes: list[tuple[list[str], Any]] = []
+    t = runtime_type(existing)
+    if not t:
+        fixes.append((hkey + ["runtime_type"], RUNC_V2))
+    if t == LINUX_V1:
+        fixes.append((hkey + ["options", "Runtime"], binary))
+        if "BinaryName" in _options(existing):
+            fixes.append((hkey + ["options", "BinaryName"], binary))
+    else:
+        fixes.append((hkey + ["options", "BinaryName"], binary))
+    return fixes
 
 
 # -- entry point -----------------------------------------------------------------------------------
@@ -180,23 +252,45 @@ def _plan_in_place(root, config_path, text, doc, version, opts, report, binv, re
     ctd = table.get("containerd", {}) if isinstance(table.get("containerd"), dict) else {}
     runtimes = ctd.get("runtimes", {}) if isinstance(ctd.get("runtimes"), dict) else {}
     default_name = ctd.get("default_runtime_name") or "runc"
+    legacy = legacy_default(ctd, binv)
     hkey = handler_key(version, opts.handler)
-    if opts.handler in runtimes and not _is_ours(rec, owner, hkey):
-        if _check_taken(runtimes[opts.handler], opts.binary, owner, opts.handler):
-            report.notes.append(f"'{opts.handler}' already exists in {owner} with BinaryName {opts.binary} "
-                                "(not added by driverd); left as it is")
-            return []
-    new, base_name = derive(runtimes, default_name, opts.handler, opts.binary)
-    report.notes.append(f"handler '{opts.handler}' derives from {base_name}")
     changes: list[Change] = []
-    _ensure(odoc, hkey, new, changes)
+    existing = runtimes.get(opts.handler)
+    adoption = None
+    if isinstance(existing, dict):
+        # Another tool's handler is adopted; driverd's own keeps what it was derived from (the default
+        # may be the handler itself by now) and only its binary follows --binary.
+        ours = _is_ours(rec, owner, hkey)
+        if not ours:
+            adoption = adopt.decide(root, "containerd", opts.handler, owner, binaries(existing), opts, runs(existing))
+        binary = report.binary = opts.binary if ours else adoption.binary
+        derived, _, _ = derive(runtimes, default_name, opts.handler, binary, legacy,
+                               table.get("systemd_cgroup") is True)
+        for key, value in adoption_fixes(existing, hkey, binary, derived):
+            _ensure(odoc, key, value, changes)
+    else:
+        new, base_name, notes = derive(runtimes, default_name, opts.handler, opts.binary, legacy,
+                                       table.get("systemd_cgroup") is True)
+        report.notes.append(f"handler '{opts.handler}' derives from {base_name}")
+        report.notes.extend(notes)
+        _ensure(odoc, hkey, new, changes)
+    handler_changed = bool(changes)
     if "runc" not in runtimes and (default_name == "runc" or not runtimes) and opts.handler != "runc":
         # Defining runtimes replaces containerd's built-in map: keep the runc every pod uses.
+        before = len(changes)
         _ensure(odoc, CRI_PLUGIN[version] + ["containerd", "runtimes", "runc"], dict(DEFAULT_RUNC), changes)
-        report.notes.append("added containerd's default runc runtime explicitly (defining runtimes replaces "
-                            "the built-in one)")
+        if len(changes) > before:
+            report.notes.append("added containerd's default runc runtime explicitly (defining runtimes replaces "
+                                "the built-in one)")
+    if isinstance(ctd.get("default_runtime"), dict) and binv and binv[0] >= 2:
+        report.notes.append(f"containerd {binv[0]}.{binv[1]} ignores the deprecated default_runtime table in {owner}; "
+                            "default_runtime_name decides")
     if opts.set_as_default:
-        _ensure(odoc, cri + ["containerd", "default_runtime_name"], opts.handler, changes)
+        _set_default(odoc, cri, ctd, legacy, opts.handler, changes, report)
+    elif legacy is not None:
+        report.notes.append(f"containerd 1.x runs pods without a runtime class with the deprecated default_runtime "
+                            f"table (as runtime 'default'), not default_runtime_name = {default_name!r}; "
+                            "--set-as-default migrates it")
     if opts.cdi:
         if binv and binv < (1, 7):
             report.notes.append(f"containerd {'.'.join(map(str, binv))} has no CDI support (added in 1.7): "
@@ -206,61 +300,137 @@ def _plan_in_place(root, config_path, text, doc, version, opts, report, binv, re
             if not isinstance(table.get("cdi_spec_dirs"), list):
                 _ensure(odoc, cri + ["cdi_spec_dirs"], list(CDI_DIRS), changes)
     old = otext.encode() if root.exists(owner) else None
-    return [FileEdit(owner, odoc.as_string().encode(), old, "toml", changes)]
+    edit = FileEdit(owner, odoc.as_string().encode(), old, "toml", changes)
+    if adoption is not None:
+        adopt.report_adoption(report, adoption, [owner] if handler_changed else [], rec, [edit])
+    return [edit]
+
+
+def _set_default(doc, cri, ctd, legacy, handler, changes, report) -> None:
+    """default_runtime_name = handler; with containerd 1.x's deprecated default_runtime table in
+    effect, that table first becomes runtimes.default (what containerd made of it in memory), so the
+    default really changes and pods asking for 'default' keep what they had."""
+    if legacy is not None:
+        _ensure(doc, cri + ["containerd", "runtimes", "default"], copy.deepcopy(legacy), changes)
+        changes.append(tomldoc.remove_key(doc, cri + ["containerd", "default_runtime"]))
+        report.notes.append("migrated the deprecated default_runtime table to runtimes.default: containerd 1.x "
+                            f"ignores default_runtime_name while that table is set; the default is now '{handler}'")
+    _ensure(doc, cri + ["containerd", "default_runtime_name"], handler, changes)
 
 
 def dropin_path(config_path: str, handler: str) -> str:
     return f"{os.path.dirname(config_path)}/conf.d/99-driverd-{handler}.toml"
 
 
+def _order_with(root: Root, config_path: str, doc: dict, dropin: str) -> tuple[list[str], bool]:
+    """containerd 2.x's load order (the config, then each import pattern's matches in lexical order)
+    with driverd's drop-in where containerd will read it; and whether an import already matches it."""
+    order = [config_path]
+    placed = False
+    for pat in import_patterns(doc, config_path):
+        matches = [f for f in expand(root, pat) if f != config_path]
+        if not placed and fnmatch.fnmatch(dropin, pat):
+            matches = sorted(set(matches) | {dropin})
+            placed = True
+        order.extend(f for f in matches if f not in order)
+    if not placed:
+        order.append(dropin)                 # appended to `imports`: read last
+    return order, placed
+
+
 def _plan_dropin(root, config_path, text, doc, opts, report, rec) -> list[FileEdit]:
     cri = CRI_PLUGIN[3]
     dropin = dropin_path(config_path, opts.handler)
-    merged = tomldoc.plain(doc)
-    others = [f for f in load_order(root, config_path, doc) if f != dropin]
-    for f in others:
-        t = _read(root, f) or ""
-        merged = deep_merge(merged, tomldoc.plain(tomldoc.parse(t, f)))
-        d = tomllib.loads(t) if t.strip() else {}
-        if isinstance(tomldoc.get(d, handler_key(3, opts.handler)), dict):
-            if _check_taken(tomldoc.get(d, handler_key(3, opts.handler)), opts.binary, f, opts.handler):
-                report.notes.append(f"'{opts.handler}' already exists in {f} (not added by driverd); left as it is")
-                return []
-    mine = tomldoc.get(doc, handler_key(3, opts.handler))
-    if isinstance(mine, dict) and _check_taken(tomldoc.plain(mine), opts.binary, config_path, opts.handler):
-        report.notes.append(f"'{opts.handler}' already exists in {config_path} (not added by driverd); left as it is")
-        return []
+    order, imported = _order_with(root, config_path, doc, dropin)
+    docs: dict[str, tuple[str, Any]] = {config_path: (text, doc)}
+    for f in order:
+        if f not in docs and f != dropin:
+            t = _read(root, f) or ""
+            docs[f] = (t, tomldoc.parse(t, f))
+    merged: dict = {}
+    for f in order:
+        if f != dropin:
+            merged = deep_merge(merged, tomldoc.plain(docs[f][1]))
+    later = order[order.index(dropin) + 1:]
     table = tomldoc.get(merged, cri, {}) or {}
     ctd = table.get("containerd", {}) if isinstance(table.get("containerd"), dict) else {}
     runtimes = ctd.get("runtimes", {}) if isinstance(ctd.get("runtimes"), dict) else {}
-    new, base_name = derive(runtimes, ctd.get("default_runtime_name") or "runc", opts.handler, opts.binary)
-    report.notes.append(f"handler '{opts.handler}' derives from {base_name}; written as a drop-in ({dropin})")
+    default_name = ctd.get("default_runtime_name") or "runc"
+    hkey = handler_key(3, opts.handler)
+
     import tomlkit
     d = tomlkit.document()
     d.add(tomlkit.comment(f"Written by driverd: the '{opts.handler}' runtime handler. "
                           "`driverd runtime revert` removes this file."))
     d.add("version", 3)
-    ch: list[Change] = []
-    tomldoc.set_key(d, handler_key(3, opts.handler), new)
+    inplace: dict[str, list[Change]] = {}
+
+    def place(key: list[str], value: Any) -> str | None:
+        """Set `key` where it takes effect: containerd 2.x merges files key by key in load order, so a
+        file read after driverd's drop-in that sets the key is edited in place; else the drop-in.
+        Returns the file that changes (None: already so)."""
+        last = None
+        for f in later:
+            if tomldoc.get(docs[f][1], key, tomldoc.MISSING) is not tomldoc.MISSING:
+                last = f
+        if last is None:
+            tomldoc.set_key(d, key, value)
+            return dropin
+        ch = inplace.setdefault(last, [])
+        before = len(ch)
+        _ensure(docs[last][1], key, value, ch)
+        if len(ch) == before:
+            return None
+        report.notes.append(f"{'.'.join(key[-2:])} is set in {last}, which containerd reads after {dropin}: "
+                            "changed there")
+        return last
+
+    existing = runtimes.get(opts.handler)
+    adoption = None
+    handler_files: list[str] = []
+    if isinstance(existing, dict):
+        # Defined by another tool in the config or an import (driverd's own drop-in is not in `merged`).
+        where = [f for f in order if f != dropin and isinstance(tomldoc.get(docs[f][1], hkey), dict)][-1]
+        adoption = adopt.decide(root, "containerd", opts.handler, where, binaries(existing), opts, runs(existing))
+        report.binary = adoption.binary
+        derived, _, _ = derive(runtimes, default_name, opts.handler, adoption.binary)
+        for key, value in adoption_fixes(existing, hkey, adoption.binary, derived):
+            if tomldoc.plain(tomldoc.get(merged, key, tomldoc.MISSING)) != value:
+                f = place(key, value)
+                if f and f not in handler_files:
+                    handler_files.append(f)
+    else:
+        new, base_name, notes = derive(runtimes, default_name, opts.handler, opts.binary)
+        report.notes.append(f"handler '{opts.handler}' derives from {base_name}; written as a drop-in ({dropin})")
+        report.notes.extend(notes)
+        place(hkey, new)
     if opts.set_as_default:
-        tomldoc.set_key(d, cri + ["containerd", "default_runtime_name"], opts.handler)
+        place(cri + ["containerd", "default_runtime_name"], opts.handler)
     if opts.cdi:
-        tomldoc.set_key(d, cri + ["enable_cdi"], True)
+        place(cri + ["enable_cdi"], True)
         if not isinstance(table.get("cdi_spec_dirs"), list):
-            tomldoc.set_key(d, cri + ["cdi_spec_dirs"], list(CDI_DIRS))
+            place(cri + ["cdi_spec_dirs"], list(CDI_DIRS))
+
+    edits: list[FileEdit] = []
     old_drop = root.read_bytes(dropin)
-    edits = [FileEdit(dropin, d.as_string().encode(), old_drop, "owned", ch)]
-    patterns = import_patterns(doc, config_path)
-    if not any(fnmatch.fnmatch(dropin, p) for p in patterns):
-        changes: list[Change] = []
-        imports = doc.get("imports")
-        if isinstance(imports, list):
-            imports.append(dropin)
-            changes.append(Change("append", ["imports"], value=dropin))
-        else:
-            changes.append(tomldoc.set_key(doc, ["imports"], [dropin]))
-        old = text.encode() if root.exists(config_path) else None
-        edits.insert(0, FileEdit(config_path, doc.as_string().encode(), old, "toml", changes))
+    if any(k != "version" for k in d) or old_drop is not None:
+        edits.append(FileEdit(dropin, d.as_string().encode(), old_drop, "owned", []))
+        if not imported:
+            changes: list[Change] = []
+            imports = doc.get("imports")
+            if isinstance(imports, list):
+                imports.append(dropin)
+                changes.append(Change("append", ["imports"], value=dropin))
+            else:
+                changes.append(tomldoc.set_key(doc, ["imports"], [dropin]))
+            old = text.encode() if root.exists(config_path) else None
+            edits.insert(0, FileEdit(config_path, doc.as_string().encode(), old, "toml", changes))
+    for f, ch in inplace.items():
+        if ch:
+            t, fd = docs[f]
+            edits.append(FileEdit(f, fd.as_string().encode(), t.encode(), "toml", ch))
+    if adoption is not None:
+        adopt.report_adoption(report, adoption, handler_files, rec, edits)
     return edits
 
 
@@ -310,19 +480,36 @@ def _plan_template(root, config_path, opts, report, binv, rec) -> list[FileEdit]
     without = textblock.remove_block(text, marker)
     base_included = created or '{{ template "base"' in text
     ours_before = textblock.has_block(text, marker)   # k3s's rendered config then holds our own table
-    for src in [_static_toml(without)] + ([gen] if base_included and not ours_before else []):
+    for src, where in [(_static_toml(without), tmpl)] + ([(gen, generated)] if base_included and not ours_before
+                                                          else []):
         existing = tomldoc.get(src, hkey)
-        if isinstance(existing, dict) and _check_taken(existing, opts.binary, tmpl, opts.handler):
-            report.notes.append(f"'{opts.handler}' already exists in {tmpl} (not added by driverd); left as it is")
+        if not isinstance(existing, dict):
+            continue
+        # k3s/RKE2 add an 'nvidia' handler themselves when they find nvidia-container-runtime; a table
+        # in the template cannot be redefined by another one (containerd refuses duplicate tables).
+        if any(adopt.is_nvidia_runtime(b) for b in binaries(existing)):
+            report.binary = next(b for b in binaries(existing) if adopt.is_nvidia_runtime(b))
+            report.notes.append(f"'{opts.handler}' already exists in {where} (not added by driverd) and runs "
+                                f"{runs(existing)}; left as it is")
+            if opts.set_as_default or opts.cdi:
+                report.notes.append("k3s/RKE2 templates: default runtime and enable_cdi live in a table k3s's base "
+                                    "template already defines; set them with k3s's own options (--default-runtime)")
             return []
+        raise RuntimeConfigError(
+            f"runtime handler '{opts.handler}' already exists in {where} and is not driverd's: it runs "
+            f"{runs(existing)}, not an NVIDIA container runtime",
+            cause="a k3s/RKE2 template cannot define the same runtime table twice, so driverd cannot take it over",
+            fix=f"change or remove '{opts.handler}' in {tmpl} by hand, or choose another name with --handler; "
+                "nothing was written", exit_code=3)
     # k3s's last rendering (base + template) knows runc's options; the template's static part wins.
     runtimes = dict(tomldoc.get(gen, CRI_PLUGIN[version] + ["containerd", "runtimes"], {}) or {})
     runtimes.update(tomldoc.get(static, CRI_PLUGIN[version] + ["containerd", "runtimes"], {}) or {})
     runtimes.pop(opts.handler, None)
     default_name = tomldoc.get(gen, CRI_PLUGIN[version] + ["containerd", "default_runtime_name"]) or "runc"
-    new, base_name = derive(runtimes, default_name, opts.handler, opts.binary)
+    new, base_name, notes = derive(runtimes, default_name, opts.handler, opts.binary)
     report.notes.append(f"handler '{opts.handler}' derives from {base_name}; appended to the template as a "
                         "marked block (template syntax untouched)")
+    report.notes.extend(notes)
     if opts.set_as_default or opts.cdi:
         report.notes.append("k3s/RKE2 templates: default runtime and enable_cdi live in a table k3s's base "
                             "template already defines; set them with k3s's own options (--default-runtime)")

@@ -15,7 +15,7 @@ import tomllib
 
 from driverd.errors import RuntimeConfigError
 from driverd.root import Root
-from driverd.runtime import tomldoc
+from driverd.runtime import adopt, tomldoc
 from driverd.runtime.model import ChangeReport, FileEdit, Options
 
 DEFAULT_CONFIG = "/etc/crio/crio.conf"
@@ -74,44 +74,96 @@ def dropin_path(cdir: str, handler: str) -> str:
     return f"{cdir.rstrip('/')}/99-driverd-{handler}.conf"
 
 
-def plan(root: Root, config_path: str | None, opts: Options, report: ChangeReport) -> list[FileEdit]:
+def _read_files(root: Root, config_path: str | None, cdir: str, ours: str) -> list[str]:
+    """The files CRI-O reads, in its order: the main config, then every regular file of the drop-in
+    directory in lexical order (CRI-O walks the directory; the extension does not matter, so
+    nvidia-ctk's 99-nvidia.toml counts), driverd's own drop-in where it sorts."""
+    files = sorted([p for p in root.glob(cdir) if p != ours and root.is_file(p)] + [ours])
+    return [config_path or DEFAULT_CONFIG] + files
+
+
+def plan(root: Root, config_path: str | None, opts: Options, report: ChangeReport,
+         rec: dict | None = None) -> list[FileEdit]:
     cdir = config_dir(root)
     ours = dropin_path(cdir, opts.handler)
+    order = _read_files(root, config_path, cdir, ours)
+    later = order[order.index(ours) + 1:]
+    docs = {f: _load(root, f) for f in order if f != ours}
     merged: dict = {}
-    for f in [config_path or DEFAULT_CONFIG] + [p for p in root.glob(cdir) if p != ours and root.is_file(p)]:
-        d = _load(root, f)
-        rts = tomldoc.get(d, ["crio", "runtime", "runtimes", opts.handler])
-        if isinstance(rts, dict):
-            if rts.get("runtime_path") == opts.binary:
-                report.notes.append(f"'{opts.handler}' already exists in {f} (not added by driverd); left as it is")
-                return []
-            raise RuntimeConfigError(
-                f"runtime handler '{opts.handler}' already exists in {f} and is not driverd's "
-                f"(runtime_path {rts.get('runtime_path')!r})", cause="driverd never overwrites a handler it did not add",
-                fix=f"choose another name with --handler, or remove it from {f}", exit_code=3)
-        merged = _merge(merged, d)
-    if not root.exists(opts.binary):
-        raise RuntimeConfigError(f"{opts.binary} does not exist on the host",
+    for f in order:
+        if f != ours:
+            merged = _merge(merged, docs[f])
+    hkey = ["crio", "runtime", "runtimes", opts.handler]
+    # A runtime table in a later file replaces an earlier one whole (CRI-O decodes each file onto a
+    # fresh handler), so the handler CRI-O uses is the one in the last file that defines it.
+    defs = [f for f in order if f != ours and isinstance(tomldoc.get(docs[f], hkey), dict)]
+    inplace: dict[str, list] = {}
+    table = None
+    adoption = None
+    handler_in: list[str] = []              # where the adopted handler changes
+    if defs:
+        where = defs[-1]
+        theirs = tomldoc.get(docs[where], hkey)
+        path = theirs.get("runtime_path")
+        runs = repr(path) if path else f"whatever '{opts.handler}' is on CRI-O's PATH (no runtime_path)"
+        adoption = adopt.decide(root, "crio", opts.handler, where, [path], opts, runs)
+        binary = adoption.binary
+        if path != binary and where in later:   # read after driverd's drop-in: change it there
+            inplace[where] = [("runtime_path", binary)]
+            handler_in.append(where)
+        elif path != binary:    # driverd's drop-in (read later) carries their table with the new path
+            table = {**theirs, "runtime_path": binary}
+            handler_in.append(ours)
+    else:
+        binary = opts.binary
+    report.binary = binary
+    if not root.exists(binary):
+        raise RuntimeConfigError(f"{binary} does not exist on the host",
                                  cause="CRI-O refuses to start when a runtime's runtime_path is missing",
                                  fix="install nvidia-container-toolkit first, or pass --binary PATH; nothing was written")
-    rt = tomldoc.get(merged, ["crio", "runtime"], {}) or {}
-    runtimes = rt.get("runtimes", {}) if isinstance(rt.get("runtimes"), dict) else {}
-    base_name = rt.get("default_runtime") or ("runc" if "runc" in runtimes else "crun" if "crun" in runtimes else "runc")
-    base = runtimes.get(base_name, {}) if isinstance(runtimes.get(base_name), dict) else {}
-    table = {"runtime_path": opts.binary, "runtime_type": "oci"}
-    table.update({k: base[k] for k in INHERITED if k in base})
-    report.notes.append(f"handler '{opts.handler}' inherits {', '.join(k for k in INHERITED if k in base) or 'nothing'}"
-                        f" from {base_name}; drop-in {ours} (CRI-O reads {cdir})")
+    if not defs:
+        rt = tomldoc.get(merged, ["crio", "runtime"], {}) or {}
+        runtimes = rt.get("runtimes", {}) if isinstance(rt.get("runtimes"), dict) else {}
+        base_name = rt.get("default_runtime") or ("runc" if "runc" in runtimes else "crun" if "crun" in runtimes
+                                                  else "runc")
+        base = runtimes.get(base_name, {}) if isinstance(runtimes.get(base_name), dict) else {}
+        table = {"runtime_path": opts.binary, "runtime_type": "oci"}
+        table.update({k: base[k] for k in INHERITED if k in base})
+        report.notes.append(f"handler '{opts.handler}' inherits "
+                            f"{', '.join(k for k in INHERITED if k in base) or 'nothing'} from {base_name}; "
+                            f"drop-in {ours} (CRI-O reads {cdir})")
     import tomlkit
     doc = tomlkit.document()
     doc.add(tomlkit.comment(f"Written by driverd: the '{opts.handler}' runtime handler. "
                             "`driverd runtime revert` removes this file."))
     if opts.set_as_default:
-        tomldoc.set_key(doc, ["crio", "runtime", "default_runtime"], opts.handler)
-    tomldoc.set_key(doc, ["crio", "runtime", "runtimes", opts.handler], table)
+        dkey = ["crio", "runtime", "default_runtime"]
+        setter = [f for f in later if tomldoc.get(docs[f], dkey) is not None]
+        if setter:              # a file CRI-O reads after driverd's drop-in names the default: change it there
+            if tomldoc.get(docs[setter[-1]], dkey) != opts.handler:
+                inplace.setdefault(setter[-1], []).append(("default_runtime", opts.handler))
+        else:
+            tomldoc.set_key(doc, dkey, opts.handler)
+    if table is not None:
+        tomldoc.set_key(doc, hkey, table)
     if opts.cdi:
         report.notes.append("CRI-O reads CDI specs from /etc/cdi and /var/run/cdi without a switch")
-    return [FileEdit(ours, doc.as_string().encode(), root.read_bytes(ours), "owned")]
+    edits: list[FileEdit] = []
+    old_ours = root.read_bytes(ours)
+    if len(doc.keys()) or old_ours is not None:
+        edits.append(FileEdit(ours, doc.as_string().encode(), old_ours, "owned"))
+    for f, sets in inplace.items():
+        text = root.read_text(f) or ""
+        fd = tomldoc.parse(text, f)
+        changes = []
+        for k, v in sets:
+            key = (hkey + [k]) if k == "runtime_path" else ["crio", "runtime", k]
+            changes.append(tomldoc.set_key(fd, key, v))
+        report.notes.append(f"{f} is read after {ours}: changed {', '.join(k for k, _ in sets)} there")
+        edits.append(FileEdit(f, fd.as_string().encode(), text.encode(), "toml", changes))
+    if adoption is not None:
+        adopt.report_adoption(report, adoption, handler_in, rec, edits)
+    return edits
 
 
 def unit(root: Root) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from driverd.errors import RuntimeConfigError
 from driverd.root import Root
-from driverd.runtime import jsondoc
+from driverd.runtime import adopt, jsondoc
 from driverd.runtime.model import Change, ChangeReport, FileEdit, Options
 
 DEFAULT_CONFIG = "/etc/docker/daemon.json"
@@ -25,14 +25,6 @@ def plan(root: Root, config_path: str | None, opts: Options, report: ChangeRepor
         c["key"][:2] == ["runtimes", opts.handler] or c["key"] == ["runtimes"] for c in rec["files"][path]["changes"]
         if not c.get("had_old")))
     existing = (runtimes or {}).get(opts.handler)
-    if existing is not None and not mine:
-        if isinstance(existing, dict) and existing.get("path") == opts.binary:
-            report.notes.append(f"'{opts.handler}' already exists in {path} (not added by driverd); left as it is")
-            return []
-        raise RuntimeConfigError(
-            f"runtime handler '{opts.handler}' already exists in {path} and is not driverd's ({existing!r})",
-            cause="driverd never overwrites a handler it did not add",
-            fix=f"choose another name with --handler, or remove it from {path}", exit_code=3)
     changes: list[Change] = []
 
     def ensure(key: list[str], value) -> None:
@@ -42,14 +34,32 @@ def plan(root: Root, config_path: str | None, opts: Options, report: ChangeRepor
         if cur != value:
             changes.append(jsondoc.set_key(doc, key, value))
 
-    ensure(["runtimes", opts.handler], {"path": opts.binary})
+    adoption = None
+    if existing is not None and not mine:
+        # Another tool's handler (nvidia-ctk writes {"args": [], "path": "nvidia-container-runtime"}).
+        ex = existing if isinstance(existing, dict) else {}
+        named = [ex.get("path"), (ex.get("options") or {}).get("BinaryName") if isinstance(ex.get("options"), dict)
+                 else None]
+        what = repr(named[0] or named[1]) if (named[0] or named[1]) else f"{existing!r}"
+        adoption = adopt.decide(root, "docker", opts.handler, path, named, opts, what)
+        report.binary = adoption.binary
+        if adoption.foreign:        # its args belong to the other binary: driverd's entry replaces it
+            ensure(["runtimes", opts.handler], {"path": adoption.binary})
+        elif ex.get("runtimeType") and isinstance(ex.get("options"), dict):
+            ensure(["runtimes", opts.handler, "options", "BinaryName"], adoption.binary)
+        else:
+            ensure(["runtimes", opts.handler, "path"], adoption.binary)     # args and the rest stay theirs
+    else:
+        ensure(["runtimes", opts.handler], {"path": opts.binary})
+    handler_changed = bool(changes)
     if opts.set_as_default:
         ensure(["default-runtime"], opts.handler)
     if opts.cdi:
         if doc.get("features") is not None and not isinstance(doc["features"], dict):
             raise RuntimeConfigError(f"{path}: 'features' is not an object", fix="fix the file; nothing was written")
         ensure(["features", "cdi"], True)
-    if not changes:
-        return []
-    new = jsondoc.dumps(doc, text or "{\n    \"x\": 1\n}")
-    return [FileEdit(path, new.encode(), raw, "json", changes)]
+    edits = [FileEdit(path, jsondoc.dumps(doc, text or "{\n    \"x\": 1\n}").encode(), raw, "json", changes)
+             ] if changes else []
+    if adoption is not None:
+        adopt.report_adoption(report, adoption, [path] if handler_changed else [], rec, edits)
+    return edits

@@ -59,26 +59,31 @@ def configure(root: Root, runtime: str, options: Options, runner: Runner | None 
     if rf is None and options.config_path is None and not root.exists(config_path):
         report.notes.append(f"{runtime} was not detected on this host; configuring {config_path} anyway")
     rec = state.recorded(root, runtime)
-    if not root.exists(options.binary) and runtime != "crio":
-        report.notes.append(f"{options.binary} does not exist yet: containers asking for '{options.handler}' "
-                            "fail until nvidia-container-toolkit is installed")
     edits: list[FileEdit]
     if runtime == "containerd":
         from driverd.runtime import containerd
         edits = containerd.plan(root, config_path, options, report, rf.version if rf else None, rec)
     elif runtime == "crio":
         from driverd.runtime import crio
-        edits = crio.plan(root, options.config_path or (rf.config_path if rf else None), options, report)
+        edits = crio.plan(root, options.config_path or (rf.config_path if rf else None), options, report, rec)
     else:
         from driverd.runtime import docker
         edits = docker.plan(root, config_path, options, report, rec)
+    binary = report.binary or options.binary
+    if not root.exists(binary) and runtime != "crio":
+        report.notes.append(f"{binary} does not exist yet: containers asking for '{options.handler}' "
+                            "fail until nvidia-container-toolkit is installed")
     spec = None
-    if options.cdi:   # built before anything is written: no GPU -> error, nothing changed
+    if options.cdi:
+        # CDI in two parts: the runtime side is enabled now; the spec needs the GPUs, so without them
+        # it is written later by cdi.refresh (the daemon calls it when GPUs or the driver change).
         from driverd.runtime import cdi
-        spec = cdi.build(root, facts)
+        spec = cdi.build_if_visible(root, facts)
     state.apply(root, runtime, options.handler, edits, report, dry)
     if spec is not None:
         write_cdi_spec(root, options, report, facts, dry, spec)
+    elif options.cdi:
+        report.notes.append(cdi.PENDING.format(path=options.cdi_spec_path))
     runtime_changed = any(p in report.files_changed for p in (e.path for e in edits))
     if not runtime_changed:
         if not report.files_changed:
@@ -90,18 +95,9 @@ def configure(root: Root, runtime: str, options: Options, runner: Runner | None 
 
 def write_cdi_spec(root: Root, options: Options, report: ChangeReport, facts=None, dry: bool = False,
                    spec: dict | None = None) -> None:
+    """Write (or rewrite) the CDI spec for the GPUs now visible; recorded as "cdi" for revert."""
     from driverd.runtime import cdi
-    spec = spec or cdi.build(root, facts)
-    new = cdi.render(spec).encode()
-    old = root.read_bytes(options.cdi_spec_path)
-    sub = ChangeReport("cdi", options.handler)
-    state.apply(root, "cdi", options.handler, [FileEdit(options.cdi_spec_path, new, old, "owned")], sub, dry)
-    report.files_changed += sub.files_changed
-    report.backups += sub.backups
-    report.diffs.update(sub.diffs)
-    devs = [d["name"] for d in spec["devices"]]
-    report.notes.append(f"CDI spec {options.cdi_spec_path} (cdiVersion {spec['cdiVersion']}, kind {spec['kind']}): "
-                        f"devices {', '.join(devs)}")
+    cdi.write_spec(root, options, report, facts, dry, spec)
 
 
 def _restart(root, runtime, config_path, rf, options, runner, report) -> None:

@@ -8,12 +8,13 @@ from typing import Any
 RUNTIMES = ("containerd", "crio", "docker")
 RESTART_MODES = ("systemd", "signal", "none")
 DEFAULT_CDI_SPEC = "/var/run/cdi/nvidia.yaml"
+DEFAULT_BINARY = "/usr/bin/nvidia-container-runtime"
 
 
 @dataclass(frozen=True)
 class Options:
     handler: str = "nvidia"
-    binary: str = "/usr/bin/nvidia-container-runtime"
+    binary: str = DEFAULT_BINARY
     set_as_default: bool = False
     cdi: bool = False
     restart: str = "systemd"                 # systemd | signal | none
@@ -21,14 +22,24 @@ class Options:
     config_path: str | None = None           # a custom runtime config file (host path)
     cdi_spec_path: str = DEFAULT_CDI_SPEC
     wait_timeout_s: float = 30.0             # bounded wait for the runtime's socket after a restart
+    adopt_foreign: bool = False              # take over a same-named handler that runs something else
+    binary_explicit: bool = False            # the binary was asked for (flag or runtime.binary), not defaulted
+
+    @property
+    def binary_chosen(self) -> bool:
+        """True when the operator named the binary: an adopted handler then runs it; otherwise an
+        adopted handler keeps the NVIDIA runtime it already runs."""
+        return self.binary_explicit or self.binary != DEFAULT_BINARY
 
     @classmethod
     def from_config(cls, cfg, **overrides: Any) -> "Options":
         """Options from driverd's configuration (runtime.* keys); CLI flags override (None = keep)."""
         base = dict(handler=cfg["runtime.handler"], binary=cfg["runtime.binary"],
                     set_as_default=cfg["runtime.set_as_default"], cdi=cfg["runtime.cdi"],
-                    restart=cfg["runtime.restart"])
+                    restart=cfg["runtime.restart"], adopt_foreign=cfg["runtime.adopt_foreign"])
+        explicit = overrides.get("binary") is not None or "runtime.binary" in (getattr(cfg, "sources", None) or {})
         base.update({k: v for k, v in overrides.items() if v is not None})
+        base["binary_explicit"] = bool(base.get("binary_explicit")) or explicit
         return cls(**base)
 
 
@@ -38,6 +49,7 @@ class Change:
 
     op "set": `key` was set; `had_old`/`old` is what was there before (revert puts it back or
     deletes the key). op "append": `value` was appended to the list at `key` (revert removes it).
+    op "delete": `key` (whose value was `old`) was removed (revert puts it back).
     """
     op: str
     key: list[str]
@@ -83,6 +95,9 @@ class ChangeReport:
     notes: list[str] = field(default_factory=list)
     dry_run: bool = False
     diffs: dict[str, str] = field(default_factory=dict)
+    # handlers another tool wrote that this run took over: {handler, file, before, binary, how, foreign}
+    adopted: list[dict] = field(default_factory=list)
+    binary: str | None = None                # the binary the handler runs once this run is done
 
     @property
     def changed(self) -> bool:

@@ -2,9 +2,11 @@
 
 <root>/var/lib/driverd/runtime/state.json records, per runtime, every file we edited or created: the
 backup of the original (taken once, before our first edit), the hash of what we wrote and the
-changes we made. Revert restores the backup byte for byte when nobody touched the file since; when
-someone did, it removes only our changes and keeps theirs. Files are written atomically; a run that
-fails half-way puts back the files it already wrote.
+changes we made, and the handlers another tool wrote that driverd took over ("adopted"). Revert
+restores the backup byte for byte when nobody touched the file since; when someone did (after our
+write, or between two of our writes), it removes only our changes and keeps theirs — an adopted
+handler gets the values its tool wrote back. Files are written atomically; a run that fails half-way
+puts back the files it already wrote.
 """
 from __future__ import annotations
 
@@ -102,6 +104,10 @@ def apply(root: Root, runtime: str, handler: str, edits: list[FileEdit], report:
     try:
         for e in edits:
             frec = rec["files"].get(e.path)
+            if frec is not None and sha256(e.old) != frec.get("written_sha256"):
+                # Someone changed the file since driverd last wrote it: the backup no longer holds
+                # their edit, so revert must remove only driverd's changes.
+                frec["edited_between_runs"] = True
             if frec is None:
                 frec = {"created": e.old is None, "backup": None, "fmt": e.fmt, "changes": [], "marker": e.marker}
                 if e.old is not None:
@@ -116,6 +122,9 @@ def apply(root: Root, runtime: str, handler: str, edits: list[FileEdit], report:
             frec["written_sha256"] = sha256(e.new)
             rec["files"][e.path] = frec
             report.files_changed.append(e.path)
+        for a in report.adopted:
+            if a["file"] in report.files_changed:
+                rec.setdefault("adopted", {}).setdefault(a["handler"], a)   # the first takeover is the record
         save(root, data)
     except (OSError, HostPathError) as err:
         for e in reversed(done):          # put back what this run already wrote
@@ -144,7 +153,7 @@ def revert(root: Root, runtime: str, report: ChangeReport, dry_run: bool) -> Non
     plans: list[tuple[str, bytes | None, bytes | None, str]] = []
     for path, frec in rec["files"].items():
         cur = read(root, path)
-        if cur is not None and sha256(cur) == frec.get("written_sha256"):
+        if cur is not None and sha256(cur) == frec.get("written_sha256") and not frec.get("edited_between_runs"):
             # Untouched since our write: the original, byte for byte.
             orig = None if frec["created"] else root.read_bytes(frec["backup"])
             if not frec["created"] and orig is None:
@@ -161,6 +170,8 @@ def revert(root: Root, runtime: str, report: ChangeReport, dry_run: bool) -> Non
             continue
         report.diffs[path] = unified_diff(path, cur, new)
         report.notes.append(f"{path}: {how}")
+    for h, a in (rec.get("adopted") or {}).items():
+        report.notes.append(f"'{h}' in {a['file']} goes back to what the other tool wrote (it ran {a['before']})")
     if dry_run:
         report.files_changed = [p for p, c, n, _ in plans if c != n]
         return

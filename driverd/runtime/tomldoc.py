@@ -89,6 +89,13 @@ def delete_key(doc: Any, key: list[str]) -> None:
         del cur[key[-1]]
 
 
+def remove_key(doc: Any, key: list[str]) -> Change:
+    """Delete doc[key...] (which must exist); returns the change that puts it back."""
+    old = plain(get(doc, key))
+    delete_key(doc, key)
+    return Change("delete", list(key), had_old=True, old=old)
+
+
 def undo(doc: Any, changes: list[Change]) -> None:
     """Reverse `changes` (last first) on a parsed document, touching nothing else."""
     for ch in reversed(changes):
@@ -96,6 +103,9 @@ def undo(doc: Any, changes: list[Change]) -> None:
             lst = get(doc, ch.key)
             if isinstance(lst, list) and ch.value in lst:
                 lst.remove(ch.value)
+        elif ch.op == "delete":
+            if get(doc, ch.key, MISSING) is MISSING:      # put back only what is still gone
+                set_key(doc, ch.key, ch.old)
         elif ch.had_old:
             set_key(doc, ch.key, ch.old)
         else:

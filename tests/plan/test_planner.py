@@ -85,6 +85,21 @@ def test_gpu_in_use_blocks_unload_with_names(tmp_path):
     assert not p2.blocked_by
 
 
+def test_gpu_daemons_holding_the_gpu_do_not_block_the_upgrade_that_stops_them(tmp_path):
+    f = facts(tmp_path, pci=[h100("0000:1b:00.0", "nvidia")],
+              procs=[Proc(812, "nvidia-persistenced", ("/dev/nvidiactl", "/dev/nvidia0")),
+                     Proc(4242, "python3", ("/dev/nvidia0",))],
+              **loaded("550.127.05", "open", refs=2))
+    p = plan(f, Desired("570.195.03", runtimes=("none",)))
+    assert len(p.blocked_by) == 1 and "pid 4242" in p.blocked_by[0] and "812" not in p.blocked_by[0]
+    f = facts(tmp_path / "2", pci=[h100("0000:1b:00.0", "nvidia")],
+              procs=[Proc(812, "nvidia-persistenced", ("/dev/nvidiactl", "/dev/nvidia0"))],
+              **loaded("550.127.05", "open", refs=1))
+    p = plan(f, Desired("570.195.03", runtimes=("none",)))
+    assert not p.blocked_by and actions(p)[1:5] == ["fetch-package", "install-package", "stop-gpu-daemons",
+                                                    "unload-modules"]
+
+
 def test_nouveau_in_use_needs_reboot(tmp_path):
     f = facts(tmp_path, pci=[Pci("0000:01:00.0", "0x10de", "0x1eb8", "0x030200", "nouveau")],
               modules=[Module("nouveau", 2000000, 1, (), "")])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -122,3 +123,44 @@ def containerd_env(tmp_path):
 def runtimes_of(dump: dict, version: int) -> dict:
     plugin = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}[version]
     return dump["plugins"][plugin]["containerd"]["runtimes"]
+
+
+PEER = RT / "peer"
+
+
+def peer_text(name: str, tmp: str) -> str:
+    """A fixture recreating what NVIDIA's tooling leaves behind (tests/fixtures/runtime/peer)."""
+    return (PEER / name).read_text().replace("{TMP}", tmp)
+
+
+def _balanced(s: str, i: int) -> int:
+    """Index just past the bracket group that opens at s[i] ('{' or '[')."""
+    depth = 0
+    for j in range(i, len(s)):
+        if s[j] in "{[":
+            depth += 1
+        elif s[j] in "}]":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+    raise ValueError("unbalanced")
+
+
+def cri_effective(log: str) -> dict:
+    """What containerd 1.6's CRI plugin really runs with, from its startup line
+    `Start cri plugin with config {...}` (logged after its own validation, so the deprecated
+    default_runtime table has already become runtime "default" and the default): {"default": name,
+    "runtimes": {name: "<the Go %+v text of that runtime>"}}. `config dump` cannot show this: it
+    prints the configuration as read, before the plugin applies those rules."""
+    line = next(ln for ln in log.splitlines() if "Start cri plugin with config" in ln)
+    default = re.search(r"ContainerdConfig:\{[^{]*?DefaultRuntimeName:([^\s}]+)", line).group(1)
+    start = line.index("Runtimes:map[") + len("Runtimes:map")
+    body = line[start + 1:_balanced(line, start) - 1]
+    runtimes, i = {}, 0
+    while i < len(body):
+        colon = body.index(":", i)
+        name = body[i:colon].strip()
+        end = _balanced(body, colon + 1)
+        runtimes[name] = body[colon + 1:end]
+        i = end
+    return {"default": default, "runtimes": runtimes}

@@ -1,0 +1,49 @@
+"""The driver container's fast path. A driver container is restarted often (a node reboot, an image
+roll, an eviction); when the host already is what the configuration asks - the same driver loaded
+and valid, the same configuration, kernel and package as the last converge recorded - it must not
+unload anything, restart daemons or touch the runtimes: it goes ready at once and leaves the host to
+the reconcile loop's next pass. Read-only: no lock, no journal, no file written."""
+from __future__ import annotations
+
+from driverd.apply import steps as st
+from driverd.daemon import fingerprint as fpr
+from driverd.errors import DriverdError
+
+
+def fast_path(sctx, cfg) -> tuple[dict | None, str]:
+    """(the loaded driver, why) when the container may go ready without a reconcile, else (None, why not)."""
+    from driverd.apply.lifecycle import journal, reboot_record
+    from driverd.kmod import daemons as dmn
+    rec = fpr.read(sctx.root, cfg)
+    if rec is None:
+        return None, "no converged state is recorded (first start on this host)"
+    inst = st.installed(sctx)
+    fp = fpr.fingerprint(cfg, sctx.kernel.release, inst["sha256"] if inst else None)
+    if rec.get("fingerprint") != fp:
+        return None, "the configuration, kernel or installed package changed since the last converge"
+    try:
+        doc = journal(sctx).load(repair=False)
+    except DriverdError as e:
+        return None, e.one_line()
+    if doc is not None and doc.get("state") in ("running", "rolling-back"):
+        return None, f"the {doc['command']} run {doc['run_id']} was interrupted and must be finished first"
+    if reboot_record(sctx) is not None:
+        return None, "a reboot is recorded as required"
+    loaded = st.loaded(sctx)
+    if loaded is None or loaded != rec.get("driver"):
+        return None, f"the loaded driver ({_name(loaded)}) is not the one last converged ({_name(rec.get('driver'))})"
+    from driverd.host import pci
+    _, switches, _ = pci.classify(sctx.root, pci.scan(sctx.root, []), [])
+    missing = [d for d in dmn.wanted_daemons(cfg, len(switches)) if not sctx.services.running(d)]
+    if missing:
+        return None, f"{', '.join(missing)} not running: the first reconcile starts it (no reload)"
+    try:
+        st.REGISTRY["validate"].do(sctx, {})
+    except DriverdError as e:
+        return None, e.one_line()
+    return loaded, f"driver {loaded['version']} ({loaded['flavor']}) is loaded and valid and the configuration is " \
+                   "unchanged since the last converge: nothing reloaded or restarted"
+
+
+def _name(d: dict | None) -> str:
+    return f"{d['version']} ({d['flavor']})" if d else "none"

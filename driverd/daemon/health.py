@@ -1,0 +1,89 @@
+"""What the daemon knows about the host between reconciles, for /readyz, /metrics and STATUS=.
+
+Ready means: the last reconcile converged, and the driver it validated is still the one the kernel
+reports (a cheap read of /proc/driver/nvidia/version on every probe, so an unload by hand or an
+upgrade in progress shows at once)."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+STATES = ("starting", "reconciling", "converged", "blocked", "failed", "reboot-required", "config-error", "error",
+          "stopping")
+
+
+class Health:
+    def __init__(self, probe: Callable[[], dict | None]) -> None:
+        self.probe = probe                       # () -> {"version", "flavor"} loaded now, or None
+        self._lock = threading.Lock()
+        self.state = "starting"
+        self.reason = "the first reconcile has not finished"
+        self.converged = False
+        self.loaded: dict | None = None
+        self.since = time.time()
+        self.last = None                         # the last reconcile.Result
+        self.config_problem: str | None = None
+        self.fast_path: str | None = None
+
+    def begin(self, why: str) -> None:
+        with self._lock:
+            self.state, self.reason = "reconciling", why
+
+    def update(self, result) -> None:
+        with self._lock:
+            self.last = result
+            self.state, self.reason = result.state, result.reason
+            self.converged = result.converged
+            self.loaded = result.loaded if result.converged else None
+            self.since = result.finished or time.time()
+
+    def converged_at_start(self, loaded: dict, reason: str) -> None:
+        """The container's fast path: the host already is what the configuration asks."""
+        with self._lock:
+            self.state, self.reason, self.converged, self.loaded = "converged", reason, True, loaded
+            self.fast_path = reason
+            self.since = time.time()
+
+    def set_state(self, state: str, reason: str) -> None:
+        """A state reached without a reconcile (a configuration that cannot be loaded at start)."""
+        with self._lock:
+            self.state, self.reason, self.converged, self.loaded = state, reason, False, None
+
+    def set_config_problem(self, problem: str | None) -> None:
+        with self._lock:
+            self.config_problem = problem
+
+    def stopping(self) -> None:
+        with self._lock:
+            self.state, self.reason, self.converged = "stopping", "the daemon is stopping", False
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, one line saying why or why not)."""
+        ready, why = self._readiness()
+        return ready, " ".join(why.split())[:1000]
+
+    def _readiness(self) -> tuple[bool, str]:
+        with self._lock:
+            state, reason, converged, loaded = self.state, self.reason, self.converged, self.loaded
+        if not converged:
+            return False, f"{state}: {reason}"
+        if loaded is None:
+            return False, reason
+        try:
+            now = self.probe()
+        except Exception as e:                   # a probe must answer, never raise
+            return False, f"cannot read the loaded driver: {e}"
+        if now is None:
+            return False, f"the NVIDIA driver is not loaded (the last reconcile validated {loaded['version']})"
+        if (now["version"], now["flavor"]) != (loaded["version"], loaded["flavor"]):
+            return False, (f"the kernel reports {now['version']} ({now['flavor']}); the last reconcile validated "
+                           f"{loaded['version']} ({loaded['flavor']})")
+        return True, f"driver {loaded['version']} ({loaded['flavor']}) loaded and validated; last reconcile converged"
+
+    def status_line(self) -> str:
+        with self._lock:
+            line = f"{self.state}: {self.reason}"
+            if self.config_problem:
+                line += f" (config not reloaded: {self.config_problem})"
+        return " ".join(line.split())[:400]

@@ -1,0 +1,88 @@
+"""Prometheus metrics of the daemon. The only module that imports prometheus_client; it is loaded by
+the daemon commands alone, so host-only commands (detect, plan) never pay for it.
+
+driverd_driver_info{version,flavor,kernel}          1 for the driver the last converge validated
+driverd_state{driverd_state=...}                    the daemon's current state (one of health.STATES)
+driverd_ready                                       1 when /readyz answers 200
+driverd_reconciles_total{result}                    reconcile passes by result (converged, blocked, failed, ...)
+driverd_reconcile_failures_total{reason}            failed passes by reason (blocked, lock, rolled-back,
+                                                    rollback-failed, reboot-required, config, validation, unexpected)
+driverd_reconcile_duration_seconds                  wall time of a reconcile pass
+driverd_transaction_duration_seconds{command,state} journalled runs (apply, reload, ...) by how they ended
+driverd_step_duration_seconds{action,status}        each step of those runs
+driverd_last_reconcile_timestamp_seconds / driverd_last_converged_timestamp_seconds
+driverd_config_reloads_total{result}                configuration re-reads (ok, error)
+plus the process collector (process_resident_memory_bytes, process_cpu_seconds_total, ...).
+"""
+from __future__ import annotations
+
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Enum, Gauge, Histogram,
+                               ProcessCollector, disable_created_metrics, generate_latest)
+
+from driverd.daemon.health import STATES
+
+_STEP_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
+_RUN_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800, 3600)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        disable_created_metrics()          # no *_created series: they only double the scrape
+        r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)
+        self.driver = Gauge("driverd_driver_info", "The driver the last converged reconcile validated",
+                            ["version", "flavor", "kernel"], registry=r)
+        self.state = Enum("driverd_state", "What the daemon is doing or found", states=list(STATES), registry=r)
+        self.ready = Gauge("driverd_ready", "1 when the host is converged and the driver validated (/readyz 200)",
+                           registry=r)
+        self.reconciles = Counter("driverd_reconciles", "Reconcile passes by result", ["result"], registry=r)
+        self.failures = Counter("driverd_reconcile_failures", "Reconcile passes that did not converge, by reason",
+                                ["reason"], registry=r)
+        self.duration = Histogram("driverd_reconcile_duration_seconds", "Wall time of a reconcile pass",
+                                  buckets=_RUN_BUCKETS, registry=r)
+        self.runs = Histogram("driverd_transaction_duration_seconds", "Journalled runs made by the daemon",
+                              ["command", "state"], buckets=_RUN_BUCKETS, registry=r)
+        self.steps = Histogram("driverd_step_duration_seconds", "Steps of the journalled runs",
+                               ["action", "status"], buckets=_STEP_BUCKETS, registry=r)
+        self.last_reconcile = Gauge("driverd_last_reconcile_timestamp_seconds", "When the last reconcile ended",
+                                    registry=r)
+        self.last_converged = Gauge("driverd_last_converged_timestamp_seconds",
+                                    "When a reconcile last ended converged", registry=r)
+        self.config_reloads = Counter("driverd_config_reloads", "Configuration re-reads", ["result"], registry=r)
+        self.state.state("starting")
+
+    def set_state(self, state: str) -> None:
+        self.state.state(state if state in STATES else "error")
+
+    def set_ready(self, ready: bool) -> None:
+        self.ready.set(1 if ready else 0)
+
+    def converged_at_start(self, loaded: dict, kernel: str | None) -> None:
+        self.driver.clear()
+        self.driver.labels(loaded["version"], loaded["flavor"], kernel or "").set(1)
+        self.set_state("converged")
+
+    def observe(self, result) -> None:
+        self.reconciles.labels(result.state).inc()
+        if result.failure:
+            self.failures.labels(result.failure).inc()
+        self.duration.observe(max(0.0, result.finished - result.started))
+        self.last_reconcile.set(result.finished)
+        for doc in result.runs:
+            end = doc.get("finished_at") or doc.get("updated_at")
+            if doc.get("started_at") and end:
+                self.runs.labels(doc["command"], doc["state"]).observe(max(0.0, end - doc["started_at"]))
+            for s in list(doc.get("steps") or []) + list(doc.get("rollback") or []):
+                if s.get("started_at") and s.get("finished_at"):
+                    self.steps.labels(s["action"], s["status"]).observe(max(0.0, s["finished_at"] - s["started_at"]))
+        if result.converged:
+            self.last_converged.set(result.finished)
+            self.driver.clear()
+            if result.loaded:
+                self.driver.labels(result.loaded["version"], result.loaded["flavor"], result.kernel or "").set(1)
+        self.set_state(result.state)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,155 @@
+"""One reconcile pass: desired state (the configuration) against the host, through the node
+transaction path. `driverd apply`'s request under the host lock (waiting for another driverd as long
+as it takes), then - with the wanted driver running - a reload when the running module parameters
+differ from the configured ones, then the same validation a transaction ends with. The outcome is a
+`Result`; nothing here raises, so a host that cannot converge is reported and retried, not a crash."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from driverd.apply import lifecycle as lc
+from driverd.apply import steps as st
+from driverd.apply.lock import LockHeld
+from driverd.daemon import fingerprint as fpr
+from driverd.daemon.drift import parameter_drift, running_parameters
+from driverd.errors import ConfigError, DriverdError, PlanError, UsageError
+
+LOCK_WAIT_S = 3600.0      # the daemon waits for another driverd (a boot-time apply, an operator) this long
+OK_STATES = ("done", "nothing-to-do")
+
+
+@dataclass
+class Result:
+    state: str                  # converged | blocked | failed | reboot-required | config-error | error
+    reason: str                 # one line: what the host is, or why it is not converged
+    failure: str | None = None  # metrics label: blocked lock rolled-back rollback-failed reboot-required config
+                                #   validation unexpected
+    loaded: dict | None = None  # the driver loaded and validated when converged
+    gpus: int = 0
+    kernel: str | None = None
+    runs: list[dict] = field(default_factory=list)     # journal documents of the runs this pass made
+    warnings: list[str] = field(default_factory=list)
+    started: float = 0.0
+    finished: float = 0.0
+    fingerprint: str | None = None
+
+    @property
+    def converged(self) -> bool:
+        return self.state == "converged"
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.runs)
+
+
+class Reconciler:
+    def __init__(self, make_context: Callable, log: Callable[[str], None], lock_wait_s: float = LOCK_WAIT_S) -> None:
+        self.make_context = make_context        # cfg -> StepContext (the CLI's composition root picks backends)
+        self.log = log
+        self.lock_wait_s = lock_wait_s
+        self._reloaded_for: set[tuple] = set()  # (fingerprint, drift) a reload already tried to fix
+
+    def reconcile(self, cfg) -> Result:
+        res = Result("error", "", started=time.time())
+        try:
+            self._reconcile(self.make_context(cfg), cfg, res)
+        except PlanError as e:
+            _fail(res, "blocked", e.one_line(), "blocked")
+        except LockHeld as e:
+            _fail(res, "blocked", e.one_line(), "lock")
+        except (ConfigError, UsageError) as e:
+            _fail(res, "config-error", e.one_line(), "config")
+        except DriverdError as e:
+            _fail(res, "failed", e.one_line(), "failed")
+        except Exception as e:                   # a bug: reported and retried, never a crash loop
+            _fail(res, "error", f"unexpected error: {e.__class__.__name__}: {e}", "unexpected")
+        res.finished = time.time()
+        return res
+
+    def _transact(self, sctx, req, res: Result) -> dict | None:
+        """Run a request; a run that did not end done/nothing-to-do is recorded in `res` (None back)."""
+        out = lc.transact(sctx, req, wait_s=self.lock_wait_s)
+        if out.get("run_id"):
+            doc = lc.journal(sctx).load(repair=False)
+            if doc and doc.get("run_id") == out["run_id"]:
+                res.runs.append(doc)
+        if out.get("finished_first"):
+            f = out["finished_first"]
+            res.warnings.append(f"first finished the interrupted {f['command']} run {f['run_id']}: {f['state']}")
+        res.warnings += [w for w in out.get("warnings") or [] if w not in res.warnings]
+        if out["state"] not in OK_STATES:
+            try:
+                lc.raise_for(out)
+            except DriverdError as e:
+                _fail(res, "failed", e.one_line(), out["state"])
+            return None
+        return out
+
+    def _reconcile(self, sctx, cfg, res: Result) -> None:
+        res.kernel = sctx.kernel.release
+        out = self._transact(sctx, lc.apply_request(cfg), res)
+        if out is None:
+            return
+        if out.get("reboot_required"):
+            _fail(res, "reboot-required", "a reboot is required to finish: " + "; ".join(out["reboot_required"]),
+                  "reboot-required")
+            return
+        res.gpus = _gpu_count(sctx)
+        if res.gpus == 0:
+            res.state, res.reason = "converged", "no NVIDIA GPU on this host: nothing to provision"
+            return
+        inst = st.installed(sctx)
+        fp = fpr.fingerprint(cfg, sctx.kernel.release, inst["sha256"] if inst else None)
+        recorded = fpr.recorded_parameters(fpr.read(sctx.root, cfg), st.loaded(sctx), sctx.kernel.release)
+        drift = parameter_drift(running_parameters(sctx.kernel), cfg["modules.parameters"], recorded)
+        if drift and (fp, tuple(drift)) in self._reloaded_for:
+            res.warnings.append("module parameters still differ after a reload (the kernel shows them differently): "
+                                + "; ".join(drift))
+        elif drift:
+            users = _blocking_users(sctx)
+            if users and cfg["modules.unload_policy"] == "refuse":
+                _fail(res, "blocked", "module parameters differ from the configuration (" + "; ".join(drift)
+                      + "); the reload that applies them is blocked: the GPU is in use by " + "; ".join(users)
+                      + "; fix: stop them, drain the node, or set modules.unload_policy=terminate", "blocked")
+                return
+            self.log("driverd daemon: module parameters differ from the configuration: " + "; ".join(drift)
+                     + "; reloading")
+            self._reloaded_for.add((fp, tuple(drift)))
+            if self._transact(sctx, lc.lifecycle_request("reload"), res) is None:
+                return
+        try:
+            st.REGISTRY["validate"].do(sctx, {})
+        except DriverdError as e:
+            _fail(res, "failed", e.one_line(), "validation")
+            return
+        loaded = st.loaded(sctx)
+        want = cfg["driver.version"]
+        if loaded is None or (want and loaded["version"] != want):
+            _fail(res, "failed", f"the loaded driver is {loaded['version'] if loaded else 'none'}, the configuration "
+                  f"wants {want}", "validation")
+            return
+        res.state, res.loaded, res.fingerprint = "converged", loaded, fp
+        res.reason = f"driver {loaded['version']} ({loaded['flavor']}) loaded and validated"
+        try:
+            fpr.write(sctx.root, cfg, fp, loaded, inst["sha256"] if inst else None, sctx.kernel.release)
+        except (OSError, DriverdError) as e:
+            res.warnings.append(f"cannot record the converged state: {e}")
+
+
+def _fail(res: Result, state: str, reason: str, failure: str) -> None:
+    res.state, res.reason, res.failure = state, reason, failure
+
+
+def _gpu_count(sctx) -> int:
+    from driverd.host import pci
+    gpus, _, _ = pci.classify(sctx.root, pci.scan(sctx.root, []), [])
+    return len(gpus)
+
+
+def _blocking_users(sctx) -> list[str]:
+    """Processes holding /dev/nvidia* other than the GPU daemons (a reload stops those itself)."""
+    from driverd.host import processes
+    ours = {p for d in processes.daemons(sctx.root) for p in d.pids}
+    return [f"pid {u.pid} ({u.comm})" for u in processes.gpu_users(sctx.root) if u.pid not in ours]
