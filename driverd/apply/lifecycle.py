@@ -11,7 +11,6 @@ The CLI only parses arguments and renders what this returns.
 """
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
@@ -107,6 +106,16 @@ def rollback_steps(ctx) -> list[dict]:
             {"action": "start-gpu-daemons"}, {"action": "validate"}]
 
 
+def rollback_install_request(release: str) -> Request:
+    """`driverd rollback-install`: the package the last install replaced, back from the kept store;
+    loaded modules are left alone (driverd rollback also reloads)."""
+    def build(ctx) -> list[dict]:
+        target = previous_target(ctx, release)
+        return [{"action": "snapshot"}, {"action": "restore-previous-package",
+                                         "params": {"target_sha256": target, "kernel_release": release}}]
+    return Request("rollback-install", build, {"kernel": release}, changes_kernel=False)
+
+
 def install_steps(package: str, release: str | None, enforce: bool | None, sha256: str | None = None) -> list[dict]:
     params = {"package": package, "kernel_release": release, "enforce": enforce}
     if sha256:
@@ -181,7 +190,7 @@ def apply_request(cfg) -> Request:
                 steps.insert(0, {"action": "snapshot"})
             steps.append({"action": "require-reboot", "params": {"reasons": list(p.reboot_reasons),
                                                                  "target": [p.driver_version, p.flavor]}})
-        elif rec is not None and rec.get("boot_id") != st._boot_id(ctx):
+        elif rec is not None and rec.get("boot_id") != st.boot_id(ctx):
             steps.append({"action": "clear-reboot", "reason": "the host rebooted since the reboot was required"})
         return steps
 
@@ -308,13 +317,7 @@ def raise_for(out: dict) -> int:
 
 # -- status (a reader: no lock) ---------------------------------------------------------------------
 
-def reboot_record(ctx) -> dict | None:
-    text = ctx.root.read_text(f"{ctx.config['state.dir']}/{st.REBOOT_RECORD}")
-    try:
-        rec = json.loads(text) if text else None
-    except ValueError:
-        return None
-    return rec if isinstance(rec, dict) else None
+reboot_record = st.reboot_record
 
 
 def status(ctx) -> dict:

@@ -3,8 +3,10 @@ commands and rollbacks need). Each step is idempotent: check() says whether its 
 `REGISTRY` is the explicit list the executor is given; nothing registers itself on import."""
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+import time
 
 from driverd.apply.executor import unb64
 from driverd.apply.step import MODULES, PACKAGE, Registry, StepContext, StepImpl
@@ -564,25 +566,34 @@ class RestoreFiles(StepImpl):
         return "put back " + ", ".join(sorted(params["files"]))
 
 
+def reboot_record_path(ctx) -> str:
+    return f"{ctx.config['state.dir']}/{REBOOT_RECORD}"
+
+
+def reboot_record(ctx) -> dict | None:
+    """The recorded "reboot required" (reasons, since, boot id, whether we raised the sentinel)."""
+    text = ctx.root.read_text(reboot_record_path(ctx))
+    try:
+        rec = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def boot_id(ctx) -> str | None:
+    return ctx.root.read_first_line("/proc/sys/kernel/random/boot_id") or None
+
+
 class RequireReboot(StepImpl):
     """Record that the host must reboot to finish (durably, with the reasons) and raise the
     sentinel reboot coordinators watch (/var/run/reboot-required, as Ubuntu and kured use)."""
     action = "require-reboot"
 
-    def _record(self, ctx) -> str:
-        return f"{ctx.config['state.dir']}/{REBOOT_RECORD}"
-
     def check(self, ctx, params):
-        import json
-        text = ctx.root.read_text(self._record(ctx))
-        try:
-            rec = json.loads(text) if text else None
-        except ValueError:
-            rec = None
+        rec = reboot_record(ctx)
         return bool(rec) and rec.get("reasons") == params["reasons"] and ctx.root.exists(REBOOT_SENTINEL)
 
     def do(self, ctx, params):
-        import time
         created = not ctx.root.exists(REBOOT_SENTINEL)
         if created:
             ctx.root.atomic_write(REBOOT_SENTINEL, "*** System restart required ***\n", 0o644)
@@ -590,9 +601,9 @@ class RequireReboot(StepImpl):
         if "driverd" not in pkgs.split():
             ctx.root.atomic_write(REBOOT_PKGS, pkgs + ("" if not pkgs or pkgs.endswith("\n") else "\n") + "driverd\n",
                                   0o644)
-        rec = {"reasons": params["reasons"], "since": time.time(), "boot_id": _boot_id(ctx),
+        rec = {"reasons": params["reasons"], "since": time.time(), "boot_id": boot_id(ctx),
                "sentinel_created": created, "target": params.get("target")}
-        ctx.root.atomic_write_json(self._record(ctx), rec, 0o644)
+        ctx.root.atomic_write_json(reboot_record_path(ctx), rec, 0o644)
         return rec
 
     def describe(self, params):
@@ -604,15 +615,10 @@ class ClearReboot(StepImpl):
     action = "clear-reboot"
 
     def check(self, ctx, params):
-        return not ctx.root.exists(f"{ctx.config['state.dir']}/{REBOOT_RECORD}")
+        return not ctx.root.exists(reboot_record_path(ctx))
 
     def do(self, ctx, params):
-        import json
-        rec_path = f"{ctx.config['state.dir']}/{REBOOT_RECORD}"
-        try:
-            rec = json.loads(ctx.root.read_text(rec_path) or "{}")
-        except ValueError:
-            rec = {}
+        rec = reboot_record(ctx) or {}
         pkgs = [p for p in (ctx.root.read_text(REBOOT_PKGS) or "").split() if p != "driverd"]
         if pkgs:
             ctx.root.atomic_write(REBOOT_PKGS, "\n".join(pkgs) + "\n", 0o644)
@@ -620,15 +626,11 @@ class ClearReboot(StepImpl):
             ctx.root.unlink(REBOOT_PKGS)
             if rec.get("sentinel_created"):
                 ctx.root.unlink(REBOOT_SENTINEL)
-        ctx.root.unlink(rec_path)
+        ctx.root.unlink(reboot_record_path(ctx))
         return {"cleared": rec.get("reasons")}
 
     def describe(self, params):
         return "clear the reboot-required record"
-
-
-def _boot_id(ctx) -> str | None:
-    return (ctx.root.read_first_line("/proc/sys/kernel/random/boot_id") or None)
 
 
 def converge(lkg: dict | None, touched: set, ctx: StepContext) -> list[dict]:

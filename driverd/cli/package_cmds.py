@@ -213,13 +213,7 @@ def _install_head(o: dict) -> str:
 def cmd_rollback(ctx, args) -> int:
     from driverd.apply import lifecycle as lc
     from driverd.cli.lifecycle_cmds import finish
-    release = _release(ctx, args.kernel)
-
-    def build(c):
-        target = lc.previous_target(c, release)
-        return [{"action": "snapshot"},
-                {"action": "restore-previous-package", "params": {"target_sha256": target, "kernel_release": release}}]
-    req = lc.Request("rollback-install", build, {"kernel": release}, changes_kernel=False)
+    req = lc.rollback_install_request(_release(ctx, args.kernel))
     return finish(ctx, lc.transact(ctx.step_context(), req, wait_s=args.wait, dry_run=ctx.dry_run))
 
 
