@@ -1,0 +1,277 @@
+"""The GPU table is generated from NVIDIA's own lists, holds all of them, and answers per branch and
+flavour with evidence; the unknown-id inference is proven by holding every known id out in turn."""
+import gzip
+import importlib.util
+import json
+import sys
+
+import pytest
+
+from driverd.host import gputable as g
+from tests.conftest import REPO, run_cli
+
+GEN = REPO / "tools" / "gen_gpus.py"
+
+
+@pytest.fixture(scope="module")
+def gen():
+    spec = importlib.util.spec_from_file_location("gen_gpus", GEN)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gen_gpus"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def built(gen):
+    return gen.build()
+
+
+def test_shipped_table_is_exactly_what_the_generator_produces(gen, built):
+    shipped = (REPO / "driverd" / "data" / "gpus.json").read_text(encoding="utf-8")
+    assert shipped == gen.render(built), "driverd/data/gpus.json is stale: run python3 tools/gen_gpus.py"
+
+
+def test_every_source_is_recorded_and_verified(gen):
+    man = json.loads((gen.SRC / "sources.json").read_text())
+    files = {s["file"] for s in man["sources"]}
+    on_disk = {f"supported-gpus/{p.name}" for p in (gen.SRC / "supported-gpus").iterdir()}
+    assert files == on_disk
+    for s in man["sources"]:
+        assert s["origin"] and s["release"] and s["sha256"] and "obtained" in s
+        assert gen.sha256_of_json(gen.SRC / s["file"]) == s["sha256"]
+    for extra in ("readme_tables", "nvswitch", "chips"):
+        assert man[extra]["origin"]
+
+
+def test_table_holds_every_id_of_every_source(gen, built):
+    ids = set(built["devices"])
+    for path in (gen.SRC / "supported-gpus").iterdir():
+        rows = gen.read_supported(path)
+        missing = {k[0] for k in rows} - ids
+        assert not missing, f"{path.name}: {sorted(missing)[:5]}"
+    readmes = gen.read_readme_tables(gen.SRC / "open-readme-tables.txt")
+    assert len(readmes) == 193 and readmes[0].tag == "515.43.04" and readmes[-1].tag == "595.45.04"
+    for r in readmes:
+        assert r.tag.split(".")[0] >= "515"
+        missing = {k[0] for k in (r.rows or {})} - ids
+        assert not missing, f"README {r.tag}: {sorted(missing)[:5]}"
+    assert built["counts"]["device_ids"] == len(ids) >= 1181
+
+
+def test_readme_tables_file_is_lossless_per_tag(gen):
+    """Every block's row count matches its header, and re-encoding gives the same file."""
+    readmes = gen.read_readme_tables(gen.SRC / "open-readme-tables.txt")
+    out = gen.SRC.parent / "open-readme-tables.roundtrip.txt"
+    try:
+        gen.write_readme_tables(readmes, out)
+        assert out.read_text() == (gen.SRC / "open-readme-tables.txt").read_text()
+    finally:
+        out.unlink(missing_ok=True)
+    by = {r.tag: r for r in readmes}
+    assert by["515.43.04"].rows is None                       # that README has no table
+    assert len(by["595.45.04"].rows) == 825
+    assert by["595.45.04"].rows[("0x1e30", "10de:129e")] == "Quadro RTX 8000"
+
+
+def test_readme_equals_kernelopen_rows_where_both_exist(gen, built):
+    """The merge rule rests on this: each README lists exactly its release's kernelopen rows
+    (build() stops otherwise); and the 590-era json's kernelopen on Maxwell-Volta is recorded."""
+    readmes = {r.tag: r for r in gen.read_readme_tables(gen.SRC / "open-readme-tables.txt")}
+    both = [s for s in json.loads((gen.SRC / "sources.json").read_text())["sources"] if s["release"] in readmes]
+    assert {s["release"] for s in both} >= {"525.147.05", "535.261.03", "550.163.01", "555.58.02", "590.48.01"}
+    for s in both:
+        rows = gen.read_supported(gen.SRC / s["file"])
+        ko = {k for k, v in rows.items() if "kernelopen" in v.features and v.legacy is None}
+        assert ko == set(readmes[s["release"]].rows), s["release"]
+    assert any("590.48.01" in n and "580.xx" in n and "READMEs win" in n for n in built["notes"])
+
+
+def test_590_json_tags_pre_turing_kernelopen_but_table_keeps_them_proprietary(gen):
+    rows = gen.read_supported(gen.SRC / "supported-gpus" / "590.48.01.json.gz")
+    gtx1080 = rows[("0x1b80", None)]
+    assert "kernelopen" in gtx1080.features and gtx1080.legacy == "580.xx"
+    m = g.lookup("0x1b80")
+    assert m.flavor_class == "proprietary-only" and m.open_module_support == "unsupported" and m.last_branch == 580
+    assert g.support(m, "open", "580.95.05").supported is False
+
+
+@pytest.mark.parametrize("did,arch,cls,legacy", [
+    ("0x102d", "Kepler", "proprietary-only", "470.xx"),        # Tesla K80
+    ("0x0ff2", "Kepler", "proprietary-only", "367.xx"),        # GRID K1
+    ("0x13f2", "Maxwell", "proprietary-only", "580.xx"),       # Tesla M60
+    ("0x1b38", "Pascal", "proprietary-only", "580.xx"),        # Tesla P40
+    ("0x1db1", "Volta", "proprietary-only", "580.xx"),         # V100 SXM2
+    ("0x1eb8", "Turing", "open-or-proprietary", None),         # T4
+    ("0x20b0", "Ampere", "open-or-proprietary", None),         # A100
+    ("0x26b9", "Ada Lovelace", "open-or-proprietary", None),   # L40S
+    ("0x2335", "Hopper", "open-or-proprietary", None),         # H200
+    ("0x2342", "Hopper", "open-only", None),                   # GH200
+    ("0x2901", "Blackwell", "open-only", None),                # B200
+    ("0x31c2", "Blackwell", "open-only", None),                # GB300
+    ("0x0020", "Fahrenheit/Celsius", "proprietary-only", "71.86.xx"),
+])
+def test_classes_and_legacy_branches(did, arch, cls, legacy):
+    m = g.lookup(did)
+    assert (m.architecture, m.flavor_class, m.legacy_branch) == (arch, cls, legacy)
+    assert m.architecture in g.ARCH_ORDER
+
+
+def test_lookup_is_case_and_prefix_insensitive():
+    assert g.lookup("0X2330").name == g.lookup("2330").name == "NVIDIA H100 80GB HBM3"
+    assert g.lookup("0xfff0") is None
+
+
+def test_subsystem_rows_are_matched_on_both_ids():
+    assert g.lookup("0x1e30").name == "Quadro RTX 6000"                        # the plain row
+    assert g.lookup("0x1e30", "0x10de", "0x129e").name == "Quadro RTX 8000"    # device + subsystem row
+    t4 = g.lookup("0x1eb8", "0x10de", "0x12a2")
+    assert "10de:12a2" in t4.rows and t4.subsystem_note is None and t4.name == "Tesla T4"
+    other = g.lookup("0x2330", "0x10de", "0x0000")                             # H100 is listed only by subsystem
+    assert other.subsystem_note and "10de:16c0, 10de:16c1" in other.subsystem_note
+
+
+def test_branches_per_flavour_not_a_single_floor():
+    """Some ids are listed in 570 and 580 but in no 575 release; the evidence says so."""
+    m = g.lookup("0x2c33", "0x1028", "0x2053")           # RTX PRO 4000 Blackwell SFF (Dell)
+    assert g.support(m, "open", "570.195.03").supported is True
+    v = g.support(m, "open", "575.64.05")
+    assert v.supported is False and "570.x from 570.190" in v.evidence and "575.x" in v.evidence.split("not in")[1]
+    assert g.support(m, "open", "580.95.05").supported is True
+
+
+def test_long_term_branches_list_what_the_old_floors_refused():
+    """The old table refused H800 on 525 (floor 535), H20 on 535 (550), L4 SFF on 525; NVIDIA lists them."""
+    for did, version in (("0x2324", "525.147.05"), ("0x2329", "535.261.03"), ("0x27b0", "525.147.05"),
+                         ("0x26b3", "535.261.03"), ("0x2331", "525.147.05")):
+        assert g.support(g.lookup(did), "open", version).supported is True, did
+
+
+def test_open_only_part_is_not_accepted_before_its_first_open_listing():
+    """GH200 144G: the old table said 550; no open-modules README before 565 lists it."""
+    m = g.lookup("0x2348")
+    v = g.support(m, "open", "550.163.01")
+    assert v.supported is False and v.kind == "too-old" and v.first.startswith("565.")
+    assert g.support(m, "proprietary", "580.95.05").kind == "open-only"
+
+
+def test_release_within_a_branch_before_the_first_listing_is_too_old():
+    h100 = g.lookup("0x2330", "0x10de", "0x16c1")
+    v = g.support(h100, "open", "525.60.13")            # 525.85.05 (2023-01-19) is the first 525.60-line listing
+    assert v.supported is False and v.kind == "too-old" and "525.85.05" in v.evidence
+    assert g.support(h100, "open", "525.85.05").supported is True
+    a10 = g.lookup("0x2236")                            # 515.57's README omits A10, 515.48.07's lists it
+    assert g.support(a10, "open", "515.57").supported is True
+
+
+def test_legacy_branch_refuses_later_branches_naming_it():
+    k80 = g.lookup("0x102d")
+    assert g.support(k80, "proprietary", "470.256.02").supported is True
+    v = g.support(k80, "proprietary", "535.261.03")
+    assert v.supported is False and v.kind == "legacy" and v.legacy == "470.xx"
+    v100 = g.lookup("0x1db4")
+    assert g.support(v100, "proprietary", "580.95.05").supported is True
+    assert g.support(v100, "proprietary", "590.48.01").legacy == "580.xx"
+
+
+def test_t4_gap_in_nvidias_lists_is_bridged_by_continuity_only_for_proprietary():
+    t4 = g.lookup("0x1eb8", "0x10de", "0x12a2")
+    v = g.support(t4, "proprietary", "535.261.03")
+    assert v.supported is True and v.kind == "continuity" and "470.x" in v.evidence
+    assert g.support(t4, "open", "535.261.03").supported is False
+    assert g.support(t4, "open", "575.64.05").supported is True
+
+
+def test_branches_outside_the_table():
+    h200 = g.lookup("0x2335")
+    newer = g.support(h200, "open", "600.10.01")
+    assert newer.supported is True and "newer than driverd's table" in newer.evidence
+    assert g.support(g.lookup("0x102d"), "proprietary", "418.226.00").supported is None
+    assert g.support(h200, "open", "510.108.03").kind == "no-open-modules"
+
+
+# -- the inference for unknown ids ---------------------------------------------------------------
+
+def test_inference_rule_is_proven_by_holding_every_known_id_out():
+    ids, classes = g._known()
+    devs = g.table()["devices"]
+    wrong, covered, total = [], 0, 0
+    for k, dev in devs.items():
+        if not g._class_evidence(dev):
+            continue
+        total += 1
+        i = int(k, 16)
+        rest = [x for x in ids if x != i]
+        got = g.infer_from(rest, classes, i)
+        if got is None:
+            continue
+        covered += 1
+        if got[0] != classes[i]:
+            wrong.append((k, classes[i], got))
+    assert not wrong, wrong
+    assert covered / total > 0.8          # the rule answers for most ids (the rest: plan blocked)
+
+
+def test_inference_never_gives_open_to_pre_turing_nor_proprietary_to_open_only():
+    ids, classes = g._known()
+    devs = g.table()["devices"]
+    for k, dev in devs.items():
+        if not g._class_evidence(dev):
+            continue
+        i = int(k, 16)
+        got = g.infer_from([x for x in ids if x != i], classes, i)
+        if got is None:
+            continue
+        if dev["class"] == "proprietary-only":
+            assert got[0][0] == "proprietary-only", k
+        if dev["class"] == "open-only":
+            assert got[0][0] == "open-only", k
+
+
+@pytest.mark.parametrize("did,want", [
+    ("0x2d50", ("open-only", None)),                  # between two Blackwell GB206 ids
+    ("0x3200", ("open-only", None)),                  # above every known id: the top run is open-only
+    ("0x13a0", ("proprietary-only", "580.xx")),       # inside a Maxwell block
+    ("0x2500", ("open-or-proprietary", None)),        # inside GA106
+    ("0x1e00", None),                                 # between Volta and Turing: no rule applies
+    ("0x2380", None),                                 # between GH200 (open-only) and GA103 (both)
+    ("0x11be", None),                                 # next to GRID K2 (367.xx) and GK106 (470.xx)
+    ("0x0010", None),                                 # below every known id
+])
+def test_inference_examples(did, want):
+    inf = g.infer(did)
+    assert (inf.flavor_class, inf.legacy_branch) == want if want else inf is None
+
+
+def test_known_ids_are_not_inferred():
+    assert g.infer("0x2330") is None
+
+
+# -- driverd gpus ---------------------------------------------------------------------------------
+
+def test_gpus_command_json_names_the_evidence():
+    res = run_cli("gpus", "2c33:1028:2053", "0x1db4", "2d50", "1e00", "--driver", "575.64.05", "--json", check=True)
+    d = json.loads(res.stdout)
+    pro4000, v100, inferred, unknown = d["gpus"]
+    assert pro4000["flavor_class"] == "open-only" and pro4000["verdicts"]["open"]["supported"] is False
+    assert "575.x" in pro4000["flavors"]["open"]["history"]
+    assert 570 in pro4000["flavors"]["open"]["branches"] and 575 not in pro4000["flavors"]["open"]["branches"]
+    assert v100["legacy_branch"] == "580.xx" and v100["verdicts"]["proprietary"]["supported"] is True
+    assert inferred["known"] is False and inferred["inference"]["flavor_class"] == "open-only"
+    assert unknown["inference"] is None and "--flavor" in unknown["fix"]
+
+
+def test_gpus_command_human_and_host(tmp_path):
+    from driverd.sim.hosttree import HostSpec, Pci, h100, write_host
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0"), Pci("0000:41:00.0", "0x10de", "0x1db4", "0x030200")]))
+    out = run_cli("gpus", "--root", str(tmp_path), "--driver", "590.48.01", check=True).stdout
+    assert "0000:1b:00.0  0x2330 subsystem 10de:16c1  NVIDIA H100 80GB HBM3" in out
+    assert "Tesla V100-PCIE-16GB" in out and "580.xx legacy branch" in out
+    bad = run_cli("gpus", "zz99")
+    assert bad.returncode == 2 and "invalid GPU id" in bad.stderr
+
+
+def test_sources_are_gzip_json_with_chips(gen):
+    for p in (gen.SRC / "supported-gpus").iterdir():
+        doc = json.loads(gzip.decompress(p.read_bytes()))
+        assert doc["chips"] and {"devid", "name", "features"} <= set(doc["chips"][0])
