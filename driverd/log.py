@@ -1,0 +1,129 @@
+"""driverd's logs: one event a line on stderr, as text (the default) or as JSON objects
+(`--log-format json`, `log.format`, $DRIVERD_LOG_FORMAT).
+
+Text is what a person reads (the message alone, as driverd always printed it). JSON is one object
+per line for log collectors: `time` (RFC 3339, UTC, milliseconds), `level` (info, warning, error),
+`msg`, then fields: what the call passed (`reason`, `state`, ...), what the code running it bound
+with `fields(...)` (the executor binds `step`, `run_id` and `command` around each step), and the
+process-wide ones set by `configure(...)` (`node`, `command`, `mode`).
+
+Results never go through here: they are the command's output on stdout.
+No dependency beyond the standard library: every command imports this.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Iterator, TextIO
+
+FORMATS = ("text", "json")
+LEVELS = ("debug", "info", "warning", "error")
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {"format": "text", "pinned": False, "static": {}, "stream": None}
+_bound: ContextVar[dict] = ContextVar("driverd_log_fields", default={})
+# "driverd: warning: x", "driverd daemon: x", "warning: x", "  ! step failed: x"
+_PREFIX = re.compile(r"^driverd(?: (?P<component>[a-z][a-z-]*))?: ")
+_LEVEL_PREFIX = re.compile(r"^(?P<level>warning|error): ")
+
+
+def configure(fmt: str | None = None, *, pin: bool = False, stream: TextIO | None = None, **static: Any) -> None:
+    """Set the format (a pinned one - from the command line - is kept when the configuration names
+    another) and process-wide fields (None removes one)."""
+    with _lock:
+        if fmt is not None and fmt in FORMATS and (pin or not _state["pinned"]):
+            _state["format"] = fmt
+            _state["pinned"] = _state["pinned"] or pin
+        if stream is not None:
+            _state["stream"] = stream
+        for k, v in static.items():
+            if v is None:
+                _state["static"].pop(k, None)
+            else:
+                _state["static"][k] = v
+
+
+def reset() -> None:
+    """Back to the defaults (tests, and a CLI main() called twice in one process)."""
+    with _lock:
+        _state.update(format="text", pinned=False, static={}, stream=None)
+
+
+def format() -> str:          # noqa: A001  (the module's vocabulary: log.format)
+    return _state["format"]
+
+
+@contextmanager
+def fields(**kw: Any) -> Iterator[None]:
+    """Fields added to every event logged inside the block, in this thread or task."""
+    token = _bound.set({**_bound.get(), **{k: v for k, v in kw.items() if v is not None}})
+    try:
+        yield
+    finally:
+        _bound.reset(token)
+
+
+def _now() -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
+
+
+def record(msg: str, level: str | None = None, **kw: Any) -> dict:
+    """The JSON object of one event (also what tests assert on)."""
+    bound = dict(_bound.get())
+    level = level or bound.pop("level", None)
+    bound.pop("level", None)
+    text = msg.strip()
+    component = None
+    m = _PREFIX.match(text)
+    if m:
+        component = m.group("component")
+        text = text[m.end():]
+    m = _LEVEL_PREFIX.match(text)
+    if m:
+        level = level or m.group("level")
+        text = text[m.end():]
+    if text.startswith("! "):              # the executor's failed step
+        level = level or "error"
+    if level == "warn":
+        level = "warning"
+    rec: dict[str, Any] = {"time": _now(), "level": level if level in LEVELS else "info", "msg": text}
+    if component:
+        rec["component"] = component
+    for src in (_state["static"], bound, kw):
+        for k, v in src.items():
+            if v is not None and k not in ("time", "level", "msg"):
+                rec[k] = v
+    return rec
+
+
+def log(msg: str, level: str | None = None, **kw: Any) -> None:
+    """Log one event; never raises (a closed stderr must not turn a result into a failure)."""
+    stream = _state["stream"] or sys.stderr
+    try:
+        if _state["format"] == "json":
+            line = json.dumps(record(msg, level, **kw), default=str, ensure_ascii=False)
+        else:
+            line = msg
+        with _lock:
+            stream.write(line + "\n")
+            stream.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def info(msg: str, **kw: Any) -> None:
+    log(msg, "info", **kw)
+
+
+def warning(msg: str, **kw: Any) -> None:
+    log(msg, "warning", **kw)
+
+
+def error(msg: str, **kw: Any) -> None:
+    log(msg, "error", **kw)

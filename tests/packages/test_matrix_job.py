@@ -1,0 +1,199 @@
+"""`driverd build-matrix FILE --render-job`: the matrix as a Kubernetes Indexed Job - one pod per
+missing cell, index -> cell fixed by the rendered ConfigMap, each pod building exactly its cell into
+the shared repository without touching the index, then a suspended Job that indexes the repository.
+Checked against Kubernetes' OpenAPI schema, by the real kubectl (offline and against the loopback
+API server), and by running each pod's own command line here."""
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+
+import pytest
+import yaml
+
+from driverd.packages import matrix as mx
+from driverd.packages import matrix_job as mj
+from driverd.packages.build import BuildResult
+from driverd.sim.fakepkg import make_fake_package
+from tests.conftest import REPO, run_cli
+from tests.kubetools import api_server, kubectl, kubectl_binary, schema_errors
+
+MATRIX = REPO / "kernels" / "debian-bookworm.toml"
+HELD = "535.261.03-proprietary-6.1.0-47-cloud-amd64-x86_64"
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A repository that already holds one cell of the Debian matrix."""
+    out = tmp_path / "repo"
+    make_fake_package(out, "535.261.03", "6.1.0-47-cloud-amd64", flavor="proprietary")
+    return out
+
+
+def _render(*args: str) -> subprocess.CompletedProcess:
+    r = run_cli("build-matrix", str(MATRIX), "--render-job", *args)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def _objects(repo, *extra: str) -> list[dict]:
+    r = _render("--out", str(repo), "--image", "registry.example/driverd:builder-0.1.0", *extra)
+    return [d for d in yaml.safe_load_all(r.stdout) if d]
+
+
+def test_one_pod_per_missing_cell(repo):
+    cm, job, index = _objects(repo, "--repo-volume", "pvc:driverd-repo", "--jobs", "2")
+    missing = [c.id for c in mx.load(MATRIX).cells if c.id != HELD]
+    assert cm["kind"] == "ConfigMap" and cm["data"]["cells"].splitlines() == missing
+    assert cm["data"]["matrix.toml"] == MATRIX.read_text()
+    spec = job["spec"]
+    assert job["kind"] == "Job" and spec["completionMode"] == "Indexed" and spec["completions"] == 3
+    assert spec["parallelism"] == 2
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    (c,) = pod["containers"]
+    assert c["image"] == "registry.example/driverd:builder-0.1.0" and c["command"] == ["driverd"]
+    assert c["args"][:2] == ["build-matrix", "/etc/driverd/matrix/matrix.toml"]
+    assert ["--only-index", "$(JOB_COMPLETION_INDEX)"] == c["args"][c["args"].index("--only-index"):][:2]
+    assert "--no-index" in c["args"] and c["args"][c["args"].index("--out") + 1] == "/repo"
+    assert {"name": "repo", "persistentVolumeClaim": {"claimName": "driverd-repo"}} in pod["volumes"]
+    assert {"name": "matrix", "configMap": {"name": cm["metadata"]["name"]}} in pod["volumes"]
+    rules = spec["podFailurePolicy"]["rules"]
+    assert rules[0] == {"action": "FailIndex", "onExitCodes": {"containerName": "build", "operator": "In",
+                                                               "values": [3]}}
+    assert index["metadata"]["name"] == job["metadata"]["name"] + "-index"
+    assert index["spec"]["suspend"] is True and "completionMode" not in index["spec"]
+    assert index["spec"]["template"]["spec"]["containers"][0]["args"] == ["repo", "index", "/repo"]
+    assert "build-matrix: rendered job driverd-build-debian-bookworm: 3 of 4 cell(s)" in _render(
+        "--out", str(repo)).stderr
+
+
+def test_json_output_is_a_list_and_options(repo):
+    r = _render("--out", str(repo), "-o", "json", "--repo-volume", "nfs:nas.example:/export/driverd",
+                "--job-name", "nightly", "--namespace", "builds", "--sign-secret", "mok", "--index-sign-secret",
+                "idx", "--all-cells")
+    doc = json.loads(r.stdout)
+    assert doc["apiVersion"] == "v1" and doc["kind"] == "List"
+    cm, job, index = doc["items"]
+    assert all(o["metadata"]["namespace"] == "builds" for o in doc["items"])
+    assert job["metadata"]["name"] == "nightly" and index["metadata"]["name"] == "nightly-index"
+    assert job["spec"]["completions"] == 4                  # --all-cells
+    pod = job["spec"]["template"]["spec"]
+    assert {"name": "repo", "nfs": {"server": "nas.example", "path": "/export/driverd"}} in pod["volumes"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--sign-key") + 1] == "/etc/driverd/signing/key"
+    assert index["spec"]["template"]["spec"]["containers"][0]["args"][-2:] == ["--sign-key",
+                                                                                "/etc/driverd/index-key/key"]
+    bad = run_cli("build-matrix", str(MATRIX), "--render-job", "--repo-volume", "s3://bucket")
+    assert bad.returncode == 2 and "--repo-volume 's3://bucket' is not understood" in bad.stderr
+
+
+def test_rendered_objects_match_the_kubernetes_schema(repo, tmp_path):
+    for objs in (_objects(repo), _objects(repo, "--repo-volume", "host:/srv/driverd-repo", "--sign-secret", "k"),
+                 _objects(tmp_path / "nothing-yet")):
+        assert schema_errors(objs) == {}
+    full = tmp_path / "full"                                 # nothing missing: an empty Job, still valid
+    for c in mx.load(MATRIX).cells:
+        make_fake_package(full, c.driver, c.release, flavor=c.flavor)
+    objs = _objects(full)
+    assert objs[1]["spec"]["completions"] == 0 and objs[0]["data"]["cells"] == ""
+    assert schema_errors(objs) == {}
+
+
+def test_each_index_builds_exactly_its_cell_into_the_shared_repository(repo, tmp_path):
+    """Every pod's command line, run here as the pod would run it (the matrix and the cell list from
+    the ConfigMap, $(JOB_COMPLETION_INDEX) expanded), builds one cell and leaves the index alone."""
+    cm, job, index = _objects(repo)
+    etc = tmp_path / "etc-matrix"
+    etc.mkdir()
+    for k, v in cm["data"].items():
+        (etc / k).write_text(v)
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    built: list[list[str]] = []
+
+    def fake_build(*, source, kernel, flavor, out, **kw):
+        ref = make_fake_package(out, "535.261.03", kernel, flavor=flavor)
+        return BuildResult(ref, False, 0.1)
+
+    for i in range(job["spec"]["completions"]):
+        pod_args = [a.replace("$(JOB_COMPLETION_INDEX)", str(i)).replace("/etc/driverd/matrix", str(etc))
+                    .replace("/repo", str(repo)).replace("/work", str(tmp_path / f"work{i}")) for a in args]
+        from driverd.cli import build_parser
+        ns = build_parser().parse_args(pod_args)
+        cells = [ln for ln in (etc / "cells").read_text().splitlines() if ln]
+        res = mx.run(mx.load(ns.matrix), ns.out, work_dir=ns.work_dir, cell_ids=cells, only_index=ns.only_index,
+                     index=not ns.no_index, jobs=ns.jobs, build_fn=fake_build,
+                     progress=mx.Progress(1, enabled=False))
+        built.append([r.cell.id for r in res if r.status == "built"])
+        assert not (repo / "index.json").exists()          # pods never write the index
+    assert built == [[c] for c in cm["data"]["cells"].splitlines()]
+    r = run_cli(*[a.replace("/repo", str(repo)) for a in index["spec"]["template"]["spec"]["containers"][0]["args"]],
+                "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["packages"] == 4
+
+
+def test_the_pod_command_line_selects_one_cell(repo, tmp_path):
+    """The real CLI with a pod's arguments (--dry-run: nothing compiled): one cell per index, and an
+    index out of range is bad usage."""
+    cm, job, _ = _objects(repo)
+    cells = tmp_path / "cells"
+    cells.write_text(cm["data"]["cells"])
+    for i, want in enumerate(cm["data"]["cells"].splitlines()):
+        r = run_cli("build-matrix", str(MATRIX), "--cells", str(cells), "--only-index", str(i), "--no-index",
+                    "--out", str(repo), "--dry-run", "--json")
+        assert r.returncode == 0, r.stderr
+        assert [c["id"] for c in json.loads(r.stdout)["cells"]] == [want]
+    r = run_cli("build-matrix", str(MATRIX), "--cells", str(cells), "--only-index", "3", "--out", str(repo),
+                "--dry-run")
+    assert r.returncode == 2 and "--only-index 3 is out of range: 3 cell(s)" in r.stderr
+    stale = tmp_path / "stale"
+    stale.write_text("535.261.03-open-9.9.9-x86_64\n")
+    r = run_cli("build-matrix", str(MATRIX), "--cells", str(stale), "--only-index", "0", "--out", str(repo),
+                "--dry-run")
+    assert r.returncode == 2 and "render the Job again" in r.stderr
+
+
+@pytest.mark.real
+def test_kubectl_reads_the_rendered_objects_offline(repo, tmp_path):
+    """kubectl needs a server for create/apply, even with --dry-run=client; kustomize parses and
+    re-emits the objects without one."""
+    kubectl_binary()
+    d = tmp_path / "k"
+    d.mkdir()
+    (d / "build.yaml").write_text(_render("--out", str(repo)).stdout)
+    (d / "kustomization.yaml").write_text("resources: [build.yaml]\n")
+    r = kubectl(dict(__import__("os").environ), "kustomize", str(d))
+    kinds = [(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(r.stdout) if o]
+    assert sorted(kinds) == sorted([("ConfigMap", "driverd-build-debian-bookworm"),
+                                    ("Job", "driverd-build-debian-bookworm"),
+                                    ("Job", "driverd-build-debian-bookworm-index")])
+
+
+@pytest.mark.real
+def test_kubectl_creates_the_rendered_objects_on_an_api_server(repo, tmp_path):
+    rendered = _render("--out", str(repo), "--namespace", "default").stdout
+    with api_server(tmp_path) as env:
+        r = kubectl(env, "create", "--validate=strict", "-f", "-", input=rendered)
+        assert "job.batch/driverd-build-debian-bookworm created" in r.stdout
+        got = json.loads(kubectl(env, "get", "job", "driverd-build-debian-bookworm", "-o", "json").stdout)
+        assert got["spec"]["completionMode"] == "Indexed" and got["spec"]["completions"] == 3
+        idx = json.loads(kubectl(env, "get", "job", "driverd-build-debian-bookworm-index", "-o", "json").stdout)
+        assert idx["spec"]["suspend"] is True
+        # the pipeline's next step, as the Job's annotation spells it
+        nxt = got["metadata"]["annotations"]["driverd.io/next"].split(": ", 1)[1]
+        kubectl(env, *shlex.split(nxt)[1:])
+        idx = json.loads(kubectl(env, "get", "job", "driverd-build-debian-bookworm-index", "-o", "json").stdout)
+        assert idx["spec"]["suspend"] is False
+        cells = kubectl(env, "get", "configmap", "driverd-build-debian-bookworm", "-o",
+                        "jsonpath={.data.cells}").stdout
+        assert cells.splitlines() == [c.id for c in mx.load(MATRIX).cells if c.id != HELD]
+
+
+def test_job_name_rules():
+    m = mx.load(MATRIX)
+    assert mj.job_name(m) == "driverd-build-debian-bookworm"
+    with pytest.raises(Exception, match="not usable"):
+        mj.job_name(m, "Nightly_Build")
+    assert len(mj.job_name(mx.Matrix(REPO / ("x" * 80 + ".toml"), []))) <= 46

@@ -1,0 +1,253 @@
+"""deploy/: a kustomize base and three overlays (container-mode, crio, host-mode), rendered with the
+real `kubectl kustomize`, checked object by object (namespace, ServiceAccounts, RBAC against the API
+calls driverd makes, the DaemonSet's image/args/env, a configuration driverd accepts), against
+Kubernetes' OpenAPI schema, and applied with the real kubectl to the loopback API server."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.kubetools import api_server, kubectl, kubectl_binary, schema_errors
+
+DEPLOY = REPO / "deploy"
+OVERLAYS = ("container-mode", "crio", "host-mode")
+NS = "driverd"
+SA = "driverd"
+CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "RuntimeClass"}
+
+# What the node daemons call, (api group, resource, verb, where): "cluster" through the ClusterRole,
+# "ns" in the driverd namespace. Keep in step with driverd/cluster (see test_code_calls_are_listed).
+NODE_NEEDS = [
+    ("", "nodes", v, "cluster") for v in ("get", "list", "watch", "patch")
+] + [
+    ("", "pods", v, "cluster") for v in ("get", "list", "watch", "delete")
+] + [
+    ("", "pods/eviction", "create", "cluster"),
+    ("", "nodes/status", "patch", "cluster"),
+    ("", "events", "create", "cluster"),
+    ("resource.k8s.io", "resourceclaims", "get", "cluster"), ("resource.k8s.io", "resourceclaims", "list", "cluster"),
+    ("node.k8s.io", "runtimeclasses", "get", "cluster"), ("node.k8s.io", "runtimeclasses", "list", "cluster"),
+] + [
+    ("driverd.io", "driverrollouts", v, "cluster") for v in ("get", "list", "watch")
+] + [
+    ("driverd.io", "driverrollouts/status", v, "cluster") for v in ("get", "patch", "update")
+] + [
+    ("coordination.k8s.io", "leases", v, "ns") for v in ("get", "create", "update", "list", "watch")
+]
+OPERATOR_NEEDS = [("driverd.io", "driverrollouts", v) for v in ("create", "get", "list", "watch", "patch", "delete")] \
+    + [("", "nodes", v) for v in ("get", "list", "watch", "patch")] + [("", "events", "list")]
+
+
+def _tree(tmp_path: Path) -> Path:
+    """deploy/ as it is; while the DriverRollout CRD is still being written, a placeholder for it in
+    this test's copy only."""
+    if (DEPLOY / "base" / "crd-driverrollout.yaml").is_file():
+        return DEPLOY
+    copy = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, copy)
+    (copy / "base" / "crd-driverrollout.yaml").write_text(
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n"
+        "  name: driverrollouts.driverd.io\nspec:\n  group: driverd.io\n  scope: Cluster\n"
+        "  names: {kind: DriverRollout, plural: driverrollouts, singular: driverrollout, listKind: DriverRolloutList}\n"
+        "  versions:\n  - name: v1alpha1\n    served: true\n    storage: true\n    subresources: {status: {}}\n"
+        "    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}\n")
+    return copy
+
+
+def render(tmp_path: Path, overlay: str) -> list[dict]:
+    kubectl_binary()
+    r = kubectl(dict(os.environ), "kustomize", str(_tree(tmp_path) / "overlays" / overlay))
+    return [o for o in yaml.safe_load_all(r.stdout) if o]
+
+
+def _by(objs: list[dict], kind: str) -> dict[str, dict]:
+    return {o["metadata"]["name"]: o for o in objs if o["kind"] == kind}
+
+
+def _allows(rules: list[dict], group: str, resource: str, verb: str) -> bool:
+    for r in rules:
+        if group in r.get("apiGroups", []) and resource in r.get("resources", []) and verb in r.get("verbs", []):
+            return True
+    return False
+
+
+def _bound_rules(objs: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The rules bound to ServiceAccount driverd/driverd: cluster-wide ones, and those in namespace driverd."""
+    def to_sa(b):
+        return any(s.get("kind") == "ServiceAccount" and s.get("name") == SA and s.get("namespace") == NS
+                   for s in b.get("subjects") or [])
+    roles, croles = _by(objs, "Role"), _by(objs, "ClusterRole")
+    cluster = [r for b in _by(objs, "ClusterRoleBinding").values() if to_sa(b)
+               for r in croles[b["roleRef"]["name"]]["rules"]]
+    ns = [r for b in _by(objs, "RoleBinding").values() if to_sa(b) and b["metadata"]["namespace"] == NS
+          for r in (roles if b["roleRef"]["kind"] == "Role" else croles)[b["roleRef"]["name"]]["rules"]]
+    return cluster, ns
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_objects_are_consistent(tmp_path, overlay):
+    objs = render(tmp_path, overlay)
+    kinds = {o["kind"] for o in objs}
+    assert {"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+            "RoleBinding", "RuntimeClass"} <= kinds
+    assert list(_by(objs, "Namespace")) == [NS]
+    assert "driverrollouts.driverd.io" in _by(objs, "CustomResourceDefinition")
+    for o in objs:                                    # one namespace, and none on cluster-scoped kinds
+        if o["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in o["metadata"], o["metadata"]
+        else:
+            assert o["metadata"].get("namespace") == NS, (o["kind"], o["metadata"])
+    # every ServiceAccount referenced exists, every role bound exists
+    sas = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objs if o["kind"] == "ServiceAccount"}
+    refs = [(NS, ds["spec"]["template"]["spec"]["serviceAccountName"]) for ds in _by(objs, "DaemonSet").values()]
+    for b in list(_by(objs, "ClusterRoleBinding").values()) + list(_by(objs, "RoleBinding").values()):
+        refs += [(s["namespace"], s["name"]) for s in b["subjects"] if s["kind"] == "ServiceAccount"]
+        assert b["roleRef"]["name"] in _by(objs, b["roleRef"]["kind"]), b["roleRef"]
+    for sec in _by(objs, "Secret").values():
+        if sec.get("type") == "kubernetes.io/service-account-token":
+            refs.append((NS, sec["metadata"]["annotations"]["kubernetes.io/service-account.name"]))
+    assert refs and set(refs) <= sas, set(refs) - sas
+    rc = _by(objs, "RuntimeClass")["nvidia"]
+    from driverd.config import SCHEMA
+    assert rc["handler"] == SCHEMA["runtime.handler"].default
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_rbac_covers_the_node_daemons_calls_and_nothing_more(tmp_path, overlay):
+    objs = render(tmp_path, overlay)
+    cluster, ns = _bound_rules(objs)
+    missing = [n for n in NODE_NEEDS if not _allows(cluster if n[3] == "cluster" else ns + cluster, *n[:3])]
+    assert not missing, missing
+    needed = {(g, r, v) for g, r, v, _ in NODE_NEEDS}
+    extra = [(g, r, v) for rule in cluster + ns for g in rule["apiGroups"] for r in rule["resources"]
+             for v in rule["verbs"] if (g, r, v) not in needed]
+    assert not extra, f"rules nothing in driverd needs: {extra}"
+    assert not any("*" in rule.get(k, []) for rule in cluster + ns for k in ("apiGroups", "resources", "verbs"))
+    assert all(not any(v in ("get", "update", "list", "watch") for v in rule["verbs"]) or
+               rule.get("resourceNames") == ["driverd-rollout"] for rule in ns), "leases: only driverd's own"
+    op = _by(objs, "ClusterRole")["driverd-operator"]["rules"]
+    assert [n for n in OPERATOR_NEEDS if not _allows(op, *n)] == []
+    # the ClusterRole and Role say WHY for every rule (a comment above each one)
+    for f in ("rbac-node.yaml", "rbac-operator.yaml"):
+        text = (DEPLOY / "base" / f).read_text().splitlines()
+        for i, line in enumerate(text):
+            if line.strip().startswith("- apiGroups:"):
+                assert text[i - 1].strip().startswith("#"), f"{f}:{i + 1}: a rule without its reason"
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("overlay", ("container-mode", "crio"))
+def test_the_daemonset(tmp_path, overlay):
+    objs = render(tmp_path, overlay)
+    ds = _by(objs, "DaemonSet")["driverd"]
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == SA and pod["hostPID"] is True
+    assert pod["nodeSelector"] == {"feature.node.kubernetes.io/pci-10de.present": "true"}
+    (c,) = pod["containers"]
+    assert c["image"] == "driverd:0.1.0" and c["command"] == ["driverd"]
+    assert c["args"][:3] == ["container-entrypoint", "--root", "/host"]
+    assert c["securityContext"]["privileged"] is True
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols[mounts["/host"]["name"]]["hostPath"]["path"] == "/"
+    # the configuration driverd reads: the ConfigMap's file, with the DRIVERD_* variables over it
+    cfg_path = env["DRIVERD_CONFIG"]["value"]
+    mount = next(m for p, m in mounts.items() if cfg_path.startswith(p + "/"))
+    cm = _by(objs, "ConfigMap")[vols[mount["name"]]["configMap"]["name"]]
+    f = tmp_path / "config.toml"
+    f.write_text(cm["data"][os.path.basename(cfg_path)])
+    from driverd import config
+    from driverd.root import Root
+    cfg = config.load(Root(tmp_path), str(f), environ={k: e["value"] for k, e in env.items()
+                                                      if k.startswith("DRIVERD_") and "value" in e})
+    assert cfg["driver.version"] and cfg["daemon.listen"].startswith("0.0.0.0:")
+    probes = {c["readinessProbe"]["httpGet"]["path"], c["livenessProbe"]["httpGet"]["path"]}
+    assert probes == {"/readyz", "/healthz"}
+    if overlay == "crio":
+        assert cfg["runtime.runtimes"] == ["crio"] and cfg["runtime.restart"] == "systemd" and cfg["runtime.cdi"]
+    else:
+        assert cfg["runtime.runtimes"] == ["auto"]
+
+
+@pytest.mark.real
+def test_host_mode_keeps_rbac_and_crd_without_a_daemonset(tmp_path):
+    objs = render(tmp_path, "host-mode")
+    assert not _by(objs, "DaemonSet") and "driverd-config" not in _by(objs, "ConfigMap")
+    tok = _by(objs, "Secret")["driverd-host-token"]
+    assert tok["type"] == "kubernetes.io/service-account-token"
+    container = render(tmp_path, "container-mode")
+    same = lambda o: (o["kind"], o["metadata"]["name"])          # noqa: E731
+    assert {same(o) for o in container} - {same(o) for o in objs} == {("DaemonSet", "driverd"),
+                                                                      ("ConfigMap", "driverd-config")}
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_objects_match_the_kubernetes_schema(tmp_path, overlay):
+    assert schema_errors(render(tmp_path, overlay)) == {}
+
+
+@pytest.mark.real
+def test_kubectl_applies_the_base_to_an_api_server(tmp_path):
+    objs = render(tmp_path, "container-mode")
+    text = yaml.safe_dump_all(objs, sort_keys=False)
+    with api_server(tmp_path) as env:
+        r = kubectl(env, "apply", "-f", "-", input=text)
+        for o in objs:
+            assert re.search(rf"{o['kind'].lower()}[./a-z0-9-]*/{re.escape(o['metadata']['name'])} created", r.stdout), \
+                (o["kind"], r.stdout)
+        for o in objs:
+            args = ["get", o["kind"].lower() + ("." + o["apiVersion"].split("/")[0] if "/" in o["apiVersion"] else ""),
+                    o["metadata"]["name"], "-o", "yaml"]
+            if o["metadata"].get("namespace"):
+                args += ["-n", o["metadata"]["namespace"]]
+            got = yaml.safe_load(kubectl(env, *args).stdout)
+            assert got["kind"] == o["kind"] and got["metadata"]["name"] == o["metadata"]["name"]
+            if o["kind"] == "DaemonSet":
+                assert got["spec"]["template"]["spec"]["containers"][0]["args"] == \
+                    o["spec"]["template"]["spec"]["containers"][0]["args"]
+        again = kubectl(env, "apply", "-f", "-", input=text)       # idempotent: nothing to change
+        assert "created" not in again.stdout and "configured" not in again.stdout, again.stdout
+
+
+def test_code_calls_are_listed():
+    """Every kind of API call found in driverd/cluster has its permission in NODE_NEEDS (so the
+    RBAC test above follows the code)."""
+    src = "\n".join(p.read_text() for p in (REPO / "driverd" / "cluster").rglob("*.py")) \
+        if (REPO / "driverd" / "cluster").is_dir() else ""
+    needs = {(g, r, v) for g, r, v, _ in NODE_NEEDS}
+    signs = {r'"/eviction"': ("", "pods/eviction", "create"), r"kube\.delete\(pods_path": ("", "pods", "delete"),
+             r"runtimeclasses": ("node.k8s.io", "runtimeclasses", "list"),
+             r"resourceclaims": ("resource.k8s.io", "resourceclaims", "get"),
+             r"/events\"": ("", "events", "create"), r"lease_path": ("coordination.k8s.io", "leases", "update"),
+             r"rollout_path\([^)]*status=True": ("driverd.io", "driverrollouts/status", "patch"),
+             r"kube\.patch\(node_path": ("", "nodes", "patch"),
+             r"node_path\([^)]*\) \+ \"/status\"": ("", "nodes/status", "patch")}
+    for pattern, need in signs.items():
+        if re.search(pattern, src):
+            assert need in needs, (pattern, need)
+
+
+def test_no_reference_to_the_old_manifest():
+    assert not (DEPLOY / "daemonset.yaml").exists()
+    hits = []
+    for p in [REPO / "README.md", REPO / "docs" / "architecture.md", *(REPO / "images").iterdir(),
+              *(REPO / "tests").rglob("*.py")]:
+        if p.is_file() and p.name != "test_deploy.py" and "deploy/daemonset.yaml" in p.read_text(errors="replace"):
+            hits.append(str(p.relative_to(REPO)))
+    assert not hits, hits
+    readme = (REPO / "README.md").read_text()
+    for o in OVERLAYS:
+        assert f"deploy/overlays/{o}" in readme
+    assert "nvidia.com/gpu.present" in readme and "pci-10de.present" in readme
