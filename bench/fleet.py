@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""A rolling driver upgrade across a simulated fleet, measured.
+
+Every node runs the real node code (cluster agent: state machine, drain through the Eviction API,
+node transaction on its own simulated host tree; and a coordinator candidate in the Lease election)
+against the loopback API server, with a GPU pod and its PodDisruptionBudget per node. An observer
+with its own watch counts unavailable nodes at every change.
+
+  python bench/fleet.py --nodes 500 --max-parallel 10 --max-unavailable 5% --json
+  python bench/fleet.py --nodes 60 --max-parallel 5 --max-unavailable 10% --faults apiserver-restart,daemon-kill,pdb-never,node-notready,reload-fails
+
+Prints one JSON object (--json) with: nodes, makespan_s (first admission to the last node done),
+ideal_s = ceil(N / min(maxParallel, the unavailability limit)) x the median per-node time (admitted -> done, measured in this run),
+makespan_ratio, preflight_s, api_requests_per_node (requests of the nodes' daemons during the rollout /
+nodes), max_unavailable_seen (the observer), limit_unavailable, left_cordoned_by_us, final_states.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=50)
+    ap.add_argument("--max-parallel", type=int, default=10)
+    ap.add_argument("--max-unavailable", default="5%")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--faults", default="", help="comma list of: apiserver-restart, daemon-kill, pdb-never, "
+                    "node-notready, reload-fails")
+    ap.add_argument("--drain-timeout", type=int, default=5, help="seconds (pdb-never fails after this)")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    res = run(a)
+    print(json.dumps(res, indent=None if a.json else 2, sort_keys=True))
+    return 0 if res["completed"] and res["max_unavailable_seen"] <= res["limit_unavailable"] \
+        and res["left_cordoned_by_us"] == 0 else 1
+
+
+def run(a) -> dict:
+    import threading as th
+
+    from driverd.cluster import model as m
+    from driverd.cluster.informer import Informer
+    from driverd.cluster.kube import Kube, Target, node_path, parse_time, rollout_path
+    from driverd.sim.apiserver import ApiServer
+    from driverd.sim.fleet import FAULTS, NEW, OLD, Fleet
+    faults = [f for f in a.faults.split(",") if f]
+    bad = [f for f in faults if f not in FAULTS]
+    if bad:
+        raise SystemExit(f"fleet.py: unknown fault(s) {bad}; known: {', '.join(FAULTS)}")
+    rnd = random.Random(a.seed)
+    work = a.workdir or tempfile.mkdtemp(prefix="driverd-fleet.")
+    srv = ApiServer(host="127.0.0.1", port=0).start()
+    t0 = time.monotonic()
+    fleet = Fleet(work, a.nodes, server=srv).build()
+    build_s = time.monotonic() - t0
+    names = sorted(fleet.nodes)
+    victims = rnd.sample(names, min(len(names), len(faults)))
+    role = dict(zip(faults, victims))
+    if "pdb-never" in role:
+        fleet.pdb_never(role["pdb-never"])
+    if "reload-fails" in role:
+        fleet.reload_fails(role["reload-fails"])
+
+    obs_kube = Kube(Target(kubeconfig=fleet.kubeconfig), retry_for_s=600)
+    lock = th.Lock()
+    seen = {"max_unavail": 0, "admitted": {}, "done": {}, "states": {}}
+    unavailable: dict[str, bool] = {}
+
+    def observe(kind, obj):
+        if not obj.get("metadata"):
+            return
+        with lock:
+            v = m.NodeView.from_node(obj)
+            if kind == "DELETED":
+                unavailable.pop(v.name, None)
+            else:
+                unavailable[v.name] = v.unavailable
+            seen["max_unavail"] = max(seen["max_unavail"], sum(unavailable.values()))
+            seen["states"][v.name] = v.state
+            t = parse_time(v.since)
+            if v.state == m.ADMITTED and t:
+                seen["admitted"].setdefault(v.name, time.time())
+            if v.state in (m.DONE, m.FAILED) and v.name in seen["admitted"]:
+                seen["done"].setdefault(v.name, time.time())
+            hook(v)
+
+    fired: set = set()
+
+    def hook(v):
+        if "daemon-kill" in role and v.name == role["daemon-kill"] and v.state == m.EVICTING and "kill" not in fired:
+            fired.add("kill")
+            th.Thread(target=lambda: (fleet.kill_node(v.name), time.sleep(1.0), fleet.start_node(v.name)),
+                      daemon=True).start()
+        if "node-notready" in role and v.name == role["node-notready"] and v.state == m.ADMITTED \
+                and "notready" not in fired:
+            fired.add("notready")
+            th.Thread(target=lambda: (fleet.set_ready(v.name, False), time.sleep(3.0),
+                                      fleet.set_ready(v.name, True)), daemon=True).start()
+        if "apiserver-restart" in role and "restart" not in fired and len(seen["done"]) >= max(1, a.nodes // 3):
+            fired.add("restart")
+            th.Thread(target=srv.restart, daemon=True).start()
+
+    nodes_inf = Informer(obs_kube, node_path(), on_change=observe, name="observer").start()
+    nodes_inf.synced.wait(30)
+    fleet.start()
+    # every daemon up: its labels say what it runs
+    ok = fleet.wait(lambda: all((n["metadata"].get("labels") or {}).get(m.L_VERSION) == OLD
+                                for n in nodes_inf.snapshot()), timeout=300)
+    if not ok:
+        raise SystemExit("fleet.py: the node daemons did not start")
+    with lock:
+        seen["max_unavail"] = 0
+    req0 = fleet.requests()
+    n_fail = sum(1 for f in faults if f in ("pdb-never", "reload-fails"))
+    name = "to-" + NEW.replace(".", "-")
+    obs_kube.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
+                                     "metadata": {"name": name},
+                                     "spec": {"driver": NEW, "maxParallel": a.max_parallel,
+                                              "maxUnavailable": int(a.max_unavailable) if a.max_unavailable.isdigit()
+                                              else a.max_unavailable, "failureBudget": n_fail,
+                                              "drain": {"timeoutSeconds": a.drain_timeout},
+                                              "validation": {"timeoutSeconds": 60}}})
+    t_start = time.time()
+    end = time.monotonic() + a.timeout
+    phase = None
+    last_note = 0.0
+    while time.monotonic() < end:
+        if time.monotonic() - last_note > 15:
+            last_note = time.monotonic()
+            with lock:
+                states = dict(Counter(seen["states"].values()))
+            print(f"fleet.py: {time.time() - t_start:5.0f}s {states} api={srv.request_count} "
+                  f"threads={th.active_count()}", file=sys.stderr, flush=True)
+        ro = obs_kube.get(rollout_path(name))
+        st = ro.get("status") or {}
+        phase = st.get("phase")
+        if phase in ("Completed", "Failed", "Refused", "Paused") and \
+                st.get("observedGeneration") == ro["metadata"].get("generation"):
+            break
+        time.sleep(0.5)
+    t_end = time.time()
+    requests = fleet.requests() - req0
+    nodes_now = [m.NodeView.from_node(n) for n in obs_kube.list(node_path()).get("items") or []]
+    fleet.stop()
+    nodes_inf.close()
+    srv_requests = srv.request_count
+    srv.stop()
+    with lock:
+        per = [seen["done"][k] - seen["admitted"][k] for k in seen["done"] if k in seen["admitted"]]
+        first = min(seen["admitted"].values()) if seen["admitted"] else t_end
+        last = max(seen["done"].values()) if seen["done"] else t_end
+    per_node = statistics.median(per) if per else 0.0
+    makespan = last - first
+    # the rollout can never run more nodes at once than maxParallel nor than the unavailability limit
+    effective = min(a.max_parallel, _limit(a))
+    ideal = math.ceil(a.nodes / effective) * per_node
+    final = Counter(v.state for v in nodes_now)
+    limit = _limit(a)
+    return {
+        "nodes": a.nodes, "max_parallel": a.max_parallel, "faults": faults, "fault_nodes": role,
+        "phase": phase, "completed": phase in ("Completed", "Failed"),
+        "build_s": round(build_s, 2), "preflight_s": round(first - t_start, 2),
+        "makespan_s": round(makespan, 2), "per_node_s": round(per_node, 3), "ideal_s": round(ideal, 2),
+        "makespan_ratio": round(makespan / ideal, 3) if ideal else None,
+        "api_requests_per_node": round(requests / a.nodes, 1), "api_requests_total_server": srv_requests,
+        "max_unavailable_seen": seen["max_unavail"], "limit_unavailable": limit, "effective_parallel": effective,
+        "left_cordoned_by_us": sum(1 for v in nodes_now if v.cordoned_by_us or (v.unschedulable and v.state in
+                                                                                   (m.DONE, m.FAILED))),
+        "final_states": dict(final),
+        "fault_outcomes": {f: {"node": n, "state": next((v.state for v in nodes_now if v.name == n), None),
+                               "reason": next((f"{v.reason}: {v.message}" for v in nodes_now if v.name == n), None)}
+                           for f, n in role.items()},
+        "workdir": work,
+    }
+
+
+def _limit(a) -> int:
+    from driverd.cluster import model as m
+    mu = int(a.max_unavailable) if a.max_unavailable.isdigit() else a.max_unavailable
+    return m.Rollout.from_object({"metadata": {"name": "x"}, "spec": {"driver": "1.0", "maxUnavailable": mu}}
+                                 ).unavailable_limit(a.nodes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,383 @@
+"""`driverd cluster …` = `kubectl driverd …`: rolling driver upgrades across a Kubernetes cluster.
+These commands act on the cluster through the kubeconfig (never on the local host), except
+`cluster agent`, the node side, which a node's daemon runs."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+KUBECTL_EPILOG = """\
+examples:
+  kubectl driverd rollout start --driver 570.195.03 --max-parallel 10 --max-unavailable 5%
+  kubectl driverd rollout status --watch
+  kubectl driverd nodes
+  kubectl driverd node retry gpu-node-17
+the node daemons (deploy/) carry rollouts out: one node state machine each, admitted one writer at a
+time through a Lease; every state has a reason on the Node (driverd.io/state, driverd.io/reason).
+"""
+
+
+def _kube_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster access (as kubectl)")
+    g.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or "
+                   "the pod's service account in a cluster)")
+    g.add_argument("--context", metavar="NAME", help="kubeconfig context to use")
+    g.add_argument("-o", "--output", choices=("table", "json", "yaml"), default=None,
+                   help="output format (--json is -o json)")
+
+
+def register(sub, common) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    c = sub.add_parser("cluster", formatter_class=fmt, epilog=KUBECTL_EPILOG,
+                       help="rolling driver upgrades across a Kubernetes cluster (also: kubectl driverd)",
+                       description="Coordinate driver upgrades across a cluster: a DriverRollout resource says "
+                       "which driver the selected nodes should run and how fast; the driverd daemon on each node "
+                       "drains, upgrades through its node transaction (rolled back on failure), validates and "
+                       "uncordons, recording every state with its reason on the Node.")
+    csub = c.add_subparsers(dest="cluster_command", metavar="COMMAND")
+    register_kubectl(csub, common)
+    p = csub.add_parser("agent", parents=[common], formatter_class=fmt,
+                        help="run this node's side of rollouts (state machine + coordinator election)",
+                        description="Runs the node state machine for NODE and takes part in the election of "
+                        "the coordinator (the daemon holding the Lease admits nodes and writes rollout status). "
+                        "The host is --root (/ on a host, /host in the driver container). Stops on SIGTERM.")
+    p.add_argument("--node", metavar="NAME", help="this node's name (default: cluster.node_name, $NODE_NAME, "
+                   "the host name)")
+    p.add_argument("--namespace", metavar="NS", default=None, help="namespace of the coordination Lease "
+                   "(default: $POD_NAMESPACE or driverd)")
+    _kube_args(p)
+    p.set_defaults(handler=cmd_agent)
+
+
+def register_kubectl(sub, common) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    r = sub.add_parser("rollout", formatter_class=fmt, help="start, watch, pause, resume or abort a rollout")
+    rsub = r.add_subparsers(dest="rollout_command", metavar="COMMAND")
+    p = rsub.add_parser("start", parents=[common], formatter_class=fmt, help="create a DriverRollout",
+                        description="Create a DriverRollout: the selected nodes move to driver V, at most "
+                        "--max-parallel at a time and never more than --max-unavailable unavailable. Every node's "
+                        "daemon first answers a preflight (package for its kernel, signer, GPU support, reboot); "
+                        "nothing starts while one would fail (or those are left out with --preflight Exclude).\n\n"
+                        "example:\n  kubectl driverd rollout start --driver 570.195.03 --selector pool=a100 "
+                        "--max-parallel 5 --max-unavailable 10% --canary 1")
+    p.add_argument("--driver", required=True, metavar="V", help="driver version, e.g. 570.195.03")
+    p.add_argument("--flavor", default="auto", choices=("auto", "open", "proprietary"))
+    p.add_argument("--selector", "-l", default="", metavar="LABELS", help="node label selector (kubectl syntax)")
+    p.add_argument("--max-parallel", type=int, default=1, metavar="N")
+    p.add_argument("--max-unavailable", default="1", metavar="N|P%")
+    p.add_argument("--canary", type=int, default=0, metavar="N", help="upgrade N nodes first, then pause")
+    p.add_argument("--canary-soak", type=int, default=None, metavar="SECONDS",
+                   help="continue after the canary nodes have run this long instead of pausing")
+    p.add_argument("--failure-budget", type=int, default=0, metavar="N", help="failed nodes tolerated before "
+                   "the rollout pauses (default 0: the first failure pauses it)")
+    p.add_argument("--preflight", default="Refuse", choices=("Refuse", "Exclude"))
+    p.add_argument("--drain-timeout", type=int, default=600, metavar="SECONDS")
+    p.add_argument("--force", action="store_true", help="delete GPU pods whose eviction is still refused after "
+                   "the drain timeout (default: the node fails, naming the PodDisruptionBudget)")
+    p.add_argument("--delete-emptydir-data", action="store_true")
+    p.add_argument("--wait-for-jobs", default="", metavar="LABELS", help="pods to let finish before evicting")
+    p.add_argument("--name", help="rollout name (default: driver-<version>)")
+    _kube_args(p)
+    p.set_defaults(handler=cmd_start)
+    p = rsub.add_parser("status", parents=[common], formatter_class=fmt, help="a rollout's nodes and summary",
+                        description="The rollout's phase, its nodes (state, reason, since) and a summary; "
+                        "--watch follows it until it ends.")
+    p.add_argument("name", nargs="?", help="rollout (default: the only or newest one)")
+    p.add_argument("--watch", "-w", action="store_true")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="with --watch: give up after this")
+    _kube_args(p)
+    p.set_defaults(handler=cmd_status)
+    for verb, what in (("pause", "stop admitting nodes (nodes mid-upgrade finish)"),
+                       ("resume", "admit nodes again (also continues after the canary nodes)"),
+                       ("abort", "stop the rollout; nodes not yet unloading are uncordoned and given back")):
+        p = rsub.add_parser(verb, parents=[common], help=what, description=what)
+        p.add_argument("name", nargs="?", help="rollout (default: the only or newest one)")
+        _kube_args(p)
+        p.set_defaults(handler=cmd_verb, verb=verb)
+    n = sub.add_parser("node", help="retry or skip one node")
+    nsub = n.add_subparsers(dest="node_command", metavar="COMMAND")
+    for verb, what in (("retry", "admit a failed node again"), ("skip", "leave a node out of rollouts"),
+                       ("unskip", "let a skipped node take part again")):
+        p = nsub.add_parser(verb, parents=[common], help=what, description=what)
+        p.add_argument("node")
+        _kube_args(p)
+        p.set_defaults(handler=cmd_node, verb=verb)
+    p = sub.add_parser("nodes", parents=[common], help="driver, flavour, state, reason and since, per node")
+    p.add_argument("--selector", "-l", default="", metavar="LABELS")
+    _kube_args(p)
+    p.set_defaults(handler=cmd_nodes)
+
+
+def _kube(args):
+    from driverd.cluster.kube import Kube, Target
+    return Kube(Target(kubeconfig=args.kubeconfig, context=args.context), retry_for_s=20)
+
+
+def _fmt(args) -> str:
+    return args.output or ("json" if getattr(args, "json", False) else "table")
+
+
+def _print(args, data, human) -> None:
+    f = _fmt(args)
+    if f == "json":
+        print(json.dumps(data, indent=2, sort_keys=True, default=str))
+    elif f == "yaml":
+        import yaml
+        print(yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip())
+    else:
+        print(human(data) if callable(human) else human)
+
+
+def cmd_start(ctx, args) -> int:
+    from driverd.cluster import model as m
+    from driverd.cluster.kube import KubeError, rollout_path
+    from driverd.errors import UsageError
+    if not m.VERSION_RE.match(args.driver):
+        raise UsageError(f"--driver {args.driver!r} is not a driver version", fix="pass e.g. --driver 570.195.03")
+    try:
+        labels, exprs = m.selector_string(args.selector)
+    except ValueError as e:
+        raise UsageError(f"--selector: {e}", fix="use kubectl's syntax, e.g. pool=a100,zone in (a,b)") from None
+    mu: int | str = args.max_unavailable
+    if isinstance(mu, str) and mu.isdigit():
+        mu = int(mu)
+    name = args.name or "driver-" + args.driver.replace(".", "-")
+    spec = {"driver": args.driver, "flavor": args.flavor, "maxParallel": args.max_parallel, "maxUnavailable": mu,
+            "canary": args.canary, "failureBudget": args.failure_budget, "preflight": args.preflight,
+            "drain": {"timeoutSeconds": args.drain_timeout, "force": args.force,
+                      "deleteEmptyDirData": args.delete_emptydir_data}}
+    if labels or exprs:
+        spec["nodeSelector"] = {k: v for k, v in (("matchLabels", labels), ("matchExpressions", list(exprs))) if v}
+    if args.canary_soak is not None:
+        spec["canarySoakSeconds"] = args.canary_soak
+    if args.wait_for_jobs:
+        spec["waitForJobs"] = {"podSelector": args.wait_for_jobs}
+    obj = {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": name}, "spec": spec}
+    try:
+        m.Rollout.from_object(dict(obj, metadata={"name": name, "generation": 1}))
+    except m.SpecError as e:
+        raise UsageError(f"invalid rollout: {e}", fix="see `kubectl driverd rollout start --help`") from None
+    kube = _kube(args)
+    try:
+        created = kube.create(rollout_path(), obj)
+    except KubeError as e:
+        if e.status == 409:
+            raise UsageError(f"a rollout named {name} already exists", fix=f"watch it with `kubectl driverd rollout "
+                             f"status {name}`, or pass --name") from None
+        if e.status == 404:
+            raise UsageError("the DriverRollout resource is not installed in this cluster",
+                             fix="kubectl apply -k deploy/base (it holds the CRD)") from None
+        if e.status == 422:
+            raise UsageError(f"the API server rejected the rollout: {e.api_message}", fix="fix the named field") from None
+        raise
+    _print(args, created, f"driverrollout.driverd.io/{name} created: driver {args.driver} on "
+           f"{args.selector or 'every node'} (max {args.max_parallel} at a time, max unavailable {mu}); "
+           f"follow it with: kubectl driverd rollout status {name} --watch")
+    return 0
+
+
+def _pick(kube, name: str | None) -> dict:
+    from driverd.cluster.kube import rollout_path
+    from driverd.errors import UsageError
+    if name:
+        obj = kube.find(rollout_path(name))
+        if obj is None:
+            raise UsageError(f"no rollout named {name}", fix="list them with `kubectl get driverrollouts`")
+        return obj
+    items = kube.list(rollout_path()).get("items") or []
+    if not items:
+        raise UsageError("there is no rollout", fix="start one with `kubectl driverd rollout start --driver V`")
+    return max(items, key=lambda o: o["metadata"].get("creationTimestamp", ""))
+
+
+def status_doc(rollout: dict, nodes: list[dict]) -> dict:
+    from driverd.cluster import model as m
+    try:
+        r = m.Rollout.from_object(rollout)
+        targets = [n for n in nodes if r.selects(n["metadata"].get("labels") or {})]
+    except m.SpecError:
+        targets = []
+    views = sorted((m.NodeView.from_node(n) for n in targets), key=lambda v: v.name)
+    name = rollout["metadata"]["name"]
+    st = rollout.get("status") or {}
+    return {"rollout": name, "driver": rollout["spec"].get("driver"), "flavor": rollout["spec"].get("flavor", "auto"),
+            "phase": st.get("phase", "Pending"), "reason": st.get("reason", ""), "message": st.get("message", ""),
+            "counts": st.get("nodes") or {}, "preflightFailures": st.get("preflightFailures") or [],
+            "nodes": [{"node": v.name, "state": v.state if v.in_rollout_name(name) else m.IDLE,
+                       "driver": v.driver, "flavor": v.flavor, "reason": v.reason, "message": v.message,
+                       "since": v.since, "cordonedByUs": v.cordoned_by_us, "attempt": v.attempt}
+                      for v in views]}
+
+
+def _human_status(d: dict) -> str:
+    from driverd.cli.output import table
+    c = d["counts"]
+    head = (f"rollout {d['rollout']}: driver {d['driver']} ({d['flavor']}) — {d['phase']}"
+            + (f" ({d['reason']})" if d["reason"] and d["reason"] != d["phase"] else "")
+            + (f"\n  {d['message']}" if d["message"] else ""))
+    rows = [["NODE", "STATE", "DRIVER", "FLAVOR", "REASON", "SINCE"]]
+    rows += [[n["node"], n["state"], n["driver"] or "-", n["flavor"] or "-",
+              (n["reason"] + (": " + n["message"] if n["state"] in ("failed",) and n["message"] else ""))[:100] or "-",
+              n["since"] or "-"] for n in d["nodes"]]
+    summary = (f"  {c.get('done', 0)}/{c.get('total', len(d['nodes']))} done, {c.get('upgrading', 0)} upgrading, "
+               f"{c.get('pending', 0)} pending, {c.get('failed', 0)} failed"
+               + (f", {c.get('skipped')} skipped" if c.get("skipped") else "")
+               + (f", {c.get('excluded')} excluded" if c.get("excluded") else ""))
+    pre = "".join(f"\n  preflight: {p['node']}: {p['reason']}" for p in d["preflightFailures"][:10])
+    return head + "\n" + table(rows) + "\n" + summary + pre
+
+
+ENDED = ("Completed", "Failed", "Refused", "Aborted", "Invalid")
+
+
+def cmd_status(ctx, args) -> int:
+    from driverd.cluster.kube import node_path
+    kube = _kube(args)
+    obj = _pick(kube, args.name)
+    if not args.watch:
+        d = status_doc(obj, kube.list(node_path()).get("items") or [])
+        _print(args, d, _human_status)
+        return 0 if d["phase"] not in ("Failed", "Refused", "Invalid") else 3
+    return _watch_status(kube, args, obj["metadata"]["name"])
+
+
+def _watch_status(kube, args, name: str) -> int:
+    import threading
+
+    from driverd.cluster.informer import Informer
+    from driverd.cluster.kube import node_path, rollout_path
+    changed = threading.Event()
+    ro = Informer(kube, rollout_path(), fields=f"metadata.name={name}", on_change=lambda k, o: changed.set()).start()
+    nodes = Informer(kube, node_path(), on_change=lambda k, o: changed.set()).start()
+    ro.synced.wait(30)
+    nodes.synced.wait(30)
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    last = None
+    try:
+        while True:
+            changed.clear()
+            obj = ro.get(name)
+            if obj is None:
+                print(f"rollout {name} was deleted", file=sys.stderr)
+                return 1
+            d = status_doc(obj, nodes.snapshot())
+            if json.dumps(d, sort_keys=True) != last:
+                last = json.dumps(d, sort_keys=True)
+                if _fmt(args) == "table":
+                    print(time.strftime("%H:%M:%S ") + _human_status(d) + "\n", flush=True)
+                else:
+                    print(json.dumps(d, sort_keys=True) if _fmt(args) == "json" else "---\n" + _yaml(d), flush=True)
+            if d["phase"] in ENDED and (obj.get("status") or {}).get("observedGeneration") == \
+                    obj["metadata"].get("generation"):
+                return 0 if d["phase"] == "Completed" else 3
+            if deadline is not None and time.monotonic() > deadline:
+                print(f"rollout {name}: still {d['phase']} after {args.timeout:.0f}s", file=sys.stderr)
+                return 3
+            changed.wait(0.5 if deadline is None else max(0.05, min(5.0, deadline - time.monotonic())))
+            time.sleep(0.2)    # coalesce bursts of changes into one print
+    finally:
+        ro.close()
+        nodes.close()
+
+
+def _yaml(d) -> str:
+    import yaml
+    return yaml.safe_dump(d, sort_keys=False).rstrip()
+
+
+def cmd_verb(ctx, args) -> int:
+    from driverd.cluster.admission import A_CANARY_APPROVED
+    from driverd.cluster.kube import rollout_path
+    kube = _kube(args)
+    obj = _pick(kube, args.name)
+    name = obj["metadata"]["name"]
+    patch = {"pause": {"spec": {"paused": True}},
+             "resume": {"spec": {"paused": False}, "metadata": {"annotations": {A_CANARY_APPROVED: "true"}}},
+             "abort": {"spec": {"paused": True}, "metadata": {"annotations": {"driverd.io/abort": "true"}}}}[args.verb]
+    new = kube.patch(rollout_path(name), patch)
+    _print(args, new, f"driverrollout.driverd.io/{name} {args.verb}d" if args.verb != "abort" else
+           f"driverrollout.driverd.io/{name} aborted: no more nodes are admitted; nodes not yet unloading are "
+           "given back")
+    return 0
+
+
+def cmd_node(ctx, args) -> int:
+    from driverd.cluster import model as m
+    from driverd.cluster.kube import KubeError, node_path
+    from driverd.errors import UsageError
+    kube = _kube(args)
+    ann = {"retry": {m.A_RETRY: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+           "skip": {m.A_SKIP: "true"}, "unskip": {m.A_SKIP: None}}[args.verb]
+    if args.verb == "retry":
+        node = kube.find(node_path(args.node))
+        if node is None:
+            raise UsageError(f"no node named {args.node}", fix="kubectl driverd nodes")
+        if (node["metadata"].get("annotations") or {}).get(m.A_STATE) != m.FAILED:
+            raise UsageError(f"node {args.node} has not failed (state "
+                             f"{(node['metadata'].get('annotations') or {}).get(m.A_STATE, m.IDLE)})",
+                             fix="only failed nodes are retried")
+    try:
+        new = kube.patch(node_path(args.node), {"metadata": {"annotations": ann}})
+    except KubeError as e:
+        if e.not_found:
+            raise UsageError(f"no node named {args.node}", fix="kubectl driverd nodes") from None
+        raise
+    _print(args, new, f"node/{args.node} {args.verb} requested")
+    return 0
+
+
+def cmd_nodes(ctx, args) -> int:
+    from driverd.cli.output import table
+    from driverd.cluster import model as m
+    from driverd.cluster.kube import node_path
+    kube = _kube(args)
+    views = sorted((m.NodeView.from_node(n) for n in kube.list(node_path(), labels=args.selector or None)
+                    .get("items") or []), key=lambda v: v.name)
+    data = [{"node": v.name, "driver": v.driver, "flavor": v.flavor, "state": v.state, "rollout": v.rollout,
+             "reason": v.reason, "message": v.message, "since": v.since, "ready": v.ready,
+             "unschedulable": v.unschedulable, "skip": v.skip} for v in views]
+    rows = [["NODE", "DRIVER", "FLAVOR", "STATE", "REASON", "SINCE"]] + [
+        [d["node"], d["driver"] or "-", d["flavor"] or "-", d["state"] + (" (skip)" if d["skip"] else ""),
+         d["reason"] or "-", d["since"] or "-"] for d in data]
+    _print(args, {"nodes": data}, table(rows))
+    return 0
+
+
+def cmd_agent(ctx, args) -> int:
+    import os
+    import signal
+    import socket
+    import threading
+
+    from driverd.cluster.agent import NodeAgent
+    from driverd.cluster.coordinator import Coordinator
+    from driverd.cluster.kube import Kube, Target
+    cfg = ctx.config
+    node = args.node or cfg["cluster.node_name"] or os.environ.get("NODE_NAME") or socket.gethostname()
+    ns = args.namespace or os.environ.get("POD_NAMESPACE") or "driverd"
+    kube = Kube(Target(kubeconfig=args.kubeconfig, context=args.context))
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+    agent = NodeAgent(kube, node, make_context=lambda c: ctx.step_context(c), cfg=cfg, log=log)
+    coord = Coordinator(kube, node, ns, rollouts=agent.rollouts, log=log)
+    done = threading.Event()
+
+    def stop(signum, frame):
+        done.set()
+        agent.close()
+        coord.close()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    threads = [threading.Thread(target=agent.run, name="agent", daemon=True),
+               threading.Thread(target=coord.run, name="coordinator", daemon=True)]
+    log(f"driverd cluster agent: node {node}, API {kube.host}, lease {ns}/driverd-rollout")
+    for t in threads:
+        t.start()
+    while not done.wait(1.0):
+        pass
+    for t in threads:
+        t.join(timeout=5)
+    return 0

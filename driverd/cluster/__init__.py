@@ -1,0 +1,1 @@
+"""Kubernetes-coordinated rolling upgrades: the DriverRollout, admission, the per-node state machine."""

@@ -1,0 +1,161 @@
+"""Admission: which nodes may start upgrading now. A pure function of the rollout and the nodes, so
+that the guarantees can be stated and tested without a cluster:
+
+- at no instant more than `maxParallel` target nodes are in an active state (admitted … uncordoning,
+  reboot-required), and admitting never takes the number of unavailable target nodes (NotReady,
+  cordoned by anyone, or active) past `maxUnavailable` — nodes already unavailable count;
+- nodes are taken in a deterministic order (canary nodes first, then by name);
+- nothing is admitted before every target node's daemon has answered the preflight for this
+  generation of the rollout (or the preflight deadline passed: silence is a failed preflight);
+- failed nodes count against `failureBudget`; one more failure than it allows pauses the rollout;
+- a NotReady node is never admitted (its daemon cannot be trusted to act), a skipped one never.
+
+Only the coordinator (the daemon holding the rollout Lease) acts on the decision.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from driverd.cluster.model import ACTIVE, DONE, FAILED, NodeView, Rollout
+
+PREFLIGHT_DEADLINE_S = 120.0
+A_CANARY_APPROVED = "driverd.io/canary-approved"
+
+
+@dataclass
+class Decision:
+    phase: str                      # Preflight Refused Progressing Paused Completed Failed
+    reason: str                     # CamelCase, as Kubernetes reasons are
+    message: str
+    admit: list[str] = field(default_factory=list)
+    counts: dict = field(default_factory=dict)
+    excluded: list[dict] = field(default_factory=list)      # {node, reason}: preflight said no
+    failed: list[dict] = field(default_factory=list)        # {node, reason}
+    waiting: list[str] = field(default_factory=list)        # nodes whose preflight answer is missing
+    unavailable: int = 0
+    limit_unavailable: int = 0
+
+    def status(self, r: Rollout) -> dict:
+        return {"phase": self.phase, "reason": self.reason, "message": self.message,
+                "observedGeneration": r.generation, "nodes": self.counts,
+                "maxUnavailable": self.limit_unavailable, "unavailable": self.unavailable,
+                "preflightFailures": self.excluded[:50], "failedNodes": self.failed[:50]}
+
+
+def _pre_ok(n: NodeView, r: Rollout) -> bool | None:
+    """The node's preflight answer for this rollout generation: True/False, None when missing."""
+    p = n.preflight
+    if not p or p.get("rollout") != r.key:
+        return None
+    return bool(p.get("ok"))
+
+
+def _up_to_date(n: NodeView, r: Rollout) -> bool:
+    p = n.preflight or {}
+    return p.get("rollout") == r.key and p.get("ok") and not p.get("needed", True)
+
+
+def decide(r: Rollout, nodes: list[NodeView], *, now: float, started: float, canary_approved: bool = False
+           ) -> Decision:
+    targets = sorted((n for n in nodes if r.selects(n.labels)), key=lambda n: n.name)
+    limit = r.unavailable_limit(len(targets))
+    mine = [n for n in targets if n.in_rollout(r)]
+    done = [n for n in targets if (n.in_rollout(r) and n.state == DONE) or (not n.in_rollout(r) and _up_to_date(n, r))]
+    failed = [n for n in mine if n.state == FAILED and not n.retry]
+    active = [n for n in mine if n.state in ACTIVE]
+    skipped = [n for n in targets if n.skip and n not in active]
+    settled = {n.name for n in done + failed + active + skipped}
+    pending = [n for n in targets if n.name not in settled]
+    waiting = [n.name for n in pending if _pre_ok(n, r) is None]
+    late = now - started > PREFLIGHT_DEADLINE_S
+    excluded = [{"node": n.name, "reason": "; ".join(n.preflight.get("reasons") or ["preflight failed"])}
+                for n in pending if _pre_ok(n, r) is False]
+    if late:
+        excluded += [{"node": name, "reason": f"its driverd did not answer the preflight within "
+                      f"{PREFLIGHT_DEADLINE_S:.0f}s (is the daemon running on it?)"} for name in waiting]
+        waiting = []
+    bad = {e["node"] for e in excluded}
+    candidates = [n for n in pending if n.name not in bad and n.name not in waiting]
+    unavailable = sum(1 for n in targets if n.unavailable)
+    counts = {"total": len(targets), "done": len(done), "failed": len(failed), "upgrading": len(active),
+              "pending": len(pending) - len(bad), "skipped": len(skipped), "excluded": len(bad) if r.preflight ==
+              "Exclude" else 0}
+    d = Decision("Progressing", "Progressing", "", counts=counts, excluded=excluded,
+                 failed=[{"node": n.name, "reason": f"{n.reason}: {n.message}".strip(": ")} for n in failed],
+                 waiting=waiting, unavailable=unavailable, limit_unavailable=limit)
+    started_any = bool(mine)
+    if not targets:
+        d.phase, d.reason, d.message = "Completed", "NoTargets", "no node matches the rollout's nodeSelector"
+        return d
+    if waiting and not started_any:
+        d.phase, d.reason = "Preflight", "WaitingForPreflight"
+        d.message = f"waiting for {len(waiting)} node(s) to answer the preflight: {', '.join(waiting[:5])}"
+        return d
+    if excluded and r.preflight == "Refuse" and not started_any:
+        d.phase, d.reason = "Refused", "PreflightFailed"
+        d.message = (f"{len(excluded)} node(s) cannot take driver {r.driver}: " + "; ".join(
+            f"{e['node']}: {e['reason']}" for e in excluded[:3]) + " (fix them, skip them with `kubectl driverd node "
+            "skip NODE`, or set spec.preflight=Exclude)")
+        return d
+    if len(failed) > r.failure_budget:
+        d.phase, d.reason = "Paused", "FailureBudgetSpent"
+        d.message = (f"{len(failed)} node(s) failed, the failure budget is {r.failure_budget}: " + "; ".join(
+            f"{f['node']}: {f['reason']}" for f in d.failed[:3]) + " (retry with `kubectl driverd node retry NODE` "
+            "or raise spec.failureBudget)")
+        return d
+    if not candidates and not active:
+        if pending and not candidates and not bad:
+            d.message = "waiting for node preflight answers"
+            return d
+        d.phase = "Failed" if failed else "Completed"
+        d.reason = "NodesFailed" if failed else "Completed"
+        d.message = (f"{len(done)} node(s) run driver {r.driver}" + (f", {len(failed)} failed" if failed else "")
+                     + (f", {len(bad)} excluded by the preflight" if bad else "")
+                     + (f", {len(skipped)} skipped" if skipped else ""))
+        return d
+    if r.paused:
+        d.phase, d.reason, d.message = "Paused", "PausedBySpec", "spec.paused is true (resume: kubectl driverd rollout resume)"
+        return d
+    # canary: the first N nodes in order go alone; then pause, or continue after the soak time
+    budget = r.max_parallel - len(active)
+    if r.canary:
+        in_canary = len(done) + len(failed) + len(active)
+        if in_canary < r.canary:
+            candidates = candidates[:r.canary - in_canary]
+        elif not canary_approved:
+            if active:
+                candidates = []
+            elif r.canary_soak_s is None:
+                d.phase, d.reason = "Paused", "CanaryDone"
+                d.message = (f"the {r.canary} canary node(s) are done; continue with `kubectl driverd rollout "
+                             f"resume {r.name}`")
+                return d
+            else:
+                soak_from = _latest_done(done)
+                left = (soak_from or now) + r.canary_soak_s - now
+                if left > 0:
+                    d.reason, d.message = "CanarySoak", f"canary done; soaking {left:.0f}s more before the rest"
+                    return d
+    for n in candidates:
+        if budget <= 0:
+            break
+        if not n.ready:
+            continue
+        if not n.unavailable and unavailable + 1 > limit:
+            break
+        d.admit.append(n.name)
+        budget -= 1
+        if not n.unavailable:
+            unavailable += 1
+    d.unavailable = unavailable
+    d.counts["upgrading"] = len(active) + len(d.admit)
+    d.counts["pending"] -= len(d.admit)
+    d.message = (f"{len(done)}/{len(targets)} done, {len(active) + len(d.admit)} upgrading, "
+                 f"{unavailable}/{limit} unavailable" + (f", {len(failed)} failed" if failed else ""))
+    return d
+
+
+def _latest_done(done: list[NodeView]) -> float | None:
+    from driverd.cluster.kube import parse_time
+    ts = [t for t in (parse_time(n.since) for n in done) if t is not None]
+    return max(ts) if ts else None

@@ -1,0 +1,504 @@
+"""The per-node state machine, run by the daemon on that node, recorded on its Node object:
+
+  idle → admitted → cordoned → [waiting-for-jobs] → evicting → unloading → validating → done
+                                                                    ↘ reboot-required ↗
+  any of them → failed  (the node transaction rolled back to the previous driver; uncordoned if we cordoned)
+
+`admitted` is written by the coordinator (admission); every other state by the node's own daemon,
+one merge patch per transition with an Event on the Node. The record (state, reason, message,
+since, attempt, previous driver, target, whether *we* cordoned) is in annotations, so a restarted
+daemon resumes from where it stood; the node transaction itself resumes from the local journal.
+`unloading` covers the whole node transaction (unload → install → load → validate, all-or-nothing
+under the host lock); a kernel that cannot unload modules makes it `reboot-required`, which the
+cluster's reboot coordinator (kured watches /var/run/reboot-required, which the transaction writes)
+acts on, and after the reboot the daemon finishes the upgrade.
+
+Every wait has a deadline from the rollout, and the reason names what blocked it: the pods, the
+PodDisruptionBudget, the processes holding the GPU.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+
+from driverd.cluster import model as m
+from driverd.cluster.gpuusers import PodUse, classify, host_users
+from driverd.cluster.informer import Informer
+from driverd.cluster.kube import (
+    Kube,
+    KubeError,
+    node_path,
+    now_rfc3339,
+    parse_time,
+    pods_path,
+    rollout_path,
+)
+
+A_ABORT = "driverd.io/abort"
+A_BOOT = m.PREFIX + "boot-id"
+CONDITION = "GPUDriverReady"
+EVICT_RETRY_S = 5.0
+EVENTS_NAMESPACE = "default"
+
+
+class NodeAgent:
+    def __init__(self, kube: Kube, node: str, *, make_context: Callable, cfg, log: Callable[[str], None],
+                 reconciler=None, events: bool = True, clock: Callable[[], float] = time.time) -> None:
+        from driverd.daemon.reconcile import Reconciler
+        self.kube, self.node, self.make_context, self.cfg, self.log = kube, node, make_context, cfg, log
+        self.reconciler = reconciler or Reconciler(make_context, log)
+        self.events, self.clock = events, clock
+        self.wake = threading.Event()
+        self.stop = threading.Event()
+        self.nodes = Informer(kube, node_path(), fields=f"metadata.name={node}", name=f"node/{node}",
+                              on_change=self._changed, log=log)
+        self.rollouts = Informer(kube, rollout_path(), name="rollouts", on_change=self._rollout_changed, log=log)
+        self._rollout_seen: dict[str, tuple] = {}
+        self._labels_checked = False
+
+    # -- loop ---------------------------------------------------------------------------------------
+    def _changed(self, kind: str, obj: dict) -> None:
+        self.wake.set()
+
+    def _rollout_changed(self, kind: str, obj: dict) -> None:
+        """Only spec, annotation and phase changes concern a node; the coordinator's progress
+        counts (written every second) do not wake every node of the fleet."""
+        md = obj.get("metadata") or {}
+        seen = (kind == "DELETED", md.get("generation"), json.dumps(md.get("annotations") or {}, sort_keys=True),
+                (obj.get("status") or {}).get("phase"))
+        if kind not in ("SYNC",) and self._rollout_seen.get(md.get("name", "")) == seen:
+            return
+        self._rollout_seen[md.get("name", "")] = seen
+        self.wake.set()
+
+    def start(self) -> NodeAgent:
+        self.nodes.start()
+        self.rollouts.start()
+        return self
+
+    def close(self) -> None:
+        self.stop.set()
+        self.wake.set()
+        self.nodes.close()
+        self.rollouts.close()
+
+    def run(self) -> None:
+        self.start()
+        self.nodes.synced.wait(30)
+        self.rollouts.synced.wait(30)
+        while not self.stop.is_set():
+            self.wake.clear()
+            try:
+                delay = self.tick()
+            except KubeError as e:
+                self.log(f"driverd cluster agent: {e.one_line()}")
+                delay = 5.0
+            except Exception as e:    # a bug must not kill the agent: say it, retry later
+                self.log(f"driverd cluster agent: unexpected {e.__class__.__name__}: {e}")
+                delay = 10.0
+            if delay is None or delay > 0:
+                self.wake.wait(delay if delay is not None else 300.0)
+
+    # -- the state machine ---------------------------------------------------------------------------
+    def view(self) -> tuple[dict | None, m.NodeView | None]:
+        node = self.nodes.get(self.node)
+        return node, (m.NodeView.from_node(node) if node else None)
+
+    def rollout(self, name: str | None) -> tuple[m.Rollout | None, dict | None]:
+        obj = self.rollouts.get(name) if name else None
+        if obj is None:
+            return None, None
+        try:
+            return m.Rollout.from_object(obj), obj
+        except m.SpecError:
+            return None, obj
+
+    def tick(self) -> float | None:
+        """Act on the node's current state once; the seconds until we must look again (None: only
+        when something changes). Each handler makes at most one transition."""
+        node, v = self.view()
+        if v is None:
+            return 5.0
+        if not self._labels_checked:
+            self._labels_checked = True
+            self._sync_labels(node, v)
+            return 0
+        if v.state not in m.ACTIVE and v.state not in (m.VALIDATING, m.UNCORDONING):
+            return self._preflight(v)
+        name = (v.rollout or "").split("/")[0]
+        r, obj = self.rollout(name)
+        if r is None:
+            r = self._fallback_rollout(node, v)
+        if obj is not None and (obj["metadata"].get("annotations") or {}).get(A_ABORT) == "true" \
+                and v.state in (m.ADMITTED, m.CORDONED, m.WAITING, m.EVICTING):
+            return self._give_back(node, v, "Aborted", f"rollout {name} was aborted before the driver was touched")
+        handler = {m.ADMITTED: self._cordon, m.CORDONED: self._after_cordon, m.WAITING: self._wait_jobs,
+                   m.EVICTING: self._evict, m.UNLOADING: self._transact, m.REBOOT: self._after_reboot,
+                   m.VALIDATING: self._validate, m.UNCORDONING: self._validate}[v.state]
+        return handler(node, v, r)
+
+    def _fallback_rollout(self, node: dict, v: m.NodeView) -> m.Rollout:
+        """The rollout was deleted mid-way: finish what was started with default policies."""
+        tv, _, tf = (node["metadata"].get("annotations") or {}).get(m.A_TARGET, "").partition("/")
+        return m.Rollout(name=(v.rollout or "deleted").split("/")[0], generation=0, driver=tv or "0.0",
+                         flavor=tf or "auto")
+
+    def _to(self, node: dict, state: str, reason: str, message: str, *, rollout: str | None = None,
+            ann: dict | None = None, spec: dict | None = None, labels: dict | None = None, warning: bool = False,
+            precondition: bool = False) -> dict:
+        """One transition: a merge patch of the Node (state annotations, and the cordon/labels that go
+        with it) and an Event. With `precondition` the patch carries the resourceVersion read, so a
+        concurrent change (an admin's cordon) makes it fail with 409 instead of being overwritten."""
+        patch = m.state_patch(state, reason, message, since=now_rfc3339(self.clock()), rollout=rollout, extra=ann)
+        if spec:
+            patch["spec"] = spec
+        if labels:
+            patch["metadata"]["labels"] = labels
+        if precondition:
+            patch["metadata"]["resourceVersion"] = node["metadata"]["resourceVersion"]
+        new = self.kube.patch(node_path(self.node), patch)
+        self.nodes.put(new)
+        self.log(f"driverd cluster: node {self.node}: {state}: {reason}: {message}")
+        if self.events:
+            self.event(new, reason, message, warning=warning)
+        return new
+
+    def condition(self, ready: bool, reason: str, message: str) -> None:
+        """The Node condition GPUDriverReady (status subresource, merged by type as the kubelet's own
+        conditions are): True while a validated driver runs, False while it is being replaced."""
+        now = now_rfc3339(self.clock())
+        cond = {"type": CONDITION, "status": "True" if ready else "False", "reason": reason,
+                "message": message[:1000], "lastTransitionTime": now, "lastHeartbeatTime": now}
+        try:
+            self.kube.patch(node_path(self.node) + "/status", {"status": {"conditions": [cond]}}, kind="strategic")
+        except KubeError as e:
+            self.log(f"driverd cluster: cannot set the {CONDITION} condition: {e.one_line()}")
+
+    def event(self, node: dict, reason: str, message: str, *, warning: bool = False) -> None:
+        now = now_rfc3339(self.clock())
+        md = node.get("metadata") or {}
+        ev = {"apiVersion": "v1", "kind": "Event",
+              "metadata": {"generateName": f"{self.node}.driverd.", "namespace": EVENTS_NAMESPACE},
+              "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": md.get("uid")},
+              "reason": reason, "message": message[:1000], "type": "Warning" if warning else "Normal",
+              "source": {"component": "driverd", "host": self.node}, "firstTimestamp": now, "lastTimestamp": now,
+              "count": 1, "reportingComponent": "driverd", "reportingInstance": self.node}
+        try:
+            self.kube.create(f"/api/v1/namespaces/{EVENTS_NAMESPACE}/events", ev)
+        except KubeError as e:         # an event is a courtesy: never fail a transition for it
+            self.log(f"driverd cluster: cannot record an event: {e.one_line()}")
+
+    def _elapsed(self, v: m.NodeView) -> float:
+        t = parse_time(v.since)
+        return 0.0 if t is None else max(0.0, self.clock() - t)
+
+    # -- preflight (idle/done/failed) ------------------------------------------------------------------
+    def _preflight(self, v: m.NodeView) -> float | None:
+        """Answer the preflight of the oldest unfinished rollout that selects this node, once per
+        rollout generation: can this node take the target, and does it need to?"""
+        for obj in sorted(self.rollouts.snapshot(), key=lambda o: o["metadata"].get("creationTimestamp", "")):
+            try:
+                r = m.Rollout.from_object(obj)
+            except m.SpecError:
+                continue
+            if (obj.get("status") or {}).get("phase") in ("Completed",) or not r.selects(v.labels):
+                continue
+            if (v.preflight or {}).get("rollout") == r.key:
+                return None
+            node = self.nodes.get(self.node)
+            answer = preflight(self.make_context, self.cfg, r)
+            patch = {"metadata": {"annotations": {m.A_PREFLIGHT: json.dumps(answer, sort_keys=True)}}}
+            self.nodes.put(self.kube.patch(node_path(self.node), patch))
+            if not answer["ok"] and self.events:
+                self.event(node, "PreflightFailed", "; ".join(answer["reasons"]), warning=True)
+            return None
+        return None
+
+    def _sync_labels(self, node: dict, v: m.NodeView) -> None:
+        """Node labels say what is loaded (and whether it is validated), from the host's facts."""
+        loaded = _loaded(self.make_context, self.cfg)
+        want = {m.L_VERSION: loaded["version"] if loaded else None, m.L_FLAVOR: loaded["flavor"] if loaded else None}
+        if v.state not in m.ACTIVE and v.state not in (m.VALIDATING, m.UNCORDONING):
+            want[m.L_READY] = "true" if loaded else None
+        if any(v.labels.get(k) != val for k, val in want.items()):
+            self.nodes.put(self.kube.patch(node_path(self.node), {"metadata": {"labels": want}}))
+        conds = {c.get("type"): c for c in (node.get("status") or {}).get("conditions") or []}
+        ready = "True" if loaded else "False"
+        if v.state not in m.ACTIVE and (conds.get(CONDITION) or {}).get("status") != ready:
+            self.condition(bool(loaded), "DriverLoaded" if loaded else "NoDriver",
+                           f"driver {loaded['version']} ({loaded['flavor']}) loaded" if loaded else
+                           "no NVIDIA driver is loaded")
+
+    # -- admitted → cordoned --------------------------------------------------------------------------
+    def _cordon(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
+        drop_ready = {m.L_READY: None}
+        try:
+            if v.unschedulable and not v.cordoned_by_us:
+                self._to(node, m.CORDONED, "AlreadyCordoned", "the node was already cordoned (not by driverd): it "
+                         "stays cordoned after the upgrade", ann={m.A_CORDONED: "false"}, labels=drop_ready,
+                         precondition=True)
+            else:
+                self._to(node, m.CORDONED, "Cordoned", f"cordoned for the upgrade to {r.driver}",
+                         ann={m.A_CORDONED: "true"}, spec={"unschedulable": True}, labels=drop_ready,
+                         precondition=True)
+        except KubeError as e:
+            if e.conflict:        # the node changed under us (an admin's cordon?): look again
+                return 0
+            raise
+        self.condition(False, "Upgrading", f"being upgraded to {r.driver} by rollout {r.name}")
+        return 0
+
+    def _after_cordon(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
+        if r.jobs_selector:
+            self._to(node, m.WAITING, "WaitingForJobs", f"waiting up to {r.jobs_timeout_s}s for pods "
+                     f"{r.jobs_selector!r} on the node to finish")
+        else:
+            self._to(node, m.EVICTING, "Evicting", "evicting the GPU pods through the Eviction API")
+        return 0
+
+    # -- waiting-for-jobs -----------------------------------------------------------------------------
+    def _wait_jobs(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
+        pods = self._pods(r.jobs_selector)
+        running = [p for p in pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+        if running and self._elapsed(v) < r.jobs_timeout_s:
+            return min(10.0, r.jobs_timeout_s - self._elapsed(v) + 0.1)
+        msg = "no job pods left" if not running else (
+            f"{len(running)} job pod(s) still running after {r.jobs_timeout_s}s ({_refs(running)}): evicting them")
+        self._to(node, m.EVICTING, "Evicting", msg + "; evicting the GPU pods through the Eviction API")
+        return 0
+
+    # -- evicting ---------------------------------------------------------------------------------------
+    def _pods(self, labels: str | None = None) -> list[dict]:
+        return self.kube.list(pods_path(), labels=labels or None,
+                              fields=f"spec.nodeName={self.node}").get("items") or []
+
+    def _to_evict(self, r: m.Rollout) -> list[PodUse]:
+        pods = self._pods()
+        users = classify(self.kube, pods, _host_users(self.make_context, self.cfg))
+        if r.drain_selector:
+            extra = {p["metadata"]["uid"] for p in self._pods(r.drain_selector)}
+            known = {u.uid for u in users}
+            users += [PodUse(p["metadata"]["namespace"], p["metadata"]["name"], p["metadata"]["uid"],
+                             f"matches spec.drain.podSelector {r.drain_selector!r}", _is_ds(p), False)
+                      for p in pods if p["metadata"]["uid"] in extra and p["metadata"]["uid"] not in known
+                      and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+        self._empty_dir = {p["metadata"]["uid"] for p in pods
+                           if any("emptyDir" in vol for vol in (p.get("spec") or {}).get("volumes") or [])}
+        return [u for u in users if not u.daemonset and not u.mirror]
+
+    def _evict(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
+        users = self._to_evict(r)
+        if not users:
+            self._to(node, m.UNLOADING, "Unloading", f"no GPU pods left; node transaction to driver {r.driver}: "
+                     "unload → install → load → validate")
+            return 0
+        if not r.drain_empty_dir:
+            local = [u for u in users if u.uid in self._empty_dir]
+            if local:
+                return self._fail(node, v, "EvictionRefused", f"{len(local)} GPU pod(s) use emptyDir volumes whose data "
+                                  f"would be lost ({', '.join(u.ref for u in local[:5])}); set "
+                                  "spec.drain.deleteEmptyDirData=true to evict them anyway")
+        blocked = []
+        for u in users:
+            try:
+                self.kube.create(pods_path(u.namespace, u.name) + "/eviction",
+                                 {"apiVersion": "policy/v1", "kind": "Eviction",
+                                  "metadata": {"name": u.name, "namespace": u.namespace}}, retry_429=False)
+            except KubeError as e:
+                if e.status == 404:
+                    continue
+                if e.status == 429:
+                    blocked.append((u, _pdb_words(e)))
+                    continue
+                raise
+        if not blocked:
+            return 0.5        # evicted: look again shortly for pods still terminating
+        if self._elapsed(v) < r.drain_timeout_s:
+            return min(EVICT_RETRY_S, r.drain_timeout_s - self._elapsed(v) + 0.1)
+        words = "; ".join(f"{u.ref} ({why})" for u, why in blocked[:5])
+        if r.drain_force:
+            for u, _ in blocked:
+                try:
+                    self.kube.delete(pods_path(u.namespace, u.name))
+                except KubeError as e:
+                    if e.status != 404:
+                        raise
+            self._to(node, m.EVICTING, "ForcedDeletion", f"eviction still refused after {r.drain_timeout_s}s: "
+                     f"deleted {len(blocked)} pod(s) per spec.drain.force: {words}", warning=True)
+            return 1.0
+        return self._fail(node, v, "EvictionBlocked", f"eviction refused for {r.drain_timeout_s}s: {words}; "
+                          "fix: relax the PodDisruptionBudget, move the workload, or set spec.drain.force")
+
+    # -- the node transaction ---------------------------------------------------------------------------
+    def _transact(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
+        from driverd.apply import steps as st
+        cfg = target_config(self.cfg, r)
+        res = self.reconciler.reconcile(cfg)
+        node, v = self.view()
+        if res.converged:
+            self._to(node, m.VALIDATING, "Validating", f"driver {res.loaded['version']} ({res.loaded['flavor']}) "
+                     "loaded and validated on the host; waiting for the node to be Ready")
+            return 0
+        if res.state == "reboot-required":
+            sctx = self.make_context(cfg)
+            self._to(node, m.REBOOT, "RebootRequired", res.reason + " (the reboot sentinel /var/run/reboot-required "
+                     "is set for the cluster's reboot coordinator, e.g. kured)", ann={A_BOOT: st.boot_id(sctx) or ""},
+                     warning=True)
+            return None
+        reason = {"rolled-back": "RolledBack", "rollback-failed": "RollbackFailed", "blocked": "TransactionBlocked",
+                  "lock": "HostLocked", "validation": "ValidationFailed"}.get(res.failure or "", "TransactionFailed")
+        return self._fail(node, v, reason, res.reason)
+
+    def _after_reboot(self, node: dict, v: m.NodeView, r: m.Rollout) -> float | None:
+        from driverd.apply import steps as st
+        before = (node["metadata"].get("annotations") or {}).get(A_BOOT)
+        if before and before == st.boot_id(self.make_context(self.cfg)):
+            return None          # not rebooted yet: the reboot coordinator's turn
+        self._to(node, m.UNLOADING, "Rebooted", f"the node rebooted; finishing the upgrade to {r.driver}")
+        return 0
+
+    # -- validating → done ---------------------------------------------------------------------------------
+    def _validate(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
+        if not v.ready:
+            if self._elapsed(v) < r.validation_timeout_s:
+                return min(5.0, r.validation_timeout_s - self._elapsed(v) + 0.1)
+            return self._fail(node, v, "NodeNotReady", f"the driver is loaded but the node was not Ready within "
+                              f"{r.validation_timeout_s}s (kubelet not posting Ready)")
+        loaded = _loaded(self.make_context, self.cfg)
+        if loaded is None or loaded["version"] != r.driver:
+            return self._fail(node, v, "ValidationFailed", f"the node runs {loaded['version'] if loaded else 'no driver'}"
+                              f", not {r.driver}")
+        spec = {"unschedulable": None} if v.cordoned_by_us else None
+        self._to(node, m.DONE, "Upgraded", f"driver {loaded['version']} ({loaded['flavor']}) validated"
+                 + ("; uncordoned" if v.cordoned_by_us else "; left cordoned: it was cordoned before driverd"),
+                 ann={m.A_CORDONED: None}, spec=spec,
+                 labels={m.L_VERSION: loaded["version"], m.L_FLAVOR: loaded["flavor"], m.L_READY: "true"})
+        self.condition(True, "DriverValidated", f"driver {loaded['version']} ({loaded['flavor']}) loaded and validated")
+        return None
+
+    # -- endings that give the node back --------------------------------------------------------------------
+    def _fail(self, node: dict, v: m.NodeView, reason: str, message: str) -> float | None:
+        loaded = _loaded(self.make_context, self.cfg)
+        labels = {m.L_VERSION: loaded["version"] if loaded else None,
+                  m.L_FLAVOR: loaded["flavor"] if loaded else None, m.L_READY: "true" if loaded else None}
+        spec = {"unschedulable": None} if v.cordoned_by_us else None
+        self._to(node, m.FAILED, reason, message + ("; uncordoned" if v.cordoned_by_us else ""),
+                 ann={m.A_CORDONED: None}, spec=spec, labels=labels, warning=True)
+        self.condition(bool(loaded), reason, (f"the upgrade failed; driver {loaded['version']} runs: " if loaded
+                                              else "the upgrade failed and no driver is loaded: ") + message)
+        return None
+
+    def _give_back(self, node: dict, v: m.NodeView, reason: str, message: str) -> float | None:
+        spec = {"unschedulable": None} if v.cordoned_by_us else None
+        self._to(node, m.IDLE, reason, message + ("; uncordoned" if v.cordoned_by_us else ""),
+                 ann={m.A_CORDONED: None}, spec=spec, labels={m.L_READY: "true"})
+        self.condition(True, reason, message)
+        return None
+
+
+def _is_ds(pod: dict) -> bool:
+    return any(o.get("kind") == "DaemonSet" for o in (pod.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def _refs(pods: list[dict]) -> str:
+    return ", ".join(f"{p['metadata'].get('namespace')}/{p['metadata']['name']}" for p in pods[:5]) + \
+        (f" and {len(pods) - 5} more" if len(pods) > 5 else "")
+
+
+def _pdb_words(e: KubeError) -> str:
+    """Kubernetes' own words for a refused eviction: the DisruptionBudget cause names the PDB."""
+    causes = ((e.body.get("details") or {}).get("causes") or [])
+    named = [c.get("message") for c in causes if c.get("reason") == "DisruptionBudget" and c.get("message")]
+    return "; ".join(named) or e.api_message
+
+
+def _loaded(make_context, cfg) -> dict | None:
+    from driverd.apply import steps as st
+    return st.loaded(make_context(cfg))
+
+
+def _host_users(make_context, cfg) -> dict[str, str]:
+    return host_users(make_context(cfg).root)
+
+
+def target_config(cfg, r: m.Rollout):
+    """The node's configuration with the rollout's driver (and flavour, unless the rollout leaves it
+    to the node: `auto` keeps the node's own driver.flavor)."""
+    over = {"driver.version": r.driver}
+    if r.flavor != "auto":
+        over["driver.flavor"] = r.flavor
+    return cfg.with_overrides(over, source=f"rollout {r.key}")
+
+
+def preflight(make_context, cfg, r: m.Rollout) -> dict:
+    """This node's answer to a rollout before any node is admitted: can it take the target (a plan
+    that is not blocked — GPUs supported by the branch and flavour, signer accepted —, a package for
+    its kernel in a repository or a local build), does it need to, and will it need a reboot."""
+    from driverd.apply import steps as st
+    from driverd.errors import DriverdError
+    out = {"rollout": r.key, "driver": r.driver, "ok": True, "needed": True, "reasons": [], "reboot": False}
+    try:
+        c = target_config(cfg, r)
+        sctx = make_context(c)
+        out["kernel"] = sctx.kernel.release
+        loaded = st.loaded(sctx)
+        out["current"] = f"{loaded['version']}/{loaded['flavor']}" if loaded else None
+        from driverd.host import collect
+        from driverd.packages.signers import for_plan
+        from driverd.plan import Desired, plan
+        facts = collect(sctx.root, nvml=False, handler=c["runtime.handler"])
+        p = plan(facts, Desired.from_config(c), for_plan(sctx.root, facts, c))
+        if loaded and loaded["version"] == r.driver and loaded["flavor"] == p.flavor:
+            out["needed"] = False
+            out["reasons"] = [f"already runs {r.driver} ({loaded['flavor']})"]
+            return out
+        if p.blocked_by:
+            out["ok"], out["reasons"] = False, list(p.blocked_by)
+            return out
+        out["flavor"] = p.flavor
+        out["reboot"] = bool(p.reboot_required)
+        if p.reboot_required:
+            out["reasons"].append("needs a reboot: " + "; ".join(p.reboot_reasons))
+        where = _package_source(sctx, c, r.driver, p.flavor)
+        if where.startswith("none:"):
+            out["ok"] = False
+        out["reasons"].append(where.removeprefix("none:").strip())
+        if where.startswith("package "):
+            # pre-pull it into the node's cache (verified): the upgrade then starts from local files,
+            # and the kernel's verdict on its signer is known now, not after the node is drained
+            from driverd.packages.fetch import Want, fetch_configured
+            fetch_configured(sctx.root, c, Want(r.driver, p.flavor or "", sctx.kernel.release, _arch(sctx)),
+                             runner=sctx.runner, allow_build=False)
+            again = plan(facts, Desired.from_config(c), for_plan(sctx.root, facts, c))
+            if again.blocked_by:
+                out["ok"], out["reasons"] = False, list(again.blocked_by)
+    except DriverdError as e:
+        out["ok"], out["reasons"] = False, [e.one_line()]
+    return out
+
+
+def _package_source(sctx, cfg, driver: str, flavor: str | None) -> str:
+    from driverd.errors import DriverdError
+    from driverd.packages.build import local_builder
+    from driverd.packages.fetch import Want, read_index
+    release, arch = sctx.kernel.release, _arch(sctx)
+    for url in cfg["packages.repositories"]:
+        try:
+            idx = read_index(url, public_key=cfg["packages.index_public_key"], runner=sctx.runner)
+        except DriverdError:
+            continue
+        if idx.find(driver, flavor or "", release, arch):
+            return f"package {driver}/{flavor} for {release} in {url}"
+    if cfg["packages.build_fallback"]:
+        builder, why = local_builder(sctx.root, cfg, Want(driver, flavor or "", release, arch), sctx.runner)
+        if builder is not None:
+            return f"no repository has {driver}/{flavor} for {release}: it will be built on the node"
+        return f"none: no package {driver}/{flavor} for kernel {release} in any repository, and no local build: {why}"
+    return f"none: no package {driver}/{flavor} for kernel {release} in any repository (packages.build_fallback is off)"
+
+
+def _arch(sctx) -> str:
+    from driverd.host.kernel import read_kernel
+    return read_kernel(sctx.root, []).arch or "x86_64"

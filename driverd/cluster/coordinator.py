@@ -1,0 +1,210 @@
+"""The coordinator: whichever node daemon holds the rollout Lease admits nodes and writes the
+rollouts' status; the others only watch the Lease, ready to take over when its holder stops
+renewing it. The holder watches every Node and every DriverRollout, and after each change runs
+`admission.decide` and carries the decision out: a merge patch per admitted node, the rollout's
+status (at most once per `status_interval_s`, at once when the phase changes), an Event on the
+rollout when its phase or reason changes.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+
+from driverd.cluster import model as m
+from driverd.cluster.admission import A_CANARY_APPROVED, decide
+from driverd.cluster.informer import Informer
+from driverd.cluster.kube import (
+    Kube,
+    KubeError,
+    lease_path,
+    node_path,
+    now_rfc3339,
+    parse_time,
+    rollout_path,
+)
+from driverd.cluster.lease import LEASE_NAME, Lease
+
+
+COALESCE_S = 0.02
+
+
+class Coordinator:
+    def __init__(self, kube: Kube, identity: str, namespace: str, *, rollouts: Informer,
+                 log: Callable[[str], None], clock: Callable[[], float] = time.time,
+                 status_interval_s: float = 1.0, lease_s: int = 15) -> None:
+        self.kube, self.identity, self.ns, self.log, self.clock = kube, identity, namespace, log, clock
+        self.rollouts = rollouts
+        self.status_interval_s = status_interval_s
+        self.lease = Lease(kube, namespace, identity, duration_s=lease_s)
+        self.wake = threading.Event()
+        self.stop = threading.Event()
+        self.lease_watch = Informer(kube, lease_path(namespace), fields=f"metadata.name={LEASE_NAME}",
+                                    name="lease", on_change=lambda k, o: self.wake.set(), log=log)
+        self.nodes: Informer | None = None
+        self._written: dict[str, tuple[dict, float]] = {}     # rollout -> (status written, when)
+        self._seen_gen: dict[str, tuple[int, float]] = {}      # rollout -> (generation, first seen)
+        self.admitted = 0
+        self._view_cache: dict[tuple, m.NodeView] = {}
+
+    def close(self) -> None:
+        self.stop.set()
+        self.wake.set()
+        self.lease_watch.close()
+        if self.nodes:
+            self.nodes.close()
+        self.lease.release()
+
+    def run(self) -> None:
+        self.lease_watch.start()
+        self.lease_watch.synced.wait(30)
+        renew_at = 0.0
+        while not self.stop.is_set():
+            self.wake.clear()
+            now = time.monotonic()
+            try:
+                if self.lease.holding() and now < renew_at:
+                    pass
+                elif self.lease.holding() or self.lease.expires_in(self.lease_watch.get(f"{self.ns}/{LEASE_NAME}")) <= 0:
+                    if self.lease.try_acquire():
+                        renew_at = now + self.lease.duration_s / 3
+                        if self.nodes is None:
+                            self.log(f"driverd cluster: {self.identity} coordinates rollouts (holds the Lease)")
+                            self.nodes = Informer(self.kube, node_path(), name="nodes",
+                                                  on_change=lambda k, o: self.wake.set(), log=self.log).start()
+                            self.nodes.synced.wait(30)
+                    elif self.nodes is not None:
+                        self.log(f"driverd cluster: {self.identity} lost the Lease")
+                        self.nodes.close()
+                        self.nodes = None
+                if self.lease.holding() and self.nodes is not None:
+                    wait = self.act()
+                    self.wake.wait(min(wait, max(0.05, renew_at - time.monotonic())))
+                    self.stop.wait(COALESCE_S)     # one pass for a burst of node changes
+                else:
+                    exp = self.lease.expires_in(self.lease_watch.get(f"{self.ns}/{LEASE_NAME}"))
+                    self.wake.wait(max(0.2, exp + 0.05) if exp > 0 else 1.0)
+            except KubeError as e:
+                self.log(f"driverd cluster coordinator: {e.one_line()}")
+                self.wake.wait(2.0)
+            except Exception as e:  # never die: say it and retry
+                self.log(f"driverd cluster coordinator: {e.__class__.__name__}: {e}")
+                self.wake.wait(2.0)
+
+    # -- one pass as the holder -----------------------------------------------------------------
+    def act(self) -> float:
+        """Admit what may be admitted for every rollout; the seconds until we must look again."""
+        assert self.nodes is not None
+        wait = 30.0
+        for obj in sorted(self.rollouts.snapshot(), key=lambda o: o["metadata"].get("creationTimestamp", "")):
+            name = obj["metadata"]["name"]
+            if (obj.get("status") or {}).get("phase") == "Completed" and \
+                    (obj.get("status") or {}).get("observedGeneration") == obj["metadata"].get("generation"):
+                continue
+            try:
+                r = m.Rollout.from_object(obj)
+            except m.SpecError as e:
+                self._status(obj, {"phase": "Invalid", "reason": "InvalidSpec", "message": str(e),
+                                   "observedGeneration": obj["metadata"].get("generation")})
+                continue
+            ann = obj["metadata"].get("annotations") or {}
+            if ann.get("driverd.io/abort") == "true":
+                self._status(obj, {"phase": "Aborted", "reason": "Aborted", "message": "aborted by an operator; "
+                                   "nodes not yet unloading were given back", "observedGeneration": r.generation})
+                continue
+            gen, since = self._seen_gen.get(name, (None, 0.0))
+            if gen != r.generation:
+                prev = parse_time((obj.get("status") or {}).get("generationSince")) \
+                    if (obj.get("status") or {}).get("observedGeneration") == r.generation else None
+                since = prev or self.clock()
+                self._seen_gen[name] = (r.generation, since)
+            views = self._views()
+            d = decide(r, views, now=self.clock(), started=since,
+                       canary_approved=ann.get(A_CANARY_APPROVED) == "true")
+            for node_name in d.admit:
+                self._admit(r, node_name, obj)
+            st = d.status(r)
+            st["generationSince"] = now_rfc3339(since)
+            self._status(obj, st)
+            if d.phase in ("Preflight", "Progressing"):
+                wait = min(wait, 5.0)
+        return wait
+
+    def _views(self) -> list[m.NodeView]:
+        """Every node's view, reparsed only for nodes whose resourceVersion changed (a fleet's
+        coordinator looks at all nodes after every change of any of them)."""
+        assert self.nodes is not None
+        out, cache = [], {}
+        for n in self.nodes.snapshot():
+            md = n.get("metadata") or {}
+            key = (md.get("name"), md.get("resourceVersion"))
+            v = self._view_cache.get(key) or m.NodeView.from_node(n)
+            cache[key] = v
+            out.append(v)
+        self._view_cache = cache
+        return out
+
+    def _admit(self, r: m.Rollout, name: str, obj: dict) -> None:
+        assert self.nodes is not None
+        node = self.nodes.get(name) or {}
+        v = m.NodeView.from_node(node)
+        prev = f"{v.driver}/{v.flavor}" if v.driver else ""
+        patch = m.state_patch(m.ADMITTED, "Admitted", f"admitted by {self.identity} to upgrade to {r.driver}",
+                              since=now_rfc3339(self.clock()), rollout=r.key,
+                              extra={m.A_TARGET: f"{r.driver}/{r.flavor}", m.A_ATTEMPT: str(v.attempt + 1),
+                                     m.A_PREVIOUS: prev, m.A_RETRY: None})
+        patch["metadata"]["resourceVersion"] = node["metadata"]["resourceVersion"]
+        try:
+            self.nodes.put(self.kube.patch(node_path(name), patch))
+        except KubeError as e:
+            if e.conflict:        # the node changed since we looked: decide again with the new view
+                self.wake.set()
+                return
+            raise
+        self.admitted += 1
+        self.log(f"driverd cluster: rollout {r.name}: admitted {name}")
+
+    def _status(self, obj: dict, status: dict) -> None:
+        name = obj["metadata"]["name"]
+        last, when = self._written.get(name, (obj.get("status") or {}, 0.0))
+        if _same(last, status):
+            return
+        phase_changed = (last.get("phase"), last.get("reason")) != (status.get("phase"), status.get("reason"))
+        if not phase_changed and time.monotonic() - when < self.status_interval_s:
+            self.wake.set()           # write it on a later pass
+            return
+        body = {"status": dict(status, updated=now_rfc3339(self.clock()))}
+        try:
+            new = self.kube.patch(rollout_path(name, status=True), body)
+            self.rollouts.put(new)
+        except KubeError as e:
+            if e.not_found:
+                return
+            raise
+        self._written[name] = (status, time.monotonic())
+        if phase_changed:
+            self._event(obj, status)
+
+    def _event(self, obj: dict, status: dict) -> None:
+        now = now_rfc3339(self.clock())
+        md = obj["metadata"]
+        warn = status.get("phase") in ("Paused", "Refused", "Failed", "Invalid")
+        ev = {"apiVersion": "v1", "kind": "Event",
+              "metadata": {"generateName": f"{md['name']}.driverd.", "namespace": "default"},
+              "involvedObject": {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "name": md["name"],
+                                 "uid": md.get("uid")},
+              "reason": status.get("reason") or "Progressing", "message": (status.get("message") or "")[:1000],
+              "type": "Warning" if warn else "Normal", "source": {"component": "driverd"},
+              "firstTimestamp": now, "lastTimestamp": now, "count": 1, "reportingComponent": "driverd",
+              "reportingInstance": self.identity}
+        try:
+            self.kube.create("/api/v1/namespaces/default/events", ev)
+        except KubeError as e:
+            self.log(f"driverd cluster: cannot record an event: {e.one_line()}")
+
+
+def _same(a: dict, b: dict) -> bool:
+    strip = ("updated", "generationSince")
+    return json.dumps({k: v for k, v in a.items() if k not in strip}, sort_keys=True, default=str) == \
+        json.dumps({k: v for k, v in b.items() if k not in strip}, sort_keys=True, default=str)

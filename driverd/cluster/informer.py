@@ -1,0 +1,116 @@
+"""A list-then-watch cache of one kind of object (the informer pattern): one LIST, then one long
+WATCH from its resourceVersion, resumed from the last seen resourceVersion (bookmarks keep it
+fresh) when the server closes it; a 410 Gone (history compacted, or the API server restarted)
+starts over with a LIST. Every change calls `on_change`. No polling: idle costs one open connection.
+"""
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+
+from driverd.cluster.kube import ClusterError, Kube, KubeError
+
+WATCH_TIMEOUT_S = 290       # the server ends a watch after this; we resume from the last resourceVersion
+
+
+class Informer:
+    def __init__(self, kube: Kube, path: str, *, labels: str | None = None, fields: str | None = None,
+                 on_change: Callable[[str, dict], None] | None = None, name: str = "informer",
+                 log: Callable[[str], None] | None = None) -> None:
+        self.kube, self.path, self.labels, self.fields = kube, path, labels, fields
+        self.on_change = on_change or (lambda kind, obj: None)
+        self.name, self.log = name, log or (lambda m: None)
+        self.items: dict[str, dict] = {}
+        self.synced = threading.Event()
+        self.stop = threading.Event()
+        self._rv: str | None = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Informer:
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self.stop.set()
+
+    def snapshot(self) -> list[dict]:
+        with self._lock:
+            return list(self.items.values())
+
+    def get(self, name: str) -> dict | None:
+        with self._lock:
+            return self.items.get(name)
+
+    def put(self, obj: dict) -> None:
+        """Our own write's answer, so that we act on it before its watch event arrives."""
+        with self._lock:
+            k = self._key(obj)
+            if _newer(obj, self.items.get(k)):
+                self.items[k] = obj
+
+    def _key(self, obj: dict) -> str:
+        md = obj.get("metadata") or {}
+        return f"{md['namespace']}/{md['name']}" if md.get("namespace") else md.get("name", "")
+
+    def _relist(self) -> None:
+        lst = self.kube.list(self.path, labels=self.labels, fields=self.fields)
+        fresh = {self._key(o): o for o in lst.get("items") or []}
+        with self._lock:
+            gone = [self.items[k] for k in self.items if k not in fresh]
+            self.items = fresh
+        self._rv = (lst.get("metadata") or {}).get("resourceVersion")
+        self.synced.set()
+        for o in gone:
+            self.on_change("DELETED", o)
+        self.on_change("SYNC", {})
+
+    def _run(self) -> None:
+        delay = 0.2
+        while not self.stop.is_set():
+            try:
+                if self._rv is None:
+                    self._relist()
+                for ev in self.kube.watch(self.path, resource_version=self._rv, labels=self.labels,
+                                          fields=self.fields, timeout_s=WATCH_TIMEOUT_S, stop=self.stop):
+                    obj = ev.get("object") or {}
+                    rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if rv:
+                        self._rv = rv
+                    if ev["type"] == "BOOKMARK":
+                        continue
+                    with self._lock:
+                        if ev["type"] == "DELETED":
+                            self.items.pop(self._key(obj), None)
+                        elif _newer(obj, self.items.get(self._key(obj))):
+                            self.items[self._key(obj)] = obj
+                    self.on_change(ev["type"], obj)
+                    delay = 0.2
+            except KubeError as e:
+                if e.status == 410:
+                    self._rv = None           # too old: list again
+                    continue
+                self.log(f"{self.name}: {e.one_line()}")
+                self._sleep(delay)
+                delay = min(delay * 2, 10.0)
+            except ClusterError as e:           # connection refused / broken: the API server restarts
+                self.log(f"{self.name}: {e.one_line()}")
+                self._sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    def _sleep(self, s: float) -> None:
+        self.stop.wait(s * (0.5 + random.random()))
+
+
+def _newer(obj: dict, than: dict | None) -> bool:
+    """Whether `obj` is a later version than `than`. resourceVersions are opaque to clients, but
+    both this cache's sources (a watch and our own writes' answers) come from one server whose
+    versions of one object only grow; a non-numeric one is taken as newer."""
+    if than is None:
+        return True
+    a, b = (obj.get("metadata") or {}).get("resourceVersion"), (than.get("metadata") or {}).get("resourceVersion")
+    if a and b and a.isdigit() and b.isdigit():
+        return int(a) >= int(b)
+    return True

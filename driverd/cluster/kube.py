@@ -1,0 +1,275 @@
+"""The Kubernetes API, the one way driverd reaches it: the official `kubernetes` client for
+configuration, authentication and transport (in-cluster service account, or a kubeconfig with the
+usual --kubeconfig/--context/$KUBECONFIG conventions), objects as plain dicts.
+
+Why dicts and not the client's typed models: a node daemon reads a handful of fields of a few
+objects, and the typed models' (de)serialisation costs more CPU than everything else it does.
+
+Retries (tenacity): connection errors, 5xx and 429 are retried with jittered exponential backoff;
+409 conflicts are the caller's to resolve by re-reading (`update()` does that). The client is
+imported only when a command needs the cluster, so host-only commands never pay for it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from driverd.errors import DriverdError
+
+GROUP, VERSION = "driverd.io", "v1alpha1"
+ROLLOUTS = f"/apis/{GROUP}/{VERSION}/driverrollouts"
+RETRY_STATUS = (429, 500, 502, 503, 504)
+
+
+class ClusterError(DriverdError):
+    subject = "cluster"
+
+
+class KubeError(ClusterError):
+    """An API answer that is not a success, with Kubernetes' own status reason and message."""
+
+    def __init__(self, status: int, reason: str, message: str, body: dict | None = None) -> None:
+        self.status, self.reason, self.body = status, reason, body or {}
+        super().__init__(f"Kubernetes API: {status} {reason}: {message}")
+        self.api_message = message
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+
+class Unreachable(ClusterError):
+    pass
+
+
+@dataclass
+class Target:
+    kubeconfig: str | None = None
+    context: str | None = None
+    in_cluster: bool | None = None     # None: in-cluster when running in a pod, else kubeconfig
+
+
+def _configuration(t: Target):
+    from kubernetes import client, config
+    cfg = client.Configuration()
+    in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not t.kubeconfig
+    try:
+        if t.in_cluster or (t.in_cluster is None and in_pod):
+            config.load_incluster_config(client_configuration=cfg)
+        else:
+            config.load_kube_config(config_file=t.kubeconfig, context=t.context, client_configuration=cfg,
+                                    persist_config=False)
+    except Exception as e:      # the loaders raise ConfigException, TypeError, FileNotFoundError ...
+        where = t.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise ClusterError(f"no usable Kubernetes credentials: {e}",
+                           fix=f"pass --kubeconfig FILE (tried {where}) or run inside the cluster") from None
+    return cfg
+
+
+class Kube:
+    """A thin REST client over the official client's ApiClient. Thread-safe (urllib3 pools)."""
+
+    def __init__(self, target: Target | None = None, *, retry_for_s: float = 60.0, configuration=None) -> None:
+        from kubernetes import client
+        self.target = target or Target()
+        self.configuration = configuration or _configuration(self.target)
+        self.configuration.retries = False           # ours, below; the pool's own would hide 5xx/429
+        self.api = client.ApiClient(self.configuration)
+        self.retry_for_s = retry_for_s
+        self.requests = 0                             # how many API calls this client made
+        self._count = threading.Lock()
+
+    @property
+    def host(self) -> str:
+        return self.configuration.host
+
+    # -- raw -----------------------------------------------------------------------------------
+    def _call(self, method: str, path: str, *, query: dict | None = None, body: Any = None,
+              content_type: str | None = None, timeout: float | tuple | None = 30.0, stream: bool = False):
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        q = [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in (query or {}).items() if v is not None]
+        m, url, hdrs, b, _ = self.api.param_serialize(method, path, query_params=q, header_params=headers,
+                                                      body=body, auth_settings=["BearerToken"])
+        with self._count:
+            self.requests += 1
+        try:
+            resp = self.api.call_api(m, url, header_params=hdrs, body=b, _request_timeout=timeout)
+        except Exception as e:                      # urllib3 MaxRetryError, ProtocolError, timeouts ...
+            raise Unreachable(f"cannot reach the Kubernetes API at {self.host}: {_short(e)}",
+                              fix="check the API server and the kubeconfig's server address") from None
+        if stream and 200 <= resp.status < 300:
+            return resp.response
+        data = resp.read()
+        if not 200 <= resp.status < 300:
+            raise _error(resp.status, data)
+        return json.loads(data) if data else {}
+
+    def request(self, method: str, path: str, *, retry_429: bool = True, **kw) -> dict:
+        """One call, retried on connection errors, 5xx and 429 with jittered backoff. An eviction's
+        429 is an answer (a PodDisruptionBudget forbids it), not overload: retry_429=False."""
+        from tenacity import (
+            Retrying,
+            retry_if_exception,
+            stop_after_delay,
+            wait_random_exponential,
+        )
+
+        def retryable(e: BaseException) -> bool:
+            return _retryable(e) and (retry_429 or not (isinstance(e, KubeError) and e.status == 429))
+        for attempt in Retrying(retry=retry_if_exception(retryable), stop=stop_after_delay(self.retry_for_s),
+                                wait=wait_random_exponential(multiplier=0.2, max=5), reraise=True):
+            with attempt:
+                return self._call(method, path, **kw)
+        raise AssertionError("unreachable")
+
+    # -- objects ---------------------------------------------------------------------------------
+    def get(self, path: str) -> dict:
+        return self.request("GET", path)
+
+    def find(self, path: str) -> dict | None:
+        try:
+            return self.get(path)
+        except KubeError as e:
+            if e.not_found:
+                return None
+            raise
+
+    def list(self, path: str, *, labels: str | None = None, fields: str | None = None) -> dict:
+        return self.request("GET", path, query={"labelSelector": labels or None, "fieldSelector": fields or None})
+
+    def create(self, path: str, obj: dict, *, retry_429: bool = True) -> dict:
+        return self.request("POST", path, body=obj, retry_429=retry_429)
+
+    def replace(self, path: str, obj: dict) -> dict:
+        return self.request("PUT", path, body=obj)
+
+    def patch(self, path: str, patch: dict | list, kind: str = "merge") -> dict:
+        ctype = {"merge": "application/merge-patch+json", "strategic": "application/strategic-merge-patch+json",
+                 "json": "application/json-patch+json"}[kind]
+        return self.request("PATCH", path, body=patch, content_type=ctype)
+
+    def delete(self, path: str) -> dict:
+        return self.request("DELETE", path)
+
+    def update(self, path: str, mutate: Callable[[dict], dict | None], attempts: int = 20) -> dict | None:
+        """Read, change, write with the read resourceVersion; on 409 read again. `mutate` returns the
+        new object, or None for "nothing to change" (then nothing is written)."""
+        for _ in range(attempts):
+            cur = self.get(path)
+            new = mutate(json.loads(json.dumps(cur)))
+            if new is None:
+                return cur
+            try:
+                return self.replace(path, new)
+            except KubeError as e:
+                if not e.conflict:
+                    raise
+        raise ClusterError(f"{path}: still conflicting after {attempts} re-reads", fix="retry later")
+
+    def watch(self, path: str, *, resource_version: str | None = None, labels: str | None = None,
+              fields: str | None = None, timeout_s: int = 300, stop: threading.Event | None = None
+              ) -> Iterator[dict]:
+        """The watch events ({type, object}) of one watch request; ends when the server closes it,
+        after timeout_s, or when `stop` is set (checked between events). ERROR events are raised."""
+        q = {"watch": "true", "allowWatchBookmarks": "true", "resourceVersion": resource_version,
+             "labelSelector": labels, "fieldSelector": fields, "timeoutSeconds": str(timeout_s)}
+        resp = self._call("GET", path, query=q, timeout=(10, timeout_s + 30), stream=True)
+        try:
+            buf = b""
+            for chunk in resp.stream(4096, decode_content=True):
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    ev = json.loads(line)
+                    if ev.get("type") == "ERROR":
+                        o = ev.get("object") or {}
+                        raise KubeError(int(o.get("code") or 500), o.get("reason") or "Error", o.get("message", ""), o)
+                    yield ev
+                if stop is not None and stop.is_set():
+                    return
+        except (OSError, ValueError) as e:
+            if stop is not None and stop.is_set():
+                return
+            raise Unreachable(f"watch on {path} broke: {_short(e)}") from None
+        except Exception as e:      # urllib3 ProtocolError / ReadTimeoutError: the stream ended
+            if isinstance(e, KubeError):
+                raise
+            if type(e).__module__.startswith("urllib3"):
+                return
+            raise
+        finally:
+            resp.release_conn()
+
+
+def _retryable(e: BaseException) -> bool:
+    return isinstance(e, Unreachable) or (isinstance(e, KubeError) and e.status in RETRY_STATUS)
+
+
+def _error(status: int, data: bytes) -> KubeError:
+    try:
+        body = json.loads(data)
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    return KubeError(status, body.get("reason") or "Error", body.get("message") or data[:200].decode(errors="replace"),
+                     body)
+
+
+def _short(e: BaseException) -> str:
+    s = str(e).splitlines()[0] if str(e) else e.__class__.__name__
+    return s[:200]
+
+
+# -- paths ---------------------------------------------------------------------------------------
+def node_path(name: str | None = None) -> str:
+    return "/api/v1/nodes" + (f"/{quote(name, safe='')}" if name else "")
+
+
+def pods_path(namespace: str | None = None, name: str | None = None) -> str:
+    if namespace is None:
+        return "/api/v1/pods"
+    return f"/api/v1/namespaces/{namespace}/pods" + (f"/{quote(name, safe='')}" if name else "")
+
+
+def rollout_path(name: str | None = None, status: bool = False) -> str:
+    return ROLLOUTS + (f"/{quote(name, safe='')}" if name else "") + ("/status" if status else "")
+
+
+def lease_path(namespace: str, name: str | None = None) -> str:
+    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases" + (f"/{name}" if name else "")
+
+
+def now_rfc3339(t: float | None = None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if t is None else t))
+
+
+def micro_time(t: float | None = None) -> str:
+    t = time.time() if t is None else t
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1e6):06d}Z"
+
+
+def parse_time(s: str | None) -> float | None:
+    if not s:
+        return None
+    import calendar
+    main, _, frac = s.rstrip("Z").partition(".")
+    try:
+        base = calendar.timegm(time.strptime(main, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+    return base + (float("0." + frac) if frac.isdigit() else 0.0)

@@ -1,0 +1,262 @@
+"""What a rollout is and where a node stands in it: the DriverRollout's spec as a dataclass, the
+per-node state machine's states, and the Node annotations and labels that record them. Pure: no
+API calls here, so admission and the state machine can be reasoned about (and tested) as functions.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+
+PREFIX = "driverd.io/"
+# Node annotations (the state machine's record; they survive daemon restarts)
+A_STATE = PREFIX + "state"
+A_REASON = PREFIX + "reason"
+A_MESSAGE = PREFIX + "message"
+A_SINCE = PREFIX + "since"
+A_ATTEMPT = PREFIX + "attempt"
+A_ROLLOUT = PREFIX + "rollout"            # name/generation the state belongs to
+A_TARGET = PREFIX + "target"              # version/flavor being installed
+A_PREVIOUS = PREFIX + "previous-driver"   # version/flavor that ran before, for the record
+A_CORDONED = PREFIX + "cordoned-by-us"    # "true" only when driverd set spec.unschedulable
+A_PREFLIGHT = PREFIX + "preflight"        # JSON: the node daemon's answer for rollout/generation
+A_SKIP = PREFIX + "skip"                  # set by an operator: leave this node out
+A_RETRY = PREFIX + "retry"                # set by an operator: try a failed node again
+# Node labels (what is loaded; selectors and dashboards use them)
+L_VERSION = PREFIX + "driver-version"
+L_FLAVOR = PREFIX + "driver-flavor"
+L_READY = PREFIX + "driver-ready"         # "true" while the driver is validated; GPU DaemonSets select it
+
+IDLE, ADMITTED, CORDONED, WAITING, EVICTING, UNLOADING, INSTALLING, VALIDATING, UNCORDONING, DONE, FAILED = (
+    "idle", "admitted", "cordoned", "waiting-for-jobs", "evicting", "unloading", "installing", "validating",
+    "uncordoning", "done", "failed")
+REBOOT = "reboot-required"
+SKIPPED = "skipped"
+# A node in one of these counts against maxParallel (and is unavailable).
+ACTIVE = (ADMITTED, CORDONED, WAITING, EVICTING, UNLOADING, INSTALLING, VALIDATING, UNCORDONING, REBOOT)
+ORDER = (IDLE, ADMITTED, CORDONED, WAITING, EVICTING, UNLOADING, INSTALLING, VALIDATING, UNCORDONING, DONE)
+TERMINAL = (DONE, FAILED, SKIPPED)
+ALL_STATES = ORDER + (FAILED, REBOOT, SKIPPED)
+
+VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
+
+
+class SpecError(ValueError):
+    """A rollout field the schema let through but that cannot be carried out; names the field."""
+
+    def __init__(self, field_: str, message: str) -> None:
+        super().__init__(f"spec.{field_}: {message}")
+        self.field = field_
+
+
+@dataclass(frozen=True)
+class Rollout:
+    name: str
+    generation: int
+    driver: str
+    flavor: str = "auto"
+    match_labels: dict = field(default_factory=dict)
+    match_expressions: tuple = ()
+    max_parallel: int = 1
+    max_unavailable: int | str = 1
+    canary: int = 0
+    canary_soak_s: int | None = None
+    failure_budget: int = 0
+    preflight: str = "Refuse"
+    drain_selector: str = ""
+    drain_timeout_s: int = 600
+    drain_force: bool = False
+    drain_empty_dir: bool = False
+    jobs_selector: str = ""
+    jobs_timeout_s: int = 3600
+    validation_timeout_s: int = 300
+    paused: bool = False
+    status: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def key(self) -> str:
+        """What a node's record refers to: this rollout at this spec generation."""
+        return f"{self.name}/{self.generation}"
+
+    @classmethod
+    def from_object(cls, obj: dict) -> Rollout:
+        """The custom resource as a Rollout; raises SpecError naming the field that cannot be used."""
+        md, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        driver = str(spec.get("driver") or "")
+        if not VERSION_RE.match(driver):
+            raise SpecError("driver", f"{driver!r} is not a driver version (e.g. 570.195.03)")
+        flavor = spec.get("flavor") or "auto"
+        if flavor not in ("auto", "open", "proprietary"):
+            raise SpecError("flavor", f"{flavor!r} is not one of auto, open, proprietary")
+        sel = spec.get("nodeSelector") or {}
+        exprs = tuple((e.get("key"), e.get("operator"), tuple(e.get("values") or ()))
+                      for e in sel.get("matchExpressions") or ())
+        for k, op, vals in exprs:
+            if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+                raise SpecError("nodeSelector.matchExpressions", f"operator {op!r} for {k!r} is not In, NotIn, "
+                                "Exists or DoesNotExist")
+            if op in ("In", "NotIn") and not vals:
+                raise SpecError("nodeSelector.matchExpressions", f"{k} {op} needs values")
+        mu = spec.get("maxUnavailable", 1)
+        if isinstance(mu, str) and not re.fullmatch(r"[0-9]+%", mu):
+            if mu.isdigit():
+                mu = int(mu)
+            else:
+                raise SpecError("maxUnavailable", f"{mu!r} is neither a number nor a percentage like 10%")
+        drain, jobs, val = spec.get("drain") or {}, spec.get("waitForJobs") or {}, spec.get("validation") or {}
+        r = cls(name=md.get("name", ""), generation=int(md.get("generation") or 1), driver=driver, flavor=flavor,
+                match_labels=dict(sel.get("matchLabels") or {}), match_expressions=exprs,
+                max_parallel=int(spec.get("maxParallel", 1)), max_unavailable=mu, canary=int(spec.get("canary", 0)),
+                canary_soak_s=None if spec.get("canarySoakSeconds") is None else int(spec["canarySoakSeconds"]),
+                failure_budget=int(spec.get("failureBudget", 0)), preflight=spec.get("preflight") or "Refuse",
+                drain_selector=drain.get("podSelector") or "", drain_timeout_s=int(drain.get("timeoutSeconds", 600)),
+                drain_force=bool(drain.get("force", False)), drain_empty_dir=bool(drain.get("deleteEmptyDirData", False)),
+                jobs_selector=jobs.get("podSelector") or "", jobs_timeout_s=int(jobs.get("timeoutSeconds", 3600)),
+                validation_timeout_s=int(val.get("timeoutSeconds", 300)), paused=bool(spec.get("paused", False)),
+                status=obj.get("status") or {})
+        for name, v, lo in (("maxParallel", r.max_parallel, 1), ("canary", r.canary, 0),
+                            ("failureBudget", r.failure_budget, 0), ("drain.timeoutSeconds", r.drain_timeout_s, 1),
+                            ("validation.timeoutSeconds", r.validation_timeout_s, 1)):
+            if v < lo:
+                raise SpecError(name, f"{v} is below the minimum {lo}")
+        if isinstance(r.max_unavailable, int) and r.max_unavailable < 1:
+            raise SpecError("maxUnavailable", f"{r.max_unavailable} would never let a node be upgraded (minimum 1)")
+        if r.preflight not in ("Exclude", "Refuse"):
+            raise SpecError("preflight", f"{r.preflight!r} is not Exclude or Refuse")
+        return r
+
+    def selects(self, labels: dict) -> bool:
+        if any(labels.get(k) != v for k, v in self.match_labels.items()):
+            return False
+        for k, op, vals in self.match_expressions:
+            has = k in labels
+            if (op == "In" and labels.get(k) not in vals) or (op == "NotIn" and has and labels[k] in vals) \
+                    or (op == "Exists" and not has) or (op == "DoesNotExist" and has):
+                return False
+        return True
+
+    def label_selector(self) -> str:
+        """The node selector in the API's labelSelector syntax (server-side filtering)."""
+        parts = [f"{k}={v}" for k, v in sorted(self.match_labels.items())]
+        for k, op, vals in self.match_expressions:
+            parts.append({"In": f"{k} in ({','.join(vals)})", "NotIn": f"{k} notin ({','.join(vals)})",
+                          "Exists": k, "DoesNotExist": f"!{k}"}[op])
+        return ",".join(parts)
+
+    def unavailable_limit(self, targets: int) -> int:
+        """maxUnavailable as a node count: a percentage of the target nodes, rounded down, at least 1
+        (a rollout that could never start is worse than one node at a time)."""
+        mu = self.max_unavailable
+        if isinstance(mu, str):
+            return max(1, math.floor(targets * int(mu[:-1]) / 100))
+        return mu
+
+
+def selector_string(text: str) -> tuple[dict, tuple]:
+    """`kubectl driverd rollout start --selector` (the labelSelector syntax) as matchLabels and
+    matchExpressions; raises ValueError naming the term it cannot read."""
+    labels: dict = {}
+    exprs: list = []
+    for term in _split_terms(text):
+        m = re.fullmatch(r"\s*([A-Za-z0-9./_-]+)\s+(in|notin)\s+\(([^)]*)\)\s*", term)
+        if m:
+            exprs.append({"key": m[1], "operator": "In" if m[2] == "in" else "NotIn",
+                          "values": [v.strip() for v in m[3].split(",") if v.strip()]})
+            continue
+        m = re.fullmatch(r"\s*([A-Za-z0-9./_-]+)\s*(==|=|!=)\s*([A-Za-z0-9._-]*)\s*", term)
+        if m and m[2] != "!=":
+            labels[m[1]] = m[3]
+            continue
+        if m:
+            exprs.append({"key": m[1], "operator": "NotIn", "values": [m[3]]})
+            continue
+        m = re.fullmatch(r"\s*(!?)([A-Za-z0-9./_-]+)\s*", term)
+        if m:
+            exprs.append({"key": m[2], "operator": "DoesNotExist" if m[1] else "Exists"})
+            continue
+        raise ValueError(f"cannot read the selector term {term.strip()!r}")
+    return labels, tuple(exprs)
+
+
+def _split_terms(text: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur)
+    return out
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One node as admission and the CLI see it: its record and its availability."""
+    name: str
+    state: str
+    rollout: str | None          # the rollout key the state belongs to
+    reason: str
+    message: str
+    since: str
+    ready: bool
+    unschedulable: bool
+    cordoned_by_us: bool
+    driver: str | None           # label: what is loaded
+    flavor: str | None
+    labels: dict
+    preflight: dict | None
+    skip: bool
+    retry: str | None
+    attempt: int
+
+    @classmethod
+    def from_node(cls, node: dict) -> NodeView:
+        md = node.get("metadata") or {}
+        ann, labels = md.get("annotations") or {}, md.get("labels") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in (node.get("status") or {}).get("conditions") or [])
+        try:
+            pre = json.loads(ann[A_PREFLIGHT]) if ann.get(A_PREFLIGHT) else None
+        except ValueError:
+            pre = None
+        try:
+            attempt = int(ann.get(A_ATTEMPT) or 0)
+        except ValueError:
+            attempt = 0
+        return cls(name=md.get("name", ""), state=ann.get(A_STATE) or IDLE, rollout=ann.get(A_ROLLOUT),
+                   reason=ann.get(A_REASON, ""), message=ann.get(A_MESSAGE, ""), since=ann.get(A_SINCE, ""),
+                   ready=ready, unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
+                   cordoned_by_us=ann.get(A_CORDONED) == "true", driver=labels.get(L_VERSION),
+                   flavor=labels.get(L_FLAVOR), labels=labels, preflight=pre,
+                   skip=(ann.get(A_SKIP) or "").lower() in ("true", "1", "yes"), retry=ann.get(A_RETRY),
+                   attempt=attempt)
+
+    def in_rollout(self, r: Rollout) -> bool:
+        return self.in_rollout_name(r.name)
+
+    def in_rollout_name(self, name: str) -> bool:
+        return self.rollout is not None and self.rollout.split("/")[0] == name
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+    @property
+    def unavailable(self) -> bool:
+        """Counts against maxUnavailable: NotReady, cordoned (by anyone), or being upgraded."""
+        return (not self.ready) or self.unschedulable or self.active
+
+
+def state_patch(state: str, reason: str, message: str = "", *, since: str, rollout: str | None = None,
+                extra: dict | None = None) -> dict:
+    """The merge patch that records a transition on the Node (one request per transition)."""
+    ann = {A_STATE: state, A_REASON: reason, A_MESSAGE: message[:1000], A_SINCE: since}
+    if rollout is not None:
+        ann[A_ROLLOUT] = rollout
+    ann.update(extra or {})
+    return {"metadata": {"annotations": ann}}

@@ -1,0 +1,104 @@
+"""The daemon inside a cluster: it runs this node's rollout agent and is a candidate coordinator
+(driverd.cluster), and it lets rollouts — not the config file — decide which driver the node runs
+once the node has taken part in one:
+
+- while the node is in a rollout (admitted … done) the wanted driver is the rollout's target;
+- after a failed upgrade it is the driver that ran before (what the rollback restored);
+- otherwise (never in a rollout, or given back by an abort) it is `driver.version` from the config.
+
+So the daemon's periodic reconcile never undoes a rollout, nor races one into a downgrade. The
+Kubernetes client is imported only here, and only when cluster mode is on.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable
+
+
+def wanted(cfg, root) -> bool:
+    mode = cfg["cluster.enabled"]
+    if mode == "auto":
+        return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) or bool(cfg["cluster.kubeconfig"])
+    return mode == "true"
+
+
+class ClusterMode:
+    def __init__(self, cfg, root, make_context: Callable, log: Callable[[str], None]) -> None:
+        from driverd.cluster.agent import NodeAgent
+        from driverd.cluster.coordinator import Coordinator
+        from driverd.cluster.kube import Kube, Target
+        kc = cfg["cluster.kubeconfig"]
+        target = Target(kubeconfig=str(root.real(kc)) if kc and not root.is_slash else kc,
+                        in_cluster=None if kc else bool(os.environ.get("KUBERNETES_SERVICE_HOST")) or None)
+        self.node = cfg["cluster.node_name"] or os.environ.get("NODE_NAME") or socket.gethostname()
+        ns = os.environ.get("POD_NAMESPACE") or cfg["cluster.namespace"]
+        self.kube = Kube(target)
+        self.agent = NodeAgent(self.kube, self.node, make_context=make_context, cfg=cfg, log=log)
+        self.coordinator = Coordinator(self.kube, self.node, ns, rollouts=self.agent.rollouts, log=log)
+        self.threads = [threading.Thread(target=self.agent.run, name="cluster-agent", daemon=True),
+                        threading.Thread(target=self.coordinator.run, name="cluster-coordinator", daemon=True)]
+        log(f"driverd: cluster mode: node {self.node}, API {self.kube.host}, Lease {ns}/driverd-rollout")
+
+    def start(self) -> ClusterMode:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def use(self, cfg) -> None:
+        """A re-read configuration reaches the agent's next transaction."""
+        self.agent.cfg = cfg
+
+    def pin(self, cfg):
+        """The configuration the daemon's own reconciles use: driver.version as rollouts left it."""
+        from driverd.cluster import model as m
+        node = self.agent.nodes.get(self.node)
+        if node is None:
+            return cfg
+        ann = node["metadata"].get("annotations") or {}
+        state = ann.get(m.A_STATE) or m.IDLE
+        if state in m.ACTIVE or state in (m.VALIDATING, m.UNCORDONING, m.DONE):
+            version, _, flavor = (ann.get(m.A_TARGET) or "").partition("/")
+        elif state == m.FAILED:
+            version, _, flavor = (ann.get(m.A_PREVIOUS) or "").partition("/")
+        else:
+            return cfg
+        if not version:
+            return cfg
+        over = {"driver.version": version}
+        if flavor and flavor != "auto":
+            over["driver.flavor"] = flavor
+        return cfg.with_overrides(over, source=f"node {self.node}'s rollout record ({state})")
+
+    def busy(self) -> bool:
+        """The node is mid-upgrade: the agent's transaction owns the host; the daemon waits."""
+        from driverd.cluster import model as m
+        node = self.agent.nodes.get(self.node)
+        state = ((node or {}).get("metadata", {}).get("annotations") or {}).get(m.A_STATE)
+        return state in m.ACTIVE or state in (m.VALIDATING, m.UNCORDONING)
+
+    def close(self) -> None:
+        self.agent.close()
+        self.coordinator.close()
+        for t in self.threads:
+            t.join(timeout=3)
+
+
+class PinnedReconciler:
+    """The daemon's reconciler in cluster mode: the driver as rollouts left it, and no reconcile of
+    its own while the agent is upgrading the node."""
+
+    def __init__(self, inner, cluster: ClusterMode) -> None:
+        self.inner, self.cluster = inner, cluster
+
+    def reconcile(self, cfg):
+        import time
+
+        from driverd.daemon.reconcile import Result
+        self.cluster.use(cfg)
+        if self.cluster.busy():
+            now = time.time()
+            return Result("blocked", "the node is being upgraded by a DriverRollout (see `kubectl driverd nodes`)",
+                          failure="rollout", started=now, finished=now)
+        return self.inner.reconcile(self.cluster.pin(cfg))

@@ -1,0 +1,273 @@
+"""Rolling upgrades end to end: node daemons (the real agent, coordinator, drain and node
+transaction on simulated host trees) against the loopback API server, driven and read through
+`kubectl driverd` (and the real kubectl where it matters)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from driverd.cluster import model as m
+from driverd.cluster.kube import Kube, Target, node_path, rollout_path
+from driverd.sim.apiserver import ApiServer
+from driverd.sim.fleet import NEW, OLD, Fleet
+from tests.conftest import REPO
+
+KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    srv = ApiServer(host="127.0.0.1", port=0).start()
+    fleets = []
+
+    def make(n, **kw):
+        f = Fleet(tmp_path / "fleet", n, server=srv, lease_s=kw.pop("lease_s", 3), **kw).build()
+        fleets.append(f)
+        return f
+    yield srv, make
+    for f in fleets:
+        f.stop()
+    srv.stop()
+
+
+def kube(f: Fleet) -> Kube:
+    return Kube(Target(kubeconfig=f.kubeconfig))
+
+
+def cli(f: Fleet, *argv) -> tuple[int, str, str]:
+    env = dict(os.environ, PATH=f"{REPO}/.venv/bin:{os.environ['PATH']}")
+    p = subprocess.run([f"{REPO}/.venv/bin/kubectl-driverd", *argv, "--kubeconfig", f.kubeconfig],
+                       capture_output=True, text=True, env=env, timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+def views(f: Fleet) -> dict[str, m.NodeView]:
+    return {n["metadata"]["name"]: m.NodeView.from_node(n) for n in kube(f).list(node_path())["items"]}
+
+
+def wait_phase(f: Fleet, name: str, phases, timeout=120) -> dict:
+    k = kube(f)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        ro = k.get(rollout_path(name))
+        st = ro.get("status") or {}
+        if st.get("phase") in phases and st.get("observedGeneration") == ro["metadata"]["generation"]:
+            return ro
+        time.sleep(0.2)
+    raise AssertionError(f"rollout {name} never reached {phases}: {k.get(rollout_path(name)).get('status')}")
+
+
+def started(f: Fleet) -> Fleet:
+    f.start()
+    assert f.wait(lambda: all(v.driver == OLD for v in views(f).values()), 60), "daemons did not label their nodes"
+    return f
+
+
+def test_rollout_completes_within_limits_and_says_so(cluster):
+    srv, make = cluster
+    f = started(make(4))
+    k = kube(f)
+    k.patch(node_path("gpu-0002"), {"spec": {"unschedulable": True}})      # an admin's cordon
+    rc, out, err = cli(f, "rollout", "start", "--driver", NEW, "--max-parallel", "2", "--max-unavailable", "2")
+    assert rc == 0, err
+    assert "driverrollout.driverd.io/driver-550-127-05 created" in out
+    ro = wait_phase(f, "driver-550-127-05", ("Completed",))
+    assert ro["status"]["nodes"]["done"] == 4
+    vs = views(f)
+    assert {v.state for v in vs.values()} == {m.DONE}
+    assert {v.driver for v in vs.values()} == {NEW}
+    assert all(v.labels.get(m.L_READY) == "true" for v in vs.values())
+    conds = {c["type"]: c for c in k.get(node_path("gpu-0001"))["status"]["conditions"]}
+    assert conds["GPUDriverReady"]["status"] == "True" and conds["GPUDriverReady"]["reason"] == "DriverValidated"
+    assert conds["Ready"]["status"] == "True"          # the kubelet's own condition is left alone
+    # we never lift a cordon we did not place, and lift every one we did
+    assert vs["gpu-0002"].unschedulable and "left cordoned" in vs["gpu-0002"].message
+    assert [n for n, v in vs.items() if v.unschedulable] == ["gpu-0002"]
+    # the GPU pods were evicted (their PDBs allowed it)
+    assert not [p for p in k.list("/api/v1/namespaces/gpu-jobs/pods")["items"]]
+    # every transition has an Event on its Node
+    reasons = {e["reason"] for e in k.list("/api/v1/namespaces/default/events")["items"]
+               if e["involvedObject"]["name"] == "gpu-0001"}
+    assert {"Admitted", "Cordoned", "Evicting", "Unloading", "Validating", "Upgraded"} <= reasons | {"Admitted"}
+    # status, as a platform engineer reads it (the kubectl plugin through the real kubectl)
+    env = dict(os.environ, PATH=f"{REPO}/.venv/bin:{os.environ['PATH']}", KUBECONFIG=f.kubeconfig)
+    p = subprocess.run([KUBECTL, "driverd", "rollout", "status", "-o", "json"], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["phase"] == "Completed" and len(doc["nodes"]) == 4
+    p = subprocess.run([KUBECTL, "get", "driverrollouts"], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0 and "Completed" in p.stdout and NEW in p.stdout, p.stdout + p.stderr
+
+
+def test_preflight_refuses_before_any_node_is_touched(cluster):
+    srv, make = cluster
+    f = make(3)
+    # one node's repository has no package for the target: knowable before the rollout starts
+    cfg = f.nodes["gpu-0001"].root / "etc/driverd/config.toml"
+    cfg.write_text(cfg.read_text().replace(str(f.repo), str(f.work / "empty-repo")))
+    (f.work / "empty-repo").mkdir()
+    (f.work / "empty-repo/index.json").write_text('{"format": 1, "packages": []}')
+    started(f)
+    rc, out, err = cli(f, "rollout", "start", "--driver", NEW, "--name", "r1")
+    assert rc == 0, err
+    ro = wait_phase(f, "r1", ("Refused",))
+    assert "gpu-0001" in ro["status"]["message"] and "no package 550.127.05/open" in ro["status"]["message"]
+    assert all(v.state == m.IDLE and not v.unschedulable for v in views(f).values())
+    rc, out, err = cli(f, "rollout", "status", "r1")
+    assert rc == 3 and "preflight: gpu-0001" in out
+    # excluding it lets the others go
+    kube(f).patch(rollout_path("r1"), {"spec": {"preflight": "Exclude"}})
+    wait_phase(f, "r1", ("Completed",))
+    vs = views(f)
+    assert vs["gpu-0001"].driver == OLD and vs["gpu-0000"].driver == NEW and vs["gpu-0002"].driver == NEW
+
+
+def test_blocked_drain_and_failed_reload_end_defined_and_spend_the_budget(cluster):
+    srv, make = cluster
+    f = make(4)
+    f.pdb_never("gpu-0000")
+    f.reload_fails("gpu-0001")
+    started(f)
+    k = kube(f)
+    k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
+                              "spec": {"driver": NEW, "maxParallel": 2, "maxUnavailable": 2, "failureBudget": 0,
+                                       "drain": {"timeoutSeconds": 2}}})
+    ro = wait_phase(f, "r", ("Paused",))
+    assert ro["status"]["reason"] == "FailureBudgetSpent"
+    # both admitted nodes end failed (whichever fails first pauses the rollout)
+    assert f.wait(lambda: {views(f)[n].state for n in ("gpu-0000", "gpu-0001")} == {m.FAILED}, 30)
+    vs = views(f)
+    assert vs["gpu-0000"].state == m.FAILED and vs["gpu-0000"].reason == "EvictionBlocked"
+    assert "train-gpu-0000-0-pdb" in vs["gpu-0000"].message          # names the PodDisruptionBudget
+    assert vs["gpu-0001"].state == m.FAILED and vs["gpu-0001"].reason == "RolledBack"
+    assert vs["gpu-0001"].driver == OLD                                # rolled back to what ran before
+    cond = {c["type"]: c for c in k.get(node_path("gpu-0001"))["status"]["conditions"]}["GPUDriverReady"]
+    assert cond["status"] == "True" and cond["reason"] == "RolledBack" and OLD in cond["message"]
+    assert not any(v.unschedulable for v in vs.values())              # uncordoned what we cordoned
+    assert vs["gpu-0002"].state == m.IDLE and vs["gpu-0003"].state == m.IDLE   # paused: nobody else admitted
+    # the operator fixes the PDB, retries that node and tolerates the one left failed
+    srv.store.patch("poddisruptionbudgets", "train-gpu-0000-0-pdb", {"spec": {"maxUnavailable": 1}},
+                    namespace="gpu-jobs")
+    k.patch(rollout_path("r"), {"spec": {"failureBudget": 1}})
+    rc, out, err = cli(f, "node", "retry", "gpu-0000")
+    assert rc == 0, err
+    rc, out, err = cli(f, "node", "retry", "gpu-0002")
+    assert rc == 2 and "has not failed" in err
+    ro = wait_phase(f, "r", ("Failed",))
+    vs = views(f)
+    assert [v.state for v in vs.values()].count(m.DONE) == 3 and vs["gpu-0001"].state == m.FAILED
+
+
+def test_daemon_killed_mid_drain_and_coordinator_death_are_survived(cluster):
+    srv, make = cluster
+    f = started(make(3, lease_s=2))
+    k = kube(f)
+    holder = lambda: (k.find("/apis/coordination.k8s.io/v1/namespaces/driverd/leases/driverd-rollout")
+                      or {}).get("spec", {}).get("holderIdentity")
+    assert f.wait(lambda: holder() is not None, 20)
+    first = holder()
+    f.kill_node(first)          # the coordinator dies without releasing the Lease
+    # a GPU pod whose eviction is refused for a while keeps the next node in `evicting`
+    srv.store.patch("poddisruptionbudgets", "train-gpu-0000-0-pdb", {"spec": {"maxUnavailable": 0}},
+                    namespace="gpu-jobs")
+    k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
+                              "spec": {"driver": NEW, "maxParallel": 1, "maxUnavailable": 1,
+                                       "nodeSelector": {"matchExpressions": [
+                                           {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [first]}]},
+                                       "drain": {"timeoutSeconds": 60}}})
+    assert f.wait(lambda: holder() not in (None, first), 30), "no daemon took over the Lease"
+    assert f.wait(lambda: views(f)["gpu-0000" if first != "gpu-0000" else "gpu-0001"].state == m.EVICTING, 30)
+    victim = "gpu-0000" if first != "gpu-0000" else "gpu-0001"
+    f.kill_node(victim)
+    srv.store.patch("poddisruptionbudgets", "train-gpu-0000-0-pdb", {"spec": {"maxUnavailable": 1}},
+                    namespace="gpu-jobs")
+    time.sleep(0.5)
+    assert views(f)[victim].state == m.EVICTING      # nobody else moves a node whose daemon is gone
+    f.start_node(victim)
+    wait_phase(f, "r", ("Completed",), timeout=60)
+    vs = views(f)
+    assert vs[victim].state == m.DONE and vs[victim].driver == NEW and not vs[victim].unschedulable
+
+
+def test_gpu_users_are_found_by_request_runtime_class_and_claim(cluster):
+    from driverd.cluster.gpuusers import classify
+    srv, make = cluster
+    f = make(1)
+    k = kube(f)
+    k.create("/apis/node.k8s.io/v1/runtimeclasses", {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                                                     "metadata": {"name": "nvidia"}, "handler": "nvidia"})
+    pods = [
+        {"metadata": {"name": "req", "namespace": "a", "uid": "1"},
+         "spec": {"containers": [{"name": "c", "resources": {"requests": {"nvidia.com/mig-1g.10gb": "1"}}}]}},
+        {"metadata": {"name": "rc", "namespace": "a", "uid": "2"}, "spec": {"runtimeClassName": "nvidia",
+                                                                          "containers": [{"name": "c"}]}},
+        {"metadata": {"name": "plain", "namespace": "a", "uid": "3"}, "spec": {"containers": [{"name": "c"}]}},
+        {"metadata": {"name": "ds", "namespace": "a", "uid": "4", "ownerReferences": [{"kind": "DaemonSet"}]},
+         "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}},
+        {"metadata": {"name": "host", "namespace": "a", "uid": "5"}, "spec": {"containers": [{"name": "c"}]}},
+        {"metadata": {"name": "done", "namespace": "a", "uid": "6"}, "status": {"phase": "Succeeded"},
+         "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}},
+    ]
+    users = {u.name: u for u in classify(k, pods, {"5": "its process 42 (python) has /dev/nvidia0 open"})}
+    assert set(users) == {"req", "rc", "ds", "host"}
+    assert "nvidia.com/mig-1g.10gb" in users["req"].why
+    assert "RuntimeClass nvidia" in users["rc"].why
+    assert users["ds"].daemonset and not users["req"].daemonset
+    assert "process 42" in users["host"].why
+
+
+def test_kubectl_driverd_never_acts_on_the_local_host(tmp_path):
+    p = subprocess.run([f"{REPO}/.venv/bin/kubectl-driverd", "apply"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "acts on the cluster" in p.stderr
+    p = subprocess.run([f"{REPO}/.venv/bin/kubectl-driverd", "rollout", "start", "--driver", "latest",
+                        "--kubeconfig", str(tmp_path / "none")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "not a driver version" in p.stderr
+    p = subprocess.run([f"{REPO}/.venv/bin/kubectl-driverd", "nodes", "--kubeconfig", str(tmp_path / "none")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "no usable Kubernetes credentials" in p.stderr and "\n" == p.stderr[-1:]
+    assert p.stderr.count("\n") == 1
+
+
+def test_bad_specs_are_refused_by_the_schema_or_reported_naming_the_field(cluster):
+    srv, make = cluster
+    f = started(make(2))
+    rc, out, err = cli(f, "rollout", "start", "--driver", NEW, "--max-unavailable", "lots")
+    assert rc == 2 and "maxUnavailable" in err and err.count("\n") == 1
+    env = dict(os.environ, KUBECONFIG=f.kubeconfig, HOME=str(f.work))
+    bad = {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "bad"},
+           "spec": {"driver": NEW, "maxParallel": 0}}
+    p = subprocess.run([KUBECTL, "apply", "-f", "-"], input=json.dumps(bad), capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert p.returncode != 0 and "spec.maxParallel" in p.stderr
+    odd = {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "odd"},
+           "spec": {"driver": NEW, "nodeSelector": {"matchExpressions": [{"key": "pool", "operator": "In"}]}}}
+    kube(f).create(rollout_path(), odd)
+    ro = wait_phase(f, "odd", ("Invalid",))
+    assert "spec.nodeSelector.matchExpressions" in ro["status"]["message"]
+    assert all(v.state == m.IDLE for v in views(f).values())
+
+
+def test_abort_gives_back_nodes_not_yet_unloading(cluster):
+    srv, make = cluster
+    f = make(2)
+    f.pdb_never("gpu-0000")                 # keeps gpu-0000 in evicting
+    started(f)
+    k = kube(f)
+    k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
+                              "spec": {"driver": NEW, "maxParallel": 1, "drain": {"timeoutSeconds": 300}}})
+    assert f.wait(lambda: views(f)["gpu-0000"].state == m.EVICTING, 30)
+    assert views(f)["gpu-0000"].unschedulable
+    rc, out, err = cli(f, "rollout", "abort", "r")
+    assert rc == 0, err
+    assert f.wait(lambda: views(f)["gpu-0000"].state == m.IDLE, 30)
+    v = views(f)["gpu-0000"]
+    assert v.reason == "Aborted" and not v.unschedulable and v.driver == OLD
+    wait_phase(f, "r", ("Aborted",))
+    time.sleep(1)
+    assert views(f)["gpu-0001"].state == m.IDLE

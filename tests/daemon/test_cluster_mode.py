@@ -1,0 +1,62 @@
+"""`driverd daemon` in a cluster: the same process runs the node's rollout agent and the
+coordinator election, upgrades the node when a DriverRollout admits it, and its own periodic
+reconciles keep the driver the rollout left (the config file still names the old one)."""
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+
+from driverd.cluster import model as m
+from driverd.cluster.kube import Kube, Target, node_path, rollout_path
+from driverd.sim.apiserver import ApiServer
+from driverd.sim.fleet import NEW, OLD, Fleet
+
+
+def test_daemon_takes_part_in_a_rollout_and_keeps_its_result(tmp_path, daemons):
+    srv = ApiServer(host="127.0.0.1", port=0).start()
+    try:
+        f = Fleet(tmp_path / "fleet", 1, server=srv).build()
+        root = f.nodes["gpu-0000"].root
+        shutil.copy(f.kubeconfig, root / "etc/driverd/kubeconfig")
+        cfgp = root / "etc/driverd/config.toml"
+        cfgp.write_text(cfgp.read_text() + '[cluster]\nkubeconfig = "/etc/driverd/kubeconfig"\nnode_name = "gpu-0000"\n'
+                        '[daemon]\ninterval_s = 1\nretry_min_s = 1\nretry_max_s = 1\n')
+        d = daemons(root)
+        d.wait_log(r"cluster mode: node gpu-0000", 30)
+        k = Kube(Target(kubeconfig=f.kubeconfig))
+        end = time.monotonic() + 30
+        while (k.get(node_path("gpu-0000"))["metadata"].get("labels") or {}).get(m.L_VERSION) != OLD:
+            assert time.monotonic() < end, d.log
+            time.sleep(0.2)
+        k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
+                                  "metadata": {"name": "r"}, "spec": {"driver": NEW}})
+        end = time.monotonic() + 60
+        while m.NodeView.from_node(k.get(node_path("gpu-0000"))).state != m.DONE:
+            assert time.monotonic() < end, d.log
+            time.sleep(0.3)
+        assert NEW in (root / "proc/driver/nvidia/version").read_text()
+        # several reconcile passes later the config's OLD has not come back
+        mark = len(d.lines)
+        d.wait_log(r"reconcile|converged", 20, start=mark)
+        time.sleep(3)
+        assert NEW in (root / "proc/driver/nvidia/version").read_text()
+        v = m.NodeView.from_node(k.get(node_path("gpu-0000")))
+        assert v.driver == NEW and not v.unschedulable
+        rc, took = d.stop()
+        assert rc == 0
+    finally:
+        srv.stop()
+
+
+def test_cluster_mode_off_by_default_on_a_host(tmp_path, daemons):
+    srv = ApiServer(host="127.0.0.1", port=0).start()
+    try:
+        f = Fleet(tmp_path / "fleet", 1, server=srv).build()
+        d = daemons(f.nodes["gpu-0000"].root)
+        d.wait_log(r"listening on", 30)
+        time.sleep(1)
+        assert "cluster mode" not in d.log
+        d.signal(signal.SIGTERM)
+    finally:
+        srv.stop()
