@@ -35,23 +35,34 @@ SCHEMA: dict[str, Key] = {
     "driver.version": Key("str", None, "driver version to provision, e.g. 535.261.03",
                           pattern=VERSION_RE, pattern_hint="a driver version like 535.261.03"),
     "driver.flavor": Key("str", "auto", "kernel-module flavour", ("auto", "open", "proprietary")),
+    "driver.manage": Key("str", "auto", "who manages the driver: auto (leave a driver that a distribution package, "
+                         "DKMS or NVIDIA's installer owns, still configure the runtimes), always (replace it), never "
+                         "(never install, load or unload a driver)", ("auto", "always", "never")),
     "modules.parameters": Key("params", {}, "module parameters: [modules.parameters.<module>] key = value"),
-    "modules.load_drm": Key("bool", False, "load nvidia-drm (needed for display / DRM consumers)"),
-    "modules.load_peermem": Key("str", "auto", "load nvidia-peermem (auto: when a Mellanox NIC exists)",
+    "modules.load_drm": Key("bool", None, "load nvidia-drm (needed for display / DRM consumers); unset: keep it "
+                            "loaded across an upgrade when it was running"),
+    "modules.load_peermem": Key("str", "auto", "load nvidia-peermem (auto: with a Mellanox NIC and MLNX_OFED's "
+                                "peer-memory API; not with the open modules on kernel >= 5.12, which use DMA-BUF)",
                                 ("auto", "true", "false")),
     "modules.unload_policy": Key("str", "refuse", "what to do with processes holding the GPU on unload",
                                  ("refuse", "terminate")),
     "modules.terminate_grace_s": Key("int", 30, "seconds between SIGTERM and SIGKILL when terminating"),
     "modules.kernel": Key("str", "auto", "kernel boundary: real (kmod tools), sim (simulated kernel in a host "
                           "tree: tests, demo), auto (sim only for trees written by driverd.sim)", ("auto", "real", "sim")),
-    "signing.key": Key("str", None, "private key used to sign modules built on this host"),
-    "signing.cert": Key("str", None, "certificate (DER or PEM) matching signing.key"),
+    "signing.key": Key("str", None, "private key used to sign modules built on this host (a host path, under "
+                       "--root)"),
+    "signing.cert": Key("str", None, "certificate (DER or PEM) matching signing.key (a host path, under --root)"),
+    "signing.trusted_certs": Key("list", [], "certificates (PEM or DER, host paths under --root) the operator "
+                                 "declares the kernel trusts, for hosts whose keyrings cannot be read"),
     "packages.repositories": Key("list", [], "package repositories (https://, http://, file://)"),
     "packages.cache_dir": Key("str", "/var/cache/driverd", "download cache, under the root"),
     "packages.cache_max_mb": Key("int", 4096, "size bound of the download cache in MiB"),
     "packages.build_fallback": Key("bool", True, "build locally when no repository holds the package"),
     "packages.source": Key("str", None, "NVIDIA kernel-module source (tree or tarball) for local builds"),
-    "packages.index_public_key": Key("str", None, "public key that repository index signatures must verify against"),
+    "packages.index_public_key": Key("str", None, "public key (PEM, a host path under --root) that repository "
+                                     "index signatures must verify against"),
+    "packages.insecure": Key("bool", False, "accept an unsigned repository index over http(s):// (file:// is "
+                             "always accepted unsigned); logged at every use"),
     "runtime.runtimes": Key("list", ["auto"], "container runtimes to configure",
                             ("auto", "containerd", "crio", "docker", "none")),
     "runtime.handler": Key("str", "nvidia", "runtime handler name", pattern=re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$"),
@@ -72,6 +83,15 @@ SCHEMA: dict[str, Key] = {
     "state.lock_wait_s": Key("int", 0, "seconds a command waits for the host lock before exiting 3 "
                              "(--wait overrides; the daemon always waits)"),
     "cluster.node_name": Key("str", None, "this node's Kubernetes name (default: $NODE_NAME, then hostname)"),
+    "cluster.enabled": Key("str", "auto", "take part in DriverRollouts (the node state machine and the coordinator "
+                           "election) in `driverd daemon` / container-entrypoint; auto: when running in a pod or "
+                           "cluster.kubeconfig is set", ("auto", "true", "false")),
+    "cluster.kubeconfig": Key("str", None, "kubeconfig a host-mode daemon uses to reach the API (a host path, under "
+                              "the root); unset: in-cluster service account"),
+    "cluster.namespace": Key("str", "driverd", "namespace of the coordination Lease and of the daemon's pods "
+                             "($POD_NAMESPACE wins)"),
+    "log.format": Key("str", "text", "logs on stderr: text, or json (one object per line: time, level, msg and "
+                      "fields such as step, node, reason); --log-format overrides", ("text", "json")),
     "daemon.interval_s": Key("int", 300, "seconds between two reconciles of `driverd daemon` / container-entrypoint "
                              "when nothing else wakes it (config change, SIGHUP)"),
     "daemon.listen": Key("str", "127.0.0.1:9477", "ADDR:PORT of the daemon's /metrics, /healthz and /readyz (port 0: "

@@ -9,7 +9,7 @@ import re
 from tests.conftest import REPO
 
 PKG = REPO / "driverd"
-COMPOSITION_ROOT = {"driverd/cli/context.py", "driverd/cli/lifecycle_cmds.py"}
+COMPOSITION_ROOT = {"driverd/cli/context.py", "driverd/cli/lifecycle_cmds.py", "driverd/cli/host_cmds.py"}
 
 
 def _modules() -> dict[str, ast.Module]:

@@ -23,7 +23,7 @@ def test_detect_json_contract_on_real_gpu_host(unpack_host):
     [g] = d["gpus"]
     assert (g["pci_address"], g["device_id"], g["architecture"], g["bound_driver"]) == \
         ("0000:00:06.0", "0x2335", "Hopper", "nvidia")
-    assert g["name"].startswith("H200") and g["open_module_support"] == "supported"
+    assert g["name"] == "NVIDIA H200" and g["open_module_support"] == "supported"    # NVIDIA's own list names it so
     assert g["uuid"] == "GPU-32774125-ffe1-5c12-7dad-de94a2a6affc" and g["minor"] == 0
     assert d["nvswitches"] == [] and d["nouveau"]["loaded"] is False and d["nouveau"]["blacklisted"] is False
     assert (d["driver"]["loaded"], d["driver"]["version"], d["driver"]["flavor"]) == (True, "580.159.04", "open")
@@ -33,13 +33,15 @@ def test_detect_json_contract_on_real_gpu_host(unpack_host):
     assert d["nvml"]["devices"][0]["uuid"].startswith("GPU-")
 
 
-def test_plan_on_real_gpu_host_upgrade_is_blocked_and_needs_reboot(unpack_host):
+def test_plan_on_real_gpu_host_upgrade_needs_reboot_and_checks_signers_after_the_fetch(unpack_host):
+    """Signature enforcement alone no longer blocks a driver change: the package's signers are judged
+    once its files are here (checked after the fetch, before anything is unloaded)."""
     root = unpack_host(H200)
     res = run_cli("plan", "--root", str(root), "--driver", "590.48.01", "--json")
-    assert res.returncode == 3
+    assert res.returncode == 0, res.stderr
     p = json.loads(res.stdout)
-    assert p["flavor"] == "open" and p["reboot_required"] is True
-    assert any("signatures" in b for b in p["blocked_by"])
+    assert p["flavor"] == "open" and p["reboot_required"] is True and p["blocked_by"] == []
+    assert p["signatures"]["status"] == "not-checked" and p["signatures"]["enforced"] is True
     assert "unload-modules" not in [s["action"] for s in p["steps"]]
 
 
@@ -142,7 +144,9 @@ def test_cdi_spec_from_real_gpu_host(unpack_host):
 
 
 def test_kubectl_plugin_through_real_kubectl(tmp_path):
-    """`kubectl driverd ...` is found by the real kubectl's plugin discovery and runs the same CLI."""
+    """`kubectl driverd ...` is found by the real kubectl's plugin discovery, runs the cluster
+    commands against the kubeconfig's cluster, and refuses host commands (a plugin runs on the
+    admin's workstation, never on a node)."""
     import os
     import shutil
     from tests.conftest import require_binary
@@ -161,7 +165,18 @@ def test_kubectl_plugin_through_real_kubectl(tmp_path):
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
     listed = subprocess.run([kubectl, "plugin", "list"], capture_output=True, text=True, env=env)
     assert str(plugin) in listed.stdout
-    res = subprocess.run([kubectl, "driverd", "plan", "--root", str(tmp_path / "host"), "--driver", "570.195.03",
-                          "--json"], capture_output=True, text=True, env=env)
-    assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout)["flavor"] == "open"
+    res = subprocess.run([kubectl, "driverd", "plan", "--root", str(tmp_path / "host"), "--driver", "570.195.03"],
+                         capture_output=True, text=True, env=env)
+    assert res.returncode == 2 and "acts on the cluster" in res.stderr
+    from driverd.sim.apiserver import ApiServer
+    srv = ApiServer(host="127.0.0.1", port=0).start()
+    try:
+        srv.write_kubeconfig(tmp_path / "kubeconfig")
+        srv.store.create("nodes", {"metadata": {"name": "gpu-a", "labels": {"driverd.io/driver-version": "535.261.03"}}})
+        res = subprocess.run([kubectl, "driverd", "nodes", "-o", "json"], capture_output=True, text=True,
+                             env={**env, "KUBECONFIG": str(tmp_path / "kubeconfig")})
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["nodes"][0] == {**json.loads(res.stdout)["nodes"][0], "node": "gpu-a",
+                                                     "driver": "535.261.03", "state": "idle"}
+    finally:
+        srv.stop()

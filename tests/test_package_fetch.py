@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from driverd.runner import Runner
 from driverd.sim.fakepkg import make_fake_package
 from driverd.sim.hosttree import HostSpec, write_host
 from driverd.sim.httprepo import RepoServer
+from driverd.sim.scenario import make_index_key
 from tests.conftest import require_binary, run_cli
 
 REL = "6.1.0-47-cloud-amd64"
@@ -32,13 +32,24 @@ def _kmod():
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
+def index_key(tmp_path_factory):
+    return make_index_key(tmp_path_factory.mktemp("indexkey"))
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, index_key):
+    """A repository whose index is signed (the default a node requires over http)."""
     d = tmp_path_factory.mktemp("repo")
     make_fake_package(d, "535.261.03", REL, text_size=400_000)     # ~2 MB: several chunks on the wire
     make_fake_package(d, "550.127.05", REL)
     make_fake_package(d / "sub", "535.261.03", "6.1.0-56-cloud-amd64")
-    write_index(d)
+    write_index(d, sign_key=str(index_key[0]))
     return d
+
+
+@pytest.fixture(scope="module")
+def pub(index_key):
+    return str(index_key[1])
 
 
 @pytest.fixture
@@ -93,11 +104,11 @@ def test_fetch_file_repo_and_cache(host, repo):
     assert again.cached and again.package == res.package
 
 
-def test_fetch_http_with_truncation_resume_and_retry(host, repo):
+def test_fetch_http_with_truncation_resume_and_retry(host, repo, pub):
     with RepoServer(repo) as srv:
         srv.faults.truncate_next = 1
         srv.faults.fail_next = 1
-        res = fetch(host, WANT, [srv.url])
+        res = fetch(host, WANT, [srv.url], public_key=pub)
         pkg_reqs = [r for r in srv.faults.requests if r[0].endswith(".tar.zst")]
     assert res.sha256 in res.package.name and res.attempts == 3
     statuses = [s for _, _, s in pkg_reqs]
@@ -106,11 +117,11 @@ def test_fetch_http_with_truncation_resume_and_retry(host, repo):
     assert fetch_mod.sha256_of(res.package) == res.sha256
 
 
-def test_fetch_truncated_forever_fails_cleanly(host, repo):
+def test_fetch_truncated_forever_fails_cleanly(host, repo, pub):
     with RepoServer(repo) as srv:
         srv.faults.fail_next = 100
         with pytest.raises(PackageError, match="failed after 2 attempts: HTTP 503"):
-            fetch(host, WANT, [srv.url], attempts=2)
+            fetch(host, WANT, [srv.url], attempts=2, public_key=pub)
     cache = Path(host.base) / "var/cache/driverd/packages"
     assert [p for p in cache.iterdir() if not p.name.startswith(".")] == []
 
@@ -122,18 +133,18 @@ def test_fetch_wrong_sha256(tmp_path, host, repo):
     for p in idx["packages"]:
         p["sha256"] = "0" * 64 if p["driver"] == "535.261.03" and p["kernel_release"] == REL else p["sha256"]
     (d / INDEX_NAME).write_text(json.dumps(idx))
-    with RepoServer(d) as srv:
+    with RepoServer(d) as srv:     # (the edited index is no longer signed: accepted as insecure, with a warning)
         with pytest.raises(PackageError, match=r"has sha256 [0-9a-f]{64}, expected 0{64} \(from http"):
-            fetch(host, WANT, [srv.url])
+            fetch(host, WANT, [srv.url], insecure=True)
     cache = Path(host.base) / "var/cache/driverd/packages"
     assert list(cache.iterdir()) == []
 
 
-def test_fetch_not_found_names_package_and_places(host, repo, tmp_path):
+def test_fetch_not_found_names_package_and_places(host, repo, tmp_path, pub):
     with RepoServer(repo) as srv:
         with pytest.raises(PackageError) as ei:
             fetch(host, Want("580.82.07", "open", REL, "x86_64"), [srv.url, f"file://{tmp_path}/nowhere"],
-                  no_build_reason="packages.source is not set")
+                  no_build_reason="packages.source is not set", public_key=pub)
     line = ei.value.one_line()
     assert "no package driverd-580.82.07-open-6.1.0-47-cloud-amd64-x86_64 found in:" in line
     assert f"{srv.url} (index lists 3 packages, not this one)" in line
@@ -152,13 +163,9 @@ def test_fetch_falls_back_to_local_build(host, repo, tmp_path):
 
 
 def test_signed_index(tmp_path, host, repo):
-    require_binary("openssl")
     d = tmp_path / "r"
     shutil.copytree(repo, d)
-    key, pub = tmp_path / "k.pem", tmp_path / "k.pub"
-    subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(key)],
-                   check=True, capture_output=True)
-    subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out", str(pub)], check=True, capture_output=True)
+    key, pub = make_index_key(tmp_path / "k")
     write_index(d, sign_key=str(key))
     assert fetch(host, WANT, [f"file://{d}"], public_key=str(pub)).sha256
     idx = (d / INDEX_NAME).read_bytes()
@@ -189,11 +196,16 @@ def test_parse_index_rejects_escaping_paths():
         parse_index(json.dumps(bad), "test")
 
 
-def test_cli_repo_index_fetch_install(tmp_path, repo, host):
+def test_cli_repo_index_fetch_install(tmp_path, repo, host, index_key):
     d = tmp_path / "r"
     shutil.copytree(repo, d)
-    r = run_cli("repo", "index", str(d), "--json")
+    r = run_cli("repo", "index", str(d), "--sign-key", str(index_key[0]), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["packages"] == 3
+    # the node's public key is a host path, read under --root
+    cfgdir = Path(host.base) / "etc/driverd"
+    cfgdir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(index_key[1], cfgdir / "repo.pub")
+    (cfgdir / "config.toml").write_text('[packages]\nindex_public_key = "/etc/driverd/repo.pub"\n')
     with RepoServer(d) as srv:
         r = run_cli("fetch", "--root", host.base, "--driver", "535.261.03", "--flavor", "open",
                     "--repo", srv.url, "--json")

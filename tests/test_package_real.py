@@ -121,12 +121,24 @@ def test_missing_headers_is_a_clean_refusal(real, tmp_path):
 def test_fetch_install_real_package_under_signature_enforcement(real, tmp_path):
     require_binary("depmod", "/usr/sbin/depmod")
     mp = require_binary("modprobe", "/usr/sbin/modprobe")
-    host = write_host(tmp_path / "host", HostSpec(release=GOOD, sig_enforce=True))
+    # the build's signing certificate is enrolled (in .machine) and the index is signed: the default a
+    # node requires over http, with the public key a host path under --root
+    host = write_host(tmp_path / "host", HostSpec(release=GOOD, sig_enforce=True,
+                                                  keyrings={".machine": [str(real["signer"].cert)]}))
+    key, pub = tmp_path / "index.pem", host / "etc/driverd/index.pub"
+    pub.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-out", str(key)], check=True, capture_output=True)
+    subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out", str(pub)], check=True, capture_output=True)
+    (host / "etc/driverd/config.toml").write_text('[packages]\nindex_public_key = "/etc/driverd/index.pub"\n')
+    from driverd.packages.repo import write_index
+    write_index(real["repo"], sign_key=str(key), verify=False)
     with RepoServer(real["repo"]) as srv:
         r = run_cli("fetch", "--root", str(host), "--driver", "535.261.03", "--flavor", "open", "--repo", srv.url,
                     "--json")
     assert r.returncode == 0, r.stderr
     pkg = json.loads(r.stdout)["package"]
+    from driverd.packages.signers import package_signatures
+    assert {s.signers[0].signer for s in package_signatures(pkg)} == {"driverd test signing key"}
     r = run_cli("install", "--root", str(host), pkg, "--json")
     assert r.returncode == 0, r.stderr
     out = subprocess.run([mp, "-d", str(host), "-S", GOOD, "--show-depends", "nvidia_uvm"], capture_output=True,

@@ -16,6 +16,7 @@ import base64
 import time
 from typing import Callable
 
+from driverd import log as logs
 from driverd.apply.journal import UNFINISHED, Journal
 from driverd.apply.step import Registry, StepContext
 from driverd.errors import DriverdError, JournalError
@@ -142,6 +143,12 @@ class Executor:
         return doc
 
     def _step(self, doc: dict, s: dict) -> bool:
+        # JSON logs carry the step, the run and its command on every line a step logs
+        with logs.fields(step=s["action"], run_id=doc["run_id"], command=doc["command"],
+                         phase="rollback" if doc["state"] == "rolling-back" else None):
+            return self._step_logged(doc, s)
+
+    def _step_logged(self, doc: dict, s: dict) -> bool:
         impl = self.registry[s["action"]]
         params = s.get("params", {})
         resumed = s["status"] == "running"      # interrupted mid-step: its effect may be this run's own
@@ -169,8 +176,9 @@ class Executor:
             err = error_record(e)
             s["status"] = "failed"
             s["error"] = err
-            self.ctx.log(f"  ! {impl.describe(params)} failed: "
-                         + (e.one_line() if isinstance(e, DriverdError) else err["error"]))
+            with logs.fields(level="error", status="failed", reason=err.get("error")):
+                self.ctx.log(f"  ! {impl.describe(params)} failed: "
+                             + (e.one_line() if isinstance(e, DriverdError) else err["error"]))
             key = "failure" if doc["state"] == "running" else "rollback_failure"
             doc[key] = {"step": s["action"], "error": err}
             self.journal.save(doc)

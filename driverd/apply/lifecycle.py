@@ -11,7 +11,6 @@ The CLI only parses arguments and renders what this returns.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -31,8 +30,8 @@ def make_context(root, runner, config, kernel_choice: str | None = None, log=Non
     from driverd.kmod.kernel import select_kernel
     kernel = select_kernel(root, runner, kernel_choice or config["modules.kernel"])
     services = select_services(kernel, config["daemons.mode"])
-    return StepContext(root, runner, kernel, config, services,
-                       log=log or (lambda m: print(m, file=sys.stderr, flush=True)))
+    from driverd.log import log as default_log
+    return StepContext(root, runner, kernel, config, services, log=log or default_log)
 
 
 def journal(ctx: StepContext) -> Journal:
@@ -75,6 +74,8 @@ def reload_steps(package: str | None = None) -> list[dict]:
         m = read_manifest(package)
         expect = [m.driver_version, m.flavor]
         steps.append({"action": "verify-package", "params": {"package": package}})
+    if package:
+        steps.append({"action": "check-signers", "params": {"package": package}})
     steps.append({"action": "check-parameters", "params": {"package": package} if package else {}})
     steps += [{"action": "stop-gpu-daemons", "params": {"daemons": "all"}}, {"action": "unload-modules"}]
     if package:
@@ -162,6 +163,8 @@ def plan_steps(plan) -> list[dict]:
         steps.insert(at, {"action": "check-parameters", "params": {"modules": load["params"]["modules"],
                                                                    "parameters": load["params"]["parameters"]},
                           "reason": "a bad value must be found before the driver is unloaded"})
+        steps.insert(at, {"action": "check-signers", "params": {},
+                          "reason": "a signer the kernel would refuse must be found before the driver is unloaded"})
     for s in steps:
         if s["action"] == "validate":
             s["params"] = {"expect": [plan.driver_version, plan.flavor]}
@@ -178,7 +181,9 @@ def apply_request(cfg) -> Request:
     def build(ctx) -> list[dict]:
         from driverd.host import collect
         from driverd.plan import Desired, plan
-        p = plan(collect(ctx.root, nvml=False, handler=cfg["runtime.handler"]), Desired.from_config(cfg))
+        from driverd.packages.signers import for_plan
+        facts = collect(ctx.root, nvml=False, handler=cfg["runtime.handler"])
+        p = plan(facts, Desired.from_config(cfg), for_plan(ctx.root, facts, cfg))
         if p.blocked_by:
             raise PlanError("the plan is blocked: " + "; ".join(p.blocked_by), fix="see `driverd plan`")
         steps = plan_steps(p)
@@ -344,4 +349,84 @@ def status(ctx) -> dict:
                 "warnings": doc.get("warnings", [])},
             "journal_problem": problem, "history": j.history()[-5:],
             "lock_holder": holder,
-            "reboot_required": rec, "kernel": ctx.kernel.name}
+            "reboot_required": rec, "kernel": ctx.kernel.name,
+            "wanted": wanted(ctx, inst),
+            "activity": activity(holder, doc, rec, ctx),
+            "daemon": daemon_state(ctx)}
+
+
+_WANTED_KEYS = ("driver.version", "driver.flavor", "modules.parameters", "modules.load_drm", "modules.load_peermem",
+                "runtime.runtimes", "runtime.handler", "runtime.cdi", "daemons.persistenced", "daemons.fabricmanager",
+                "daemons.mode")
+
+
+def wanted(ctx, inst: dict | None = None) -> dict:
+    """What the configuration says this host should run, next to what it runs: `differs` lists
+    each difference in one line (empty: the host is as configured, as far as status can see)."""
+    cfg = ctx.config
+    version, requested = cfg["driver.version"], cfg["driver.flavor"]
+    flavor, why = (requested if requested != "auto" else None), None
+    if version and requested == "auto":
+        try:
+            from driverd.host import pci
+            from driverd.plan.flavor import decide
+            gpus, _, _ = pci.classify(ctx.root, pci.scan(ctx.root, []), [])
+            d = decide(tuple(gpus), version, "auto")
+            flavor, why = d.flavor, d.reason
+        except Exception as e:             # a reader: an undecidable flavour is reported, not raised
+            why = f"cannot decide: {getattr(e, 'message', None) or e}"
+    lo = st.loaded(ctx)
+    differs: list[str] = []
+    if version:
+        if lo is None:
+            differs.append(f"driver {version} is wanted, none is loaded")
+        elif lo["version"] != version:
+            differs.append(f"driver {version} is wanted, {lo['version']} is loaded")
+        elif flavor and lo.get("flavor") and lo["flavor"] != flavor:
+            differs.append(f"flavour {flavor} is wanted, {lo['flavor']} is loaded")
+        if inst is not None and inst.get("version") != version:
+            differs.append(f"installed package is {inst.get('version')} ({inst.get('flavor')}), not {version}")
+    if lo is not None and cfg["modules.parameters"]:
+        try:
+            from driverd.daemon import fingerprint as fpr
+            from driverd.daemon.drift import parameter_drift, running_parameters
+            recorded = fpr.recorded_parameters(fpr.read(ctx.root, cfg), lo, ctx.kernel.release)
+            differs += parameter_drift(running_parameters(ctx.kernel), cfg["modules.parameters"], recorded)
+        except Exception:
+            pass
+    return {"driver": version, "flavor": requested, "flavor_decided": flavor, "flavor_reason": why,
+            "config": {k: cfg[k] for k in _WANTED_KEYS},
+            "sources": {k: cfg.sources.get(k, "default") for k in _WANTED_KEYS if k in cfg.sources},
+            "config_path": cfg.path, "differs": differs,
+            "in_sync": None if not version else not differs}
+
+
+def activity(holder: dict | None, doc: dict | None, reboot: dict | None, ctx) -> dict:
+    """What is happening on the host now: the host-lock holder and the step its run is at (from the
+    journal), or an unfinished run nobody is finishing, and a pending reboot."""
+    out: dict = {"state": "idle", "holder": holder, "run": None, "reboot_pending": bool(reboot)}
+    if doc is not None and doc["state"] in UNFINISHED:
+        phase = "rollback" if doc["state"] == "rolling-back" else "steps"
+        steps = doc.get(phase) or []
+        at = next((i for i, s in enumerate(steps) if s["status"] == "running"), None)
+        if at is None:
+            at = next((i for i, s in enumerate(steps) if s["status"] == "pending"), None)
+        out["run"] = {"run_id": doc["run_id"], "command": doc["command"], "state": doc["state"],
+                      "step": steps[at]["action"] if at is not None else None,
+                      "step_number": (at + 1) if at is not None else None, "steps": len(steps),
+                      "started_at": doc.get("started_at"), "updated_at": doc.get("updated_at")}
+    if holder:
+        out["state"] = "running"
+    elif out["run"]:
+        out["state"] = "interrupted"      # journalled as running, nobody holds the lock: a killed run
+    elif reboot:
+        out["state"] = "reboot-pending"
+        if reboot.get("boot_id") and reboot.get("boot_id") != st.boot_id(ctx):
+            out["state"] = "rebooted"     # the next apply finishes and clears the record
+    return out
+
+
+def daemon_state(ctx) -> dict | None:
+    """`driverd daemon` / container-entrypoint's last reconcile (its runtime state file), if any."""
+    from driverd.daemon import statefile
+    return statefile.read(ctx.root)

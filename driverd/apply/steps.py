@@ -190,7 +190,7 @@ class InstallPackage(StepImpl):
         if params.get("package"):        # a fetched package is checked when the fetch has run
             from driverd.packages.install import preflight
             preflight(ctx.root, params["package"], ctx.runner, kernel=params.get("kernel_release"),
-                      enforce=params.get("enforce"))
+                      enforce=params.get("enforce"), trusted_certs=ctx.config["signing.trusted_certs"])
 
     def check(self, ctx, params):
         from driverd.packages.archive import sha256_file
@@ -206,7 +206,7 @@ class InstallPackage(StepImpl):
         from driverd.packages.install import install
         rep = install(ctx.root, package_path(ctx, params), ctx.runner, kernel=params.get("kernel_release"),
                       enforce=params.get("enforce"), state_dir=ctx.config["state.dir"],
-                      expected_sha256=_expected_sha(ctx, params))
+                      expected_sha256=_expected_sha(ctx, params), trusted_certs=ctx.config["signing.trusted_certs"])
         return rep.to_json()
 
     def describe(self, params):
@@ -349,7 +349,29 @@ def _expect(ctx, params) -> tuple[str, str] | None:
 
 
 def _modules(ctx, params) -> list[str]:
-    return list(params.get("modules") or ld.wanted_modules(ctx.config, _nics_switches(ctx)[0]))
+    """The plan's module list, or (load, reload) the configured set, keeping nvidia-drm when it ran
+    before this transaction (the snapshot) and modules.load_drm is unset, as the planner does."""
+    if params.get("modules"):
+        return list(params["modules"])
+    nics = _nics_switches(ctx)[0]
+    was = set(((ctx.doc or {}).get("lkg") or {}).get("modules") or ())
+    mods = ld.wanted_modules(ctx.config, nics, _peermem(ctx, nics, "nvidia_peermem" in was))
+    if ctx.config["modules.load_drm"] is None and "nvidia_drm" in was and "nvidia_drm" not in mods:
+        mods.insert(len(ld.CORE), "nvidia_drm")
+    return mods
+
+
+def _peermem(ctx, nics: int, was_loaded: bool = False) -> bool:
+    """The plan's GPUDirect RDMA decision for a load without a plan (load, reload): never a module
+    the kernel would refuse (driverd.plan.peermem)."""
+    from driverd.host import modules as host_modules
+    from driverd.host import rdma
+    from driverd.plan.peermem import decide_peermem
+    release = ctx.kernel.release
+    ident = installed(ctx)
+    facts = rdma.read_rdma(ctx.root, release, host_modules.loaded_modules(ctx.root)) if nics else None
+    return decide_peermem(ctx.config["modules.load_peermem"], nics, facts, ident["flavor"] if ident else None,
+                          release, was_loaded).load
 
 
 def _params(ctx, params) -> dict:
@@ -375,6 +397,39 @@ class CheckParameters(StepImpl):
 
     def describe(self, params):
         return "check module parameters against the modules to be loaded"
+
+
+class CheckSigners(StepImpl):
+    """The signer preflight, while the running driver is still in place: every module's signature
+    (read from the package's files, or the installed ones) against the kernel's trusted keyrings and
+    signing.trusted_certs. A signer the kernel would refuse fails the run here, not after the unload."""
+    action = "check-signers"
+    read_only = True
+
+    def do(self, ctx, params):
+        from driverd.host.kernel import read_kernel
+        from driverd.host.keyrings import read_keyrings
+        from driverd.packages import signers
+        from driverd.packages.install import modules_dir
+        try:
+            pkg = package_path(ctx, params)
+        except PackageError:
+            pkg = None
+        if pkg:
+            sigs, source = signers.package_signatures(pkg), f"package {os.path.basename(pkg)}"
+        else:
+            d = modules_dir(ctx.root, ctx.kernel.release)
+            sigs, source = signers.tree_signatures(d), f"installed {d}"
+        enforced = read_kernel(ctx.root, []).module_signature_enforced
+        v = signers.check(ctx.root, read_keyrings(ctx.root), sigs, ctx.config, enforced=enforced, source=source)
+        if v.blocks:
+            raise PackageError(f"the kernel would refuse these modules: {v.summary}",
+                               cause="the kernel enforces module signatures",
+                               fix=v.enrol or "sign the modules with a key in the kernel's trusted keyrings")
+        return v.to_json()
+
+    def describe(self, params):
+        return "check the modules' signers against the kernel's trusted keyrings"
 
 
 def _package_modinfo(package: str) -> dict:
@@ -662,5 +717,5 @@ def converge(lkg: dict | None, touched: set, ctx: StepContext) -> list[dict]:
 REGISTRY: Registry = {impl.action: impl for impl in (
     Snapshot(), BlacklistNouveau(), UnloadNouveau(), FetchPackage(), VerifyPackage(), InstallPackage(),
     RestorePackage(), RestorePreviousPackage(), StopDaemons(), StartDaemons(), StartPersistenced(),
-    StartFabricManager(), UnloadModules(), CheckParameters(), LoadModules(), RestoreMig(), Validate(),
+    StartFabricManager(), UnloadModules(), CheckSigners(), CheckParameters(), LoadModules(), RestoreMig(), Validate(),
     ConfigureRuntime(), RevertRuntime(), RestoreFiles(), RequireReboot(), ClearReboot())}

@@ -14,7 +14,7 @@ from driverd.errors import EXIT_UNEXPECTED, EXIT_USAGE, DriverdError
 
 # Each module defines register(sub, common) and handlers taking (ctx, args) -> int.
 COMMAND_MODULES = ("driverd.cli.host_cmds", "driverd.cli.package_cmds", "driverd.cli.lifecycle_cmds",
-                   "driverd.cli.runtime_cmds", "driverd.cli.daemon_cmds")
+                   "driverd.cli.runtime_cmds", "driverd.cli.daemon_cmds", "driverd.cli.cluster_cmds")
 
 EPILOG = """\
 exit codes: 0 done or nothing to do, 1 unexpected failure, 2 bad usage or configuration,
@@ -35,6 +35,8 @@ def common_parser(suppress: bool = False) -> argparse.ArgumentParser:
                    "(default: $DRIVERD_ROOT or /; the driver container uses /host)")
     g.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     g.add_argument("--config", metavar="FILE", help="config file (default: <root>/etc/driverd/config.toml)")
+    g.add_argument("--log-format", choices=("text", "json"), help="logs on stderr: text (default) or one JSON "
+                   "object per line with time, level, msg and fields (default: log.format)")
     return p
 
 
@@ -72,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     from driverd.cli.context import Context
     from driverd.cli.output import error
 
+    _configure_logs(args)
     try:
         ctx = Context.from_args(args)
+        _configure_logs(args, ctx)
         return int(args.handler(ctx, args) or 0)
     except DriverdError as e:
         return error(bool(getattr(args, "json", False)), e)
@@ -86,11 +90,49 @@ def main(argv: list[str] | None = None) -> int:
         import traceback
         if __import__("os").environ.get("DRIVERD_DEBUG"):
             traceback.print_exc()
-        print(f"driverd: unexpected error: {e.__class__.__name__}: {e} (set DRIVERD_DEBUG=1 for a traceback "
-              "and report it)", file=sys.stderr)
+        from driverd.log import log
+        log(f"driverd: unexpected error: {e.__class__.__name__}: {e} (set DRIVERD_DEBUG=1 for a traceback "
+            "and report it)", "error", exit_code=EXIT_UNEXPECTED)
         return EXIT_UNEXPECTED
 
 
-def kubectl_main() -> int:
-    """`kubectl driverd ...`: the same commands, invoked as a kubectl plugin."""
-    return main(sys.argv[1:])
+def _configure_logs(args, ctx=None) -> None:
+    """--log-format, else log.format (config file or $DRIVERD_LOG_FORMAT); the node's name on every
+    JSON event when it is known. A configuration that cannot be loaded is left to the command,
+    which reports it."""
+    import os
+    from driverd import log
+    if ctx is None:
+        log.reset()
+        env = os.environ.get("DRIVERD_LOG_FORMAT")
+        log.configure(getattr(args, "log_format", None), pin=True)
+        log.configure(env if env in log.FORMATS else None, command=getattr(args, "command", None))
+        return
+    node = os.environ.get("NODE_NAME")
+    try:
+        cfg = ctx.config
+        log.configure(cfg["log.format"])
+        node = cfg["cluster.node_name"] or node
+    except DriverdError:
+        pass
+    log.configure(node=node)
+
+
+def kubectl_main(argv: list[str] | None = None) -> int:
+    """`kubectl driverd ...`: the cluster commands only (rollout, node, nodes). A kubectl plugin acts
+    on the cluster the kubeconfig names, never on the workstation it runs on."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args in ([], ["-h"], ["--help"]):
+        print("usage: kubectl driverd {rollout,node,nodes} ...\n\n"
+              "Rolling NVIDIA driver upgrades across the cluster (the same commands as `driverd cluster`):\n"
+              "  rollout start|status|pause|resume|abort   create and follow a DriverRollout\n"
+              "  node retry|skip|unskip NODE              per-node control\n"
+              "  nodes                                    driver, flavour, state, reason, since per node\n"
+              "cluster access: --kubeconfig, --context (as kubectl); output: -o table|json|yaml\n"
+              "see `kubectl driverd rollout start --help`")
+        return 0 if args else EXIT_USAGE
+    if args[0] not in ("rollout", "node", "nodes"):
+        print(f"kubectl driverd: unknown command {args[0]!r}: kubectl driverd acts on the cluster "
+              f"(rollout, node, nodes); host commands are `driverd {args[0]}` on the node", file=sys.stderr)
+        return EXIT_USAGE
+    return main(["cluster", *args])

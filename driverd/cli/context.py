@@ -4,7 +4,6 @@ This is also the composition root: the one place that decides to bring in the si
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -69,5 +68,6 @@ def check_root(path: str, command: str | None) -> None:
         return
     missing = [p for p in ("proc", "sys", "etc/os-release") if not os.path.lexists(os.path.join(path, p))]
     if len(missing) == 3:
-        print(f"driverd: warning: --root {path} holds no host: {', '.join(missing)} missing; facts read under it "
-              "will be empty", file=sys.stderr)
+        from driverd.log import log
+        log(f"driverd: warning: --root {path} holds no host: {', '.join(missing)} missing; facts read under it "
+            "will be empty")

@@ -36,7 +36,13 @@ def register(sub, common) -> None:
 
 def cmd_serve(ctx, args) -> int:
     from driverd import config as config_mod
+    from driverd import log
     from driverd.daemon.serve import serve
-    return serve(mode=args.mode, root=ctx.root, config_path=ctx.config_path,
-                 load_config=lambda: config_mod.load(ctx.root, ctx.config_path),
+
+    def load_config():
+        cfg = config_mod.load(ctx.root, ctx.config_path)
+        log.configure(cfg["log.format"])          # a re-read config may switch it (--log-format pins it)
+        return cfg
+    log.configure(mode=args.mode)
+    return serve(mode=args.mode, root=ctx.root, config_path=ctx.config_path, load_config=load_config,
                  make_context=lambda cfg: ctx.step_context(cfg), listen=args.listen)

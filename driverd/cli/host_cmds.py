@@ -1,4 +1,4 @@
-"""detect, plan, config, debug capture-host: the read-only commands."""
+"""detect, plan, config, debug capture-host|apiserver: the read-only commands (and the simulated API server)."""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +24,18 @@ def register(sub, common) -> None:
     p.add_argument("--flavor", choices=("auto", "open", "proprietary"), help="kernel-module flavour (default: driver.flavor)")
     p.set_defaults(handler=cmd_plan)
 
+    p = sub.add_parser("gpus", parents=[common], help="look GPUs up in driverd's table: branches and flavours per NVIDIA",
+                       description="Look device ids up in the GPU table generated from NVIDIA's lists "
+                       "(supported-gpus.json, the open-modules README of every release; docs/gpus.md): name, "
+                       "architecture, the branches that list each flavour, the legacy branch, and for --driver "
+                       "whether that release supports each flavour, with the evidence. An id missing from the "
+                       "table shows the inference rule's answer, if it has one. Without ids: this host's GPUs "
+                       "(with their subsystem ids).")
+    p.add_argument("ids", nargs="*", metavar="ID", help="PCI device id (2330, 0x2330) or ID:SUBVENDOR:SUBDEVICE "
+                   "(2330:10de:16c1)")
+    p.add_argument("--driver", metavar="VERSION", help="judge this driver release, e.g. 570.195.03")
+    p.set_defaults(handler=cmd_gpus)
+
     p = sub.add_parser("config", parents=[common], help="show the effective configuration and where each value comes from",
                        description="Load and validate <root>/etc/driverd/config.toml plus DRIVERD_* environment "
                        "overrides; print every key with its value and source.")
@@ -35,9 +47,18 @@ def register(sub, common) -> None:
     p = dsub.add_parser("capture-host", parents=[common], help="pack the files detect reads into a tarball",
                         description="Run detect with a recording root and pack every small read-only file it "
                         "read (sysfs, procfs, /etc, /boot/config) into a .tar.gz that unpacks into a host tree "
-                        "usable with --root. The NVML report is included when NVML is available.")
+                        "usable with --root. The NVML report is included when NVML is available. Secret values in "
+                        "the copied configs (registry auth, tokens, passwords, private keys) are replaced with "
+                        "REDACTED, and the output says which.")
     p.add_argument("--out", required=True, metavar="FILE", help="tarball to write (.tar.gz)")
     p.set_defaults(handler=cmd_capture)
+    p = dsub.add_parser("apiserver", parents=[common], help="run the in-memory Kubernetes API server (tests, demo)",
+                        description="Serve the simulated Kubernetes API server (driverd.sim.apiserver) over plain "
+                        "HTTP in the foreground, write a kubeconfig for kubectl and the Python client, print where "
+                        "it listens, and stop on SIGTERM/SIGINT. Objects live in memory only.")
+    p.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT", help="address (port 0: any free port)")
+    p.add_argument("--kubeconfig", required=True, metavar="FILE", help="kubeconfig to write")
+    p.set_defaults(handler=cmd_debug_apiserver)
 
 
 def cmd_detect(ctx, args) -> int:
@@ -57,6 +78,14 @@ def render_facts(f: dict) -> str:
              f"  lockdown: {k['lockdown'] or 'n/a'}   secure boot: {k['secure_boot']}",
              f"  module unload: {yesno(k['module_unload_supported'])} ({k['module_unload_evidence']})",
              f"  headers: {k['headers_path'] if k['headers_present'] else 'missing'}"]
+    kr = f.get("keyrings")
+    if kr:
+        if kr["readable"] and kr["keyrings"]:
+            lines.append(f"  keyrings: {', '.join(kr['keyrings'])} (membership: {kr['membership']})")
+            lines.extend(f"    key '{key['name'] or key['description']}' {(key['key_id'] or '')[:12]} in "
+                         f"{', '.join(key['keyrings']) or '?'}" for key in kr["keys"] if key["type"] == "asymmetric")
+        else:
+            lines.append("  keyrings: not visible here" + (f" ({kr['notes'][0]})" if kr["notes"] else ""))
     if f["gpus"]:
         lines.append(f"gpus        {len(f['gpus'])}")
         lines.append(table([[g["pci_address"], g["device_id"], g["name"], g["architecture"],
@@ -79,6 +108,14 @@ def render_facts(f: dict) -> str:
         lines.append("driver      not loaded")
     for p in d["installed"]:
         lines.append(f"installed   {p['driver_version']} ({p['flavor']}) for {p['kernel_release']}")
+    own = f.get("driver_owner")
+    if own and own["owners"]:
+        lines.append(f"owned by    {own['summary']}")
+    rd = f.get("rdma")
+    if rd:
+        lines.append(f"rdma        ib_core {rd['ib_core_source']}"
+                     + (f" ({rd['ofed_version']})" if rd["ofed_version"] else "")
+                     + f"; peer-memory API: {yesno(rd['peer_memory_api'])} ({rd['evidence']})")
     for u in f["gpu_users"]:
         lines.append(f"gpu user    pid {u['pid']} {u['comm']}" + (f" pod {u['pod_uid']}" if u["pod_uid"] else ""))
     for r in f["runtimes"]:
@@ -101,12 +138,96 @@ def cmd_plan(ctx, args) -> int:
     from driverd.plan import Desired, plan
     cfg = ctx.config.with_overrides({"driver.version": args.driver, "driver.flavor": args.flavor})
     facts = collect(ctx.root, nvml=False, handler=cfg["runtime.handler"])
-    p = plan(facts, Desired.from_config(cfg))
+    from driverd.packages.signers import for_plan
+    p = plan(facts, Desired.from_config(cfg), for_plan(ctx.root, facts, cfg))
     emit(ctx.json, p.to_json(), render_plan)
     return EXIT_BLOCKED if p.blocked_by else EXIT_OK
 
 
+def cmd_gpus(ctx, args) -> int:
+    import re
+
+    from driverd.errors import UsageError
+    from driverd.host import gputable
+    wanted: list[tuple[str, str | None, str | None]] = []
+    for raw in args.ids:
+        m = re.fullmatch(r"(?:0x)?([0-9a-fA-F]{1,4})(?::(?:0x)?([0-9a-fA-F]{4}):(?:0x)?([0-9a-fA-F]{4}))?", raw.strip())
+        if not m:
+            raise UsageError(f"invalid GPU id {raw!r}", cause="expected a PCI device id like 2330 or 0x2330, "
+                             "optionally with subsystem ids: 2330:10de:16c1", fix="pass the id lspci -nn shows")
+        wanted.append((m.group(1), f"{m.group(2).lower()}:{m.group(3).lower()}" if m.group(2) else None, None))
+    if not wanted:
+        from driverd.host import pci
+        gpus, _, _ = pci.classify(ctx.root, pci.scan(ctx.root, []), [])
+        wanted = [(g.device_id, f"{g.subsystem_vendor_id[2:]}:{g.subsystem_device_id[2:]}"
+                   if g.subsystem_vendor_id and g.subsystem_device_id else None, g.pci_address) for g in gpus]
+    if args.driver:
+        from driverd.plan.flavor import branch_of
+        branch_of(args.driver)                      # a bad version is a usage error
+    out = []
+    for did, sub, addr in wanted:
+        d = gputable.describe(did, sub, args.driver)
+        if addr:
+            d["pci_address"] = addr
+        if sub:
+            d["subsystem"] = sub
+        out.append(d)
+    emit(ctx.json, {"driver": args.driver, "table": _table_source(), "gpus": out}, render_gpus)
+    return EXIT_OK
+
+
+def _table_source() -> dict:
+    from driverd.host import gputable
+    t = gputable.table()
+    return {"releases_open": [t["releases"]["open"][0], t["releases"]["open"][-1]],
+            "supported_gpus": t["releases"]["supported_gpus"], "device_ids": t["counts"]["device_ids"]}
+
+
+def render_gpus(doc: dict) -> str:
+    if not doc["gpus"]:
+        return "no NVIDIA GPU on this host (pass device ids to look them up)"
+    lines = []
+    for g in doc["gpus"]:
+        where = f"{g['pci_address']}  " if g.get("pci_address") else ""
+        sub = f" subsystem {g['subsystem']}" if g.get("subsystem") else ""
+        if not g["known"]:
+            inf = g["inference"]
+            lines.append(f"{where}{g['device_id']}{sub}  not in driverd's GPU table")
+            if inf:
+                lines.append(f"  inferred:     {inf['flavor_class']}"
+                             + (f" (legacy {inf['legacy_branch']})" if inf["legacy_branch"] else "")
+                             + (f", {inf['architecture']} by its id block" if inf["architecture"] else ""))
+                lines.append(f"  rule:         {inf['rule']}")
+            else:
+                lines.append("  inferred:     nothing: no written-down rule applies; plan with --flavor open|proprietary")
+            lines.append(f"  fix:          {g['fix']}")
+            continue
+        lines.append(f"{where}{g['device_id']}{sub}  {g['name']}  ({g['architecture']}"
+                     + (f" {g['chip']}" if g["chip"] else "") + ")")
+        lines.append(f"  flavours:     {g['flavor_class']}" + (f" ({g['class_from']})" if g.get("class_from") else ""))
+        if g["legacy_branch"]:
+            lines.append(f"  legacy:       {g['legacy_branch']}: no branch after {g['legacy_branch'].split('.')[0]} drives it")
+        if g["subsystems"]:
+            lines.append(f"  rows:         {', '.join(g['rows'])} (NVIDIA lists subsystems {', '.join(g['subsystems'])})")
+        if g.get("subsystem_note"):
+            lines.append(f"  note:         {g['subsystem_note']}")
+        for f, info in g["flavors"].items():
+            lines.append(f"  {f + ':':<13} {info['history']}")
+        for f, v in (g.get("verdicts") or {}).items():
+            ok = {True: "yes", False: "NO", None: "unknown"}[v["supported"]]
+            lines.append(f"  {doc['driver']} {f}: {ok}: {v['evidence']}")
+    return "\n".join(lines)
+
+
 def render_plan(p: dict) -> str:
+    if p.get("driver_managed_by"):
+        lines = [f"driver left to {p['driver_managed_by']} (kernel {p['kernel_release']})",
+                 f"  {p['flavor_reason']}"]
+        lines.extend(f"{i:2}. {s['action']:<20} {s['reason']}" for i, s in enumerate(p["steps"], 1))
+        if not p["steps"]:
+            lines.append("nothing to do: the runtimes are configured")
+        lines.extend(f"warning: {w}" for w in p["warnings"])
+        return "\n".join(lines)
     if p["flavor"] is None:
         return f"nothing to do: {p['flavor_reason']}"
     lines = [f"driver {p['driver_version']} ({p['flavor']}) for kernel {p['kernel_release']}",
@@ -121,6 +242,13 @@ def render_plan(p: dict) -> str:
         lines.append("nothing to do: the host is already in the desired state" if not p["blocked_by"] else "")
     for i, s in enumerate(p["steps"], 1):
         lines.append(f"{i:2}. {s['action']:<20} {s['reason']}")
+    sig = p.get("signatures")
+    if sig:
+        lines.append(f"signatures: {sig['status']}: {sig['summary']}"
+                     + (f" (read from {sig['source']})" if sig.get("source") else ""))
+        lines.extend(f"  {m['module']}: {m['evidence']}" for m in sig["modules"][1:])
+        if sig.get("enrol"):
+            lines.append(f"  fix: {sig['enrol']}")
     for w in p["warnings"]:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
@@ -143,8 +271,42 @@ def cmd_config(ctx, args) -> int:
 def cmd_capture(ctx, args) -> int:
     from driverd.host.capture import capture
     res = capture(ctx.root, args.out)
-    emit(ctx.json, res, lambda r: f"wrote {r['out']} ({r['files']} files, {r['bytes']} bytes); "
-                                  f"unpack it and use --root DIR")
+
+    def say(r: dict) -> str:
+        red = r.get("redacted") or []
+        what = (f"redacted {sum(len(x['keys']) for x in red)} secret value(s) in {len(red)} file(s): "
+                + "; ".join(f"{x['path']} ({', '.join(x['keys'])})" for x in red)) if red else \
+            "no secret values found to redact"
+        return f"wrote {r['out']} ({r['files']} files, {r['bytes']} bytes); {what}; unpack it and use --root DIR"
+    emit(ctx.json, res, say)
+    return EXIT_OK
+
+
+def cmd_debug_apiserver(ctx, args) -> int:
+    import signal
+    import threading
+
+    from driverd.errors import UsageError
+    from driverd.sim.apiserver import ApiServer
+    host, _, port = args.listen.rpartition(":")
+    try:
+        srv = ApiServer(host=host or "127.0.0.1", port=int(port)).start()
+    except (ValueError, OSError) as e:
+        raise UsageError(f"--listen {args.listen}: {e}", fix="pass HOST:PORT with a free port, e.g. 127.0.0.1:0") \
+            from None
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    try:
+        srv.write_kubeconfig(args.kubeconfig)
+        emit(ctx.json, {"url": srv.url, "kubeconfig": args.kubeconfig},
+             lambda d: f"apiserver listening on {d['url']} (kubeconfig {d['kubeconfig']})")
+        import sys
+        sys.stdout.flush()
+        while not done.wait(1.0):
+            pass
+    finally:
+        srv.stop()
     return EXIT_OK
 
 

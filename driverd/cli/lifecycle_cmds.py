@@ -75,8 +75,12 @@ def register(sub, common) -> None:
     p.set_defaults(handler=cmd_run, kind="apply")
 
     p = sub.add_parser("status", parents=[common], formatter_class=fmt, help="loaded/installed driver and the last run's journal",
-                       description="Show the loaded driver, the installed package, module holders, GPU daemons and how "
-                       "the last run ended (or that one is unfinished).\n\nexample:\n  driverd status --json")
+                       description="Show what the host should run (driver, flavour and settings from the "
+                       "configuration) next to what it runs - the loaded driver, the installed package, module "
+                       "holders, GPU daemons - and every difference; what is happening now (the driverd process "
+                       "holding the host lock and the step its run is at, an interrupted run, a pending reboot); "
+                       "the daemon's last reconcile when `driverd daemon` or the driver container runs; and how "
+                       "the last run ended. Takes no lock and changes nothing.\n\nexample:\n  driverd status --json")
     p.add_argument("--kernel", choices=("auto", "real", "sim"), help=KERNEL_HELP)
     p.set_defaults(handler=cmd_status)
 
@@ -141,10 +145,70 @@ def cmd_status(ctx, args) -> int:
     return EXIT_OK
 
 
+def _ago(t, now=None) -> str:
+    import time
+    if not t:
+        return "?"
+    d = (now or time.time()) - float(t)
+    return f"{d:.0f}s ago" if d < 120 else f"{d / 60:.0f}min ago" if d < 7200 else f"{d / 3600:.1f}h ago"
+
+
+def render_wanted(w: dict) -> list[str]:
+    if not w["driver"]:
+        return ["wanted     no driver.version configured" + (f" ({w['config_path']})" if w.get("config_path") else "")]
+    fl = w["flavor"] if w["flavor"] != "auto" else (f"auto: {w['flavor_decided']}" if w["flavor_decided"]
+                                                    else f"auto ({w.get('flavor_reason') or 'undecided'})")
+    src = w["sources"].get("driver.version", "default")
+    c = w["config"]
+    params = "; ".join(f"{m}: " + ", ".join(f"{k}={v}" for k, v in p.items()) for m, p in c["modules.parameters"].items())
+    lines = [f"wanted     {w['driver']} ({fl}) from {src}",
+             f"           runtimes {','.join(c['runtime.runtimes'])} handler {c['runtime.handler']}"
+             + (f"; parameters {params}" if params else "")]
+    lines += ["  DIFFERS: " + d for d in w["differs"]] or ["  in sync: the host runs what the configuration wants"]
+    return lines
+
+
+def render_activity(a: dict) -> list[str]:
+    h, r = a["holder"], a["run"]
+    step = (f"step {r['step_number']}/{r['steps']} {r['step']}" if r and r.get("step") else "") if r else ""
+    if a["state"] == "running":
+        since = f" (taken {_ago(h.get('since'))})" if h.get("since") else ""
+        line = f"activity   pid {h.get('pid')} ({h.get('command')}) holds the host lock{since}"
+        if r:
+            line += f": {r['command']} run {r['run_id']} {r['state']}" + (f", at {step}" if step else "")
+        return [line]
+    if a["state"] == "interrupted":
+        return [f"activity   interrupted: {r['command']} run {r['run_id']} stopped at {step or r['state']}; nobody "
+                "holds the host lock"]
+    if a["state"] in ("reboot-pending", "rebooted"):
+        return ["activity   waiting for a reboot" if a["state"] == "reboot-pending"
+                else "activity   rebooted since the reboot was required: the next apply finishes"]
+    return ["activity   idle (no driverd transaction holds the host lock)"]
+
+
+def render_daemon(d: dict | None) -> list[str]:
+    if not d:
+        return []
+    lr = d.get("last_reconcile") or {}
+    who = f"{d.get('mode', 'daemon')} pid {d.get('pid')}"
+    if d.get("stopped"):
+        head = f"daemon     {who} stopped {_ago(d.get('updated_at'))}"
+    else:
+        head = f"daemon     {who}, {'ready' if d.get('ready') else 'not ready'}"
+    if lr:
+        head += f"; last reconcile {lr.get('state')} {_ago(lr.get('finished_at'))}: {lr.get('reason')}"
+    import time
+    nxt = d.get("next_reconcile_at")
+    if nxt and not d.get("stopped"):
+        head += f"; next in {max(0, nxt - time.time()):.0f}s"
+    return [head]
+
+
 def render_status(s: dict) -> str:
     lo, ins, lr = s["loaded"], s["installed"], s["last_run"]
-    lines = [f"loaded     {lo['version']} ({lo['flavor']})" if lo else "loaded     no NVIDIA driver",
-             f"installed  {ins['version']} ({ins['flavor']})" if ins else "installed  none"]
+    lines = render_wanted(s["wanted"]) if s.get("wanted") else []
+    lines += [f"loaded     {lo['version']} ({lo['flavor']})" if lo else "loaded     no NVIDIA driver",
+              f"installed  {ins['version']} ({ins['flavor']})" if ins else "installed  none"]
     for n, m in s["modules"].items():
         lines.append(f"  {n:<16} refcount {m['refcount']}  holders {','.join(m['holders']) or '-'}")
     lines.append("daemons    " + ", ".join(f"{d} {'running' if r else 'stopped'}" for d, r in s["daemons"].items()))
@@ -154,8 +218,11 @@ def render_status(s: dict) -> str:
     if rb:
         lines.append("REBOOT REQUIRED: " + "; ".join(rb.get("reasons") or []))
     h = s["lock_holder"]
-    if h:
+    if s.get("activity"):
+        lines += render_activity(s["activity"])
+    elif h:
         lines.append(f"in progress  pid {h.get('pid')} ({h.get('command')}) holds the host lock")
+    lines += render_daemon(s.get("daemon"))
     if s["journal_problem"]:
         lines.append(f"journal    {s['journal_problem']}")
     if lr:

@@ -23,12 +23,15 @@ def error(as_json: bool, err: DriverdError) -> int:
     if as_json:
         json.dump(err.to_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")
-    print(f"driverd: error: {err.one_line()}", file=sys.stderr)
+    from driverd import log as logs
+    logs.log(f"driverd: error: {err.one_line()}", "error", error=err.message, cause=err.cause, fix=err.fix,
+             exit_code=err.exit_code)
     return err.exit_code
 
 
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+def log(msg: str, **fields: Any) -> None:
+    from driverd import log as logs
+    logs.log(msg, **fields)
 
 
 def yesno(v: Any) -> str:

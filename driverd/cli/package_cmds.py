@@ -30,8 +30,10 @@ def register(sub, common) -> None:
     p.add_argument("--headers", metavar="DIR", help="kernel headers (default: <root>/lib/modules/RELEASE/build, "
                    "then /usr/src/linux-headers-RELEASE)")
     p.add_argument("--flavor", required=True, choices=("open", "proprietary"), help="kernel-module flavour")
-    p.add_argument("--sign-key", metavar="KEY", help="private key for sign-file (default: signing.key)")
-    p.add_argument("--sign-cert", metavar="CERT", help="certificate for sign-file (default: signing.cert)")
+    p.add_argument("--sign-key", metavar="KEY", help="private key for sign-file: a path on this machine (the build "
+                   "host), never under --root (default: signing.key, read the same way)")
+    p.add_argument("--sign-cert", metavar="CERT", help="certificate for sign-file, a path on this machine; enrol it "
+                   "on the nodes (docs/signing.md: mokutil --import) (default: signing.cert)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory (or repository) to write the package to")
     p.add_argument("--jobs", "-j", type=int, metavar="N", help="make -jN (default: number of CPUs)")
     p.add_argument("--work-dir", metavar="DIR", help="where sources are unpacked and built "
@@ -47,8 +49,14 @@ def register(sub, common) -> None:
         "and how to get each kernel's headers) and build every cell the output repository lacks, in "
         "parallel up to --jobs cells. Cells already in the repository are skipped, so running it again is "
         "cheap. Each cell is reported as built / skipped / failed (with the reason); failures do not stop "
-        "the others. Exit 3 when any cell failed. The repository index is rewritten at the end.",
-        epilog="example:\n  driverd build-matrix kernels/debian-bookworm.toml --out /srv/driverd-repo --jobs 2")
+        "the others. Exit 3 when any cell failed. The repository index is rewritten at the end.\n\n"
+        "--render-job prints Kubernetes objects instead of building: a ConfigMap with the matrix and the "
+        "missing cells, an Indexed Job with one pod per missing cell (pod i runs build-matrix --cells ... "
+        "--only-index i --no-index into the shared --repo-volume), and a suspended Job that indexes the "
+        "repository; unsuspend it once the build Job is Complete or Failed.",
+        epilog="examples:\n  driverd build-matrix kernels/debian-bookworm.toml --out /srv/driverd-repo --jobs 2\n"
+               "  driverd build-matrix kernels/debian-bookworm.toml --out /srv/driverd-repo --render-job \\\n"
+               "      --image registry.example/driverd:builder-0.1.0 --repo-volume pvc:driverd-repo > build.yaml")
     p.add_argument("matrix", metavar="FILE", help="matrix file, e.g. kernels/debian-bookworm.toml")
     p.add_argument("--out", metavar="DIR", help="repository directory (default: the matrix's `repository`)")
     p.add_argument("--jobs", type=int, default=None, metavar="N", help="cells built at once (default: matrix or 1)")
@@ -60,6 +68,27 @@ def register(sub, common) -> None:
     p.add_argument("--sign-cert", metavar="CERT", help="certificate for --sign-key (default: signing.cert)")
     p.add_argument("--install-headers", action="store_true", help="install missing kernel headers with the "
                    "matrix's per-distro command (e.g. apt-get install linux-headers-RELEASE)")
+    p.add_argument("--cells", metavar="FILE", help="build the cells listed in FILE (one id a line, the order "
+                   "--only-index counts in); a rendered Job's ConfigMap carries it")
+    p.add_argument("--only-index", type=int, metavar="N", help="build only the N-th selected cell (0-based; a "
+                   "Job's $JOB_COMPLETION_INDEX)")
+    p.add_argument("--no-index", action="store_true", help="leave the repository index alone (one indexer runs "
+                   "after the Job's pods: driverd repo index)")
+    g = p.add_argument_group("rendering a Kubernetes Indexed Job (--render-job)")
+    g.add_argument("--render-job", action="store_true", help="print a ConfigMap, an Indexed Job (one pod per "
+                   "cell --out lacks) and a suspended index Job instead of building")
+    g.add_argument("--image", metavar="IMAGE", help="builder image: driverd, compiler, NVIDIA's sources and "
+                   "the kernels' headers or a way to install them (default driverd:builder-0.1.0)")
+    g.add_argument("--repo-volume", metavar="SPEC", help="the repository volume the pods share: pvc:CLAIM "
+                   "(ReadWriteMany), host:/PATH or nfs:SERVER:/EXPORT (default pvc:driverd-repo)")
+    g.add_argument("--job-name", metavar="NAME", help="name of the Job and ConfigMap (default "
+                   "driverd-build-<matrix file name>)")
+    g.add_argument("--namespace", metavar="NS", help="namespace of the objects (default: kubectl's)")
+    g.add_argument("--sign-secret", metavar="SECRET", help="Secret with `key` and `cert`: sign every module")
+    g.add_argument("--index-sign-secret", metavar="SECRET", help="Secret with `key`: sign the repository index")
+    g.add_argument("--all-cells", action="store_true", help="render every cell, not only those --out lacks")
+    g.add_argument("-o", "--output", choices=("yaml", "json"), default=None,
+                   help="yaml (default; documents separated by ---) or json (a v1 List)")
     p.set_defaults(handler=cmd_build_matrix)
 
     repo = sub.add_parser("repo", help="package repository tools")
@@ -69,10 +98,17 @@ def register(sub, common) -> None:
         description="Scan DIR for packages (*.tar.zst), read each manifest, and atomically (re)write "
         "DIR/index.json listing driver, flavour, kernel release, arch, sha256, size and path of every package. "
         "With --sign-key the index is signed (DIR/index.json.sig, openssl dgst -sha256); fetch checks it "
-        "against packages.index_public_key. Any static HTTP server can then serve DIR.",
-        epilog="example:\n  driverd repo index /srv/driverd-repo && python3 -m http.server -d /srv/driverd-repo")
+        "against packages.index_public_key. The index carries a serial that only grows (max(previous + 1, unix "
+        "time)) and an expiry: a node refuses an index older than one it has seen, or an expired one, so "
+        "re-index (re-sign) more often than --valid-days. Nodes accept an unsigned index only from file:// "
+        "(or with packages.insecure). Any static HTTP server can then serve DIR.",
+        epilog="examples:\n  driverd repo index /srv/driverd-repo --sign-key /etc/driverd-repo/index-key.pem\n"
+               "  python3 -m http.server -d /srv/driverd-repo")
     p.add_argument("dir", metavar="DIR")
-    p.add_argument("--sign-key", metavar="KEY", help="private key (PEM) to sign index.json with")
+    p.add_argument("--sign-key", metavar="KEY", help="private key (PEM) to sign index.json with (a path on this "
+                   "machine, the repository's host; not under --root)")
+    p.add_argument("--valid-days", type=float, default=None, metavar="DAYS", help="the index expires DAYS from now "
+                   "(default 30)")
     p.add_argument("--no-verify", action="store_true", help="trust each file's name; do not re-hash packages")
     p.set_defaults(handler=cmd_repo_index)
 
@@ -83,8 +119,11 @@ def register(sub, common) -> None:
         "requested driver and flavour in each repository in turn (https://, http://, file://), download it "
         "into the cache (<root>/var/cache/driverd; resumes partial downloads, retries with backoff, honours "
         "HTTP(S)_PROXY/NO_PROXY), check its sha256 against the index and every file against its manifest. "
-        "When no repository has it, build it locally if the headers and packages.source are available; "
-        "otherwise exit 3 naming the package looked for and where.",
+        "The index must be signed (packages.index_public_key) and fresh (its serial not older than one this "
+        "node has seen, not expired); unsigned is accepted only from file:// or with packages.insecure. "
+        "When no repository has it, build it locally if the headers and packages.source are available "
+        "(signed with signing.key/cert); otherwise exit 3 naming the package looked for and where. Key and "
+        "certificate paths of the configuration are host paths, read under --root.",
         epilog="examples:\n  driverd fetch --driver 535.261.03 --flavor open --repo https://repo.example/driverd\n"
                "  driverd fetch --root /host --driver 535.261.03 --repo file:///mnt/usb/driverd --json")
     p.add_argument("--driver", metavar="VERSION", help="driver version (default: driver.version)")
@@ -103,8 +142,10 @@ def register(sub, common) -> None:
     p = sub.add_parser(
         "install", parents=[common], formatter_class=F,
         help="install a package's modules and firmware for its kernel (does not load them)",
-        description="Check the package's vermagic against the target kernel, refuse unsigned modules when "
-        "the kernel enforces signatures, verify every file, then install the modules into "
+        description="Check the package's vermagic against the target kernel, refuse modules the kernel would "
+        "refuse when it enforces signatures (unsigned, or signed by a key not in its trusted keyrings: read from "
+        "the .ko files, see docs/signing.md), verify every file, then install the modules (0644, directories "
+        "0755, whatever the archive says) into "
         "<root>/lib/modules/<release>/updates/driverd/ and firmware into <root>/lib/firmware/nvidia/<version>/ "
         "through a staging directory and an atomic switch, run depmod and check that modprobe resolves "
         "nvidia. The replaced package is kept first, by sha256, in <root>/var/lib/driverd/packages/kept/ "
@@ -117,7 +158,9 @@ def register(sub, common) -> None:
     p.add_argument("--kernel", metavar="RELEASE", help="target kernel (default: the running kernel, else the "
                    "package's)")
     p.add_argument("--enforce-signatures", choices=("auto", "yes", "no"), default="auto",
-                   help="treat the kernel as enforcing module signatures (default auto: from the host facts)")
+                   help="treat the kernel as enforcing module signatures (default auto: from the host facts); "
+                   "under enforcement every module's signature is read from the .ko and its signer looked up in "
+                   "the kernel's keyrings and signing.trusted_certs (host paths under --root)")
     p.add_argument("--dry-run", action="store_true", help="make every check and verify every file; write nothing")
     add_wait(p)
     p.set_defaults(handler=cmd_install)
@@ -231,11 +274,47 @@ def cmd_build(ctx, args) -> int:
     return EXIT_OK
 
 
+def _cell_list(path: str | None) -> list[str] | None:
+    if path is None:
+        return None
+    try:
+        with open(path) as f:
+            return [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
+    except OSError as e:
+        raise UsageError(f"cannot read --cells {path}: {e.strerror}", fix="pass the cell list file") from None
+
+
+def cmd_render_job(ctx, args, m, out: str | None) -> int:
+    import json
+    import sys
+    from driverd.packages import matrix as mx
+    from driverd.packages import matrix_job as mj
+    cells = mx.select(m, args.only, _cell_list(args.cells))
+    todo = cells if args.all_cells or not out else mx.missing(m, out, cells)
+    opts = mj.JobOptions(image=args.image or mj.DEFAULT_IMAGE, repo_volume=args.repo_volume or mj.DEFAULT_REPO_VOLUME,
+                         name=args.job_name, namespace=args.namespace, parallelism=args.jobs,
+                         make_jobs=args.make_jobs if args.make_jobs is not None else (m.make_jobs or None),
+                         sign_secret=args.sign_secret, index_sign_secret=args.index_sign_secret)
+    objs = mj.render(m, todo, opts)
+    from driverd.log import log
+    log(f"build-matrix: rendered job {objs[1]['metadata']['name']}: {len(todo)} of {len(cells)} cell(s) to build"
+        + ("" if args.all_cells or not out else f" ({len(cells) - len(todo)} already in {out})"),
+        cells=len(todo))
+    if args.output == "json" or (args.output is None and ctx.json):
+        json.dump(mj.to_json(objs), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(mj.to_yaml(objs))
+    return EXIT_OK
+
+
 def cmd_build_matrix(ctx, args) -> int:
     from driverd.errors import EXIT_BLOCKED
     from driverd.packages import matrix as mx
     m = mx.load(args.matrix)
     out = args.out or m.repository
+    if args.render_job:
+        return cmd_render_job(ctx, args, m, out)
     if not out:
         raise UsageError("no output repository", fix="pass --out DIR or set `repository` in the matrix")
     work = args.work_dir or str(ctx.root.real(ctx.config["packages.cache_dir"]) / "build")
@@ -245,7 +324,8 @@ def cmd_build_matrix(ctx, args) -> int:
                      dry_run=args.dry_run, install_headers=args.install_headers,
                      sign_key=key, sign_cert=cert,
                      root=ctx.root, runner=ctx.runner,
-                     progress=None)
+                     progress=None, cell_ids=_cell_list(args.cells), only_index=args.only_index,
+                     index=not args.no_index)
     counts = {s: sum(1 for r in results if r.status == s) for s in ("built", "skipped", "failed", "would-build")}
     data = {"matrix": str(m.path), "repository": out, **counts, "cells": [r.to_json() for r in results]}
     emit(ctx.json, data, lambda d: f"{d['built']} built, {d['skipped']} skipped, {d['failed']} failed"
@@ -255,10 +335,14 @@ def cmd_build_matrix(ctx, args) -> int:
 
 def cmd_repo_index(ctx, args) -> int:
     from driverd.packages.repo import INDEX_NAME, write_index
-    idx = write_index(args.dir, sign_key=args.sign_key, runner=ctx.runner, verify=not args.no_verify)
+    from driverd.packages.trust import DEFAULT_VALID_DAYS
+    idx = write_index(args.dir, sign_key=args.sign_key, runner=ctx.runner, verify=not args.no_verify,
+                      valid_days=args.valid_days if args.valid_days is not None else DEFAULT_VALID_DAYS)
     out = {"index": os.path.join(args.dir, INDEX_NAME), "packages": len(idx.packages), "signed": bool(args.sign_key),
-           "entries": idx.to_json()["packages"]}
-    emit(ctx.json, out, lambda r: f"wrote {r['index']}: {r['packages']} packages" + (" (signed)" if r["signed"] else ""))
+           "serial": idx.serial, "expires": idx.expires, "entries": idx.to_json()["packages"]}
+    emit(ctx.json, out, lambda r: f"wrote {r['index']}: {r['packages']} packages, serial {r['serial']}, expires "
+         f"{r['expires']}" + (" (signed)" if r["signed"] else " (UNSIGNED: nodes accept it only from file:// or "
+                                                              "with packages.insecure)"))
     return EXIT_OK
 
 

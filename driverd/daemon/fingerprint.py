@@ -13,8 +13,8 @@ RECORD = "daemon/converged.json"          # under state.dir
 
 # The keys that decide what the host should look like (where packages come from, cache sizes,
 # timers and the like do not).
-DESIRED_KEYS = ("driver.version", "driver.flavor", "modules.parameters", "modules.load_drm", "modules.load_peermem",
-                "signing.key", "signing.cert", "runtime.runtimes", "runtime.handler", "runtime.binary",
+DESIRED_KEYS = ("driver.version", "driver.flavor", "driver.manage", "modules.parameters", "modules.load_drm",
+                "modules.load_peermem", "signing.key", "signing.cert", "runtime.runtimes", "runtime.handler", "runtime.binary",
                 "runtime.set_as_default", "runtime.cdi", "daemons.persistenced", "daemons.fabricmanager",
                 "daemons.mode")
 

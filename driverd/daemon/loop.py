@@ -26,8 +26,10 @@ GRACE_S = 7.0           # SIGTERM -> exit 0 within 10 s, with time left to notif
 
 class DaemonLoop:
     def __init__(self, *, name: str, load_config: Callable, reconciler, health, metrics, notifier, watch,
-                 log: Callable[[str], None], unload: Callable | None = None, grace_s: float = GRACE_S) -> None:
+                 log: Callable[..., None], unload: Callable | None = None, grace_s: float = GRACE_S,
+                 record: Callable[..., None] | None = None) -> None:
         self.name, self.load_config, self.reconciler = name, load_config, reconciler
+        self.record = record or (lambda *a, **kw: None)     # the last reconcile, for `driverd status`
         self.health, self.metrics, self.notifier, self.watch, self.log = health, metrics, notifier, watch, log
         self.unload = unload
         self.grace_s = grace_s
@@ -90,6 +92,7 @@ class DaemonLoop:
             self.check_s = 5.0          # no configuration yet: watch for one
         if converged_at_start:
             self._ready()
+            self.record(None, None if self.due is None else max(0.0, self.due - now))
         next_check = now + (self.check_s or 0)
         dog = self.notifier.watchdog_s
         next_dog = now
@@ -155,10 +158,12 @@ class DaemonLoop:
                                                            ", nothing changed")
             for w in res.warnings:
                 self.log(f"driverd {self.name}: warning: {w}")
+            fields = {"state": res.state, "reason": res.reason, "seconds": round(res.finished - res.started, 3),
+                      "runs": [d.get("run_id") for d in res.runs]}
             if res.converged:
                 self.backoff.reset()
                 self.due = now + self.interval if self.interval else None
-                self.log(f"driverd {self.name}: converged: {res.reason} ({took})")
+                self.log(f"driverd {self.name}: converged: {res.reason} ({took})", "info", **fields)
                 if not self._ready_sent:
                     self._ready()
                 else:
@@ -171,11 +176,12 @@ class DaemonLoop:
                     delay = self.backoff.max_s
                 self.due = now + delay
                 self.log(f"driverd {self.name}: not converged: {res.state}: {res.reason} ({took}); "
-                         f"retrying in {delay:.0f}s")
+                         f"retrying in {delay:.0f}s", "warning", failure=res.failure, retry_in_s=round(delay), **fields)
                 self.notifier.status(f"{self.health.status_line()}; retry in {delay:.0f}s")
             if self._again:
                 self._again = False
                 self.due = now
+            self.record(res, None if self.due is None else max(0.0, self.due - now))
 
     def _ready(self) -> None:
         self._ready_sent = True
@@ -228,5 +234,6 @@ class DaemonLoop:
                     self.log(f"driverd {self.name}: daemon.unload_on_exit: {self.unload(self.cfg)}")
                 except DriverdError as e:
                     self.log(f"driverd {self.name}: daemon.unload_on_exit: the unload failed: {e.one_line()}")
+        self.record(None, None, stopped=True)
         signal.set_wakeup_fd(-1)
         return 0

@@ -12,6 +12,12 @@ driverd_transaction_duration_seconds{command,state} journalled runs (apply, relo
 driverd_step_duration_seconds{action,status}        each step of those runs
 driverd_last_reconcile_timestamp_seconds / driverd_last_converged_timestamp_seconds
 driverd_config_reloads_total{result}                configuration re-reads (ok, error)
+driverd_package_fetch_duration_seconds{source,result}  package fetches: source cache (a hit), repository or
+                                                    build (misses), none (failed before a source served it)
+driverd_package_cache_hits_total / _misses_total    fetches served from the local cache vs downloaded/built
+driverd_package_fetch_failures_total{reason}        not-found, index, download, verify, build, io, unexpected
+driverd_package_build_duration_seconds{result}      local builds (fetch's fallback): built, cached, failed
+driverd_package_build_failures_total{reason}        headers, source, compile, toolchain, sign, pack, ...
 plus the process collector (process_resident_memory_bytes, process_cpu_seconds_total, ...).
 """
 from __future__ import annotations
@@ -22,6 +28,8 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
 from driverd.daemon.health import STATES
 
 _STEP_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
+_FETCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800)
+_BUILD_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600)
 _RUN_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800, 3600)
 
 
@@ -51,7 +59,33 @@ class Metrics:
         self.last_converged = Gauge("driverd_last_converged_timestamp_seconds",
                                     "When a reconcile last ended converged", registry=r)
         self.config_reloads = Counter("driverd_config_reloads", "Configuration re-reads", ["result"], registry=r)
+        self.fetch_seconds = Histogram("driverd_package_fetch_duration_seconds", "Package fetches by where the "
+                                       "package came from (cache, repository, build) and result",
+                                       ["source", "result"], buckets=_FETCH_BUCKETS, registry=r)
+        self.cache_hits = Counter("driverd_package_cache_hits", "Fetches served from the local package cache",
+                                  registry=r)
+        self.cache_misses = Counter("driverd_package_cache_misses", "Fetches the local package cache could not "
+                                    "serve (downloaded, copied from a file:// repository, built, or failed)",
+                                    registry=r)
+        self.fetch_failures = Counter("driverd_package_fetch_failures", "Failed package fetches by reason",
+                                      ["reason"], registry=r)
+        self.build_seconds = Histogram("driverd_package_build_duration_seconds", "Local package builds by result",
+                                       ["result"], buckets=_BUILD_BUCKETS, registry=r)
+        self.build_failures = Counter("driverd_package_build_failures", "Failed local package builds by reason",
+                                      ["reason"], registry=r)
         self.state.state("starting")
+
+    def package_event(self, event: str, f: dict) -> None:
+        """driverd.observe subscriber: fetches and builds, wherever in the daemon they happen."""
+        if event == "package.fetch":
+            self.fetch_seconds.labels(f.get("source") or "none", f.get("result") or "ok").observe(f.get("seconds", 0))
+            (self.cache_hits if f.get("cache") == "hit" else self.cache_misses).inc()
+            if f.get("result") == "error":
+                self.fetch_failures.labels(f.get("reason") or "unexpected").inc()
+        elif event == "package.build":
+            self.build_seconds.labels(f.get("result") or "built").observe(f.get("seconds", 0))
+            if f.get("result") == "failed":
+                self.build_failures.labels(f.get("reason") or "unexpected").inc()
 
     def set_state(self, state: str) -> None:
         self.state.state(state if state in STATES else "error")

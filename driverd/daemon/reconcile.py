@@ -103,7 +103,8 @@ class Reconciler:
         inst = st.installed(sctx)
         fp = fpr.fingerprint(cfg, sctx.kernel.release, inst["sha256"] if inst else None)
         recorded = fpr.recorded_parameters(fpr.read(sctx.root, cfg), st.loaded(sctx), sctx.kernel.release)
-        drift = parameter_drift(running_parameters(sctx.kernel), cfg["modules.parameters"], recorded)
+        drift = [] if _driver_left_alone(sctx, cfg) else \
+            parameter_drift(running_parameters(sctx.kernel), cfg["modules.parameters"], recorded)
         if drift and (fp, tuple(drift)) in self._reloaded_for:
             res.warnings.append("module parameters still differ after a reload (the kernel shows them differently): "
                                 + "; ".join(drift))
@@ -140,6 +141,17 @@ class Reconciler:
 
 def _fail(res: Result, state: str, reason: str, failure: str) -> None:
     res.state, res.reason, res.failure = state, reason, failure
+
+
+def _driver_left_alone(sctx, cfg) -> bool:
+    """driver.manage: never, or auto with a driver another package manager owns (the plan leaves it;
+    a parameter reload would touch it too)."""
+    if cfg["driver.manage"] == "never":
+        return True
+    if cfg["driver.manage"] == "always":
+        return False
+    from driverd.host.ownership import read_ownership
+    return read_ownership(sctx.root, sctx.kernel.release).foreign is not None
 
 
 def _gpu_count(sctx) -> int:

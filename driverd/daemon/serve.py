@@ -10,8 +10,9 @@ from typing import Callable
 from driverd.errors import DriverdError
 
 
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+def _log(msg: str, level: str | None = None, **fields) -> None:
+    from driverd.log import log
+    log(msg, level, **fields)
 
 
 def loaded_probe(root) -> Callable[[], dict | None]:
@@ -38,10 +39,17 @@ def serve(*, mode: str, root, config_path: str | None, load_config: Callable, ma
     notifier = Notifier(log=log)
     health = Health(loaded_probe(root))
     metrics = Metrics()
+    from driverd import observe
+    stop_observing = observe.subscribe(metrics.package_event)     # fetches and builds made by reconciles
     watch = ConfigWatch(root, config_path)
+    from driverd.daemon import statefile
+
+    def record(result=None, next_in_s=None, stopped=False) -> None:
+        statefile.write(root, mode=mode, result=result, next_in_s=next_in_s, stopped=stopped,
+                        ready=False if stopped else health.readiness()[0])
     loop = DaemonLoop(name=mode, load_config=load_config, reconciler=Reconciler(make_context, log), health=health,
                       metrics=metrics, notifier=notifier, watch=watch, log=log,
-                      unload=lambda cfg: unload(make_context(cfg)))
+                      unload=lambda cfg: unload(make_context(cfg)), record=record)
     cfg = None
     try:
         cfg = load_config()
@@ -50,15 +58,27 @@ def serve(*, mode: str, root, config_path: str | None, load_config: Callable, ma
         health.set_state("config-error", problem)
         metrics.set_state("config-error")
         log(f"driverd {mode}: the configuration cannot be used: {problem}; waiting for it to change (or SIGHUP)")
+    cluster = None
+    if cfg is not None:
+        from driverd.daemon import cluster_mode
+        if cluster_mode.wanted(cfg, root):
+            try:
+                cluster = cluster_mode.ClusterMode(cfg, root, make_context, log).start()
+                loop.reconciler = cluster_mode.PinnedReconciler(loop.reconciler, cluster)
+            except DriverdError as e:
+                log(f"driverd {mode}: cluster mode is on but unusable: {e.one_line()}; running host-only")
     endpoints = Endpoints(listen or (cfg["daemon.listen"] if cfg is not None else SCHEMA["daemon.listen"].default),
                           health, metrics)
     host, port = endpoints.start()
     log(f"driverd {mode}: listening on {host}:{port} (/metrics /healthz /readyz); pid {os.getpid()}, root "
-        f"{root.base}" + (", notifying systemd" if notifier.enabled else ""))
+        f"{root.base}" + (", notifying systemd" if notifier.enabled else ""), listen=f"{host}:{port}")
     converged = False
     if cfg is not None and mode == "container-entrypoint":
         converged = _fast_path(make_context, cfg, health, metrics, log, mode)
     rc = loop.run(cfg, converged_at_start=converged)
+    if cluster is not None:
+        cluster.close()
+    stop_observing()
     endpoints.close()
     notifier.close()
     if loop.abandoned:             # a reconcile thread is still inside a step: leave without waiting for it

@@ -6,7 +6,7 @@ from driverd.root import Root
 
 
 def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia") -> Facts:
-    from driverd.host import kernel, modules, nouveau, osrelease, pci, processes, runtimes
+    from driverd.host import kernel, keyrings, modules, nouveau, osrelease, ownership, pci, processes, rdma, runtimes
     from driverd.host.facts import NvmlFacts
     from driverd.host.nvml import read_nvml
 
@@ -27,4 +27,6 @@ def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia") -> Facts:
         driver=drv, gpu_users=tuple(users), daemons=tuple(processes.daemons(root)),
         runtimes=tuple(runtimes.read_runtimes(root, handler)),
         nvml=read_nvml(root, drv.loaded) if nvml else NvmlFacts(False, "NVML disabled (--no-nvml)"),
-        warnings=tuple(warnings))
+        warnings=tuple(warnings), keyrings=keyrings.read_keyrings(root),
+        rdma=rdma.read_rdma(root, k.release, modules.loaded_modules(root)) if nics else None,
+        driver_owner=ownership.read_ownership(root, k.release))

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from driverd.host.keyrings import KeyringFacts
+from driverd.host.ownership import OwnershipFacts
+from driverd.host.rdma import RdmaFacts
+
 SCHEMA_VERSION = 1
 
 
@@ -47,9 +51,9 @@ class GpuFacts:
     name: str
     architecture: str                       # "unknown" for device ids missing from the table
     chip: str | None
-    open_module_support: str                # required | supported | unsupported | unknown
-    min_branch: int | None
-    last_branch: int | None
+    open_module_support: str                # required | supported | unsupported | unknown (driverd/host/gputable.py)
+    min_branch: int | None                  # first branch that NVIDIA's lists (as shipped in the table) name it in
+    last_branch: int | None                 # NVIDIA's legacy branch for it (e.g. 470): later branches refuse it
     known: bool
     uuid: str | None = None                 # from /proc/driver/nvidia/gpus/<addr>/information
     minor: int | None = None                # /dev/nvidia<minor>
@@ -186,6 +190,9 @@ class Facts:
     nvml: NvmlFacts
     warnings: tuple[str, ...] = field(default=())
     schema_version: int = SCHEMA_VERSION
+    keyrings: KeyringFacts | None = None    # the kernel's trusted keyrings (driverd.host.keyrings)
+    rdma: RdmaFacts | None = None           # GPUDirect RDMA: MLNX_OFED peer-memory API (driverd.host.rdma); None without a Mellanox NIC
+    driver_owner: OwnershipFacts | None = None   # who owns the installed driver (driverd.host.ownership)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -104,10 +104,10 @@ _UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-
 
 
 def gpu_from(dev: PciDevice, warnings: list[str], info: dict[str, str] | None = None) -> GpuFacts:
-    model = gputable.lookup(dev.device)
+    model = gputable.lookup(dev.device, dev.subsystem_vendor, dev.subsystem_device)
     if model is None:
         warnings.append(f"GPU {dev.address}: device id {dev.device} is not in driverd's GPU table; "
-                        "architecture and open-module support unknown (set driver.flavor explicitly)")
+                        f"architecture and open-module support unknown (`driverd gpus {dev.device}`)")
     return GpuFacts(
         pci_address=dev.address, vendor_id=dev.vendor, device_id=dev.device,
         subsystem_vendor_id=dev.subsystem_vendor, subsystem_device_id=dev.subsystem_device,

@@ -38,12 +38,14 @@ def installed_identity(kernel) -> tuple[str, str, str | None] | None:
     return version, flavor, sha
 
 
-def wanted_modules(cfg, mellanox_nics: int) -> list[str]:
+def wanted_modules(cfg, mellanox_nics: int, peermem: bool | None = None) -> list[str]:
+    """`peermem`: driverd.plan.peermem's decision (whether the kernel can load nvidia-peermem and the
+    host needs it); None falls back to the setting alone."""
     mods = list(CORE)
     if cfg["modules.load_drm"]:
         mods.append("nvidia_drm")
     pm = cfg["modules.load_peermem"]
-    if pm == "true" or (pm == "auto" and mellanox_nics):
+    if peermem if peermem is not None else (pm == "true" or (pm == "auto" and mellanox_nics)):
         mods.append("nvidia_peermem")
     return mods
 

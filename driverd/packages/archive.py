@@ -14,6 +14,10 @@ Unpacking refuses, with one line naming the member: absolute paths, `..`, anythi
 and directories (symlinks, hard links, devices, FIFOs), names outside the layout, a manifest that
 disagrees with the files (missing, extra, size, mode or sha256), and truncated or corrupt streams.
 On any refusal the destination is removed, so nothing half-unpacked is ever left behind.
+
+File modes are never taken from the archive: every file is written 0644 and every directory 0755
+(owned by the installing user, root on a node). A member whose mode differs (world-writable,
+executable, setuid...) is still checked against the manifest, and `unusual_modes` reports it.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ SUFFIX = ".tar.zst"
 ZSTD_LEVEL = 3
 _CHUNK = 1 << 20
 MAX_MEMBER_BYTES = 2 << 30          # a kernel module or firmware image is far below 2 GiB
+FILE_MODE, DIR_MODE = 0o644, 0o755   # what unpacking writes, whatever the archive says
 
 
 @dataclass(frozen=True)
@@ -270,7 +275,9 @@ def _unpack_into(package, dest: Path | None, expected_sha256: str | None = None)
                         n += len(chunk)
                 else:
                     target = dest / rel
-                    target.parent.mkdir(exist_ok=True)
+                    if not target.parent.is_dir():
+                        target.parent.mkdir()
+                        os.chmod(target.parent, DIR_MODE)
                     # O_EXCL|O_NOFOLLOW: never write through anything that appeared in dest meanwhile.
                     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
                     with os.fdopen(fd, "wb") as out:
@@ -278,7 +285,7 @@ def _unpack_into(package, dest: Path | None, expected_sha256: str | None = None)
                             h.update(chunk)
                             n += len(chunk)
                             out.write(chunk)
-                    os.chmod(target, mode)
+                    os.chmod(target, FILE_MODE)     # never the archive's mode (it is reported instead)
                 actual[rel] = FileEntry(rel, n, mode, h.hexdigest())
             hasher = getattr(tar, "_driverd_hasher", None)
             if hasher is not None:
@@ -295,7 +302,14 @@ def _unpack_into(package, dest: Path | None, expected_sha256: str | None = None)
     verify_files(package, manifest, actual)
     if dest is not None:
         (dest / MANIFEST_NAME).write_bytes(manifest_bytes)
+        os.chmod(dest / MANIFEST_NAME, FILE_MODE)
     return manifest
+
+
+def unusual_modes(manifest: Manifest) -> list[str]:
+    """Files whose mode in the package is not 0644: reported, not obeyed (they are written 0644)."""
+    return [f"{f.path} has mode {f.mode:04o} in the package (installed {FILE_MODE:04o})"
+            for f in manifest.files if f.mode != FILE_MODE]
 
 
 def _wrong_sha(package, got: str | None, want: str) -> PackageError:

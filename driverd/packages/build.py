@@ -239,7 +239,41 @@ def _arch(headers: Headers) -> str:
     return os.uname().machine
 
 
-def build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os.PathLike,
+def build(**kw) -> BuildResult:
+    """One package built (arguments: _build's), reported to driverd.observe as `package.build`: how
+    long it took, whether it was built or served from the output directory, and why it failed."""
+    from driverd import observe
+    t0 = time.monotonic()
+    cell = f"{kw.get('flavor')}-{kw.get('kernel')}"
+    try:
+        res = _build(**kw)
+    except BaseException as e:
+        observe.emit("package.build", result="failed", reason=_failure_reason(e), seconds=time.monotonic() - t0,
+                     cell=cell)
+        raise
+    observe.emit("package.build", result="cached" if res.cached else "built", reason=None,
+                 seconds=time.monotonic() - t0, cell=cell)
+    return res
+
+
+def _failure_reason(e: BaseException) -> str:
+    """A short, bounded label for a failed build (metrics: failures by reason)."""
+    if isinstance(e, BuildFailed):
+        return "compile"
+    if isinstance(e, UsageError):
+        return "source" if "source" in e.message else "usage"
+    if isinstance(e, PackageError):
+        m = e.message
+        for words, reason in (("kernel headers", "headers"), ("make is not installed", "toolchain"),
+                              ("sign", "sign"), ("source", "source"), ("extract", "source"),
+                              ("modinfo", "pack"), ("vermagic", "pack"), ("modules", "pack")):
+            if words in m:
+                return reason
+        return "other"
+    return "io" if isinstance(e, OSError) else "unexpected"
+
+
+def _build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os.PathLike,
           headers: str | None = None, sign_key: str | None = None, sign_cert: str | None = None,
           jobs: int | None = None, work_dir: str | os.PathLike = "/var/cache/driverd/build", strip: bool = True,
           force: bool = False, root: Root | None = None, runner: Runner | None = None,
@@ -390,7 +424,8 @@ def local_builder(root: Root, cfg, want, runner: Runner):
         return None, e.message
     work = root.real(cfg["packages.cache_dir"]) / "build"
     v = peek_version(src_path, work)
-    key, cert = cfg["signing.key"], cfg["signing.cert"]
+    from driverd.packages.sign import node_path
+    key, cert = node_path(root, cfg["signing.key"]), node_path(root, cfg["signing.cert"])   # the node's own keys
 
     def builder(cache: Path) -> Path:
         res = build(source=src_path, kernel=want.kernel_release, flavor=want.flavor, out=cache, work_dir=work,

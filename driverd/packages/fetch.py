@@ -21,6 +21,7 @@ from urllib.parse import unquote, urlsplit
 from driverd.errors import PackageError
 from driverd.packages.archive import SUFFIX, verify_package
 from driverd.packages.manifest import package_basename
+from driverd.packages import trust
 from driverd.packages.repo import INDEX_NAME, SIG_NAME, Index, IndexEntry, parse_index, verify_signature
 from driverd.root import Root
 from driverd.runner import Runner
@@ -103,8 +104,12 @@ def _retrying(fn: Callable[[], object], what: str, attempts: int = ATTEMPTS):
                            fix="check the network, proxy settings (HTTPS_PROXY) and the repository URL") from None
 
 
-def read_index(url: str, *, public_key: str | None = None, runner: Runner | None = None, session=None) -> Index:
-    """The repository's index (signature checked when a public key is configured)."""
+def read_index(url: str, *, public_key: str | None = None, runner: Runner | None = None, session=None,
+               insecure: bool = False, root: Root | None = None, state_dir: str | None = None, now=None) -> Index:
+    """The repository's index, authentic and fresh (driverd.packages.trust): signed with
+    `public_key` when one is given, else only from file:// or with `insecure`; a signed index is
+    refused when expired or older than the serial this node recorded under `state_dir` (then
+    recorded). Raises trust.IndexRefused for an index that must not be used."""
     where = _join(url, INDEX_NAME)
     if _is_file_repo(url):
         d = _file_path(url)
@@ -131,7 +136,13 @@ def read_index(url: str, *, public_key: str | None = None, runner: Runner | None
         sig = _retrying(lambda: get(SIG_NAME, False), f"GET {_join(url, SIG_NAME)}") if public_key else None
     if public_key:
         verify_signature(data, sig, public_key, where, runner)
-    return parse_index(data, where)
+    else:
+        trust.unsigned_allowed(url, _is_file_repo(url), insecure, where)
+    idx = parse_index(data, where)
+    if public_key:
+        trust.check(idx, url, where, signed=True, seen=trust.seen_serial(root, state_dir, url), now=now)
+        trust.record(root, state_dir, url, idx)
+    return idx
 
 
 # -- cache --------------------------------------------------------------------------------------
@@ -254,33 +265,56 @@ def _verify_into_cache(path: Path, entry: IndexEntry, where: str, files: bool = 
         raise PackageError(f"{path.name}: size differs from the index ({where})", fix="fetch again")
 
 
-def fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache/driverd", cache_max_mb: int = 4096,
-          public_key: str | None = None, runner: Runner | None = None,
-          builder: Callable[[Path], Path] | None = None, no_build_reason: str | None = None,
-          attempts: int = ATTEMPTS, verify_files: bool = True) -> FetchResult:
-    """The verified local package for `want`: from the cache, a repository, or a local build.
+def fetch(root: Root, want: Want, repos: list[str], **kw) -> FetchResult:
+    """The verified local package for `want`: from the cache, a repository, or a local build
+    (arguments: _fetch's). Reported to driverd.observe as `package.fetch`: where it came from (a cache
+    hit, or a miss served by a repository or a build), how long it took, and why it failed."""
+    from driverd import observe
+    stage = {"at": "index"}
+    t0 = time.monotonic()
+    try:
+        res = _fetch(root, want, repos, _stage=stage, **kw)
+    except BaseException as e:
+        reason = stage["at"] if isinstance(e, PackageError) else "io" if isinstance(e, OSError) else "unexpected"
+        observe.emit("package.fetch", source="none" if reason != "build" else "build", result="error",
+                     cache="miss", reason=reason, seconds=time.monotonic() - t0, want=want.name)
+        raise
+    source = "cache" if res.cached else "build" if res.source == "local-build" else "repository"
+    observe.emit("package.fetch", source=source, result="ok", cache="hit" if res.cached else "miss", reason=None,
+                 seconds=time.monotonic() - t0, want=want.name, package=res.package.name)
+    return res
 
-    verify_files=False checks only the archive's sha256 against the index; use it only when the
+
+def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache/driverd", cache_max_mb: int = 4096,
+           public_key: str | None = None, runner: Runner | None = None,
+           builder: Callable[[Path], Path] | None = None, no_build_reason: str | None = None,
+           attempts: int = ATTEMPTS, verify_files: bool = True, _stage: dict | None = None,
+           insecure: bool = False, state_dir: str | None = None) -> FetchResult:
+    """verify_files=False checks only the archive's sha256 against the index; use it only when the
     package goes straight to `install(..., expected_sha256=)`, which checks every file while unpacking
-    (one decompression instead of two)."""
+    (one decompression instead of two). `_stage["at"]` says what was being done when it raised."""
+    stage = _stage if _stage is not None else {}
+    stage["at"] = "io"
     cdir = cache_dir(root, cache)
-    cdir.mkdir(parents=True, exist_ok=True)
     looked: list[str] = []
     session = None
     for url in repos:
+        stage["at"] = "index"
         try:
             if not _is_file_repo(url) and session is None:
                 session = _session()
-            idx = read_index(url, public_key=public_key, runner=runner, session=session)
+            idx = read_index(url, public_key=public_key, runner=runner, session=session, insecure=insecure,
+                             root=root, state_dir=state_dir)
         except PackageError as e:
-            if "signature" in e.message or "listed twice" in e.message:
-                raise                       # a tampered or inconsistent index is never skipped silently
+            if isinstance(e, trust.IndexRefused) or "listed twice" in e.message:
+                raise                       # a tampered, stale or inconsistent index is never skipped silently
             looked.append(f"{url} ({e.message})")
             continue
         entry = idx.find(want.driver, want.flavor, want.kernel_release, want.arch)
         if entry is None:
             looked.append(f"{url} (index lists {len(idx.packages)} packages, not this one)")
             continue
+        cdir.mkdir(parents=True, exist_ok=True)     # only now: a refused index writes nothing
         dest = cdir / cache_name(entry)
         if dest.exists():
             try:
@@ -290,18 +324,23 @@ def fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache/
             except PackageError:
                 pass                        # damaged cache entry: removed, fetch it again
         n = 1
+        stage["at"] = "download"
         if _is_file_repo(url):
             _copy_file(url, entry, dest)
         else:
             n = download(url, entry, dest, session, attempts)
+        stage["at"] = "verify"
         _verify_into_cache(dest, entry, _join(url, entry.path), verify_files)
         prune_cache(cdir, cache_max_mb << 20, keep=dest)
         return FetchResult(dest, entry.sha256, url, attempts=n, looked_in=looked)
     if builder is not None:
+        stage["at"] = "build"
+        cdir.mkdir(parents=True, exist_ok=True)
         built = builder(cdir)
         from driverd.packages.archive import sha256_file
         prune_cache(cdir, cache_max_mb << 20, keep=built)
         return FetchResult(built, sha256_file(built), "local-build", looked_in=looked)
+    stage["at"] = "not-found"
     where = "; ".join(looked) if looked else "no repositories configured (packages.repositories / --repo)"
     raise PackageError(f"no package {want.name} found in: {where}",
                        cause="no repository holds a package for this kernel"
@@ -323,10 +362,12 @@ def fetch_configured(root: Root, cfg, want: Want, repos: list[str] | None = None
     if allow_build and cfg["packages.build_fallback"]:
         from driverd.packages.build import local_builder
         builder, reason = local_builder(root, cfg, want, runner or Runner())
+    from driverd.packages.sign import node_path
     return fetch(root, want, list(repos if repos is not None else cfg["packages.repositories"]),
                  cache=cfg["packages.cache_dir"], cache_max_mb=cfg["packages.cache_max_mb"],
-                 public_key=cfg["packages.index_public_key"], runner=runner, builder=builder,
-                 no_build_reason=reason, verify_files=verify_files)
+                 public_key=node_path(root, cfg["packages.index_public_key"]), runner=runner, builder=builder,
+                 no_build_reason=reason, verify_files=verify_files, insecure=cfg["packages.insecure"],
+                 state_dir=cfg["state.dir"])
 
 
 def want_for_host(root: Root, cfg, kernel: str | None = None, arch: str | None = None) -> Want:

@@ -154,14 +154,30 @@ def signature_enforced(root: Root) -> tuple[bool, tuple[str, ...]]:
     return k.module_signature_enforced, k.signature_enforcement_sources
 
 
-def check_signatures(manifest: Manifest, enforced: bool, sources: tuple[str, ...] = ()) -> None:
+def check_signatures(root: Root, package: str | os.PathLike, release: str, enforced: bool,
+                     sources: tuple[str, ...] = (), trusted_certs: list[str] | None = None) -> None:
+    """The signer preflight on the package's own files (not the manifest's claim): refuse modules
+    that are unsigned, damaged, or — for the running kernel, whose keyrings can be read — signed by a
+    key the kernel does not hold (driverd.packages.signers)."""
     if not enforced:
         return
-    unsigned = [m.name for m in manifest.modules if not m.signed]
+    from driverd.host.kernel import running_release
+    from driverd.host.keyrings import KeyringFacts, read_keyrings
+    from driverd.packages import signers
+    sigs = signers.package_signatures(package)
+    unsigned = [s.module for s in sigs if not s.signed]
     if unsigned:
         raise PackageError(f"refusing unsigned modules ({', '.join(unsigned)}): the kernel enforces module "
                            f"signatures", cause="; ".join(sources) or "signature enforcement is on",
                            fix="build with --sign-key/--sign-cert using a key enrolled in the kernel's keyring (MOK)")
+    keyrings = read_keyrings(root) if release == running_release(root) else KeyringFacts(
+        False, "unknown", notes=(f"kernel {release} is not running: its keyrings are not readable",))
+    declared, _ = signers.declared_certs(root, trusted_certs)
+    v = signers.judge(sigs, keyrings, declared, enforced=True, certs_for_enrol=declared)
+    if v.blocks:
+        raise PackageError(f"refusing {os.path.basename(os.fspath(package))}: {v.summary}",
+                           cause="; ".join(sources) or "signature enforcement is on",
+                           fix=v.enrol or "sign the modules with a key in the kernel's trusted keyrings")
 
 
 def check_space(where: Path, manifest: Manifest) -> None:
@@ -456,7 +472,8 @@ def _report(ctx: _Ctx, package: str, k: Kept | None, done: _Done | None, notes: 
 # -- install / restore / rollback -----------------------------------------------------------------
 
 def preflight(root: Root, package_path: str | os.PathLike, runner: Runner | None = None, *,
-              kernel: str | None = None, enforce: bool | None = None) -> tuple[Manifest, str]:
+              kernel: str | None = None, enforce: bool | None = None,
+              trusted_certs: list[str] | None = None) -> tuple[Manifest, str]:
     """What decides, before anything is written (or a transaction is even started), whether the
     package can go onto this kernel: its manifest, its vermagic against the target kernel, its
     signatures against the kernel's enforcement. Returns (manifest, target release)."""
@@ -467,29 +484,33 @@ def preflight(root: Root, package_path: str | os.PathLike, runner: Runner | None
         enforced, sources = signature_enforced(root)
     else:
         enforced, sources = enforce, ("--enforce-signatures",)
-    check_signatures(manifest, enforced, sources)
+    check_signatures(root, package_path, release, enforced, sources, trusted_certs)
     return manifest, release
 
 
 @_os_errors
 def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, runner: Runner | None = None, *,
             kernel: str | None = None, enforce: bool | None = None,
-            state_dir: str = DEFAULT_STATE_DIR, expected_sha256: str | None = None) -> InstallReport:
+            state_dir: str = DEFAULT_STATE_DIR, expected_sha256: str | None = None,
+            trusted_certs: list[str] | None = None) -> InstallReport:
     """Install `package_path` (see the module docstring). With `expected_sha256` (from a repository
     index) the archive's hash is checked in the same pass that unpacks and verifies its files.
     Installing the package that is installed, intact, with no switch pending writes nothing."""
     root, runner = _root(root), runner or Runner()
     package_path = Path(package_path)
-    manifest, release = preflight(root, package_path, runner, kernel=kernel, enforce=enforce)
+    manifest, release = preflight(root, package_path, runner, kernel=kernel, enforce=enforce,
+                                  trusted_certs=trusted_certs)
     if expected_sha256 is not None:
         kp.check_sha(expected_sha256)
+    from driverd.packages.archive import unusual_modes
+    odd = unusual_modes(manifest)
     sha = expected_sha256 or sha256_file(package_path)
     ctx = _Ctx(root, release, runner, state_dir)
     if runner.dry_run:    # every check a real install makes before writing, and nothing written
         from driverd.packages.archive import verify_package
         cur = _current(ctx)
         verify_package(package_path, expected_sha256)
-        return _report(ctx, str(package_path), Kept(sha, ctx.mdir, manifest), _Done(True, "", [], cur.sha), [],
+        return _report(ctx, str(package_path), Kept(sha, ctx.mdir, manifest), _Done(True, "", [], cur.sha), odd,
                        changed=not (cur.intact and cur.sha == sha), dry_run=True)
     notes = recover(root, release, runner, state_dir)
     cur = _current(ctx)
@@ -509,7 +530,7 @@ def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, run
             adds.undo()
             raise _disk_error(e, ctx.updates) from None
     done = _switch(ctx, have, adds=adds, set_previous=True)
-    return _report(ctx, str(package_path), have, done, notes + _prune(ctx), changed=True)
+    return _report(ctx, str(package_path), have, done, notes + odd + _prune(ctx), changed=True)
 
 
 @_os_errors

@@ -156,7 +156,8 @@ def mkdirs(d: Path) -> list[Path]:
         missing.append(d)
         d = d.parent
     for m in reversed(missing):
-        os.mkdir(m)
+        os.mkdir(m, 0o755)
+        os.chmod(m, 0o755)              # whatever the umask
     return missing
 
 

@@ -118,20 +118,24 @@ class Progress:
     def start(self, cell: Cell) -> None:
         with self.lock:
             self.running.add(cell.id)
-            self._emit(f"start   {cell.id}")
+            self._emit(f"start   {cell.id}", cell=cell.id, status="start")
 
     def finish(self, r: CellResult) -> None:
         with self.lock:
             self.running.discard(r.cell.id)
             self.done[r.status] = self.done.get(r.status, 0) + 1
             detail = r.reason if r.status != "built" else f"{r.package} ({r.seconds:.0f}s)"
-            self._emit(f"{r.status:<7} {r.cell.id}" + (f": {detail}" if detail else ""))
+            self._emit(f"{r.status:<7} {r.cell.id}" + (f": {detail}" if detail else ""), cell=r.cell.id,
+                       status=r.status, reason=r.reason or None, level="warning" if r.status == "failed" else None)
 
-    def _emit(self, line: str) -> None:
+    def _emit(self, line: str, **fields) -> None:
         if not self.enabled:
             return
         n = sum(self.done.values())
-        if self.tty:
+        from driverd import log
+        if log.format() == "json" and self.stream is sys.stderr:
+            log.log(line, progress=f"{n}/{self.total}", **fields)
+        elif self.tty:
             width = 24
             fill = int(width * n / max(self.total, 1))
             bar = f"[{'#' * fill}{'.' * (width - fill)}] {n}/{self.total} " \
@@ -143,22 +147,57 @@ class Progress:
         self.stream.flush()
 
     def close(self) -> None:
-        if self.enabled and self.tty:
+        from driverd import log
+        if self.enabled and self.tty and not (log.format() == "json" and self.stream is sys.stderr):
             self.stream.write("\n")
             self.stream.flush()
+
+
+def select(matrix: Matrix, only: list[str] | None = None, cell_ids: list[str] | None = None,
+           index: int | None = None) -> list[Cell]:
+    """The cells a run builds: those matching `only` (globs), in `cell_ids`' order when given (the
+    list a rendered Job carries), and of those the one at `index` (a Job's completion index)."""
+    cells = [c for c in matrix.cells if not only or any(fnmatch.fnmatch(c.id, g) for g in only)]
+    if cell_ids is not None:
+        by_id = {c.id: c for c in cells}
+        unknown = [i for i in cell_ids if i not in by_id]
+        if unknown:
+            raise UsageError(f"cell {unknown[0]} is not in {matrix.path}" + (f" (or not matched by {only})" if only else ""),
+                             cause="the cell list was made from another version of the matrix",
+                             fix="render the Job again from this matrix file")
+        cells = [by_id[i] for i in cell_ids]
+    if index is not None:
+        if not 0 <= index < len(cells):
+            raise UsageError(f"--only-index {index} is out of range: {len(cells)} cell(s) to choose from",
+                             fix=f"pass an index from 0 to {len(cells) - 1}" if cells else "there is nothing to build")
+        cells = [cells[index]]
+    return cells
+
+
+def missing(matrix: Matrix, out: str | os.PathLike, cells: list[Cell] | None = None) -> list[Cell]:
+    """The cells the repository directory `out` does not hold (all of them when it does not exist)."""
+    from driverd.packages.build import existing
+    outp = Path(out)
+    cells = matrix.cells if cells is None else cells
+    if not outp.is_dir():
+        return list(cells)
+    return [c for c in cells if existing(outp, c.driver, c.flavor, c.release, c.arch) is None]
 
 
 def run(matrix: Matrix, out: str | os.PathLike, *, jobs: int | None = None, make_jobs: int | None = None,
         work_dir: str | os.PathLike, only: list[str] | None = None, dry_run: bool = False,
         install_headers: bool = False, sign_key: str | None = None, sign_cert: str | None = None, root: Root | None = None, runner: Runner | None = None,
         progress: Progress | None = None,
-        build_fn: Callable[..., object] | None = None) -> list[CellResult]:
+        build_fn: Callable[..., object] | None = None, cell_ids: list[str] | None = None,
+        only_index: int | None = None, index: bool = True) -> list[CellResult]:
+    """Build the selected cells (see select()). index=False leaves the repository index alone: a
+    Job's pods each build one cell into a shared directory, and one indexer runs after them."""
     from driverd.packages.build import build, existing, find_headers
     from driverd.packages.repo import write_index
     root, runner = root or Root("/"), runner or Runner()
     outp = Path(out)
     outp.mkdir(parents=True, exist_ok=True)
-    cells = [c for c in matrix.cells if not only or any(fnmatch.fnmatch(c.id, g) for g in only)]
+    cells = select(matrix, only, cell_ids, only_index)
     if not cells:
         raise UsageError(f"no cell of {matrix.path} matches {only}", fix="check --only")
     progress = progress or Progress(len(cells))
@@ -209,8 +248,8 @@ def run(matrix: Matrix, out: str | os.PathLike, *, jobs: int | None = None, make
                 results = list(ex.map(one, cells))
     finally:
         progress.close()
-    if not dry_run and any(r.status == "built" for r in results):
-        write_index(outp, runner=runner, verify=False)
-    elif not dry_run and not (outp / "index.json").exists():
+    if not index or dry_run:
+        return results
+    if any(r.status == "built" for r in results) or not (outp / "index.json").exists():
         write_index(outp, runner=runner, verify=False)
     return results

@@ -2,14 +2,15 @@
 with `index.json` listing every package, optionally signed (`index.json.sig`).
 
 index.json:
-    {"schema": 1, "generated_at": "...",
+    {"schema": 1, "generated_at": "...", "serial": 1767225600, "expires": "2026-02-01T00:00:00+00:00",
      "packages": [{"driver": "535.261.03", "flavor": "open", "kernel_release": "6.1.0-47-cloud-amd64",
                    "arch": "x86_64", "sha256": "...", "size": 17123456, "path": "driverd-....tar.zst"}]}
 
 The signature is `openssl dgst -sha256 -sign KEY` over the exact bytes of index.json; a fetcher
 configured with packages.index_public_key refuses an index whose signature is missing or wrong. Each
 index entry pins a package's sha256, and each package's manifest pins every file, so one signature
-covers everything a node installs.
+covers everything a node installs. `serial` only grows and `expires` bounds the index's life: a
+node refuses an older serial than it has seen, or an expired index (driverd.packages.trust).
 """
 from __future__ import annotations
 
@@ -18,13 +19,15 @@ import os
 import re
 import tempfile
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from driverd.errors import PackageError
 from driverd.fsutil import atomic_write, fsync_dir
 from driverd.packages.archive import SUFFIX, read_manifest, sha256_file
 from driverd.packages.manifest import package_basename
+from driverd.packages.trust import DEFAULT_VALID_DAYS, IndexRefused
 from driverd.runner import Runner
 
 INDEX_NAME = "index.json"
@@ -56,13 +59,15 @@ class IndexEntry:
 class Index:
     packages: tuple[IndexEntry, ...]
     generated_at: str | None = None
+    serial: int | None = None              # only grows (rollback protection)
+    expires: str | None = None             # RFC 3339 (freeze protection)
 
     def find(self, driver: str, flavor: str, release: str, arch: str) -> IndexEntry | None:
         return next((e for e in self.packages if e.key == (driver, flavor, release, arch)), None)
 
     def to_json(self) -> dict:
-        return {"schema": INDEX_SCHEMA, "generated_at": self.generated_at,
-                "packages": [asdict(e) for e in sorted(self.packages, key=lambda e: (e.key, e.sha256))]}
+        return {"schema": INDEX_SCHEMA, "generated_at": self.generated_at, "serial": self.serial,
+                "expires": self.expires, "packages": [asdict(e) for e in sorted(self.packages, key=lambda e: (e.key, e.sha256))]}
 
 
 def parse_index(data: bytes | str, where: str) -> Index:
@@ -76,6 +81,12 @@ def parse_index(data: bytes | str, where: str) -> Index:
             raise bad(f"unsupported schema {d.get('schema')!r}")
         entries = [IndexEntry(str(p["driver"]), str(p["flavor"]), str(p["kernel_release"]), str(p["arch"]),
                               str(p["sha256"]), int(p["size"]), str(p["path"])) for p in d["packages"]]
+        serial = d.get("serial")
+        if serial is not None and (isinstance(serial, bool) or not isinstance(serial, int) or serial < 0):
+            raise bad(f"serial {serial!r} is not a whole number")
+        expires = d.get("expires")
+        if expires is not None and not isinstance(expires, str):
+            raise bad(f"expires {expires!r} is not a date")
     except PackageError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -96,7 +107,7 @@ def parse_index(data: bytes | str, where: str) -> Index:
             continue
         seen[e.key] = e
         out.append(e)
-    return Index(tuple(out), d.get("generated_at"))
+    return Index(tuple(out), d.get("generated_at"), serial, expires)
 
 
 def scan(directory: str | os.PathLike, verify: bool = True) -> list[IndexEntry]:
@@ -117,14 +128,29 @@ def scan(directory: str | os.PathLike, verify: bool = True) -> list[IndexEntry]:
     return out
 
 
+def previous_serial(directory: Path) -> int:
+    try:
+        s = json.loads((directory / INDEX_NAME).read_bytes()).get("serial")
+        return s if isinstance(s, int) and not isinstance(s, bool) else 0
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
 def write_index(directory: str | os.PathLike, *, sign_key: str | None = None, runner: Runner | None = None,
-                verify: bool = True) -> Index:
-    """(Re)write DIR/index.json atomically from the packages DIR holds (and sign it when asked)."""
+                verify: bool = True, valid_days: float = DEFAULT_VALID_DAYS, serial: int | None = None,
+                expires: str | None = None) -> Index:
+    """(Re)write DIR/index.json atomically from the packages DIR holds (and sign it when asked).
+    The serial is max(previous + 1, unix time) unless given; it expires `valid_days` from now."""
     d = Path(directory)
     if not d.is_dir():
         raise PackageError(f"repository {d} is not a directory", fix="create it or pass the right path")
     entries = scan(d, verify)
-    idx = Index(tuple(entries), datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    now = datetime.now(timezone.utc)
+    if serial is None:
+        serial = max(previous_serial(d) + 1, int(time.time()))
+    if expires is None:
+        expires = (now + timedelta(days=valid_days)).isoformat(timespec="seconds")
+    idx = Index(tuple(entries), now.isoformat(timespec="seconds"), serial, expires)
     data = (json.dumps(idx.to_json(), indent=2) + "\n").encode()
     parse_index(data, str(d / INDEX_NAME))      # the same checks a fetcher applies (duplicates!)
     if sign_key:
@@ -157,7 +183,7 @@ def sign_bytes(path: str, key: str, runner: Runner | None = None) -> bytes:
 def verify_signature(data: bytes, sig: bytes | None, public_key: str, where: str,
                      runner: Runner | None = None) -> None:
     if sig is None:
-        raise PackageError(f"repository index {where} is not signed", cause=f"{SIG_NAME} is missing",
+        raise IndexRefused(f"repository index {where} is not signed", cause=f"{SIG_NAME} is missing",
                            fix="sign it with `driverd repo index DIR --sign-key KEY` or unset "
                                "packages.index_public_key")
     runner = runner or Runner()
@@ -168,6 +194,6 @@ def verify_signature(data: bytes, sig: bytes | None, public_key: str, where: str
         res = runner.run(["openssl", "dgst", "-sha256", "-verify", public_key, "-signature", sp, dp],
                          timeout=60, check=False, mutates=False)
     if not res.ok:
-        raise PackageError(f"repository index {where} has a bad signature",
+        raise IndexRefused(f"repository index {where} has a bad signature",
                            cause=f"it does not verify against {public_key}",
                            fix="check the repository and packages.index_public_key")

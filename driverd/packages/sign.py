@@ -37,3 +37,12 @@ def signing_pair(cfg, key: str | None = None, cert: str | None = None) -> tuple[
     if key or cert:
         return key, cert
     return cfg["signing.key"], cfg["signing.cert"]
+
+
+def node_path(root: Root, path: str | None) -> str | None:
+    """A key or certificate path of the node's configuration (signing.key, signing.cert,
+    signing.trusted_certs, packages.index_public_key): a host path, resolved under --root (symlinks
+    followed inside it). `driverd build` and `repo index` take the build host's own paths instead."""
+    if path is None:
+        return None
+    return path if root.is_slash else str(root.real(path))

@@ -19,7 +19,7 @@ class Desired:
     driver_version: str | None
     flavor: str = "auto"
     module_parameters: dict[str, dict[str, str]] = field(default_factory=dict)
-    load_drm: bool = False
+    load_drm: bool | None = None        # None: keep nvidia_drm loaded across an upgrade when it was running
     load_peermem: str = "auto"
     unload_policy: str = "refuse"
     signing_key: str | None = None
@@ -28,6 +28,7 @@ class Desired:
     handler: str = "nvidia"
     persistenced: bool = True
     fabricmanager: str = "auto"
+    manage: str = "auto"                # driver.manage: auto | always | never (driverd.host.ownership)
 
     @classmethod
     def from_config(cls, cfg) -> "Desired":
@@ -36,7 +37,8 @@ class Desired:
                    load_peermem=cfg["modules.load_peermem"], unload_policy=cfg["modules.unload_policy"],
                    signing_key=cfg["signing.key"], signing_cert=cfg["signing.cert"],
                    runtimes=tuple(cfg["runtime.runtimes"]), handler=cfg["runtime.handler"],
-                   persistenced=cfg["daemons.persistenced"], fabricmanager=cfg["daemons.fabricmanager"])
+                   persistenced=cfg["daemons.persistenced"], fabricmanager=cfg["daemons.fabricmanager"],
+                   manage=cfg["driver.manage"])
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class Plan:
     reboot_reasons: tuple[str, ...] = ()
     blocked_by: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    signatures: dict | None = None      # the signer preflight's verdict (driverd.packages.signers)
+    driver_managed_by: str | None = None  # set when driverd leaves the driver to another package manager
 
     @property
     def nothing_to_do(self) -> bool:

@@ -1,21 +1,51 @@
 """plan(facts, desired) -> Plan: a pure function. No I/O, no clock; same inputs, same plan."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from driverd.errors import UsageError
 from driverd.host.facts import Facts
 from driverd.plan import flavor as flavor_mod
 from driverd.plan.model import Desired, Plan, Step
+from driverd.plan.peermem import decide_peermem
 
 CORE_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset")
+# NVIDIA modules that the driver package does not provide (GPUDirect Storage, vGPU host).
+NOT_IN_PACKAGE = ("nvidia_fs", "nvidia_vgpu_vfio")
 
 
-def modules_to_load(facts: Facts, desired: Desired) -> list[str]:
+@dataclass(frozen=True)
+class ModuleSet:
+    modules: list[str]
+    reasons: dict[str, str]                 # module -> why it is (or is not) in the set
+    blocked: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+def module_set(facts: Facts, desired: Desired, flavor: str | None) -> ModuleSet:
+    """The modules a load brings up: the core three, nvidia-drm when configured or (modules.load_drm
+    unset) when it was running, nvidia-peermem where GPUDirect RDMA needs it and the kernel can load
+    it (driverd.plan.peermem). An upgrade loads the same set of NVIDIA modules that was running."""
     mods = list(CORE_MODULES)
-    if desired.load_drm:
+    reasons: dict[str, str] = {}
+    running = {m.name for m in facts.driver.modules} if facts.driver.loaded else set()
+    if desired.load_drm or (desired.load_drm is None and "nvidia_drm" in running):
         mods.append("nvidia_drm")
-    if desired.load_peermem == "true" or (desired.load_peermem == "auto" and facts.mellanox_nics):
+        reasons["nvidia_drm"] = ("modules.load_drm = true" if desired.load_drm else
+                                 "nvidia_drm was loaded with the running driver; the new one loads the same set")
+    pm = decide_peermem(desired.load_peermem, len(facts.mellanox_nics), facts.rdma, flavor, facts.kernel.release,
+                        "nvidia_peermem" in running)
+    if pm.load:
         mods.append("nvidia_peermem")
-    return mods
+    reasons["nvidia_peermem"] = pm.reason
+    warnings = [f"{m} is loaded and is not part of the driver package: load it again after the upgrade"
+                for m in NOT_IN_PACKAGE if m in running]
+    return ModuleSet(mods, reasons, (pm.blocked,) if pm.blocked else (),
+                     tuple(warnings) + ((pm.warning,) if pm.warning else ()))
+
+
+def modules_to_load(facts: Facts, desired: Desired, flavor: str | None = None) -> list[str]:
+    return module_set(facts, desired, flavor).modules
 
 
 def runtimes_to_configure(facts: Facts, desired: Desired) -> list[str]:
@@ -31,10 +61,16 @@ def _user(u) -> str:
     return f"pid {u.pid} ({u.comm}{where})"
 
 
-def plan(facts: Facts, desired: Desired) -> Plan:
+def plan(facts: Facts, desired: Desired, signers=None) -> Plan:
+    """`signers`: the signer preflight's verdict on the package that would be loaded
+    (driverd.packages.signers.SignerVerdict, computed from its files and the kernel's keyrings), or
+    None when nobody looked. Only a verdict that the kernel would refuse blocks the plan."""
     if not facts.gpus:
         return Plan(desired.driver_version, None, "no NVIDIA GPU on this host", facts.kernel.release, (),
                     warnings=facts.warnings)
+    owner = facts.driver_owner.foreign if facts.driver_owner is not None else None
+    if desired.manage == "never" or (desired.manage == "auto" and owner is not None):
+        return _leave_driver(facts, desired, owner)
     if not desired.driver_version:
         raise UsageError("no driver version requested", cause="neither --driver nor driver.version is set",
                          fix="pass --driver VERSION or set [driver] version in /etc/driverd/config.toml")
@@ -69,14 +105,15 @@ def plan(facts: Facts, desired: Desired) -> Plan:
     want_loaded = d.loaded and d.version == version and d.flavor == flavor
     installed = any(p.kernel_release == k.release and p.driver_version == version and p.flavor == flavor
                     for p in d.installed)
-    mods = modules_to_load(facts, desired)
+    ms = module_set(facts, desired, flavor)
+    mods = ms.modules
     if not installed and not want_loaded:
         steps.append(Step("fetch-package", f"no driverd package for {version} ({flavor}) is installed for kernel "
                           f"{k.release}", {"driver": version, "flavor": flavor, "kernel": k.release, "arch": k.arch}))
-    if k.module_signature_enforced and not want_loaded and not (desired.signing_key and desired.signing_cert):
+    if signers is not None and signers.blocks and not want_loaded:
         blocked.append("the kernel enforces module signatures (" + "; ".join(k.signature_enforcement_sources)
-                       + ") and no signing key is configured: set [signing] key and cert (enrolled in the MOK/"
-                         "platform keyring) or use a package signed with a trusted key")
+                       + ") and would refuse the package: " + signers.summary
+                       + (f"; fix: {signers.enrol}" if signers.enrol else ""))
     if not installed and not want_loaded:
         steps.append(Step("install-package", f"install {version} ({flavor}) modules and firmware for {k.release}",
                           {"driver": version, "flavor": flavor, "kernel": k.release}))
@@ -101,9 +138,12 @@ def plan(facts: Facts, desired: Desired) -> Plan:
                                   preconditions=("no process holds /dev/nvidia*",)))
         if not (replacing and not k.module_unload_supported):
             params = {m: p for m, p in desired.module_parameters.items() if m in mods}
-            steps.append(Step("load-modules", f"{version} ({flavor}) is not loaded", {"modules": mods,
-                              "parameters": params}, preconditions=("package installed for the running kernel",)))
+            steps.append(Step("load-modules", f"{version} ({flavor}) is not loaded; nvidia_peermem: "
+                              f"{ms.reasons['nvidia_peermem']}", {"modules": mods, "parameters": params,
+                              "why": ms.reasons}, preconditions=("package installed for the running kernel",)))
     loading = any(s.action == "load-modules" for s in steps)
+    if loading:
+        blocked.extend(ms.blocked)          # a module the kernel would refuse (driverd.plan.peermem)
     persist = facts.daemon("nvidia-persistenced")
     if desired.persistenced and (loading or not (persist and persist.running)) and not reboot_only(reboot, d, k):
         steps.append(Step("start-persistenced", "keeps the GPUs initialised between jobs (daemons.persistenced)"))
@@ -112,6 +152,21 @@ def plan(facts: Facts, desired: Desired) -> Plan:
     if want_fm and (loading or not (fm and fm.running)) and not reboot_only(reboot, d, k):
         steps.append(Step("start-fabricmanager", f"{len(facts.nvswitches)} NVSwitch(es) need fabric manager "
                           "before CUDA can use NVLink"))
+    steps += runtime_steps(facts, desired)
+    if loading:
+        steps.append(Step("validate", "prove the driver works: version, flavour and every GPU visible",
+                          {"driver": version, "flavor": flavor, "gpus": [g.pci_address for g in facts.gpus]}))
+    if owner is not None:       # driver.manage = always
+        replacing = (f"driver.manage = always: replacing the driver that {owner.describe()} owns ({owner.evidence}); "
+                     "its user-space libraries may no longer match the kernel modules")
+        ms = ModuleSet(ms.modules, ms.reasons, ms.blocked, (*ms.warnings, replacing))
+    return Plan(version, flavor, decision.reason, k.release, tuple(steps), bool(reboot), tuple(reboot),
+                tuple(blocked), tuple(facts.warnings) + decision.warnings + ms.warnings,
+                signers.to_json() if signers is not None and not want_loaded else None)
+
+
+def runtime_steps(facts: Facts, desired: Desired) -> list[Step]:
+    steps = []
     by_name = {r.name: r for r in facts.runtimes}
     for name in runtimes_to_configure(facts, desired):
         r = by_name.get(name)
@@ -120,11 +175,25 @@ def plan(facts: Facts, desired: Desired) -> Plan:
         steps.append(Step("configure-runtime", f"{name} has no '{desired.handler}' runtime handler"
                           if r else f"{name} was requested but is not detected on this host",
                           {"runtime": name, "handler": desired.handler}))
-    if loading:
-        steps.append(Step("validate", "prove the driver works: version, flavour and every GPU visible",
-                          {"driver": version, "flavor": flavor, "gpus": [g.pci_address for g in facts.gpus]}))
-    return Plan(version, flavor, decision.reason, k.release, tuple(steps), bool(reboot), tuple(reboot),
-                tuple(blocked), tuple(facts.warnings) + decision.warnings)
+    return steps
+
+
+def _leave_driver(facts: Facts, desired: Desired, owner) -> Plan:
+    """driver.manage = never, or auto with a driver that another package manager owns: driverd does
+    not fetch, install, unload or load it; it still configures the container runtimes."""
+    d = facts.driver
+    if desired.manage == "never":
+        why = "driver.manage = never: driverd leaves the driver as it is and only configures the runtimes"
+        by = "the host (driver.manage = never)"
+    else:
+        why = (f"the installed driver belongs to {owner.describe()} ({owner.evidence}); driver.manage = auto leaves "
+               "it to that package manager and only configures the runtimes (driver.manage = always replaces it)")
+        by = owner.describe()
+    warnings = list(facts.warnings)
+    if desired.driver_version and d.loaded and d.version and d.version != desired.driver_version:
+        warnings.append(f"driver.version {desired.driver_version} is not applied: {by} keeps {d.version} running")
+    return Plan(desired.driver_version or d.version, d.flavor, why, facts.kernel.release,
+                tuple(runtime_steps(facts, desired)), warnings=tuple(warnings), driver_managed_by=by)
 
 
 def reboot_only(reboot: list[str], driver, kernel) -> bool:

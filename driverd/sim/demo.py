@@ -16,6 +16,7 @@ version = "535.261.03"
 flavor = "open"
 [packages]
 repositories = ["file://{repo}"]
+index_public_key = "/etc/driverd/repo-index.pub"
 [runtime]
 runtimes = ["containerd"]
 restart = "none"
@@ -40,13 +41,22 @@ def run_demo(workdir: str | None, as_json: bool = False) -> int:
          "simulated kernel (its /proc and /sys live in the sandbox)")
     make_host(root, dgx_spec())
     marker = repo / ".built"
+    from driverd.packages.repo import write_index
+    from driverd.sim.scenario import make_index_key
+    key, pub = make_index_key(wd / "keys")
     if not marker.exists():
         _say("   building the package repository (fake but real ELF modules, real depmod) ...")
-        pk = make_packages(repo)
+        pk = make_packages(repo, sign_key=key)
         marker.write_text("\n".join(f"{k} {v}" for k, v in pk.items()) + "\n")
+    else:                   # a fresh serial and expiry for the index (signed, so the node checks both)
+        write_index(repo, sign_key=str(key), verify=False)
+        write_index(repo / "broken", sign_key=str(key), verify=False)
     pk = dict(ln.split(" ", 1) for ln in marker.read_text().splitlines())
     (root / "etc/driverd").mkdir(parents=True, exist_ok=True)
     (root / "etc/driverd/config.toml").write_text(CONFIG.format(repo=repo))
+    # the node's key paths are host paths: the public key lives in the host tree
+    (root / "etc/driverd/repo-index.pub").write_bytes(pub.read_bytes())
+    _say(f"   repository index signed with {key.name}; the node checks it against /etc/driverd/repo-index.pub")
     for k in [k for k in os.environ if k.startswith("DRIVERD_")]:
         del os.environ[k]
     r = str(root)
@@ -67,5 +77,61 @@ def run_demo(workdir: str | None, as_json: bool = False) -> int:
         if expect_fail:
             _say(f"   (exit {rc} as expected: the failed upgrade is reported with the kernel's words, "
                  "and the host is back on the last-known-good driver)")
+    if not as_json:
+        rc = cluster_demo(wd / "cluster", len(stages) + 1)
+        if rc != 0:
+            return rc
     _say(f"\n== done in {time.monotonic() - t0:.1f}s: the sandbox stays in {wd} (driverd status --root {root})")
     return 0
+
+
+def cluster_demo(work: Path, stage: int, nodes: int = 4) -> int:
+    """A rolling upgrade across a small simulated cluster: node daemons (the real agent and node
+    transaction, each on its own simulated host) against the loopback API server, driven and read
+    through the real kubectl and `kubectl driverd`."""
+    import shutil
+    import subprocess
+    import sys
+    from driverd.sim.apiserver import ApiServer
+    from driverd.sim.fleet import NEW, Fleet
+    if work.exists():
+        shutil.rmtree(work)
+    srv = ApiServer(host="127.0.0.1", port=0).start()
+    fleet = None
+    try:
+        fleet = Fleet(work, nodes, server=srv).build()
+        _say(f"\n== {stage}. a rolling upgrade across a simulated cluster of {nodes} GPU nodes (API server on "
+             f"{srv.url}; each node runs driverd's cluster agent on its own simulated host, with a GPU pod "
+             "guarded by a PodDisruptionBudget)")
+        fleet.start()
+        fleet.wait(lambda: all((n["metadata"].get("labels") or {}).get("driverd.io/driver-version")
+                               for n in srv.store.list("nodes")), 60)
+        bindir = os.path.dirname(sys.executable)
+        kubectl = shutil.which("kubectl")
+        env = dict(os.environ, KUBECONFIG=fleet.kubeconfig, PATH=f"{bindir}:{os.environ.get('PATH', '')}",
+                   HOME=str(work))
+        plugin = [kubectl, "driverd"] if kubectl else [os.path.join(bindir, "kubectl-driverd")]
+        steps = [(["get", "nodes", "-L", "driverd.io/driver-version"], True),
+                 (["driverd", "rollout", "start", "--driver", NEW, "--max-parallel", "2", "--max-unavailable", "2"],
+                  False),
+                 (["driverd", "rollout", "status", "--watch", "--timeout", "120"], False),
+                 (["get", "driverrollouts"], True),
+                 (["driverd", "nodes"], False)]
+        for argv, kubectl_only in steps:
+            if kubectl_only and not kubectl:
+                continue
+            cmd = ([kubectl] + argv) if kubectl else (plugin + argv[1:])
+            _say("$ " + ("kubectl " if kubectl else "kubectl-driverd ") + " ".join(argv if kubectl else argv[1:]))
+            res = subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=180)
+            out = res.stdout
+            if "--watch" in argv:      # the last picture of the watch is the one that matters
+                out = out.rstrip().split("\n\n")[-1]
+            _say(out.rstrip() + (("\n" + res.stderr.rstrip()) if res.returncode else ""))
+            if res.returncode != 0:
+                _say(f"demo: `{' '.join(argv)}` exited {res.returncode}")
+                return 1
+        return 0
+    finally:
+        if fleet is not None:
+            fleet.stop()
+        srv.stop()

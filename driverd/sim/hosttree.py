@@ -65,6 +65,9 @@ class HostSpec:
     modprobe_d: dict[str, str] = field(default_factory=dict)    # host path -> content
     files: dict[str, str] = field(default_factory=dict)         # extra host files
     procs: list[Proc] = field(default_factory=list)
+    # Simulated trusted keyrings (driverd.sim.keys): keyring -> certificate files to enrol. None: the
+    # tree has no keyrings, and its kernel accepts any signature.
+    keyrings: dict[str, list[str]] | None = None
 
 
 def h100(addr: str, driver: str | None = None, numa: int = 0) -> Pci:
@@ -176,6 +179,9 @@ def write_host(root: str | os.PathLike, spec: HostSpec) -> Path:
         _w(r, f"/proc/{p.pid}/cgroup", p.cgroup + "\n")
         for i, target in enumerate(p.fds, 3):
             os.symlink(target, base / "fd" / str(i))
+    if spec.keyrings is not None:
+        from driverd.sim import keys
+        keys.setup(r, spec.keyrings)
     return r
 
 

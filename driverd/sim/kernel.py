@@ -7,6 +7,12 @@ It fails the way the real kernel does, with the same errno text and kernel-log l
 - module not in modules.dep            -> modprobe: FATAL: Module X not found in directory ...
 - vermagic for another kernel          -> Exec format error + "version magic '...' should be '...'"
 - unsigned module under enforcement    -> Key was rejected by service + "Loading of unsigned module is rejected"
+- signer not in the trusted keyrings   -> Key was rejected by service + "Loading of module with unavailable key is
+  (under enforcement)                     rejected" (Linux >= 5.4, kernel/module/signing.c; older kernels said
+                                          ENOKEY "Required key not available"); the keyrings are real certificates
+                                          (driverd.sim.keys), matched by issuer + serial or SKID like the kernel
+- lockdown without sig_enforce         -> Operation not permitted + "Lockdown: modprobe: unsigned module loading is
+                                          restricted; see man kernel_lockdown.7"
 - declared firmware missing            -> No such device + "Direct firmware load ... failed with error -2"
 - unknown parameter                    -> *ignored* with "unknown parameter 'X' ignored" (as the real
                                           kernel does: the reason driverd validates before loading)
@@ -38,7 +44,6 @@ from driverd.root import Root
 STATE = "/run/driverd-sim/state.json"
 KMSG = "/run/driverd-sim/kmsg"
 MIG_DIR = "/run/driverd-sim/mig"
-TRUSTED = "/run/driverd-sim/trusted-signers"
 FABRIC = "/run/driverd-sim/fabric-state"
 BASE_DEVICES = [(1, "mem"), (4, "/dev/vc/0"), (4, "tty"), (5, "/dev/tty"), (5, "/dev/console"), (7, "vcs"),
                 (10, "misc"), (13, "input"), (29, "fb"), (128, "ptm"), (136, "pts"), (226, "drm")]
@@ -187,10 +192,28 @@ class SimKernel(Kernel):
         _, sw, _ = pci.classify(self.root, pci.scan(self.root, []), [])
         return sw
 
-    def _sig_enforced(self) -> bool:
-        # The same evidence detect reports (sig_enforce, cmdline, CONFIG_MODULE_SIG_FORCE, lockdown).
+    def _enforcement(self) -> tuple[bool, bool]:
+        """(signatures enforced, locked down): the evidence detect reports (sig_enforce, the command
+        line, CONFIG_MODULE_SIG_FORCE; lockdown refuses with its own error)."""
         from driverd.host.kernel import read_kernel
-        return read_kernel(self.root, []).module_signature_enforced
+        k = read_kernel(self.root, [])
+        lock = any(s.startswith("kernel lockdown=") for s in k.signature_enforcement_sources)
+        return (any(not s.startswith("kernel lockdown=") for s in k.signature_enforcement_sources), lock)
+
+    def _signature_problem(self, info) -> str | None:
+        """None when the kernel would verify the module, else its words: 'unsigned module' or
+        'module with unavailable key' (kernel/module/signing.c module_sig_check)."""
+        if not info.signed:
+            return "unsigned module"
+        from driverd.sim import keys
+        if not keys.enabled(self.root):
+            return None                 # no simulated keyrings: every signature verifies
+        from driverd.packages.modsig import read_signature
+        sig = read_signature(info.path)
+        if sig.error or not sig.signers:
+            return "module with unavailable key"
+        return None if any(keys.module_keyrings_trust(self.root, s) for s in sig.signers) else \
+            "module with unavailable key"
 
     def _firmware_found(self, fw: str) -> bool:
         dirs = [d for d in [self.firmware_path()] if d] + [f"/lib/firmware/updates/{self.release}",
@@ -222,7 +245,7 @@ class SimKernel(Kernel):
         if fail:
             reason, fix = fail
             raise kernel_error("load", name, reason, self.log_since(mark), fix, path=path)
-        taints = "OE" if not info.signed else "O"
+        taints = "OE" if self._signature_problem(info) else "O"
         accepted = {k: v for k, v in (params or {}).items() if k in info.params}
         self._state["modules"].append({"name": name, "size": _size(self.root.real(path)), "pinned": 0,
                                        "holders": [], "taints": taints, "params": accepted, "path": path,
@@ -242,13 +265,17 @@ class SimKernel(Kernel):
                       f"'{self.release} SMP preempt mod_unload modversions '")
             return "Exec format error", f"{name} was built for kernel {info.vermagic_release}, this is {self.release}: " \
                                         "install the package built for the running kernel"
-        trusted = self.root.read_text(TRUSTED)
-        if not info.signed or (trusted is not None and (info.signer or "") not in trusted.splitlines()):
-            if self._sig_enforced():
-                self._log("Loading of unsigned module is rejected" if not info.signed
-                          else f"{name}: Loading of module with unavailable key is rejected")
+        reason = self._signature_problem(info)
+        if reason:
+            sig_enforce, lockdown = self._enforcement()
+            if sig_enforce:
+                self._log(f"Loading of {reason} is rejected")
                 return "Key was rejected by service", "the kernel enforces module signatures: sign the modules " \
-                                                      "with a key enrolled in the MOK/platform keyring ([signing] key/cert)"
+                    "with a key in its trusted keyrings (enrol it as a MOK: mokutil --import CERT.der) or use a " \
+                    "package signed with a trusted key"
+            if lockdown:
+                self._log("Lockdown: modprobe: unsigned module loading is restricted; see man kernel_lockdown.7")
+                return "Operation not permitted", "the kernel is locked down: sign the modules with a trusted key"
             if not any(ln.endswith("tainting kernel") for ln in self._kmsg()):
                 self._log(f"{name}: module verification failed: signature and/or required key missing - tainting kernel")
         for dep in info.depends:

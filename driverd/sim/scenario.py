@@ -28,8 +28,25 @@ def make_host(root: str | os.PathLike, spec: HostSpec | None = None) -> Path:
     return write_host(root, spec or dgx_spec())
 
 
-def make_packages(out: str | os.PathLike, release: str = RELEASE) -> dict[str, Path]:
-    """old (535, open), new (550, open), broken (550.x, open, GSP firmware missing: loads fail)."""
+def make_index_key(directory: str | os.PathLike) -> tuple[Path, Path]:
+    """An RSA key pair (PEM) for signing repository indexes, made by openssl (kept when present)."""
+    import subprocess
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    key, pub = d / "index-key.pem", d / "index-key.pub"
+    if not (key.is_file() and pub.is_file()):
+        subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out",
+                        str(key)], check=True, capture_output=True, timeout=60)
+        subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out", str(pub)], check=True,
+                       capture_output=True, timeout=60)
+        os.chmod(key, 0o600)
+    return key, pub
+
+
+def make_packages(out: str | os.PathLike, release: str = RELEASE, sign_key: str | os.PathLike | None = None
+                  ) -> dict[str, Path]:
+    """old (535, open), new (550, open), broken (550.x, open, GSP firmware missing: loads fail); the
+    indexes signed with `sign_key` when given."""
     from driverd.sim.fakepkg import make_fake_package
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -37,6 +54,7 @@ def make_packages(out: str | os.PathLike, release: str = RELEASE) -> dict[str, P
     pk = {"old": make_fake_package(out, "535.261.03", release).path,
           "new": make_fake_package(out, "550.127.05", release).path,
           "broken": make_fake_package(out / "broken", "550.127.08", release, with_firmware=False).path}
-    write_index(out)
-    write_index(out / "broken")
+    key = os.fspath(sign_key) if sign_key else None
+    write_index(out, sign_key=key)
+    write_index(out / "broken", sign_key=key)
     return pk

@@ -37,7 +37,10 @@ def test_bare_host_full_provisioning_in_order(tmp_path):
     assert actions(p) == ["blacklist-nouveau", "fetch-package", "install-package", "load-modules",
                           "start-persistenced", "start-fabricmanager", "configure-runtime", "validate"]
     load = p.steps[actions(p).index("load-modules")]
-    assert load.params["modules"] == ["nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_peermem"]
+    # open modules on kernel 6.1 (>= 5.12): GPUDirect RDMA goes through DMA-BUF, no nvidia-peermem
+    # (tests/plan/test_peermem.py has the MLNX_OFED / inbox / proprietary cases)
+    assert load.params["modules"] == ["nvidia", "nvidia_uvm", "nvidia_modeset"]
+    assert "DMA-BUF" in load.params["why"]["nvidia_peermem"]
     assert not p.blocked_by and not p.reboot_required
     assert all(s.reason for s in p.steps)
 
@@ -67,12 +70,20 @@ def test_no_unload_support_means_reboot(tmp_path):
     assert "install-package" in actions(p)
 
 
-def test_signature_enforcement_without_key_blocks(tmp_path):
+def test_signature_enforcement_blocks_only_when_the_kernel_would_refuse(tmp_path):
+    from driverd.packages.signers import ModuleVerdict, SignerVerdict
     f = facts(tmp_path, pci=[h100("0000:1b:00.0")], sig_enforce=True)
-    p = plan(f, Desired("570.195.03"))
-    assert p.blocked_by and "signatures" in p.blocked_by[0]
-    p2 = plan(f, Desired("570.195.03", signing_key="/k.pem", signing_cert="/c.der"))
-    assert not p2.blocked_by
+    assert not plan(f, Desired("570.195.03")).blocked_by          # nobody looked at the package: not blocked
+    ok = SignerVerdict("accepted", "nvidia: signed by 'k' serial 01…; found in .machine", True, False)
+    p = plan(f, Desired("570.195.03"), ok)
+    assert not p.blocked_by and p.signatures["status"] == "accepted"
+    no = SignerVerdict("refused", "nvidia: signed by 'other' serial 02…; not found in any trusted keyring: the load "
+                       "would fail with 'Key was rejected by service'", True, True,
+                       modules=(ModuleVerdict("nvidia", "untrusted", "..."),),
+                       enrol="enrol 'other' as a MOK: mokutil --import other.der, reboot and confirm in MokManager")
+    p = plan(f, Desired("570.195.03"), no)
+    assert p.blocked_by and "signatures" in p.blocked_by[0] and "'other'" in p.blocked_by[0]
+    assert "mokutil --import other.der" in p.blocked_by[0]
 
 
 def test_gpu_in_use_blocks_unload_with_names(tmp_path):
