@@ -57,6 +57,7 @@ class NodeAgent:
         self.rollouts = Informer(kube, rollout_path(), name="rollouts", on_change=self._rollout_changed, log=log)
         self._rollout_seen: dict[str, tuple] = {}
         self._labels_checked = False
+        self._reboot_checked = False
 
     # -- loop ---------------------------------------------------------------------------------------
     def _changed(self, kind: str, obj: dict) -> None:
@@ -353,9 +354,13 @@ class NodeAgent:
 
     def _after_reboot(self, node: dict, v: m.NodeView, r: m.Rollout) -> float | None:
         from driverd.apply import steps as st
-        before = (node["metadata"].get("annotations") or {}).get(A_BOOT)
-        if before and before == st.boot_id(self.make_context(self.cfg)):
+        before = (node["metadata"].get("annotations") or {}).get(A_BOOT) or ""
+        now = st.boot_id(self.make_context(self.cfg)) or ""
+        if before == now and (now or self._reboot_checked):
             return None          # not rebooted yet: the reboot coordinator's turn
+        # a new boot, or no boot id to tell (then the transaction says whether a reboot is still due,
+        # once per daemon start: a daemon starts again after a reboot)
+        self._reboot_checked = True
         self._to(node, m.UNLOADING, "Rebooted", f"the node rebooted; finishing the upgrade to {r.driver}")
         return 0
 

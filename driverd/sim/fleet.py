@@ -51,9 +51,10 @@ class SimNode:
 
 class Fleet:
     def __init__(self, workdir: str | os.PathLike, nodes: int, *, server, log=_quiet, gpu_pods: int = 1,
-                 lease_s: int = 15, kubeconfig: str | None = None) -> None:
+                 lease_s: int = 15, kubeconfig: str | None = None, module_unload: bool = True) -> None:
         self.work = Path(workdir)
         self.n, self.srv, self.log, self.gpu_pods, self.lease_s = nodes, server, log, gpu_pods, lease_s
+        self.module_unload = module_unload         # False: a kernel built without CONFIG_MODULE_UNLOAD
         self.kubeconfig = kubeconfig or str(self.work / "kubeconfig")
         self.nodes: dict[str, SimNode] = {}
         self.repo = self.work / "repo"
@@ -99,6 +100,7 @@ class Fleet:
         from driverd.sim.hosttree import HostSpec, h100, write_host
         from driverd.sim.scenario import CONTAINERD_CONFIG
         spec = HostSpec(release=RELEASE, pci=[h100("0000:18:00.0", None, 0)], hostname="gpu",
+                        module_unload=self.module_unload,
                         files={"/etc/containerd/config.toml": CONTAINERD_CONFIG, "/usr/bin/containerd": ""})
         write_host(root, spec)
         (root / "etc/driverd").mkdir(parents=True, exist_ok=True)
@@ -178,6 +180,17 @@ class Fleet:
         for t in sn.threads:
             t.start()
         return sn
+
+    def reboot_node(self, name: str) -> None:
+        """The node reboots (what kured does on /var/run/reboot-required): its daemon dies, the
+        simulated kernel boots without the driver, and the daemon starts again."""
+        from driverd.apply import lifecycle as lc
+        from driverd.root import Root
+        from driverd.runner import Runner
+        self.kill_node(name)
+        sn = self.nodes[name]
+        lc.make_context(Root(str(sn.root)), Runner(), sn.cfg, "sim", log=_quiet).kernel.reboot()
+        self.start_node(name)
 
     def kill_node(self, name: str) -> None:
         """The daemon dies (as a SIGKILL would leave it: no Lease release, no cleanup)."""

@@ -140,6 +140,9 @@ def write_host(root: str | os.PathLike, spec: HostSpec) -> Path:
     _w(r, f"/boot/config-{spec.release}", "".join(
         f"# {k} is not set\n" if v == "n" else f"{k}={v}\n" for k, v in sorted(cfg.items())))
     _w(r, "/sys/module/module/parameters/sig_enforce", "Y\n" if spec.sig_enforce else "N\n")
+    if not (r / "proc/sys/kernel/random/boot_id").exists():
+        import uuid
+        _w(r, "/proc/sys/kernel/random/boot_id", f"{uuid.uuid4()}\n")
     if spec.lockdown is not None:
         _w(r, "/sys/kernel/security/lockdown", spec.lockdown + "\n")
     if spec.secure_boot is not None:

@@ -271,3 +271,29 @@ def test_abort_gives_back_nodes_not_yet_unloading(cluster):
     wait_phase(f, "r", ("Aborted",))
     time.sleep(1)
     assert views(f)["gpu-0001"].state == m.IDLE
+
+
+def test_a_kernel_without_module_unload_hands_the_node_to_the_reboot_coordinator(tmp_path):
+    srv = ApiServer(host="127.0.0.1", port=0).start()
+    f = Fleet(tmp_path / "fleet", 1, server=srv, lease_s=3, module_unload=False).build()
+    try:
+        started(f)
+        k = kube(f)
+        k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
+                                  "metadata": {"name": "r"}, "spec": {"driver": NEW}})
+        assert f.wait(lambda: views(f)["gpu-0000"].state == m.REBOOT, 60)
+        root = f.nodes["gpu-0000"].root
+        assert (root / "var/run/reboot-required").exists() or (root / "run/reboot-required").exists()
+        v = views(f)["gpu-0000"]
+        assert "cannot unload" in v.message and "kured" in v.message and v.unschedulable
+        assert OLD in (root / "proc/driver/nvidia/version").read_text()       # nothing unloaded
+        time.sleep(1)
+        assert views(f)["gpu-0000"].state == m.REBOOT                          # waits for the reboot
+        f.reboot_node("gpu-0000")
+        wait_phase(f, "r", ("Completed",), timeout=60)
+        v = views(f)["gpu-0000"]
+        assert v.state == m.DONE and v.driver == NEW and not v.unschedulable
+        assert not (root / "var/run/reboot-required").exists() and not (root / "run/reboot-required").exists()
+    finally:
+        f.stop()
+        srv.stop()
