@@ -346,38 +346,25 @@ def cmd_nodes(ctx, args) -> int:
 
 
 def cmd_agent(ctx, args) -> int:
-    import os
     import signal
-    import socket
     import threading
 
-    from driverd.cluster.agent import NodeAgent
-    from driverd.cluster.coordinator import Coordinator
-    from driverd.cluster.kube import Kube, Target
-    cfg = ctx.config
-    node = args.node or cfg["cluster.node_name"] or os.environ.get("NODE_NAME") or socket.gethostname()
-    ns = args.namespace or os.environ.get("POD_NAMESPACE") or "driverd"
-    kube = Kube(Target(kubeconfig=args.kubeconfig, context=args.context))
+    from driverd.cluster.kube import Target
+    from driverd.daemon.cluster_mode import ClusterMode
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
-    agent = NodeAgent(kube, node, make_context=lambda c: ctx.step_context(c), cfg=cfg, log=log)
-    coord = Coordinator(kube, node, ns, rollouts=agent.rollouts, log=log)
+    target = Target(kubeconfig=args.kubeconfig, context=args.context) if args.kubeconfig or args.context else None
+    cm = ClusterMode(ctx.config, ctx.root, lambda c: ctx.step_context(c), log, target=target, node=args.node,
+                     namespace=args.namespace)
     done = threading.Event()
 
     def stop(signum, frame):
         done.set()
-        agent.close()
-        coord.close()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    threads = [threading.Thread(target=agent.run, name="agent", daemon=True),
-               threading.Thread(target=coord.run, name="coordinator", daemon=True)]
-    log(f"driverd cluster agent: node {node}, API {kube.host}, lease {ns}/driverd-rollout")
-    for t in threads:
-        t.start()
+    cm.start()
     while not done.wait(1.0):
         pass
-    for t in threads:
-        t.join(timeout=5)
+    cm.close()
     return 0

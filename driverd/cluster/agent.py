@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from driverd.cluster import events
 from driverd.cluster import model as m
 from driverd.cluster.gpuusers import PodUse, classify, host_users
 from driverd.cluster.informer import Informer
@@ -40,7 +41,6 @@ A_ABORT = "driverd.io/abort"
 A_BOOT = m.PREFIX + "boot-id"
 CONDITION = "GPUDriverReady"
 EVICT_RETRY_S = 5.0
-EVENTS_NAMESPACE = "default"
 
 
 class NodeAgent:
@@ -178,18 +178,9 @@ class NodeAgent:
             self.log(f"driverd cluster: cannot set the {CONDITION} condition: {e.one_line()}")
 
     def event(self, node: dict, reason: str, message: str, *, warning: bool = False) -> None:
-        now = now_rfc3339(self.clock())
-        md = node.get("metadata") or {}
-        ev = {"apiVersion": "v1", "kind": "Event",
-              "metadata": {"generateName": f"{self.node}.driverd.", "namespace": EVENTS_NAMESPACE},
-              "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": md.get("uid")},
-              "reason": reason, "message": message[:1000], "type": "Warning" if warning else "Normal",
-              "source": {"component": "driverd", "host": self.node}, "firstTimestamp": now, "lastTimestamp": now,
-              "count": 1, "reportingComponent": "driverd", "reportingInstance": self.node}
-        try:
-            self.kube.create(f"/api/v1/namespaces/{EVENTS_NAMESPACE}/events", ev)
-        except KubeError as e:         # an event is a courtesy: never fail a transition for it
-            self.log(f"driverd cluster: cannot record an event: {e.one_line()}")
+        involved = {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": (node.get("metadata") or {}).get("uid")}
+        events.record(self.kube, involved, reason, message, warning=warning, instance=self.node, log=self.log,
+                      now=self.clock())
 
     def _elapsed(self, v: m.NodeView) -> float:
         t = parse_time(v.since)

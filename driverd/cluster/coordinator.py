@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from driverd.cluster import events
 from driverd.cluster import model as m
 from driverd.cluster.admission import A_CANARY_APPROVED, decide
 from driverd.cluster.informer import Informer
@@ -25,7 +26,6 @@ from driverd.cluster.kube import (
     rollout_path,
 )
 from driverd.cluster.lease import LEASE_NAME, Lease
-
 
 COALESCE_S = 0.02
 
@@ -187,21 +187,12 @@ class Coordinator:
             self._event(obj, status)
 
     def _event(self, obj: dict, status: dict) -> None:
-        now = now_rfc3339(self.clock())
         md = obj["metadata"]
-        warn = status.get("phase") in ("Paused", "Refused", "Failed", "Invalid")
-        ev = {"apiVersion": "v1", "kind": "Event",
-              "metadata": {"generateName": f"{md['name']}.driverd.", "namespace": "default"},
-              "involvedObject": {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "name": md["name"],
-                                 "uid": md.get("uid")},
-              "reason": status.get("reason") or "Progressing", "message": (status.get("message") or "")[:1000],
-              "type": "Warning" if warn else "Normal", "source": {"component": "driverd"},
-              "firstTimestamp": now, "lastTimestamp": now, "count": 1, "reportingComponent": "driverd",
-              "reportingInstance": self.identity}
-        try:
-            self.kube.create("/api/v1/namespaces/default/events", ev)
-        except KubeError as e:
-            self.log(f"driverd cluster: cannot record an event: {e.one_line()}")
+        involved = {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "name": md["name"],
+                    "uid": md.get("uid")}
+        events.record(self.kube, involved, status.get("reason") or "Progressing", status.get("message") or "",
+                      warning=status.get("phase") in ("Paused", "Refused", "Failed", "Invalid"),
+                      instance=self.identity, log=self.log, now=self.clock())
 
 
 def _same(a: dict, b: dict) -> bool:

@@ -25,15 +25,19 @@ def wanted(cfg, root) -> bool:
 
 
 class ClusterMode:
-    def __init__(self, cfg, root, make_context: Callable, log: Callable[[str], None]) -> None:
+    def __init__(self, cfg, root, make_context: Callable, log: Callable[[str], None], *, target=None,
+                 node: str | None = None, namespace: str | None = None) -> None:
+        """target: where the API is (default: cluster.kubeconfig, a host path under the root, else the
+        pod's service account); node, namespace: override the configuration and environment."""
         from driverd.cluster.agent import NodeAgent
         from driverd.cluster.coordinator import Coordinator
         from driverd.cluster.kube import Kube, Target
-        kc = cfg["cluster.kubeconfig"]
-        target = Target(kubeconfig=str(root.real(kc)) if kc and not root.is_slash else kc,
-                        in_cluster=None if kc else bool(os.environ.get("KUBERNETES_SERVICE_HOST")) or None)
-        self.node = cfg["cluster.node_name"] or os.environ.get("NODE_NAME") or socket.gethostname()
-        ns = os.environ.get("POD_NAMESPACE") or cfg["cluster.namespace"]
+        if target is None:
+            kc = cfg["cluster.kubeconfig"]
+            target = Target(kubeconfig=str(root.real(kc)) if kc and not root.is_slash else kc,
+                            in_cluster=None if kc else bool(os.environ.get("KUBERNETES_SERVICE_HOST")) or None)
+        self.node = node or cfg["cluster.node_name"] or os.environ.get("NODE_NAME") or socket.gethostname()
+        ns = namespace or os.environ.get("POD_NAMESPACE") or cfg["cluster.namespace"]
         self.kube = Kube(target)
         self.agent = NodeAgent(self.kube, self.node, make_context=make_context, cfg=cfg, log=log)
         self.coordinator = Coordinator(self.kube, self.node, ns, rollouts=self.agent.rollouts, log=log)

@@ -297,3 +297,28 @@ def test_a_kernel_without_module_unload_hands_the_node_to_the_reboot_coordinator
     finally:
         f.stop()
         srv.stop()
+
+
+def test_cluster_agent_command_runs_the_node_side_until_sigterm(tmp_path):
+    """`driverd cluster agent` (host mode without the daemon): the same node side as the daemon's
+    cluster mode, against the kubeconfig given on the command line."""
+    import signal
+    srv = ApiServer(host="127.0.0.1", port=0).start()
+    f = Fleet(tmp_path / "fleet", 1, server=srv).build()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRIVERD_")}
+    p = subprocess.Popen([f"{REPO}/.venv/bin/driverd", "cluster", "agent", "--root", str(f.nodes["gpu-0000"].root),
+                          "--node", "gpu-0000", "--kubeconfig", f.kubeconfig], stderr=subprocess.PIPE, text=True,
+                         env=env)
+    try:
+        assert f.wait(lambda: views(f)["gpu-0000"].driver == OLD, 30)
+        kube(f).create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
+                                        "metadata": {"name": "r"}, "spec": {"driver": NEW}})
+        wait_phase(f, "r", ("Completed",), timeout=60)
+        assert views(f)["gpu-0000"].driver == NEW
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(15) == 0
+        assert "cluster mode: node gpu-0000" in p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+        srv.stop()
