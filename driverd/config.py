@@ -41,6 +41,8 @@ SCHEMA: dict[str, Key] = {
     "modules.parameters": Key("params", {}, "module parameters: [modules.parameters.<module>] key = value"),
     "modules.load_drm": Key("bool", None, "load nvidia-drm (needed for display / DRM consumers); unset: keep it "
                             "loaded across an upgrade when it was running"),
+    "modules.load_modeset": Key("bool", None, "load nvidia-modeset (display, nvidia-drm); unset: when nvidia-drm is "
+                                "loaded, when it was running, or when a GPU is a display controller"),
     "modules.load_peermem": Key("str", "auto", "load nvidia-peermem (auto: with a Mellanox NIC and MLNX_OFED's "
                                 "peer-memory API; not with the open modules on kernel >= 5.12, which use DMA-BUF)",
                                 ("auto", "true", "false")),

@@ -19,7 +19,7 @@ from driverd.apply.journal import UNFINISHED, Journal
 from driverd.apply.lock import HostLock
 from driverd.apply.step import StepContext
 from driverd.apply import steps as st
-from driverd.errors import EXIT_REBOOT, ModuleError, PackageError, PlanError
+from driverd.errors import EXIT_REBOOT, ConfigError, ModuleError, PackageError, PlanError
 
 # What may still be done when the plan needs a reboot first: nothing that touches the running driver.
 SAFE_BEFORE_REBOOT = ("blacklist-nouveau", "fetch-package", "verify-package", "install-package", "configure-runtime")
@@ -167,7 +167,7 @@ def plan_steps(plan) -> list[dict]:
                           "reason": "a signer the kernel would refuse must be found before the driver is unloaded"})
     for s in steps:
         if s["action"] == "validate":
-            s["params"] = {"expect": [plan.driver_version, plan.flavor]}
+            s["params"] = plan.validation()
     if any(st.REGISTRY[s["action"]].touches for s in steps):
         steps.insert(0, {"action": "snapshot"})
     return steps
@@ -179,11 +179,8 @@ def apply_request(cfg) -> Request:
     req = Request("apply", lambda ctx: [], {"driver": cfg["driver.version"], "flavor": cfg["driver.flavor"]})
 
     def build(ctx) -> list[dict]:
-        from driverd.host import collect
-        from driverd.plan import Desired, plan
-        from driverd.packages.signers import for_plan
-        facts = collect(ctx.root, nvml=False, handler=cfg["runtime.handler"])
-        p = plan(facts, Desired.from_config(cfg), for_plan(ctx.root, facts, cfg))
+        from driverd.apply.hostplan import plan_for_host
+        p = plan_for_host(ctx.root, cfg).plan
         if p.blocked_by:
             raise PlanError("the plan is blocked: " + "; ".join(p.blocked_by), fix="see `driverd plan`")
         steps = plan_steps(p)
@@ -240,7 +237,15 @@ def transact(ctx: StepContext, req: Request, *, wait_s: float | None = None, dry
     if dry_run:       # nothing is done and no journal or lock is written: the steps and whether each is needed
         return ex.preview(req.command, req.build(ctx))
     if req.changes_kernel:
-        require_changeable(ctx)
+        try:
+            require_changeable(ctx)
+        except ConfigError:
+            # A root the real kernel cannot change (a captured tree) that needs no change is simply
+            # converged: nothing is locked or written to find that out.
+            steps = req.build(ctx)
+            if steps and not ex.in_place(steps):
+                raise
+            return nothing_to_do(req, ctx, ex)
     lock = HostLock(ctx.root, ctx.config["state.dir"], req.command)
     lock.acquire(wait_s if wait_s is not None else float(ctx.config["state.lock_wait_s"]))
     try:

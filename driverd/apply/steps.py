@@ -349,29 +349,23 @@ def _expect(ctx, params) -> tuple[str, str] | None:
 
 
 def _modules(ctx, params) -> list[str]:
-    """The plan's module list, or (load, reload) the configured set, keeping nvidia-drm when it ran
-    before this transaction (the snapshot) and modules.load_drm is unset, as the planner does."""
+    """The plan's module list, or (load, reload, a validation without a plan) the planner's decision
+    for this host now: the NVIDIA modules running before this transaction (the snapshot) or now."""
     if params.get("modules"):
         return list(params["modules"])
-    nics = _nics_switches(ctx)[0]
-    was = set(((ctx.doc or {}).get("lkg") or {}).get("modules") or ())
-    mods = ld.wanted_modules(ctx.config, nics, _peermem(ctx, nics, "nvidia_peermem" in was))
-    if ctx.config["modules.load_drm"] is None and "nvidia_drm" in was and "nvidia_drm" not in mods:
-        mods.insert(len(ld.CORE), "nvidia_drm")
-    return mods
-
-
-def _peermem(ctx, nics: int, was_loaded: bool = False) -> bool:
-    """The plan's GPUDirect RDMA decision for a load without a plan (load, reload): never a module
-    the kernel would refuse (driverd.plan.peermem)."""
     from driverd.host import modules as host_modules
-    from driverd.host import rdma
-    from driverd.plan.peermem import decide_peermem
+    from driverd.host import pci, rdma
+    from driverd.plan import Desired
+    from driverd.plan.planner import MODULE_ORDER, decide_modules, display_gpus
+    was = set(((ctx.doc or {}).get("lkg") or {}).get("modules") or ())
+    loaded = host_modules.loaded_modules(ctx.root)
+    running = frozenset(m for m in MODULE_ORDER if m in was or m in loaded) if (was or "nvidia" in loaded) else frozenset()
+    gpus, _, nics = pci.classify(ctx.root, pci.scan(ctx.root, []), [])
     release = ctx.kernel.release
     ident = installed(ctx)
-    facts = rdma.read_rdma(ctx.root, release, host_modules.loaded_modules(ctx.root)) if nics else None
-    return decide_peermem(ctx.config["modules.load_peermem"], nics, facts, ident["flavor"] if ident else None,
-                          release, was_loaded).load
+    facts = rdma.read_rdma(ctx.root, release, loaded) if nics else None
+    return decide_modules(Desired.from_config(ctx.config), running, display_gpus(gpus), len(nics), facts,
+                          ident["flavor"] if ident else None, release).modules
 
 
 def _params(ctx, params) -> dict:
@@ -502,7 +496,8 @@ class Validate(StepImpl):
             words = [ln for ln in ctx.kernel.log_since(ctx.doc.get("log_mark", 0)) if NVRM_RE.search(ln)][-6:]
             raise ModuleError("validation failed: " + "; ".join(v.problems),
                               cause="kernel log: " + (" | ".join(words) if words else "(no NVRM lines)"),
-                              fix="see the problems above; driverd rolls back to the last-known-good driver",
+                              fix="see the problems above and the kernel log"
+                              + ("; the run rolls back to the last-known-good driver" if ctx.doc else ""),
                               details={"validation": v.to_json(), "kernel_log": words})
         return v.to_json()
 

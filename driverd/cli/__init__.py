@@ -40,7 +40,41 @@ def common_parser(suppress: bool = False) -> argparse.ArgumentParser:
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Skipped:
+    """Stands in for the parser of a command that this run does not use: building every command's
+    parser costs more than a third of `driverd detect`'s start-up, and only one is ever parsed."""
+    def __getattr__(self, name: str):
+        return lambda *a, **kw: _Skipped()
+
+
+class _OnlyCommand:
+    def __init__(self, sub, name: str) -> None:
+        self.sub, self.name = sub, name
+
+    def add_parser(self, name: str, **kw):
+        return self.sub.add_parser(name, **kw) if name == self.name else _Skipped()
+
+
+_VALUED = ("--root", "--config", "--log-format")
+
+
+def command_name(argv: list[str]) -> str | None:
+    """The subcommand in argv (the first word that is not an option or an option's value)."""
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in _VALUED:
+            skip = True
+        elif a == "--":
+            return None
+        elif not a.startswith("-"):
+            return a
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser, or (`only`) just that command's: the others are not built."""
     parser = argparse.ArgumentParser(
         prog="driverd", parents=[common_parser()], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="driverd takes a bare NVIDIA GPU host to workload-ready and keeps it there: it reads the "
@@ -49,8 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"driverd {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     common = common_parser(suppress=True)
+    target = _OnlyCommand(sub, only) if only else sub
     for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub, common)
+        importlib.import_module(name).register(target, common)
+    if only and only not in sub.choices:
+        return build_parser()           # an unknown command: argparse names the choices
     return parser
 
 
@@ -63,9 +100,10 @@ def main(argv: list[str] | None = None) -> int:
                 stream.reconfigure(errors="backslashreplace")
             except (ValueError, OSError):
                 pass
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(command_name(words))
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(words)
     except SystemExit as e:   # argparse already printed the usage error
         return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
     if not getattr(args, "handler", None):

@@ -134,12 +134,9 @@ def render_facts(f: dict) -> str:
 
 
 def cmd_plan(ctx, args) -> int:
-    from driverd.host import collect
-    from driverd.plan import Desired, plan
+    from driverd.apply.hostplan import plan_for_host
     cfg = ctx.config.with_overrides({"driver.version": args.driver, "driver.flavor": args.flavor})
-    facts = collect(ctx.root, nvml=False, handler=cfg["runtime.handler"])
-    from driverd.packages.signers import for_plan
-    p = plan(facts, Desired.from_config(cfg), for_plan(ctx.root, facts, cfg))
+    p = plan_for_host(ctx.root, cfg).plan
     emit(ctx.json, p.to_json(), render_plan)
     return EXIT_BLOCKED if p.blocked_by else EXIT_OK
 
@@ -226,6 +223,9 @@ def render_plan(p: dict) -> str:
         lines.extend(f"{i:2}. {s['action']:<20} {s['reason']}" for i, s in enumerate(p["steps"], 1))
         if not p["steps"]:
             lines.append("nothing to do: the runtimes are configured")
+        if p["modules"]:
+            lines.append(f"converged means: driver {p['driver_version']} ({p['flavor']}) with "
+                         f"{', '.join(p['modules'])} loaded, as the host runs it")
         lines.extend(f"warning: {w}" for w in p["warnings"])
         return "\n".join(lines)
     if p["flavor"] is None:
@@ -242,6 +242,8 @@ def render_plan(p: dict) -> str:
         lines.append("nothing to do: the host is already in the desired state" if not p["blocked_by"] else "")
     for i, s in enumerate(p["steps"], 1):
         lines.append(f"{i:2}. {s['action']:<20} {s['reason']}")
+    if p["modules"]:
+        lines.append(f"modules: {', '.join(p['modules'])}" + (" and nvidia-persistenced" if p["persistence"] else ""))
     sig = p.get("signatures")
     if sig:
         lines.append(f"signatures: {sig['status']}: {sig['summary']}"

@@ -24,6 +24,18 @@ from driverd.errors import DriverdError
 GRACE_S = 7.0           # SIGTERM -> exit 0 within 10 s, with time left to notify and close
 
 
+def release_memory() -> None:
+    """Give the memory a pass freed back to the kernel. A pass loads NVML and reads the whole host;
+    glibc keeps the freed heap, and an idle daemon on every GPU node should not hold it for hours."""
+    import gc
+    gc.collect()
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):          # not glibc: nothing to trim
+        pass
+
+
 class DaemonLoop:
     def __init__(self, *, name: str, load_config: Callable, reconciler, health, metrics, notifier, watch,
                  log: Callable[..., None], unload: Callable | None = None, grace_s: float = GRACE_S,
@@ -182,6 +194,8 @@ class DaemonLoop:
                 self._again = False
                 self.due = now
             self.record(res, None if self.due is None else max(0.0, self.due - now))
+        if results:
+            release_memory()
 
     def _ready(self) -> None:
         self._ready_sent = True

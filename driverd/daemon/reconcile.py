@@ -11,6 +11,7 @@ from typing import Callable
 
 from driverd.apply import lifecycle as lc
 from driverd.apply import steps as st
+from driverd.apply.hostplan import plan_for_host
 from driverd.apply.lock import LockHeld
 from driverd.daemon import fingerprint as fpr
 from driverd.daemon.drift import parameter_drift, running_parameters
@@ -50,6 +51,7 @@ class Reconciler:
         self.log = log
         self.lock_wait_s = lock_wait_s
         self._reloaded_for: set[tuple] = set()  # (fingerprint, drift) a reload already tried to fix
+        self._said: set[str] = set()            # notes logged once, not on every pass
 
     def reconcile(self, cfg) -> Result:
         res = Result("error", "", started=time.time())
@@ -100,10 +102,21 @@ class Reconciler:
         if res.gpus == 0:
             res.state, res.reason = "converged", "no NVIDIA GPU on this host: nothing to provision"
             return
+        # The host as it is now, judged by the same function as `driverd plan` and `apply --dry-run`.
+        p = plan_for_host(sctx.root, cfg).plan
+        if p.verdict != "converged":
+            left = p.blocked_by or p.reboot_reasons or tuple(f"{s.action} ({s.reason})" for s in p.changes)
+            _fail(res, "blocked" if p.blocked_by else "failed",
+                  f"the plan for this host is not empty after the apply ({p.verdict}): " + "; ".join(left),
+                  "blocked" if p.blocked_by else "validation")
+            return
+        left_alone = p.driver_managed_by is not None
+        if left_alone:
+            self._say_once(res, f"the driver is left to {p.driver_managed_by}: {p.flavor_reason}")
         inst = st.installed(sctx)
         fp = fpr.fingerprint(cfg, sctx.kernel.release, inst["sha256"] if inst else None)
         recorded = fpr.recorded_parameters(fpr.read(sctx.root, cfg), st.loaded(sctx), sctx.kernel.release)
-        drift = [] if _driver_left_alone(sctx, cfg) else \
+        drift = [] if left_alone else \
             parameter_drift(running_parameters(sctx.kernel), cfg["modules.parameters"], recorded)
         if drift and (fp, tuple(drift)) in self._reloaded_for:
             res.warnings.append("module parameters still differ after a reload (the kernel shows them differently): "
@@ -121,37 +134,34 @@ class Reconciler:
             if self._transact(sctx, lc.lifecycle_request("reload"), res) is None:
                 return
         try:
-            st.REGISTRY["validate"].do(sctx, {})
+            st.REGISTRY["validate"].do(sctx, p.validation())
         except DriverdError as e:
             _fail(res, "failed", e.one_line(), "validation")
             return
         loaded = st.loaded(sctx)
         want = cfg["driver.version"]
-        if loaded is None or (want and loaded["version"] != want):
+        if loaded is None or (want and loaded["version"] != want and not left_alone):
             _fail(res, "failed", f"the loaded driver is {loaded['version'] if loaded else 'none'}, the configuration "
                   f"wants {want}", "validation")
             return
         res.state, res.loaded, res.fingerprint = "converged", loaded, fp
-        res.reason = f"driver {loaded['version']} ({loaded['flavor']}) loaded and validated"
+        res.reason = f"driver {loaded['version']} ({loaded['flavor']}) loaded and validated" + \
+            (f" ({', '.join(p.modules)}; left to {p.driver_managed_by})" if left_alone else "")
+        if left_alone:
+            return          # nothing of driverd's to record: the fast path must not take this driver for ours
         try:
             fpr.write(sctx.root, cfg, fp, loaded, inst["sha256"] if inst else None, sctx.kernel.release)
         except (OSError, DriverdError) as e:
             res.warnings.append(f"cannot record the converged state: {e}")
 
+    def _say_once(self, res: Result, msg: str) -> None:
+        if msg not in self._said:
+            self._said.add(msg)
+            res.warnings.append(msg)
+
 
 def _fail(res: Result, state: str, reason: str, failure: str) -> None:
     res.state, res.reason, res.failure = state, reason, failure
-
-
-def _driver_left_alone(sctx, cfg) -> bool:
-    """driver.manage: never, or auto with a driver another package manager owns (the plan leaves it;
-    a parameter reload would touch it too)."""
-    if cfg["driver.manage"] == "never":
-        return True
-    if cfg["driver.manage"] == "always":
-        return False
-    from driverd.host.ownership import read_ownership
-    return read_ownership(sctx.root, sctx.kernel.release).foreign is not None
 
 
 def _gpu_count(sctx) -> int:

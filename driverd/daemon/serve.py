@@ -36,6 +36,8 @@ def serve(*, mode: str, root, config_path: str | None, load_config: Callable, ma
     from driverd.daemon.notify import Notifier
     from driverd.daemon.reconcile import Reconciler
 
+    from driverd.host.nvml import query_in_child
+    query_in_child()                    # an idle daemon must not carry NVML's memory for hours
     notifier = Notifier(log=log)
     health = Health(loaded_probe(root))
     metrics = Metrics()

@@ -29,4 +29,4 @@ def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia") -> Facts:
         nvml=read_nvml(root, drv.loaded) if nvml else NvmlFacts(False, "NVML disabled (--no-nvml)"),
         warnings=tuple(warnings), keyrings=keyrings.read_keyrings(root),
         rdma=rdma.read_rdma(root, k.release, modules.loaded_modules(root)) if nics else None,
-        driver_owner=ownership.read_ownership(root, k.release))
+        driver_owner=ownership.read_ownership(root, k.release, (drv.version, drv.flavor) if drv.loaded else None))

@@ -17,7 +17,11 @@ installers write: updates/, extra/, kernel/nvidia*/, kernel/drivers/video/):
   under extra/ there is reported as rpm-owned with that caveat;
 - DKMS: /var/lib/dkms/<name>/kernel-<release>-<arch> marks <name>/<version> installed for this kernel
   (the package that ships /usr/src/<name>-<version> is named too);
-- NVIDIA's .run installer: /usr/bin/nvidia-uninstall, for a file no package owns.
+- NVIDIA's .run installer: /usr/bin/nvidia-uninstall, for a file no package owns;
+- the host itself (owner unknown): a driver is loaded but no NVIDIA module file is installed for the
+  running kernel at all (a driver baked into the image by another packager, modules loaded from a
+  path outside /lib/modules, a read-only or minimal root). driverd cannot reinstall or reload what
+  it cannot find, so this counts as foreign: `driver.manage = auto` leaves it alone.
 
 Read-only, bounded, never raises.
 """
@@ -33,14 +37,14 @@ from driverd.root import Root
 
 INSTALL_DIR = "updates/driverd"       # driverd.host.modules.INSTALL_DIR (not imported: no cycle)
 _KO = re.compile(r"^(nvidia[\w-]*)\.ko(\.xz|\.zst|\.gz)?$")
-FOREIGN = ("dpkg", "rpm", "dkms", "nvidia-installer")
+FOREIGN = ("dpkg", "rpm", "dkms", "nvidia-installer", "host")
 _CORE_SUFFIXES = ("-uvm", "-modeset", "-drm", "-peermem", "_uvm", "_modeset", "_drm", "_peermem", "-fs", "_fs",
                   "-vgpu-vfio", "_vgpu_vfio")
 
 
 @dataclass(frozen=True)
 class DriverOwner:
-    manager: str                      # driverd | dpkg | rpm | dkms | nvidia-installer | unknown
+    manager: str                      # driverd | dpkg | rpm | dkms | nvidia-installer | host | unknown
     package: str | None               # "nvidia-kernel-dkms", "nvidia-current/535.261.03", ...
     version: str | None
     files: tuple[str, ...]
@@ -49,7 +53,7 @@ class DriverOwner:
     def describe(self) -> str:
         what = {"dpkg": "Debian/Ubuntu package", "rpm": "RPM package", "dkms": "DKMS module",
                 "nvidia-installer": "NVIDIA's .run installer", "driverd": "driverd",
-                "unknown": "no known package manager"}[self.manager]
+                "unknown": "no known package manager", "host": "the host (owner unknown)"}[self.manager]
         pkg = f" {self.package}" + (f" {self.version}" if self.version and self.version not in (self.package or "") else "") \
             if self.package else ""
         return f"{what}{pkg}"
@@ -240,10 +244,17 @@ def dkms_module_names(root: Root, name: str, version: str, release: str, arch: s
 
 # -- all together -------------------------------------------------------------------------------
 
-def read_ownership(root: Root, release: str | None) -> OwnershipFacts:
+def read_ownership(root: Root, release: str | None, loaded: tuple[str | None, str | None] | None = None) -> OwnershipFacts:
+    """`loaded`: (version, flavour) of the driver in the kernel, or None when none is loaded."""
     if not release:
         return OwnershipFacts(None, (), (), None, "kernel release unknown: ownership not checked")
     files = module_files(root, release)
+    if not files and loaded is not None:
+        what = f"driver {loaded[0] or '?'}" + (f" ({loaded[1]})" if loaded[1] else "")
+        host = DriverOwner("host", None, loaded[0], (),
+                           f"{what} is loaded but no NVIDIA module file is installed for {release} under "
+                           f"/lib/modules/{release}, and no package database records one")
+        return OwnershipFacts(release, (), (host,), host, f"{what} loaded, not on disk: host-managed (owner unknown)")
     owners: list[DriverOwner] = []
     left = list(files)
     ours = [p for p in left if f"/lib/modules/{release}/{INSTALL_DIR}/" in p]

@@ -11,7 +11,6 @@ from driverd.host import pci
 from driverd.host.modules import INSTALL_DIR, parse_nvidia_version
 from driverd.kmod import devnodes
 
-CORE = ("nvidia", "nvidia_uvm", "nvidia_modeset")
 STD_FIRMWARE = "/lib/firmware"
 
 
@@ -36,18 +35,6 @@ def installed_identity(kernel) -> tuple[str, str, str | None] | None:
     except ValueError:
         sha = None
     return version, flavor, sha
-
-
-def wanted_modules(cfg, mellanox_nics: int, peermem: bool | None = None) -> list[str]:
-    """`peermem`: driverd.plan.peermem's decision (whether the kernel can load nvidia-peermem and the
-    host needs it); None falls back to the setting alone."""
-    mods = list(CORE)
-    if cfg["modules.load_drm"]:
-        mods.append("nvidia_drm")
-    pm = cfg["modules.load_peermem"]
-    if peermem if peermem is not None else (pm == "true" or (pm == "auto" and mellanox_nics)):
-        mods.append("nvidia_peermem")
-    return mods
 
 
 def dependency_order(kernel, modules: list[str]) -> list[str]:

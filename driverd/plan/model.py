@@ -20,6 +20,7 @@ class Desired:
     flavor: str = "auto"
     module_parameters: dict[str, dict[str, str]] = field(default_factory=dict)
     load_drm: bool | None = None        # None: keep nvidia_drm loaded across an upgrade when it was running
+    load_modeset: bool | None = None    # None: when nvidia_drm needs it, it was running, or a GPU drives a display
     load_peermem: str = "auto"
     unload_policy: str = "refuse"
     signing_key: str | None = None
@@ -34,6 +35,7 @@ class Desired:
     def from_config(cls, cfg) -> "Desired":
         return cls(driver_version=cfg["driver.version"], flavor=cfg["driver.flavor"],
                    module_parameters=cfg["modules.parameters"], load_drm=cfg["modules.load_drm"],
+                   load_modeset=cfg["modules.load_modeset"],
                    load_peermem=cfg["modules.load_peermem"], unload_policy=cfg["modules.unload_policy"],
                    signing_key=cfg["signing.key"], signing_cert=cfg["signing.cert"],
                    runtimes=tuple(cfg["runtime.runtimes"]), handler=cfg["runtime.handler"],
@@ -61,12 +63,38 @@ class Plan:
     warnings: tuple[str, ...] = ()
     signatures: dict | None = None      # the signer preflight's verdict (driverd.packages.signers)
     driver_managed_by: str | None = None  # set when driverd leaves the driver to another package manager
+    # What "converged" means for this host, checked by every validation (the transaction's last step,
+    # the daemon's pass, the cluster agent): these NVIDIA modules loaded, persistence when driverd runs
+    # the GPU daemons. The driver version and flavour are driver_version / flavor above.
+    modules: tuple[str, ...] = ()
+    persistence: bool = False
+
+    @property
+    def changes(self) -> tuple[Step, ...]:
+        """The steps that change the host (validate only reads it)."""
+        return tuple(s for s in self.steps if s.action != "validate")
+
+    def validation(self) -> dict:
+        """The validate step's parameters for this plan's idea of a converged host."""
+        return {"expect": [self.driver_version, self.flavor], "modules": list(self.modules),
+                "persistence": self.persistence}
 
     @property
     def nothing_to_do(self) -> bool:
         return not self.steps and not self.blocked_by and not self.reboot_required
 
+    @property
+    def verdict(self) -> str:
+        """The one answer `plan`, `apply --dry-run` and the daemon's pass give for a host:
+        blocked | reboot-required | steps (something to change) | converged."""
+        if self.blocked_by:
+            return "blocked"
+        if self.reboot_required:
+            return "reboot-required"
+        return "steps" if self.changes else "converged"
+
     def to_json(self) -> dict:
         out = asdict(self)
         out["nothing_to_do"] = self.nothing_to_do
+        out["verdict"] = self.verdict
         return out

@@ -9,7 +9,10 @@ from driverd.plan import flavor as flavor_mod
 from driverd.plan.model import Desired, Plan, Step
 from driverd.plan.peermem import decide_peermem
 
-CORE_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset")
+# CUDA needs the driver and its unified-memory module; nothing else is loaded unless something needs it.
+CORE_MODULES = ("nvidia", "nvidia_uvm")
+# The order a load brings them up in (dependencies first) and the only modules a module set holds.
+MODULE_ORDER = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
 # NVIDIA modules that the driver package does not provide (GPUDirect Storage, vGPU host).
 NOT_IN_PACKAGE = ("nvidia_fs", "nvidia_vgpu_vfio")
 
@@ -22,26 +25,62 @@ class ModuleSet:
     warnings: tuple[str, ...] = ()
 
 
-def module_set(facts: Facts, desired: Desired, flavor: str | None) -> ModuleSet:
-    """The modules a load brings up: the core three, nvidia-drm when configured or (modules.load_drm
-    unset) when it was running, nvidia-peermem where GPUDirect RDMA needs it and the kernel can load
-    it (driverd.plan.peermem). An upgrade loads the same set of NVIDIA modules that was running."""
-    mods = list(CORE_MODULES)
-    reasons: dict[str, str] = {}
-    running = {m.name for m in facts.driver.modules} if facts.driver.loaded else set()
-    if desired.load_drm or (desired.load_drm is None and "nvidia_drm" in running):
-        mods.append("nvidia_drm")
-        reasons["nvidia_drm"] = ("modules.load_drm = true" if desired.load_drm else
-                                 "nvidia_drm was loaded with the running driver; the new one loads the same set")
-    pm = decide_peermem(desired.load_peermem, len(facts.mellanox_nics), facts.rdma, flavor, facts.kernel.release,
-                        "nvidia_peermem" in running)
+def decide_modules(desired: Desired, running: frozenset[str] | set[str], display_gpus: tuple[str, ...],
+                   mellanox_nics: int, rdma, flavor: str | None, release: str | None) -> ModuleSet:
+    """The one decision of which NVIDIA modules a host runs: the plan loads them and every validation
+    (after a transaction, the daemon's, the cluster agent's) checks exactly them. `running`: the NVIDIA
+    modules loaded now (or recorded before this transaction); an upgrade keeps the same set.
+
+    nvidia, nvidia_uvm: always. nvidia_modeset: modules.load_modeset, or (unset) when nvidia_drm is in
+    the set (it depends on it), when it was running, or when a GPU is a display controller (PCI class
+    0x0300: a console or display server drives it). nvidia_drm: modules.load_drm, or (unset) when it
+    was running. nvidia_peermem: driverd.plan.peermem's decision."""
+    reasons: dict[str, str] = {"nvidia": "the driver", "nvidia_uvm": "CUDA's unified memory (every CUDA program)"}
+    warnings: list[str] = []
+    drm = None
+    if desired.load_drm:
+        drm = "modules.load_drm = true"
+    elif desired.load_drm is None and "nvidia_drm" in running:
+        drm = "nvidia_drm was loaded with the running driver; the new one loads the same set"
+    modeset = None
+    if desired.load_modeset:
+        modeset = "modules.load_modeset = true"
+    elif drm:
+        modeset = "nvidia_drm depends on it"
+        if desired.load_modeset is False:
+            warnings.append("modules.load_modeset = false is overridden: nvidia_drm is loaded and needs nvidia_modeset")
+    elif desired.load_modeset is None and "nvidia_modeset" in running:
+        modeset = "nvidia_modeset was loaded with the running driver; the new one loads the same set"
+    elif desired.load_modeset is None and display_gpus:
+        modeset = f"GPU {display_gpus[0]} is a display controller (PCI class 0x0300)"
+    pm = decide_peermem(desired.load_peermem, mellanox_nics, rdma, flavor, release, "nvidia_peermem" in running)
+    chosen = {"nvidia", "nvidia_uvm"}
+    for m, why in (("nvidia_modeset", modeset), ("nvidia_drm", drm)):
+        if why:
+            chosen.add(m)
+            reasons[m] = why
+        else:
+            reasons[m] = "not needed: no display GPU, not loaded before, not configured"
     if pm.load:
-        mods.append("nvidia_peermem")
+        chosen.add("nvidia_peermem")
     reasons["nvidia_peermem"] = pm.reason
-    warnings = [f"{m} is loaded and is not part of the driver package: load it again after the upgrade"
-                for m in NOT_IN_PACKAGE if m in running]
-    return ModuleSet(mods, reasons, (pm.blocked,) if pm.blocked else (),
+    warnings += [f"{m} is loaded and is not part of the driver package: load it again after the upgrade"
+                 for m in NOT_IN_PACKAGE if m in running]
+    return ModuleSet([m for m in MODULE_ORDER if m in chosen], reasons, (pm.blocked,) if pm.blocked else (),
                      tuple(warnings) + ((pm.warning,) if pm.warning else ()))
+
+
+def running_modules(facts: Facts) -> frozenset[str]:
+    return frozenset(m.name for m in facts.driver.modules) if facts.driver.loaded else frozenset()
+
+
+def display_gpus(gpus) -> tuple[str, ...]:
+    return tuple(g.pci_address for g in gpus if (g.class_code or "").lower().removeprefix("0x").startswith("0300"))
+
+
+def module_set(facts: Facts, desired: Desired, flavor: str | None) -> ModuleSet:
+    return decide_modules(desired, running_modules(facts), display_gpus(facts.gpus), len(facts.mellanox_nics),
+                          facts.rdma, flavor, facts.kernel.release)
 
 
 def modules_to_load(facts: Facts, desired: Desired, flavor: str | None = None) -> list[str]:
@@ -153,16 +192,20 @@ def plan(facts: Facts, desired: Desired, signers=None) -> Plan:
         steps.append(Step("start-fabricmanager", f"{len(facts.nvswitches)} NVSwitch(es) need fabric manager "
                           "before CUDA can use NVLink"))
     steps += runtime_steps(facts, desired)
+    persistence = desired.persistenced and not reboot_only(reboot, d, k)
     if loading:
-        steps.append(Step("validate", "prove the driver works: version, flavour and every GPU visible",
-                          {"driver": version, "flavor": flavor, "gpus": [g.pci_address for g in facts.gpus]}))
+        steps.append(Step("validate", "prove the driver works: version, flavour, every GPU visible and the modules "
+                          "decided for this host loaded", {"driver": version, "flavor": flavor,
+                                                           "gpus": [g.pci_address for g in facts.gpus],
+                                                           "modules": mods, "persistence": persistence}))
     if owner is not None:       # driver.manage = always
         replacing = (f"driver.manage = always: replacing the driver that {owner.describe()} owns ({owner.evidence}); "
                      "its user-space libraries may no longer match the kernel modules")
         ms = ModuleSet(ms.modules, ms.reasons, ms.blocked, (*ms.warnings, replacing))
     return Plan(version, flavor, decision.reason, k.release, tuple(steps), bool(reboot), tuple(reboot),
                 tuple(blocked), tuple(facts.warnings) + decision.warnings + ms.warnings,
-                signers.to_json() if signers is not None and not want_loaded else None)
+                signers.to_json() if signers is not None and not want_loaded else None,
+                modules=tuple(mods), persistence=persistence)
 
 
 def runtime_steps(facts: Facts, desired: Desired) -> list[Step]:
@@ -185,6 +228,11 @@ def _leave_driver(facts: Facts, desired: Desired, owner) -> Plan:
     if desired.manage == "never":
         why = "driver.manage = never: driverd leaves the driver as it is and only configures the runtimes"
         by = "the host (driver.manage = never)"
+    elif owner.manager == "host":
+        why = (f"{owner.evidence}: driverd did not install it and cannot reinstall or reload what it cannot find, so "
+               "driver.manage = auto leaves it as it runs (no package, module configuration or GPU daemon is "
+               "changed) and only configures the runtimes (driver.manage = always replaces it)")
+        by = owner.describe()
     else:
         why = (f"the installed driver belongs to {owner.describe()} ({owner.evidence}); driver.manage = auto leaves "
                "it to that package manager and only configures the runtimes (driver.manage = always replaces it)")
@@ -192,8 +240,11 @@ def _leave_driver(facts: Facts, desired: Desired, owner) -> Plan:
     warnings = list(facts.warnings)
     if desired.driver_version and d.loaded and d.version and d.version != desired.driver_version:
         warnings.append(f"driver.version {desired.driver_version} is not applied: {by} keeps {d.version} running")
-    return Plan(desired.driver_version or d.version, d.flavor, why, facts.kernel.release,
-                tuple(runtime_steps(facts, desired)), warnings=tuple(warnings), driver_managed_by=by)
+    # Converged means the driver that runs keeps running: its version and modules as they are, and no
+    # GPU daemon the host did not start itself.
+    return Plan(d.version if d.loaded else desired.driver_version, d.flavor, why, facts.kernel.release,
+                tuple(runtime_steps(facts, desired)), warnings=tuple(warnings), driver_managed_by=by,
+                modules=tuple(m for m in MODULE_ORDER if m in running_modules(facts)))
 
 
 def reboot_only(reboot: list[str], driver, kernel) -> bool:

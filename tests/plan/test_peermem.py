@@ -42,6 +42,8 @@ def rdma_host(tmp_path, *, ofed: bool, release: str = NEW, loaded_ib_core: bool 
                  Module("nvidia_uvm", 100000, 0), Module("nvidia_modeset", 100000, 0)]
         mods += [Module(m, 100000, 0) for m in extra_modules]
         kw["nvidia_version_text"] = nvidia_version_line(version, flavor)
+        # the running driver is driverd's own install (a loaded driver found nowhere on disk is the host's)
+        files[f"/lib/modules/{release}/updates/driverd/nvidia.ko"] = "\x7fELF"
     write_host(tmp_path, HostSpec(release=release, pci=[h100("0000:1b:00.0", "nvidia" if running else None)]
                                   + ([MLX] if nic else []), files=files,
                                   modules=mods or [Module("ext4", 1000000, 1, (), "")], **kw))

@@ -22,7 +22,9 @@ def actions(p):
 def loaded(version="570.195.03", flavor="open", refs=0):
     mods = [Module("nvidia", 5000000, refs, ("nvidia_modeset", "nvidia_uvm"), version=version),
             Module("nvidia_uvm", 100000, 0), Module("nvidia_modeset", 100000, 0)]
-    return dict(modules=mods, nvidia_version_text=nvidia_version_line(version, flavor))
+    # driverd installed it (on disk in its own directory): a loaded driver found nowhere on disk is the host's
+    return dict(modules=mods, nvidia_version_text=nvidia_version_line(version, flavor),
+                files={"/lib/modules/6.1.0-47-cloud-amd64/updates/driverd/nvidia.ko": "\x7fELF"})
 
 
 def test_no_gpu_nothing_to_do(tmp_path):
@@ -39,7 +41,9 @@ def test_bare_host_full_provisioning_in_order(tmp_path):
     load = p.steps[actions(p).index("load-modules")]
     # open modules on kernel 6.1 (>= 5.12): GPUDirect RDMA goes through DMA-BUF, no nvidia-peermem
     # (tests/plan/test_peermem.py has the MLNX_OFED / inbox / proprietary cases)
-    assert load.params["modules"] == ["nvidia", "nvidia_uvm", "nvidia_modeset"]
+    # nothing needs nvidia-modeset here: no display GPU, nothing loaded before, not configured
+    assert load.params["modules"] == ["nvidia", "nvidia_uvm"]
+    assert "not needed" in load.params["why"]["nvidia_modeset"]
     assert "DMA-BUF" in load.params["why"]["nvidia_peermem"]
     assert not p.blocked_by and not p.reboot_required
     assert all(s.reason for s in p.steps)
@@ -138,3 +142,29 @@ def test_missing_version_is_usage_error(tmp_path):
 def test_plan_is_pure(tmp_path):
     f = facts(tmp_path, pci=[h100("0000:1b:00.0")])
     assert plan(f, Desired("570.195.03")) == plan(f, Desired("570.195.03"))
+
+
+def _decide(**kw):
+    from driverd.plan.planner import decide_modules
+    d = Desired("570.195.03", load_drm=kw.pop("drm", None), load_modeset=kw.pop("modeset", None))
+    return decide_modules(d, frozenset(kw.pop("running", ())), tuple(kw.pop("display", ())), 0, None, "open",
+                          "6.1.0-47-cloud-amd64")
+
+
+def test_module_set_modeset_only_where_something_needs_it():
+    assert _decide().modules == ["nvidia", "nvidia_uvm"]
+    shown = _decide(display=["0000:01:00.0"])
+    assert shown.modules == ["nvidia", "nvidia_uvm", "nvidia_modeset"]
+    assert "0000:01:00.0 is a display controller" in shown.reasons["nvidia_modeset"]
+    assert _decide(running=["nvidia", "nvidia_uvm", "nvidia_modeset"]).modules[-1] == "nvidia_modeset"
+    assert _decide(modeset=True).modules == ["nvidia", "nvidia_uvm", "nvidia_modeset"]
+    drm = _decide(drm=True, modeset=False)
+    assert drm.modules == ["nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"]
+    assert any("load_modeset = false is overridden" in w for w in drm.warnings)
+    assert _decide(display=["0000:01:00.0"], modeset=False).modules == ["nvidia", "nvidia_uvm"]
+
+
+def test_display_gpu_by_pci_class(tmp_path):
+    f = facts(tmp_path, pci=[Pci("0000:01:00.0", "0x10de", "0x2684", "0x030000")])      # an RTX 4090, VGA class
+    p = plan(f, Desired("570.195.03", runtimes=("none",)))
+    assert p.modules == ("nvidia", "nvidia_uvm", "nvidia_modeset")

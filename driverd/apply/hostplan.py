@@ -1,0 +1,30 @@
+"""The one place a host's plan is made: facts read under the root, the desired state from the
+configuration, the signer preflight's verdict, `driverd.plan.plan`. `driverd plan`, `apply` (and its
+--dry-run), every pass of the daemon and the cluster agent's preflight call this, so they cannot
+disagree about a host: the same facts and configuration give the same plan, and the same plan gives
+the same verdict (converged, steps to take, blocked, reboot first)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from driverd.host.facts import Facts
+from driverd.plan.model import Desired, Plan
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    facts: Facts
+    plan: Plan
+
+    @property
+    def verdict(self) -> str:
+        return self.plan.verdict
+
+
+def plan_for_host(root, cfg, *, facts: Facts | None = None, nvml: bool = False) -> HostPlan:
+    from driverd.host import collect
+    from driverd.packages.signers import for_plan
+    from driverd.plan import plan
+    if facts is None:
+        facts = collect(root, nvml=nvml, handler=cfg["runtime.handler"])
+    return HostPlan(facts, plan(facts, Desired.from_config(cfg), for_plan(root, facts, cfg)))
