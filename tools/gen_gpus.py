@@ -24,6 +24,8 @@ How the sources combine (docs/gpus.md says why):
   for a device that both flavours drive, also iff R's README lists it (the README is exactly the
   json's `kernelopen` rows, checked for every release that has both). A device whose row in the
   newest supported-gpus.json has `kernelopen` but not `gsp_proprietary_supported` is open-only.
+- legacybranch "580.xx" on a device's rows: the branches up to and including 580 drive it (from the
+  first that lists it), later ones do not; the table records the list that says so (`legacy_from`).
 - `kernelopen` on rows with a legacybranch (a 590-era json tags Maxwell-Volta so) is ignored: the
   READMEs never list them and the open modules need a GSP, which pre-Turing GPUs lack.
 
@@ -330,8 +332,8 @@ def build(src: Path = SRC) -> dict:
             raise SystemExit(f"{dev}: rows of supported-gpus.json {newest_json} disagree on gsp_proprietary_supported")
         # the legacy branch: from the newest supported-gpus.json with a row for the device (a row
         # that a later list dropped, e.g. an OEM subsystem, takes the device's)
-        newest = next((rows for rel in reversed(json_order) for rows in [jsons[rel]]
-                       if any(k in rows for k in by_dev[dev])), {})
+        newest_rel = next((rel for rel in reversed(json_order) if any(k in jsons[rel] for k in by_dev[dev])), None)
+        newest = jsons[newest_rel] if newest_rel else {}
         legacies = {newest[k].legacy for k in by_dev[dev] if k in newest}
         if len(legacies) > 1:
             raise SystemExit(f"{dev}: its rows disagree on the legacy branch: {sorted(map(str, legacies))}")
@@ -351,6 +353,10 @@ def build(src: Path = SRC) -> dict:
                 del v["name"]
         d = {"name": name, "architecture": arch, "chip": chip, "class": cls, "legacy": legacy,
              "variants": variants}
+        if legacy is not None:
+            # which list says so: a legacybranch is NVIDIA's statement that every branch up to and
+            # including it drives the device (from the first that lists it), cited in the evidence
+            d["legacy_from"] = newest_rel
         if not newest_rows:
             d["class_from"] = ("open-modules READMEs only: no supported-gpus.json driverd ships lists it"
                                if not any(k in rows for rows in jsons.values() for k in by_dev[dev])

@@ -203,7 +203,10 @@ def render_gpus(doc: dict) -> str:
                      + (f" {g['chip']}" if g["chip"] else "") + ")")
         lines.append(f"  flavours:     {g['flavor_class']}" + (f" ({g['class_from']})" if g.get("class_from") else ""))
         if g["legacy_branch"]:
-            lines.append(f"  legacy:       {g['legacy_branch']}: no branch after {g['legacy_branch'].split('.')[0]} drives it")
+            n = g["legacy_branch"].split(".")[0]
+            src = f" (supported-gpus.json {g['legacy_from']})" if g.get("legacy_from") else ""
+            lines.append(f"  legacy:       {g['legacy_branch']}{src}: branches up to and including {n}.x drive it, "
+                         f"no later one")
         if g["subsystems"]:
             lines.append(f"  rows:         {', '.join(g['rows'])} (NVIDIA lists subsystems {', '.join(g['subsystems'])})")
         if g.get("subsystem_note"):

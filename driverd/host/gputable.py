@@ -65,6 +65,7 @@ class GpuModel:
     subsystem_note: str | None            # set when the GPU's subsystem ids match none of the device's rows
     open_releases: frozenset[str]         # releases whose open-modules README lists it
     listed_releases: frozenset[str]       # releases whose supported-gpus.json lists it (no legacybranch)
+    legacy_from: str | None = None        # the supported-gpus.json release whose legacybranch says so
 
     @property
     def known(self) -> bool:
@@ -153,7 +154,7 @@ def lookup(device_id: str, subsystem_vendor: str | None = None, subsystem_device
         legacy_branch=dev.get("legacy"), last_branch=_legacy_number(dev.get("legacy")),
         min_branch=first[0] if first else None,
         rows=tuple(v["subsystem"] or "plain" for v in chosen), subsystem_note=note,
-        open_releases=frozenset(open_rel), listed_releases=frozenset(listed_rel))
+        open_releases=frozenset(open_rel), listed_releases=frozenset(listed_rel), legacy_from=dev.get("legacy_from"))
 
 
 def nvswitch_name(device_id: str) -> str | None:
@@ -177,8 +178,9 @@ def observations(model: GpuModel, flavor: str) -> tuple[list[str], set[str], str
     return list(rel["supported_gpus"]), set(model.listed_releases), "supported-gpus.json"
 
 
-def history(order: list[str], listed: set[str]) -> str:
-    """Per branch: "listed in 570.x (from 570.190), 580.x; not in 515.x-565.x, 575.x"."""
+def history(order: list[str], listed: set[str], legacy: tuple[str, str] | None = None) -> str:
+    """Per branch: "listed in 570.x (from 570.190), 580.x; not in 515.x-565.x, 575.x". `legacy`
+    (release, "580.xx"): that release's list names the GPU only with a legacy branch, said so."""
     by_branch: dict[int, list[str]] = {}
     for r in order:
         by_branch.setdefault(branch_of(r), []).append(r)
@@ -186,6 +188,13 @@ def history(order: list[str], listed: set[str]) -> str:
     run: list[int] = []
     for b, rels in by_branch.items():
         have = [r for r in rels if r in listed]
+        if not have and legacy is not None and legacy[0] in rels:
+            if run:
+                no.append(_span(run))
+                run = []
+            yes.append(f"{b}.x ({legacy[0]}) with legacybranch {legacy[1]} (driven up to and including "
+                       f"{legacy[1].split('.')[0]}.x)")
+            continue
         if not have:
             run.append(b)
             continue
@@ -232,7 +241,44 @@ def _listed_since(version: str, order: list[str], in_b: list[str]) -> str | None
     return in_b[0]
 
 
-CONTINUITY_BEFORE = 470   # lists of branches up to here predate the first open-modules branch (515)
+CONTINUITY_BEFORE = 470   # branches up to here (450, 460, 470) began before the first open-modules branch (515)
+
+
+def _legacy_says(model: GpuModel) -> str:
+    """NVIDIA's legacy-branch statement with its source, one clause."""
+    src = f"the supported-gpus.json of {model.legacy_from}" if model.legacy_from else "NVIDIA's supported-gpus.json"
+    return (f"{src} gives it legacybranch {model.legacy_branch}: the branches up to and including "
+            f"{model.last_branch}.x drive it")
+
+
+def _newest_date(b: int) -> str | None:
+    dates = [d for r, d in table().get("release_dates", {}).items() if d and branch_of(r) == b]
+    return max(dates) if dates else None
+
+
+def _listed_before(listed: set[str], b: int) -> str | None:
+    """The first release of an earlier branch whose list names the GPU while branch `b` was still
+    being published: a pre-515 branch (it began before every open-modules-era branch), or one dated
+    no later than b's newest known release. A GPU first listed in 570.190 (2025-09) is not "before"
+    575.x, whose last release (2025-07) predates it."""
+    dates = table().get("release_dates", {})
+    newest_b = _newest_date(b)
+    for r in sorted(listed, key=vkey):
+        if branch_of(r) >= b:
+            return None
+        if branch_of(r) <= CONTINUITY_BEFORE or (newest_b and dates.get(r) and dates[r] <= newest_b):
+            return r
+    return None
+
+
+def _listed_after(model: GpuModel, listed: set[str], b: int) -> str | None:
+    """A later branch's list that names the GPU, or NVIDIA's legacy branch when it covers `b`."""
+    later = sorted((r for r in listed if branch_of(r) > b), key=vkey)
+    if later:
+        return later[0]
+    if model.last_branch is not None and b <= model.last_branch:
+        return f"{model.legacy_from or 'supported-gpus.json'}: legacybranch {model.legacy_branch}"
+    return None
 
 
 def support(model: GpuModel, flavor: str, version: str) -> Verdict:
@@ -241,18 +287,22 @@ def support(model: GpuModel, flavor: str, version: str) -> Verdict:
     Branch by branch: branch B supports it when a list of B names it, from the first release of B
     that does (an earlier release of B is refused: too old). A branch whose lists never name it is
     refused, naming the branches that do ("listed in 570.x from 570.190, 580.x; not in 575.x"), with
-    one exception, continuity: a GPU that a pre-515 list (<= 470.x) names and a list of a later branch
-    names again, with no legacy branch in between, is taken as supported by the branches whose lists
-    omit it (the Tesla T4 is missing from every list of 515.x-570.x; NVIDIA does not drop a GPU
-    without moving it to a legacy branch). A branch newer than the table takes the newest branch's
-    answer; one older than every list is unknown (None)."""
+    one exception, continuity: a branch whose lists omit a GPU that an earlier branch already listed
+    (a pre-515 branch, or a list dated no later than the branch's newest release) and that a later
+    branch lists again, or whose legacybranch is this branch or a later one, drives it (NVIDIA does not
+    drop a GPU without moving it to a legacy branch: the T4, the Tesla P4 and V100-SXM2-16GB 0x1df5 are
+    missing from the 525-555 supported-gpus.json files). A legacybranch ends support after that branch.
+    A branch newer than the table takes the newest branch's answer; one older than every list is
+    unknown (None)."""
     b = branch_of(version)
     if flavor == "open" and b < FIRST_OPEN_BRANCH:
         return Verdict(False, f"branch {b} has no open kernel modules (they exist from {FIRST_OPEN_BRANCH})",
                        "no-open-modules")
     if model.last_branch is not None and b > model.last_branch:
+        src = f" (supported-gpus.json {model.legacy_from}: legacybranch {model.legacy_branch})" \
+            if model.legacy_from else ""
         return Verdict(False, f"NVIDIA moved it to the {model.legacy_branch} legacy branch: {model.last_branch} is "
-                              f"the last branch that drives it", "legacy", legacy=model.legacy_branch)
+                              f"the last branch that drives it{src}", "legacy", legacy=model.legacy_branch)
     if flavor == "proprietary" and model.flavor_class == "open-only":
         return Verdict(False, "NVIDIA lists it for the open kernel modules only (supported-gpus.json: kernelopen "
                               "without gsp_proprietary_supported)", "open-only")
@@ -280,6 +330,8 @@ def support(model: GpuModel, flavor: str, version: str) -> Verdict:
         if b_eff != b or version in listed:
             where = f"the {lists} of {version} lists it" if version in listed else \
                 f"the {_pl(lists)} of {b_eff}.x list it from {in_b[0]}"
+            if b_eff != b and model.last_branch is not None:
+                how += f"; {_legacy_says(model)}"
             return Verdict(True, where + how, "listed", first)
         since = _listed_since(version, order, in_b)
         if since is None:
@@ -287,10 +339,19 @@ def support(model: GpuModel, flavor: str, version: str) -> Verdict:
                                  + (f" ({version}'s own omits it)" if version in order else ""), "listed", first)
         return Verdict(False, f"the {_pl(lists)} of {b_eff}.x list it from {since} on; {version} is older",
                        "too-old", since)
-    hist = history(order, listed)
-    if listing and listing[0] <= CONTINUITY_BEFORE and listing[-1] > b_eff:
-        return Verdict(True, f"the {_pl(lists)} of {b_eff}.x omit it, but it is {hist}: no legacy branch ends it, so "
-                             f"{b_eff}.x drives it (continuity)", "continuity", first)
+    legacy = (model.legacy_from, model.legacy_branch) \
+        if flavor == "proprietary" and model.legacy_from and model.legacy_branch else None
+    hist = history(order, listed, legacy)
+    # Continuity: NVIDIA does not drop a GPU without moving it to a legacy branch, so a branch whose
+    # lists omit a GPU that an earlier branch already listed and a later list names again (or whose
+    # legacy branch is this one or later) drives it. Some supported-gpus.json files of 525-555 omit
+    # the T4, the Tesla P4 and a V100-SXM2-16GB id that 450-470 list and 590 names with legacybranch 580.xx.
+    before, after = _listed_before(listed, b), _listed_after(model, listed, b)
+    if before and after:
+        omit = f"the {_pl(lists)} of {b_eff}.x omit it" if b_eff == b else \
+            f"driverd's table has no {lists} of branch {b} and those of {b_eff}.x omit it"
+        return Verdict(True, f"{omit}, but it is {hist}: gap filled by continuity: listed before "
+                             f"({before}) and after ({after}), so {b}.x drives it", "continuity", first)
     if first is not None and all(x > b_eff for x in listing):
         return Verdict(False, f"the {_pl(lists)} of {b_eff}.x do not list it{how}; first listed in {first}",
                        "too-old", first)
@@ -402,11 +463,13 @@ def describe(device_id: str, subsystem: str | None = None, version: str | None =
             flav[f] = {"branches": [], "history": "NVIDIA lists it for the open kernel modules only"}
             continue
         order, listed, lists = observations(m, f)
-        flav[f] = {"branches": sorted({branch_of(r) for r in listed}), "lists": lists, "history": history(order, listed),
+        legacy = (m.legacy_from, m.legacy_branch) if m.legacy_from and m.legacy_branch and f == "proprietary" else None
+        flav[f] = {"branches": sorted({branch_of(r) for r in listed}), "lists": lists,
+                   "history": history(order, listed, legacy),
                    "first": min(listed, key=vkey) if listed else None}
     out = {"device_id": did, "known": True, "name": m.name, "architecture": m.architecture, "chip": m.chip,
            "flavor_class": m.flavor_class, "open_module_support": m.open_module_support,
-           "legacy_branch": m.legacy_branch, "rows": list(m.rows),
+           "legacy_branch": m.legacy_branch, "legacy_from": m.legacy_from, "rows": list(m.rows),
            "subsystems": [v["subsystem"] for v in dev["variants"] if v["subsystem"]],
            "subsystem_note": m.subsystem_note, "flavors": flav}
     if dev.get("class_from"):

@@ -80,6 +80,14 @@ def _why(vs: list[GpuVerdicts], flavor: str) -> str:
     return "; ".join(f"{v.gpu.pci_address}: {v.verdicts[flavor].evidence}" for v in vs)
 
 
+def _evidence(vs: list[GpuVerdicts], flavor: str) -> str:
+    """NVIDIA's evidence for `flavor`, once per distinct answer (a fleet of identical GPUs says it once)."""
+    by: dict[str, list[str]] = {}
+    for v in vs:
+        by.setdefault(v.verdicts[flavor].evidence, []).append(v.gpu.pci_address)
+    return "; ".join(f"{', '.join(addrs)}: {ev}" for ev, addrs in by.items())
+
+
 def _refused(vs: list[GpuVerdicts], flavor: str) -> list[GpuVerdicts]:
     return [v for v in vs if v.verdicts is not None and v.verdicts[flavor].supported is False]
 
@@ -151,7 +159,8 @@ def decide(gpus: tuple[GpuFacts, ...], version: str, requested: str = "auto") ->
             raise _refusal(requested, b, bad, both=False)
         warnings += [f"GPU {v.gpu.pci_address} (device id {v.gpu.device_id}) is not in driverd's GPU table; "
                      f"--flavor {requested} is taken as given" for v in unknown]
-        return FlavorDecision(requested, f"requested {requested}", tuple(warnings + _continuity(known, requested)))
+        return FlavorDecision(requested, f"requested {requested}" + (f" ({_evidence(known, requested)})" if known else ""),
+                              tuple(warnings + _continuity(known, requested)))
 
     if unknown:
         v = unknown[0]
@@ -190,8 +199,8 @@ def decide(gpus: tuple[GpuFacts, ...], version: str, requested: str = "auto") ->
     forced = [v for v in known if v.verdicts[other].supported is False]
     if other == "open" and b < FIRST_OPEN_BRANCH:
         return FlavorDecision(f, f"branch {b} has no open kernel modules", tuple(warnings + _continuity(known, f)))
-    return FlavorDecision(f, f"{other} does not serve {_names(forced)}: {_why(forced, other)}",
-                          tuple(warnings + _continuity(known, f)))
+    return FlavorDecision(f, f"{other} does not serve {_names(forced)}: {_evidence(forced, other)}; {f}: "
+                             f"{_evidence(known, f)}", tuple(warnings + _continuity(known, f)))
 
 
 def _continuity(known: list[GpuVerdicts], flavor: str) -> list[str]:

@@ -34,6 +34,19 @@ def test_known_devices():
     assert gputable.lookup("0xfff0") is None
 
 
+def test_legacy_branch_records_its_source():
+    """legacybranch 580.xx (the 590.48.01 supported-gpus.json) means driven up to and including 580."""
+    t = gputable.table()
+    for did, dev in t["devices"].items():
+        assert ("legacy_from" in dev) == (dev["legacy"] is not None), did
+        assert dev.get("legacy_from") in (None, *t["releases"]["supported_gpus"]), did
+    p4 = gputable.lookup("0x1bb3")
+    assert (p4.legacy_branch, p4.last_branch, p4.legacy_from) == ("580.xx", 580, "590.48.01")
+    assert gputable.support(p4, "proprietary", "580.95.05").supported is True
+    assert gputable.support(p4, "proprietary", "581.1.1").kind == "legacy"
+    assert gputable.lookup("0x2330").legacy_from is None
+
+
 def test_nvswitch_ids_from_the_open_modules_source():
     assert gputable.nvswitch_name("0x22a3") == "NVSwitch (3rd gen, LS10)"
     assert gputable.nvswitch_name("0x1af1") == "NVSwitch (2nd gen, LR10)"

@@ -16,7 +16,7 @@ from driverd.sim.hosttree import HostSpec, Pci, write_host
 from tests.conftest import REPO
 
 DATA_CENTRE = {      # device[:subvendor:subdevice], the subsystem NVIDIA's rows name where they name one
-    "V100": "0x1db4", "P4": "0x1bb3", "P40": "0x1b38", "P100": "0x15f8", "T4": "0x1eb8:10de:12a2",
+    "V100": "0x1db4", "V100-SXM2-16GB": "0x1df5", "P4": "0x1bb3", "P40": "0x1b38", "P100": "0x15f8", "T4": "0x1eb8:10de:12a2",
     "A10": "0x2236:10de:1482", "A30": "0x20b7:10de:1532", "A100": "0x20b0", "A800": "0x20f5:10de:1799",
     "L4": "0x27b8:10de:16ca", "L40": "0x26b5:10de:169d", "L40S": "0x26b9:10de:1851", "H100": "0x2330:10de:16c1",
     "H800": "0x2324:10de:17a6", "H20": "0x2329:10de:198b", "H200": "0x2335:10de:18be", "GH200": "0x2342:10de:16eb",
@@ -64,7 +64,8 @@ def expected(spec: str, version: str) -> str | None:
     below the release) lists its row; with proprietary when its newest supported-gpus.json row is not
     open-only, its legacy branch (if any) is >= B, and a list of B names it (README rows for parts
     both flavours drive; else the nearest supported-gpus.json at or below B), or continuity (a <= 470
-    list and a later one name it). Both: open from 560, else proprietary."""
+    list names it and a later list does too, or its legacy branch is B or later: legacybranch 580.xx
+    means driven up to and including 580). Both: open from 560, else proprietary."""
     did, sub = _keys(spec)
     b = GEN.branch(version)
     newest = _rows(did, sub, JSONS[NEWEST_JSON]) or [v for k, v in JSONS[NEWEST_JSON].items() if k[0] == did]
@@ -86,7 +87,10 @@ def expected(spec: str, version: str) -> str | None:
         prop_ok = b in listed_b or (min(listed_b) <= 470 and max(listed_b) > b)
     else:                                        # proprietary only: the nearest supported-gpus.json <= B
         near = max((rel for rel in JSONS if GEN.branch(rel) <= b), key=GEN.vkey)
-        prop_ok = any(x.legacy is None for x in _rows(did, sub, JSONS[near]))
+        listed_b = {GEN.branch(rel) for rel, rows in JSONS.items() if any(x.legacy is None for x in _rows(did, sub, rows))}
+        until = max(listed_b | ({int(legacy.split(".")[0])} if legacy else set()), default=0)
+        prop_ok = any(x.legacy is None for x in _rows(did, sub, JSONS[near])) or \
+            (bool(listed_b) and min(listed_b) <= 470 and until >= b)
     if open_ok and prop_ok:
         return "open" if b >= 560 else "proprietary"
     return "open" if open_ok else "proprietary" if prop_ok else None
@@ -129,6 +133,9 @@ def test_matrix_spot_checks():
     assert expected(DATA_CENTRE["T4"], RELEASE[575]) == "open"
     assert expected(DATA_CENTRE["V100"], RELEASE[580]) == "proprietary"
     assert expected(DATA_CENTRE["V100"], RELEASE[590]) is None               # 580.xx legacy
+    for part in ("P4", "V100-SXM2-16GB"):          # not in the 525-555 jsons; 450-470 and 590 (legacy 580.xx) list them
+        assert [expected(DATA_CENTRE[part], RELEASE[b]) for b in (535, 550, 570, 580, 590)] == \
+            ["proprietary"] * 4 + [None], part
     assert expected(DATA_CENTRE["B200"], RELEASE[565]) is None                # first listed in 570.86.15
     assert expected(DATA_CENTRE["B200"], RELEASE[570]) == "open"
     assert expected(DATA_CENTRE["GH200"], RELEASE[550]) == "open"             # open-only, listed since 535.x

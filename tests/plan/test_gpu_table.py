@@ -182,6 +182,104 @@ def test_t4_gap_in_nvidias_lists_is_bridged_by_continuity_only_for_proprietary()
     assert g.support(t4, "open", "575.64.05").supported is True
 
 
+def test_a_branch_before_the_first_listing_is_not_bridged():
+    """Continuity needs a listing *before* the gap: the A10 (first listed by 460) is not driven by 450."""
+    v = g.support(g.lookup("0x2236"), "proprietary", "450.248.02")
+    assert v.supported is False and v.kind == "too-old"
+
+
+# -- legacy branches and gaps between listings (issue 17: Tesla P4 and V100 fleets) --------------
+
+def _plan_one(tmp_path, did: str, version: str, **kw):
+    from driverd.host import collect
+    from driverd.plan import Desired, plan
+    from driverd.root import Root
+    from driverd.sim.hosttree import HostSpec, Pci, write_host
+    root = tmp_path / f"host{len(list(tmp_path.iterdir()))}"          # a fresh host tree per plan
+    write_host(root, HostSpec(pci=[Pci(f"0000:{i + 0x41:02x}:00.0", "0x10de", did, "0x030200") for i in range(2)]))
+    return plan(collect(Root(root), nvml=False), Desired(version, runtimes=("none",), **kw))
+
+
+def test_tesla_p4_plans_proprietary_through_580_and_is_refused_from_590_naming_580(tmp_path):
+    """0x1bb3: in the 450-470 supported-gpus.json files, in none of 525-555, and in 590.48.01's with
+    legacybranch 580.xx: NVIDIA drives it up to and including 580."""
+    p4 = g.lookup("0x1bb3")
+    assert (p4.name, p4.legacy_branch, p4.legacy_from) == ("Tesla P4", "580.xx", "590.48.01")
+    p = _plan_one(tmp_path, "0x1bb3", "580.95.05")
+    assert p.flavor == "proprietary"                               # Pascal: no open modules, ever
+    assert "open does not serve" in p.flavor_reason and "gap filled by continuity" in p.flavor_reason
+    assert any("450.248.02" in w and "legacybranch 580.xx" in w for w in p.warnings)
+    from driverd.errors import PlanError
+    for newer in ("590.48.01", "595.45.04"):
+        with pytest.raises(PlanError) as e:
+            _plan_one(tmp_path, "0x1bb3", newer)
+        line = e.value.one_line()
+        assert "no longer supports" in line and "580.xx" in line and "request a 580.x driver" in line, line
+        assert "0000:41:00.0" in line and "590.48.01: legacybranch 580.xx" in line
+    with pytest.raises(PlanError):
+        _plan_one(tmp_path, "0x1bb3", "580.95.05", flavor="open")
+
+
+@pytest.mark.parametrize("did", ["0x1df5", "0x1db1"])       # both are "Tesla V100-SXM2-16GB" in NVIDIA's lists
+@pytest.mark.parametrize("version", ["535.261.03", "550.163.01", "550.127.05", "570.195.03", "580.95.05"])
+def test_v100_sxm2_16gb_fleets_plan_proprietary_citing_the_evidence(tmp_path, did, version):
+    p = _plan_one(tmp_path, did, version)
+    assert p.flavor == "proprietary", p.flavor_reason
+    said = p.flavor_reason.split("; proprietary: ", 1)[1]
+    assert "0000:41:00.0, 0000:42:00.0: " in said                  # one answer for a fleet of one model
+    if did == "0x1df5":                                            # missing from the 525-555 files
+        assert "not in 525.x-555.x" in said and "listed before (450.248.02)" in said and "legacybranch 580.xx" in said
+        assert any("gap filled by continuity" in w for w in p.warnings)
+    else:                                                          # listed by 450-555; 590 names legacy 580.xx
+        assert "lists it" in said or "list it" in said
+        assert ("legacybranch 580.xx" in said) == (version.split(".")[0] not in ("535", "550")), said
+    v = g.support(g.lookup(did), "proprietary", version)
+    assert v.supported is True and v.kind == ("continuity" if did == "0x1df5" else "listed")
+
+
+def _gaps_in_the_raw_lists(gen) -> dict[str, list[str]]:
+    """From the recorded supported-gpus.json files alone (not driverd's table): device id -> the
+    releases whose file omits it although an earlier file already listed it (a <= 470 one, or one
+    dated no later) and a later file lists it or names a legacy branch at or above that release's."""
+    manifest = json.loads((gen.SRC / "sources.json").read_text())
+    srcs = sorted((s for s in manifest["sources"] if s["kind"] == "supported-gpus.json"), key=lambda s: gen.vkey(s["release"]))
+    files = {s["release"]: gen.read_supported(gen.SRC / s["file"]) for s in srcs}
+    date = {s["release"]: s.get("release_date") for s in srcs}
+    order = [s["release"] for s in srcs]
+    gaps: dict[str, list[str]] = {}
+    for dev in sorted({k[0] for rows in files.values() for k in rows}):
+        rows = {r: [v for k, v in files[r].items() if k[0] == dev] for r in order}
+        listed = [r for r in order if any(v.legacy is None for v in rows[r])]
+        legacy = max((int(v.legacy.split(".")[0]) for r in order for v in rows[r] if v.legacy), default=0)
+        for z in order:
+            if z in listed or any(gen.branch(r) == gen.branch(z) for r in listed):
+                continue
+            before = [r for r in listed if gen.branch(r) < gen.branch(z)
+                      and (gen.branch(r) <= 470 or (date[r] and date[z] and date[r] <= date[z]))]
+            after = [r for r in listed if gen.branch(r) > gen.branch(z)] or (legacy >= gen.branch(z))
+            if before and after:
+                gaps.setdefault(dev, []).append(z)
+    return gaps
+
+
+def test_every_id_listed_before_and_after_a_gap_is_supported_in_the_gap(gen):
+    gaps = _gaps_in_the_raw_lists(gen)
+    # the ids the 525-555 files omit: GeForce 940A (Lenovo), Tesla P4, V100-SXM2-16GB, Tesla T4
+    assert set(gaps) == {"0x137d", "0x1bb3", "0x1df5", "0x1eb8"}, gaps
+    assert gaps["0x1bb3"] == ["525.147.05", "535.261.03", "535.274.02", "550.54.15", "550.163.01", "555.58.02"]
+    for dev, releases in gaps.items():
+        m = g.lookup(dev)
+        for z in releases + ["560.35.03", "570.195.03"]:                # and the branches the table has no file of
+            v = g.support(m, "proprietary", z)
+            assert v.supported is True and v.kind == "continuity", (dev, z, v)
+            assert "gap filled by continuity: listed before (4" in v.evidence, (dev, z, v.evidence)
+    # an id first listed by a file dated after a branch's file is not bridged into that branch:
+    # 0x2822 is in 550.163.01 (2025-04-17), not in 555.58.02 (2024-07-01)
+    v = g.support(g.lookup("0x2822"), "proprietary", "555.58.02")
+    assert v.supported is False and "555.x" in v.evidence
+    assert "0x2822" not in gaps
+
+
 def test_branches_outside_the_table():
     h200 = g.lookup("0x2335")
     newer = g.support(h200, "open", "600.10.01")
@@ -269,6 +367,20 @@ def test_gpus_command_human_and_host(tmp_path):
     assert "Tesla V100-PCIE-16GB" in out and "580.xx legacy branch" in out
     bad = run_cli("gpus", "zz99")
     assert bad.returncode == 2 and "invalid GPU id" in bad.stderr
+
+
+def test_gpus_command_states_the_legacy_branch_and_the_evidence():
+    out = run_cli("gpus", "1bb3", "--driver", "580.95.05", check=True).stdout
+    assert "0x1bb3  Tesla P4  (Pascal GP104)" in out
+    assert "legacy:       580.xx (supported-gpus.json 590.48.01): branches up to and including 580.x drive it" in out
+    assert "proprietary:  listed in 450.x, 460.x, 470.x, 590.x (590.48.01) with legacybranch 580.xx" in out
+    line = next(x for x in out.splitlines() if x.startswith("  580.95.05 proprietary:"))
+    assert line.startswith("  580.95.05 proprietary: yes: ") and "not in 525.x-555.x" in line \
+        and "listed before (450.248.02) and after (590.48.01: legacybranch 580.xx)" in line
+    d = json.loads(run_cli("gpus", "1bb3", "--driver", "590.48.01", "--json", check=True).stdout)["gpus"][0]
+    assert d["legacy_branch"] == "580.xx" and d["legacy_from"] == "590.48.01"
+    assert d["verdicts"]["proprietary"]["kind"] == "legacy" and "580 is the last branch" in \
+        d["verdicts"]["proprietary"]["evidence"]
 
 
 def test_sources_are_gzip_json_with_chips(gen):
