@@ -24,7 +24,7 @@ def test_detect_json_contract_on_real_gpu_host(unpack_host):
     assert (g["pci_address"], g["device_id"], g["architecture"], g["bound_driver"]) == \
         ("0000:00:06.0", "0x2335", "Hopper", "nvidia")
     assert g["name"] == "NVIDIA H200" and g["open_module_support"] == "supported"    # NVIDIA's own list names it so
-    assert g["uuid"] == "GPU-32774125-ffe1-5c12-7dad-de94a2a6affc" and g["minor"] == 0
+    assert g["uuid"] == "GPU-6c1236f9-25a3-ea90-6fdc-40acd725cefd" and g["minor"] == 0
     assert d["nvswitches"] == [] and d["nouveau"]["loaded"] is False and d["nouveau"]["blacklisted"] is False
     assert (d["driver"]["loaded"], d["driver"]["version"], d["driver"]["flavor"]) == (True, "580.159.04", "open")
     assert {m["name"] for m in d["driver"]["modules"]} == {"nvidia", "nvidia_uvm"}
@@ -37,7 +37,9 @@ def test_plan_on_real_gpu_host_upgrade_needs_reboot_and_checks_signers_after_the
     """Signature enforcement alone no longer blocks a driver change: the package's signers are judged
     once its files are here (checked after the fetch, before anything is unloaded)."""
     root = unpack_host(H200)
-    res = run_cli("plan", "--root", str(root), "--driver", "590.48.01", "--json")
+    # the host's own driver (loaded, not on disk, no package record) is replaced only on request
+    res = run_cli("plan", "--root", str(root), "--driver", "590.48.01", "--json",
+                  env={"DRIVERD_DRIVER_MANAGE": "always"})
     assert res.returncode == 0, res.stderr
     p = json.loads(res.stdout)
     assert p["flavor"] == "open" and p["reboot_required"] is True and p["blocked_by"] == []
@@ -51,6 +53,16 @@ def test_plan_on_real_gpu_host_same_driver(unpack_host):
     p = json.loads(res.stdout)
     assert p["blocked_by"] == [] and p["reboot_required"] is False
     assert not {"fetch-package", "install-package", "load-modules"} & {s["action"] for s in p["steps"]}
+    # host-managed: nothing of the driver's configuration is touched and no daemon started
+    assert p["driver_managed_by"] == "the host (owner unknown)" and p["steps"] == []
+    assert p["verdict"] == "converged" and p["modules"] == ["nvidia", "nvidia_uvm"]
+
+
+def test_plan_on_real_gpu_host_another_version_is_left_to_the_host(unpack_host):
+    root = unpack_host(H200)
+    p = json.loads(run_cli("plan", "--root", str(root), "--driver", "590.48.01", "--json", check=True).stdout)
+    assert p["verdict"] == "converged" and p["steps"] == []
+    assert any("590.48.01 is not applied" in w for w in p["warnings"])
 
 
 def test_no_gpu_host(unpack_host):
@@ -139,7 +151,7 @@ def test_cdi_spec_from_real_gpu_host(unpack_host):
     from driverd.runtime import cdi
     spec = cdi.build(Root(unpack_host(H200)))
     names = [d["name"] for d in spec["devices"]]
-    assert names == ["0", "GPU-32774125-ffe1-5c12-7dad-de94a2a6affc", "all"]
+    assert names == ["0", "GPU-6c1236f9-25a3-ea90-6fdc-40acd725cefd", "all"]
     assert cdi.validate(spec) == []
 
 
