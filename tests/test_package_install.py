@@ -217,14 +217,19 @@ def test_disk_full_up_front(host, pkgs, monkeypatch):
     _refused(host, pkgs["535"].path, "not enough space")
 
 
-def test_depmod_failure_restores_previous(host, pkgs, monkeypatch):
+def test_depmod_failure_restores_previous(host, pkgs):
     inst.install(host, pkgs["535"].path, Runner())
     before = tree(host)
-    real = inst._depmod
-    monkeypatch.setattr(inst, "_depmod", lambda root, rel, runner, check=True:
-                        (_ for _ in ()).throw(PackageError("depmod failed for x")) if check else real(root, rel, runner, check=False))
+    from driverd.errors import ModuleError
+    from driverd.kmod.kernel import RealKernel
+
+    class FailingDepmod(RealKernel):      # the real kmod tools, but the checked depmod fails
+        def depmod(self, release, check=True):
+            if check:
+                raise ModuleError("depmod failed for x")
+            return super().depmod(release, check=False)
     with pytest.raises(PackageError, match="depmod failed"):
-        inst.install(host, pkgs["550"].path, Runner())
+        inst.install(host, pkgs["550"].path, Runner(), kernel_tools=FailingDepmod(Root(host), Runner()))
     after = tree(host)
     assert {k: v for k, v in after.items() if "modules." not in k} == \
            {k: v for k, v in before.items() if "modules." not in k}
