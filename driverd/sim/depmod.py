@@ -9,12 +9,15 @@ same trees in tests/test_sim_depmod.py:
 
     <path of the module, relative to /lib/modules/RELEASE>: <dep path> <dep path> ...
 
-one line per module file under /lib/modules/RELEASE (except build/ and source/), each listing the
-module's dependencies transitively, every module before the modules it depends on (modprobe inserts
-the list from its end). A dependency that no module file in the tree provides is left out (as depmod
-does for a symbol nothing exports). When two files carry the same module name, the one under
-updates/ wins over any other location (depmod's default search order, "updates" before "built-in");
-otherwise the first in path order. depmod.d configuration (search, override, external) is not read.
+one line per module file under /lib/modules/RELEASE (depmod skips directories named build and
+source at any depth), each listing the module's dependencies transitively, every module before the
+modules it depends on (modprobe inserts the list from its end). A dependency that no module file in
+the tree provides is left out (as depmod does for a symbol nothing exports). When two files carry the
+same module name, the one under updates/ wins over any other location (depmod's built-in search
+order "updates built-in", depmod.d(5)); between two other locations depmod keeps whichever its
+directory walk meets first (readdir order, so arbitrary), the simulation the first in path order.
+depmod.d configuration (search, override, external) is not read. The order of the lines differs
+too (depmod's follows modules.order and readdir; here path order) — nothing reads it.
 
 Only modules.dep is written; the other indexes depmod writes (modules.alias, modules.symbols, the
 .bin files) are read by nothing in the simulation.
@@ -27,16 +30,14 @@ from pathlib import Path
 from driverd.modinfo import module_name, read_modinfo
 
 SUFFIXES = (".ko", ".ko.xz", ".ko.zst", ".ko.gz")
-SKIP_TOP = ("build", "source")
+SKIP_DIRS = ("build", "source")
 
 
 def module_files(base: Path) -> dict[str, str]:
     """module name -> path relative to `base` (/lib/modules/RELEASE), duplicates resolved."""
     found: dict[str, list[str]] = {}
     for dirpath, dirs, files in os.walk(base):
-        if Path(dirpath) == base:
-            dirs[:] = [d for d in dirs if d not in SKIP_TOP]
-        dirs.sort()
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
         for f in sorted(files):
             if f.endswith(SUFFIXES):
                 rel = os.path.relpath(os.path.join(dirpath, f), base)

@@ -421,6 +421,9 @@ class SimKernel(Kernel):
             lines = depmod.dependency_lines(base)
             if not self._readonly:
                 self.root.atomic_write(f"/lib/modules/{release}/modules.dep", "".join(ln + "\n" for ln in lines))
+                # a binary index a real depmod left would now disagree with modules.dep: real
+                # modprobe reads it first, so it goes (modprobe then says "not found" instead)
+                self.root.unlink(f"/lib/modules/{release}/modules.dep.bin", missing_ok=True)
         except (OSError, ValueError) as e:
             if check:
                 raise ModuleError(f"depmod failed for {release}: {e}", cause=f"{argv} could not index the tree",
