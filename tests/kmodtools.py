@@ -6,6 +6,7 @@ insmod, rmmod or lsmod. The machine itself is not changed."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,32 +19,33 @@ from tests.conftest import require_binary
 KMOD_TOOLS = ("modinfo", "depmod", "modprobe", "insmod", "rmmod", "lsmod", "kmod")
 
 
+_FIELD = re.compile(r"([A-Za-z0-9_]+)(=|:[ \t]*)(.*)", re.S)
+
+
 def parse_modinfo(text: str) -> list[dict[str, list[str]]]:
-    """`modinfo a.ko b.ko` output: one dict per file, field -> values in order. Continuation lines
-    (the signature's hex dump) start with a tab and belong to the previous field."""
+    """`modinfo -0 a.ko b.ko` output: one dict per file, field -> values in order. -0 separates the
+    fields with NULs, so a value with newlines (a parameter's multi-line description) stays one
+    value; modinfo prints `filename` and `parm` as 'key:  value', the rest as key=value. Values are
+    stripped of surrounding blanks (vermagic ends with one), the signature's hex dump, wrapped by
+    modinfo, of all blanks."""
     out: list[dict[str, list[str]]] = []
     cur: dict[str, list[str]] | None = None
-    last: str | None = None
-    for line in text.splitlines():
-        if line.startswith(("\t", " ")) and cur is not None and last is not None:
-            cur[last][-1] += line.strip()
+    for chunk in text.split("\0"):
+        m = _FIELD.fullmatch(chunk.strip("\n"))
+        if not m:
             continue
-        key, sep, value = line.partition(":")
-        if not sep:
-            continue
-        key, value = key.strip(), value.strip()
+        key, value = m.group(1), m.group(3)
         if key == "filename" or cur is None:
             cur = {}
             out.append(cur)
-        cur.setdefault(key, []).append(value)
-        last = key
+        cur.setdefault(key, []).append("".join(value.split()) if key == "signature" else value.strip())
     return out
 
 
 def kmod_modinfo(paths) -> dict[str, dict[str, list[str]]]:
     """realpath -> fields, from one run of kmod's modinfo."""
     exe = require_binary("modinfo", "/usr/sbin/modinfo", "/sbin/modinfo")
-    res = subprocess.run([exe, *map(str, paths)], capture_output=True, text=True, check=True, timeout=60)
+    res = subprocess.run([exe, "-0", *map(str, paths)], capture_output=True, text=True, check=True, timeout=120)
     return {os.path.realpath(p["filename"][0]): p for p in parse_modinfo(res.stdout)}
 
 

@@ -47,7 +47,7 @@ def test_modinfo_reads_every_field(tmp_path):
                              firmware=("nvidia/550.127.05/gsp_ga10x.bin",), srcversion="ABCDEF0123456789ABCDEF0")
     p = fakemod.write_module(mod, tmp_path)
     assert p.name == "nvidia-uvm.ko"
-    out = subprocess.run([mi, str(p)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([mi, "-0", str(p)], capture_output=True, text=True, check=True).stdout
     f = parse_modinfo(out)[0]
     assert f["name"] == ["nvidia_uvm"] and f["version"] == ["550.127.05"]
     assert f["vermagic"] == ["6.12.9 SMP mod_unload"]

@@ -14,7 +14,6 @@ from driverd.packages.archive import PackageRef, file_entry, pack
 from driverd.packages.manifest import (FIRMWARE_DIR, MODULES_DIR, Manifest, ModuleInfo, Provenance)
 from driverd.modinfo import module_name_from_file
 from driverd.packages.modfields import first, modinfo
-from driverd.runner import Runner
 
 
 @dataclass(frozen=True)
@@ -27,7 +26,7 @@ class PackageSpec:
 
 
 def assemble(spec: PackageSpec, modules: Sequence[Path], firmware: Sequence[Path], out_dir: str | os.PathLike,
-             runner: Runner | None = None, level: int | None = None) -> PackageRef:
+             level: int | None = None) -> PackageRef:
     if not modules:
         raise PackageError("no kernel modules to package", cause="the build produced no .ko files",
                            fix="check the build log")

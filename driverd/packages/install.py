@@ -49,7 +49,7 @@ from driverd.packages.archive import read_manifest, sha256_file, unpack
 from driverd.packages.kept import (INSTALL_RECORD, OLD_PREFIX, STAGING_PREFIX, Additions, Kept, kept_base, lookup,
                                    prune_kept)
 from driverd.packages.manifest import FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR, Manifest
-from driverd.packages.modfields import first, module_fields
+from driverd.modinfo import read_modinfo
 from driverd.packages.switch import replace_dir
 from driverd.root import Root
 from driverd.runner import Runner
@@ -124,18 +124,25 @@ def target_release(root: Root, manifest: Manifest, kernel: str | None) -> str:
     return running_release(root) or manifest.kernel_release
 
 
-def kernel_vermagic(root: Root, release: str, runner: Runner | None = None) -> str | None:
+def kernel_vermagic(root: Root, release: str) -> str | None:
     """The vermagic the target kernel's own modules carry (any in-tree module, compressed or not),
-    when it has any. Read from the file (no kmod needed)."""
+    when it has any. Read from the file's .modinfo (no kmod needed)."""
     base = root.real(f"/lib/modules/{release}/kernel")
     for dirpath, _dirs, files in os.walk(base):
         for f in sorted(files):
             if f.endswith((".ko", ".ko.xz", ".ko.zst", ".ko.gz")):
-                return first(module_fields(Path(dirpath) / f), "vermagic")
+                p = os.path.join(dirpath, f)
+                try:
+                    vm = read_modinfo(p).vermagic
+                except (OSError, ValueError) as e:
+                    raise PackageError(f"cannot read kernel {release}'s module {p}: {e}",
+                                       cause="the kernel's module tree holds a damaged file",
+                                       fix="reinstall the kernel's modules package") from None
+                return vm.strip() if vm else None
     return None
 
 
-def check_vermagic(root: Root, manifest: Manifest, release: str, runner: Runner | None = None) -> None:
+def check_vermagic(root: Root, manifest: Manifest, release: str) -> None:
     fix = f"fetch or build the package for kernel {release} (driverd fetch / driverd build --kernel {release})"
     if manifest.kernel_release != release:
         raise PackageError(f"package is for kernel {manifest.kernel_release}, the target kernel is {release}",
@@ -144,7 +151,7 @@ def check_vermagic(root: Root, manifest: Manifest, release: str, runner: Runner 
         if not m.vermagic or m.vermagic.split()[0] != release:
             raise PackageError(f"module {m.name} has vermagic {m.vermagic!r}, the target kernel is {release}",
                                cause="the module was built for another kernel", fix=fix)
-    want = kernel_vermagic(root, release, runner)
+    want = kernel_vermagic(root, release)
     if want is not None and want.split() != manifest.vermagic.split():
         raise PackageError(f"package vermagic {manifest.vermagic.strip()!r} differs from kernel {release}'s "
                            f"{want.strip()!r}", cause="same release name, different kernel configuration", fix=fix)
@@ -489,7 +496,7 @@ def preflight(root: Root, package_path: str | os.PathLike, runner: Runner | None
     signatures against the kernel's enforcement. Returns (manifest, target release)."""
     manifest = read_manifest(package_path)
     release = target_release(root, manifest, kernel)
-    check_vermagic(root, manifest, release, runner or Runner())
+    check_vermagic(root, manifest, release)
     if enforce is None:
         enforced, sources = signature_enforced(root)
     else:
