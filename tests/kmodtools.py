@@ -58,8 +58,9 @@ def run_without_kmod(argv: list[str], tmp: Path, env: dict | None = None, timeou
                      ) -> subprocess.CompletedProcess:
     """Run `argv` where kmod is absent (see the module docstring). Before the command, the same
     namespace proves the tools are gone for driverd's own lookup (driverd.runner.which)."""
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        msg = "hiding kmod needs root and unshare (util-linux) for a private mount namespace"
+    if os.geteuid() != 0 or not shutil.which("unshare") or subprocess.run(
+            ["unshare", "-m", "true"], capture_output=True, timeout=30).returncode != 0:
+        msg = "hiding kmod needs root and unshare (util-linux) allowed to make a private mount namespace"
         if os.environ.get("CI"):
             pytest.fail(msg)
         pytest.skip(msg)
