@@ -1,22 +1,21 @@
 """What a kernel module file declares, read in one place for the whole of driverd (packages and the
-module lifecycle alike):
+module lifecycle alike), from the file itself — no kmod, no subprocess, so it works in a minimal
+container and on a host without kmod installed:
 
 - `read_modinfo`: the NUL-separated key=value strings of the file's ELF `.modinfo` section (version,
   license, vermagic, depends, firmware, parm/parmtype) and whether a signature is appended, read
   the way the kernel itself reads them at load time, so the simulated kernel and the validation
   before a real load judge the same bytes;
-- `parse_modinfo` / `modinfo` / `modinfo_tool`: kmod's own `modinfo` output, for what only it
-  decodes (the PKCS#7 signer), one run for many files."""
+- `module_bytes`: the module's ELF image, decompressed (.ko.xz, .ko.zst, .ko.gz).
+
+Who signed a module (the PKCS#7 signer) is decoded by driverd.packages.modsig; the two are combined
+into kmod's `modinfo` fields by driverd.packages.modfields."""
 from __future__ import annotations
 
 import lzma
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Sequence
-
-from driverd.errors import CommandError, PackageError
-from driverd.runner import Runner, which
 
 SIG_MAGIC = b"~Module signature appended~\n"
 OPEN_LICENSES = ("Dual MIT/GPL", "GPL", "Dual BSD/GPL", "GPL v2")
@@ -40,7 +39,6 @@ class ModInfo:
     firmware: tuple[str, ...]
     params: dict[str, Param] = field(default_factory=dict)
     signed: bool = False
-    signer: str | None = None
     fields: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -113,7 +111,7 @@ def parse_fields(raw: bytes) -> list[tuple[str, str]]:
     return out
 
 
-def from_fields(path: str, fields: list[tuple[str, str]], signed: bool, signer: str | None = None) -> ModInfo:
+def from_fields(path: str, fields: list[tuple[str, str]], signed: bool) -> ModInfo:
     one: dict[str, str] = {}
     firmware: list[str] = []
     descs: dict[str, str] = {}
@@ -133,104 +131,34 @@ def from_fields(path: str, fields: list[tuple[str, str]], signed: bool, signer: 
     deps = tuple(d.replace("-", "_") for d in one.get("depends", "").split(",") if d)
     return ModInfo(path=path, name=one.get("name") or module_name(path), version=one.get("version"),
                    license=one.get("license"), vermagic=one.get("vermagic"), depends=deps,
-                   firmware=tuple(firmware), params=params, signed=signed, signer=signer, fields=tuple(fields))
+                   firmware=tuple(firmware), params=params, signed=signed, fields=tuple(fields))
+
+
+def module_bytes(path: str | os.PathLike) -> bytes:
+    """The ELF image of a module file, decompressed. Raises OSError (unreadable) or ValueError (a
+    compressed file that does not decompress)."""
+    p = os.fspath(path)
+    with open(p, "rb") as f:
+        raw = f.read()
+    try:
+        return _decompress(p, raw)
+    except Exception as e:            # noqa: BLE001 - lzma, gzip and zstandard each raise their own types
+        raise ValueError(f"cannot decompress {os.path.basename(p)} ({e.__class__.__name__}: {e})") from None
+
+
+def modinfo_of_bytes(path: str, data: bytes) -> ModInfo:
+    """Parse a decompressed module image. Raises ValueError for bytes that are not a kernel module."""
+    try:
+        section = modinfo_section(data)
+    except struct.error:
+        raise ValueError("truncated ELF headers") from None
+    return from_fields(path, parse_fields(section), data.endswith(SIG_MAGIC))
 
 
 def read_modinfo(path: str | os.PathLike) -> ModInfo:
     """Parse a module file. Raises ValueError for a file that is not a kernel module."""
     p = os.fspath(path)
-    with open(p, "rb") as f:
-        data = _decompress(p, f.read())
-    signed = data.endswith(SIG_MAGIC)
-    return from_fields(p, parse_fields(modinfo_section(data)), signed)
-
-
-def parse_tool_output(path: str, text: str) -> ModInfo:
-    """`modinfo FILE` output into a ModInfo (the tool's format is parsed in one place: parse_modinfo)."""
-    rec = (parse_modinfo(text) or [{}])[0]
-    fields: list[tuple[str, str]] = []
-    for k, values in rec.items():
-        for v in values:
-            if k == "parm":   # 'NAME:description (type)'
-                n, _, rest = v.partition(":")
-                typ = None
-                if rest.endswith(")") and "(" in rest:
-                    rest, _, typ = rest[:-1].rpartition("(")
-                    rest = rest.rstrip()
-                fields.append(("parm", f"{n}:{rest}"))
-                if typ:
-                    fields.append(("parmtype", f"{n}:{typ}"))
-            elif k not in ("filename", "sig_id", "sig_key", "signature", "signer", "sig_hashalgo"):
-                fields.append((k, v))
-    signer = (rec.get("signer") or [None])[0]
-    signed = any(k in rec for k in ("sig_id", "sig_key", "signature", "signer"))
-    return from_fields(path, fields, signed, signer)
-
-
-def modinfo_tool(runner, path: str) -> ModInfo | None:
-    """kmod's `modinfo FILE`, or None when the tool is missing (callers fall back to read_modinfo)."""
-    exe = which("modinfo")
-    if exe is None:
-        return None
-    try:
-        res = runner.run([exe, path], timeout=30, check=False, mutates=False)
-    except CommandError:
-        return None
-    if res.returncode != 0:
-        return None
-    return parse_tool_output(path, res.stdout)
-
-
-# -- kmod's modinfo tool --------------------------------------------------------------------------
-SINGLE_FIELDS = ("name", "version", "vermagic", "srcversion", "signer", "sig_key", "sig_hashalgo")
-
-
-def parse_modinfo(text: str) -> list[dict[str, list[str]]]:
-    """Split `modinfo a.ko b.ko` output into one dict per file: field -> values (in order).
-
-    Continuation lines (the signature's hex dump) start with a tab and belong to the previous field.
-    """
-    out: list[dict[str, list[str]]] = []
-    cur: dict[str, list[str]] | None = None
-    last: str | None = None
-    for line in text.splitlines():
-        if line.startswith(("\t", " ")) and cur is not None and last is not None:
-            cur[last][-1] += line.strip()
-            continue
-        key, sep, value = line.partition(":")
-        if not sep:
-            continue
-        key, value = key.strip(), value.strip()
-        if key == "filename":
-            cur = {}
-            out.append(cur)
-        if cur is None:
-            cur = {}
-            out.append(cur)
-        cur.setdefault(key, []).append(value)
-        last = key
-    return out
-
-
-def modinfo(paths: Sequence[str | os.PathLike], runner: Runner | None = None) -> dict[str, dict[str, list[str]]]:
-    """filename -> fields for every module, from one `modinfo` run."""
-    runner = runner or Runner()
-    exe = which("modinfo")
-    if exe is None:
-        raise PackageError("modinfo is not installed", cause="kmod is missing", fix="install kmod")
-    if not paths:
-        return {}
-    res = runner.run([exe, *map(os.fspath, paths)], timeout=60, check=False, mutates=False)
-    if not res.ok:
-        raise PackageError(f"modinfo could not read a module: {res.first_error_line()}",
-                           cause="a .ko file is damaged or not a kernel module", fix="rebuild the package")
-    parsed = parse_modinfo(res.stdout)
-    return {os.path.realpath(p["filename"][0]): p for p in parsed if p.get("filename")}
-
-
-def first(fields: dict[str, list[str]], key: str) -> str | None:
-    v = fields.get(key)
-    return v[0] if v else None
+    return modinfo_of_bytes(p, module_bytes(p))
 
 
 def module_name_from_file(path: str | os.PathLike) -> str:

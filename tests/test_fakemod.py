@@ -7,10 +7,11 @@ import subprocess
 import pytest
 
 from driverd.packages.archive import read_manifest, unpack
-from driverd.modinfo import modinfo, parse_modinfo
+from driverd.packages.modfields import modinfo
 from driverd.sim import fakemod
 from driverd.sim.fakepkg import make_fake_package
 from tests.conftest import require_binary
+from tests.kmodtools import kmod_modinfo, parse_modinfo
 
 REL = "6.1.0-47-cloud-amd64"
 pytestmark = pytest.mark.real
@@ -46,7 +47,7 @@ def test_modinfo_reads_every_field(tmp_path):
                              firmware=("nvidia/550.127.05/gsp_ga10x.bin",), srcversion="ABCDEF0123456789ABCDEF0")
     p = fakemod.write_module(mod, tmp_path)
     assert p.name == "nvidia-uvm.ko"
-    out = subprocess.run([mi, str(p)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([mi, "-0", str(p)], capture_output=True, text=True, check=True).stdout
     f = parse_modinfo(out)[0]
     assert f["name"] == ["nvidia_uvm"] and f["version"] == ["550.127.05"]
     assert f["vermagic"] == ["6.12.9 SMP mod_unload"]
@@ -90,7 +91,8 @@ def test_module_without_its_exporter_has_no_dependency(tmp_path):
 
 def test_signed_modules_show_signer(tmp_path, signer):
     build = fakemod.write_nvidia_build(tmp_path / "b", sign=signer)
-    info = modinfo(build.modules)
+    info = kmod_modinfo(build.modules)
+    assert modinfo(build.modules).keys() == info.keys()
     for fields in info.values():
         assert fields["signer"] == ["driverd test signing key"]
         assert fields["sig_hashalgo"] == ["sha256"]

@@ -176,6 +176,20 @@ def test_vermagic_differs_from_kernel_modules(host, tmp_path):
     _refused(host, pkg.path, "differs from kernel")
 
 
+def test_vermagic_of_compressed_kernel_modules(host, tmp_path):
+    """The kernel's own modules compressed (Ubuntu ships .ko.zst) are read from the file (.modinfo);
+    a damaged one is one clear line, nothing written."""
+    d = host / "lib/modules" / REL / "kernel/fs"
+    ko = fakemod.write_module(fakemod.FakeModule("ext4", vermagic=f"{REL} SMP mod_unload "), d)
+    ko.with_name("ext4.ko.zst").write_bytes(zstandard.ZstdCompressor().compress(ko.read_bytes()))
+    ko.unlink()
+    pkg = make_fake_package(tmp_path / "p", "535.261.03", REL)
+    assert inst.kernel_vermagic(Root(host), REL) == f"{REL} SMP mod_unload"
+    _refused(host, pkg.path, "differs from kernel")
+    (d / "ext4.ko.zst").write_bytes(b"not zstd")
+    _refused(host, pkg.path, "cannot read kernel .* module .*ext4.ko.zst: cannot decompress")
+
+
 def test_unsigned_modules_under_enforcement(tmp_path, pkgs):
     host = write_host(tmp_path / "h", HostSpec(release=REL, sig_enforce=True))
     e = _refused(host, pkgs["550"].path, r"refusing unsigned modules \(nvidia")
@@ -217,14 +231,19 @@ def test_disk_full_up_front(host, pkgs, monkeypatch):
     _refused(host, pkgs["535"].path, "not enough space")
 
 
-def test_depmod_failure_restores_previous(host, pkgs, monkeypatch):
+def test_depmod_failure_restores_previous(host, pkgs):
     inst.install(host, pkgs["535"].path, Runner())
     before = tree(host)
-    real = inst._depmod
-    monkeypatch.setattr(inst, "_depmod", lambda root, rel, runner, check=True:
-                        (_ for _ in ()).throw(PackageError("depmod failed for x")) if check else real(root, rel, runner, check=False))
+    from driverd.errors import ModuleError
+    from driverd.kmod.kernel import RealKernel
+
+    class FailingDepmod(RealKernel):      # the real kmod tools, but the checked depmod fails
+        def depmod(self, release, check=True):
+            if check:
+                raise ModuleError("depmod failed for x")
+            return super().depmod(release, check=False)
     with pytest.raises(PackageError, match="depmod failed"):
-        inst.install(host, pkgs["550"].path, Runner())
+        inst.install(host, pkgs["550"].path, Runner(), kernel_tools=FailingDepmod(Root(host), Runner()))
     after = tree(host)
     assert {k: v for k, v in after.items() if "modules." not in k} == \
            {k: v for k, v in before.items() if "modules." not in k}

@@ -206,7 +206,8 @@ class InstallPackage(StepImpl):
         from driverd.packages.install import install
         rep = install(ctx.root, package_path(ctx, params), ctx.runner, kernel=params.get("kernel_release"),
                       enforce=params.get("enforce"), state_dir=ctx.config["state.dir"],
-                      expected_sha256=_expected_sha(ctx, params), trusted_certs=ctx.config["signing.trusted_certs"])
+                      expected_sha256=_expected_sha(ctx, params), trusted_certs=ctx.config["signing.trusted_certs"],
+                      kernel_tools=ctx.kernel)
         return rep.to_json()
 
     def describe(self, params):
@@ -225,7 +226,7 @@ class RestorePackage(StepImpl):
     def do(self, ctx, params):
         from driverd.packages.install import restore
         return restore(ctx.root, _release(ctx, params), params.get("sha256"), ctx.runner,
-                       state_dir=ctx.config["state.dir"]).to_json()
+                       state_dir=ctx.config["state.dir"], kernel_tools=ctx.kernel).to_json()
 
     def describe(self, params):
         sha = params.get("sha256")
@@ -245,7 +246,7 @@ class RestorePreviousPackage(StepImpl):
     def do(self, ctx, params):
         from driverd.packages.install import restore
         return restore(ctx.root, _release(ctx, params), params.get("target_sha256"), ctx.runner,
-                       state_dir=ctx.config["state.dir"]).to_json()
+                       state_dir=ctx.config["state.dir"], kernel_tools=ctx.kernel).to_json()
 
     def describe(self, params):
         sha = params.get("target_sha256")

@@ -1,9 +1,14 @@
-"""The kernel boundary: load, unload and inspect modules. One interface, two implementations:
+"""The kernel boundary: load, unload and inspect modules, and index a module tree (depmod) and resolve
+a module's dependencies in it (modprobe --show-depends). One interface, two implementations:
 
 - RealKernel: kmod tools through the Runner (`modprobe [-d ROOT] NAME k=v...`, `rmmod NAME`,
-  `dmesg`), honouring --root the way the driver container needs (root=/host).
+  `depmod -b ROOT RELEASE`, `modprobe -d ROOT -S RELEASE --show-depends NAME`, `dmesg`), honouring
+  --root the way the driver container needs (root=/host).
 - SimKernel (driverd/sim/kernel.py): keeps /proc/modules, /sys/module/*/{refcnt,holders},
-  /proc/driver/nvidia/* and /proc/devices inside a root tree and fails the way the real kernel fails.
+  /proc/driver/nvidia/* and /proc/devices inside a root tree and fails the way the real kernel fails;
+  it writes modules.dep itself (no kmod needed), in depmod's format.
+
+What a module file declares (modinfo) is read from the file itself by both (driverd.modinfo).
 
 Everything above this line (load/unload/reload/validate) is written once against `Kernel` and runs
 identically on a host, in the driver container, in tests and in the demo. `select_kernel` is the one
@@ -21,7 +26,7 @@ from dataclasses import dataclass, field
 
 from driverd.errors import ConfigError, ModuleError
 from driverd.host.modules import INSTALL_DIR, loaded_modules, read_module
-from driverd.modinfo import ModInfo, module_name, modinfo_tool, read_modinfo
+from driverd.modinfo import ModInfo, module_name, read_modinfo
 from driverd.root import Root
 
 SIM_MARKER = "/run/driverd-sim/kernel"
@@ -91,8 +96,23 @@ class Kernel(ABC):
                               cause=f"{self.modules_dir()}/modules.dep has no entry for {name}",
                               fix="install the driver package (driverd install) or run depmod")
         real = str(self.root.real(path))
-        info = modinfo_tool(self.runner, real)
-        return info if info is not None else read_modinfo(real)
+        try:
+            return read_modinfo(real)
+        except (OSError, ValueError) as e:
+            raise ModuleError(f"cannot read module {name} ({path}): {e}", cause="the installed .ko file is damaged",
+                              fix="reinstall the driver package (driverd install)") from None
+
+    # -- the module tree: depmod and modprobe's resolution ----------------------------------------
+    @abstractmethod
+    def depmod(self, release: str, check: bool = True) -> str:
+        """Write `release`'s modules.dep (and what else the implementation indexes) for the module
+        files under /lib/modules/<release> in the root. Returns the command as it ran (for reports).
+        Raises ModuleError when `check` and it failed."""
+
+    @abstractmethod
+    def show_depends(self, release: str, name: str) -> list[str]:
+        """The module files (real paths) `modprobe` would insert for `name` under `release`,
+        dependencies first, `name` last. Raises ModuleError when it does not resolve."""
 
     # -- the kernel's log ------------------------------------------------------------------------
     @abstractmethod
@@ -202,6 +222,35 @@ class RealKernel(Kernel):
             return []
         res = self.runner.run([self._tool("dmesg")], timeout=15, check=False, mutates=False)
         return res.stdout.splitlines() if res.ok else []
+
+    def depmod(self, release: str, check: bool = True) -> str:
+        # Indexing a module tree is not a change to the running kernel: allowed for a captured tree.
+        from driverd.runner import which
+        exe = which("depmod")
+        if exe is None:
+            raise ModuleError("depmod is not installed", cause="kmod is missing", fix="install kmod")
+        res = self.runner.run([exe, "-b", self.root.base, release], timeout=300, check=False)
+        if check and not res.ok:
+            raise ModuleError(f"depmod failed for {release}: {res.first_error_line()}",
+                              cause=f"depmod -b {self.root.base} {release} exited {res.returncode}",
+                              fix="see the depmod message")
+        return " ".join(res.argv)
+
+    def show_depends(self, release: str, name: str) -> list[str]:
+        from driverd.runner import which
+        exe = which("modprobe")
+        if exe is None:
+            raise ModuleError("modprobe is not installed", cause="kmod is missing", fix="install kmod")
+        res = self.runner.run([exe, "-d", self.root.base, "-S", release, "--show-depends", name], timeout=60,
+                              check=False, mutates=False)
+        if res.dry_run:
+            return []
+        if not res.ok:
+            raise ModuleError(f"installed modules do not resolve: {res.first_error_line()}",
+                              cause=f"modprobe --show-depends {name} failed after depmod",
+                              fix="check the package's modules and run depmod")
+        # 'insmod /path/mod.ko [options from modprobe.d]': the path is the second word
+        return [ln.split()[1] for ln in res.stdout.splitlines() if ln.startswith("insmod ") and len(ln.split()) > 1]
 
     def load_argv(self, name: str, params: dict[str, str] | None = None) -> list[str]:
         argv = [self._tool("modprobe")]

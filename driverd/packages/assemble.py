@@ -1,5 +1,5 @@
-"""Turn built modules (+ firmware) into a package: copy into a staging tree, run modinfo, write the
-manifest, pack. Shared by `driverd build` (real kbuild output) and the simulated package set."""
+"""Turn built modules (+ firmware) into a package: copy into a staging tree, read each module's modinfo
+fields from the file (driverd.packages.modfields, no kmod needed), write the manifest, pack. Shared by `driverd build` (real kbuild output) and the simulated package set."""
 from __future__ import annotations
 
 import os
@@ -12,8 +12,8 @@ from typing import Sequence
 from driverd.errors import PackageError
 from driverd.packages.archive import PackageRef, file_entry, pack
 from driverd.packages.manifest import (FIRMWARE_DIR, MODULES_DIR, Manifest, ModuleInfo, Provenance)
-from driverd.modinfo import first, modinfo, module_name_from_file
-from driverd.runner import Runner
+from driverd.modinfo import module_name_from_file
+from driverd.packages.modfields import first, modinfo
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class PackageSpec:
 
 
 def assemble(spec: PackageSpec, modules: Sequence[Path], firmware: Sequence[Path], out_dir: str | os.PathLike,
-             runner: Runner | None = None, level: int | None = None) -> PackageRef:
+             level: int | None = None) -> PackageRef:
     if not modules:
         raise PackageError("no kernel modules to package", cause="the build produced no .ko files",
                            fix="check the build log")
@@ -42,7 +42,7 @@ def assemble(spec: PackageSpec, modules: Sequence[Path], firmware: Sequence[Path
                 shutil.copyfile(fw, stage / FIRMWARE_DIR / fw.name)
                 os.chmod(stage / FIRMWARE_DIR / fw.name, 0o644)
         staged = sorted((stage / MODULES_DIR).iterdir())
-        info = modinfo(staged, runner)
+        info = modinfo(staged)
         mods: list[ModuleInfo] = []
         vermagics: set[str] = set()
         for p in staged:

@@ -355,7 +355,7 @@ def _build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os
         prov = Provenance(source_sha256=src.sha256, source=src.origin, compiler=_compiler(hdr),
                           built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                           builder=f"driverd build (make -j{jobs}, SYSSRC={hdr.source}, SYSOUT={hdr.output})")
-        ref = assemble(PackageSpec(src.version, flavor, kernel, arch, prov), mods, firmware, out, runner)
+        ref = assemble(PackageSpec(src.version, flavor, kernel, arch, prov), mods, firmware, out)
         if force:   # one package per cell in a directory: drop the one this rebuild replaces
             for old in out.glob(f"{package_basename(src.version, flavor, kernel, arch)}.*{SUFFIX}"):
                 if old != ref.path:

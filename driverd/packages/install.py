@@ -18,8 +18,10 @@ before anything under /lib changes, so a refusal (disk full, read-only) changes 
     2. the pending marker names the target and what it replaces (atomic, fsync'd);
     3. the staging tree is switched in (renameat2 exchange), the replaced tree deleted (it is kept);
     4. firmware likewise, when the version's directory differs from the package's;
-    5. `depmod -b <root> <release>` runs and `modprobe --show-depends nvidia` must resolve; if
-       either fails, the replaced package is switched back in the same way;
+    5. the kernel's depmod runs and `modprobe --show-depends nvidia` must resolve; if either fails,
+       the replaced package is switched back in the same way. Both come from the kernel boundary
+       (`kernel_tools`: driverd.kmod.kernel.Kernel.depmod/show_depends): kmod's tools on a real
+       host (the default), the simulated kernel's own modules.dep writer on a simulated host;
     6. the previous record is written and the marker removed: only now is the install complete.
 
 A process killed anywhere leaves the marker or a finished switch; `recover()` (run first by every
@@ -47,10 +49,10 @@ from driverd.packages.archive import read_manifest, sha256_file, unpack
 from driverd.packages.kept import (INSTALL_RECORD, OLD_PREFIX, STAGING_PREFIX, Additions, Kept, kept_base, lookup,
                                    prune_kept)
 from driverd.packages.manifest import FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR, Manifest
-from driverd.modinfo import first, modinfo
+from driverd.modinfo import read_modinfo
 from driverd.packages.switch import replace_dir
 from driverd.root import Root
-from driverd.runner import Runner, which
+from driverd.runner import Runner
 
 __all__ = ["InstallReport", "firmware_dir", "install", "installed_sha256", "is_installed", "kept_dir", "modules_dir",
            "previous_sha", "prune_kept", "recover", "restore", "rollback_install"]
@@ -122,18 +124,25 @@ def target_release(root: Root, manifest: Manifest, kernel: str | None) -> str:
     return running_release(root) or manifest.kernel_release
 
 
-def kernel_vermagic(root: Root, release: str, runner: Runner | None = None) -> str | None:
-    """The vermagic the target kernel's own modules carry (any in-tree .ko), when it has any."""
+def kernel_vermagic(root: Root, release: str) -> str | None:
+    """The vermagic the target kernel's own modules carry (any in-tree module, compressed or not),
+    when it has any. Read from the file's .modinfo (no kmod needed)."""
     base = root.real(f"/lib/modules/{release}/kernel")
     for dirpath, _dirs, files in os.walk(base):
         for f in sorted(files):
-            if ".ko" in f and not f.endswith((".xz", ".zst", ".gz")):
-                fields = next(iter(modinfo([Path(dirpath) / f], runner).values()), {})
-                return first(fields, "vermagic")
+            if f.endswith((".ko", ".ko.xz", ".ko.zst", ".ko.gz")):
+                p = os.path.join(dirpath, f)
+                try:
+                    vm = read_modinfo(p).vermagic
+                except (OSError, ValueError) as e:
+                    raise PackageError(f"cannot read kernel {release}'s module {p}: {e}",
+                                       cause="the kernel's module tree holds a damaged file",
+                                       fix="reinstall the kernel's modules package") from None
+                return vm.strip() if vm else None
     return None
 
 
-def check_vermagic(root: Root, manifest: Manifest, release: str, runner: Runner | None = None) -> None:
+def check_vermagic(root: Root, manifest: Manifest, release: str) -> None:
     fix = f"fetch or build the package for kernel {release} (driverd fetch / driverd build --kernel {release})"
     if manifest.kernel_release != release:
         raise PackageError(f"package is for kernel {manifest.kernel_release}, the target kernel is {release}",
@@ -142,7 +151,7 @@ def check_vermagic(root: Root, manifest: Manifest, release: str, runner: Runner 
         if not m.vermagic or m.vermagic.split()[0] != release:
             raise PackageError(f"module {m.name} has vermagic {m.vermagic!r}, the target kernel is {release}",
                                cause="the module was built for another kernel", fix=fix)
-    want = kernel_vermagic(root, release, runner)
+    want = kernel_vermagic(root, release)
     if want is not None and want.split() != manifest.vermagic.split():
         raise PackageError(f"package vermagic {manifest.vermagic.strip()!r} differs from kernel {release}'s "
                            f"{want.strip()!r}", cause="same release name, different kernel configuration", fix=fix)
@@ -199,6 +208,7 @@ class _Ctx:
     release: str
     runner: Runner
     state_dir: str
+    given_tools: object = None      # a driverd.kmod.kernel.Kernel; None: the real one (kmod), made on first use
 
     def __post_init__(self) -> None:
         if not _RELEASE.fullmatch(self.release or ""):
@@ -213,6 +223,13 @@ class _Ctx:
 
     def fw(self, version: str) -> Path:
         return firmware_dir(self.root, version)
+
+    @functools.cached_property
+    def tools(self):
+        if self.given_tools is not None:
+            return self.given_tools
+        from driverd.kmod.kernel import RealKernel
+        return RealKernel(self.root, self.runner)
 
 
 @dataclass
@@ -379,8 +396,8 @@ def _switch(ctx: _Ctx, target: Kept | None, *, adds: Additions, set_previous: bo
     except OSError as e:
         raise _interrupted(ctx, want, e) from None
     try:
-        dep = _depmod(ctx.root, ctx.release, ctx.runner, check=verify)
-        resolves = _resolves(ctx.root, ctx.release, ctx.runner, strict=verify) if target is not None else []
+        dep = ctx.tools.depmod(ctx.release, check=verify)
+        resolves = _resolves(ctx, strict=verify) if target is not None else []
     except DriverdError as e:
         if not verify:
             raise
@@ -463,7 +480,7 @@ def _report(ctx: _Ctx, package: str, k: Kept | None, done: _Done | None, notes: 
         prev = previous_sha(ctx.root, ctx.release, ctx.state_dir)[1]
     prev_dir = str(kept_base(ctx.root, ctx.state_dir) / prev) if prev and lookup(
         ctx.root, ctx.state_dir, prev) else None
-    resolves = done.resolves if done else (_resolves(ctx.root, ctx.release, ctx.runner) if k else [])
+    resolves = done.resolves if done else (_resolves(ctx) if k else [])
     return InstallReport(package, k.sha if k else "", m.driver_version if m else "", m.flavor if m else "",
                          ctx.release, str(ctx.mdir), fw, prev_dir, changed=changed,
                          depmod=done.depmod if done else "", resolves=resolves, dry_run=dry_run, notes=notes)
@@ -479,7 +496,7 @@ def preflight(root: Root, package_path: str | os.PathLike, runner: Runner | None
     signatures against the kernel's enforcement. Returns (manifest, target release)."""
     manifest = read_manifest(package_path)
     release = target_release(root, manifest, kernel)
-    check_vermagic(root, manifest, release, runner or Runner())
+    check_vermagic(root, manifest, release)
     if enforce is None:
         enforced, sources = signature_enforced(root)
     else:
@@ -492,10 +509,12 @@ def preflight(root: Root, package_path: str | os.PathLike, runner: Runner | None
 def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, runner: Runner | None = None, *,
             kernel: str | None = None, enforce: bool | None = None,
             state_dir: str = DEFAULT_STATE_DIR, expected_sha256: str | None = None,
-            trusted_certs: list[str] | None = None) -> InstallReport:
+            trusted_certs: list[str] | None = None, kernel_tools=None) -> InstallReport:
     """Install `package_path` (see the module docstring). With `expected_sha256` (from a repository
     index) the archive's hash is checked in the same pass that unpacks and verifies its files.
-    Installing the package that is installed, intact, with no switch pending writes nothing."""
+    Installing the package that is installed, intact, with no switch pending writes nothing.
+    `kernel_tools` (a driverd.kmod.kernel.Kernel) runs depmod and resolves the modules; default:
+    the real kernel's kmod tools."""
     root, runner = _root(root), runner or Runner()
     package_path = Path(package_path)
     manifest, release = preflight(root, package_path, runner, kernel=kernel, enforce=enforce,
@@ -505,14 +524,14 @@ def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, run
     from driverd.packages.archive import unusual_modes
     odd = unusual_modes(manifest)
     sha = expected_sha256 or sha256_file(package_path)
-    ctx = _Ctx(root, release, runner, state_dir)
+    ctx = _Ctx(root, release, runner, state_dir, kernel_tools)
     if runner.dry_run:    # every check a real install makes before writing, and nothing written
         from driverd.packages.archive import verify_package
         cur = _current(ctx)
         verify_package(package_path, expected_sha256)
         return _report(ctx, str(package_path), Kept(sha, ctx.mdir, manifest), _Done(True, "", [], cur.sha), odd,
                        changed=not (cur.intact and cur.sha == sha), dry_run=True)
-    notes = recover(root, release, runner, state_dir)
+    notes = recover(root, release, runner, state_dir, kernel_tools=kernel_tools)
     cur = _current(ctx)
     have = lookup(root, state_dir, sha)
     if cur.intact and cur.sha == sha and not os.path.lexists(ctx.marker):
@@ -535,15 +554,15 @@ def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, run
 
 @_os_errors
 def restore(root: Root | str | os.PathLike, release: str, sha256: str | None, runner: Runner | None = None, *,
-            state_dir: str = DEFAULT_STATE_DIR) -> InstallReport:
+            state_dir: str = DEFAULT_STATE_DIR, kernel_tools=None) -> InstallReport:
     """Make the installed driverd package for `release` exactly the kept package `sha256` (modules
     and firmware); None: no driverd package (the current one is kept, then removed). A no-op when it
     is so already. PackageError when that package is not kept."""
     root, runner = _root(root), runner or Runner()
-    ctx = _Ctx(root, release, runner, state_dir)
+    ctx = _Ctx(root, release, runner, state_dir, kernel_tools)
     if sha256 is not None:
         kp.check_sha(sha256)
-    notes = recover(root, release, runner, state_dir)
+    notes = recover(root, release, runner, state_dir, kernel_tools=kernel_tools)
     cur = _current(ctx)
     pending = os.path.lexists(ctx.marker)
     if sha256 is None and not cur.exists and not pending:
@@ -570,17 +589,17 @@ def restore(root: Root | str | os.PathLike, release: str, sha256: str | None, ru
 
 @_os_errors
 def rollback_install(root: Root | str | os.PathLike, release: str, runner: Runner | None = None, *,
-                     state_dir: str = DEFAULT_STATE_DIR) -> InstallReport:
+                     state_dir: str = DEFAULT_STATE_DIR, kernel_tools=None) -> InstallReport:
     """restore() what the last install/restore replaced. The one rolled back from becomes the
     previous one, so a second rollback returns to it."""
     root, runner = _root(root), runner or Runner()
-    ctx = _Ctx(root, release, runner, state_dir)
-    notes = recover(root, release, runner, state_dir)
+    ctx = _Ctx(root, release, runner, state_dir, kernel_tools)
+    notes = recover(root, release, runner, state_dir, kernel_tools=kernel_tools)
     known, sha = previous_sha(root, release, state_dir)
     if not known:
         raise PackageError(f"nothing to roll back to: no previous installation is recorded for kernel {release}",
                            cause=f"{ctx.prev_rec} is missing", fix="install the wanted package with driverd install")
-    rep = restore(root, release, sha, runner, state_dir=state_dir)
+    rep = restore(root, release, sha, runner, state_dir=state_dir, kernel_tools=kernel_tools)
     rep.notes = notes + rep.notes
     return rep
 
@@ -589,14 +608,14 @@ def rollback_install(root: Root | str | os.PathLike, release: str, runner: Runne
 
 @_os_errors
 def recover(root: Root | str | os.PathLike, release: str, runner: Runner | None = None,
-            state_dir: str = DEFAULT_STATE_DIR) -> list[str]:
+            state_dir: str = DEFAULT_STATE_DIR, *, kernel_tools=None) -> list[str]:
     """Finish what an interrupted install/restore left: drive a pending switch to its target (and
     through its checks; a failing check switches back to what it replaced), re-running depmod; keep
     any complete installation found in leftover staging/holding directories, then delete them;
     move a `previous/<release>/` tree of older driverd versions into the kept store. Returns notes
     of what it did; writes nothing when there is nothing to do (or on a dry-run runner)."""
     root, runner = _root(root), runner or Runner()
-    ctx = _Ctx(root, release, runner, state_dir)
+    ctx = _Ctx(root, release, runner, state_dir, kernel_tools)
     notes: list[str] = []
     marker = _read_json(ctx.marker)
     if runner.dry_run:
@@ -693,36 +712,14 @@ def _migrate_legacy(ctx: _Ctx, notes: list[str]) -> None:
     notes.append(f"moved the previous installation of {ctx.release} from {legacy} into the kept store")
 
 
-# -- depmod / modprobe ----------------------------------------------------------------------------
+# -- modprobe's resolution --------------------------------------------------------------------------
 
-def _depmod(root: Root, release: str, runner: Runner, check: bool = True) -> str:
-    exe = which("depmod")
-    if exe is None:
-        raise PackageError("depmod is not installed", cause="kmod is missing", fix="install kmod")
-    res = runner.run([exe, "-b", root.base, release], timeout=300, check=False)
-    if check and not res.ok:
-        raise PackageError(f"depmod failed for {release}: {res.first_error_line()}",
-                           cause=f"depmod -b {root.base} {release} exited {res.returncode}",
-                           fix="see the depmod message; the previous installation was restored")
-    return " ".join(res.argv)
-
-
-def _resolves(root: Root, release: str, runner: Runner, strict: bool = False) -> list[str]:
-    exe = which("modprobe")
-    if exe is None:
+def _resolves(ctx: _Ctx, strict: bool = False) -> list[str]:
+    """The files `modprobe nvidia` would insert, in load order. Strict: a failure raises (the switch
+    is undone); else a report that cannot say gets []."""
+    try:
+        return ctx.tools.show_depends(ctx.release, "nvidia")
+    except DriverdError:
         if strict:
-            raise PackageError("modprobe is not installed", cause="kmod is missing", fix="install kmod")
+            raise
         return []
-    res = runner.run([exe, "-d", root.base, "-S", release, "--show-depends", "nvidia"], timeout=60,
-                     check=False, mutates=False)
-    if res.dry_run:
-        return []
-    if not res.ok:
-        if strict:
-            raise PackageError(f"installed modules do not resolve: {res.first_error_line()}",
-                               cause="modprobe --show-depends nvidia failed after depmod",
-                               fix="the previous installation was restored; check the package")
-        return []
-    return [ln.split()[-1] for ln in res.stdout.splitlines() if ln.startswith("insmod ")]
-
-

@@ -194,14 +194,12 @@ def signature_of_bytes(path: str, data: bytes) -> ModuleSignature:
 
 def read_signature(path: str | os.PathLike) -> ModuleSignature:
     """The signature of a module file (.ko, .ko.xz, .ko.zst, .ko.gz). Raises OSError when unreadable."""
-    from driverd.modinfo import _decompress
+    from driverd.modinfo import module_bytes
     p = os.fspath(path)
-    with open(p, "rb") as f:
-        raw = f.read()
     try:
-        data = _decompress(p, raw)
-    except Exception as e:            # noqa: BLE001 - a damaged compressed file is reported, not raised
-        return ModuleSignature(p, False, None, (), f"cannot decompress ({e.__class__.__name__})")
+        data = module_bytes(p)
+    except ValueError as e:           # a damaged compressed file is reported, not raised
+        return ModuleSignature(p, False, None, (), str(e))
     return signature_of_bytes(p, data)
 
 

@@ -45,7 +45,7 @@ def run_demo(workdir: str | None, as_json: bool = False) -> int:
     from driverd.sim.scenario import make_index_key
     key, pub = make_index_key(wd / "keys")
     if not marker.exists():
-        _say("   building the package repository (fake but real ELF modules, real depmod) ...")
+        _say("   building the package repository (fake but real ELF modules) ...")
         pk = make_packages(repo, sign_key=key)
         marker.write_text("\n".join(f"{k} {v}" for k, v in pk.items()) + "\n")
     else:                   # a fresh serial and expiry for the index (signed, so the node checks both)

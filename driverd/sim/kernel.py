@@ -412,6 +412,34 @@ class SimKernel(Kernel):
                 doc["gpu_instances"] = []
                 atomic_write_json(p, doc)
 
+    # -- the module tree (driverd.sim.depmod: modules.dep from the modules' own .modinfo) ------------
+    def depmod(self, release: str, check: bool = True) -> str:
+        from driverd.sim import depmod
+        argv = f"depmod -b {self.root.base} {release} (simulated)"
+        base = self.root.real(f"/lib/modules/{release}")
+        try:
+            lines = depmod.dependency_lines(base)
+            if not self._readonly:
+                self.root.atomic_write(f"/lib/modules/{release}/modules.dep", "".join(ln + "\n" for ln in lines))
+                # a binary index a real depmod left would now disagree with modules.dep: real
+                # modprobe reads it first, so it goes (modprobe then says "not found" instead)
+                self.root.unlink(f"/lib/modules/{release}/modules.dep.bin", missing_ok=True)
+        except (OSError, ValueError) as e:
+            if check:
+                raise ModuleError(f"depmod failed for {release}: {e}", cause=f"{argv} could not index the tree",
+                                  fix="see the depmod message") from None
+        return argv
+
+    def show_depends(self, release: str, name: str) -> list[str]:
+        from driverd.sim import depmod
+        mdir = f"/lib/modules/{release}"
+        found = depmod.show_depends(self.root.real(mdir), self.root.read_text(f"{mdir}/modules.dep") or "", name)
+        if found is None:
+            raise ModuleError(f"installed modules do not resolve: modprobe: FATAL: Module {name} not found in "
+                              f"directory {self.root.real(mdir)}", cause=f"{mdir}/modules.dep has no {name}",
+                              fix="check the package's modules and run depmod")
+        return [str(self.root.real(f"{mdir}/{p}")) for p in found]
+
     # -- devices, firmware, processes --------------------------------------------------------------
     def mknod(self, hostpath: str, major: int, minor: int) -> None:
         # A placeholder file: a test tree must not contain real device nodes of this machine.

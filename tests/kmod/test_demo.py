@@ -1,12 +1,25 @@
 import json
+import sys
+from pathlib import Path
 
 from tests.conftest import run_cli
+from tests.kmodtools import run_without_kmod
+
+
+def _driverd() -> str:
+    exe = Path(sys.executable).parent / "driverd"
+    return str(exe) if exe.exists() else f"{sys.executable} -m driverd"
 
 
 def test_demo_runs_end_to_end(tmp_path):
-    r = run_cli("demo", "--workdir", str(tmp_path / "demo"))
+    """On a machine as it comes (issue 17: no kmod installed), every stage of the demo runs: modinfo
+    is read from the .ko files, the simulated kernel writes modules.dep itself."""
+    r = run_without_kmod([*_driverd().split(), "demo", "--workdir", str(tmp_path / "demo")], tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     out = r.stdout + r.stderr
+    assert "kmod" not in out
+    stages = [ln.split(". ", 1)[0] for ln in r.stdout.splitlines() if ln.startswith("== ") and ". " in ln]
+    assert stages == [f"== {i}" for i in range(1, 8)], stages      # detect .. status, the cluster rollout
     assert "apply: done" in out and "reload: rolled-back" in out and "RmFetchGspRmImages" in out
     assert r.stdout.rstrip().splitlines()[-1].startswith("== done in")
     st = run_cli("status", "--root", str(tmp_path / "demo/host"), "--json")
@@ -19,6 +32,28 @@ def test_demo_runs_end_to_end(tmp_path):
     assert ctd["handlers"] == ["runc", "nvidia"]
     spec = (tmp_path / "demo/host/var/run/cdi/nvidia.yaml").read_text()
     assert "nvidia.com/gpu" in spec and "name: all" in spec
+    # the modules.dep the simulated kernel wrote: depmod's format, the installed 535 package
+    dep = next((tmp_path / "demo/host/lib/modules").glob("*/modules.dep")).read_text()
+    assert "updates/driverd/nvidia-drm.ko: updates/driverd/nvidia-modeset.ko updates/driverd/nvidia.ko\n" in dep
+    # detect and plan without kmod: the demo's simulated host and a captured real host tree
+    host = str(tmp_path / "demo/host")
+    for argv in (["detect", "--root", host, "--no-nvml", "--json"], ["plan", "--root", host, "--json"]):
+        r = run_without_kmod([*_driverd().split(), *argv], tmp_path)
+        assert r.returncode == 0 and "kmod" not in r.stderr, r.stderr
+        assert json.loads(r.stdout)
+    assert json.loads(r.stdout)["steps"] == []                     # the demo host is converged
+
+
+def test_detect_and_plan_of_a_captured_host_without_kmod(tmp_path, unpack_host):
+    root = str(unpack_host("h200-ubuntu-fc-580-open.tar.gz"))
+    d = run_without_kmod([*_driverd().split(), "detect", "--root", root, "--no-nvml", "--json"], tmp_path)
+    assert d.returncode == 0, d.stderr
+    drv = json.loads(d.stdout)["driver"]
+    assert drv["loaded"] and drv["version"] == "580.159.04" and drv["modules"][0]["name"] == "nvidia"
+    p = run_without_kmod([*_driverd().split(), "plan", "--root", root, "--driver", "580.95.05", "--json"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert [s["action"] for s in json.loads(p.stdout)["steps"]][:3] == ["blacklist-nouveau", "fetch-package",
+                                                                         "install-package"]
 
 
 def test_runtime_change_is_undone_when_a_later_step_fails(tmp_path):

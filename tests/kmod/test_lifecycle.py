@@ -1,6 +1,7 @@
 """Bad inputs through the simulated kernel and the real kmod tools; the kernel's own words in errors."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -180,13 +181,13 @@ def test_real_depmod_and_modprobe_agree_with_load_order(host):
 
 @pytest.mark.real
 def test_modinfo_tool_and_elf_reader_agree(host):
-    require_binary("modinfo")
-    from driverd.modinfo import modinfo_tool, read_modinfo
+    from tests.kmodtools import kmod_modinfo
     k = kernel_of(host)
     path = str(k.root.real(k.module_file("nvidia")))
-    a, b = modinfo_tool(Runner(), path), read_modinfo(path)
-    assert (a.version, a.vermagic_release, a.firmware, set(a.params)) == (b.version, b.vermagic_release, b.firmware, set(b.params))
-    assert a.params["NVreg_EnableGpuFirmware"].type == "int"
+    a, b = kmod_modinfo([path])[os.path.realpath(path)], k.modinfo("nvidia")
+    assert (a["version"], a["vermagic"], a["firmware"]) == ([b.version], [b.vermagic.strip()], list(b.firmware))
+    assert {p.split(":")[0] for p in a["parm"]} == set(b.params)
+    assert b.params["NVreg_EnableGpuFirmware"].type == "int"
 
 
 def test_real_kernel_argv_and_refusals(host):

@@ -14,7 +14,7 @@ import pytest
 
 from driverd.errors import ModuleError, PackageError
 from driverd.host.keyrings import read_keyrings
-from driverd.modinfo import modinfo
+from tests.kmodtools import kmod_modinfo
 from driverd.packages import install as inst
 from driverd.packages.modsig import read_certificates, read_signature, signature_of_bytes
 from driverd.packages.repo import write_index
@@ -76,7 +76,7 @@ def test_parser_agrees_with_modinfo(world, kmod_tools):
         from driverd.packages.archive import unpack
         unpack(world["pk"]["A"].path, tmp)
     paths = [tmp / f.path for f in mods]
-    tool = modinfo(paths)
+    tool = kmod_modinfo(paths)
     for p in paths:
         sig = read_signature(p)
         [s] = sig.signers
