@@ -174,6 +174,16 @@ def test_the_daemonset(tmp_path, overlay):
     assert cfg["driver.version"] and cfg["daemon.listen"].startswith("0.0.0.0:")
     probes = {c["readinessProbe"]["httpGet"]["path"], c["livenessProbe"]["httpGet"]["path"]}
     assert probes == {"/readyz", "/healthz"}
+    # issue 21: resources bounded; the port reachable only from the namespaces allowed to scrape it
+    res = c["resources"]
+    assert res["requests"]["cpu"] and res["requests"]["memory"] and res["limits"]["memory"]
+    assert "cpu" not in res["limits"]
+    (np,) = _by(objs, "NetworkPolicy").values()
+    labels = pod.get("labels") or ds["spec"]["template"]["metadata"]["labels"]
+    assert np["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert np["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = np["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == ["metrics"] and all("namespaceSelector" in f for f in rule["from"])
     if overlay == "crio":
         assert cfg["runtime.runtimes"] == ["crio"] and cfg["runtime.restart"] == "systemd" and cfg["runtime.cdi"]
     else:
@@ -189,7 +199,8 @@ def test_host_mode_keeps_rbac_and_crd_without_a_daemonset(tmp_path):
     container = render(tmp_path, "container-mode")
     same = lambda o: (o["kind"], o["metadata"]["name"])          # noqa: E731
     assert {same(o) for o in container} - {same(o) for o in objs} == {("DaemonSet", "driverd"),
-                                                                      ("ConfigMap", "driverd-config")}
+                                                                      ("ConfigMap", "driverd-config"),
+                                                                      ("NetworkPolicy", "driverd")}
 
 
 @pytest.mark.real
