@@ -7,6 +7,12 @@ errors, truncated bodies and 5xx/429, resume of a partial file with an HTTP Rang
 HTTP(S)_PROXY/NO_PROXY (requests' trust_env). A package is used only after its sha256 matches the
 index and every file matches its manifest. The cache is kept under packages.cache_max_mb by removing
 the least recently used packages.
+
+Bounded before verified (issue 21): index.json and its signature are streamed with a size limit
+(`MAX_INDEX_BYTES`, `MAX_SIG_BYTES`; a larger Content-Length is refused before the body is read) and
+a deadline for the whole request; a package download has a deadline for all its attempts together
+(`DOWNLOAD_DEADLINE_S`, not only the per-read timeout), never grows past the size the index gives,
+and is checked — size, then sha256 of the compressed bytes — before anything is decompressed.
 """
 from __future__ import annotations
 
@@ -30,6 +36,10 @@ CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 60.0
 ATTEMPTS = 5
 _CHUNK = 64 << 10
+MAX_INDEX_BYTES = 32 << 20          # ~100,000 packages; a real index is far smaller
+MAX_SIG_BYTES = 64 << 10            # a detached signature is a few hundred bytes
+INDEX_DEADLINE_S = 120.0            # one index or signature request, all of it
+DOWNLOAD_DEADLINE_S = 1800.0        # one package, all attempts: ~300 MB at 170 KB/s
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,90 @@ def _retrying(fn: Callable[[], object], what: str, attempts: int = ATTEMPTS):
                            fix="check the network, proxy settings (HTTPS_PROXY) and the repository URL") from None
 
 
+class _Deadline:
+    """Closes a streamed response's socket when `at` (monotonic) passes: a server that trickles a
+    byte per read timeout can hold a download forever otherwise. shutdown() wakes the blocked read."""
+
+    def __init__(self, response, at: float) -> None:
+        import threading
+        self.fired = False
+        self._r = response
+        self._t = threading.Timer(max(0.0, at - time.monotonic()), self._fire)
+        self._t.daemon = True
+        self._t.start()
+
+    def _fire(self) -> None:
+        self.fired = True
+        import socket
+        sock = getattr(getattr(self._r.raw, "_connection", None) or getattr(self._r.raw, "connection", None),
+                       "sock", None)
+        try:
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+            self._r.close()
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._t.cancel()
+
+
+def _bounded_get(session, src: str, limit: int, deadline_s: float, what: str, required: bool = True) -> bytes | None:
+    """GET `src` as a stream, at most `limit` bytes, all of it within `deadline_s`; None for a 404
+    when not `required`. Transient failures raise _Retryable; anything too large a PackageError."""
+    import requests
+    with session.get(src, stream=True, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT)) as r:
+        if r.status_code == 404 and not required:
+            return None
+        if r.status_code >= 500 or r.status_code == 429:
+            raise _Retryable(f"HTTP {r.status_code}")
+        if r.status_code != 200:
+            raise PackageError(f"GET {src}: HTTP {r.status_code}",
+                               fix="check the repository URL (it must contain index.json)")
+        declared = r.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise _too_large(what, src, f"{declared} bytes declared", limit)
+        buf = bytearray()
+        with _Deadline(r, time.monotonic() + deadline_s) as dl:
+            try:
+                for chunk in r.iter_content(_CHUNK):
+                    buf += chunk
+                    if len(buf) > limit:
+                        raise _too_large(what, src, f"more than {limit} bytes sent", limit)
+            except (requests.exceptions.ChunkedEncodingError, requests.ConnectionError,
+                    requests.exceptions.StreamConsumedError, AttributeError, ValueError) as e:
+                if dl.fired:
+                    raise PackageError(f"GET {src} did not finish within {deadline_s:.0f} s",
+                                       cause="the repository is too slow or holds the connection open",
+                                       fix="check the repository and the network; retry later") from None
+                raise _Retryable(f"GET {src} interrupted ({e})") from None
+        if dl.fired:
+            raise PackageError(f"GET {src} did not finish within {deadline_s:.0f} s",
+                               cause="the repository is too slow or holds the connection open",
+                               fix="check the repository and the network; retry later")
+        return bytes(buf)
+
+
+def _too_large(what: str, src: str, how: str, limit: int) -> PackageError:
+    return PackageError(f"refusing {what} {src}: {how}, at most {limit} are accepted",
+                        cause="the repository serves something that is not a driverd " + what,
+                        fix="check the repository URL and what the server behind it returns")
+
+
+def _read_small_file(path: Path, limit: int, what: str) -> bytes:
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise _too_large(what, str(path), f"{size} bytes", limit)
+        data = f.read(limit + 1)            # a file that grew since fstat is still read only this far
+        if len(data) > limit:
+            raise _too_large(what, str(path), f"more than {limit} bytes", limit)
+        return data
+
+
 def read_index(url: str, *, public_key: str | None = None, runner: Runner | None = None, session=None,
                insecure: bool = False, root: Root | None = None, state_dir: str | None = None, now=None) -> Index:
     """The repository's index, authentic and fresh (driverd.packages.trust): signed with
@@ -114,26 +208,18 @@ def read_index(url: str, *, public_key: str | None = None, runner: Runner | None
     if _is_file_repo(url):
         d = _file_path(url)
         try:
-            data = (d / INDEX_NAME).read_bytes()
+            data = _read_small_file(d / INDEX_NAME, MAX_INDEX_BYTES, "index")
+            sig = _read_small_file(d / SIG_NAME, MAX_SIG_BYTES, "signature") if (d / SIG_NAME).exists() else None
         except OSError as e:
             raise PackageError(f"cannot read {d / INDEX_NAME}: {e.strerror}",
                                fix=f"run `driverd repo index {d}` or check the path") from None
-        sig = (d / SIG_NAME).read_bytes() if (d / SIG_NAME).exists() else None
     else:
         session = session or _session()
-
-        def get(name: str, required: bool) -> bytes | None:
-            r = session.get(_join(url, name), timeout=(CONNECT_TIMEOUT, READ_TIMEOUT))
-            if r.status_code == 404 and not required:
-                return None
-            if r.status_code >= 500 or r.status_code == 429:
-                raise _Retryable(f"HTTP {r.status_code}")
-            if r.status_code != 200:
-                raise PackageError(f"GET {_join(url, name)}: HTTP {r.status_code}",
-                                   fix="check the repository URL (it must contain index.json)")
-            return r.content
-        data = _retrying(lambda: get(INDEX_NAME, True), f"GET {where}")
-        sig = _retrying(lambda: get(SIG_NAME, False), f"GET {_join(url, SIG_NAME)}") if public_key else None
+        data = _retrying(lambda: _bounded_get(session, where, MAX_INDEX_BYTES, INDEX_DEADLINE_S, "index"),
+                         f"GET {where}")
+        sig = _retrying(lambda: _bounded_get(session, _join(url, SIG_NAME), MAX_SIG_BYTES, INDEX_DEADLINE_S,
+                                             "signature", required=False),
+                        f"GET {_join(url, SIG_NAME)}") if public_key else None
     if public_key:
         verify_signature(data, sig, public_key, where, runner)
     else:
@@ -180,16 +266,25 @@ def _touch(p: Path) -> None:
 
 # -- download -----------------------------------------------------------------------------------
 
-def download(url: str, entry: IndexEntry, dest: Path, session=None, attempts: int = ATTEMPTS) -> int:
-    """Download to `dest` (via `dest`.part, resuming it); returns the number of attempts used."""
+def download(url: str, entry: IndexEntry, dest: Path, session=None, attempts: int = ATTEMPTS,
+             deadline_s: float = DOWNLOAD_DEADLINE_S) -> int:
+    """Download to `dest` (via `dest`.part, resuming it); returns the number of attempts used. All
+    attempts together finish within `deadline_s`; the file never grows past the index's size."""
     import requests
     part = dest.with_name("." + dest.name + ".part")
     src = _join(url, entry.path)
     session = session or _session()
     count = {"n": 0}
+    deadline = time.monotonic() + deadline_s
+
+    def late() -> _Fatal:
+        part.unlink(missing_ok=True)
+        return _Fatal(f"download of {src} did not finish within {deadline_s:.0f} s")
 
     def once() -> None:
         count["n"] += 1
+        if time.monotonic() >= deadline:
+            raise late()
         have = part.stat().st_size if part.exists() else 0
         if have > entry.size:
             part.unlink()
@@ -206,14 +301,24 @@ def download(url: str, entry: IndexEntry, dest: Path, session=None, attempts: in
             if r.status_code not in (200, 206):
                 raise _Fatal(f"GET {src}: HTTP {r.status_code}")
             mode = "ab" if r.status_code == 206 and have else "wb"
-            with open(part, mode) as f:
+            declared = r.headers.get("Content-Length", "")
+            if declared.isdigit() and (have if mode == "ab" else 0) + int(declared) > entry.size:
+                raise _Fatal(f"{src} is {declared} bytes, the index says {entry.size}")
+            with open(part, mode) as f, _Deadline(r, deadline) as dl:
                 try:
                     for chunk in r.iter_content(_CHUNK):
                         f.write(chunk)
-                except (requests.exceptions.ChunkedEncodingError, requests.ConnectionError) as e:
+                        if f.tell() > entry.size:         # never store more than the index promises
+                            break
+                except (requests.exceptions.ChunkedEncodingError, requests.ConnectionError, AttributeError,
+                        ValueError) as e:
                     f.flush()
+                    if dl.fired:
+                        raise late() from None
                     raise _Retryable(f"download interrupted at {f.tell()} of {entry.size} bytes ({e})") from None
                 got = f.tell()
+            if dl.fired:
+                raise late()
         if got < entry.size:
             raise _Retryable(f"download ended at {got} of {entry.size} bytes")
         if got > entry.size:
@@ -248,21 +353,17 @@ def _copy_file(url: str, entry: IndexEntry, dest: Path) -> None:
 
 
 def _verify_into_cache(path: Path, entry: IndexEntry, where: str, files: bool = True) -> None:
+    """Size, then sha256 of the compressed file against the index — before anything is
+    decompressed — then (with `files`) every member against the manifest."""
+    from driverd.packages.archive import check_file
     try:
         if files:
-            verify_package(path, entry.sha256)
+            verify_package(path, entry.sha256, entry.size)
         else:
-            from driverd.packages.archive import _wrong_sha, sha256_file
-            got = sha256_file(path)
-            if got != entry.sha256:
-                raise _wrong_sha(path, got, entry.sha256)
+            check_file(path, entry.sha256, entry.size)
     except PackageError as e:
         path.unlink(missing_ok=True)        # never keep a bad package in the cache
         raise PackageError(f"{e.message} (from {where})", cause=e.cause, fix=e.fix) from None
-    m_ok = path.stat().st_size == entry.size
-    if not m_ok:
-        path.unlink(missing_ok=True)
-        raise PackageError(f"{path.name}: size differs from the index ({where})", fix="fetch again")
 
 
 def fetch(root: Root, want: Want, repos: list[str], **kw) -> FetchResult:
