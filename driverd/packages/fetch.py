@@ -17,6 +17,7 @@ and is checked — size, then sha256 of the compressed bytes — before anything
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Callable
 from urllib.parse import unquote, urlsplit
 
 from driverd.errors import PackageError
+from driverd.redact import redact
 from driverd.packages.archive import SUFFIX, verify_package
 from driverd.packages.manifest import package_basename
 from driverd.packages import trust
@@ -88,11 +90,105 @@ def _join(url: str, rel: str) -> str:
     return url.rstrip("/") + "/" + rel
 
 
-def _session():
+@dataclass(frozen=True)
+class Credentials:
+    """Repository credentials kept out of URLs (issue 21): a netrc file (`machine HOST login L
+    password P`, sent as HTTP basic auth to HOST) and/or headers (`Authorization: Bearer …`) sent to
+    the repositories' own hosts — never to a host a redirect leads to."""
+    netrc: str | None = None
+    header_file: str | None = None
+
+    def load(self, hosts: set[str]) -> "_RepoAuth | None":
+        if not (self.netrc or self.header_file):
+            return None
+        creds = None
+        if self.netrc:
+            import netrc as netrc_mod
+            try:
+                creds = netrc_mod.netrc(self.netrc)
+            except FileNotFoundError:
+                raise PackageError(f"packages.netrc {self.netrc} does not exist",
+                                   fix="create it (machine HOST login USER password SECRET) or unset packages.netrc"
+                                   ) from None
+            except netrc_mod.NetrcParseError as e:
+                raise PackageError(f"packages.netrc {self.netrc} cannot be parsed (line {e.lineno})",
+                                   fix="write lines like: machine HOST login USER password SECRET") from None
+            except OSError as e:
+                raise PackageError(f"cannot read packages.netrc {self.netrc}: {e.strerror}",
+                                   fix="check the file and its permissions") from None
+        headers: dict[str, str] = {}
+        if self.header_file:
+            headers = read_header_file(self.header_file)
+        return _RepoAuth(hosts, creds, headers)
+
+
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+def read_header_file(path: str) -> dict[str, str]:
+    """`Name: value` lines (blank lines and # comments ignored). Errors name the line, never its value."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(64 << 10)
+    except FileNotFoundError:
+        raise PackageError(f"packages.auth_header_file {path} does not exist",
+                           fix="create it (lines like `Authorization: Bearer TOKEN`) or unset the key") from None
+    except (OSError, UnicodeError) as e:
+        raise PackageError(f"cannot read packages.auth_header_file {path}: {getattr(e, 'strerror', None) or e}",
+                           fix="check the file and its permissions") from None
+    out: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.partition(":")
+        name, value = name.strip(), value.strip()
+        if not sep or not _TOKEN.match(name) or not value or any(c in value for c in "\r\n\0"):
+            raise PackageError(f"packages.auth_header_file {path}: line {n} is not `Name: value`",
+                               fix="one header a line, e.g. `Authorization: Bearer TOKEN`")
+        out[name] = value
+    return out
+
+
+class _RepoAuth:
+    """A requests auth callable: the netrc entry or the headers for the repositories' hosts only."""
+
+    def __init__(self, hosts: set[str], creds, headers: dict[str, str]) -> None:
+        self.hosts, self.creds, self.headers = hosts, creds, headers
+
+    def __call__(self, r):
+        host = (urlsplit(r.url).hostname or "").lower()
+        if host not in self.hosts:
+            return r
+        r.headers.update(self.headers)
+        if self.creds is not None and "Authorization" not in self.headers:
+            found = self.creds.authenticators(host)
+            if found:
+                from requests.auth import _basic_auth_str
+                r.headers["Authorization"] = _basic_auth_str(found[0], found[2] or "")
+        return r
+
+    def strip(self, r) -> None:
+        for name in self.headers:
+            r.headers.pop(name, None)
+
+
+def _session(auth: "_RepoAuth | None" = None):
     import requests
-    s = requests.Session()
+
+    class Session(requests.Session):
+        def rebuild_auth(self, prepared_request, response):
+            # A redirect: requests drops Authorization when the host changes, but would carry our
+            # custom headers along; they go to the repositories' hosts only.
+            super().rebuild_auth(prepared_request, response)
+            if auth is not None:
+                auth.strip(prepared_request)
+                auth(prepared_request)
+    s = Session()
     s.trust_env = True              # HTTP_PROXY / HTTPS_PROXY / NO_PROXY
     s.headers["User-Agent"] = "driverd"
+    if auth is not None:
+        s.auth = auth
     return s
 
 
@@ -390,7 +486,8 @@ def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache
            public_key: str | None = None, runner: Runner | None = None,
            builder: Callable[[Path], Path] | None = None, no_build_reason: str | None = None,
            attempts: int = ATTEMPTS, verify_files: bool = True, _stage: dict | None = None,
-           insecure: bool = False, state_dir: str | None = None) -> FetchResult:
+           insecure: bool = False, state_dir: str | None = None,
+           credentials: Credentials | None = None) -> FetchResult:
     """verify_files=False checks only the archive's sha256 against the index; use it only when the
     package goes straight to `install(..., expected_sha256=)`, which checks every file while unpacking
     (one decompression instead of two). `_stage["at"]` says what was being done when it raised."""
@@ -401,19 +498,21 @@ def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache
     session = None
     for url in repos:
         stage["at"] = "index"
+        if not _is_file_repo(url) and session is None:
+            # Unreadable credentials are a configuration error, not a repository to skip.
+            hosts = {(urlsplit(u).hostname or "").lower() for u in repos if not _is_file_repo(u)}
+            session = _session((credentials or Credentials()).load(hosts))
         try:
-            if not _is_file_repo(url) and session is None:
-                session = _session()
             idx = read_index(url, public_key=public_key, runner=runner, session=session, insecure=insecure,
                              root=root, state_dir=state_dir)
         except PackageError as e:
             if isinstance(e, trust.IndexRefused) or "listed twice" in e.message:
                 raise                       # a tampered, stale or inconsistent index is never skipped silently
-            looked.append(f"{url} ({e.message})")
+            looked.append(f"{redact(url)} ({e.message})")
             continue
         entry = idx.find(want.driver, want.flavor, want.kernel_release, want.arch)
         if entry is None:
-            looked.append(f"{url} (index lists {len(idx.packages)} packages, not this one)")
+            looked.append(f"{redact(url)} (index lists {len(idx.packages)} packages, not this one)")
             continue
         cdir.mkdir(parents=True, exist_ok=True)     # only now: a refused index writes nothing
         dest = cdir / cache_name(entry)
@@ -421,7 +520,7 @@ def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache
             try:
                 _verify_into_cache(dest, entry, "cache", verify_files)
                 _touch(dest)
-                return FetchResult(dest, entry.sha256, url, cached=True, looked_in=looked)
+                return FetchResult(dest, entry.sha256, redact(url), cached=True, looked_in=looked)
             except PackageError:
                 pass                        # damaged cache entry: removed, fetch it again
         n = 1
@@ -433,7 +532,7 @@ def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache
         stage["at"] = "verify"
         _verify_into_cache(dest, entry, _join(url, entry.path), verify_files)
         prune_cache(cdir, cache_max_mb << 20, keep=dest)
-        return FetchResult(dest, entry.sha256, url, attempts=n, looked_in=looked)
+        return FetchResult(dest, entry.sha256, redact(url), attempts=n, looked_in=looked)
     if builder is not None:
         stage["at"] = "build"
         cdir.mkdir(parents=True, exist_ok=True)
@@ -464,11 +563,12 @@ def fetch_configured(root: Root, cfg, want: Want, repos: list[str] | None = None
         from driverd.packages.build import local_builder
         builder, reason = local_builder(root, cfg, want, runner or Runner())
     from driverd.packages.sign import node_path
+    creds = Credentials(node_path(root, cfg["packages.netrc"]), node_path(root, cfg["packages.auth_header_file"]))
     return fetch(root, want, list(repos if repos is not None else cfg["packages.repositories"]),
                  cache=cfg["packages.cache_dir"], cache_max_mb=cfg["packages.cache_max_mb"],
                  public_key=node_path(root, cfg["packages.index_public_key"]), runner=runner, builder=builder,
                  no_build_reason=reason, verify_files=verify_files, insecure=cfg["packages.insecure"],
-                 state_dir=cfg["state.dir"])
+                 state_dir=cfg["state.dir"], credentials=creds)
 
 
 def want_for_host(root: Root, cfg, kernel: str | None = None, arch: str | None = None) -> Want:
