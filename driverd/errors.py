@@ -38,7 +38,9 @@ class DriverdError(Exception):
             parts.append(f"cause: {self.cause}")
         if self.fix:
             parts.append(f"fix: {self.fix}")
-        return "; ".join(p.replace("\n", " ").strip() for p in parts)
+        # Every line break str.splitlines() knows (\r, \x0b, \x85, \u2028...), not only \n: a kernel
+        # log line or a parser's message quoted here must not start a second line (found by fuzzing).
+        return "; ".join(" ".join(p.splitlines()).strip() for p in parts)
 
     def to_json(self) -> dict:
         out = {"error": self.message, "subject": self.subject, "cause": self.cause, "fix": self.fix,

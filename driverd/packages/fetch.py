@@ -437,6 +437,11 @@ def _copy_file(url: str, entry: IndexEntry, dest: Path) -> None:
     src = _file_path(url) / entry.path
     part = dest.with_name("." + dest.name + ".part")
     try:
+        size = os.stat(src).st_size
+        if size != entry.size:              # size first: nothing copied, let alone decompressed
+            raise PackageError(f"{src} is {size} bytes, the index says {entry.size}",
+                               cause="the repository does not serve what its index lists",
+                               fix=f"rewrite the index: driverd repo index {_file_path(url)}")
         shutil.copyfile(src, part)
     except FileNotFoundError:
         raise PackageError(f"{src} is listed in the index but missing", cause="the repository is incomplete",
