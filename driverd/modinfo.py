@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from driverd.errors import CommandError, PackageError
+from driverd.errors import CommandError, ModuleError, PackageError
 from driverd.runner import Runner, which
 
 SIG_MAGIC = b"~Module signature appended~\n"
@@ -66,7 +66,10 @@ def _decompress(path: str, data: bytes) -> bytes:
         return lzma.decompress(data)
     if path.endswith(".zst"):
         import zstandard
-        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
+        try:
+            return zstandard.ZstdDecompressor().decompressobj().decompress(data)
+        except zstandard.ZstdError as e:
+            raise ValueError(f"damaged zstd data ({e})") from None
     if path.endswith(".gz"):
         import gzip
         return gzip.decompress(data)
@@ -136,13 +139,25 @@ def from_fields(path: str, fields: list[tuple[str, str]], signed: bool, signer: 
                    firmware=tuple(firmware), params=params, signed=signed, signer=signer, fields=tuple(fields))
 
 
+class NotAModule(ModuleError, ValueError):
+    """A file that is not a (readable) kernel module: driverd's own error type, one line, and a
+    ValueError as read_modinfo always raised."""
+
+
 def read_modinfo(path: str | os.PathLike) -> ModInfo:
-    """Parse a module file. Raises ValueError for a file that is not a kernel module."""
+    """Parse a module file. Raises NotAModule (a ValueError) for a file that is not a kernel module."""
     p = os.fspath(path)
     with open(p, "rb") as f:
-        data = _decompress(p, f.read())
-    signed = data.endswith(SIG_MAGIC)
-    return from_fields(p, parse_fields(modinfo_section(data)), signed)
+        raw = f.read()
+    try:
+        data = _decompress(p, raw)
+        signed = data.endswith(SIG_MAGIC)
+        return from_fields(p, parse_fields(modinfo_section(data)), signed)
+    except (ValueError, IndexError, OverflowError, struct.error, EOFError, lzma.LZMAError, OSError) as e:
+        # A truncated or inconsistent ELF header made the section walk index past the data (found by
+        # fuzzing: IndexError, struct.error), or the compression is damaged.
+        raise NotAModule(f"{p} is not a readable kernel module: {' '.join(str(e).split())[:200]}",
+                         fix="rebuild or re-fetch the module's package") from None
 
 
 def parse_tool_output(path: str, text: str) -> ModInfo:

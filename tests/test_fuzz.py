@@ -39,6 +39,11 @@ FOUND = [
     ("rollout-spec", []),
     ("containerd-toml", 'version = 2\n[a]\nx = 1\n[a]\ny = 2\n'),  # tomlkit's KeyAlreadyPresent
     ("containerd-toml", 'a = 1\na = 2\n'),
+    ("modinfo-elf", b"\x7fELF"),                                   # IndexError walking a truncated header
+    ("modinfo-elf", b"\x7fELF\x02\x01" + b"\0" * 0x20 + (10).to_bytes(8, "little") + b"\0" * 14
+     + (64).to_bytes(2, "little") + (1).to_bytes(2, "little") + (5).to_bytes(2, "little")),
+    ("modinfo-elf", b"\x7fELF\x02\x01" + b"\0" * 0x22 + b"\xff" * 8 + b"\0" * 14      # OverflowError: e_shoff
+     + (64).to_bytes(2, "little") + (1).to_bytes(2, "little") + (0).to_bytes(2, "little") + b"\0" * 64),
 ]
 
 

@@ -329,6 +329,22 @@ def t_proc_modules(text: str) -> None:
     contract(lambda: parse_proc_modules(text))
 
 
+def t_modinfo_elf(data: bytes) -> None:
+    """The ELF .modinfo reader (driverd/modinfo.py read_modinfo) on a module file's bytes."""
+    from driverd.modinfo import read_modinfo
+    p = _as_file(data, ".ko")
+    try:
+        contract(lambda: read_modinfo(p))
+    finally:
+        os.unlink(p)
+
+
+@functools.lru_cache(maxsize=None)
+def elf_seeds() -> tuple[bytes, ...]:
+    from driverd.sim.fakemod import elf_bytes, nvidia_modules
+    return tuple(elf_bytes(m) for m in nvidia_modules()[:2])
+
+
 def t_modinfo_output(text: str) -> None:
     from driverd.modinfo import parse_modinfo, parse_tool_output
     contract(lambda: parse_modinfo(text))
@@ -406,6 +422,7 @@ TARGETS = [
     Target("proc-keys", t_proc_keys, lambda: mutated_text([PROC_KEYS])),
     Target("proc-modules", t_proc_modules, lambda: mutated_text([PROC_MODULES])),
     Target("modinfo-output", t_modinfo_output, lambda: mutated_text([MODINFO])),
+    Target("modinfo-elf", t_modinfo_elf, lambda: mutated(list(elf_seeds()))),
     Target("kmsg-nvrm", t_kmsg, lambda: st.lists(mutated_text(KMSG + [NVIDIA_VERSION]), max_size=12)),
     Target("rollout-spec", t_rollout, _rollout_objects),
 ]
