@@ -117,14 +117,20 @@ def test_the_crafted_frame_really_is_a_4_gib_bomb(tmp_path):
 def test_a_bomb_under_the_wrong_hash_is_refused_before_decompression(tmp_path):
     p = bomb(tmp_path / "b.tar.zst", size=900 * MiB)      # under the member cap: only the hash stops it
     honest = "ab" * 32
+    # zstandard made unimportable in the child: any attempt to decompress would fail with an
+    # ImportError (not a one-line driverd error) — the refusal provably comes before decompression.
     err, rss, secs = run_child(f"""
+        import sys
+        sys.modules["zstandard"] = None
         from driverd.packages.archive import verify_package
         verify_package({str(p)!r}, {honest!r}, {p.stat().st_size})
     """)
     assert err.startswith("package b.tar.zst has sha256 ") and f"expected {honest}" in err, err
-    assert secs < 2 and rss < 80, (secs, rss)
+    assert secs < 10 and rss < 80, (secs, rss)
     # size first: a different size is refused without reading the file at all
     err, _, _ = run_child(f"""
+        import sys
+        sys.modules["zstandard"] = None
         from driverd.packages.archive import unpack
         unpack({str(p)!r}, {str(tmp_path / 'dest')!r}, {honest!r}, 1234)
     """)
@@ -169,7 +175,7 @@ def test_caps_refuse_from_the_header_with_bounded_rss_and_time(tmp_path, case):
             archive.{call}({str(p)!r})
         """)
         assert err.startswith("refusing package p.tar.zst: ") and want in err, (call, err)
-        assert "\n" not in err and rss < 100 and secs < 3, (call, rss, secs)
+        assert "\n" not in err and rss < 100 and secs < 8, (call, rss, secs)
 
 
 # -- hostile repositories ------------------------------------------------------------------------
@@ -278,7 +284,7 @@ def test_a_trickling_index_and_package_meet_their_whole_deadline(tmp_path):
         """)
         assert err == f"GET {url}/index.json did not finish within 2 s; cause: the repository is too slow or " \
                       "holds the connection open; fix: check the repository and the network; retry later", err
-        assert 1.2 < secs < 5, secs              # each byte came within the 60 s read timeout
+        assert 1.2 < secs < 8, secs              # each byte came within the 60 s read timeout
         err, _, secs = run_child(f"""
             from pathlib import Path
             from driverd.packages import fetch
@@ -287,7 +293,7 @@ def test_a_trickling_index_and_package_meet_their_whole_deadline(tmp_path):
             fetch.download({url!r}, e, Path({str(tmp_path / 'p.tar.zst')!r}), deadline_s=1.5)
         """)
         assert err.startswith(f"download of {url}/p.tar.zst did not finish within 2 s"), err
-        assert 1.2 < secs < 5, secs
+        assert 1.2 < secs < 8, secs
         assert not list(tmp_path.iterdir())      # no partial file left behind
     finally:
         srv.shutdown()
