@@ -5,6 +5,8 @@ traceback. Anything else escaping a command is a bug and exits 1.
 """
 from __future__ import annotations
 
+from driverd.redact import redact
+
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
 EXIT_USAGE = 2
@@ -20,10 +22,12 @@ class DriverdError(Exception):
 
     def __init__(self, message: str, *, cause: str | None = None, fix: str | None = None,
                  exit_code: int | None = None, details: dict | None = None) -> None:
+        # Messages often quote a repository URL: never with the credentials in it (issue 21).
+        message = redact(message)
         super().__init__(message)
         self.message = message
-        self.cause = cause
-        self.fix = fix
+        self.cause = redact(cause) if cause else cause
+        self.fix = redact(fix) if fix else fix
         self.details = details or {}
         if exit_code is not None:
             self.exit_code = exit_code
@@ -34,7 +38,9 @@ class DriverdError(Exception):
             parts.append(f"cause: {self.cause}")
         if self.fix:
             parts.append(f"fix: {self.fix}")
-        return "; ".join(p.replace("\n", " ").strip() for p in parts)
+        # Every line break str.splitlines() knows (\r, \x0b, \x85, \u2028...), not only \n: a kernel
+        # log line or a parser's message quoted here must not start a second line (found by fuzzing).
+        return "; ".join(" ".join(p.splitlines()).strip() for p in parts)
 
     def to_json(self) -> dict:
         out = {"error": self.message, "subject": self.subject, "cause": self.cause, "fix": self.fix,

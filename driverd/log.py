@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Iterator, TextIO
 
+from driverd.redact import redact
+
 FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error")
 
@@ -110,6 +112,7 @@ def log(msg: str, level: str | None = None, **kw: Any) -> None:
             line = json.dumps(record(msg, level, **kw), default=str, ensure_ascii=False)
         else:
             line = msg
+        line = redact(line)             # stderr is the systemd journal / container log: no URL credentials
         with _lock:
             stream.write(line + "\n")
             stream.flush()

@@ -17,6 +17,8 @@ import os
 import struct
 from dataclasses import dataclass, field
 
+from driverd.errors import ModuleError
+
 SIG_MAGIC = b"~Module signature appended~\n"
 OPEN_LICENSES = ("Dual MIT/GPL", "GPL", "Dual BSD/GPL", "GPL v2")
 
@@ -150,15 +152,27 @@ def modinfo_of_bytes(path: str, data: bytes) -> ModInfo:
     """Parse a decompressed module image. Raises ValueError for bytes that are not a kernel module."""
     try:
         section = modinfo_section(data)
-    except struct.error:
-        raise ValueError("truncated ELF headers") from None
+    except (struct.error, IndexError, OverflowError):
+        # a truncated or inconsistent ELF header sends the section walk past the data (found by fuzzing)
+        raise ValueError("truncated or inconsistent ELF headers") from None
     return from_fields(path, parse_fields(section), data.endswith(SIG_MAGIC))
 
 
+class NotAModule(ModuleError, ValueError):
+    """A file that is not a (readable) kernel module: driverd's own error type, one line, and a
+    ValueError as read_modinfo always raised."""
+
+
 def read_modinfo(path: str | os.PathLike) -> ModInfo:
-    """Parse a module file. Raises ValueError for a file that is not a kernel module."""
+    """Parse a module file. Raises NotAModule (a ValueError) for a file that is not a kernel module."""
     p = os.fspath(path)
-    return modinfo_of_bytes(p, module_bytes(p))
+    try:
+        return modinfo_of_bytes(p, module_bytes(p))
+    except (ValueError, IndexError, OverflowError, struct.error, EOFError, lzma.LZMAError, OSError) as e:
+        # A truncated or inconsistent ELF header made the section walk index past the data (found by
+        # fuzzing: IndexError, struct.error), or the compression is damaged.
+        raise NotAModule(f"{p} is not a readable kernel module: {' '.join(str(e).split())[:200]}",
+                         fix="rebuild or re-fetch the module's package") from None
 
 
 def module_name_from_file(path: str | os.PathLike) -> str:

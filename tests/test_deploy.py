@@ -1,4 +1,4 @@
-"""deploy/: a kustomize base and three overlays (container-mode, crio, host-mode), rendered with the
+"""deploy/: a kustomize base and four overlays (container-mode, crio, host-mode, pinned-example), rendered with the
 real `kubectl kustomize`, checked object by object (namespace, ServiceAccounts, RBAC against the API
 calls driverd makes, the DaemonSet's image/args/env, a configuration driverd accepts), against
 Kubernetes' OpenAPI schema, and applied with the real kubectl to the loopback API server."""
@@ -16,7 +16,7 @@ from tests.conftest import REPO
 from tests.kubetools import api_server, kubectl, kubectl_binary, schema_errors
 
 DEPLOY = REPO / "deploy"
-OVERLAYS = ("container-mode", "crio", "host-mode")
+OVERLAYS = ("container-mode", "crio", "host-mode", "pinned-example")
 NS = "driverd"
 SA = "driverd"
 CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "RuntimeClass"}
@@ -161,6 +161,7 @@ def test_the_daemonset(tmp_path, overlay):
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     vols = {v["name"]: v for v in pod["volumes"]}
     assert vols[mounts["/host"]["name"]]["hostPath"]["path"] == "/"
+    assert mounts["/host"]["mountPropagation"] == "HostToContainer"        # driverd mounts nothing
     # the configuration driverd reads: the ConfigMap's file, with the DRIVERD_* variables over it
     cfg_path = env["DRIVERD_CONFIG"]["value"]
     mount = next(m for p, m in mounts.items() if cfg_path.startswith(p + "/"))
@@ -174,10 +175,29 @@ def test_the_daemonset(tmp_path, overlay):
     assert cfg["driver.version"] and cfg["daemon.listen"].startswith("0.0.0.0:")
     probes = {c["readinessProbe"]["httpGet"]["path"], c["livenessProbe"]["httpGet"]["path"]}
     assert probes == {"/readyz", "/healthz"}
+    # issue 21: resources bounded; the port reachable only from the namespaces allowed to scrape it
+    res = c["resources"]
+    assert res["requests"]["cpu"] and res["requests"]["memory"] and res["limits"]["memory"]
+    assert "cpu" not in res["limits"]
+    (np,) = _by(objs, "NetworkPolicy").values()
+    labels = pod.get("labels") or ds["spec"]["template"]["metadata"]["labels"]
+    assert np["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert np["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = np["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == ["metrics"] and all("namespaceSelector" in f for f in rule["from"])
     if overlay == "crio":
         assert cfg["runtime.runtimes"] == ["crio"] and cfg["runtime.restart"] == "systemd" and cfg["runtime.cdi"]
     else:
         assert cfg["runtime.runtimes"] == ["auto"]
+
+
+@pytest.mark.real
+def test_the_pinned_example_runs_an_image_by_digest(tmp_path):
+    objs = render(tmp_path, "pinned-example")
+    (c,) = _by(objs, "DaemonSet")["driverd"]["spec"]["template"]["spec"]["containers"]
+    assert re.fullmatch(r"registry\.example/driverd@sha256:[0-9a-f]{64}", c["image"]), c["image"]
+    same = lambda o: (o["kind"], o["metadata"]["name"])          # noqa: E731
+    assert {same(o) for o in objs} == {same(o) for o in render(tmp_path, "container-mode")}
 
 
 @pytest.mark.real
@@ -189,7 +209,8 @@ def test_host_mode_keeps_rbac_and_crd_without_a_daemonset(tmp_path):
     container = render(tmp_path, "container-mode")
     same = lambda o: (o["kind"], o["metadata"]["name"])          # noqa: E731
     assert {same(o) for o in container} - {same(o) for o in objs} == {("DaemonSet", "driverd"),
-                                                                      ("ConfigMap", "driverd-config")}
+                                                                      ("ConfigMap", "driverd-config"),
+                                                                      ("NetworkPolicy", "driverd")}
 
 
 @pytest.mark.real

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import quote
 
 from driverd.errors import DriverdError
+from driverd.redact import redact_obj
 
 GROUP, VERSION = "driverd.io", "v1alpha1"
 ROLLOUTS = f"/apis/{GROUP}/{VERSION}/driverrollouts"
@@ -99,6 +100,9 @@ class Kube:
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
+            # Annotations, conditions, Events and rollout status quote reasons that may name a
+            # repository URL: its credentials never reach the API server (issue 21).
+            body = redact_obj(body)
         q = [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in (query or {}).items() if v is not None]
         m, url, hdrs, b, _ = self.api.param_serialize(method, path, query_params=q, header_params=headers,
                                                       body=body, auth_settings=["BearerToken"])

@@ -9,6 +9,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from driverd.errors import ClusterError
+
 PREFIX = "driverd.io/"
 # Node annotations (the state machine's record; they survive daemon restarts)
 A_STATE = PREFIX + "state"
@@ -42,12 +44,18 @@ ALL_STATES = ORDER + (FAILED, REBOOT, SKIPPED)
 VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
 
 
-class SpecError(ValueError):
-    """A rollout field the schema let through but that cannot be carried out; names the field."""
+class SpecError(ClusterError, ValueError):
+    """A rollout field the schema let through but that cannot be carried out; names the field. A
+    ClusterError (driverd's own error type, one line) and, as before, a ValueError."""
 
     def __init__(self, field_: str, message: str) -> None:
-        super().__init__(f"spec.{field_}: {message}")
+        super().__init__(f"spec.{field_}: {message}" if field_ else f"spec: {message}",
+                         fix="correct the DriverRollout's spec (kubectl edit driverrollout NAME)")
         self.field = field_
+
+
+_FIELDS = ("driver", "flavor", "nodeSelector", "maxParallel", "maxUnavailable", "canary", "canarySoakSeconds",
+           "failureBudget", "preflight", "drain", "waitForJobs", "validation")
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,22 @@ class Rollout:
 
     @classmethod
     def from_object(cls, obj: dict) -> Rollout:
-        """The custom resource as a Rollout; raises SpecError naming the field that cannot be used."""
+        """The custom resource as a Rollout; raises SpecError naming the field that cannot be used.
+        A field of the wrong JSON type (a list where a number belongs...) is a SpecError too, never a
+        TypeError: the API server's schema is not the only writer to trust (found by fuzzing)."""
+        if not isinstance(obj, dict):
+            raise SpecError("", f"the object is a {type(obj).__name__}, not a DriverRollout")
+        try:
+            return cls._from_object(obj)
+        except SpecError:
+            raise
+        except (TypeError, AttributeError, ValueError, KeyError, OverflowError) as e:
+            where = next((k for k in _FIELDS if k in str(e)), None)
+            raise SpecError(where or "", f"a field has the wrong type or form ({type(e).__name__}: "
+                                         f"{' '.join(str(e).split())[:200]})") from None
+
+    @classmethod
+    def _from_object(cls, obj: dict) -> Rollout:
         md, spec = obj.get("metadata") or {}, obj.get("spec") or {}
         driver = str(spec.get("driver") or "")
         if not VERSION_RE.match(driver):

@@ -9,6 +9,8 @@ import threading
 import time
 from typing import Callable
 
+from driverd.redact import redact
+
 STATES = ("starting", "reconciling", "converged", "blocked", "failed", "reboot-required", "config-error", "error",
           "stopping")
 
@@ -61,7 +63,7 @@ class Health:
     def readiness(self) -> tuple[bool, str]:
         """(ready, one line saying why or why not)."""
         ready, why = self._readiness()
-        return ready, " ".join(why.split())[:1000]
+        return ready, redact(" ".join(why.split()))[:1000]
 
     def _readiness(self) -> tuple[bool, str]:
         with self._lock:
@@ -86,4 +88,4 @@ class Health:
             line = f"{self.state}: {self.reason}"
             if self.config_problem:
                 line += f" (config not reloaded: {self.config_problem})"
-        return " ".join(line.split())[:400]
+        return redact(" ".join(line.split()))[:400]

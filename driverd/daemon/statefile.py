@@ -24,8 +24,10 @@ def write(root, *, mode: str, result=None, next_in_s: float | None = None, stopp
     else:
         old = read(root)
         doc["last_reconcile"] = (old or {}).get("last_reconcile")
+    from driverd.redact import redact_obj
     try:
-        root.atomic_write_json(PATH, doc, 0o644)
+        # 0644 for `driverd status` run by anyone, so nothing secret in it: reasons quote URLs.
+        root.atomic_write_json(PATH, redact_obj(doc), 0o644)
     except Exception:          # status information only: never a reason for a pass to fail
         pass
 

@@ -4,11 +4,14 @@ detect runs against a recording Root; every host path it touched (files, directo
 symlinks on the way) goes into the tarball with its *content* (sysfs/procfs files report a size
 of 0 or 4096, so they are read, not copied). Unpacked, the tree behaves like the host under --root.
 
-Secrets never leave the host: every copied configuration file (runtime configs: containerd's registry
-`auth` tables, Docker's and the containers' auth.json `auths`, CRI-O...; /proc/<pid>/cmdline) has the
-values of secret-looking keys — auth, password, token, secret, credentials, private keys — replaced
-with REDACTED before it is packed, and the result says which files and keys were redacted. The keys'
-names and the files' shape stay, so the tree still reads like the host.
+Secrets never leave the host: every copied configuration file is *parsed* — JSON, YAML, TOML
+(through tomlkit, so inline tables like `auth = { username = "u", password = "p" }`, multi-line
+strings and arrays are seen as values, and the file is written back with its shape) — and the values
+of secret-looking keys (auth, password, x-secret-token, api_key, credentials, private keys...) are
+replaced with REDACTED; every URL loses its userinfo (`https://u:p@mirror` -> `https://mirror`). A
+file of one of those formats that does not parse is replaced by a note; files of no known format get
+the same treatment line by line; /proc/<pid>/cmdline argument by argument. The result says which
+files and keys were redacted. The bundle is written 0600.
 
 The kernel's keyring membership (which keyring holds which key; keyctl on the live host) is recorded
 in driverd.host.keyrings.CAPTURE_PATH so a captured tree answers like the host.
@@ -29,81 +32,182 @@ from driverd.root import Root
 MAX_FILE = 1 << 20
 _PROC_PID = re.compile(r"^/proc/(\d+)(/|$)")
 REDACTED = "REDACTED"
-# Key names whose values are secrets (matched case-insensitively on the whole key name).
-SECRET_KEY = re.compile(r"(?i)^(auth|password|passwd|pass|identitytoken|identity_token|registrytoken|registry_token|"
-                        r"token|access_token|refresh_token|bearer_token|secret|client_secret|secret_key|"
-                        r"secret_access_key|aws_secret_access_key|api_key|apikey|credentials|private_key|"
-                        r"privatekey|key_password)$")
-_TOML_LINE = re.compile(r'^(?P<lead>\s*(?P<q>["\']?)(?P<key>[A-Za-z0-9_.-]+)(?P=q)\s*=\s*)(?P<val>.+?)\s*$')
+REMOVED = b"# content removed by driverd debug capture-host: it could not be parsed and may hold secrets\n"
+# A key holds a secret when its name, lower-cased without separators, is one of these or contains
+# one of the words: `password`, `x-secret-token`, `aws_secret_access_key`, `registry_token`, `apiKey`…
+_SECRET_NAMES = {"auth", "authorization", "pass", "pwd", "creds", "credentials", "identitytoken"}
+_SECRET_WORDS = ("password", "passwd", "passphrase", "secret", "token", "apikey", "credential", "privatekey",
+                 "accesskey", "sessionkey", "cookie")
+_IDENTITY = {"username", "user", "login", "email", "serveraddress", "type", "name", "host"}
+_TOML_LINE = re.compile(r'^(?P<lead>\s*(?:export\s+)?(?P<q>["\']?)(?P<key>[A-Za-z0-9_.-]+)(?P=q)\s*[=:]\s*)'
+                        r'(?P<val>.+?)\s*$')
 _ARG = re.compile(r"(?i)^(--?[a-z0-9-]*(?:password|passwd|token|secret|api-key|apikey|credentials)=?)(.*)$")
 
 
-def _redact_json(obj, found: list[str], path: str = ""):
-    if isinstance(obj, dict):
-        out = {}
-        for k, v in obj.items():
-            if isinstance(k, str) and SECRET_KEY.match(k) and isinstance(v, (str, int, float)) and v != "":
-                out[k] = REDACTED
-                found.append(f"{path}{k}")
-            else:
-                out[k] = _redact_json(v, found, f"{path}{k}.")
-        return out
-    if isinstance(obj, list):
-        return [_redact_json(v, found, path) for v in obj]
-    return obj
+def secret_key(name: str) -> bool:
+    n = re.sub(r"[^a-z0-9]", "", name.lower())
+    return n in _SECRET_NAMES or any(w in n for w in _SECRET_WORDS)
 
 
-def redact(hostpath: str, data: bytes) -> tuple[bytes, list[str]]:
-    """The bytes to pack for a file, with secret values replaced; and the keys redacted."""
-    found: list[str] = []
-    if hostpath.startswith("/proc/"):
-        if hostpath.endswith("/cmdline"):
-            args = data.split(b"\0")
-            out, secret_next = [], False
-            for a in args:
-                t = a.decode("utf-8", "replace")
-                m = _ARG.match(t)
-                if secret_next and t and not t.startswith("-"):
-                    out.append(REDACTED.encode())
-                    secret_next = False
-                    continue
-                secret_next = False
-                if m and m.group(2):                # --password=X
-                    out.append((m.group(1) + REDACTED).encode())
-                    found.append(m.group(1).strip("-="))
-                else:
-                    if m and not m.group(1).endswith("="):      # --password X
-                        secret_next = True
-                        found.append(m.group(1).strip("-"))
-                    out.append(a)
-            return b"\0".join(out), found
-        return data, found
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return data, found
-    if b"PRIVATE KEY-----" in data:
-        return b"# private key removed by driverd debug capture-host\n", ["private key"]
-    stripped = text.lstrip()
-    if stripped.startswith(("{", "[")):
+# Kept for callers that match a whole key name.
+SECRET_KEY = re.compile(r"(?i)^(auth|password|passwd|pass|identitytoken|token|secret|credentials|private_key)$")
+
+
+class _Redactor:
+    """Walks a parsed document (JSON, YAML, TOML through tomlkit): a non-empty scalar under a secret
+    key becomes REDACTED (inside a table or list under one, every scalar does), every other string
+    loses URL userinfo. `found` names what was redacted."""
+
+    def __init__(self, dotted: bool) -> None:
+        self.found: list[str] = []
+        self.dotted = dotted
+
+    def _name(self, path: str, key: str) -> str:
+        return f"{path}{key}" if self.dotted else key
+
+    def value(self, v, path: str, key: str, secret: bool):
+        """The replacement for `v` (or v itself)."""
+        from driverd.redact import redact as strip_userinfo
+        if isinstance(v, dict):
+            self.mapping(v, f"{path}{key}.", secret)
+            return v
+        if isinstance(v, list):
+            for i, item in enumerate(list(v)):
+                new = self.value(item, path, key, secret)
+                if new is not item:
+                    v[i] = new
+            return v
+        if isinstance(v, bool) or v is None:
+            return v
+        if secret and (isinstance(v, (int, float)) or (isinstance(v, str) and v != "")):
+            self.found.append(self._name(path, key))
+            return REDACTED
+        if isinstance(v, str):
+            clean = strip_userinfo(str(v))
+            if clean != v:
+                self.found.append(self._name(path, key) + " (URL userinfo)")
+                return clean
+        return v
+
+    def mapping(self, d, path: str = "", secret: bool = False) -> None:
+        for k in list(d.keys()):
+            v = d[k]
+            ks = str(k)
+            # Inside a secret table (containerd's `[…registry.configs."host".auth]`, `auth = {…}`)
+            # everything is a secret but the names that say whose it is.
+            own = secret_key(ks) or (secret and re.sub(r"[^a-z]", "", ks.lower()) not in _IDENTITY)
+            new = self.value(v, path, ks, own)
+            if new is not v:
+                d[k] = new
+
+
+def _fmt(hostpath: str, text: str) -> str | None:
+    """The format a file is parsed as: by its name, else by its content."""
+    name = hostpath.rsplit("/", 1)[-1].lower()
+    if name.endswith(".json") or name in ("config.json", "auth.json"):
+        return "json"
+    if name.endswith((".yaml", ".yml")):
+        return "yaml"
+    if name.endswith(".toml") or "/containerd/" in hostpath or "/crio" in hostpath or \
+            "/containers/" in hostpath and name.endswith(".conf"):
+        return "toml"
+    if text.lstrip().startswith(("{", "[")) and not text.lstrip().startswith("[["):
         try:
-            import json as _json
-            doc = _json.loads(text)
+            json.loads(text)
+            return "json"
         except ValueError:
-            doc = None
-        if doc is not None:
-            new = _redact_json(doc, found)
-            return (data if not found else (_json.dumps(new, indent=2) + "\n").encode()), found
+            pass
+    return None
+
+
+def _redact_cmdline(data: bytes) -> tuple[bytes, list[str]]:
+    from driverd.redact import redact as strip_userinfo
+    found: list[str] = []
+    out, secret_next = [], False
+    for a in data.split(b"\0"):
+        t = a.decode("utf-8", "replace")
+        m = _ARG.match(t)
+        if secret_next and t and not t.startswith("-"):
+            out.append(REDACTED.encode())
+            secret_next = False
+            continue
+        secret_next = False
+        if m and m.group(2):                # --password=X
+            out.append((m.group(1) + REDACTED).encode())
+            found.append(m.group(1).strip("-="))
+        else:
+            if m and not m.group(1).endswith("="):      # --password X
+                secret_next = True
+                found.append(m.group(1).strip("-"))
+            clean = strip_userinfo(t)
+            if clean != t:
+                found.append("URL userinfo")
+                a = clean.encode()
+            out.append(a)
+    return b"\0".join(out), found
+
+
+def _redact_lines(text: str) -> tuple[str, list[str]]:
+    """Files of no known format (environment files, /etc/default/*): KEY=VALUE / key: value lines
+    with a secret-looking key lose their value; URLs lose their userinfo."""
+    from driverd.redact import redact as strip_userinfo
+    found: list[str] = []
     lines = []
     for line in text.splitlines(keepends=True):
         m = _TOML_LINE.match(line.rstrip("\n"))
         key = m.group("key").rsplit(".", 1)[-1] if m else None
-        if m and key and SECRET_KEY.match(key) and not m.group("val").startswith(("[", "{", '""', "''")):
+        if m and key and secret_key(key) and m.group("val") not in ('""', "''"):
             lines.append(f"{m.group('lead')}\"{REDACTED}\"\n")
             found.append(m.group("key"))
+            continue
+        clean = strip_userinfo(line)
+        if clean != line:
+            found.append("URL userinfo")
+        lines.append(clean)
+    return "".join(lines), found
+
+
+def redact(hostpath: str, data: bytes) -> tuple[bytes, list[str]]:
+    """The bytes to pack for a file, with secret values replaced; and the keys redacted. JSON, YAML
+    and TOML are parsed (inline tables, multi-line strings, nested lists) and written back; a file of
+    one of those formats that does not parse is replaced by a note rather than copied."""
+    if hostpath.startswith("/proc/"):
+        return _redact_cmdline(data) if hostpath.endswith("/cmdline") else (data, [])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data, []
+    if b"PRIVATE KEY-----" in data:
+        return b"# private key removed by driverd debug capture-host\n", ["private key"]
+    fmt = _fmt(hostpath, text)
+    if fmt is None:
+        new, found = _redact_lines(text)
+        return (new.encode() if found else data), found
+    try:
+        if fmt == "json":
+            doc = json.loads(text)
+            r = _Redactor(dotted=True)
+            wrapped = {"": doc}
+            r.mapping(wrapped)
+            r.found = [f.removeprefix(".") for f in r.found]
+            out = (json.dumps(wrapped[""], indent=2) + "\n") if r.found else text
+        elif fmt == "yaml":
+            import yaml
+            docs = list(yaml.safe_load_all(text))
+            r = _Redactor(dotted=True)
+            wrapped = {"": docs}
+            r.mapping(wrapped)
+            r.found = [f.removeprefix(".") for f in r.found]
+            out = yaml.safe_dump_all(wrapped[""], sort_keys=False) if r.found else text
         else:
-            lines.append(line)
-    return ("".join(lines).encode() if found else data), found
+            import tomlkit
+            doc = tomlkit.parse(text)
+            r = _Redactor(dotted=False)
+            r.mapping(doc)
+            out = tomlkit.dumps(doc) if r.found else text
+    except Exception:               # noqa: BLE001  (any parser's error: the content is not packed)
+        return REMOVED, [f"whole file ({fmt} that does not parse)"]
+    return (out.encode() if r.found else data), r.found
 
 
 def _add_dirs(tar: tarfile.TarFile, hostpath: str, done: set[str], mtime: float) -> None:
@@ -138,7 +242,11 @@ def capture(root: Root, out: str) -> dict:
     done: set[str] = set()
     files = total = 0
     redacted: list[dict] = []
-    with tarfile.open(out, "w:gz") as tar:
+    # The bundle is written 0600 from its first byte (created so, and narrowed if it existed): it
+    # holds the host's configuration, redacted or not.
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
         for hp in paths:
             m = _PROC_PID.match(hp)
             if m and m.group(1) not in keep_pids:

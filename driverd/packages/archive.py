@@ -15,6 +15,14 @@ and directories (symlinks, hard links, devices, FIFOs), names outside the layout
 disagrees with the files (missing, extra, size, mode or sha256), and truncated or corrupt streams.
 On any refusal the destination is removed, so nothing half-unpacked is ever left behind.
 
+Nothing is decompressed before it is trusted or bounded (issue 21): with an expected sha256 (from
+a verified index or a recorded install), the file's size and sha256 are checked on the compressed
+bytes *first* — a decompression bomb or a huge manifest under the wrong hash costs one read of the
+file. Without one (a local file), every stream is bounded: `MAX_MEMBERS` members, `MAX_MEMBER_BYTES`
+each and `MAX_UNPACKED_BYTES` in all, a manifest of at most `MAX_MANIFEST_BYTES`, tar extension
+headers (PAX, GNU long names) of at most `MAX_EXT_HEADER_BYTES` — each refused from the header that
+declares it, before its bytes are read — and the zstd window at most `MAX_WINDOW_BYTES`.
+
 File modes are never taken from the archive: every file is written 0644 and every directory 0755
 (owned by the installing user, root on a node). A member whose mode differs (world-writable,
 executable, setuid...) is still checked against the manifest, and `unusual_modes` reports it.
@@ -39,7 +47,12 @@ from driverd.packages.manifest import (FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR,
 SUFFIX = ".tar.zst"
 ZSTD_LEVEL = 3
 _CHUNK = 1 << 20
-MAX_MEMBER_BYTES = 2 << 30          # a kernel module or firmware image is far below 2 GiB
+MAX_MEMBER_BYTES = 1 << 30          # a kernel module or firmware image is far below 1 GiB
+MAX_UNPACKED_BYTES = 2 << 30        # a whole driver package: ~100-300 MB of modules and firmware
+MAX_MEMBERS = 1024                  # a package has a few modules and firmware files
+MAX_MANIFEST_BYTES = 1 << 20        # the manifest lists those few files
+MAX_EXT_HEADER_BYTES = 64 << 10     # PAX / GNU long-name headers: a name and a few keywords
+MAX_WINDOW_BYTES = 1 << 27          # zstd's own default limit, stated: level 3 uses far less
 FILE_MODE, DIR_MODE = 0o644, 0o755   # what unpacking writes, whatever the archive says
 
 
@@ -201,12 +214,32 @@ class _HashingReader(io.RawIOBase):
         super().close()
 
 
+class _HeaderTooLarge(tarfile.TarError):
+    pass
+
+
+_EXT_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
+              tarfile.GNUTYPE_LONGLINK)
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """tarfile reads a PAX or GNU long-name header's whole body into memory, however large its
+    header says it is; this refuses one over MAX_EXT_HEADER_BYTES from the 512-byte header, before
+    any of it is read. (_proc_member is tarfile's per-member hook in every Python >= 3.8.)"""
+
+    def _proc_member(self, tarfile_):         # noqa: ANN001
+        if self.type in _EXT_TYPES and self.size > MAX_EXT_HEADER_BYTES:
+            raise _HeaderTooLarge(f"a tar extension header of {self.size} bytes (at most {MAX_EXT_HEADER_BYTES})")
+        return super()._proc_member(tarfile_)
+
+
 def _open_stream(package: str | os.PathLike, hashing: bool = False):
     import zstandard
     f = open(package, "rb")
     src = _HashingReader(f) if hashing else f
-    reader = zstandard.ZstdDecompressor().stream_reader(src, closefd=True, read_size=_CHUNK)
-    tar = tarfile.open(fileobj=reader, mode="r|", format=tarfile.PAX_FORMAT)
+    reader = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES).stream_reader(
+        src, closefd=True, read_size=_CHUNK)
+    tar = tarfile.open(fileobj=reader, mode="r|", format=tarfile.PAX_FORMAT, tarinfo=_BoundedTarInfo)
     if hashing:
         tar._driverd_hasher = src      # type: ignore[attr-defined]
     return tar
@@ -214,7 +247,23 @@ def _open_stream(package: str | os.PathLike, hashing: bool = False):
 
 def _stream_errors():
     import zstandard
-    return (tarfile.TarError, zstandard.ZstdError, EOFError)
+    return (tarfile.TarError, zstandard.ZstdError, EOFError, UnicodeError, ValueError, OverflowError)
+
+
+def check_file(package: str | os.PathLike, expected_sha256: str, expected_size: int | None = None) -> None:
+    """The compressed file is the one expected: its size (when known: no read at all), then its
+    sha256 — before a single byte of it is decompressed."""
+    try:
+        size = os.stat(package).st_size
+    except FileNotFoundError:
+        raise PackageError(f"package {package} does not exist", fix="check the path") from None
+    if expected_size is not None and size != expected_size:
+        raise PackageError(f"package {os.path.basename(os.fspath(package))} is {size} bytes, expected "
+                           f"{expected_size}", cause="the download is damaged or was replaced",
+                           fix="delete it and fetch again; if it persists, the repository index is stale")
+    got = sha256_file(package)
+    if got != expected_sha256:
+        raise _wrong_sha(package, got, expected_sha256)
 
 
 def read_manifest(package: str | os.PathLike) -> Manifest:
@@ -222,24 +271,32 @@ def read_manifest(package: str | os.PathLike) -> Manifest:
     try:
         with _open_stream(package) as tar:
             ti = tar.next()
-            if ti is None or ti.name != MANIFEST_NAME or not ti.isreg() or ti.size > (16 << 20):
+            if ti is None or ti.name != MANIFEST_NAME or not ti.isreg():
                 raise _refuse(package, "the first member is not manifest.json")
+            if ti.size > MAX_MANIFEST_BYTES:
+                raise _refuse(package, f"manifest.json is {ti.size} bytes (at most {MAX_MANIFEST_BYTES})")
             ef = tar.extractfile(ti)
             assert ef is not None
             data = ef.read()
     except PackageError:
         raise
+    except _HeaderTooLarge as e:
+        raise _refuse(package, str(e)) from None
     except _stream_errors() as e:
-        raise _refuse(package, f"the archive is truncated or corrupt ({e})") from None
+        raise _refuse(package, f"the archive is truncated or corrupt ({_one_line(e)})") from None
     except FileNotFoundError:
         raise PackageError(f"package {package} does not exist", fix="check the path") from None
     return Manifest.loads(data, f"{os.path.basename(os.fspath(package))}: manifest.json")
 
 
-def unpack(package: str | os.PathLike, dest: str | os.PathLike, expected_sha256: str | None = None) -> Manifest:
+def unpack(package: str | os.PathLike, dest: str | os.PathLike, expected_sha256: str | None = None,
+           expected_size: int | None = None) -> Manifest:
     """Unpack and verify `package` into `dest` (created; must not exist). Removes `dest` on any refusal.
-    With `expected_sha256` the archive's own hash is checked in the same pass."""
+    With `expected_sha256` (and `expected_size`) the compressed file is checked before anything is
+    decompressed."""
     dest = Path(dest)
+    if expected_sha256 is not None:
+        check_file(package, expected_sha256, expected_size)
     dest.mkdir(parents=True)
     try:
         return _unpack_into(package, dest, expected_sha256)
@@ -254,17 +311,26 @@ def _unpack_into(package, dest: Path | None, expected_sha256: str | None = None)
     actual: dict[str, FileEntry] = {}
     manifest_bytes: bytes | None = None
     got_sha: str | None = None
+    members = total = 0
     try:
         with _open_stream(package, hashing=expected_sha256 is not None) as tar:
             for ti in tar:
+                members += 1
+                if members > MAX_MEMBERS:
+                    raise _refuse(package, f"it has more than {MAX_MEMBERS} members")
                 rel = _check_member(package, ti)
                 if ti.isdir():
                     continue
                 if rel in actual or (rel == MANIFEST_NAME and manifest_bytes is not None):
                     raise _refuse(package, f"member {rel!r} appears twice")
+                total += ti.size
+                if total > MAX_UNPACKED_BYTES:
+                    raise _refuse(package, f"it unpacks to more than {MAX_UNPACKED_BYTES} bytes (at {rel!r})")
                 src = tar.extractfile(ti)
                 assert src is not None
                 if rel == MANIFEST_NAME:
+                    if ti.size > MAX_MANIFEST_BYTES:
+                        raise _refuse(package, f"manifest.json is {ti.size} bytes (at most {MAX_MANIFEST_BYTES})")
                     manifest_bytes = src.read()
                     continue
                 h, n = hashlib.sha256(), 0
@@ -292,8 +358,10 @@ def _unpack_into(package, dest: Path | None, expected_sha256: str | None = None)
                 got_sha = hasher.finish()
     except PackageError:
         raise
+    except _HeaderTooLarge as e:
+        raise _refuse(package, str(e)) from None
     except _stream_errors() as e:
-        raise _refuse(package, f"the archive is truncated or corrupt ({e})") from None
+        raise _refuse(package, f"the archive is truncated or corrupt ({_one_line(e)})") from None
     if expected_sha256 is not None and got_sha != expected_sha256:
         raise _wrong_sha(package, got_sha, expected_sha256)
     if manifest_bytes is None:
@@ -336,15 +404,15 @@ def verify_files(package, manifest: Manifest, actual: dict[str, FileEntry]) -> N
         raise _refuse(package, f"{extra[0]} is in the archive but not in the manifest")
 
 
-def verify_package(package: str | os.PathLike, expected_sha256: str | None = None) -> Manifest:
-    """Check the archive's sha256 (when given) and every member against the manifest, in one streaming
-    pass that writes nothing to disk."""
-    try:
-        return _unpack_into(package, None, expected_sha256)
-    except PackageError as e:
-        # A corrupt stream with the wrong hash is reported as the wrong hash (the more useful cause).
-        if expected_sha256 is not None and "sha256" not in e.message:
-            got = sha256_file(package)
-            if got != expected_sha256:
-                raise _wrong_sha(package, got, expected_sha256) from None
-        raise
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300]
+
+
+def verify_package(package: str | os.PathLike, expected_sha256: str | None = None,
+                   expected_size: int | None = None) -> Manifest:
+    """Check the compressed file's size and sha256 (when given) before decompressing anything, then
+    every member against the manifest in one bounded streaming pass that writes nothing to disk."""
+    if expected_sha256 is not None:
+        check_file(package, expected_sha256, expected_size)
+    # Hashed again in the decompressing pass: the bytes unpacked are the bytes checked.
+    return _unpack_into(package, None, expected_sha256)

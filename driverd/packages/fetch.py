@@ -7,10 +7,17 @@ errors, truncated bodies and 5xx/429, resume of a partial file with an HTTP Rang
 HTTP(S)_PROXY/NO_PROXY (requests' trust_env). A package is used only after its sha256 matches the
 index and every file matches its manifest. The cache is kept under packages.cache_max_mb by removing
 the least recently used packages.
+
+Bounded before verified (issue 21): index.json and its signature are streamed with a size limit
+(`MAX_INDEX_BYTES`, `MAX_SIG_BYTES`; a larger Content-Length is refused before the body is read) and
+a deadline for the whole request; a package download has a deadline for all its attempts together
+(`DOWNLOAD_DEADLINE_S`, not only the per-read timeout), never grows past the size the index gives,
+and is checked — size, then sha256 of the compressed bytes — before anything is decompressed.
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -19,6 +26,7 @@ from typing import Callable
 from urllib.parse import unquote, urlsplit
 
 from driverd.errors import PackageError
+from driverd.redact import redact
 from driverd.packages.archive import SUFFIX, verify_package
 from driverd.packages.manifest import package_basename
 from driverd.packages import trust
@@ -30,6 +38,10 @@ CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 60.0
 ATTEMPTS = 5
 _CHUNK = 64 << 10
+MAX_INDEX_BYTES = 32 << 20          # ~100,000 packages; a real index is far smaller
+MAX_SIG_BYTES = 64 << 10            # a detached signature is a few hundred bytes
+INDEX_DEADLINE_S = 120.0            # one index or signature request, all of it
+DOWNLOAD_DEADLINE_S = 1800.0        # one package, all attempts: ~300 MB at 170 KB/s
 
 
 @dataclass(frozen=True)
@@ -78,11 +90,105 @@ def _join(url: str, rel: str) -> str:
     return url.rstrip("/") + "/" + rel
 
 
-def _session():
+@dataclass(frozen=True)
+class Credentials:
+    """Repository credentials kept out of URLs (issue 21): a netrc file (`machine HOST login L
+    password P`, sent as HTTP basic auth to HOST) and/or headers (`Authorization: Bearer …`) sent to
+    the repositories' own hosts — never to a host a redirect leads to."""
+    netrc: str | None = None
+    header_file: str | None = None
+
+    def load(self, hosts: set[str]) -> "_RepoAuth | None":
+        if not (self.netrc or self.header_file):
+            return None
+        creds = None
+        if self.netrc:
+            import netrc as netrc_mod
+            try:
+                creds = netrc_mod.netrc(self.netrc)
+            except FileNotFoundError:
+                raise PackageError(f"packages.netrc {self.netrc} does not exist",
+                                   fix="create it (machine HOST login USER password SECRET) or unset packages.netrc"
+                                   ) from None
+            except netrc_mod.NetrcParseError as e:
+                raise PackageError(f"packages.netrc {self.netrc} cannot be parsed (line {e.lineno})",
+                                   fix="write lines like: machine HOST login USER password SECRET") from None
+            except OSError as e:
+                raise PackageError(f"cannot read packages.netrc {self.netrc}: {e.strerror}",
+                                   fix="check the file and its permissions") from None
+        headers: dict[str, str] = {}
+        if self.header_file:
+            headers = read_header_file(self.header_file)
+        return _RepoAuth(hosts, creds, headers)
+
+
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+def read_header_file(path: str) -> dict[str, str]:
+    """`Name: value` lines (blank lines and # comments ignored). Errors name the line, never its value."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(64 << 10)
+    except FileNotFoundError:
+        raise PackageError(f"packages.auth_header_file {path} does not exist",
+                           fix="create it (lines like `Authorization: Bearer TOKEN`) or unset the key") from None
+    except (OSError, UnicodeError) as e:
+        raise PackageError(f"cannot read packages.auth_header_file {path}: {getattr(e, 'strerror', None) or e}",
+                           fix="check the file and its permissions") from None
+    out: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.partition(":")
+        name, value = name.strip(), value.strip()
+        if not sep or not _TOKEN.match(name) or not value or any(c in value for c in "\r\n\0"):
+            raise PackageError(f"packages.auth_header_file {path}: line {n} is not `Name: value`",
+                               fix="one header a line, e.g. `Authorization: Bearer TOKEN`")
+        out[name] = value
+    return out
+
+
+class _RepoAuth:
+    """A requests auth callable: the netrc entry or the headers for the repositories' hosts only."""
+
+    def __init__(self, hosts: set[str], creds, headers: dict[str, str]) -> None:
+        self.hosts, self.creds, self.headers = hosts, creds, headers
+
+    def __call__(self, r):
+        host = (urlsplit(r.url).hostname or "").lower()
+        if host not in self.hosts:
+            return r
+        r.headers.update(self.headers)
+        if self.creds is not None and "Authorization" not in self.headers:
+            found = self.creds.authenticators(host)
+            if found:
+                from requests.auth import _basic_auth_str
+                r.headers["Authorization"] = _basic_auth_str(found[0], found[2] or "")
+        return r
+
+    def strip(self, r) -> None:
+        for name in self.headers:
+            r.headers.pop(name, None)
+
+
+def _session(auth: "_RepoAuth | None" = None):
     import requests
-    s = requests.Session()
+
+    class Session(requests.Session):
+        def rebuild_auth(self, prepared_request, response):
+            # A redirect: requests drops Authorization when the host changes, but would carry our
+            # custom headers along; they go to the repositories' hosts only.
+            super().rebuild_auth(prepared_request, response)
+            if auth is not None:
+                auth.strip(prepared_request)
+                auth(prepared_request)
+    s = Session()
     s.trust_env = True              # HTTP_PROXY / HTTPS_PROXY / NO_PROXY
     s.headers["User-Agent"] = "driverd"
+    if auth is not None:
+        s.auth = auth
     return s
 
 
@@ -104,6 +210,90 @@ def _retrying(fn: Callable[[], object], what: str, attempts: int = ATTEMPTS):
                            fix="check the network, proxy settings (HTTPS_PROXY) and the repository URL") from None
 
 
+class _Deadline:
+    """Closes a streamed response's socket when `at` (monotonic) passes: a server that trickles a
+    byte per read timeout can hold a download forever otherwise. shutdown() wakes the blocked read."""
+
+    def __init__(self, response, at: float) -> None:
+        import threading
+        self.fired = False
+        self._r = response
+        self._t = threading.Timer(max(0.0, at - time.monotonic()), self._fire)
+        self._t.daemon = True
+        self._t.start()
+
+    def _fire(self) -> None:
+        self.fired = True
+        import socket
+        sock = getattr(getattr(self._r.raw, "_connection", None) or getattr(self._r.raw, "connection", None),
+                       "sock", None)
+        try:
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+            self._r.close()
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._t.cancel()
+
+
+def _bounded_get(session, src: str, limit: int, deadline_s: float, what: str, required: bool = True) -> bytes | None:
+    """GET `src` as a stream, at most `limit` bytes, all of it within `deadline_s`; None for a 404
+    when not `required`. Transient failures raise _Retryable; anything too large a PackageError."""
+    import requests
+    with session.get(src, stream=True, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT)) as r:
+        if r.status_code == 404 and not required:
+            return None
+        if r.status_code >= 500 or r.status_code == 429:
+            raise _Retryable(f"HTTP {r.status_code}")
+        if r.status_code != 200:
+            raise PackageError(f"GET {src}: HTTP {r.status_code}",
+                               fix="check the repository URL (it must contain index.json)")
+        declared = r.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise _too_large(what, src, f"{declared} bytes declared", limit)
+        buf = bytearray()
+        with _Deadline(r, time.monotonic() + deadline_s) as dl:
+            try:
+                for chunk in r.iter_content(_CHUNK):
+                    buf += chunk
+                    if len(buf) > limit:
+                        raise _too_large(what, src, f"more than {limit} bytes sent", limit)
+            except (requests.exceptions.ChunkedEncodingError, requests.ConnectionError,
+                    requests.exceptions.StreamConsumedError, AttributeError, ValueError) as e:
+                if dl.fired:
+                    raise PackageError(f"GET {src} did not finish within {deadline_s:.0f} s",
+                                       cause="the repository is too slow or holds the connection open",
+                                       fix="check the repository and the network; retry later") from None
+                raise _Retryable(f"GET {src} interrupted ({e})") from None
+        if dl.fired:
+            raise PackageError(f"GET {src} did not finish within {deadline_s:.0f} s",
+                               cause="the repository is too slow or holds the connection open",
+                               fix="check the repository and the network; retry later")
+        return bytes(buf)
+
+
+def _too_large(what: str, src: str, how: str, limit: int) -> PackageError:
+    return PackageError(f"refusing {what} {src}: {how}, at most {limit} are accepted",
+                        cause="the repository serves something that is not a driverd " + what,
+                        fix="check the repository URL and what the server behind it returns")
+
+
+def _read_small_file(path: Path, limit: int, what: str) -> bytes:
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise _too_large(what, str(path), f"{size} bytes", limit)
+        data = f.read(limit + 1)            # a file that grew since fstat is still read only this far
+        if len(data) > limit:
+            raise _too_large(what, str(path), f"more than {limit} bytes", limit)
+        return data
+
+
 def read_index(url: str, *, public_key: str | None = None, runner: Runner | None = None, session=None,
                insecure: bool = False, root: Root | None = None, state_dir: str | None = None, now=None) -> Index:
     """The repository's index, authentic and fresh (driverd.packages.trust): signed with
@@ -114,26 +304,18 @@ def read_index(url: str, *, public_key: str | None = None, runner: Runner | None
     if _is_file_repo(url):
         d = _file_path(url)
         try:
-            data = (d / INDEX_NAME).read_bytes()
+            data = _read_small_file(d / INDEX_NAME, MAX_INDEX_BYTES, "index")
+            sig = _read_small_file(d / SIG_NAME, MAX_SIG_BYTES, "signature") if (d / SIG_NAME).exists() else None
         except OSError as e:
             raise PackageError(f"cannot read {d / INDEX_NAME}: {e.strerror}",
                                fix=f"run `driverd repo index {d}` or check the path") from None
-        sig = (d / SIG_NAME).read_bytes() if (d / SIG_NAME).exists() else None
     else:
         session = session or _session()
-
-        def get(name: str, required: bool) -> bytes | None:
-            r = session.get(_join(url, name), timeout=(CONNECT_TIMEOUT, READ_TIMEOUT))
-            if r.status_code == 404 and not required:
-                return None
-            if r.status_code >= 500 or r.status_code == 429:
-                raise _Retryable(f"HTTP {r.status_code}")
-            if r.status_code != 200:
-                raise PackageError(f"GET {_join(url, name)}: HTTP {r.status_code}",
-                                   fix="check the repository URL (it must contain index.json)")
-            return r.content
-        data = _retrying(lambda: get(INDEX_NAME, True), f"GET {where}")
-        sig = _retrying(lambda: get(SIG_NAME, False), f"GET {_join(url, SIG_NAME)}") if public_key else None
+        data = _retrying(lambda: _bounded_get(session, where, MAX_INDEX_BYTES, INDEX_DEADLINE_S, "index"),
+                         f"GET {where}")
+        sig = _retrying(lambda: _bounded_get(session, _join(url, SIG_NAME), MAX_SIG_BYTES, INDEX_DEADLINE_S,
+                                             "signature", required=False),
+                        f"GET {_join(url, SIG_NAME)}") if public_key else None
     if public_key:
         verify_signature(data, sig, public_key, where, runner)
     else:
@@ -180,16 +362,25 @@ def _touch(p: Path) -> None:
 
 # -- download -----------------------------------------------------------------------------------
 
-def download(url: str, entry: IndexEntry, dest: Path, session=None, attempts: int = ATTEMPTS) -> int:
-    """Download to `dest` (via `dest`.part, resuming it); returns the number of attempts used."""
+def download(url: str, entry: IndexEntry, dest: Path, session=None, attempts: int = ATTEMPTS,
+             deadline_s: float = DOWNLOAD_DEADLINE_S) -> int:
+    """Download to `dest` (via `dest`.part, resuming it); returns the number of attempts used. All
+    attempts together finish within `deadline_s`; the file never grows past the index's size."""
     import requests
     part = dest.with_name("." + dest.name + ".part")
     src = _join(url, entry.path)
     session = session or _session()
     count = {"n": 0}
+    deadline = time.monotonic() + deadline_s
+
+    def late() -> _Fatal:
+        part.unlink(missing_ok=True)
+        return _Fatal(f"download of {src} did not finish within {deadline_s:.0f} s")
 
     def once() -> None:
         count["n"] += 1
+        if time.monotonic() >= deadline:
+            raise late()
         have = part.stat().st_size if part.exists() else 0
         if have > entry.size:
             part.unlink()
@@ -206,14 +397,24 @@ def download(url: str, entry: IndexEntry, dest: Path, session=None, attempts: in
             if r.status_code not in (200, 206):
                 raise _Fatal(f"GET {src}: HTTP {r.status_code}")
             mode = "ab" if r.status_code == 206 and have else "wb"
-            with open(part, mode) as f:
+            declared = r.headers.get("Content-Length", "")
+            if declared.isdigit() and (have if mode == "ab" else 0) + int(declared) > entry.size:
+                raise _Fatal(f"{src} is {declared} bytes, the index says {entry.size}")
+            with open(part, mode) as f, _Deadline(r, deadline) as dl:
                 try:
                     for chunk in r.iter_content(_CHUNK):
                         f.write(chunk)
-                except (requests.exceptions.ChunkedEncodingError, requests.ConnectionError) as e:
+                        if f.tell() > entry.size:         # never store more than the index promises
+                            break
+                except (requests.exceptions.ChunkedEncodingError, requests.ConnectionError, AttributeError,
+                        ValueError) as e:
                     f.flush()
+                    if dl.fired:
+                        raise late() from None
                     raise _Retryable(f"download interrupted at {f.tell()} of {entry.size} bytes ({e})") from None
                 got = f.tell()
+            if dl.fired:
+                raise late()
         if got < entry.size:
             raise _Retryable(f"download ended at {got} of {entry.size} bytes")
         if got > entry.size:
@@ -236,6 +437,11 @@ def _copy_file(url: str, entry: IndexEntry, dest: Path) -> None:
     src = _file_path(url) / entry.path
     part = dest.with_name("." + dest.name + ".part")
     try:
+        size = os.stat(src).st_size
+        if size != entry.size:              # size first: nothing copied, let alone decompressed
+            raise PackageError(f"{src} is {size} bytes, the index says {entry.size}",
+                               cause="the repository does not serve what its index lists",
+                               fix=f"rewrite the index: driverd repo index {_file_path(url)}")
         shutil.copyfile(src, part)
     except FileNotFoundError:
         raise PackageError(f"{src} is listed in the index but missing", cause="the repository is incomplete",
@@ -248,21 +454,17 @@ def _copy_file(url: str, entry: IndexEntry, dest: Path) -> None:
 
 
 def _verify_into_cache(path: Path, entry: IndexEntry, where: str, files: bool = True) -> None:
+    """Size, then sha256 of the compressed file against the index — before anything is
+    decompressed — then (with `files`) every member against the manifest."""
+    from driverd.packages.archive import check_file
     try:
         if files:
-            verify_package(path, entry.sha256)
+            verify_package(path, entry.sha256, entry.size)
         else:
-            from driverd.packages.archive import _wrong_sha, sha256_file
-            got = sha256_file(path)
-            if got != entry.sha256:
-                raise _wrong_sha(path, got, entry.sha256)
+            check_file(path, entry.sha256, entry.size)
     except PackageError as e:
         path.unlink(missing_ok=True)        # never keep a bad package in the cache
         raise PackageError(f"{e.message} (from {where})", cause=e.cause, fix=e.fix) from None
-    m_ok = path.stat().st_size == entry.size
-    if not m_ok:
-        path.unlink(missing_ok=True)
-        raise PackageError(f"{path.name}: size differs from the index ({where})", fix="fetch again")
 
 
 def fetch(root: Root, want: Want, repos: list[str], **kw) -> FetchResult:
@@ -289,7 +491,8 @@ def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache
            public_key: str | None = None, runner: Runner | None = None,
            builder: Callable[[Path], Path] | None = None, no_build_reason: str | None = None,
            attempts: int = ATTEMPTS, verify_files: bool = True, _stage: dict | None = None,
-           insecure: bool = False, state_dir: str | None = None) -> FetchResult:
+           insecure: bool = False, state_dir: str | None = None,
+           credentials: Credentials | None = None) -> FetchResult:
     """verify_files=False checks only the archive's sha256 against the index; use it only when the
     package goes straight to `install(..., expected_sha256=)`, which checks every file while unpacking
     (one decompression instead of two). `_stage["at"]` says what was being done when it raised."""
@@ -300,19 +503,21 @@ def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache
     session = None
     for url in repos:
         stage["at"] = "index"
+        if not _is_file_repo(url) and session is None:
+            # Unreadable credentials are a configuration error, not a repository to skip.
+            hosts = {(urlsplit(u).hostname or "").lower() for u in repos if not _is_file_repo(u)}
+            session = _session((credentials or Credentials()).load(hosts))
         try:
-            if not _is_file_repo(url) and session is None:
-                session = _session()
             idx = read_index(url, public_key=public_key, runner=runner, session=session, insecure=insecure,
                              root=root, state_dir=state_dir)
         except PackageError as e:
             if isinstance(e, trust.IndexRefused) or "listed twice" in e.message:
                 raise                       # a tampered, stale or inconsistent index is never skipped silently
-            looked.append(f"{url} ({e.message})")
+            looked.append(f"{redact(url)} ({e.message})")
             continue
         entry = idx.find(want.driver, want.flavor, want.kernel_release, want.arch)
         if entry is None:
-            looked.append(f"{url} (index lists {len(idx.packages)} packages, not this one)")
+            looked.append(f"{redact(url)} (index lists {len(idx.packages)} packages, not this one)")
             continue
         cdir.mkdir(parents=True, exist_ok=True)     # only now: a refused index writes nothing
         dest = cdir / cache_name(entry)
@@ -320,7 +525,7 @@ def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache
             try:
                 _verify_into_cache(dest, entry, "cache", verify_files)
                 _touch(dest)
-                return FetchResult(dest, entry.sha256, url, cached=True, looked_in=looked)
+                return FetchResult(dest, entry.sha256, redact(url), cached=True, looked_in=looked)
             except PackageError:
                 pass                        # damaged cache entry: removed, fetch it again
         n = 1
@@ -332,7 +537,7 @@ def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache
         stage["at"] = "verify"
         _verify_into_cache(dest, entry, _join(url, entry.path), verify_files)
         prune_cache(cdir, cache_max_mb << 20, keep=dest)
-        return FetchResult(dest, entry.sha256, url, attempts=n, looked_in=looked)
+        return FetchResult(dest, entry.sha256, redact(url), attempts=n, looked_in=looked)
     if builder is not None:
         stage["at"] = "build"
         cdir.mkdir(parents=True, exist_ok=True)
@@ -363,11 +568,12 @@ def fetch_configured(root: Root, cfg, want: Want, repos: list[str] | None = None
         from driverd.packages.build import local_builder
         builder, reason = local_builder(root, cfg, want, runner or Runner())
     from driverd.packages.sign import node_path
+    creds = Credentials(node_path(root, cfg["packages.netrc"]), node_path(root, cfg["packages.auth_header_file"]))
     return fetch(root, want, list(repos if repos is not None else cfg["packages.repositories"]),
                  cache=cfg["packages.cache_dir"], cache_max_mb=cfg["packages.cache_max_mb"],
                  public_key=node_path(root, cfg["packages.index_public_key"]), runner=runner, builder=builder,
                  no_build_reason=reason, verify_files=verify_files, insecure=cfg["packages.insecure"],
-                 state_dir=cfg["state.dir"])
+                 state_dir=cfg["state.dir"], credentials=creds)
 
 
 def want_for_host(root: Root, cfg, kernel: str | None = None, arch: str | None = None) -> Want:

@@ -517,6 +517,11 @@ def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, run
     the real kernel's kmod tools."""
     root, runner = _root(root), runner or Runner()
     package_path = Path(package_path)
+    if expected_sha256 is not None:
+        # The file is the one the index names before any of it is decompressed (issue 21).
+        kp.check_sha(expected_sha256)
+        from driverd.packages.archive import check_file
+        check_file(package_path, expected_sha256)
     manifest, release = preflight(root, package_path, runner, kernel=kernel, enforce=enforce,
                                   trusted_certs=trusted_certs)
     if expected_sha256 is not None:

@@ -55,7 +55,10 @@ class SignerId:
 
     def short(self) -> str:
         kid = self.key_id or "?"
-        return f"'{self.signer or '?'}' {'skid' if self.skid else 'serial'} {kid[:12]}…"
+        # The name comes from the module's own bytes (a legacy trailer or a certificate's CN): it
+        # goes into one-line messages whatever it holds (found by fuzzing).
+        signer = " ".join((self.signer or "?").splitlines())
+        return f"'{signer}' {'skid' if self.skid else 'serial'} {kid[:12]}…"
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,7 @@ def signature_of_bytes(path: str, data: bytes) -> ModuleSignature:
     try:
         parts = split_trailer(data)
     except ValueError as e:
-        return ModuleSignature(path, True, None, (), str(e))
+        return ModuleSignature(path, True, None, (), _one_line(e))
     if parts is None:
         return ModuleSignature(path, False)
     sig, hdr = parts
@@ -189,7 +192,13 @@ def signature_of_bytes(path: str, data: bytes) -> ModuleSignature:
     try:
         return ModuleSignature(path, True, id_type, parse_pkcs7(sig))
     except ValueError as e:
-        return ModuleSignature(path, True, id_type, (), str(e))
+        return ModuleSignature(path, True, id_type, (), _one_line(e))
+
+
+def _one_line(e: BaseException) -> str:
+    """asn1crypto's messages span lines ("...\n    while parsing ..."): the error goes into one-line
+    messages (found by fuzzing)."""
+    return " ".join(str(e).split())
 
 
 def read_signature(path: str | os.PathLike) -> ModuleSignature:

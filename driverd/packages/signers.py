@@ -67,7 +67,7 @@ def match(s: SignerId, keyrings: KeyringFacts, declared: list[CertIdentity], enf
     """(status, evidence) for one SignerInfo."""
     refusal = f"the load would fail with '{REFUSED}'" if enforced else \
         "the kernel would load it tainted (E), as it does not enforce signatures"
-    who = f"signed by '{s.signer or '?'}' {'key' if s.skid else 'serial'} {(s.key_id or '?')[:12]}…"
+    who = f"signed by '{' '.join((s.signer or '?').splitlines())}' {'key' if s.skid else 'serial'} {(s.key_id or '?')[:12]}…"
     for c in declared:
         if signer_matches_cert(s, c):
             return "trusted", f"{who}; matches the declared certificate {c.path} (signing.trusted_certs)"

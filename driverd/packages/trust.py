@@ -97,7 +97,8 @@ def record(root, state_dir: str | None, url: str, idx) -> None:
     from driverd.fsutil import atomic_write_json
     p = state_path(root, state_dir, url)
     p.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(p, {"url": url, "serial": serial, "expires": getattr(idx, "expires", None),
+    from driverd.redact import redact
+    atomic_write_json(p, {"url": redact(url), "serial": serial, "expires": getattr(idx, "expires", None),
                           "accepted_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
 
 
@@ -106,8 +107,9 @@ def unsigned_allowed(url: str, is_file_repo: bool, insecure: bool, where: str) -
     if is_file_repo:
         return
     if insecure:
-        print(f"driverd: warning: accepting the UNSIGNED repository index {where} (packages.insecure = true): "
-              "its packages are not authenticated", file=sys.stderr, flush=True)
+        from driverd.redact import redact
+        print(f"driverd: warning: accepting the UNSIGNED repository index {redact(where)} (packages.insecure = "
+              "true): its packages are not authenticated", file=sys.stderr, flush=True)
         return
     raise IndexRefused(f"repository index {where} is not authenticated",
                        cause="packages.index_public_key is not set and the repository is not file://",

@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 import tomlkit
-from tomlkit.exceptions import ParseError
+from tomlkit.exceptions import ParseError, TOMLKitError
 from tomlkit.items import Table
 
 from driverd.errors import RuntimeConfigError
@@ -22,6 +22,9 @@ def parse(text: str, path: str) -> tomlkit.TOMLDocument:
         raise RuntimeConfigError(
             f"{path} is not valid TOML (line {e.line}, column {e.col})", cause=str(e).split(" at line")[0],
             fix=f"fix the syntax at {path}:{e.line}:{e.col}; driverd wrote nothing") from None
+    except TOMLKitError as e:           # a key defined twice (KeyAlreadyPresent) and friends (found by fuzzing)
+        raise RuntimeConfigError(f"{path} is not valid TOML: {' '.join(str(e).split())}",
+                                 fix=f"fix {path} (each key once per table); driverd wrote nothing") from None
 
 
 def plain(value: Any) -> Any:

@@ -3,6 +3,7 @@ the runtime configs it copies are replaced with REDACTED, and it says which file
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 
 from driverd.host.capture import REDACTED, capture, redact
@@ -65,3 +66,74 @@ def test_redact_formats():
     assert b"MIIE" not in data and keys == ["private key"]
     data, keys = redact("/etc/os-release", b'NAME="Debian"\n')
     assert keys == [] and data == b'NAME="Debian"\n'
+
+
+# -- issue 21: parsed formats, not line patterns; the bundle 0600 ---------------------------------------
+
+TRICKY_TOML = '''version = 2
+[plugins."io.containerd.grpc.v1.cri".registry.configs."r.internal".auth2]
+  auth = { username = "u", password = "inline-pw-1" }
+[plugins."io.containerd.grpc.v1.cri".registry.mirrors."docker.io"]
+  endpoint = ["https://mirror-user:mirror-pw-2@mirror.internal", "https://public.example"]
+[plugins."io.containerd.grpc.v1.cri".registry.headers]
+  x-secret-token = ["hdr-tok-3"]
+  X-Trace = ["keep-me"]
+[extra]
+  note = """
+a multi-line string
+password = "not-a-key-4"
+"""
+  private_key = \'\'\'
+multi-line-literal-5
+\'\'\'
+'''
+
+
+def test_toml_inline_tables_multiline_strings_urls_and_header_keys():
+    data, keys = redact("/etc/containerd/config.toml", TRICKY_TOML.encode())
+    text = data.decode()
+    for secret in ("inline-pw-1", "mirror-pw-2", "mirror-user", "hdr-tok-3", "multi-line-literal-5"):
+        assert secret not in text, secret
+    import tomllib
+    doc = tomllib.loads(text)                       # still TOML, same shape
+    reg = doc["plugins"]["io.containerd.grpc.v1.cri"]["registry"]
+    assert reg["configs"]["r.internal"]["auth2"]["auth"] == {"username": "u", "password": REDACTED}
+    assert reg["mirrors"]["docker.io"]["endpoint"] == ["https://mirror.internal", "https://public.example"]
+    assert reg["headers"] == {"x-secret-token": [REDACTED], "X-Trace": ["keep-me"]}
+    # text inside a multi-line string is a value, not a key: left alone (it is no secret's value)
+    assert 'password = "not-a-key-4"' in doc["extra"]["note"] and doc["extra"]["private_key"] == REDACTED
+    assert set(keys) == {"password", "endpoint (URL userinfo)", "x-secret-token", "private_key"}
+
+
+def test_yaml_json_and_unknown_formats():
+    y = b"registries:\n  - url: https://bot:yaml-pw-6@reg.example/v2\n    bearerToken: tok-7\n    name: r1\n"
+    data, keys = redact("/etc/rancher/registries.yaml", y)
+    import yaml
+    assert yaml.safe_load(data) == {"registries": [{"url": "https://reg.example/v2", "bearerToken": REDACTED,
+                                                    "name": "r1"}]}
+    assert keys == ["registries.url (URL userinfo)", "registries.bearerToken"]
+    j = json.dumps({"auths": {"r": {"auth": "x", "identitytoken": "tok-8"}},
+                    "proxies": {"default": {"httpsProxy": "http://p:proxy-pw-9@proxy:3128"}}}).encode()
+    data, keys = redact("/root/.docker/config.json", j)
+    assert b"tok-8" not in data and b"proxy-pw-9" not in data and json.loads(data)["auths"]["r"]["auth"] == REDACTED
+    data, keys = redact("/etc/default/driverd", b"HTTPS_PROXY=http://u:env-pw-10@proxy\nAPI_TOKEN=tok-11\nX=1\n")
+    assert b"env-pw-10" not in data and b"tok-11" not in data and b"X=1\n" in data
+    # a config that claims a format and does not parse is not copied at all
+    data, keys = redact("/etc/containerd/config.toml", b'[broken\npassword = "pw-12"\n')
+    assert b"pw-12" not in data and keys == ["whole file (toml that does not parse)"]
+
+
+def test_the_bundle_is_written_0600(tmp_path):
+    host = _host(tmp_path)
+    out = tmp_path / "cap.tar.gz"
+    out.write_bytes(b"old")
+    os.chmod(out, 0o644)                               # an existing file is narrowed too
+    capture(Root(str(host)), str(out))
+    assert os.stat(out).st_mode & 0o777 == 0o600
+    out2 = tmp_path / "new.tar.gz"
+    old = os.umask(0)
+    try:
+        capture(Root(str(host)), str(out2))
+    finally:
+        os.umask(old)
+    assert os.stat(out2).st_mode & 0o777 == 0o600

@@ -74,6 +74,7 @@ BUILTINS = [
     _r("apps", "v1", "statefulsets", "StatefulSet", True, ["sts"], ["all"], status=True, reset_status_on_create=True),
     _r("batch", "v1", "jobs", "Job", True, [], ["all"], status=True, reset_status_on_create=True),
     _r("batch", "v1", "cronjobs", "CronJob", True, ["cj"], ["all"], status=True, reset_status_on_create=True),
+    _r("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, ["netpol"]),
     _r("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False),
     _r("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
     _r("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
