@@ -57,8 +57,12 @@ trap 'rm -rf "$work"' EXIT
 python3 -m venv "$work/pip"
 pip="$work/pip/bin/python -m pip"
 
-# 1. driverd as a wheel (pure Python; its dependencies come as binary wheels for the image's Python below).
-$pip wheel --quiet --disable-pip-version-check --no-deps -w "$work/wheels" . 2>&1 | { grep -v "^WARNING: Location" || true; }
+# 1. driverd as a wheel (pure Python; its dependencies come as binary wheels for the image's Python below),
+#    from a clean copy of the tree: setuptools reuses ./build/, which would carry files deleted since.
+mkdir "$work/src"
+tar --exclude-vcs --exclude=./.venv --exclude=./build --exclude='*.egg-info' --exclude=__pycache__ \
+  --exclude=./.sandbox --exclude=./.pytest_cache -cf - . | tar -xf - -C "$work/src"
+$pip wheel --quiet --disable-pip-version-check --no-deps -w "$work/wheels" "$work/src" 2>&1 | { grep -v "^WARNING: Location" || true; }
 
 # 2. the root file system from Debian packages.
 components="main"
@@ -98,8 +102,11 @@ if [ "$variant" = driver ]; then
 else
   entry=(--config.entrypoint /usr/local/bin/driverd --config.cmd build)
 fi
+# The driver container sees the host at /host; a builder (a build-matrix pod) builds for its own headers
+# and has no /host.
+[ "$variant" = driver ] && entry+=(--config.env DRIVERD_ROOT=/host)
 umoci config --image "$out:$tag" "${entry[@]}" \
-  --config.env DRIVERD_ROOT=/host --config.env PYTHONUNBUFFERED=1 \
+  --config.env PYTHONUNBUFFERED=1 \
   ${repos:+--config.env DRIVERD_PACKAGES_REPOSITORIES=$repos} \
   --config.label org.opencontainers.image.title=driverd-$variant \
   --config.label org.opencontainers.image.version="$version" \
