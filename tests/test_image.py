@@ -286,3 +286,18 @@ def test_run_rootfs_runs_host_mode_on_the_images_interpreter(image, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    # After the daemon: the installed wheel's other user-facing commands on the image's interpreter
+    # (tests/test_wheel.py does the same in a venv): none may end in driverd's "unexpected error" (a file
+    # missing from the wheel) or a traceback.
+    t0 = time.monotonic()
+    for argv, want in ((["plan", "--driver", "535.261.03"], "535.261.03"), (["gpus"], "H100"),
+                       (["config"], "driver.version"), (["status"], "in sync"),
+                       (["demo", "--workdir", "/tmp/demo"], "== done in")):
+        r = subprocess.run(run + argv, capture_output=True, text=True, timeout=600, env=env)
+        out = r.stdout + r.stderr
+        assert "unexpected error" not in out and "Traceback" not in out, (argv, out[-3000:])
+        assert want in out, (argv, out[-3000:])
+    r = subprocess.run(["chroot", str(rootfs), "/usr/local/bin/kubectl-driverd", "--help"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "rollout" in r.stdout, r.stderr
+    print(f"\nimage smoke (plan, gpus, config, status, demo) through run-rootfs: {time.monotonic() - t0:.1f}s")
