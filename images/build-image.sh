@@ -7,7 +7,8 @@
 #   images/build-image.sh --variant driver  --out DIR [--tag T] [--packages REPO_DIR]
 #   images/build-image.sh --variant builder --out DIR [--tag T] --kernel RELEASE [--source-package P]
 #
-# driver  : the driver container (DaemonSet): python3, kmod, driverd; entrypoint
+# driver  : the driver container (DaemonSet): python3, kmod, openssl (signed repository indexes),
+#           driverd and kubectl-driverd; entrypoint
 #           `driverd container-entrypoint --root /host`. With --packages, the precompiled packages of a
 #           repository directory (e.g. the build-matrix output for one kernel) are baked in at
 #           /opt/driverd/packages and used as the default repository (file://).
@@ -28,7 +29,7 @@ while [ $# -gt 0 ]; do
     --packages) packages=$2; shift 2;;
     --kernel) kernel=$2; shift 2;;
     --suite) suite=$2; shift 2;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0;;
     *) echo "build-image: unknown argument $1 (see --help)" >&2; exit 2;;
   esac
 done
@@ -57,14 +58,18 @@ trap 'rm -rf "$work"' EXIT
 python3 -m venv "$work/pip"
 pip="$work/pip/bin/python -m pip"
 
-# 1. driverd as a wheel (pure Python; its dependencies come as binary wheels for the image's Python below).
-$pip wheel --quiet --disable-pip-version-check --no-deps -w "$work/wheels" . 2>&1 | { grep -v "^WARNING: Location" || true; }
+# 1. driverd as a wheel (pure Python; its dependencies come as binary wheels for the image's Python below),
+#    from a clean copy of the tree: setuptools reuses ./build/, which would carry files deleted since.
+mkdir "$work/src"
+tar --exclude-vcs --exclude=./.venv --exclude=./build --exclude='*.egg-info' --exclude=__pycache__ \
+  --exclude=./.sandbox --exclude=./.pytest_cache -cf - . | tar -xf - -C "$work/src"
+$pip wheel --quiet --disable-pip-version-check --no-deps -w "$work/wheels" "$work/src" 2>&1 | { grep -v "^WARNING: Location" || true; }
 
 # 2. the root file system from Debian packages.
 components="main"
 [ "$variant" = builder ] && components="main contrib non-free non-free-firmware"
 mmdebstrap --quiet --variant=essential --components="$components" \
-  --include="python3,kmod,ca-certificates,zstd,xz-utils,util-linux$extra" \
+  --include="python3,kmod,ca-certificates,zstd,xz-utils,util-linux,openssl$extra" \
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
   --dpkgopt='path-exclude=/usr/share/locale/*' \
   "$suite" "$work/rootfs" "deb $uri $suite $components" "deb $uri $suite-updates $components"
@@ -79,7 +84,11 @@ cat > "$work/rootfs/usr/local/bin/driverd" <<'SH'
 #!/bin/sh
 PYTHONPATH=/opt/driverd/lib exec /usr/bin/python3 -m driverd "$@"
 SH
-chmod 0755 "$work/rootfs/usr/local/bin/driverd"
+cat > "$work/rootfs/usr/local/bin/kubectl-driverd" <<'SH'
+#!/bin/sh
+PYTHONPATH=/opt/driverd/lib exec /usr/bin/python3 -c 'import sys; from driverd.cli import kubectl_main; sys.exit(kubectl_main())' "$@"
+SH
+chmod 0755 "$work/rootfs/usr/local/bin/driverd" "$work/rootfs/usr/local/bin/kubectl-driverd"
 if [ -n "$packages" ]; then
   mkdir -p "$work/rootfs/opt/driverd/packages"
   cp -a "$packages"/. "$work/rootfs/opt/driverd/packages/"
@@ -98,8 +107,11 @@ if [ "$variant" = driver ]; then
 else
   entry=(--config.entrypoint /usr/local/bin/driverd --config.cmd build)
 fi
+# The driver container sees the host at /host; a builder (a build-matrix pod) builds for its own headers
+# and has no /host.
+[ "$variant" = driver ] && entry+=(--config.env DRIVERD_ROOT=/host)
 umoci config --image "$out:$tag" "${entry[@]}" \
-  --config.env DRIVERD_ROOT=/host --config.env PYTHONUNBUFFERED=1 \
+  --config.env PYTHONUNBUFFERED=1 \
   ${repos:+--config.env DRIVERD_PACKAGES_REPOSITORIES=$repos} \
   --config.label org.opencontainers.image.title=driverd-$variant \
   --config.label org.opencontainers.image.version="$version" \

@@ -6,12 +6,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 
 import driverd.sim
+from driverd import safetar
 
 # Tests are a composition root like the CLI: the simulated kernel, daemons and MIG are available.
 driverd.sim.install_backends()
@@ -46,8 +46,8 @@ def unpack_host(tmp_path):
     def _unpack(name: str) -> Path:
         dest = tmp_path / name.split(".")[0]
         dest.mkdir()
-        with tarfile.open(HOSTS / name) as tar:
-            tar.extractall(dest, filter="tar")
+        # Captures hold symlinks, absolute ones meaning a path inside the tree (var/run -> /run).
+        safetar.extract_file(HOSTS / name, dest, links="rooted")
         return dest
     return _unpack
 

@@ -272,3 +272,11 @@ def test_no_reference_to_the_old_manifest():
     for o in OVERLAYS:
         assert f"deploy/overlays/{o}" in readme
     assert "nvidia.com/gpu.present" in readme and "pci-10de.present" in readme
+
+
+def test_the_packaged_crd_is_the_deployed_one():
+    """driverd/data/crd-driverrollout.yaml is package data (an installed wheel has no deploy/): the same
+    bytes as deploy/base's, which kustomize can only read from inside its own directory."""
+    packaged = REPO / "driverd/data/crd-driverrollout.yaml"
+    assert packaged.read_bytes() == (DEPLOY / "base/crd-driverrollout.yaml").read_bytes(), \
+        "copy deploy/base/crd-driverrollout.yaml to driverd/data/ (or the other way round)"

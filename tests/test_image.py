@@ -1,12 +1,18 @@
-"""The driver container image, built by images/build-image.sh from Debian packages and the project's own
-wheel (mmdebstrap + umoci, no registry, no container engine), run with the real runc: the entrypoint,
-pointed at a simulated host root bind-mounted at /host, goes ready, takes the fast path on a restart
-(nothing reloaded), and stops cleanly on SIGTERM."""
+"""The container images, built by images/build-image.sh from Debian packages and the project's own wheel
+(mmdebstrap + umoci, no registry, no container engine), run with the real runc on the images' own
+interpreter (Debian 12's python3, 3.11.2):
+- driver: the entrypoint, pointed at a simulated host root bind-mounted at /host, goes ready, takes the
+  fast path on a restart (nothing reloaded), and stops cleanly on SIGTERM; the same root file system
+  run by images/run-rootfs.sh (host mode where the host's Python is too old) reads a host and runs the
+  daemon to READY;
+- builder: a build-matrix cell, run as the Indexed Job's pod runs it, extracts a source tarball,
+  compiles a (small) module against the image's kernel headers and packs a verified package."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -17,8 +23,11 @@ import pytest
 
 from tests.conftest import REPO, require_binary
 
-pytestmark = [pytest.mark.slow, pytest.mark.real]
+# An image build takes minutes (more on a busy machine); it runs inside the first test that needs it.
+pytestmark = [pytest.mark.slow, pytest.mark.real, pytest.mark.timeout(2400)]
 TAG = "driver-test"
+BUILDER_TAG = "builder-test"
+KERNEL = "6.1.0-47-cloud-amd64"        # headers installed by .ci/install-components, packaged into the builder
 
 
 @pytest.fixture(scope="module")
@@ -27,28 +36,53 @@ def image(tmp_path_factory):
         pytest.skip("building and running an image needs root")
     for t in ("mmdebstrap", "umoci", "runc"):
         require_binary(t)
-    out = tmp_path_factory.mktemp("image") / "oci"
+    return _build("driver", tmp_path_factory.mktemp("image") / "oci", TAG)
+
+
+def _build(variant: str, out: Path, tag: str, *extra: str) -> Path:
     t0 = time.monotonic()
-    r = subprocess.run(["bash", str(REPO / "images/build-image.sh"), "--variant", "driver", "--out", str(out),
-                        "--tag", TAG], capture_output=True, text=True, timeout=1200)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    # Its own process group, killed whole on any way out (a timeout): mmdebstrap must not outlive the test.
+    proc = subprocess.Popen(["bash", str(REPO / "images/build-image.sh"), "--variant", variant, "--out", str(out),
+                             "--tag", tag, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=1500)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)      # mmdebstrap unmounts and cleans up on SIGTERM
+            proc.wait(60)
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    print(f"\nimage: built in {time.monotonic() - t0:.0f}s, {size / 2**20:.0f} MiB (OCI layout, compressed)")
+    print(f"\n{variant} image: built in {time.monotonic() - t0:.0f}s, {size / 2**20:.0f} MiB (OCI layout, compressed)")
     return out
 
 
-def _bundle(image: Path, where: Path, host: Path, args: list[str] | None = None) -> Path:
+@pytest.fixture(scope="module")
+def builder(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("building and running an image needs root")
+    for t in ("mmdebstrap", "umoci", "runc"):
+        require_binary(t)
+    return _build("builder", tmp_path_factory.mktemp("builder") / "oci", BUILDER_TAG, "--kernel", KERNEL)
+
+
+def _bundle(image: Path, where: Path, host: Path | None, args: list[str] | None = None, tag: str = TAG,
+            binds: dict[str, Path] | None = None) -> Path:
     b = where / "bundle"
     if b.exists():
         shutil.rmtree(b)
-    subprocess.run(["umoci", "unpack", "--image", f"{image}:{TAG}", str(b)], check=True, capture_output=True)
+    subprocess.run(["umoci", "unpack", "--image", f"{image}:{tag}", str(b)], check=True, capture_output=True)
     cfg = json.loads((b / "config.json").read_text())
     if args:
         cfg["process"]["args"] = args
     cfg["process"]["terminal"] = False
     # The host's network (loopback) so the test reaches the health endpoints, as hostNetwork would.
     cfg["linux"]["namespaces"] = [n for n in cfg["linux"]["namespaces"] if n["type"] != "network"]
-    cfg["mounts"].append({"destination": "/host", "type": "bind", "source": str(host), "options": ["rbind", "rw"]})
+    mounts = dict(binds or {})
+    if host is not None:
+        mounts["/host"] = host
+    for dest, src in mounts.items():
+        cfg["mounts"].append({"destination": dest, "type": "bind", "source": str(src), "options": ["rbind", "rw"]})
     (b / "config.json").write_text(json.dumps(cfg))
     return b
 
@@ -144,3 +178,126 @@ def _host_state(host: Path) -> dict:
     return {"runs": runs, "journal": (d / "journal.json").read_bytes() if (d / "journal.json").exists() else None,
             "modules": (host / "proc/modules").read_text(), "loaded": ver,
             "pids": sorted(p.name for p in (host / "proc").iterdir() if p.name.isdigit())}
+
+
+# -- builder: one build-matrix cell inside the image ---------------------------------------------
+
+# A small kernel module laid out like NVIDIA's source (modules/nvidia-open-kernel/ with Kbuild carrying
+# NV_VERSION_STRING, a top-level Makefile taking SYSSRC/SYSOUT, an nvidia/ directory): the real source
+# takes minutes to compile; this one seconds, through the same extraction, kbuild, strip, modinfo and
+# packing. The real source's build is tests/test_package_real.py's (on the same Python, 3.11.2).
+_TINY = {
+    "Kbuild": 'obj-m := nvidia.o\nnvidia-y := nvidia/nv.o\nccflags-y += -DNV_VERSION_STRING=\\"535.261.03\\"\n',
+    "Makefile": "modules:\n\t$(MAKE) -C $(SYSOUT) M=$(CURDIR) modules\n",
+    "nvidia/nv.c": '#include <linux/module.h>\nMODULE_LICENSE("Dual MIT/GPL");\nMODULE_VERSION(NV_VERSION_STRING);\n'
+                   "static int __init nv_init(void) { return 0; }\nstatic void __exit nv_exit(void) {}\n"
+                   "module_init(nv_init);\nmodule_exit(nv_exit);\n",
+}
+
+
+def _tiny_source(path: Path) -> Path:
+    import io
+    import tarfile
+    with tarfile.open(path, "w:xz") as t:
+        for name, text in _TINY.items():
+            data = text.encode()
+            ti = tarfile.TarInfo(f"nv/modules/nvidia-open-kernel/{name}")
+            ti.size, ti.mode = len(data), 0o644
+            t.addfile(ti, io.BytesIO(data))
+    return path
+
+
+def test_builder_image_builds_a_matrix_cell_as_the_indexed_job_pod_does(builder, tmp_path):
+    from driverd.packages.archive import verify_package
+    inp, repo, work = tmp_path / "in", tmp_path / "repo", tmp_path / "work"
+    for d in (inp, repo, work):
+        d.mkdir()
+    _tiny_source(inp / "nv.tar.xz")
+    (inp / "matrix.toml").write_text(
+        f'[headers.debian]\npath = "/usr/src/linux-headers-{{release}}"\n'
+        '[[drivers]]\nversion = "535.261.03"\nflavors = ["open"]\nsources = { open = "/in/nv.tar.xz" }\n'
+        f'[[kernels]]\nrelease = "{KERNEL}"\ndistro = "debian"\narch = "x86_64"\n')
+    (inp / "cells").write_text(f"535.261.03-open-{KERNEL}-x86_64\n")
+    # The pod's arguments, as driverd.packages.matrix_job renders them (no /host: a build pod has none).
+    args = ["/usr/local/bin/driverd", "build-matrix", "/in/matrix.toml", "--cells", "/in/cells", "--only-index", "0",
+            "--no-index", "--out", "/repo", "--work-dir", "/work", "--jobs", "1", "--json"]
+    b = _bundle(builder, tmp_path, None, args, tag=BUILDER_TAG, binds={"/in": inp, "/repo": repo, "/work": work})
+    t0 = time.monotonic()
+    r = _runc("run", "-b", str(b), f"build-{os.getpid()}", state=str(tmp_path / "state"), capture_output=True,
+              text=True, timeout=600)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "unexpected error" not in r.stderr
+    pkgs = sorted(repo.glob("driverd-535.261.03-open-*.tar.zst"))
+    assert len(pkgs) == 1, (list(repo.iterdir()), r.stdout[-2000:])
+    m = verify_package(pkgs[0])
+    assert m.kernel_release == KERNEL and m.vermagic.split()[0] == KERNEL
+    assert [f.path for f in m.files] == ["modules/nvidia.ko"]
+    assert m.provenance.compiler and m.provenance.compiler.startswith("gcc")
+    print(f"\nbuilder image: one cell (small module) built in the container in {took:.1f}s")
+
+
+# -- host mode from the image's root file system (hosts whose Python is too old) ------------------
+
+def _rootfs(image: Path, where: Path) -> Path:
+    b = where / "rootfs-bundle"
+    subprocess.run(["umoci", "unpack", "--image", f"{image}:{TAG}", str(b)], check=True, capture_output=True)
+    return b / "rootfs"
+
+
+def test_run_rootfs_runs_host_mode_on_the_images_interpreter(image, tmp_path):
+    from driverd.sim.scenario import dgx_spec, make_host
+    require_binary("unshare")
+    rootfs = _rootfs(image, tmp_path)
+    host = make_host(tmp_path / "host", dgx_spec(gpus=2, nvswitches=0, nouveau=False))
+    run = ["bash", str(REPO / "images/run-rootfs.sh"), "--rootfs", str(rootfs), "--host", str(host), "--"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DRIVERD_", "NOTIFY_"))}
+    r = subprocess.run(run + ["detect", "--json", "--no-nvml"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    facts = json.loads(r.stdout)
+    assert facts["root"] == "/host" and facts["hostname"] == "dgx-h100-01" and len(facts["gpus"]) == 2
+    # The daemon, as a Type=notify unit would run it: converges the host from a repository, READY=1 on a
+    # socket under the host root, SIGTERM stops it.
+    from driverd.sim.scenario import make_packages
+    make_packages(host / "srv/driverd-repo")
+    cfg = host / "etc/driverd/config.toml"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text('[driver]\nversion = "535.261.03"\nflavor = "open"\n'
+                   '[packages]\nrepositories = ["file:///host/srv/driverd-repo"]\n[runtime]\nrestart = "none"\n')
+    sock_dir = host / "run/systemd"
+    sock_dir.mkdir(parents=True, exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(sock_dir / "notify"))
+    sock.settimeout(120)
+    proc = subprocess.Popen(run + ["daemon", "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**env, "NOTIFY_SOCKET": str(sock_dir / "notify")})
+    try:
+        got = ""
+        t0 = time.monotonic()
+        while "READY=1" not in got:
+            got += sock.recv(4096).decode() + "\n"
+        ready = time.monotonic() - t0
+        assert _host_state(host)["loaded"] == "535.261.03"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()[-2000:]
+        print(f"\nrun-rootfs: daemon ready in {ready:.1f}s on the image's python3")
+    finally:
+        sock.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # After the daemon: the installed wheel's other user-facing commands on the image's interpreter
+    # (tests/test_wheel.py does the same in a venv): none may end in driverd's "unexpected error" (a file
+    # missing from the wheel) or a traceback.
+    t0 = time.monotonic()
+    for argv, want in ((["plan", "--driver", "535.261.03"], "535.261.03"), (["gpus"], "H100"),
+                       (["config"], "driver.version"), (["status"], "in sync"),
+                       (["demo", "--workdir", "/tmp/demo"], "== done in")):
+        r = subprocess.run(run + argv, capture_output=True, text=True, timeout=600, env=env)
+        out = r.stdout + r.stderr
+        assert "unexpected error" not in out and "Traceback" not in out, (argv, out[-3000:])
+        assert want in out, (argv, out[-3000:])
+    r = subprocess.run(["chroot", str(rootfs), "/usr/local/bin/kubectl-driverd", "--help"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "rollout" in r.stdout, r.stderr
+    print(f"\nimage smoke (plan, gpus, config, status, demo) through run-rootfs: {time.monotonic() - t0:.1f}s")

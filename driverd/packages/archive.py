@@ -41,6 +41,7 @@ from typing import BinaryIO
 
 from driverd.errors import PackageError
 from driverd.fsutil import fsync_dir
+from driverd.safetar import UnsafeMember, check_member
 from driverd.packages.manifest import (FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR, FileEntry, Manifest,
                                        package_basename)
 
@@ -162,20 +163,13 @@ def _refuse(package: str | os.PathLike, what: str, fix: str = "re-fetch or rebui
 
 
 def _check_member(package, ti: tarfile.TarInfo) -> str:
-    name = ti.name
-    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
-        raise _refuse(package, f"member {name!r} has an absolute path")
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise _refuse(package, f"member {name!r} contains '..'")
-    if ti.issym() or ti.islnk():
-        raise _refuse(package, f"member {name!r} is a {'symlink' if ti.issym() else 'hard link'} "
-                               f"(to {ti.linkname!r})")
-    if ti.ischr() or ti.isblk() or ti.isfifo() or ti.isdev():
-        raise _refuse(package, f"member {name!r} is a device node or FIFO")
-    if not (ti.isreg() or ti.isdir()):
-        raise _refuse(package, f"member {name!r} is not a regular file or directory")
-    rel = "/".join(parts)
+    # The generic refusals (absolute, '..', links, devices) are driverd.safetar's, shared with every
+    # other archive driverd unpacks; the layout below is the package's own.
+    try:
+        rel = check_member(ti, links="refuse")
+    except UnsafeMember as e:
+        raise _refuse(package, str(e)) from None
+    name, parts = ti.name, (rel.split("/") if rel else [])
     if ti.isdir():
         if rel not in ("", MODULES_DIR, FIRMWARE_DIR):
             raise _refuse(package, f"unexpected directory {name!r}")

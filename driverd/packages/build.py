@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from driverd import safetar
 from driverd.errors import PackageError, UsageError
 from driverd.fsutil import atomic_write_json
 from driverd.packages.archive import SUFFIX, PackageRef, read_manifest, sha256_file
@@ -107,11 +108,11 @@ def prepare_source(source: str | os.PathLike, work: Path) -> Source:
         shutil.rmtree(dest, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=".extract.", dir=_mk(work / "sources")))
         try:
-            with tarfile.open(src) as tar:
-                tar.extractall(tmp, filter="data")
+            # driverd.safetar, not tarfile's extraction filters (absent before Python 3.11.4).
+            safetar.extract_file(src, tmp, links="inside")
             (tmp / ".complete").write_text(str(src) + "\n")
             os.rename(tmp, dest)
-        except (tarfile.TarError, OSError, EOFError) as e:
+        except (safetar.UnsafeMember, tarfile.TarError, OSError, EOFError) as e:
             shutil.rmtree(tmp, ignore_errors=True)
             raise PackageError(f"cannot extract {src}: {e}", fix="check the source tarball") from None
     tree = _find_tree(dest)

@@ -238,6 +238,9 @@ def _ensure(store, resource: str, namespace: str | None, obj: dict) -> None:
 
 
 def _crd() -> dict:
+    # Package data (the same bytes as deploy/base/crd-driverrollout.yaml, kept so by tests/test_deploy.py):
+    # an installed wheel has no deploy/ directory.
+    from importlib import resources
+
     import yaml
-    here = Path(__file__).resolve().parents[2] / "deploy/base/crd-driverrollout.yaml"
-    return yaml.safe_load(here.read_text())
+    return yaml.safe_load(resources.files("driverd.data").joinpath("crd-driverrollout.yaml").read_text())
