@@ -28,7 +28,8 @@ from pathlib import Path
 from driverd.sim.scenario import RELEASE
 
 OLD, NEW = "535.261.03", "550.127.05"
-FAULTS = ("apiserver-restart", "daemon-kill", "pdb-never", "node-notready", "reload-fails")
+FAULTS = ("apiserver-restart", "daemon-kill", "pdb-never", "node-notready", "reload-fails", "no-controller",
+          "two-pdbs", "stuck-terminating")
 GPU_NS = "gpu-jobs"
 PLUGIN_NS = "gpu-operator"
 PLUGIN = "nvidia-device-plugin"
@@ -76,6 +77,7 @@ class Fleet:
         self._pids = itertools.count(50000)
         self._sim_stop = threading.Event()
         self._sim_threads: list[threading.Thread] = []
+        self._retired_requests = 0         # API requests of daemons that were killed and started again
 
     # -- building --------------------------------------------------------------------------------
     def build(self) -> Fleet:
@@ -340,6 +342,8 @@ class Fleet:
         from driverd.root import Root
         from driverd.runner import Runner
         sn = self.nodes[name]
+        if sn.kube is not None:
+            self._retired_requests += sn.kube.requests
         root = Root(str(sn.root))
         sn.cfg = load(root, None, environ={})
         sn.kube = Kube(Target(kubeconfig=self.kubeconfig))
@@ -396,7 +400,8 @@ class Fleet:
                 t.join(timeout=5)
 
     def requests(self) -> int:
-        return sum(sn.kube.requests for sn in self.nodes.values() if sn.kube)
+        """API requests of every node daemon so far, daemons killed and started again included."""
+        return self._retired_requests + sum(sn.kube.requests for sn in self.nodes.values() if sn.kube)
 
     def wait(self, predicate, timeout: float, step: float = 0.2) -> bool:
         end = time.monotonic() + timeout
