@@ -52,7 +52,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--faults", default="", help="comma list of: apiserver-restart, daemon-kill, pdb-never, "
                     "node-notready, reload-fails")
-    ap.add_argument("--drain-timeout", type=int, default=5, help="seconds (pdb-never fails after this)")
+    ap.add_argument("--drain-timeout", type=int, default=30, help="seconds (pdb-never, two-pdbs, stuck-terminating "
+                    "fail after this)")
     ap.add_argument("--failure-budget", type=int, default=None, help="default: the number of faults that fail "
                     "a node (lower: the rollout pauses)")
     ap.add_argument("--no-device-plugin", dest="device_plugin", action="store_false")

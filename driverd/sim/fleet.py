@@ -249,41 +249,46 @@ class Fleet:
             w.stop()
 
     def _daemonset_controller(self) -> None:
+        """Acts on the latest state of each changed node (a burst of node events is one pass), so
+        that it keeps up with hundreds of daemons patching their nodes."""
         st = self.srv.store
         w = st.watch("nodes", send_initial=True)
         try:
             while not self._sim_stop.is_set():
                 ev = w.next(timeout=0.5)
-                if ev is None:
-                    continue
-                if ev[0] == "CLOSED":           # the API server restarted: watch again from a full list
-                    self._sim_stop.wait(0.2)
-                    w = st.watch("nodes", send_initial=True)
-                    continue
-                node = ev[1]
-                name = node["metadata"]["name"]
-                if name not in self.nodes or ev[0] == "DELETED":
-                    continue
-                ready = (node["metadata"].get("labels") or {}).get("driverd.io/driver-ready") == "true"
-                pod_name = f"{PLUGIN}-{name}"
-                cur = st.list("pods", PLUGIN_NS, field_selector=f"metadata.name={pod_name}")
-                if ready and not cur:
-                    ds = st.get("daemonsets", PLUGIN, PLUGIN_NS)
-                    pod = st.create("pods", {
-                        "metadata": {"name": pod_name, "namespace": PLUGIN_NS, "labels": {"app": PLUGIN},
-                                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": PLUGIN,
-                                                          "uid": ds["metadata"]["uid"], "controller": True}]},
-                        "spec": {"nodeName": name, "containers": [{"name": "plugin", "image": "device-plugin:1"}]},
-                        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
-                        PLUGIN_NS, keep_status=True)
-                    self._ensure_process(name, pod["metadata"]["uid"], "nvidia-device-p", "/dev/nvidiactl")
-                elif not ready and cur:
-                    try:
-                        st.delete("pods", pod_name, PLUGIN_NS)
-                    except Exception:       # already gone
-                        pass
+                latest: dict[str, bool] = {}
+                while ev is not None:
+                    if ev[0] == "CLOSED":           # the API server restarted: watch again from a full list
+                        self._sim_stop.wait(0.2)
+                        w = st.watch("nodes", send_initial=True)
+                    elif ev[0] != "DELETED" and ev[1] and ev[1]["metadata"]["name"] in self.nodes:
+                        labels = ev[1]["metadata"].get("labels") or {}
+                        latest[ev[1]["metadata"]["name"]] = labels.get("driverd.io/driver-ready") == "true"
+                    ev = w.next(timeout=0)
+                for name, ready in latest.items():
+                    self._place_plugin(name, ready)
         finally:
             w.stop()
+
+    def _place_plugin(self, name: str, ready: bool) -> None:
+        st = self.srv.store
+        pod_name = f"{PLUGIN}-{name}"
+        cur = st.list("pods", PLUGIN_NS, field_selector=f"metadata.name={pod_name}")
+        if ready and not cur:
+            ds = st.get("daemonsets", PLUGIN, PLUGIN_NS)
+            pod = st.create("pods", {
+                "metadata": {"name": pod_name, "namespace": PLUGIN_NS, "labels": {"app": PLUGIN},
+                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": PLUGIN,
+                                                  "uid": ds["metadata"]["uid"], "controller": True}]},
+                "spec": {"nodeName": name, "containers": [{"name": "plugin", "image": "device-plugin:1"}]},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+                PLUGIN_NS, keep_status=True)
+            self._ensure_process(name, pod["metadata"]["uid"], "nvidia-device-p", "/dev/nvidiactl")
+        elif not ready and cur:
+            try:
+                st.delete("pods", pod_name, PLUGIN_NS)
+            except Exception:       # already gone
+                pass
 
     # -- faults ------------------------------------------------------------------------------------
     def pdb_never(self, name: str) -> None:
