@@ -3,16 +3,30 @@
 
 Every node runs the real node code (cluster agent: state machine, drain through the Eviction API,
 node transaction on its own simulated host tree; and a coordinator candidate in the Lease election)
-against the loopback API server, with a GPU pod and its PodDisruptionBudget per node. An observer
-with its own watch counts unavailable nodes at every change.
+against the loopback API server. Each node has a GPU pod (a ReplicaSet's, under a
+PodDisruptionBudget) whose process holds /dev/nvidia0 on the host, and a device-plugin DaemonSet pod
+that follows the driverd.io/driver-ready label (--no-device-plugin: none). An observer with its own
+watch counts unavailable nodes at every change.
 
   python bench/fleet.py --nodes 500 --max-parallel 10 --max-unavailable 5% --json
-  python bench/fleet.py --nodes 60 --max-parallel 5 --max-unavailable 10% --faults apiserver-restart,daemon-kill,pdb-never,node-notready,reload-fails
+  python bench/fleet.py --nodes 60 --max-parallel 5 --max-unavailable 10% --faults apiserver-restart,daemon-kill,pdb-never,node-notready,reload-fails,no-controller,two-pdbs,stuck-terminating
 
-Prints one JSON object (--json) with: nodes, makespan_s (first admission to the last node done),
-ideal_s = ceil(N / min(maxParallel, the unavailability limit)) x the median per-node time (admitted -> done, measured in this run),
-makespan_ratio, preflight_s, api_requests_per_node (requests of the nodes' daemons during the rollout /
-nodes), max_unavailable_seen (the observer), limit_unavailable, left_cordoned_by_us, final_states.
+First a one-node rollout on a node of its own (not counted in --nodes) measures the per-node time
+on this machine, in this run; then the rollout of the N nodes. Prints one JSON object (--json) with:
+nodes, one_node_s (admitted -> done of the one-node rollout), makespan_s (first admission to the
+last node done), ideal_s = ceil(N / min(maxParallel, the unavailability limit)) x one_node_s,
+makespan_ratio, per_node_median_s (admitted -> done in the big rollout: what contention costs),
+preflight_s, api_requests_per_node (requests of the nodes' daemons during the rollout / nodes,
+daemons killed and restarted included), max_unavailable_seen (the observer),
+admissions_over_limit (nodes admitted while the unavailable count was already past the limit: the
+guarantee; a node going NotReady by itself may take max_unavailable_seen past the limit),
+limit_unavailable, left_cordoned_by_us, final_states, phase (Paused when the failures exceed
+--failure-budget).
+
+Faults: pdb-never, reload-fails, no-controller (a GPU pod nothing would recreate), two-pdbs (the
+Eviction API answers 500), stuck-terminating (a finalizer keeps the evicted pod Terminating) each
+fail their node; apiserver-restart, daemon-kill (mid-drain) and node-notready (an idle node NotReady
+for a while, raising the unavailable count) end done.
 """
 from __future__ import annotations
 
@@ -38,15 +52,21 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--faults", default="", help="comma list of: apiserver-restart, daemon-kill, pdb-never, "
                     "node-notready, reload-fails")
-    ap.add_argument("--drain-timeout", type=int, default=5, help="seconds (pdb-never fails after this)")
+    ap.add_argument("--drain-timeout", type=int, default=30, help="seconds (pdb-never, two-pdbs, stuck-terminating "
+                    "fail after this)")
+    ap.add_argument("--failure-budget", type=int, default=None, help="default: the number of faults that fail "
+                    "a node (lower: the rollout pauses)")
+    ap.add_argument("--no-device-plugin", dest="device_plugin", action="store_false")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     res = run(a)
     print(json.dumps(res, indent=None if a.json else 2, sort_keys=True))
-    return 0 if res["completed"] and res["max_unavailable_seen"] <= res["limit_unavailable"] \
-        and res["left_cordoned_by_us"] == 0 else 1
+    return 0 if res["completed"] and res["admissions_over_limit"] == 0 and res["left_cordoned_by_us"] == 0 else 1
+
+
+FAILING = ("pdb-never", "reload-fails", "no-controller", "two-pdbs", "stuck-terminating")
 
 
 def run(a) -> dict:
@@ -65,19 +85,23 @@ def run(a) -> dict:
     work = a.workdir or tempfile.mkdtemp(prefix="driverd-fleet.")
     srv = ApiServer(host="127.0.0.1", port=0).start()
     t0 = time.monotonic()
-    fleet = Fleet(work, a.nodes, server=srv).build()
+    fleet = Fleet(work, a.nodes + 1, server=srv, device_plugin=getattr(a, "device_plugin", True)).build()
     build_s = time.monotonic() - t0
-    names = sorted(fleet.nodes)
+    calib = Fleet.node_name(a.nodes)          # the one-node rollout's node, outside the measured N
+    names = sorted(n for n in fleet.nodes if n != calib)
     victims = rnd.sample(names, min(len(names), len(faults)))
     role = dict(zip(faults, victims))
-    if "pdb-never" in role:
-        fleet.pdb_never(role["pdb-never"])
-    if "reload-fails" in role:
-        fleet.reload_fails(role["reload-fails"])
+    for fault, act in (("pdb-never", fleet.pdb_never), ("reload-fails", fleet.reload_fails),
+                       ("two-pdbs", fleet.two_pdbs), ("stuck-terminating", fleet.stuck_terminating)):
+        if fault in role:
+            act(role[fault])
+    if "no-controller" in role:
+        fleet.no_controller(role["no-controller"], process=False)
 
     obs_kube = Kube(Target(kubeconfig=fleet.kubeconfig), retry_for_s=600)
+    limit = _limit(a)
     lock = th.Lock()
-    seen = {"max_unavail": 0, "admitted": {}, "done": {}, "states": {}}
+    seen = {"max_unavail": 0, "admitted": {}, "done": {}, "states": {}, "over": 0}
     unavailable: dict[str, bool] = {}
 
     def observe(kind, obj):
@@ -85,15 +109,24 @@ def run(a) -> dict:
             return
         with lock:
             v = m.NodeView.from_node(obj)
+            if v.name == calib:
+                if v.state == m.ADMITTED:
+                    seen.setdefault("calib_admitted", time.time())
+                if v.state in (m.DONE, m.FAILED):
+                    seen.setdefault("calib_done", time.time())
+                return
             if kind == "DELETED":
                 unavailable.pop(v.name, None)
             else:
                 unavailable[v.name] = v.unavailable
-            seen["max_unavail"] = max(seen["max_unavail"], sum(unavailable.values()))
+            now_unavail = sum(unavailable.values())
+            seen["max_unavail"] = max(seen["max_unavail"], now_unavail)
             seen["states"][v.name] = v.state
             t = parse_time(v.since)
-            if v.state == m.ADMITTED and t:
-                seen["admitted"].setdefault(v.name, time.time())
+            if v.state == m.ADMITTED and t and v.name not in seen["admitted"]:
+                seen["admitted"][v.name] = time.time()
+                if now_unavail > limit:
+                    seen["over"] += 1
             if v.state in (m.DONE, m.FAILED) and v.name in seen["admitted"]:
                 seen["done"].setdefault(v.name, time.time())
             hook(v)
@@ -105,11 +138,11 @@ def run(a) -> dict:
             fired.add("kill")
             th.Thread(target=lambda: (fleet.kill_node(v.name), time.sleep(1.0), fleet.start_node(v.name)),
                       daemon=True).start()
-        if "node-notready" in role and v.name == role["node-notready"] and v.state == m.ADMITTED \
-                and "notready" not in fired:
+        if "node-notready" in role and seen["admitted"] and "notready" not in fired:
+            # an idle node goes NotReady by itself for a while: the unavailable count rises
             fired.add("notready")
-            th.Thread(target=lambda: (fleet.set_ready(v.name, False), time.sleep(3.0),
-                                      fleet.set_ready(v.name, True)), daemon=True).start()
+            th.Thread(target=lambda: (fleet.set_ready(role["node-notready"], False), time.sleep(3.0),
+                                      fleet.set_ready(role["node-notready"], True)), daemon=True).start()
         if "apiserver-restart" in role and "restart" not in fired and len(seen["done"]) >= max(1, a.nodes // 3):
             fired.add("restart")
             th.Thread(target=srv.restart, daemon=True).start()
@@ -122,16 +155,29 @@ def run(a) -> dict:
                                 for n in nodes_inf.snapshot()), timeout=300)
     if not ok:
         raise SystemExit("fleet.py: the node daemons did not start")
+    # the one-node rollout: the per-node time on this machine, now
+    calib_name = "one-node"
+    obs_kube.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
+                                     "metadata": {"name": calib_name},
+                                     "spec": {"driver": NEW, "nodeSelector": {"matchLabels": {
+                                         "kubernetes.io/hostname": calib}}, "validation": {"timeoutSeconds": 60}}})
+    if not fleet.wait(lambda: "calib_done" in seen, timeout=300):
+        raise SystemExit("fleet.py: the one-node rollout did not finish")
+    one_node = seen["calib_done"] - seen["calib_admitted"]
     with lock:
         seen["max_unavail"] = 0
     req0 = fleet.requests()
-    n_fail = sum(1 for f in faults if f in ("pdb-never", "reload-fails"))
+    n_fail = sum(1 for f in faults if f in FAILING)
+    budget = n_fail if getattr(a, "failure_budget", None) is None else a.failure_budget
     name = "to-" + NEW.replace(".", "-")
     obs_kube.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
                                      "metadata": {"name": name},
                                      "spec": {"driver": NEW, "maxParallel": a.max_parallel,
                                               "maxUnavailable": int(a.max_unavailable) if a.max_unavailable.isdigit()
-                                              else a.max_unavailable, "failureBudget": n_fail,
+                                              else a.max_unavailable, "failureBudget": budget,
+                                              "nodeSelector": {"matchExpressions": [{
+                                                  "key": "kubernetes.io/hostname", "operator": "NotIn",
+                                                  "values": [calib]}]},
                                               "drain": {"timeoutSeconds": a.drain_timeout},
                                               "validation": {"timeoutSeconds": 60}}})
     t_start = time.time()
@@ -154,7 +200,8 @@ def run(a) -> dict:
         time.sleep(0.5)
     t_end = time.time()
     requests = fleet.requests() - req0
-    nodes_now = [m.NodeView.from_node(n) for n in obs_kube.list(node_path()).get("items") or []]
+    nodes_now = [m.NodeView.from_node(n) for n in obs_kube.list(node_path()).get("items") or [] if
+                 n["metadata"]["name"] != calib]
     fleet.stop()
     nodes_inf.close()
     srv_requests = srv.request_count
@@ -166,18 +213,19 @@ def run(a) -> dict:
     per_node = statistics.median(per) if per else 0.0
     makespan = last - first
     # the rollout can never run more nodes at once than maxParallel nor than the unavailability limit
-    effective = min(a.max_parallel, _limit(a))
-    ideal = math.ceil(a.nodes / effective) * per_node
+    effective = min(a.max_parallel, limit)
+    ideal = math.ceil(a.nodes / effective) * one_node
     final = Counter(v.state for v in nodes_now)
-    limit = _limit(a)
     return {
         "nodes": a.nodes, "max_parallel": a.max_parallel, "faults": faults, "fault_nodes": role,
         "phase": phase, "completed": phase in ("Completed", "Failed"),
         "build_s": round(build_s, 2), "preflight_s": round(first - t_start, 2),
-        "makespan_s": round(makespan, 2), "per_node_s": round(per_node, 3), "ideal_s": round(ideal, 2),
+        "one_node_s": round(one_node, 3), "per_node_median_s": round(per_node, 3),
+        "makespan_s": round(makespan, 2), "ideal_s": round(ideal, 2),
         "makespan_ratio": round(makespan / ideal, 3) if ideal else None,
         "api_requests_per_node": round(requests / a.nodes, 1), "api_requests_total_server": srv_requests,
-        "max_unavailable_seen": seen["max_unavail"], "limit_unavailable": limit, "effective_parallel": effective,
+        "max_unavailable_seen": seen["max_unavail"], "admissions_over_limit": seen["over"],
+        "limit_unavailable": limit, "effective_parallel": effective,
         "left_cordoned_by_us": sum(1 for v in nodes_now if v.cordoned_by_us or (v.unschedulable and v.state in
                                                                                    (m.DONE, m.FAILED))),
         "final_states": dict(final),

@@ -34,7 +34,9 @@ NODE_NEEDS = [
     ("resource.k8s.io", "resourceclaims", "get", "cluster"), ("resource.k8s.io", "resourceclaims", "list", "cluster"),
     ("node.k8s.io", "runtimeclasses", "get", "cluster"), ("node.k8s.io", "runtimeclasses", "list", "cluster"),
 ] + [
-    ("driverd.io", "driverrollouts", v, "cluster") for v in ("get", "list", "watch")
+    ("driverd.io", "driverrollouts", v, "cluster") for v in ("get", "list", "watch", "patch")
+] + [
+    ("apps", "daemonsets", "get", "cluster"),
 ] + [
     ("driverd.io", "driverrollouts/status", v, "cluster") for v in ("get", "patch", "update")
 ] + [
@@ -254,6 +256,8 @@ def test_code_calls_are_listed():
              r"/events\"": ("", "events", "create"), r"lease_path": ("coordination.k8s.io", "leases", "update"),
              r"rollout_path\([^)]*status=True": ("driverd.io", "driverrollouts/status", "patch"),
              r"kube\.patch\(node_path": ("", "nodes", "patch"),
+             r"kube\.patch\(rollout_path\(md": ("driverd.io", "driverrollouts", "patch"),
+             r"/daemonsets/": ("apps", "daemonsets", "get"),
              r"node_path\([^)]*\) \+ \"/status\"": ("", "nodes/status", "patch")}
     for pattern, need in signs.items():
         if re.search(pattern, src):

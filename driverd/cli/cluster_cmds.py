@@ -66,7 +66,8 @@ def register_kubectl(sub, common) -> None:
     p.add_argument("--flavor", default="auto", choices=("auto", "open", "proprietary"))
     p.add_argument("--selector", "-l", default="", metavar="LABELS", help="node label selector (kubectl syntax)")
     p.add_argument("--max-parallel", type=int, default=1, metavar="N")
-    p.add_argument("--max-unavailable", default="1", metavar="N|P%")
+    p.add_argument("--max-unavailable", default="1", metavar="N|P%", help="a number >= 1 or a percentage "
+                   "1%%..100%% of the target nodes (rounded down, at least 1)")
     p.add_argument("--canary", type=int, default=0, metavar="N", help="upgrade N nodes first, then pause")
     p.add_argument("--canary-soak", type=int, default=None, metavar="SECONDS",
                    help="continue after the canary nodes have run this long instead of pausing")
@@ -91,11 +92,21 @@ def register_kubectl(sub, common) -> None:
     p.set_defaults(handler=cmd_status)
     for verb, what in (("pause", "stop admitting nodes (nodes mid-upgrade finish)"),
                        ("resume", "admit nodes again (also continues after the canary nodes)"),
-                       ("abort", "stop the rollout; nodes not yet unloading are uncordoned and given back")):
+                       ("abort", "stop the rollout; nodes not yet unloading are uncordoned and given back"),
+                       ("delete", "delete the rollout: an abort, after which the resource goes once its nodes "
+                        "are given back or finished")):
         p = rsub.add_parser(verb, parents=[common], help=what, description=what)
         p.add_argument("name", nargs="?", help="rollout (default: the only or newest one)")
         _kube_args(p)
         p.set_defaults(handler=cmd_verb, verb=verb)
+    p = rsub.add_parser("undo", parents=[common], formatter_class=fmt,
+                        help="roll the nodes a rollout upgraded back to the driver each ran before",
+                        description="Create a rollout back to each node's previous driver (driverd.io/previous-"
+                        "driver on the nodes NAME upgraded): one rollout per previous driver, selecting those nodes "
+                        "by kubernetes.io/hostname, with NAME's pace (maxParallel, maxUnavailable, drain).")
+    p.add_argument("name", help="the rollout to undo")
+    _kube_args(p)
+    p.set_defaults(handler=cmd_undo)
     n = sub.add_parser("node", help="retry or skip one node")
     nsub = n.add_subparsers(dest="node_command", metavar="COMMAND")
     for verb, what in (("retry", "admit a failed node again"), ("skip", "leave a node out of rollouts"),
@@ -162,6 +173,7 @@ def cmd_start(ctx, args) -> int:
     kube = _kube(args)
     try:
         created = kube.create(rollout_path(), obj)
+        _warn_if_no_targets(kube, m.Rollout.from_object(created), args.selector)
     except KubeError as e:
         if e.status == 409:
             raise UsageError(f"a rollout named {name} already exists", fix=f"watch it with `kubectl driverd rollout "
@@ -176,6 +188,18 @@ def cmd_start(ctx, args) -> int:
            f"{args.selector or 'every node'} (max {args.max_parallel} at a time, max unavailable {mu}); "
            f"follow it with: kubectl driverd rollout status {name} --watch")
     return 0
+
+
+def _warn_if_no_targets(kube, r, selector: str) -> None:
+    """A rollout whose selector matches no node would end at once, having done nothing: say so."""
+    from driverd.cluster.kube import node_path
+    try:
+        nodes = kube.list(node_path(), labels=r.label_selector() or None).get("items") or []
+    except Exception:        # the warning is a courtesy; the rollout exists
+        return
+    if not any(r.selects((n.get("metadata") or {}).get("labels") or {}) for n in nodes):
+        print(f"warning: no node matches {selector or 'the selector'!r}: rollout {r.name} will touch no node "
+              "(check the labels with `kubectl get nodes --show-labels`)", file=sys.stderr)
 
 
 def _pick(kube, name: str | None) -> dict:
@@ -239,7 +263,7 @@ def cmd_status(ctx, args) -> int:
     if not args.watch:
         d = status_doc(obj, kube.list(node_path()).get("items") or [])
         _print(args, d, _human_status)
-        return 0 if d["phase"] not in ("Failed", "Refused", "Invalid") else 3
+        return 0 if d["phase"] not in ("Failed", "Refused", "Invalid") and d["reason"] != "NoTargets" else 3
     return _watch_status(kube, args, obj["metadata"]["name"])
 
 
@@ -271,7 +295,7 @@ def _watch_status(kube, args, name: str) -> int:
                     print(json.dumps(d, sort_keys=True) if _fmt(args) == "json" else "---\n" + _yaml(d), flush=True)
             if d["phase"] in ENDED and (obj.get("status") or {}).get("observedGeneration") == \
                     obj["metadata"].get("generation"):
-                return 0 if d["phase"] == "Completed" else 3
+                return 0 if d["phase"] == "Completed" and d["reason"] != "NoTargets" else 3
             if deadline is not None and time.monotonic() > deadline:
                 print(f"rollout {name}: still {d['phase']} after {args.timeout:.0f}s", file=sys.stderr)
                 return 3
@@ -293,6 +317,11 @@ def cmd_verb(ctx, args) -> int:
     kube = _kube(args)
     obj = _pick(kube, args.name)
     name = obj["metadata"]["name"]
+    if args.verb == "delete":
+        kube.delete(rollout_path(name))
+        _print(args, {"deleted": name}, f"driverrollout.driverd.io/{name} deleted: no more nodes are admitted; "
+               "nodes not yet unloading are given back, then the resource goes")
+        return 0
     patch = {"pause": {"spec": {"paused": True}},
              "resume": {"spec": {"paused": False}, "metadata": {"annotations": {A_CANARY_APPROVED: "true"}}},
              "abort": {"spec": {"paused": True}, "metadata": {"annotations": {"driverd.io/abort": "true"}}}}[args.verb]
@@ -300,6 +329,57 @@ def cmd_verb(ctx, args) -> int:
     _print(args, new, f"driverrollout.driverd.io/{name} {args.verb}d" if args.verb != "abort" else
            f"driverrollout.driverd.io/{name} aborted: no more nodes are admitted; nodes not yet unloading are "
            "given back")
+    return 0
+
+
+def cmd_undo(ctx, args) -> int:
+    """One new rollout per previous driver of the nodes NAME upgraded (done, or failed after the new
+    driver stayed), selecting them by hostname, with NAME's pace."""
+    from driverd.cluster import model as m
+    from driverd.cluster.kube import KubeError, node_path, rollout_path
+    from driverd.errors import UsageError
+    kube = _kube(args)
+    obj = _pick(kube, args.name)
+    try:
+        r = m.Rollout.from_object(obj)
+    except m.SpecError as e:
+        raise UsageError(f"rollout {args.name} is invalid: {e}", fix="nothing to undo") from None
+    back: dict[str, list[str]] = {}
+    for n in kube.list(node_path()).get("items") or []:
+        v = m.NodeView.from_node(n)
+        prev = (n["metadata"].get("annotations") or {}).get(m.A_PREVIOUS) or ""
+        if not v.in_rollout(r) or not prev or v.driver is None or prev.split("/")[0] == v.driver:
+            continue
+        host = v.labels.get("kubernetes.io/hostname")
+        if not host:
+            raise UsageError(f"node {v.name} has no kubernetes.io/hostname label", fix="label it, or start a "
+                             "rollout for it by hand")
+        back.setdefault(prev, []).append(host)
+    if not back:
+        raise UsageError(f"no node of rollout {r.name} runs a driver other than the one before it",
+                         fix="nothing to undo (see `kubectl driverd rollout status " + r.name + "`)")
+    spec = obj.get("spec") or {}
+    made = []
+    for prev, hosts in sorted(back.items()):
+        version, _, flavor = prev.partition("/")
+        name = f"{r.name}-undo-{version.replace('.', '-')}"
+        new = {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": name},
+               "spec": {k: v for k, v in spec.items() if k in ("maxParallel", "maxUnavailable", "drain", "waitForJobs",
+                                                               "validation", "failureBudget", "preflight")}
+               | {"driver": version, "flavor": flavor or "auto",
+                  "nodeSelector": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                                          "values": sorted(hosts)}]}}}
+        try:
+            kube.create(rollout_path(), new)
+        except KubeError as e:
+            if e.status == 409:
+                raise UsageError(f"a rollout named {name} already exists", fix=f"delete it first: kubectl "
+                                 f"driverd rollout delete {name}") from None
+            raise
+        made.append({"rollout": name, "driver": prev, "nodes": sorted(hosts)})
+    _print(args, {"created": made}, "\n".join(
+        f"driverrollout.driverd.io/{d['rollout']} created: back to {d['driver']} on {len(d['nodes'])} node(s)"
+        for d in made))
     return 0
 
 

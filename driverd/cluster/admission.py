@@ -8,7 +8,13 @@ that the guarantees can be stated and tested without a cluster:
 - nothing is admitted before every target node's daemon has answered the preflight for this
   generation of the rollout (or the preflight deadline passed: silence is a failed preflight);
 - failed nodes count against `failureBudget`; one more failure than it allows pauses the rollout;
-- a NotReady node is never admitted (its daemon cannot be trusted to act), a skipped one never.
+- a NotReady node is never admitted (its daemon cannot be trusted to act), a skipped one never;
+  one NotReady for longer than `notReadyTimeoutSeconds` is reported by name and no longer counts
+  against the budget (it is gone, not capacity the rollout could take away); when only such nodes
+  are left the rollout pauses (`NodesNotReady`) until they are Ready again or skipped;
+- a rollout is one object (uid) at one spec generation: a node done or failed for another target
+  (an edited `spec.driver`) is pending again; nodes another rollout that has not ended holds
+  (`held`) wait, and the message names that rollout.
 
 Only the coordinator (the daemon holding the rollout Lease) acts on the decision.
 """
@@ -32,6 +38,8 @@ class Decision:
     excluded: list[dict] = field(default_factory=list)      # {node, reason}: preflight said no
     failed: list[dict] = field(default_factory=list)        # {node, reason}
     waiting: list[str] = field(default_factory=list)        # nodes whose preflight answer is missing
+    held: dict = field(default_factory=dict)                # node -> the other rollout that holds it
+    not_ready: list[dict] = field(default_factory=list)     # {node, reason}: NotReady past the bound
     unavailable: int = 0
     limit_unavailable: int = 0
 
@@ -39,7 +47,9 @@ class Decision:
         return {"phase": self.phase, "reason": self.reason, "message": self.message,
                 "observedGeneration": r.generation, "nodes": self.counts,
                 "maxUnavailable": self.limit_unavailable, "unavailable": self.unavailable,
-                "preflightFailures": self.excluded[:50], "failedNodes": self.failed[:50]}
+                "preflightFailures": self.excluded[:50], "failedNodes": self.failed[:50],
+                "notReadyNodes": self.not_ready[:50],
+                "heldNodes": [{"node": k, "by": v} for k, v in sorted(self.held.items())][:50]}
 
 
 def _pre_ok(n: NodeView, r: Rollout) -> bool | None:
@@ -55,18 +65,30 @@ def _up_to_date(n: NodeView, r: Rollout) -> bool:
     return p.get("rollout") == r.key and p.get("ok") and not p.get("needed", True)
 
 
-def decide(r: Rollout, nodes: list[NodeView], *, now: float, started: float, canary_approved: bool = False
-           ) -> Decision:
+def _not_ready_for(n: NodeView, now: float) -> float:
+    from driverd.cluster.kube import parse_time
+    t = parse_time(n.ready_since)
+    return 0.0 if n.ready or t is None else max(0.0, now - t)
+
+
+def decide(r: Rollout, nodes: list[NodeView], *, now: float, started: float, canary_approved: bool = False,
+           held: dict | None = None) -> Decision:
+    held = dict(held or {})
     targets = sorted((n for n in nodes if r.selects(n.labels)), key=lambda n: n.name)
-    limit = r.unavailable_limit(len(targets))
     mine = [n for n in targets if n.in_rollout(r)]
-    done = [n for n in targets if (n.in_rollout(r) and n.state == DONE) or (not n.in_rollout(r) and _up_to_date(n, r))]
-    failed = [n for n in mine if n.state == FAILED and not n.retry]
+    # done/failed count only for the current target: after an edit of spec.driver they are pending again
+    done = [n for n in targets if (n.in_rollout(r) and n.state == DONE and n.target in ("", r.target))
+            or _up_to_date(n, r)]
+    failed = [n for n in mine if n.state == FAILED and not n.retry and n.target in ("", r.target)]
     active = [n for n in mine if n.state in ACTIVE]
     skipped = [n for n in targets if n.skip and n not in active]
     settled = {n.name for n in done + failed + active + skipped}
     pending = [n for n in targets if n.name not in settled]
-    waiting = [n.name for n in pending if _pre_ok(n, r) is None]
+    held = {n.name: held[n.name] for n in pending if n.name in held}
+    # a pending node NotReady past the bound: named, and out of the budget's count
+    gone = {n.name: _not_ready_for(n, now) for n in pending if _not_ready_for(n, now) > r.not_ready_timeout_s}
+    limit = r.unavailable_limit(len(targets) - len(gone))
+    waiting = [n.name for n in pending if _pre_ok(n, r) is None and n.name not in held and n.name not in gone]
     late = now - started > PREFLIGHT_DEADLINE_S
     excluded = [{"node": n.name, "reason": "; ".join(n.preflight.get("reasons") or ["preflight failed"])}
                 for n in pending if _pre_ok(n, r) is False]
@@ -75,14 +97,19 @@ def decide(r: Rollout, nodes: list[NodeView], *, now: float, started: float, can
                       f"{PREFLIGHT_DEADLINE_S:.0f}s (is the daemon running on it?)"} for name in waiting]
         waiting = []
     bad = {e["node"] for e in excluded}
-    candidates = [n for n in pending if n.name not in bad and n.name not in waiting]
-    unavailable = sum(1 for n in targets if n.unavailable)
+    excluded = [e for e in excluded if e["node"] not in gone]
+    bad -= set(gone)
+    candidates = [n for n in pending if n.name not in bad and n.name not in waiting and n.name not in held
+                  and n.name not in gone]
+    unavailable = sum(1 for n in targets if n.unavailable and n.name not in gone)
     counts = {"total": len(targets), "done": len(done), "failed": len(failed), "upgrading": len(active),
               "pending": len(pending) - len(bad), "skipped": len(skipped), "excluded": len(bad) if r.preflight ==
-              "Exclude" else 0}
+              "Exclude" else 0, "notReady": len(gone)}
     d = Decision("Progressing", "Progressing", "", counts=counts, excluded=excluded,
                  failed=[{"node": n.name, "reason": f"{n.reason}: {n.message}".strip(": ")} for n in failed],
-                 waiting=waiting, unavailable=unavailable, limit_unavailable=limit)
+                 waiting=waiting, unavailable=unavailable, limit_unavailable=limit, held=held,
+                 not_ready=[{"node": k, "reason": f"NotReady for {v:.0f}s (more than notReadyTimeoutSeconds "
+                             f"{r.not_ready_timeout_s})"} for k, v in sorted(gone.items())])
     started_any = bool(mine)
     if not targets:
         d.phase, d.reason, d.message = "Completed", "NoTargets", "no node matches the rollout's nodeSelector"
@@ -90,6 +117,11 @@ def decide(r: Rollout, nodes: list[NodeView], *, now: float, started: float, can
     if waiting and not started_any:
         d.phase, d.reason = "Preflight", "WaitingForPreflight"
         d.message = f"waiting for {len(waiting)} node(s) to answer the preflight: {', '.join(waiting[:5])}"
+        return d
+    if held and not candidates and not active:
+        d.phase, d.reason = "Preflight" if not started_any else "Progressing", "NodesHeld"
+        d.message = (f"{len(held)} node(s) take part in another rollout that has not ended: " + ", ".join(
+            f"{k} ({v})" for k, v in sorted(held.items())[:5]) + " (it must end, be aborted or deleted first)")
         return d
     if excluded and r.preflight == "Refuse" and not started_any:
         d.phase, d.reason = "Refused", "PreflightFailed"
@@ -104,6 +136,12 @@ def decide(r: Rollout, nodes: list[NodeView], *, now: float, started: float, can
             "or raise spec.failureBudget)")
         return d
     if not candidates and not active:
+        if gone:
+            d.phase, d.reason = "Paused", "NodesNotReady"
+            d.message = (f"{len(gone)} target node(s) NotReady for more than {r.not_ready_timeout_s}s: "
+                         + ", ".join(sorted(gone)[:5]) + f" ({len(done)}/{len(targets)} done; they are upgraded "
+                         "once Ready again, or leave them out with `kubectl driverd node skip NODE`)")
+            return d
         if pending and not candidates and not bad:
             d.message = "waiting for node preflight answers"
             return d
@@ -151,7 +189,9 @@ def decide(r: Rollout, nodes: list[NodeView], *, now: float, started: float, can
     d.counts["upgrading"] = len(active) + len(d.admit)
     d.counts["pending"] -= len(d.admit)
     d.message = (f"{len(done)}/{len(targets)} done, {len(active) + len(d.admit)} upgrading, "
-                 f"{unavailable}/{limit} unavailable" + (f", {len(failed)} failed" if failed else ""))
+                 f"{unavailable}/{limit} unavailable" + (f", {len(failed)} failed" if failed else "")
+                 + (f"; NotReady for more than {r.not_ready_timeout_s}s: {', '.join(sorted(gone)[:5])}" if gone else "")
+                 + (f"; held by other rollouts: {', '.join(sorted(held)[:5])}" if held else ""))
     return d
 
 

@@ -25,9 +25,11 @@ from collections.abc import Callable
 
 from driverd.cluster import events
 from driverd.cluster import model as m
-from driverd.cluster.gpuusers import PodUse, classify, host_users
+from driverd.cluster.drain import DrainPlan, plan_drain
+from driverd.cluster.gpuusers import PodUse, host_users
 from driverd.cluster.informer import Informer
 from driverd.cluster.kube import (
+    ClusterError,
     Kube,
     KubeError,
     node_path,
@@ -40,7 +42,8 @@ from driverd.cluster.kube import (
 A_ABORT = "driverd.io/abort"
 A_BOOT = m.PREFIX + "boot-id"
 CONDITION = "GPUDriverReady"
-EVICT_RETRY_S = 5.0
+EVICT_RETRY_S = 5.0          # the longest wait between two eviction rounds (the backoff's cap)
+EVICT_FIRST_S = 0.25         # the first wait; doubled after every round that left pods behind
 
 
 class NodeAgent:
@@ -56,6 +59,7 @@ class NodeAgent:
                               on_change=self._changed, log=log)
         self.rollouts = Informer(kube, rollout_path(), name="rollouts", on_change=self._rollout_changed, log=log)
         self._rollout_seen: dict[str, tuple] = {}
+        self._drain_round: tuple[str, int] = ("", 0)     # (the evicting state's since, rounds so far)
         self._labels_checked = False
         self._reboot_checked = False
 
@@ -68,7 +72,7 @@ class NodeAgent:
         counts (written every second) do not wake every node of the fleet."""
         md = obj.get("metadata") or {}
         seen = (kind == "DELETED", md.get("generation"), json.dumps(md.get("annotations") or {}, sort_keys=True),
-                (obj.get("status") or {}).get("phase"))
+                (obj.get("status") or {}).get("phase"), md.get("deletionTimestamp"))
         if kind not in ("SYNC",) and self._rollout_seen.get(md.get("name", "")) == seen:
             return
         self._rollout_seen[md.get("name", "")] = seen
@@ -132,9 +136,12 @@ class NodeAgent:
         r, obj = self.rollout(name)
         if r is None:
             r = self._fallback_rollout(node, v)
-        if obj is not None and (obj["metadata"].get("annotations") or {}).get(A_ABORT) == "true" \
-                and v.state in (m.ADMITTED, m.CORDONED, m.WAITING, m.EVICTING):
-            return self._give_back(node, v, "Aborted", f"rollout {name} was aborted before the driver was touched")
+        if obj is not None and v.state in (m.ADMITTED, m.CORDONED, m.WAITING, m.EVICTING):
+            if (obj["metadata"].get("annotations") or {}).get(A_ABORT) == "true":
+                return self._give_back(node, v, "Aborted", f"rollout {name} was aborted before the driver was touched")
+            if obj["metadata"].get("deletionTimestamp"):
+                return self._give_back(node, v, "Aborted", f"rollout {name} was deleted before the driver was "
+                                       "touched (deleting a rollout aborts it)")
         handler = {m.ADMITTED: self._cordon, m.CORDONED: self._after_cordon, m.WAITING: self._wait_jobs,
                    m.EVICTING: self._evict, m.UNLOADING: self._transact, m.REBOOT: self._after_reboot,
                    m.VALIDATING: self._validate, m.UNCORDONING: self._validate}[v.state]
@@ -195,12 +202,18 @@ class NodeAgent:
                 r = m.Rollout.from_object(obj)
             except m.SpecError:
                 continue
-            if (obj.get("status") or {}).get("phase") in ("Completed",) or not r.selects(v.labels):
+            # an ended rollout (for its current spec) or one being deleted holds no node
+            if m.ended(obj) or r.deleting or not r.selects(v.labels):
                 continue
             if (v.preflight or {}).get("rollout") == r.key:
                 return None
             node = self.nodes.get(self.node)
-            answer = preflight(self.make_context, self.cfg, r)
+            try:
+                plan = self._drain_plan(r)
+            except ClusterError as e:
+                self.log(f"driverd cluster: preflight of {r.name}: cannot list the node's pods: {e.one_line()}")
+                return 5.0
+            answer = preflight(self.make_context, self.cfg, r, leaving=plan.leaving, staying=plan.staying)
             patch = {"metadata": {"annotations": {m.A_PREFLIGHT: json.dumps(answer, sort_keys=True)}}}
             self.nodes.put(self.kube.patch(node_path(self.node), patch))
             if not answer["ok"] and self.events:
@@ -266,23 +279,35 @@ class NodeAgent:
         return self.kube.list(pods_path(), labels=labels or None,
                               fields=f"spec.nodeName={self.node}").get("items") or []
 
-    def _to_evict(self, r: m.Rollout) -> list[PodUse]:
+    def _drain_plan(self, r: m.Rollout) -> DrainPlan:
         pods = self._pods()
-        users = classify(self.kube, pods, _host_users(self.make_context, self.cfg))
-        if r.drain_selector:
-            extra = {p["metadata"]["uid"] for p in self._pods(r.drain_selector)}
-            known = {u.uid for u in users}
-            users += [PodUse(p["metadata"]["namespace"], p["metadata"]["name"], p["metadata"]["uid"],
-                             f"matches spec.drain.podSelector {r.drain_selector!r}", _is_ds(p), False)
-                      for p in pods if p["metadata"]["uid"] in extra and p["metadata"]["uid"] not in known
-                      and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+        extra = {p["metadata"]["uid"] for p in self._pods(r.drain_selector)} if r.drain_selector else set()
         self._empty_dir = {p["metadata"]["uid"] for p in pods
                            if any("emptyDir" in vol for vol in (p.get("spec") or {}).get("volumes") or [])}
-        return [u for u in users if not u.daemonset and not u.mirror]
+        self._deleting_since = {p["metadata"]["uid"]: p["metadata"].get("deletionTimestamp") for p in pods}
+        return plan_drain(self.kube, pods, _host_users(self.make_context, self.cfg), drain_selector_uids=extra,
+                          force=r.drain_force, selector=r.drain_selector)
+
+    def _backoff(self, v: m.NodeView) -> float:
+        """The wait before the next eviction round: doubles from EVICT_FIRST_S up to EVICT_RETRY_S
+        within one stay in `evicting` (a pod stuck Terminating or a PDB refusing is not hammered)."""
+        since, rounds = self._drain_round
+        rounds = rounds + 1 if since == v.since else 1
+        self._drain_round = (v.since, rounds)
+        return min(EVICT_RETRY_S, EVICT_FIRST_S * 2 ** (rounds - 1))
 
     def _evict(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
-        users = self._to_evict(r)
-        if not users:
+        """One eviction round. Every way a pod can stay counts against spec.drain.timeoutSeconds: a
+        PodDisruptionBudget (429), any other refusal of the API (e.g. 500 for a pod under two
+        budgets), a pod stuck Terminating, a DaemonSet pod its controller has not removed yet.
+        Rounds back off; at the timeout the node fails naming each pod and the API's words."""
+        plan = self._drain_plan(r)
+        if plan.no_controller and not r.drain_force:
+            return self._fail(node, v, "EvictionRefused", f"{len(plan.no_controller)} GPU pod(s) have no controller, "
+                              f"so nothing would recreate them ({', '.join(u.ref for u in plan.no_controller[:5])}); "
+                              "kubectl drain refuses them too: set spec.drain.force=true to delete them anyway")
+        users = plan.evict + (plan.no_controller if r.drain_force else [])
+        if not users and not plan.with_label:
             self._to(node, m.UNLOADING, "Unloading", f"no GPU pods left; node transaction to driver {r.driver}: "
                      "unload → install → load → validate")
             return 0
@@ -292,36 +317,45 @@ class NodeAgent:
                 return self._fail(node, v, "EvictionRefused", f"{len(local)} GPU pod(s) use emptyDir volumes whose data "
                                   f"would be lost ({', '.join(u.ref for u in local[:5])}); set "
                                   "spec.drain.deleteEmptyDirData=true to evict them anyway")
-        blocked = []
+        stuck: list[tuple[PodUse, str]] = []
         for u in users:
+            if u.terminating:      # already being deleted: another eviction would change nothing
+                stuck.append((u, f"stuck Terminating since {self._deleting_since.get(u.uid) or '?'}"))
+                continue
             try:
                 self.kube.create(pods_path(u.namespace, u.name) + "/eviction",
                                  {"apiVersion": "policy/v1", "kind": "Eviction",
-                                  "metadata": {"name": u.name, "namespace": u.namespace}}, retry_429=False)
+                                  "metadata": {"name": u.name, "namespace": u.namespace}}, retry=False)
             except KubeError as e:
                 if e.status == 404:
                     continue
-                if e.status == 429:
-                    blocked.append((u, _pdb_words(e)))
-                    continue
-                raise
-        if not blocked:
-            return 0.5        # evicted: look again shortly for pods still terminating
-        if self._elapsed(v) < r.drain_timeout_s:
-            return min(EVICT_RETRY_S, r.drain_timeout_s - self._elapsed(v) + 0.1)
-        words = "; ".join(f"{u.ref} ({why})" for u, why in blocked[:5])
-        if r.drain_force:
-            for u, _ in blocked:
+                stuck.append((u, _pdb_words(e) if e.status == 429 else f"eviction answered {e.status} {e.reason}: "
+                              f"{e.api_message}"))
+            except ClusterError as e:
+                stuck.append((u, e.one_line()))
+        stuck += [(u, "its DaemonSet has not removed it yet (the node lost the driver-ready label at the cordon)")
+                  for u in plan.with_label]
+        if not stuck:
+            return EVICT_FIRST_S     # evicted: look again shortly for pods still terminating
+        left = r.drain_timeout_s - self._elapsed(v)
+        if left > 0:
+            return min(self._backoff(v), left + 0.1)
+        words = "; ".join(f"{u.ref} ({why})" for u, why in stuck[:5]) + \
+            (f" and {len(stuck) - 5} more" if len(stuck) > 5 else "")
+        forced = [u for u, _ in stuck if u not in plan.with_label and not u.terminating]
+        if r.drain_force and forced:
+            for u in forced:
                 try:
                     self.kube.delete(pods_path(u.namespace, u.name))
                 except KubeError as e:
                     if e.status != 404:
                         raise
             self._to(node, m.EVICTING, "ForcedDeletion", f"eviction still refused after {r.drain_timeout_s}s: "
-                     f"deleted {len(blocked)} pod(s) per spec.drain.force: {words}", warning=True)
+                     f"deleted {len(forced)} pod(s) per spec.drain.force: {words}", warning=True)
             return 1.0
-        return self._fail(node, v, "EvictionBlocked", f"eviction refused for {r.drain_timeout_s}s: {words}; "
-                          "fix: relax the PodDisruptionBudget, move the workload, or set spec.drain.force")
+        return self._fail(node, v, "EvictionBlocked", f"pods still on the node after spec.drain.timeoutSeconds="
+                          f"{r.drain_timeout_s}: {words}; fix: relax the PodDisruptionBudget, move the workload, "
+                          "remove what keeps the pod Terminating, or set spec.drain.force")
 
     # -- the node transaction ---------------------------------------------------------------------------
     def _transact(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
@@ -376,12 +410,17 @@ class NodeAgent:
 
     # -- endings that give the node back --------------------------------------------------------------------
     def _fail(self, node: dict, v: m.NodeView, reason: str, message: str) -> float | None:
+        """The node leaves the rollout failed. The daemon's own reconciles are pinned to the driver
+        that runs *now* (driverd.io/pinned-driver): after a rollback that is the previous one, after
+        a driver that loaded but left the node NotReady it is the new one — changing it again is a
+        decision for an admitted retry or a new rollout, never for the periodic reconcile."""
         loaded = _loaded(self.make_context, self.cfg)
         labels = {m.L_VERSION: loaded["version"] if loaded else None,
                   m.L_FLAVOR: loaded["flavor"] if loaded else None, m.L_READY: "true" if loaded else None}
         spec = {"unschedulable": None} if v.cordoned_by_us else None
+        pinned = f"{loaded['version']}/{loaded['flavor']}" if loaded else None
         self._to(node, m.FAILED, reason, message + ("; uncordoned" if v.cordoned_by_us else ""),
-                 ann={m.A_CORDONED: None}, spec=spec, labels=labels, warning=True)
+                 ann={m.A_CORDONED: None, m.A_PINNED: pinned}, spec=spec, labels=labels, warning=True)
         self.condition(bool(loaded), reason, (f"the upgrade failed; driver {loaded['version']} runs: " if loaded
                                               else "the upgrade failed and no driver is loaded: ") + message)
         return None
@@ -392,10 +431,6 @@ class NodeAgent:
                  ann={m.A_CORDONED: None}, spec=spec, labels={m.L_READY: "true"})
         self.condition(True, reason, message)
         return None
-
-
-def _is_ds(pod: dict) -> bool:
-    return any(o.get("kind") == "DaemonSet" for o in (pod.get("metadata") or {}).get("ownerReferences") or [])
 
 
 def _refs(pods: list[dict]) -> str:
@@ -428,10 +463,15 @@ def target_config(cfg, r: m.Rollout):
     return cfg.with_overrides(over, source=f"rollout {r.key}")
 
 
-def preflight(make_context, cfg, r: m.Rollout) -> dict:
+def preflight(make_context, cfg, r: m.Rollout, *, leaving: set[str] = frozenset(),
+              staying: dict[str, str] | None = None) -> dict:
     """This node's answer to a rollout before any node is admitted: can it take the target (a plan
     that is not blocked — GPUs supported by the branch and flavour, signer accepted —, a package for
-    its kernel in a repository or a local build), does it need to, and will it need a reboot."""
+    its kernel in a repository or a local build), does it need to, and will it need a reboot.
+
+    The host is judged as it will be after the drain: processes of pods that leave (`leaving`: pod
+    UIDs the drain evicts or whose DaemonSet leaves with the driver-ready label) do not block; a
+    process outside any pod, or in a pod that stays (`staying`: uid -> why), does, and is named."""
     from driverd.apply import steps as st
     from driverd.errors import DriverdError
     out = {"rollout": r.key, "driver": r.driver, "ok": True, "needed": True, "reasons": [], "reboot": False}
@@ -444,14 +484,14 @@ def preflight(make_context, cfg, r: m.Rollout) -> dict:
         from driverd.host import collect
         from driverd.packages.signers import for_plan
         from driverd.plan import Desired, plan
-        facts = collect(sctx.root, nvml=False, handler=c["runtime.handler"])
+        facts = after_drain(collect(sctx.root, nvml=False, handler=c["runtime.handler"]), leaving)
         p = plan(facts, Desired.from_config(c), for_plan(sctx.root, facts, c))
         if loaded and loaded["version"] == r.driver and loaded["flavor"] == p.flavor:
             out["needed"] = False
             out["reasons"] = [f"already runs {r.driver} ({loaded['flavor']})"]
             return out
         if p.blocked_by:
-            out["ok"], out["reasons"] = False, list(p.blocked_by)
+            out["ok"], out["reasons"] = False, list(p.blocked_by) + _staying_words(facts, staying or {})
             return out
         out["flavor"] = p.flavor
         out["reboot"] = bool(p.reboot_required)
@@ -469,10 +509,25 @@ def preflight(make_context, cfg, r: m.Rollout) -> dict:
                              runner=sctx.runner, allow_build=False)
             again = plan(facts, Desired.from_config(c), for_plan(sctx.root, facts, c))
             if again.blocked_by:
-                out["ok"], out["reasons"] = False, list(again.blocked_by)
+                out["ok"], out["reasons"] = False, list(again.blocked_by) + _staying_words(facts, staying or {})
     except DriverdError as e:
         out["ok"], out["reasons"] = False, [e.one_line()]
     return out
+
+
+def after_drain(facts, leaving: set[str]):
+    """The host's facts without the GPU users whose pods the drain takes off."""
+    import dataclasses
+    if not leaving:
+        return facts
+    keep = tuple(u for u in facts.gpu_users if (u.pod_uid or "").replace("_", "-") not in leaving)
+    return dataclasses.replace(facts, gpu_users=keep)
+
+
+def _staying_words(facts, staying: dict[str, str]) -> list[str]:
+    """Why the pods of the processes that still hold the GPU after the drain stay."""
+    uids = {(u.pod_uid or "").replace("_", "-") for u in facts.gpu_users}
+    return [f"pod {why}" for uid, why in sorted(staying.items()) if uid in uids]
 
 
 def _package_source(sctx, cfg, driver: str, flavor: str | None) -> str:

@@ -4,6 +4,10 @@ renewing it. The holder watches every Node and every DriverRollout, and after ea
 `admission.decide` and carries the decision out: a merge patch per admitted node, the rollout's
 status (at most once per `status_interval_s`, at once when the phase changes), an Event on the
 rollout when its phase or reason changes.
+
+A rollout carries the finalizer `driverd.io/rollout`: deleting it is aborting it (nodes not yet
+unloading are given back by their daemons, under the rollout's own policies since its spec is still
+there), and the finalizer goes once none of its nodes is active.
 """
 from __future__ import annotations
 
@@ -97,8 +101,19 @@ class Coordinator:
         """Admit what may be admitted for every rollout; the seconds until we must look again."""
         assert self.nodes is not None
         wait = 30.0
+        views = self._views()
+        held: dict[str, str] = {}          # node -> the older rollout (not ended) that holds it
+        for v in views:
+            if v.active and v.rollout:
+                held[v.name] = f"rollout {v.rollout.split('/')[0]}: {v.state}"
         for obj in sorted(self.rollouts.snapshot(), key=lambda o: o["metadata"].get("creationTimestamp", "")):
             name = obj["metadata"]["name"]
+            md = obj["metadata"]
+            if md.get("deletionTimestamp"):
+                self._deleted(obj, views)
+                continue
+            if m.FINALIZER not in (md.get("finalizers") or []):
+                self._add_finalizer(obj)
             if (obj.get("status") or {}).get("phase") == "Completed" and \
                     (obj.get("status") or {}).get("observedGeneration") == obj["metadata"].get("generation"):
                 continue
@@ -119,9 +134,16 @@ class Coordinator:
                     if (obj.get("status") or {}).get("observedGeneration") == r.generation else None
                 since = prev or self.clock()
                 self._seen_gen[name] = (r.generation, since)
-            views = self._views()
+            mine_active = {v.name for v in views if v.active and v.in_rollout(r)}
             d = decide(r, views, now=self.clock(), started=since,
-                       canary_approved=ann.get(A_CANARY_APPROVED) == "true")
+                       canary_approved=ann.get(A_CANARY_APPROVED) == "true",
+                       held={k: w for k, w in held.items() if k not in mine_active})
+            if not m.ended(dict(obj, status=d.status(r))):
+                # a rollout that has not ended holds the nodes it selects for the rollouts after it
+                # (their daemons answer the oldest one's preflight first)
+                for v in views:
+                    if r.selects(v.labels):
+                        held.setdefault(v.name, f"rollout {r.name}: {d.phase}")
             for node_name in d.admit:
                 self._admit(r, node_name, obj)
             st = d.status(r)
@@ -150,20 +172,60 @@ class Coordinator:
         node = self.nodes.get(name) or {}
         v = m.NodeView.from_node(node)
         prev = f"{v.driver}/{v.flavor}" if v.driver else ""
-        patch = m.state_patch(m.ADMITTED, "Admitted", f"admitted by {self.identity} to upgrade to {r.driver}",
+        message = f"admitted by {self.identity} to upgrade to {r.driver} (rollout {r.name})"
+        patch = m.state_patch(m.ADMITTED, "Admitted", message,
                               since=now_rfc3339(self.clock()), rollout=r.key,
-                              extra={m.A_TARGET: f"{r.driver}/{r.flavor}", m.A_ATTEMPT: str(v.attempt + 1),
-                                     m.A_PREVIOUS: prev, m.A_RETRY: None})
+                              extra={m.A_TARGET: r.target, m.A_ATTEMPT: str(v.attempt + 1),
+                                     m.A_PREVIOUS: prev, m.A_RETRY: None, m.A_PINNED: None})
         patch["metadata"]["resourceVersion"] = node["metadata"]["resourceVersion"]
         try:
-            self.nodes.put(self.kube.patch(node_path(name), patch))
+            new = self.kube.patch(node_path(name), patch)
+            self.nodes.put(new)
         except KubeError as e:
             if e.conflict:        # the node changed since we looked: decide again with the new view
                 self.wake.set()
                 return
             raise
+        events.record(self.kube, {"apiVersion": "v1", "kind": "Node", "name": name,
+                                  "uid": new["metadata"].get("uid")}, "Admitted", message, warning=False,
+                      instance=self.identity, log=self.log, now=self.clock())
         self.admitted += 1
         self.log(f"driverd cluster: rollout {r.name}: admitted {name}")
+
+    def _add_finalizer(self, obj: dict) -> None:
+        md = obj["metadata"]
+        body = {"metadata": {"finalizers": list(md.get("finalizers") or []) + [m.FINALIZER],
+                             "resourceVersion": md.get("resourceVersion")}}
+        try:
+            self.rollouts.put(self.kube.patch(rollout_path(md["name"]), body))
+        except KubeError as e:
+            if not (e.conflict or e.not_found):       # changed meanwhile: the next pass adds it
+                raise
+
+    def _deleted(self, obj: dict, views: list[m.NodeView]) -> None:
+        """A deleted rollout is an aborted one: its daemons give back the nodes not yet unloading;
+        the finalizer goes when none of its nodes is active any more."""
+        md = obj["metadata"]
+        if m.FINALIZER not in (md.get("finalizers") or []):
+            return
+        try:
+            r = m.Rollout.from_object(obj)
+            busy = [v.name for v in views if v.active and v.in_rollout(r)]
+        except m.SpecError:
+            busy = []
+        if busy:
+            self._status(obj, {"phase": "Aborted", "reason": "Deleting", "message": "deleted: waiting for "
+                               f"{len(busy)} node(s) to finish or be given back: {', '.join(busy[:5])}",
+                               "observedGeneration": md.get("generation")})
+            return
+        body = {"metadata": {"finalizers": [f for f in md.get("finalizers") or [] if f != m.FINALIZER],
+                             "resourceVersion": md.get("resourceVersion")}}
+        try:
+            self.kube.patch(rollout_path(md["name"]), body)
+            self.log(f"driverd cluster: rollout {md['name']} deleted; its nodes are given back")
+        except KubeError as e:
+            if not (e.conflict or e.not_found):
+                raise
 
     def _status(self, obj: dict, status: dict) -> None:
         name = obj["metadata"]["name"]

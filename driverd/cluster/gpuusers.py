@@ -34,6 +34,8 @@ class PodUse:
     why: str
     daemonset: bool
     mirror: bool
+    controller: bool = True          # an ownerReference with controller=true: something recreates it
+    terminating: bool = False        # deletionTimestamp set: evicting it again changes nothing
 
     @property
     def ref(self) -> str:
@@ -115,7 +117,9 @@ def classify(kube: Kube, pods: list[dict], host_pod_uids: dict[str, str] | None 
         owners = md.get("ownerReferences") or []
         out.append(PodUse(md.get("namespace", ""), md.get("name", ""), md.get("uid", ""), why,
                           any(o.get("kind") == "DaemonSet" for o in owners),
-                          "kubernetes.io/config.mirror" in (md.get("annotations") or {})))
+                          "kubernetes.io/config.mirror" in (md.get("annotations") or {}),
+                          controller=any(o.get("controller") for o in owners),
+                          terminating=bool(md.get("deletionTimestamp"))))
     return out
 
 

@@ -120,9 +120,13 @@ class Kube:
             raise _error(resp.status, data)
         return json.loads(data) if data else {}
 
-    def request(self, method: str, path: str, *, retry_429: bool = True, **kw) -> dict:
+    def request(self, method: str, path: str, *, retry_429: bool = True, retry: bool = True, **kw) -> dict:
         """One call, retried on connection errors, 5xx and 429 with jittered backoff. An eviction's
-        429 is an answer (a PodDisruptionBudget forbids it), not overload: retry_429=False."""
+        429 is an answer (a PodDisruptionBudget forbids it), not overload: retry_429=False. With
+        retry=False the caller owns the retries (the drain backs off and counts them against its
+        timeout)."""
+        if not retry:
+            return self._call(method, path, **kw)
         from tenacity import (
             Retrying,
             retry_if_exception,
@@ -153,8 +157,8 @@ class Kube:
     def list(self, path: str, *, labels: str | None = None, fields: str | None = None) -> dict:
         return self.request("GET", path, query={"labelSelector": labels or None, "fieldSelector": fields or None})
 
-    def create(self, path: str, obj: dict, *, retry_429: bool = True) -> dict:
-        return self.request("POST", path, body=obj, retry_429=retry_429)
+    def create(self, path: str, obj: dict, *, retry_429: bool = True, retry: bool = True) -> dict:
+        return self.request("POST", path, body=obj, retry_429=retry_429, retry=retry)
 
     def replace(self, path: str, obj: dict) -> dict:
         return self.request("PUT", path, body=obj)

@@ -1,16 +1,18 @@
 """One admitting writer at a time: a coordination.k8s.io/v1 Lease among the node daemons.
 
 The holder renews every `duration/3`; a holder that stops renewing (killed, partitioned) is dead
-once `renewTime + leaseDurationSeconds` has passed, and any daemon may then take the Lease - the
-write carries the resourceVersion it read, so of two daemons taking it at once exactly one wins
-(the other gets 409 and stays a follower). Followers learn of a change through a watch on the
-Lease, not by polling it.
+once `leaseDurationSeconds` have passed on *this* daemon's clock since it last saw the Lease change
+(as client-go's leader election judges it): the holder's `renewTime` is written by another
+machine's clock, and comparing it with ours would let a skewed clock make two holders. Any daemon
+may then take the Lease - the write carries the resourceVersion it read, so of two daemons taking
+it at once exactly one wins (the other gets 409 and stays a follower). Followers learn of a change
+through a watch on the Lease, not by polling it.
 """
 from __future__ import annotations
 
 import time
 
-from driverd.cluster.kube import Kube, KubeError, lease_path, micro_time, parse_time
+from driverd.cluster.kube import Kube, KubeError, lease_path, micro_time
 
 LEASE_NAME = "driverd-rollout"
 
@@ -21,6 +23,8 @@ class Lease:
         self.kube, self.ns, self.identity, self.name, self.duration_s = kube, namespace, identity, name, duration_s
         self.held_until = 0.0           # local clock: until when we may act as the holder
         self.last: dict | None = None    # the Lease as last seen
+        self._seen: tuple | None = None  # the holder's record as last observed …
+        self._seen_at = 0.0              # … and when we observed it change (local monotonic clock)
 
     @property
     def path(self) -> str:
@@ -30,12 +34,17 @@ class Lease:
         return (now or time.monotonic()) < self.held_until
 
     def expires_in(self, lease: dict | None = None, now: float | None = None) -> float:
-        """Seconds until the current holder's claim lapses (<= 0: it has, or there is none)."""
+        """Seconds until the current holder's claim lapses (<= 0: it has, or there is none), judged
+        by when this daemon last saw the holder's record change, never by the times in it."""
         spec = ((lease or self.last) or {}).get("spec") or {}
-        renewed = parse_time(spec.get("renewTime") or spec.get("acquireTime"))
-        if not spec.get("holderIdentity") or renewed is None:
+        if not spec.get("holderIdentity"):
             return 0.0
-        return renewed + int(spec.get("leaseDurationSeconds") or self.duration_s) - (now or time.time())
+        now = time.monotonic() if now is None else now
+        record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("acquireTime"),
+                  spec.get("leaseTransitions"), spec.get("leaseDurationSeconds"))
+        if record != self._seen:
+            self._seen, self._seen_at = record, now
+        return self._seen_at + int(spec.get("leaseDurationSeconds") or self.duration_s) - now
 
     def try_acquire(self) -> bool:
         """Take or renew the Lease; True while we hold it. One GET + at most one write."""

@@ -18,13 +18,15 @@ A_REASON = PREFIX + "reason"
 A_MESSAGE = PREFIX + "message"
 A_SINCE = PREFIX + "since"
 A_ATTEMPT = PREFIX + "attempt"
-A_ROLLOUT = PREFIX + "rollout"            # name/generation the state belongs to
+A_ROLLOUT = PREFIX + "rollout"            # name/uid/generation the state belongs to
 A_TARGET = PREFIX + "target"              # version/flavor being installed
 A_PREVIOUS = PREFIX + "previous-driver"   # version/flavor that ran before, for the record
 A_CORDONED = PREFIX + "cordoned-by-us"    # "true" only when driverd set spec.unschedulable
 A_PREFLIGHT = PREFIX + "preflight"        # JSON: the node daemon's answer for rollout/generation
 A_SKIP = PREFIX + "skip"                  # set by an operator: leave this node out
 A_RETRY = PREFIX + "retry"                # set by an operator: try a failed node again
+A_PINNED = PREFIX + "pinned-driver"       # version/flavor the daemon keeps after a failed upgrade
+FINALIZER = "driverd.io/rollout"          # keeps a deleted rollout's spec until its nodes are given back
 # Node labels (what is loaded; selectors and dashboards use them)
 L_VERSION = PREFIX + "driver-version"
 L_FLAVOR = PREFIX + "driver-flavor"
@@ -41,7 +43,21 @@ ORDER = (IDLE, ADMITTED, CORDONED, WAITING, EVICTING, UNLOADING, INSTALLING, VAL
 TERMINAL = (DONE, FAILED, SKIPPED)
 ALL_STATES = ORDER + (FAILED, REBOOT, SKIPPED)
 
-VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
+# \A…\Z, not ^…$: Python's `$` also matches before a trailing newline ("570.195.03\n"), RE2's (the
+# API server's schema patterns) does not; the parser must accept exactly what the schema accepts.
+VERSION_RE = re.compile(r"\A[0-9]+\.[0-9]+(\.[0-9]+)?\Z")
+PERCENT_RE = re.compile(r"\A[0-9]+%\Z")
+# A rollout in one of these phases (for its current generation) is over: it holds no node.
+ENDED = ("Completed", "Failed", "Refused", "Aborted", "Invalid")
+NOT_READY_TIMEOUT_S = 300
+
+
+def ended(obj: dict) -> bool:
+    """The rollout object is over for its current spec: its nodes are free for other rollouts."""
+    md, st = obj.get("metadata") or {}, obj.get("status") or {}
+    if (md.get("annotations") or {}).get("driverd.io/abort") == "true" and st.get("phase") == "Aborted":
+        return True
+    return st.get("phase") in ENDED and st.get("observedGeneration") == md.get("generation")
 
 
 class SpecError(ClusterError, ValueError):
@@ -63,6 +79,7 @@ class Rollout:
     name: str
     generation: int
     driver: str
+    uid: str = ""
     flavor: str = "auto"
     match_labels: dict = field(default_factory=dict)
     match_expressions: tuple = ()
@@ -80,12 +97,23 @@ class Rollout:
     jobs_timeout_s: int = 3600
     validation_timeout_s: int = 300
     paused: bool = False
+    not_ready_timeout_s: int = NOT_READY_TIMEOUT_S
+    deleting: bool = False
     status: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
+    def ident(self) -> str:
+        """This rollout object (a deleted and re-created one of the same name is another)."""
+        return f"{self.name}/{self.uid}" if self.uid else self.name
+
+    @property
     def key(self) -> str:
-        """What a node's record refers to: this rollout at this spec generation."""
-        return f"{self.name}/{self.generation}"
+        """What a node's record and preflight answer refer to: this object at this spec generation."""
+        return f"{self.ident}/{self.generation}"
+
+    @property
+    def target(self) -> str:
+        return f"{self.driver}/{self.flavor}"
 
     @classmethod
     def from_object(cls, obj: dict) -> Rollout:
@@ -122,13 +150,18 @@ class Rollout:
             if op in ("In", "NotIn") and not vals:
                 raise SpecError("nodeSelector.matchExpressions", f"{k} {op} needs values")
         mu = spec.get("maxUnavailable", 1)
-        if isinstance(mu, str) and not re.fullmatch(r"[0-9]+%", mu):
-            if mu.isdigit():
+        if isinstance(mu, str) and not PERCENT_RE.match(mu):
+            if mu.isascii() and mu.isdigit():
                 mu = int(mu)
             else:
                 raise SpecError("maxUnavailable", f"{mu!r} is neither a number nor a percentage like 10%")
+        if isinstance(mu, str) and not 1 <= int(mu[:-1]) <= 100:
+            # 0% would never let a node go (as 0 does); above 100% means nothing
+            raise SpecError("maxUnavailable", f"{mu} is not a percentage between 1% and 100%")
         drain, jobs, val = spec.get("drain") or {}, spec.get("waitForJobs") or {}, spec.get("validation") or {}
         r = cls(name=md.get("name", ""), generation=int(md.get("generation") or 1), driver=driver, flavor=flavor,
+                uid=str(md.get("uid") or ""), deleting=bool(md.get("deletionTimestamp")),
+                not_ready_timeout_s=int(spec.get("notReadyTimeoutSeconds", NOT_READY_TIMEOUT_S)),
                 match_labels=dict(sel.get("matchLabels") or {}), match_expressions=exprs,
                 max_parallel=int(spec.get("maxParallel", 1)), max_unavailable=mu, canary=int(spec.get("canary", 0)),
                 canary_soak_s=None if spec.get("canarySoakSeconds") is None else int(spec["canarySoakSeconds"]),
@@ -140,7 +173,8 @@ class Rollout:
                 status=obj.get("status") or {})
         for name, v, lo in (("maxParallel", r.max_parallel, 1), ("canary", r.canary, 0),
                             ("failureBudget", r.failure_budget, 0), ("drain.timeoutSeconds", r.drain_timeout_s, 1),
-                            ("validation.timeoutSeconds", r.validation_timeout_s, 1)):
+                            ("validation.timeoutSeconds", r.validation_timeout_s, 1),
+                            ("notReadyTimeoutSeconds", r.not_ready_timeout_s, 1)):
             if v < lo:
                 raise SpecError(name, f"{v} is below the minimum {lo}")
         if isinstance(r.max_unavailable, int) and r.max_unavailable < 1:
@@ -168,8 +202,8 @@ class Rollout:
         return ",".join(parts)
 
     def unavailable_limit(self, targets: int) -> int:
-        """maxUnavailable as a node count: a percentage of the target nodes, rounded down, at least 1
-        (a rollout that could never start is worse than one node at a time)."""
+        """maxUnavailable as a node count: a percentage (1%…100%) of the target nodes, rounded down,
+        at least 1 (5% of 10 nodes is one node at a time, not a rollout that can never start)."""
         mu = self.max_unavailable
         if isinstance(mu, str):
             return max(1, math.floor(targets * int(mu[:-1]) / 100))
@@ -227,6 +261,7 @@ class NodeView:
     message: str
     since: str
     ready: bool
+    ready_since: str             # the Ready condition's lastTransitionTime
     unschedulable: bool
     cordoned_by_us: bool
     driver: str | None           # label: what is loaded
@@ -236,13 +271,14 @@ class NodeView:
     skip: bool
     retry: str | None
     attempt: int
+    target: str = ""             # version/flavor the record's rollout installs
 
     @classmethod
     def from_node(cls, node: dict) -> NodeView:
         md = node.get("metadata") or {}
         ann, labels = md.get("annotations") or {}, md.get("labels") or {}
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in (node.get("status") or {}).get("conditions") or [])
+        rc = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {})
+        ready = rc.get("status") == "True"
         try:
             pre = json.loads(ann[A_PREFLIGHT]) if ann.get(A_PREFLIGHT) else None
         except ValueError:
@@ -253,14 +289,15 @@ class NodeView:
             attempt = 0
         return cls(name=md.get("name", ""), state=ann.get(A_STATE) or IDLE, rollout=ann.get(A_ROLLOUT),
                    reason=ann.get(A_REASON, ""), message=ann.get(A_MESSAGE, ""), since=ann.get(A_SINCE, ""),
-                   ready=ready, unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
+                   ready=ready, ready_since=rc.get("lastTransitionTime") or "", unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
                    cordoned_by_us=ann.get(A_CORDONED) == "true", driver=labels.get(L_VERSION),
                    flavor=labels.get(L_FLAVOR), labels=labels, preflight=pre,
                    skip=(ann.get(A_SKIP) or "").lower() in ("true", "1", "yes"), retry=ann.get(A_RETRY),
-                   attempt=attempt)
+                   attempt=attempt, target=ann.get(A_TARGET) or "")
 
     def in_rollout(self, r: Rollout) -> bool:
-        return self.in_rollout_name(r.name)
+        """The record belongs to this rollout object (any generation of its spec)."""
+        return self.rollout is not None and self.rollout.rpartition("/")[0] == r.ident
 
     def in_rollout_name(self, name: str) -> bool:
         return self.rollout is not None and self.rollout.split("/")[0] == name

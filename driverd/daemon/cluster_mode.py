@@ -3,7 +3,8 @@
 once the node has taken part in one:
 
 - while the node is in a rollout (admitted … done) the wanted driver is the rollout's target;
-- after a failed upgrade it is the driver that ran before (what the rollback restored);
+- after a failed upgrade it is the driver that ran when it failed (`driverd.io/pinned-driver`: what
+  the rollback restored, or the new driver when it loaded but the node did not become Ready);
 - otherwise (never in a rollout, or given back by an abort) it is `driver.version` from the config.
 
 So the daemon's periodic reconcile never undoes a rollout, nor races one into a downgrade. The
@@ -65,7 +66,9 @@ class ClusterMode:
         if state in m.ACTIVE or state in (m.VALIDATING, m.UNCORDONING, m.DONE):
             version, _, flavor = (ann.get(m.A_TARGET) or "").partition("/")
         elif state == m.FAILED:
-            version, _, flavor = (ann.get(m.A_PREVIOUS) or "").partition("/")
+            # what ran when the upgrade failed (the rollback's driver, or a new one that loaded but
+            # left the node NotReady): only an admitted retry or a new rollout changes it
+            version, _, flavor = (ann.get(m.A_PINNED) or ann.get(m.A_PREVIOUS) or "").partition("/")
         else:
             return cfg
         if not version:

@@ -154,7 +154,7 @@ def _validate(v, s: dict, path: str, errs: list, root: bool = False) -> None:
         if "maxLength" in s and len(v) > s["maxLength"]:
             errs.append(FieldError(path, "Too long", v, f"may not be more than {s['maxLength']} bytes",
                                    has_value=False))
-        if "pattern" in s and not re.search(s["pattern"], v):
+        if "pattern" in s and not re2_search(s["pattern"], v):
             errs.append(FieldError(path, "Invalid value", v, f"{shown} in body should match '{s['pattern']}'"))
     if isinstance(v, list):
         if "minItems" in s and len(v) < s["minItems"]:
@@ -200,3 +200,27 @@ def _validate(v, s: dict, path: str, errs: list, root: bool = False) -> None:
                                    "oneOf"))
     if isinstance(s.get("not"), dict) and not validate(v, s["not"], path, root=False):
         errs.append(FieldError(path, "Invalid value", v, f"{shown} in body must not be valid against not"))
+
+
+def re2_pattern(pattern: str) -> str:
+    r"""A schema pattern (Go's RE2 syntax) for Python's `re`, with RE2's meaning of `$`: the end of
+    the text only. Python's `$` also matches before a trailing newline, so `^[0-9]+$` would accept
+    "570\n", which kube-apiserver rejects. `$` outside a character class becomes `\Z`."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if c == "[" and not in_class:
+            in_class = True
+        elif c == "]" and in_class:
+            in_class = False
+        out.append("\\Z" if c == "$" and not in_class else c)
+        i += 1
+    return "".join(out)
+
+
+def re2_search(pattern: str, value: str) -> bool:
+    return re.search(re2_pattern(pattern), value) is not None
