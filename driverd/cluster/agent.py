@@ -481,11 +481,10 @@ def preflight(make_context, cfg, r: m.Rollout, *, leaving: set[str] = frozenset(
         out["kernel"] = sctx.kernel.release
         loaded = st.loaded(sctx)
         out["current"] = f"{loaded['version']}/{loaded['flavor']}" if loaded else None
+        from driverd.apply.hostplan import plan_for_host
         from driverd.host import collect
-        from driverd.packages.signers import for_plan
-        from driverd.plan import Desired, plan
         facts = after_drain(collect(sctx.root, nvml=False, handler=c["runtime.handler"]), leaving)
-        p = plan(facts, Desired.from_config(c), for_plan(sctx.root, facts, c))
+        p = plan_for_host(sctx.root, c, facts=facts).plan
         if loaded and loaded["version"] == r.driver and loaded["flavor"] == p.flavor:
             out["needed"] = False
             out["reasons"] = [f"already runs {r.driver} ({loaded['flavor']})"]
@@ -507,7 +506,7 @@ def preflight(make_context, cfg, r: m.Rollout, *, leaving: set[str] = frozenset(
             from driverd.packages.fetch import Want, fetch_configured
             fetch_configured(sctx.root, c, Want(r.driver, p.flavor or "", sctx.kernel.release, _arch(sctx)),
                              runner=sctx.runner, allow_build=False)
-            again = plan(facts, Desired.from_config(c), for_plan(sctx.root, facts, c))
+            again = plan_for_host(sctx.root, c, facts=facts).plan
             if again.blocked_by:
                 out["ok"], out["reasons"] = False, list(again.blocked_by) + _staying_words(facts, staying or {})
     except DriverdError as e:
