@@ -24,7 +24,6 @@ from driverd.host.modules import INSTALL_DIR, loaded_modules, read_module
 from driverd.modinfo import ModInfo, module_name, modinfo_tool, read_modinfo
 from driverd.root import Root
 
-SIM_MARKER = "/run/driverd-sim/kernel"
 NVRM_RE = re.compile(r"NVRM|nvidia", re.IGNORECASE)
 
 
@@ -278,10 +277,11 @@ KERNELS = ("auto", "real", "sim")
 def select_kernel(root: Root, runner, choice: str | None = None) -> Kernel:
     """The one place the kernel implementation is chosen.
 
-    Order: explicit choice (--kernel), then $DRIVERD_MODULES_KERNEL via config (modules.kernel),
-    then auto: a tree written by driverd.sim.hosttree carries SIM_MARKER and gets the simulated
-    kernel; anything else, and always root /, gets the real one. Implementations other than the
-    real one come from driverd.backends (the simulated kernel is registered there by driverd.sim).
+    Order: explicit choice (--kernel), then modules.kernel from the configuration (or
+    $DRIVERD_MODULES_KERNEL). The simulated kernel is used only when asked for by name: nothing under
+    the root (no marker file, no /host) switches a command to it, so a production host can never end up
+    on it by accident. "auto" (older configurations) means real. Implementations other than the real
+    one come from driverd.backends (the simulated kernel is registered there by driverd.sim).
     """
     from driverd import backends
     choice = choice or "auto"
@@ -289,7 +289,7 @@ def select_kernel(root: Root, runner, choice: str | None = None) -> Kernel:
         raise ConfigError(f"unknown kernel {choice!r}", cause="the kernel boundary is real or sim",
                           fix="use --kernel real|sim|auto")
     if choice == "auto":
-        choice = "sim" if (not root.is_slash and root.exists(SIM_MARKER)) else "real"
+        choice = "real"
     if choice == "real":
         return RealKernel(root, runner)
     if root.is_slash:
@@ -308,4 +308,4 @@ def installed_dir(release: str) -> str:
 
 
 __all__ = ["Kernel", "RealKernel", "LoadedModule", "select_kernel", "parse_modules_dep", "kernel_error",
-           "installed_dir", "SIM_MARKER", "_signal"]
+           "installed_dir", "_signal"]
