@@ -42,7 +42,7 @@ class Guest:
         self.out = spec["out"]
         self.py = spec["python"]
         self.repo_dir = spec["repo_root"]
-        self.dmesg_mark = 0
+        self.dmesg_mark: float | None = 0.0
 
     # -- driverd ------------------------------------------------------------------------------------
     def driverd(self, *args: str, faults: dict | None = None, timeout: float = 300) -> dict:
@@ -76,9 +76,7 @@ class Guest:
 
     # -- what the kernel shows ---------------------------------------------------------------------
     def dmesg_since_mark(self) -> list[str]:
-        lines = sh("dmesg")["stdout"].splitlines()
-        new = lines[self.dmesg_mark:]
-        self.dmesg_mark = len(lines)
+        new, self.dmesg_mark = dmesg_since(self.dmesg_mark)
         return new
 
     def kernel_view(self) -> dict:
@@ -247,9 +245,9 @@ class Guest:
         out: dict = {"files": files, "params": []}
 
         def attempt(label, argv):
-            mark = len(sh("dmesg")["stdout"].splitlines())
+            mark = dmesg_since(None)[1]
             r = sh(*argv)
-            log = sh("dmesg")["stdout"].splitlines()[mark:]
+            log = dmesg_since(mark)[0]
             return {"label": label, "argv": argv, "rc": r["rc"], "stderr": r["stderr"].strip(), "dmesg": log}
 
         nv = files.get("nvidia")
@@ -306,9 +304,9 @@ class Guest:
                 verdict = json.loads(pf.stdout)
             except ValueError:
                 verdict = {"error": pf.stderr[-2000:]}
-            mark = len(sh("dmesg")["stdout"].splitlines())
+            mark = dmesg_since(None)[1]
             r = sh("insmod", verdict.get("nvidia_path") or "/nonexistent")
-            log = sh("dmesg")["stdout"].splitlines()[mark:]
+            log = dmesg_since(mark)[0]
             if r["rc"] == 0:
                 sh("rmmod", "nvidia")
             out["cases"].append({"label": label, "preflight": verdict, "insmod_rc": r["rc"],
@@ -338,6 +336,22 @@ class Guest:
         drm = sh("modprobe", "drm")
         r = self.driverd("reload", "--package", pkg, "--json")
         return {"modprobe_drm": drm, "before": before, "reload": r, "after": self.state()}
+
+
+def dmesg_since(mark: float | None) -> tuple[list[str], float]:
+    """The kernel log's lines stamped after `mark` (seconds since boot), and the new mark. By stamp, not
+    by count: the ring buffer is full after a verbose boot and drops old lines."""
+    out, t, last = [], 0.0, 0.0
+    for ln in sh("dmesg")["stdout"].splitlines():
+        if ln.startswith("[") and "]" in ln:
+            try:
+                t = float(ln[1:ln.index("]")])
+            except ValueError:
+                pass
+        last = t
+        if mark is not None and t > mark:
+            out.append(ln)
+    return out, last
 
 
 def _set_policy_terminate() -> None:
