@@ -257,13 +257,18 @@ class RealKernel(Kernel):
             pass
 
     def alive(self, pid: int) -> bool:
+        """A zombie is not alive: it has closed its files and dropped its module references; only its
+        parent's wait() is missing (seen in the VM tests: a terminated holder whose parent had not
+        reaped it yet was reported as 'survived SIGKILL, stuck in D state')."""
         try:
             os.kill(pid, 0)
-            return True
         except ProcessLookupError:
             return False
         except PermissionError:
-            return True
+            pass
+        stat = self.root.read_text(f"/proc/{pid}/stat") or ""
+        state = stat.rpartition(")")[2].split()[:1]
+        return state not in (["Z"], ["X"])
 
 
 _STAMP = re.compile(r"^\[\s*(\d+)\.(\d{6})\]")

@@ -46,3 +46,19 @@ def test_lines_since_a_mark_when_the_ring_buffer_is_full(monkeypatch):
 def test_continuation_lines_take_the_stamp_before_them():
     assert _stamped(["[    1.500000] a", "  continued", "[    2.000001] b"]) == \
         [(1_500_000, "[    1.500000] a"), (1_500_000, "  continued"), (2_000_001, "[    2.000001] b")]
+
+
+def test_a_zombie_holder_is_gone():
+    """A terminated process its parent has not reaped yet holds nothing: not alive for the unload."""
+    import subprocess
+    import time
+    from driverd.runner import Runner
+    p = subprocess.Popen(["sleep", "30"])
+    k = RealKernel(Root("/"), Runner())
+    assert k.alive(p.pid)
+    p.terminate()
+    deadline = time.monotonic() + 10
+    while k.alive(p.pid) and time.monotonic() < deadline:     # a zombie until p.wait() below
+        time.sleep(0.05)
+    assert not k.alive(p.pid)
+    assert p.poll() is not None or p.wait(5) is not None

@@ -125,7 +125,9 @@ def test_reload_535_to_550_with_parameters_checked_first(vm):
     r = vm["boot"].results["reload"]
     bad = r["bad_parameter"]
     # a value outside the module file's declared type: refused before anything is unloaded
-    assert bad["reload"]["rc"] == 2 and "NVreg_DeviceFileMode" in bad["reload"]["stderr"], bad["reload"]["stderr"]
+    err = bad["reload"]["stderr"]
+    assert bad["reload"]["rc"] == 3 and "reload failed at check-parameters" in err, err
+    assert "NVreg_DeviceFileMode='70000' (70000 is out of range for ushort (0..65535))" in err, err
     assert _mods(bad["kernel"])["nvidia"]["version"] == h.OLD
     rl = r["reload"]
     assert rl["rc"] == 0, rl["stderr"]
@@ -145,13 +147,22 @@ def test_unload_refused_while_a_process_holds_dev_nvidia0_then_terminated(vm):
     ref = r["refused"]
     assert ref["rc"] == 3, ref["stderr"]
     assert f"pid {r['holder_pid']}" in ref["stderr"] and "/dev/nvidia0" in ref["stderr"], ref["stderr"][-1500:]
-    assert r["rmmod_with_holder"]["rc"] != 0
+    assert r["rmmod_with_holder"]["rc"] != 0 and "is in use" in r["rmmod_with_holder"]["stderr"]
     un = r["unload_terminate"]
     assert un["rc"] == 0, un["stderr"]
     assert r["holder_exit"] == -15                                       # SIGTERM, within the grace period
     assert not [m for m in _mods(r["after_unload"]) if m.startswith("nvidia")]
     assert r["load"]["rc"] == 0, r["load"]["stderr"]
     assert _mods(r["after"]["kernel"])["nvidia"]["version"] == h.NEW
+
+
+@pytest.mark.xfail(strict=True, reason="a refused unload (nothing changed) ends in a convergence that tries the "
+                   "same unload and reports 'ROLLBACK FAILED ... the host has no validated driver' although the "
+                   "driver is loaded and valid; the simulated kernel does the same (a transaction bug, not a "
+                   "kernel difference): fix the convergence, then drop this mark")
+def test_a_refused_unload_is_not_reported_as_a_failed_rollback(vm):
+    ref = vm["boot"].results["holder"]["refused"]
+    assert "ROLLBACK FAILED" not in ref["stderr"]
 
 
 # -- the simulated kernel's claims, checked against the real one ------------------------------------
