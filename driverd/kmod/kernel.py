@@ -154,6 +154,8 @@ _ERRNO_FIX = {
                                    "enrolled in the MOK/platform keyring ([signing] key/cert)",
     "Required key not available": "the kernel enforces module signatures: sign the modules with an enrolled key",
     "Invalid argument": "a module parameter has a value the module rejects; check [modules.parameters]",
+    "Numerical result out of range": "a module parameter's value is outside its type's range; check "
+                                     "[modules.parameters]",
     "No such device": "no GPU could be initialised: check the kernel log lines above (firmware, nouveau bound, "
                       "unsupported GPU for this flavour)",
     "Unknown symbol in module": "a dependency is missing or was built against another driver version",

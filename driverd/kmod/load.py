@@ -138,10 +138,11 @@ def value_problem(ptype: str | None, value: str) -> str | None:
             return f"{n} is out of range for {ptype} ({lo}..{hi})"
         return None
     if ptype in _BOOL_TYPES:
-        # kstrtobool: y/Y/1/n/N/0 by the first character, on/off by the first two.
-        if v[:1] in ("y", "Y", "1", "n", "N", "0") or v[:2].lower() in ("on", "of"):
+        # kstrtobool: y/Y/t/T/1 and n/N/f/F/0 by the first character, on/off by the first two (Debian's
+        # 6.1 takes "false" and "no"; tests/vm).
+        if v[:1] in tuple("yYtT1nNfF0") or v[:2].lower() in ("on", "of"):
             return None
-        return f"{ptype} wants y, n, 1, 0, on or off"
+        return f"{ptype} wants y, n, true, false, 1, 0, on or off"
     if ptype in ("charp", "string"):
         return "longer than 1024 bytes" if len(v.encode()) > 1024 else None
     return None

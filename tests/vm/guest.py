@@ -253,13 +253,14 @@ class Guest:
         nv = files.get("nvidia")
         for ptype, pname, values in self.spec["param_cases"]:
             for v in values:
-                a = attempt(f"{pname}={v}", ["insmod", nv, f"{pname}={v}"])
+                # modprobe, as driverd loads: its words are the errno's (insmod names some its own way)
+                a = attempt(f"{pname}={v}", ["modprobe", "nvidia", f"{pname}={v}"])
                 a["type"], a["value"] = ptype, v
                 a["read_back"] = _read(f"/sys/module/nvidia/parameters/{pname}")
                 if a["rc"] == 0:
                     sh("rmmod", "nvidia")
                 out["params"].append(a)
-        out["unknown_param"] = attempt("unknown", ["insmod", nv, "NVreg_NoSuchThing=1"])
+        out["unknown_param"] = attempt("unknown", ["modprobe", "nvidia", "NVreg_NoSuchThing=1"])
         sh("rmmod", "nvidia")
         out["missing_symbol"] = attempt("uvm-first", ["insmod", files["nvidia_uvm"]])
         out["load_nvidia"] = attempt("nvidia", ["insmod", nv])
