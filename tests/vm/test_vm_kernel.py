@@ -143,7 +143,8 @@ def test_reload_535_to_550_with_parameters_checked_first(vm):
 def test_unload_refused_while_a_process_holds_dev_nvidia0_then_terminated(vm):
     r = vm["boot"].results["holder"]
     assert r["ready"] == "ready"
-    assert _mods(r["view_with_holder"])["nvidia"]["refcnt"] == "3"      # uvm, modeset and the open file
+    # uvm, modeset, and TWO for the open /dev/nvidia0 (chrdev_open takes the cdev's owner and fops_get's)
+    assert _mods(r["view_with_holder"])["nvidia"]["refcnt"] == "4"
     ref = r["refused"]
     assert ref["rc"] == 3, ref["stderr"]
     assert f"pid {r['holder_pid']}" in ref["stderr"] and "/dev/nvidia0" in ref["stderr"], ref["stderr"][-1500:]
@@ -263,16 +264,15 @@ def test_missing_symbol_refcounts_holders_and_in_use_words(vm, sim):
         sim.unload("nvidia")
     assert e.value.details["reason"].startswith("Module nvidia is in use by: ")
     assert sorted(m.group(1).split()) == sorted(e.value.details["reason"].split(": ", 1)[1].split())
-    # an open /dev/nvidia0 holds one reference; rmmod says "in use" without a name
+    # an open /dev/nvidia0 holds two references (cdev owner + fops owner); rmmod says "in use", no name
     opened = c["view_open_file"]["modules"]["nvidia"]
-    assert opened["refcnt"] == "1" and opened["holders"] == []
+    assert opened["refcnt"] == "2" and opened["holders"] == []
     assert c["rmmod_open_file"]["rc"] != 0 and c["rmmod_open_file"]["stderr"].endswith("Module nvidia is in use")
     assert c["rmmod_after_close"]["rc"] == 0
     assert c["rmmod_not_loaded"]["stderr"].endswith("Module nvidia is not currently loaded")
     for mod in ("nvidia_drm", "nvidia_modeset", "nvidia_uvm"):
         sim.unload(mod)
     pid = sim.spawn("holder", ["/dev/nvidia0"])
-    assert sim.modules()["nvidia"].refcount == 1
     with pytest.raises(ModuleError) as e:
         sim.unload("nvidia")
     assert e.value.details["reason"] == "Module nvidia is in use"
@@ -288,15 +288,46 @@ def test_vermagic_refusal_words(vm, sim):
     real = c["vermagic"]
     # ENOEXEC: modprobe prints strerror ("Exec format error", the sim's words), insmod its own name for it
     assert real["rc"] != 0 and "Invalid module format" in real["stderr"], real
-    line = next(ln for ln in real["dmesg"] if "version magic" in ln)
-    # the kernel: "nvidia: version magic '<module's>' should be '<kernel's>'"
-    want = f"nvidia: version magic '{c['vermagic_modinfo']}' should be '{h.RELEASE} SMP preempt mod_unload modversions '"
-    assert line.endswith(want), (line, want)
+    # Debian's cloud and generic 6.1.0-47 differ in the module_layout CRC, checked before vermagic
+    assert any(ln.endswith("nvidia: disagrees about version of symbol module_layout") for ln in real["dmesg"]), real
     from driverd.modinfo import read_modinfo
     info = read_modinfo(str(vm["packages"].other_kernel_ko))
+    assert sim._check("nvidia", info, {})[0] == "Exec format error"          # the same errno (ENOEXEC)
+
+
+# What the simulated kernel still says differently from the real one (strict: fix the sim, drop the mark).
+
+@pytest.mark.xfail(strict=True, reason="sim logs \"version magic ... should be ...\"; a modversioned module of "
+                   "another build of the same release fails the module_layout CRC first")
+def test_sim_vermagic_log_line(vm, sim):
+    from driverd.modinfo import read_modinfo
+    real = vm["boot"].results["kernel_claims"]["vermagic"]["dmesg"]
     mark = sim.log_mark()
-    assert sim._check("nvidia", info, {})[0] == "Exec format error"
-    assert sim.log_since(mark)[-1].endswith(want), (sim.log_since(mark), want)
+    sim._check("nvidia", read_modinfo(str(vm["packages"].other_kernel_ko)), {})
+    assert sim.log_since(mark)[-1].split("] ", 1)[1] in [ln.split("] ", 1)[1] for ln in real]
+
+
+@pytest.mark.xfail(strict=True, reason="sim counts ONE reference per open device file; the kernel takes two "
+                   "(cdev owner and fops owner in chrdev_open)")
+def test_sim_refcount_of_an_open_device(vm, sim):
+    real = vm["boot"].results["kernel_claims"]["view_open_file"]["modules"]["nvidia"]["refcnt"]
+    sim.load("nvidia")
+    pid = sim.spawn("holder", ["/dev/nvidia0"])
+    try:
+        assert sim.modules()["nvidia"].refcount == int(real)
+    finally:
+        sim.signal(pid, 9)
+        sim.unload("nvidia")
+
+
+@pytest.mark.xfail(strict=True, reason="sim logs 'Unknown symbol in module (needs X)'; the kernel names the "
+                   "symbol: 'Unknown symbol nv_standin_api_version (err -2)'")
+def test_sim_unknown_symbol_log_line(vm, sim):
+    from driverd.modinfo import read_modinfo
+    real = vm["boot"].results["kernel_claims"]["missing_symbol"]["dmesg"]
+    mark = sim.log_mark()
+    sim._check("nvidia_uvm", read_modinfo(sim.root.real(sim.module_file("nvidia_uvm"))), {})
+    assert sim.log_since(mark)[-1].split("] ", 1)[1] in [ln.split("] ", 1)[1] for ln in real]
 
 
 # -- module.sig_enforce=1: the kernel's verdict equals the signer preflight's -----------------------
