@@ -39,7 +39,7 @@ def main() -> int:
                         f.write(tar.extractfile(ti).read())
         path = os.path.join(dest, "nvidia.ko")
     v = signers.judge(sigs, keyrings, [], enforced=kernel.module_signature_enforced, source=source)
-    nv = next((m for m in v.modules if m.module.split("/")[-1].startswith(("nvidia.ko", "dummy.ko"))), None)
+    nv = next((m for m in v.modules if os.path.basename(m.module).split(".ko")[0] in ("nvidia", "dummy")), None)
     print(json.dumps({"status": v.status, "blocks": v.blocks, "summary": v.summary, "enforced": v.enforced,
                       "module_status": nv.status if nv else None, "nvidia_path": path,
                       "sources": list(kernel.signature_enforcement_sources)}))
