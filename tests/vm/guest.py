@@ -205,34 +205,6 @@ class Guest:
                 "rmmod_with_holder": rmmod, "unload_terminate": unload, "holder_exit": rc,
                 "after_unload": after_unload, "load": load, "after": self.state()}
 
-    def s_kill9(self) -> dict:
-        """kill -9 of driverd at points of a reload (550 -> 535 and back), then the next command."""
-        pkgs = self.spec["packages"]
-        trace = "/tmp/driverd-faults-trace"
-        self.config("535.261.03", {"nvidia": {"NVreg_EnableMSI": 0}})
-        counted = self.driverd("reload", "--package", pkgs["535"], "--json",
-                               faults={"FAULTS_TRACE": trace, "FAULTS_UNDER": "/"})
-        labels = open(trace).read().splitlines() if os.path.exists(trace) else []
-        trials = []
-        target = {"535": "550.127.05", "550": "535.261.03"}
-        cur = "535"
-        n_effects = len(labels)
-        points = sorted({max(1, n_effects * k // 6) for k in range(1, 6)})
-        for n in points:
-            nxt = "550" if cur == "535" else "535"
-            self.config(target[cur], {"nvidia": {"NVreg_EnableMSI": 0}})
-            killed = self.driverd("reload", "--package", pkgs[nxt], "--json", faults={"FAULTS_KILL_AFTER": n,
-                                                                                        "FAULTS_UNDER": "/"})
-            mid = self.kernel_view()
-            again = self.driverd("reload", "--package", pkgs[nxt], "--json")
-            st = self.state()
-            trials.append({"n": n, "label": labels[n - 1] if n <= len(labels) else None, "target": nxt,
-                           "killed_rc": killed["rc"], "killed_stderr": killed["stderr"][-800:], "mid": mid,
-                           "again": again, "after": st, "status": self.driverd("status", "--json")})
-            ver = (st["kernel"]["nvidia_version"] or "")
-            cur = "550" if "550.127.05" in ver else "535"
-        return {"counted": counted, "labels": labels, "trials": trials}
-
     def s_kernel_claims(self) -> dict:
         """The kernel's own words for what the simulated kernel claims, by insmod/rmmod of the installed
         stand-in files directly (driverd is not involved): parameter parsing, unknown parameters,
@@ -328,31 +300,6 @@ class Guest:
         out["apply"] = self.driverd("apply", "--json")
         out["after"] = self.kernel_view()
         return out
-
-    def s_real_nvidia(self) -> dict:
-        """NVIDIA's real 535.261.03 open modules, built for this kernel: driverd applies them, the kernel
-        refuses (no GPU), driverd reports the kernel's words and rolls back to the stand-in 535."""
-        pkg = self.spec["packages"].get("real")
-        before = self.kernel_view()
-        drm = sh("modprobe", "drm")
-        r = self.driverd("reload", "--package", pkg, "--json")
-        return {"modprobe_drm": drm, "before": before, "reload": r, "after": self.state()}
-
-
-def dmesg_since(mark: float | None) -> tuple[list[str], float]:
-    """The kernel log's lines stamped after `mark` (seconds since boot), and the new mark. By stamp, not
-    by count: the ring buffer is full after a verbose boot and drops old lines."""
-    out, t, last = [], 0.0, 0.0
-    for ln in sh("dmesg")["stdout"].splitlines():
-        if ln.startswith("[") and "]" in ln:
-            try:
-                t = float(ln[1:ln.index("]")])
-            except ValueError:
-                pass
-        last = t
-        if mark is not None and t > mark:
-            out.append(ln)
-    return out, last
 
 
 def _set_policy_terminate() -> None:

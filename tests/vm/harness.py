@@ -181,13 +181,11 @@ def boot(spec: dict, out: Path, image: Path, *, append: str | None = None, timeo
         if f.exists():
             results[name] = json.loads(f.read_text())
     boot_s = None
-    setup = results.get(spec["scenarios"][0]) if spec["scenarios"] else None
     done = out / "done.json"
     if done.exists():
         d = json.loads(done.read_text())
         up = float((d.get("uptime") or "0").split()[0])
         boot_s = round(up - d["seconds"], 1)
-    del setup
     return Boot(rc, seconds, console, results, boot_s)
 
 
