@@ -30,7 +30,6 @@ static bool NVreg_StandinFailInit;
 module_param(NVreg_StandinFailInit, bool, 0444);
 MODULE_PARM_DESC(NVreg_StandinFailInit, "test stand-in: fail the init with ENODEV (bool)");
 
-/* The stand-in GPU's PCI address: tests/vm/guest.py adds a PCI function there in the guest's sysfs view. */
 static struct proc_dir_entry *nv_proc;
 
 int nv_standin_api_version(void)
@@ -78,6 +77,7 @@ static int __init nv_init(void)
 		return rc;
 	nv_proc = proc_mkdir("driver/nvidia", NULL);
 	gpus = nv_proc ? proc_mkdir("gpus", nv_proc) : NULL;
+	/* the stand-in GPU's PCI address: tests/vm/guest.py adds a PCI function there in the guest's sysfs */
 	gpu = gpus ? proc_mkdir("0001:00:00.0", gpus) : NULL;
 	if (!gpu || !proc_create_single("version", 0444, nv_proc, nv_version_show) ||
 	    !proc_create_single("information", 0444, gpu, nv_gpu_show)) {
