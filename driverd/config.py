@@ -49,8 +49,9 @@ SCHEMA: dict[str, Key] = {
     "modules.unload_policy": Key("str", "refuse", "what to do with processes holding the GPU on unload",
                                  ("refuse", "terminate")),
     "modules.terminate_grace_s": Key("int", 30, "seconds between SIGTERM and SIGKILL when terminating"),
-    "modules.kernel": Key("str", "auto", "kernel boundary: real (kmod tools), sim (simulated kernel in a host "
-                          "tree: tests, demo), auto (sim only for trees written by driverd.sim)", ("auto", "real", "sim")),
+    "modules.kernel": Key("str", "real", "kernel boundary: real (kmod tools), sim (simulated kernel in a host "
+                          "tree: tests, demo; only ever used when asked for here or by --kernel sim); auto is "
+                          "the same as real", ("auto", "real", "sim")),
     "signing.key": Key("str", None, "private key used to sign modules built on this host (a host path, under "
                        "--root)"),
     "signing.cert": Key("str", None, "certificate (DER or PEM) matching signing.key (a host path, under --root)"),

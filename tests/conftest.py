@@ -15,6 +15,20 @@ from driverd import safetar
 
 # Tests are a composition root like the CLI: the simulated kernel, daemons and MIG are available.
 driverd.sim.install_backends()
+# ...and they ask for the simulated kernel explicitly (driverd never infers it from a host tree): every
+# command run in this process or in a child (the helpers keep this one DRIVERD_ variable) gets
+# modules.kernel = "sim". A test about the real kernel says so: --kernel real, or KERNEL_ENV_REAL.
+KERNEL_ENV = "DRIVERD_MODULES_KERNEL"
+KERNEL_ENV_REAL = {KERNEL_ENV: "real"}
+os.environ[KERNEL_ENV] = "sim"
+
+
+def driverd_env(extra: dict | None = None, drop: tuple[str, ...] = ("DRIVERD_",)) -> dict:
+    """This process's environment for a driverd child: DRIVERD_* settings dropped (and `drop`'s other
+    prefixes), except the explicit kernel choice."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop) or k == KERNEL_ENV}
+    env.update(extra or {})
+    return env
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -56,8 +70,7 @@ def run_cli(*args: str, env: dict | None = None, check: bool = False, timeout: f
     """Run the installed console script `driverd` (falls back to python -m driverd outside a venv)."""
     exe = Path(sys.executable).parent / "driverd"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "driverd"]
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DRIVERD_")}
-    full_env.update(env or {})
+    full_env = driverd_env(env)
     res = subprocess.run(cmd + list(args), capture_output=True, text=True, env=full_env, timeout=timeout)
     if check and res.returncode != 0:
         raise AssertionError(f"driverd {' '.join(args)} exited {res.returncode}: {res.stderr}")

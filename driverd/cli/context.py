@@ -1,6 +1,6 @@
 """What every command gets: the host root, the validated configuration, output mode, the runner.
 This is also the composition root: the one place that decides to bring in the simulated backends
-(driverd.sim) for a simulated host tree or --kernel sim."""
+(driverd.sim) — only when asked for: --kernel sim or modules.kernel = "sim"."""
 from __future__ import annotations
 
 import os
@@ -37,7 +37,7 @@ class Context:
         from driverd.apply.lifecycle import make_context
         cfg = cfg or self.config
         choice = kernel_choice or cfg["modules.kernel"]
-        if wants_sim(self.root, choice):
+        if wants_sim(choice):
             from driverd.sim import install_backends
             install_backends()
         return make_context(self.root, self.runner, cfg, choice)
@@ -50,9 +50,9 @@ class Context:
         return cls(Root(root), bool(args.json), bool(getattr(args, "dry_run", False)), args.config)
 
 
-def wants_sim(root: Root, choice: str | None) -> bool:
-    from driverd.kmod.kernel import SIM_MARKER
-    return choice == "sim" or (choice in (None, "auto") and not root.is_slash and root.exists(SIM_MARKER))
+def wants_sim(choice: str | None) -> bool:
+    """Only an explicit --kernel sim / modules.kernel = "sim" brings in the simulated backends."""
+    return choice == "sim"
 
 
 def check_root(path: str, command: str | None) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from driverd.cli.output import emit
 from driverd.errors import EXIT_OK
 
-KERNEL_HELP = "kernel boundary: real (kmod tools), sim (simulated kernel of a host tree), auto (default: sim only for trees driverd.sim wrote)"
+KERNEL_HELP = ("kernel boundary: real (kmod tools; the default, also auto) or sim (the simulated kernel of a host tree: "
+               "used only when asked for here or by modules.kernel)")
 
 
 def _common(p) -> None:

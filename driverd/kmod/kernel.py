@@ -29,7 +29,6 @@ from driverd.host.modules import INSTALL_DIR, loaded_modules, read_module
 from driverd.modinfo import ModInfo, module_name, read_modinfo
 from driverd.root import Root
 
-SIM_MARKER = "/run/driverd-sim/kernel"
 NVRM_RE = re.compile(r"NVRM|nvidia", re.IGNORECASE)
 
 
@@ -175,6 +174,8 @@ _ERRNO_FIX = {
                                    "enrolled in the MOK/platform keyring ([signing] key/cert)",
     "Required key not available": "the kernel enforces module signatures: sign the modules with an enrolled key",
     "Invalid argument": "a module parameter has a value the module rejects; check [modules.parameters]",
+    "Numerical result out of range": "a module parameter's value is outside its type's range; check "
+                                     "[modules.parameters]",
     "No such device": "no GPU could be initialised: check the kernel log lines above (firmware, nouveau bound, "
                       "unsupported GPU for this flavour)",
     "Unknown symbol in module": "a dependency is missing or was built against another driver version",
@@ -212,10 +213,15 @@ class RealKernel(Kernel):
         return which(name) or name
 
     def log_mark(self) -> int:
-        return len(self._dmesg())
+        """Where the kernel log is now: the timestamp (µs) of its last line. Not a count of lines: once
+        the ring buffer is full (a long-running host, a verbose boot) old lines drop out as new ones
+        arrive, and a count would hide exactly the lines of the attempt (seen on Debian's 6.1 in the VM
+        tests)."""
+        stamped = _stamped(self._dmesg())
+        return stamped[-1][0] if stamped else 0
 
     def log_since(self, mark: int) -> list[str]:
-        return self._dmesg()[mark:]
+        return [ln for t, ln in _stamped(self._dmesg()) if t > mark]
 
     def _dmesg(self) -> list[str]:
         if not self.live:      # this machine's kernel log says nothing about a captured tree
@@ -302,13 +308,33 @@ class RealKernel(Kernel):
             pass
 
     def alive(self, pid: int) -> bool:
+        """A zombie is not alive: it has closed its files and dropped its module references; only its
+        parent's wait() is missing (seen in the VM tests: a terminated holder whose parent had not
+        reaped it yet was reported as 'survived SIGKILL, stuck in D state')."""
         try:
             os.kill(pid, 0)
-            return True
         except ProcessLookupError:
             return False
         except PermissionError:
-            return True
+            pass
+        stat = self.root.read_text(f"/proc/{pid}/stat") or ""
+        state = stat.rpartition(")")[2].split()[:1]
+        return state not in (["Z"], ["X"])
+
+
+_STAMP = re.compile(r"^\[\s*(\d+)\.(\d{6})\]")
+
+
+def _stamped(lines: list[str]) -> list[tuple[int, str]]:
+    """(µs since boot, line) for dmesg's lines; a line without a stamp (a record's continuation) takes
+    the one before it."""
+    out, t = [], 0
+    for ln in lines:
+        m = _STAMP.match(ln)
+        if m:
+            t = int(m.group(1)) * 1_000_000 + int(m.group(2))
+        out.append((t, ln))
+    return out
 
 
 def _reason(text: str) -> str:
@@ -327,10 +353,11 @@ KERNELS = ("auto", "real", "sim")
 def select_kernel(root: Root, runner, choice: str | None = None) -> Kernel:
     """The one place the kernel implementation is chosen.
 
-    Order: explicit choice (--kernel), then $DRIVERD_MODULES_KERNEL via config (modules.kernel),
-    then auto: a tree written by driverd.sim.hosttree carries SIM_MARKER and gets the simulated
-    kernel; anything else, and always root /, gets the real one. Implementations other than the
-    real one come from driverd.backends (the simulated kernel is registered there by driverd.sim).
+    Order: explicit choice (--kernel), then modules.kernel from the configuration (or
+    $DRIVERD_MODULES_KERNEL). The simulated kernel is used only when asked for by name: nothing under
+    the root (no marker file, no /host) switches a command to it, so a production host can never end up
+    on it by accident. "auto" (older configurations) means real. Implementations other than the real
+    one come from driverd.backends (the simulated kernel is registered there by driverd.sim).
     """
     from driverd import backends
     choice = choice or "auto"
@@ -338,7 +365,7 @@ def select_kernel(root: Root, runner, choice: str | None = None) -> Kernel:
         raise ConfigError(f"unknown kernel {choice!r}", cause="the kernel boundary is real or sim",
                           fix="use --kernel real|sim|auto")
     if choice == "auto":
-        choice = "sim" if (not root.is_slash and root.exists(SIM_MARKER)) else "real"
+        choice = "real"
     if choice == "real":
         return RealKernel(root, runner)
     if root.is_slash:
@@ -357,4 +384,4 @@ def installed_dir(release: str) -> str:
 
 
 __all__ = ["Kernel", "RealKernel", "LoadedModule", "select_kernel", "parse_modules_dep", "kernel_error",
-           "installed_dir", "SIM_MARKER", "_signal"]
+           "installed_dir", "_signal"]

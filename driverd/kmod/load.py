@@ -120,15 +120,18 @@ def value_problem(ptype: str | None, value: str) -> str | None:
         m = re.fullmatch(r"([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)", v)
         if not m or (m.group(1) == "-" and lo == 0):
             return f"{ptype} wants a{'n unsigned' if lo == 0 else 'n'} integer"
-        n = int(m.group(2), 0) * (-1 if m.group(1) == "-" else 1)
+        digits = m.group(2)     # kstrto*(s, 0): 0x hex, a leading 0 octal (Python's int(s, 0) refuses "010")
+        n = int(digits, 16 if digits[:2] in ("0x", "0X") else 8 if digits[:1] == "0" else 10)
+        n = -n if m.group(1) == "-" else n
         if not lo <= n <= hi:
             return f"{n} is out of range for {ptype} ({lo}..{hi})"
         return None
     if ptype in _BOOL_TYPES:
-        # kstrtobool: y/Y/1/n/N/0 by the first character, on/off by the first two.
-        if v[:1] in ("y", "Y", "1", "n", "N", "0") or v[:2].lower() in ("on", "of"):
+        # kstrtobool: y/Y/t/T/1 and n/N/f/F/0 by the first character, on/off by the first two (Debian's
+        # 6.1 takes "false" and "no"; tests/vm).
+        if v[:1] in tuple("yYtT1nNfF0") or v[:2].lower() in ("on", "of"):
             return None
-        return f"{ptype} wants y, n, 1, 0, on or off"
+        return f"{ptype} wants y, n, true, false, 1, 0, on or off"
     if ptype in ("charp", "string"):
         return "longer than 1024 bytes" if len(v.encode()) > 1024 else None
     return None

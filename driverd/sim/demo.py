@@ -21,6 +21,8 @@ index_public_key = "/etc/driverd/repo-index.pub"
 runtimes = ["containerd"]
 restart = "none"
 cdi = true
+[modules]
+kernel = "sim"        # the sandbox's kernel is simulated; driverd uses it only when told so
 """
 
 

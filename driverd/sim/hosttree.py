@@ -132,8 +132,6 @@ def write_host(root: str | os.PathLike, spec: HostSpec) -> Path:
                            f"12.2.0-14) 12.2.0, GNU ld (GNU Binutils for Debian) 2.40) #1 SMP PREEMPT_DYNAMIC "
                            f"Debian 6.1.0-0 (2025-01-01)\n")
     _w(r, "/proc/cmdline", spec.cmdline + "\n")
-    # Marks the tree as simulated: driverd.kmod.kernel.select_kernel gives it the simulated kernel.
-    _w(r, "/run/driverd-sim/kernel", "simulated host tree written by driverd.sim.hosttree\n")
     _w(r, "/etc/os-release", spec.os_release)
     cfg = dict(spec.config)
     cfg["CONFIG_MODULE_UNLOAD"] = "y" if spec.module_unload else "n"

@@ -49,7 +49,6 @@ BASE_DEVICES = [(1, "mem"), (4, "/dev/vc/0"), (4, "tty"), (5, "/dev/tty"), (5, "
                 (10, "misc"), (13, "input"), (29, "fb"), (128, "ptm"), (136, "pts"), (226, "drm")]
 MODULE_DEVICES = {"nvidia": [(195, "nvidia"), (235, "nvidia-caps")], "nvidia_uvm": [(510, "nvidia-uvm")]}
 NVSWITCH_MAJOR = 509
-INT_TYPES = ("int", "uint", "long", "ulong", "short", "ushort", "byte", "ullong", "hexint")
 
 
 class SimKernel(Kernel):
@@ -287,9 +286,10 @@ class SimKernel(Kernel):
             if p is None:
                 self._log(f"{name}: unknown parameter '{k}' ignored")
                 continue
-            if not _valid(p.type, v):
+            err = _param_error(p.type, v)
+            if err:
                 self._log(f"{name}: `{v}' invalid for parameter `{k}'")
-                return "Invalid argument", f"parameter {k} of {name} takes {p.type}; {v!r} is not one"
+                return err, f"parameter {k} of {name} takes {p.type}; {v!r} is not one"
         missing = [fw for fw in info.firmware if not self._firmware_found(fw)]
         if missing:
             for fw in missing:
@@ -484,20 +484,42 @@ def _has_refcounts(root: Root) -> bool:
     return module_unload_evidence(root.read_text("/proc/modules"), {})[0]
 
 
-def _valid(ptype: str | None, value: str) -> bool:
+# kernel/params.c param_set_*: kstrto*(value, 0) (decimal, 0x hex, 0 octal; '+' allowed, '-' only for
+# the signed types; no spaces): garbage is EINVAL, a number outside the type ERANGE. Checked against
+# Debian's 6.1 in tests/vm (4294967296 for a uint: "Numerical result out of range").
+_RANGES = {"byte": (0, 0xff), "short": (-(1 << 15), (1 << 15) - 1), "ushort": (0, 0xffff),
+           "int": (-(1 << 31), (1 << 31) - 1), "uint": (0, 0xffffffff), "hexint": (0, 0xffffffff),
+           "long": (-(1 << 63), (1 << 63) - 1), "ulong": (0, (1 << 64) - 1), "ullong": (0, (1 << 64) - 1)}
+_EINVAL, _ERANGE = "Invalid argument", "Numerical result out of range"
+
+
+def _param_error(ptype: str | None, value: str) -> str | None:
+    """The errno text the kernel answers for `value` of a parameter of type `ptype`, or None."""
     if ptype is None or ptype in ("charp", "string"):
-        return True
+        return None
     if ptype.startswith("array of "):
-        return all(_valid(ptype[9:], v) for v in value.split(","))
+        return next((e for e in (_param_error(ptype[9:], v) for v in value.split(",")) if e), None)
+    v = value[:-1] if value.endswith("\n") else value
     if ptype in ("bool", "invbool"):
-        return value in ("y", "Y", "n", "N", "1", "0", "true", "false")
-    if ptype in INT_TYPES:
+        # kstrtobool: y/Y/t/T/1 and n/N/f/F/0 by the first character, on/off by the first two
+        ok = v[:1] in tuple("yYtT1nNfF0") or (v[:1] in ("o", "O") and v[1:2] in tuple("nNfF"))
+        return None if ok else _EINVAL
+    if ptype in _RANGES:
+        lo, hi = _RANGES[ptype]
+        sign = v[:1] if v[:1] in ("+", "-") else ""
+        digits = v[len(sign):]
+        if sign == "-" and lo == 0:
+            return _EINVAL
         try:
-            n = int(value, 0)
+            n = int(digits, 16) if digits[:2] in ("0x", "0X") else int(digits, 8) if digits[:1] == "0" else \
+                int(digits, 10) if digits[:1].isdigit() else None
         except ValueError:
-            return False
-        return n >= 0 or not ptype.startswith("u")
-    return True
+            n = None
+        if n is None or not digits.isalnum():
+            return _EINVAL
+        n = -n if sign == "-" else n
+        return None if lo <= n <= hi else _ERANGE
+    return None
 
 
 def _size(path) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.kmod.conftest import host, kernel_of, packages  # noqa: F401  (fixtures)
+from tests.conftest import driverd_env
 
 REPO = Path(__file__).resolve().parents[2]
 FAULTS = REPO / "tests" / "faults"
@@ -18,7 +19,7 @@ FAULTS = REPO / "tests" / "faults"
 def drv(root, *args, env=None, faults: dict | None = None, timeout=180) -> subprocess.CompletedProcess:
     """Run `driverd CMD --root ROOT ARGS...` in a fresh process (DRIVERD_* from this process dropped).
     `faults` sets the test-side fault injector (tests/faults/sitecustomize.py) for that process."""
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("DRIVERD_", "FAULTS_"))}
+    e = driverd_env(drop=("DRIVERD_", "FAULTS_"))
     if faults:
         e["PYTHONPATH"] = os.pathsep.join([str(FAULTS), str(REPO)] + ([e["PYTHONPATH"]] if e.get("PYTHONPATH") else []))
         e.update({k: str(v) for k, v in faults.items()})
@@ -28,7 +29,7 @@ def drv(root, *args, env=None, faults: dict | None = None, timeout=180) -> subpr
 
 
 def start(root, *args, env=None) -> subprocess.Popen:
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("DRIVERD_", "FAULTS_"))}
+    e = driverd_env(drop=("DRIVERD_", "FAULTS_"))
     e.update(env or {})
     return subprocess.Popen([sys.executable, "-m", "driverd", *args, "--root", str(root)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.apply.conftest import drv, history, journal, kernel_of, status, tree_files
+from tests.conftest import driverd_env
 
 OLD = ("535.261.03", "open")
 
@@ -125,7 +126,7 @@ def drv_in_namespace(root, setup: str, *args) -> subprocess.CompletedProcess:
     """driverd in a private mount namespace after `setup` (mount commands) ran there."""
     import os
     import sys
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DRIVERD_")}
+    env = driverd_env()
     cmd = " ".join(["exec", sys.executable, "-m", "driverd"] + [f"'{a}'" for a in args] + ["--root", str(root)])
     return subprocess.run([_unshare(), "-m", "sh", "-c", f"set -e; {setup}; {cmd}"], capture_output=True,
                           text=True, env=env, timeout=180)

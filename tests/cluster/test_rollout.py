@@ -15,7 +15,7 @@ from driverd.cluster import model as m
 from driverd.cluster.kube import Kube, Target, node_path, rollout_path
 from driverd.sim.apiserver import ApiServer
 from driverd.sim.fleet import NEW, OLD, Fleet
-from tests.conftest import REPO
+from tests.conftest import driverd_env, REPO
 
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 
@@ -305,7 +305,7 @@ def test_cluster_agent_command_runs_the_node_side_until_sigterm(tmp_path):
     import signal
     srv = ApiServer(host="127.0.0.1", port=0).start()
     f = Fleet(tmp_path / "fleet", 1, server=srv).build()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DRIVERD_")}
+    env = driverd_env()
     p = subprocess.Popen([f"{REPO}/.venv/bin/driverd", "cluster", "agent", "--root", str(f.nodes["gpu-0000"].root),
                           "--node", "gpu-0000", "--kubeconfig", f.kubeconfig], stderr=subprocess.PIPE, text=True,
                          env=env)

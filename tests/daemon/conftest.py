@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.kmod.conftest import host, kernel_of, packages  # noqa: F401  (fixtures)
+from tests.conftest import driverd_env
 
 OLD, NEW = "535.261.03", "550.127.05"
 
@@ -53,7 +54,7 @@ class Daemon:
         self.lines: list[str] = []
         self._line_event = threading.Condition()
         self._eof = False
-        e = {k: v for k, v in os.environ.items() if not k.startswith(("DRIVERD_", "FAULTS_", "NOTIFY_", "WATCHDOG_"))}
+        e = driverd_env(drop=("DRIVERD_", "FAULTS_", "NOTIFY_", "WATCHDOG_"))
         e["NOTIFY_SOCKET"] = self.notify_path
         if watchdog_usec:
             e["WATCHDOG_USEC"] = str(watchdog_usec)

@@ -12,6 +12,7 @@ import tarfile
 
 from driverd.sim.scenario import RELEASE
 from tests.daemon.conftest import NEW, OLD, write_config
+from tests.conftest import driverd_env
 
 
 def _count(d, name: str, **labels) -> float:
@@ -86,7 +87,7 @@ def test_one_shot_commands_never_import_prometheus(host, packages, tmp_path):
             f"'--repo', 'file://{packages['new'].parent}', '--no-build'])\n"
             "assert 'prometheus_client' not in sys.modules, 'prometheus_client imported'\n"
             "sys.exit(rc)\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DRIVERD_")}
+    env = driverd_env()
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "driverd-550.127.05" in r.stdout

@@ -2,7 +2,7 @@ import json
 import sys
 from pathlib import Path
 
-from tests.conftest import run_cli
+from tests.conftest import KERNEL_ENV_REAL, run_cli
 from tests.kmodtools import run_without_kmod
 
 
@@ -113,8 +113,8 @@ def test_dry_run_changes_nothing_and_writes_no_journal(tmp_path):
 def test_real_kernel_refuses_to_change_a_captured_tree_before_journaling(unpack_host):
     root = unpack_host("h200-ubuntu-fc-580-open.tar.gz")
     before = _tree(root)
-    r = run_cli("unload", "--root", str(root))
+    r = run_cli("unload", "--root", str(root), env=KERNEL_ENV_REAL)      # a captured host: the real kernel
     assert r.returncode == 2 and "not the live host" in r.stderr and "Traceback" not in r.stderr
     assert _tree(root) == before
-    st = json.loads(run_cli("status", "--root", str(root), "--json").stdout)
+    st = json.loads(run_cli("status", "--root", str(root), "--json", env=KERNEL_ENV_REAL).stdout)
     assert st["loaded"] == {"version": "580.159.04", "flavor": "open"}

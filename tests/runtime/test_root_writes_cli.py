@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.conftest import run_cli
+from tests.conftest import KERNEL_ENV_REAL, run_cli
 from tests.runtime.conftest import RT, make_host
 from tests.runtime.test_runtime_files import BIN, gpu_tree
 
@@ -89,7 +89,9 @@ def test_runtime_config_behind_a_looping_link_is_one_line(tmp_path):
     (host / "etc").mkdir(exist_ok=True)
     os.symlink("/etc/containerd", host / "etc/containerd")     # etc/containerd -> itself
     before = _files(host)
-    res = run_cli("runtime", "configure", "--root", str(host), "--runtime", "containerd", "--restart", "none")
+    # (a bare tree, not a simulated host: the real kernel boundary, which only reads it)
+    res = run_cli("runtime", "configure", "--root", str(host), "--runtime", "containerd", "--restart", "none",
+                  env=KERNEL_ENV_REAL)
     assert res.returncode == 3, res.stdout + res.stderr
     last = res.stderr.rstrip("\n").splitlines()[-1]
     assert last.startswith("driverd: error:") and "/etc/containerd" in last and "symbolic links" in last

@@ -233,7 +233,8 @@ def test_read_only_file_system(tmp_path):
               "exec \"$1\" -m driverd runtime configure --root \"$0\" --runtime containerd --restart none")
     res = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(host),
                           os.sys.executable], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+                              "DRIVERD_MODULES_KERNEL": "real"})      # a bare tree, not a simulated host
     assert res.returncode == 3, res.stderr
     assert "read-only" in res.stderr and res.stderr.count("\n") == 1
     assert snapshot(host, "") == before

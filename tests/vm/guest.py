@@ -1,0 +1,338 @@
+"""Runs INSIDE the VM guest (a real Linux kernel booted by virtme-ng), as root, never on the host.
+
+    python tests/vm/guest.py SPEC.json
+
+SPEC names the scenarios to run in order, the packages (paths the guest reads through the host's
+read-only file system), the shared writable directory for results, and the python that runs driverd.
+Each scenario writes OUT/<name>.json: what driverd printed (exit code, JSON), what the kernel shows
+afterwards (/proc/modules, /sys/module/*/parameters, /proc/driver/nvidia/version) and the kernel log
+lines it printed meanwhile. The host test reads and asserts on these files; this script only records.
+
+The guest sees this machine's root read-only; /etc, /var, /opt (the unpacked kernel's /lib/modules),
+/tmp are private overlays and /run, /var/cache tmpfs, so driverd runs with the REAL root `/` and
+every write lands in guest memory. The one test stub: no GPU exists in the VM, so a tmpfs over
+/sys/bus/pci/devices adds one NVIDIA PCI function (vendor/device/class files) next to the real
+devices; the stand-in nvidia module reports that address in /proc/driver/nvidia/gpus. Every module
+load, unload, parameter and refusal is the real kernel's.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+
+GPU_ADDR = "0001:00:00.0"          # the stand-in GPU (a PCI domain no real device of the VM uses)
+PCI = "/sys/bus/pci/devices"
+MODULES = ("nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia")
+
+
+def sh(*argv: str, timeout: float = 120, env: dict | None = None) -> dict:
+    r = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, **(env or {})})
+    return {"argv": list(argv), "rc": r.returncode, "stdout": r.stdout[-20000:], "stderr": r.stderr[-6000:]}
+
+
+class Guest:
+    def __init__(self, spec: dict) -> None:
+        self.spec = spec
+        self.out = spec["out"]
+        self.py = spec["python"]
+        self.repo_dir = spec["repo_root"]
+        self.dmesg_mark: float | None = 0.0
+
+    # -- driverd ------------------------------------------------------------------------------------
+    def driverd(self, *args: str, faults: dict | None = None, timeout: float = 300) -> dict:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DRIVERD_", "FAULTS_"))}
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        if faults:
+            env["PYTHONPATH"] = os.pathsep.join([self.spec["faults_dir"], env.get("PYTHONPATH", "")])
+            env.update({k: str(v) for k, v in faults.items()})
+        t0 = time.monotonic()
+        r = subprocess.run([self.py, "-m", "driverd", *args, "--root", "/"], capture_output=True, text=True,
+                           env=env, timeout=timeout, cwd="/")
+        res = {"args": list(args), "rc": r.returncode, "stderr": r.stderr[-6000:], "seconds": round(time.monotonic() - t0, 2)}
+        try:
+            res["json"] = json.loads(r.stdout) if r.stdout.strip() else None
+        except ValueError:
+            res["stdout"] = r.stdout[-6000:]
+        return res
+
+    def config(self, version: str, params: dict | None = None, extra: str = "") -> None:
+        lines = ['[driver]', f'version = "{version}"', 'flavor = "open"', 'manage = "always"',
+                 '[packages]', f'repositories = ["file://{self.spec["repo"]}"]', 'build_fallback = false',
+                 '[modules]', 'kernel = "real"', 'load_drm = true', 'terminate_grace_s = 3',
+                 '[daemons]', 'persistenced = false', 'fabricmanager = "false"',
+                 '[runtime]', 'runtimes = ["none"]', extra]
+        for mod, kv in (params or {}).items():
+            lines.append(f"[modules.parameters.{mod}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in kv.items()]
+        os.makedirs("/etc/driverd", exist_ok=True)
+        with open("/etc/driverd/config.toml", "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+    # -- what the kernel shows ---------------------------------------------------------------------
+    def dmesg_since_mark(self) -> list[str]:
+        new, self.dmesg_mark = dmesg_since(self.dmesg_mark)
+        return new
+
+    def kernel_view(self) -> dict:
+        mods = {}
+        try:
+            rows = open("/proc/modules").read().splitlines()
+        except OSError:
+            rows = []
+        for row in rows:
+            f = row.split()
+            if not f[0].startswith(("nvidia", "nouveau")):
+                continue
+            name = f[0]
+            pdir = f"/sys/module/{name}/parameters"
+            params = {}
+            for p in sorted(os.listdir(pdir)) if os.path.isdir(pdir) else []:
+                try:
+                    params[p] = open(os.path.join(pdir, p)).read().strip()
+                except OSError as e:
+                    params[p] = f"<{e.strerror}>"
+            mods[name] = {"row": row, "refcnt": _read(f"/sys/module/{name}/refcnt"),
+                          "holders": sorted(os.listdir(f"/sys/module/{name}/holders")) if os.path.isdir(
+                              f"/sys/module/{name}/holders") else [],
+                          "version": _read(f"/sys/module/{name}/version"), "parameters": params}
+        return {"modules": mods, "nvidia_version": _read("/proc/driver/nvidia/version"),
+                "devices": _read("/proc/devices"), "dev_nvidia": sorted(d for d in os.listdir("/dev")
+                                                                        if d.startswith("nvidia"))}
+
+    def state(self) -> dict:
+        j = "/var/lib/driverd/journal.json"
+        return {"kernel": self.kernel_view(), "journal": json.loads(open(j).read()) if os.path.exists(j) else None}
+
+    # -- scenarios -----------------------------------------------------------------------------------
+    def run(self, names: list[str]) -> None:
+        self.dmesg_since_mark()
+        for name in names:
+            t0 = time.monotonic()
+            try:
+                res = getattr(self, "s_" + name.replace("-", "_"))()
+            except Exception:
+                res = {"error": traceback.format_exc()}
+            res["seconds"] = round(time.monotonic() - t0, 2)
+            res["dmesg"] = self.dmesg_since_mark()
+            _write_json(os.path.join(self.out, f"{name}.json"), res)
+
+    def s_setup(self) -> dict:
+        """The stand-in GPU in the PCI view (see the module docstring), the kernel's own facts."""
+        real = sorted(os.listdir(PCI))
+        links = {a: os.readlink(os.path.join(PCI, a)) for a in real}
+        subprocess.run(["mount", "-t", "tmpfs", "driverd-test-pci", PCI], check=True)
+        for a, target in links.items():
+            os.symlink(os.path.normpath(os.path.join("/sys/bus/pci/devices", target)), os.path.join(PCI, a))
+        d = os.path.join(PCI, GPU_ADDR)
+        os.makedirs(d)
+        for k, v in (("vendor", "0x10de"), ("device", "0x2330"), ("class", "0x030200"), ("subsystem_vendor", "0x10de"),
+                     ("subsystem_device", "0x16c1"), ("numa_node", "-1")):
+            with open(os.path.join(d, k), "w") as f:
+                f.write(v + "\n")
+        return {"uname": os.uname().release, "cmdline": _read("/proc/cmdline"), "pci": sorted(os.listdir(PCI)),
+                "keys": _read("/proc/keys"), "sig_enforce": _read("/sys/module/module/parameters/sig_enforce"),
+                "detect": self.driverd("detect", "--json")}
+
+    def s_nouveau_then_apply(self) -> dict:
+        """nouveau loaded (the real one, nothing bound) -> apply 535 with parameters: nouveau unloaded and
+        blacklisted; the real modprobe then refuses to load nouveau for an NVIDIA GPU's alias."""
+        load = sh("modprobe", "nouveau")
+        before = self.kernel_view()
+        self.config("535.261.03", {"nvidia": {"NVreg_EnableMSI": 0, "NVreg_ResmanDebugLevel": 3,
+                                              "NVreg_RegistryDwords": "RMStandin=1"}})
+        apply = self.driverd("apply", "--json")
+        after = self.state()
+        alias = "pci:v000010DEd00002330sv000010DEsd000016C1bc03sc02i00"
+        by_alias = sh("modprobe", "-v", alias)
+        show = sh("modprobe", "-c")
+        return {"modprobe_nouveau": load, "before": before, "apply": apply, "after": after,
+                "alias_load": by_alias, "nouveau_after_alias": os.path.isdir("/sys/module/nouveau"),
+                "blacklist_in_config": [ln for ln in show["stdout"].splitlines() if "nouveau" in ln][:10],
+                "blacklist_file": _read("/etc/modprobe.d/driverd-blacklist-nouveau.conf"),
+                "status": self.driverd("status", "--json")}
+
+    def s_failing_reload(self) -> dict:
+        """Reload to 550 whose nvidia init fails (NVreg_StandinFailInit=1 from the configuration): the
+        kernel refuses the load, driverd rolls back to 535 with the parameters it was RUNNING with."""
+        before = self.kernel_view()
+        self.config("550.127.05", {"nvidia": {"NVreg_EnableMSI": 0, "NVreg_ResmanDebugLevel": 3,
+                                              "NVreg_StandinFailInit": 1}})
+        r = self.driverd("reload", "--package", self.spec["packages"]["550"], "--json")
+        return {"before": before, "reload": r, "after": self.state()}
+
+    def s_reload(self) -> dict:
+        """Reload 535 -> 550 with new parameters (validated against the 550 module files first)."""
+        self.config("550.127.05", {"nvidia": {"NVreg_EnableMSI": 1, "NVreg_ResmanDebugLevel": 5}})
+        bad = self._bad_parameter()
+        r = self.driverd("reload", "--package", self.spec["packages"]["550"], "--json")
+        return {"bad_parameter": bad, "reload": r, "after": self.state(), "status": self.driverd("status", "--json")}
+
+    def _bad_parameter(self) -> dict:
+        """A value the module's declared type refuses: driverd says so before unloading anything."""
+        good = open("/etc/driverd/config.toml").read()
+        with open("/etc/driverd/config.toml", "a") as f:
+            f.write('NVreg_DeviceFileMode = "70000"\n')     # ushort: out of range
+        r = self.driverd("reload", "--package", self.spec["packages"]["550"], "--json")
+        with open("/etc/driverd/config.toml", "w") as f:
+            f.write(good)
+        return {"reload": r, "kernel": self.kernel_view()}
+
+    def s_holder(self) -> dict:
+        """A process holding /dev/nvidia0: unload refused naming its PID; with unload_policy=terminate it
+        is stopped (SIGTERM) and the unload proceeds; then the driver is loaded again."""
+        proc = subprocess.Popen(["sh", "-c", "exec 3</dev/nvidia0; echo ready; exec sleep 600"],
+                                stdout=subprocess.PIPE, text=True)
+        ready = proc.stdout.readline().strip()
+        view = self.kernel_view()
+        refused = self.driverd("unload", "--json")
+        rmmod = sh("rmmod", "nvidia")
+        _set_policy_terminate()
+        unload = self.driverd("unload", "--json")
+        try:
+            rc = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = "still running"
+        after_unload = self.kernel_view()
+        load = self.driverd("load", "--json")
+        return {"holder_pid": proc.pid, "ready": ready, "view_with_holder": view, "refused": refused,
+                "rmmod_with_holder": rmmod, "unload_terminate": unload, "holder_exit": rc,
+                "after_unload": after_unload, "load": load, "after": self.state()}
+
+    def s_kernel_claims(self) -> dict:
+        """The kernel's own words for what the simulated kernel claims, by insmod/rmmod of the installed
+        stand-in files directly (driverd is not involved): parameter parsing, unknown parameters,
+        missing symbols, refcounts and holders, in-use refusals, vermagic."""
+        self.driverd("unload", "--json")
+        rel = os.uname().release
+        d = f"/lib/modules/{rel}/updates/driverd"
+        files = {os.path.basename(p).split(".ko")[0].replace("-", "_"): os.path.join(d, p)
+                 for p in os.listdir(d) if ".ko" in p} if os.path.isdir(d) else {}
+        out: dict = {"files": files, "params": []}
+
+        def attempt(label, argv):
+            mark = dmesg_since(None)[1]
+            r = sh(*argv)
+            log = dmesg_since(mark)[0]
+            return {"label": label, "argv": argv, "rc": r["rc"], "stderr": r["stderr"].strip(), "dmesg": log}
+
+        nv = files.get("nvidia")
+        for ptype, pname, values in self.spec["param_cases"]:
+            for v in values:
+                # modprobe, as driverd loads: its words are the errno's (insmod names some its own way)
+                a = attempt(f"{pname}={v}", ["modprobe", "nvidia", f"{pname}={v}"])
+                a["type"], a["value"] = ptype, v
+                a["read_back"] = _read(f"/sys/module/nvidia/parameters/{pname}")
+                if a["rc"] == 0:
+                    sh("rmmod", "nvidia")
+                out["params"].append(a)
+        out["unknown_param"] = attempt("unknown", ["modprobe", "nvidia", "NVreg_NoSuchThing=1"])
+        sh("rmmod", "nvidia")
+        out["missing_symbol"] = attempt("uvm-first", ["insmod", files["nvidia_uvm"]])
+        out["load_nvidia"] = attempt("nvidia", ["insmod", nv])
+        out["load_uvm"] = attempt("uvm", ["insmod", files["nvidia_uvm"]])
+        out["load_modeset"] = attempt("modeset", ["insmod", files["nvidia_modeset"]])
+        out["load_drm"] = attempt("drm", ["insmod", files["nvidia_drm"]])
+        out["view_loaded"] = self.kernel_view()
+        out["rmmod_with_holders"] = attempt("rmmod-nvidia", ["rmmod", "nvidia"])
+        out["modprobe_r_with_holders"] = attempt("modprobe-r-nvidia", ["modprobe", "-r", "nvidia"])
+        out["rmmod_modeset_with_drm"] = attempt("rmmod-modeset", ["rmmod", "nvidia_modeset"])
+        for m in ("nvidia_drm", "nvidia_modeset", "nvidia_uvm"):
+            sh("rmmod", m)
+        proc = subprocess.Popen(["sh", "-c", "exec 3</dev/nvidia0; echo ready; exec sleep 600"],
+                                stdout=subprocess.PIPE, text=True)
+        if not os.path.exists("/dev/nvidia0"):
+            os.mknod("/dev/nvidia0", 0o666 | 0o020000, os.makedev(195, 0))
+            proc.kill()
+            proc = subprocess.Popen(["sh", "-c", "exec 3</dev/nvidia0; echo ready; exec sleep 600"],
+                                    stdout=subprocess.PIPE, text=True)
+        proc.stdout.readline()
+        out["view_open_file"] = self.kernel_view()
+        out["rmmod_open_file"] = attempt("rmmod-open", ["rmmod", "nvidia"])
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        out["rmmod_after_close"] = attempt("rmmod-closed", ["rmmod", "nvidia"])
+        out["rmmod_not_loaded"] = attempt("rmmod-absent", ["rmmod", "nvidia"])
+        other = self.spec.get("other_kernel_module")
+        if other:
+            out["vermagic"] = attempt("vermagic", ["insmod", other])
+            out["vermagic_modinfo"] = sh("modinfo", "-F", "vermagic", other)["stdout"].strip()
+        out["modinfo_params"] = sh("modinfo", "-p", nv)["stdout"]
+        return out
+
+    def s_signatures(self) -> dict:
+        """Booted with module.sig_enforce=1: the kernel's verdict on unsigned, test-key-signed and
+        Debian-signed modules next to driverd's signer preflight on the same files."""
+        out: dict = {"sig_enforce": _read("/sys/module/module/parameters/sig_enforce"), "cases": []}
+        for label, pkg in sorted(self.spec["sig_packages"].items()):
+            pf = subprocess.run([self.py, self.spec["preflight"], pkg],
+                                capture_output=True, text=True, timeout=120)
+            try:
+                verdict = json.loads(pf.stdout)
+            except ValueError:
+                verdict = {"error": pf.stderr[-2000:]}
+            mark = dmesg_since(None)[1]
+            r = sh("insmod", verdict.get("nvidia_path") or "/nonexistent")
+            log = dmesg_since(mark)[0]
+            if r["rc"] == 0:
+                sh("rmmod", "nvidia")
+            out["cases"].append({"label": label, "preflight": verdict, "insmod_rc": r["rc"],
+                                 "insmod_stderr": r["stderr"].strip(), "dmesg": log})
+        # A module Debian signed (its key is in .builtin_trusted_keys): the preflight over the
+        # kernel's own module tree, and the kernel loading it.
+        deb = subprocess.run([self.py, self.spec["preflight"], "--module", "dummy"],
+                             capture_output=True, text=True, timeout=120)
+        try:
+            dv = json.loads(deb.stdout)
+        except ValueError:
+            dv = {"error": deb.stderr[-2000:]}
+        r = sh("modprobe", "dummy")
+        out["debian_signed"] = {"preflight": dv, "modprobe_rc": r["rc"], "stderr": r["stderr"].strip()}
+        sh("rmmod", "dummy")
+        # Through driverd itself: apply with the untrusted-signer package refuses before loading.
+        self.config("535.261.03")
+        out["apply"] = self.driverd("apply", "--json")
+        out["after"] = self.kernel_view()
+        return out
+
+
+def _set_policy_terminate() -> None:
+    text = open("/etc/driverd/config.toml").read()
+    text = text.replace("[modules]\n", '[modules]\nunload_policy = "terminate"\n', 1)
+    with open("/etc/driverd/config.toml", "w") as f:
+        f.write(text)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _write_json(path: str, doc: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def main() -> int:
+    spec = json.loads(open(sys.argv[1]).read())
+    g = Guest(spec)
+    t0 = time.monotonic()
+    g.run(spec["scenarios"])
+    _write_json(os.path.join(spec["out"], "done.json"), {"seconds": round(time.monotonic() - t0, 2),
+                                                         "uptime": _read("/proc/uptime")})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
