@@ -141,7 +141,8 @@ def test_entrypoint_goes_ready_takes_the_fast_path_on_restart_and_stops_on_sigte
     cfg = host / "etc/driverd/config.toml"
     cfg.parent.mkdir(parents=True, exist_ok=True)
     cfg.write_text('[driver]\nversion = "535.261.03"\nflavor = "open"\n'
-                   '[packages]\nrepositories = ["file:///host/srv/driverd-repo"]\n[runtime]\nrestart = "none"\n')
+                   '[packages]\nrepositories = ["file:///host/srv/driverd-repo"]\n[runtime]\nrestart = "none"\n'
+                   '[modules]\nkernel = "sim"\n')          # a sample tree: the simulated kernel, asked for
     state = str(tmp_path / "state")
     port = _free_port()
     args = ["/usr/local/bin/driverd", "container-entrypoint", "--root", "/host", "--listen", f"127.0.0.1:{port}"]
@@ -263,7 +264,8 @@ def test_run_rootfs_runs_host_mode_on_the_images_interpreter(image, tmp_path):
     cfg = host / "etc/driverd/config.toml"
     cfg.parent.mkdir(parents=True, exist_ok=True)
     cfg.write_text('[driver]\nversion = "535.261.03"\nflavor = "open"\n'
-                   '[packages]\nrepositories = ["file:///host/srv/driverd-repo"]\n[runtime]\nrestart = "none"\n')
+                   '[packages]\nrepositories = ["file:///host/srv/driverd-repo"]\n[runtime]\nrestart = "none"\n'
+                   '[modules]\nkernel = "sim"\n')          # a sample tree: the simulated kernel, asked for
     sock_dir = host / "run/systemd"
     sock_dir.mkdir(parents=True, exist_ok=True)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

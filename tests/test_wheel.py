@@ -105,7 +105,8 @@ def host(tmp_path):
     cfg = root / "etc/driverd/config.toml"
     cfg.parent.mkdir(parents=True, exist_ok=True)
     cfg.write_text(f'[driver]\nversion = "535.261.03"\nflavor = "open"\n[packages]\nrepositories = ["file://{root}/srv/repo"]\n'
-                   '[runtime]\nrestart = "none"\n')
+                   '[runtime]\nrestart = "none"\n'
+                   '[modules]\nkernel = "sim"\n')      # a sample tree: the simulated kernel, asked for explicitly
     return root
 
 
