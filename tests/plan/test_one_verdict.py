@@ -53,13 +53,17 @@ def _reconcile_verdict(root: Path, kernel: str) -> tuple[str, object]:
     from driverd.cli.context import Context
     from driverd.config import load
     from driverd.daemon.reconcile import Reconciler
+    before = os.environ.get("DRIVERD_MODULES_KERNEL")
     os.environ["DRIVERD_MODULES_KERNEL"] = kernel
     try:
         ctx = Context(Root(str(root)), False, False, None)
         cfg = load(ctx.root, None)
         res = Reconciler(lambda c: ctx.step_context(c), lambda *a, **k: None, lock_wait_s=5).reconcile(cfg)
     finally:
-        del os.environ["DRIVERD_MODULES_KERNEL"]
+        if before is None:
+            del os.environ["DRIVERD_MODULES_KERNEL"]
+        else:
+            os.environ["DRIVERD_MODULES_KERNEL"] = before
     if res.state == "blocked":
         return "blocked", res
     if res.state == "reboot-required":
