@@ -50,7 +50,9 @@ def test_detect_and_plan_of_a_captured_host_without_kmod(tmp_path, unpack_host):
     assert d.returncode == 0, d.stderr
     drv = json.loads(d.stdout)["driver"]
     assert drv["loaded"] and drv["version"] == "580.159.04" and drv["modules"][0]["name"] == "nvidia"
-    p = run_without_kmod([*_driverd().split(), "plan", "--root", root, "--driver", "580.95.05", "--json"], tmp_path)
+    # the host's own driver is replaced only on request (driver.manage = always); that plan needs a package
+    p = run_without_kmod([*_driverd().split(), "plan", "--root", root, "--driver", "580.95.05", "--json"], tmp_path,
+                         env={"DRIVERD_DRIVER_MANAGE": "always"})
     assert p.returncode == 0, p.stderr
     assert [s["action"] for s in json.loads(p.stdout)["steps"]][:3] == ["blacklist-nouveau", "fetch-package",
                                                                          "install-package"]
