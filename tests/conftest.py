@@ -110,3 +110,15 @@ def never_touch_the_real_host():
     after = _snapshot_host()
     changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
     assert not changed, f"tests changed the real host: {changed[:10]}"
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory):
+    """The real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager; see
+    tests/controlplane.py), one for the whole run. Missing binaries skip locally and fail in CI."""
+    from tests.controlplane import finish, start_session_control_plane
+    cp = start_session_control_plane()
+    try:
+        yield cp
+    finally:
+        finish(cp)

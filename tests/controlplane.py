@@ -1,0 +1,399 @@
+"""The real Kubernetes control plane for tests: etcd, kube-apiserver and kube-controller-manager, built
+from upstream's Go modules by .ci/build-control-plane, run on loopback with random ports in a temp dir.
+
+- The admin talks with a static token (group system:masters); driverd's daemons talk with tokens of
+  deploy/'s ServiceAccount obtained through the TokenRequest API, bound to their Node object, so the
+  real RBAC authorizer and deploy/'s ValidatingAdmissionPolicy see exactly what a cluster sees.
+- `--authorization-mode=Node,RBAC` and the admission plugins of a default cluster (no
+  `--enable-admission-plugins`: the apiserver's own default set, ServiceAccount and NodeRestriction
+  included).
+- The controller-manager runs the disruption controller (PodDisruptionBudget status: without it every
+  eviction is refused), the garbage collector, the namespace and ServiceAccount controllers and the
+  legacy ServiceAccount token controller (deploy/overlays/host-mode's token Secret).
+- No kubelet runs: `Kubelet` below plays one (pods Running and Ready, a deleted pod's graceful
+  deletion confirmed), and node Ready conditions are written by the tests.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+ADMIN_TOKEN = "driverd-test-admin-token"
+# A person running `kubectl driverd`: group gpu-admins, bound to deploy/'s driverd-operator ClusterRole
+# the way README says (kubectl create clusterrolebinding driverd-operators ... --group=gpu-admins).
+OPERATOR_TOKEN = "driverd-test-operator-token"
+
+
+def find_binaries() -> tuple[Path, str]:
+    """(the directory .ci/build-control-plane builds into, what is missing there: "" when complete)."""
+    where = os.environ.get("DRIVERD_K8S_BIN") or subprocess.run(
+        ["bash", str(REPO / ".ci/build-control-plane"), "--print"], capture_output=True, text=True).stdout.strip()
+    d = Path(where)
+    missing = [b for b in ("etcd", "kube-apiserver", "kube-controller-manager") if not os.access(d / b, os.X_OK)]
+    if not missing:
+        return d, ""
+    return d, (f"the real control plane is not built ({', '.join(missing)} missing in {d}); "
+               "fix: bash .ci/build-control-plane (CI: .ci/install-components runs it)")
+
+
+def binaries() -> Path:
+    """The directory with kube-apiserver, kube-controller-manager and etcd, or a skip (a failure in CI,
+    where .ci/install-components builds them)."""
+    d, msg = find_binaries()
+    if msg:
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return d
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ControlPlane:
+    def __init__(self, bindir: Path, workdir: Path) -> None:
+        self.bin, self.dir = bindir, workdir
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.args: dict[str, list[str]] = {}
+        self.port = 0
+        self.url = ""
+        self.ca = str(workdir / "certs" / "apiserver.crt")
+        self.kubeconfig = str(workdir / "admin.kubeconfig")
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self, timeout: float = 120) -> ControlPlane:
+        d = self.dir
+        (d / "certs").mkdir(parents=True, exist_ok=True)
+        sa_key, sa_pub = d / "sa.key", d / "sa.pub"
+        subprocess.run(["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, capture_output=True)
+        subprocess.run(["openssl", "rsa", "-in", str(sa_key), "-pubout", "-out", str(sa_pub)], check=True,
+                       capture_output=True)
+        (d / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"\n'
+                                      f'{OPERATOR_TOKEN},operator,operator-uid,"gpu-admins"\n')
+        # The audit log records every request of driverd's ServiceAccount and of the operator: what
+        # driverd actually calls, as the apiserver saw it (verb, resource, subresource, answer).
+        (d / "audit-policy.yaml").write_text(json.dumps({
+            "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+            "rules": [{"level": "Metadata", "users": ["system:serviceaccount:driverd:driverd", "operator"]},
+                      {"level": "None"}]}))
+        self.audit_log = d / "audit.log"
+        etcd_port, peer_port, self.port = _port(), _port(), _port()
+        etcd_url = self.etcd_url = f"http://127.0.0.1:{etcd_port}"
+        self._spawn("etcd", [
+            "--name", "default", "--data-dir", str(d / "etcd"), "--listen-client-urls", etcd_url,
+            "--advertise-client-urls", etcd_url, "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
+            "--unsafe-no-fsync", "--log-level", "warn"])
+        self.url = f"https://127.0.0.1:{self.port}"
+        self._spawn("kube-apiserver", [
+            "--etcd-servers", etcd_url, "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--secure-port", str(self.port), "--cert-dir", str(d / "certs"),
+            "--token-auth-file", str(d / "tokens.csv"),
+            "--authorization-mode", "Node,RBAC",
+            "--service-account-issuer", "https://kubernetes.default.svc",
+            "--service-account-key-file", str(sa_pub), "--service-account-signing-key-file", str(sa_key),
+            "--service-cluster-ip-range", "10.96.0.0/16", "--allow-privileged",
+            "--audit-policy-file", str(d / "audit-policy.yaml"), "--audit-log-path", str(self.audit_log),
+            "--audit-log-mode", "blocking", "--audit-log-format", "json",
+            # requests/watch counts stay per verb and resource in the apiserver's own metrics
+            "--watch-cache=true", "-v", "1"])
+        self._wait_ready(timeout)
+        self.write_kubeconfig(self.kubeconfig, token=ADMIN_TOKEN)
+        self._spawn("kube-controller-manager", [
+            "--kubeconfig", self.kubeconfig, "--bind-address", "127.0.0.1", "--secure-port", "0",
+            "--controllers", "disruption,garbagecollector,namespace,serviceaccount,serviceaccount-token",
+            "--service-account-private-key-file", str(sa_key), "--root-ca-file", self.ca,
+            "--use-service-account-credentials=false", "--leader-elect=false", "-v", "1"])
+        return self
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to now (what kube-apiserver does every 5 minutes): a watch from an
+        older resourceVersion can no longer be served. Through etcd's own JSON gateway."""
+        url = self.etcd_url + "/v3/kv/range"
+        head = json.loads(urllib.request.urlopen(urllib.request.Request(url, data=b'{"key": "AA=="}'), timeout=10).read())
+        rev = int(head["header"]["revision"])
+        urllib.request.urlopen(urllib.request.Request(self.etcd_url + "/v3/kv/compaction",
+                                                      data=json.dumps({"revision": str(rev), "physical": True}).encode()),
+                               timeout=30).read()
+        return rev
+
+    def restart_apiserver(self, down_s: float = 1.0) -> None:
+        """kube-apiserver stops and starts again on the same port (etcd keeps the state): every watch
+        breaks, every client sees connection errors meanwhile."""
+        p = self.procs["kube-apiserver"]
+        p.terminate()
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:     # still draining its watches: as after a crash, then
+            p.kill()
+            p.wait(10)
+        time.sleep(down_s)
+        self._spawn("kube-apiserver", self.args["kube-apiserver"])
+        self._wait_ready(120)
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        self.args[name] = args
+        log = open(self.dir / f"{name}.log", "a")
+        self.procs[name] = subprocess.Popen([str(self.bin / name), *args], stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL)
+        log.close()
+
+    def _wait_ready(self, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < end:
+            for name, p in self.procs.items():
+                if p.poll() is not None:
+                    raise RuntimeError(f"{name} exited {p.returncode}: {self.log_tail(name)}")
+            try:
+                if os.path.exists(self.ca) and self.raw("GET", "/readyz") == b"ok":
+                    return
+            except (OSError, urllib.error.URLError) as e:
+                last = str(e)
+            time.sleep(0.5)
+        raise RuntimeError(f"kube-apiserver not ready after {timeout}s ({last}): {self.log_tail('kube-apiserver')}")
+
+    def log_tail(self, name: str, n: int = 3000) -> str:
+        p = self.dir / f"{name}.log"
+        return p.read_text(errors="replace")[-n:] if p.exists() else ""
+
+    def stop(self) -> None:
+        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+            p = self.procs.get(name)
+            if p and p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(5)
+
+    # -- access --------------------------------------------------------------------------------
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=self.ca)
+
+    def raw(self, method: str, path: str, body: dict | None = None, token: str = ADMIN_TOKEN,
+            content_type: str = "application/json") -> bytes:
+        req = urllib.request.Request(self.url + path, method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Authorization": f"Bearer {token}", "Content-Type": content_type})
+        with urllib.request.urlopen(req, context=self.ssl_context(), timeout=30) as r:
+            return r.read()
+
+    def api(self, method: str, path: str, body: dict | None = None, token: str = ADMIN_TOKEN,
+            content_type: str = "application/json") -> dict:
+        return json.loads(self.raw(method, path, body, token, content_type) or b"{}")
+
+    def ensure(self, path: str, obj: dict) -> dict:
+        """Create obj under the collection path unless it exists (409)."""
+        try:
+            return self.api("POST", path, obj)
+        except urllib.error.HTTPError as e:
+            if e.code != 409:
+                raise AssertionError(f"POST {path}: {e.code} {e.read()[:500]!r}") from None
+            return self.api("GET", f"{path}/{obj['metadata']['name']}")
+
+    def operator_kubeconfig(self, path: str | os.PathLike) -> str:
+        return self.write_kubeconfig(path, token=OPERATOR_TOKEN, user="operator")
+
+    def node_kubeconfig(self, node: str, path: str | os.PathLike) -> str:
+        """What a host daemon of `node` uses: a token of deploy/'s ServiceAccount bound to its Node."""
+        return self.write_kubeconfig(path, token=self.token("driverd", "driverd", node=node), user=f"driverd-{node}")
+
+    def write_kubeconfig(self, path: str | os.PathLike, *, token: str = ADMIN_TOKEN, user: str = "admin") -> str:
+        ca = Path(self.ca).read_bytes()
+        import base64
+        doc = {"apiVersion": "v1", "kind": "Config", "current-context": "test",
+               "clusters": [{"name": "test", "cluster": {"server": self.url,
+                                                         "certificate-authority-data": base64.b64encode(ca).decode()}}],
+               "users": [{"name": user, "user": {"token": token}}],
+               "contexts": [{"name": "test", "context": {"cluster": "test", "user": user}}]}
+        Path(path).write_text(json.dumps(doc))
+        return str(path)
+
+    def token(self, namespace: str, sa: str, *, node: str | None = None, pod: dict | None = None,
+              seconds: int = 7200) -> str:
+        """A ServiceAccount token from the TokenRequest API, bound to a Node (host mode: the host's
+        identity) or to a Pod (container mode: the DaemonSet pod; the token then names the pod's node)."""
+        spec: dict = {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": seconds}
+        if node:
+            uid = self.api("GET", f"/api/v1/nodes/{node}")["metadata"]["uid"]
+            spec["boundObjectRef"] = {"kind": "Node", "apiVersion": "v1", "name": node, "uid": uid}
+        elif pod:
+            spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1", "name": pod["metadata"]["name"],
+                                      "uid": pod["metadata"]["uid"]}
+        r = self.api("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{sa}/token",
+                     {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+        return r["status"]["token"]
+
+    def audited(self, user: str) -> list[dict]:
+        """The audit events of `user` so far, one per request: at ResponseComplete, or for a watch still
+        open at ResponseStarted."""
+        if not self.audit_log.exists():
+            return []
+        out: dict[str, dict] = {}
+        for line in self.audit_log.read_text().splitlines():
+            ev = json.loads(line)
+            if ev.get("user", {}).get("username") == user and ev.get("stage") in ("ResponseStarted", "ResponseComplete"):
+                out[ev["auditID"]] = ev
+        return list(out.values())
+
+    def metrics(self) -> dict[tuple[str, str, str], float]:
+        """apiserver_request_total by (verb, resource, subresource): the apiserver's own count."""
+        out: dict[tuple[str, str, str], float] = {}
+        for line in self.raw("GET", "/metrics").decode().splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels, value = line[len("apiserver_request_total{"):].rsplit("} ", 1)
+            kv = dict(part.split("=", 1) for part in _split_labels(labels))
+            key = (kv.get("verb", ""), kv.get("resource", ""), kv.get("subresource", ""))
+            out[key] = out.get(key, 0.0) + float(value)
+        return out
+
+    def apply(self, env: dict, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["kubectl", *args], capture_output=True, text=True, env=env, timeout=120)
+
+    def kubectl_env(self, home: Path, kubeconfig: str | None = None) -> dict:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
+        env["KUBECONFIG"] = kubeconfig or self.kubeconfig
+        env["HOME"] = str(home)              # kubectl's discovery cache stays in the test's directory
+        return env
+
+
+def _split_labels(s: str) -> list[str]:
+    """k="v",k2="v2" (values never hold '",' in these metrics) -> ['k=v', 'k2=v2']"""
+    return [p.replace('"', "") for p in s.split('",') if p]
+
+
+class Kubelet:
+    """Plays the kubelet of every node for pods: a pod bound to a node becomes Running and Ready, and
+    a pod whose graceful deletion started is confirmed gone (what the kubelet does after the
+    containers stop), unless its node is in `stuck` (a node that never confirms: pods stay Terminating)."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        self.stuck: set[str] = set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="kubelet", daemon=True)
+
+    def start(self) -> Kubelet:
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.sync()
+            except Exception:           # the apiserver restarting: try again on the next tick
+                pass
+            self.stop.wait(0.2)
+
+    def sync(self) -> None:
+        pods = self.cp.api("GET", "/api/v1/pods?fieldSelector=spec.nodeName!%3D")["items"]
+        for p in pods:
+            md, st = p["metadata"], p.get("status") or {}
+            path = f"/api/v1/namespaces/{md['namespace']}/pods/{md['name']}"
+            if md.get("deletionTimestamp"):
+                if p["spec"]["nodeName"] not in self.stuck:
+                    try:
+                        self.cp.api("DELETE", path, {"kind": "DeleteOptions", "apiVersion": "v1",
+                                                     "gracePeriodSeconds": 0,
+                                                     "preconditions": {"uid": md["uid"]}})
+                    except urllib.error.HTTPError:
+                        pass
+                continue
+            if st.get("phase") == "Pending" and p["spec"].get("nodeName"):
+                mark_running(self.cp, p)
+
+
+def mark_running(cp: ControlPlane, pod: dict) -> None:
+    md = pod["metadata"]
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    cp.api("PATCH", f"/api/v1/namespaces/{md['namespace']}/pods/{md['name']}/status",
+           {"status": {"phase": "Running", "startTime": now,
+                       "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now},
+                                      {"type": "PodScheduled", "status": "True", "lastTransitionTime": now}]}},
+           content_type="application/strategic-merge-patch+json")
+
+
+def start_session_control_plane() -> ControlPlane:
+    bindir = binaries()
+    work = Path(tempfile.mkdtemp(prefix="driverd-k8s-"))
+    cp = ControlPlane(bindir, work)
+    try:
+        cp.start()
+    except Exception:
+        cp.stop()
+        raise
+    return cp
+
+
+def finish(cp: ControlPlane) -> None:
+    cp.stop()
+    if not os.environ.get("DRIVERD_KEEP_CONTROL_PLANE"):
+        shutil.rmtree(cp.dir, ignore_errors=True)
+
+
+def apply_deploy(cp: ControlPlane, home: Path, overlay: str = "container-mode") -> subprocess.CompletedProcess:
+    """`kubectl apply -k deploy/overlays/<overlay>` as the admin: the CRD, RBAC and admission policy
+    driverd's daemons run under."""
+    r = cp.apply(cp.kubectl_env(home), "apply", "-k", str(REPO / "deploy" / "overlays" / overlay))
+    if r.returncode != 0:
+        raise AssertionError(f"kubectl apply -k deploy/overlays/{overlay}: {r.stdout}\n{r.stderr}")
+    cp.ensure("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "driverd-operators"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "driverd-operator"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "gpu-admins"}]})
+    # the CRD serves once Established; the policy holds once its binding is loaded (checked by the tests)
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        crd = cp.api("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/driverrollouts.driverd.io")
+        if any(c["type"] == "Established" and c["status"] == "True" for c in (crd.get("status") or {}).get("conditions", [])):
+            break
+        time.sleep(0.2)
+    return r
+
+
+def reset(cp: ControlPlane) -> None:
+    """Between tests on the session's control plane: no rollouts, nodes, GPU pods, PDBs, Lease or Events
+    of an earlier test (the deploy/ objects stay)."""
+    gone = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
+    for path in ("/apis/driverd.io/v1alpha1/driverrollouts", "/api/v1/nodes",
+                 "/api/v1/namespaces/gpu-jobs/pods", "/apis/policy/v1/namespaces/gpu-jobs/poddisruptionbudgets",
+                 "/apis/coordination.k8s.io/v1/namespaces/driverd/leases", "/api/v1/namespaces/default/events",
+                 "/api/v1/namespaces/driverd/events"):
+        try:
+            cp.api("DELETE", path, gone)
+        except urllib.error.HTTPError as e:
+            if e.code != 404:
+                raise
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        if not cp.api("GET", "/api/v1/nodes")["items"] and \
+                not cp.api("GET", "/apis/driverd.io/v1alpha1/driverrollouts")["items"]:
+            return
+        time.sleep(0.2)
+    raise AssertionError("the control plane did not empty between tests")
