@@ -690,6 +690,20 @@ def converge(lkg: dict | None, touched: set, ctx: StepContext) -> list[dict]:
     LKG modules with the parameters they were running with, re-create MIG, restart its daemons,
     validate)."""
     steps: list[dict] = []
+    now = (lkg or {}).get("loaded")
+    if MODULES in touched and now and _driver_is_lkg(ctx, lkg):
+        # The driver in the kernel is still the last-known-good one, with the same modules and
+        # parameters (e.g. the unload was refused: a process holds the GPU). Tearing it down to load it
+        # again would fail the same way and report a failed rollback of a working driver: keep it,
+        # start what the run stopped, and prove it.
+        if PACKAGE in touched:
+            inst = lkg.get("installed")
+            steps.append({"action": "restore-package", "params": {"sha256": inst["sha256"] if inst else None}})
+        expect = [now["version"], now["flavor"]]
+        return steps + [{"action": "restore-mig", "params": {}},
+                        {"action": "start-gpu-daemons", "params": {"daemons": lkg["daemons"]}},
+                        {"action": "validate", "params": {"expect": expect, "modules": lkg["modules"],
+                                                          "persistence": dmn.PERSISTENCED in lkg["daemons"]}}]
     if MODULES in touched:
         steps += [{"action": "stop-gpu-daemons", "params": {"daemons": "all"}},
                   {"action": "unload-modules", "params": {}}]
@@ -698,7 +712,6 @@ def converge(lkg: dict | None, touched: set, ctx: StepContext) -> list[dict]:
     if PACKAGE in touched:
         inst = lkg.get("installed")
         steps.append({"action": "restore-package", "params": {"sha256": inst["sha256"] if inst else None}})
-    now = lkg.get("loaded")
     if MODULES in touched and now:
         expect = [now["version"], now["flavor"]]
         steps += [{"action": "load-modules", "params": {"modules": lkg["modules"], "parameters": lkg["parameters"],
@@ -708,6 +721,17 @@ def converge(lkg: dict | None, touched: set, ctx: StepContext) -> list[dict]:
                   {"action": "validate", "params": {"expect": expect, "modules": lkg["modules"],
                                                     "persistence": dmn.PERSISTENCED in lkg["daemons"]}}]
     return steps
+
+
+def _driver_is_lkg(ctx, lkg: dict) -> bool:
+    """The kernel runs the recorded driver: same version and flavour, every recorded module loaded,
+    with the parameters it was running with."""
+    try:
+        mods = ctx.kernel.modules()
+        return (loaded(ctx) == lkg.get("loaded") and all(m in mods for m in lkg.get("modules") or ())
+                and running_parameters(ctx, list(lkg.get("modules") or ())) == (lkg.get("parameters") or {}))
+    except Exception:          # cannot tell: take the full way back
+        return False
 
 
 REGISTRY: Registry = {impl.action: impl for impl in (

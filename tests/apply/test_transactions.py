@@ -261,3 +261,22 @@ def test_a_command_after_an_interrupted_run_says_it_finishes_that_run_first(load
     assert r.returncode == 0, r.stdout + r.stderr
     assert "finishing the interrupted run" in r.stderr and "first finished the interrupted reload run" in r.stdout
     assert history(loaded_host)[-1]["command"] == "reload" and history(loaded_host)[-1]["state"] == "done"
+
+
+def test_a_refused_unload_keeps_the_working_driver_and_says_so(loaded_host):
+    """A process holds the GPU: the unload is refused before anything is unloaded, and the run ends
+    rolled back with the driver as it was — validated, not 'ROLLBACK FAILED' after a second refused
+    unload (what Debian's 6.1 kernel showed in tests/vm, and the simulated kernel the same)."""
+    k = kernel_of(loaded_host)
+    pid = k.spawn("python3", ["/dev/nvidia0"], cmdline="python3 train.py")
+    try:
+        r = drv(loaded_host, "unload")
+        assert r.returncode == 3, r.stderr
+        assert f"pid {pid}" in r.stderr and "ROLLBACK FAILED" not in r.stderr, r.stderr
+        j = journal(loaded_host)
+        assert j["state"] == "rolled-back" and j["failure"]["step"] == "unload-modules", j["state"]
+        assert [s["action"] for s in j["rollback"]][-1] == "validate"
+        assert "unload-modules" not in [s["action"] for s in j["rollback"]]
+        assert k.is_loaded("nvidia") and k.alive(pid)
+    finally:
+        k.signal(pid, 9)
