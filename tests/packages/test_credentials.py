@@ -192,18 +192,7 @@ def host(tmp_path):
     return root
 
 
-@pytest.fixture
-def daemons():
-    from tests.daemon.conftest import Daemon
-    started: list = []
-
-    def start(root, command: str = "daemon", **kw):
-        d = Daemon(root, command, **kw)
-        started.append(d)
-        return d
-    yield start
-    for d in started:
-        d.close()
+from tests.daemon.conftest import daemons  # noqa: E402,F401  (the daemon-process fixture)
 
 
 @pytest.mark.real
