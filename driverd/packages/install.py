@@ -49,7 +49,7 @@ from driverd.packages.archive import read_manifest, sha256_file, unpack
 from driverd.packages.kept import (INSTALL_RECORD, OLD_PREFIX, STAGING_PREFIX, Additions, Kept, kept_base, lookup,
                                    prune_kept)
 from driverd.packages.manifest import FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR, Manifest
-from driverd.modinfo import read_modinfo
+from driverd.modinfo import modinfo_of_bytes, module_bytes
 from driverd.packages.switch import replace_dir
 from driverd.root import Root
 from driverd.runner import Runner
@@ -133,7 +133,7 @@ def kernel_vermagic(root: Root, release: str) -> str | None:
             if f.endswith((".ko", ".ko.xz", ".ko.zst", ".ko.gz")):
                 p = os.path.join(dirpath, f)
                 try:
-                    vm = read_modinfo(p).vermagic
+                    vm = modinfo_of_bytes(p, module_bytes(p)).vermagic      # ValueError says why, no path
                 except (OSError, ValueError) as e:
                     raise PackageError(f"cannot read kernel {release}'s module {p}: {e}",
                                        cause="the kernel's module tree holds a damaged file",
