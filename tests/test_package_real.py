@@ -15,7 +15,7 @@ from driverd.packages.archive import read_manifest
 from driverd.sim import fakemod
 from driverd.sim.hosttree import HostSpec, write_host
 from driverd.sim.httprepo import RepoServer
-from tests.conftest import REPO, require_binary, run_cli
+from tests.conftest import KERNEL_ENV_REAL, REPO, require_binary, run_cli
 
 GOOD, BAD = "6.1.0-47-cloud-amd64", "6.1.0-56-cloud-amd64"
 OPEN_SRC = "/usr/src/nvidia-open-kernel.tar.xz"
@@ -139,7 +139,7 @@ def test_fetch_install_real_package_under_signature_enforcement(real, tmp_path):
     pkg = json.loads(r.stdout)["package"]
     from driverd.packages.signers import package_signatures
     assert {s.signers[0].signer for s in package_signatures(pkg)} == {"driverd test signing key"}
-    r = run_cli("install", "--root", str(host), pkg, "--json")
+    r = run_cli("install", "--root", str(host), pkg, "--json", env=KERNEL_ENV_REAL)   # kmod's depmod, as on a host
     assert r.returncode == 0, r.stderr
     out = subprocess.run([mp, "-d", str(host), "-S", GOOD, "--show-depends", "nvidia_uvm"], capture_output=True,
                          text=True, check=True).stdout.split()

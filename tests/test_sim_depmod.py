@@ -142,7 +142,7 @@ def test_simulated_kernel_indexes_and_resolves_without_kmod_tools(tmp_path):
     _nvidia_tree(root)
     (root / "lib/modules" / REL / "modules.dep.bin").write_bytes(b"stale")
     runner = Runner()
-    k = select_kernel(Root(root), runner)
+    k = select_kernel(Root(root), runner, "sim")          # asked for: never inferred from the tree
     assert k.name == "sim"
     assert k.depmod(REL).startswith("depmod -b ") and not runner.history
     assert not (root / "lib/modules" / REL / "modules.dep.bin").exists()

@@ -302,6 +302,22 @@ class Guest:
         return out
 
 
+def dmesg_since(mark: float | None) -> tuple[list[str], float]:
+    """The kernel log's lines stamped after `mark` (seconds since boot), and the new mark. By stamp, not
+    by count: the ring buffer is full after a verbose boot and drops old lines."""
+    out, t, last = [], 0.0, 0.0
+    for ln in sh("dmesg")["stdout"].splitlines():
+        if ln.startswith("[") and "]" in ln:
+            try:
+                t = float(ln[1:ln.index("]")])
+            except ValueError:
+                pass
+        last = t
+        if mark is not None and t > mark:
+            out.append(ln)
+    return out, last
+
+
 def _set_policy_terminate() -> None:
     text = open("/etc/driverd/config.toml").read()
     text = text.replace("[modules]\n", '[modules]\nunload_policy = "terminate"\n', 1)
