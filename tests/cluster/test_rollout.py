@@ -173,8 +173,10 @@ def test_daemon_killed_mid_drain_and_coordinator_death_are_survived(cluster):
     assert f.wait(lambda: holder() is not None, 20)
     first = holder()
     f.kill_node(first)          # the coordinator dies without releasing the Lease
-    # a GPU pod whose eviction is refused for a while keeps the next node in `evicting`
-    srv.store.patch("poddisruptionbudgets", "train-gpu-0000-0-pdb", {"spec": {"maxUnavailable": 0}},
+    # a GPU pod whose eviction is refused for a while keeps the next node in `evicting` (the first
+    # target: gpu-0000 unless it held the Lease and is left out of the rollout)
+    victim = "gpu-0000" if first != "gpu-0000" else "gpu-0001"
+    srv.store.patch("poddisruptionbudgets", f"train-{victim}-0-pdb", {"spec": {"maxUnavailable": 0}},
                     namespace="gpu-jobs")
     k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
                               "spec": {"driver": NEW, "maxParallel": 1, "maxUnavailable": 1,
@@ -182,10 +184,9 @@ def test_daemon_killed_mid_drain_and_coordinator_death_are_survived(cluster):
                                            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [first]}]},
                                        "drain": {"timeoutSeconds": 60}}})
     assert f.wait(lambda: holder() not in (None, first), 30), "no daemon took over the Lease"
-    assert f.wait(lambda: views(f)["gpu-0000" if first != "gpu-0000" else "gpu-0001"].state == m.EVICTING, 30)
-    victim = "gpu-0000" if first != "gpu-0000" else "gpu-0001"
+    assert f.wait(lambda: views(f)[victim].state == m.EVICTING, 30)
     f.kill_node(victim)
-    srv.store.patch("poddisruptionbudgets", "train-gpu-0000-0-pdb", {"spec": {"maxUnavailable": 1}},
+    srv.store.patch("poddisruptionbudgets", f"train-{victim}-0-pdb", {"spec": {"maxUnavailable": 1}},
                     namespace="gpu-jobs")
     time.sleep(0.5)
     assert views(f)[victim].state == m.EVICTING      # nobody else moves a node whose daemon is gone
