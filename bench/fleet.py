@@ -18,8 +18,9 @@ last node done), ideal_s = ceil(N / min(maxParallel, the unavailability limit)) 
 makespan_ratio, per_node_median_s (admitted -> done in the big rollout: what contention costs),
 preflight_s, api_requests_per_node (requests of the nodes' daemons during the rollout / nodes,
 daemons killed and restarted included), max_unavailable_seen (the observer),
-admissions_over_limit (nodes admitted while the unavailable count was already past the limit: the
-guarantee; a node going NotReady by itself may take max_unavailable_seen past the limit),
+admissions_over_limit (nodes admitted while the nodes the rollout had taken out — cordoned or being
+upgraded — were already past the limit: the guarantee; a node going NotReady by itself may take
+max_unavailable_seen past the limit),
 limit_unavailable, left_cordoned_by_us, final_states, phase (Paused when the failures exceed
 --failure-budget).
 
@@ -103,6 +104,7 @@ def run(a) -> dict:
     lock = th.Lock()
     seen = {"max_unavail": 0, "admitted": {}, "done": {}, "states": {}, "over": 0}
     unavailable: dict[str, bool] = {}
+    driven: dict[str, bool] = {}
 
     def observe(kind, obj):
         if not obj.get("metadata"):
@@ -117,15 +119,20 @@ def run(a) -> dict:
                 return
             if kind == "DELETED":
                 unavailable.pop(v.name, None)
+                driven.pop(v.name, None)
             else:
                 unavailable[v.name] = v.unavailable
+                # what the rollout itself takes out (cordoned or being upgraded); a node NotReady by
+                # itself counts for max_unavailable_seen, and the coordinator stops counting it once it
+                # has been NotReady past spec.notReadyTimeoutSeconds
+                driven[v.name] = v.unschedulable or v.active
             now_unavail = sum(unavailable.values())
             seen["max_unavail"] = max(seen["max_unavail"], now_unavail)
             seen["states"][v.name] = v.state
             t = parse_time(v.since)
             if v.state == m.ADMITTED and t and v.name not in seen["admitted"]:
                 seen["admitted"][v.name] = time.time()
-                if now_unavail > limit:
+                if sum(driven.values()) > limit:
                     seen["over"] += 1
             if v.state in (m.DONE, m.FAILED) and v.name in seen["admitted"]:
                 seen["done"].setdefault(v.name, time.time())
