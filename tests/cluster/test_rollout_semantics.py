@@ -109,14 +109,20 @@ def test_an_edited_driver_is_carried_out_and_a_recreated_rollout_is_a_new_one(cl
 
 
 # -- 3: ended rollouts hold no node; the message names what blocks --------------------------------------------
-def test_an_aborted_rollout_holds_no_node(cluster):
+def _stuck_evicting(cluster, name: str):
+    """A 2-node fleet whose rollout `name` holds gpu-0000 in `evicting` (its PDB never allows it)."""
     srv, make = cluster
     f = make(2)
     f.pdb_never("gpu-0000")
     started(f)
     k = kube(f)
-    k.create(rollout_path(), rollout("r1", drain={"timeoutSeconds": 300}))
+    k.create(rollout_path(), rollout(name, drain={"timeoutSeconds": 300}))
     assert f.wait(lambda: views(f)["gpu-0000"].state == m.EVICTING, 30)
+    return srv, f, k
+
+
+def test_an_aborted_rollout_holds_no_node(cluster):
+    srv, f, k = _stuck_evicting(cluster, "r1")
     assert cli(f, "rollout", "abort", "r1")[0] == 0
     wait_phase(f, "r1", ("Aborted",))
     srv.store.patch("poddisruptionbudgets", "train-gpu-0000-0-pdb", {"spec": {"maxUnavailable": 1}},
@@ -196,13 +202,7 @@ def test_a_node_not_ready_for_good_is_named_and_pauses_the_rollout(cluster):
 
 # -- 6: deleting a rollout is aborting it ---------------------------------------------------------------------
 def test_deleting_a_rollout_mid_flight_gives_its_nodes_back(cluster):
-    srv, make = cluster
-    f = make(2)
-    f.pdb_never("gpu-0000")
-    started(f)
-    k = kube(f)
-    k.create(rollout_path(), rollout("r", drain={"timeoutSeconds": 300}))
-    assert f.wait(lambda: views(f)["gpu-0000"].state == m.EVICTING, 30)
+    srv, f, k = _stuck_evicting(cluster, "r")
     assert m.FINALIZER in k.get(rollout_path("r"))["metadata"]["finalizers"]
     rc, out, err = cli(f, "rollout", "delete", "r")
     assert rc == 0, err
