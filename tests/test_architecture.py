@@ -9,7 +9,25 @@ import re
 from tests.conftest import REPO
 
 PKG = REPO / "driverd"
-COMPOSITION_ROOT = {"driverd/cli/context.py", "driverd/cli/lifecycle_cmds.py", "driverd/cli/host_cmds.py"}
+COMPOSITION_ROOT = {"driverd/cli/context.py", "driverd/cli/lifecycle_cmds.py", "driverd/cli/host_cmds.py",
+                    "driverd/cli/demo.py"}
+
+# docs/architecture.md's layer order, bottom first: a module may import its own package and any
+# layer below its own, never a layer above it or a neighbour in its own layer.
+LAYERS = [
+    {"data", "redact"}, {"errors"},
+    {"fsutil", "log", "runner", "safetar", "observe", "backends", "modinfo", "config"},
+    {"root"},
+    {"host"},
+    {"plan", "kmod", "runtime"},
+    {"packages"},
+    {"apply"},
+    {"cluster"},
+    {"daemon"},
+    {"sim"},
+    {"cli"},
+    {"__main__"},
+]
 
 
 def _modules() -> dict[str, ast.Module]:
@@ -53,6 +71,69 @@ def test_no_import_cycles():
     assert not cycles, cycles[:5]
 
 
+def _unit(module: str) -> str:
+    """The layer unit of a module: its subpackage (driverd.apply.steps -> apply) or its own name
+    (driverd.errors -> errors)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "driverd"
+
+
+def _every_import(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, imported driverd module) for every import statement, inside functions too."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "driverd":
+            out += [(node.lineno, f"driverd.{a.name}") for a in node.names] if node.module == "driverd" \
+                else [(node.lineno, node.module)]
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "driverd"]
+    return out
+
+
+def _climbs(trees: dict[str, ast.Module]) -> list[str]:
+    rank = {u: i for i, layer in enumerate(LAYERS) for u in layer}
+    out = []
+    for mod, tree in trees.items():
+        src = _unit(mod)
+        if src == "driverd":
+            continue
+        for line, target in _every_import(tree):
+            dst = _unit(target) if _unit(target) in rank else "driverd"
+            if dst in ("driverd", src):     # the package itself (its version string); a sibling module
+                continue
+            if rank[dst] >= rank[src]:
+                out.append(f"{mod}:{line} ({src}) imports {target} ({dst})")
+    return out
+
+
+def test_every_import_goes_down_the_layers():
+    trees = _modules()
+    units = {_unit(m) for m in trees} - {"driverd"}
+    placed = {u for layer in LAYERS for u in layer}
+    assert units <= placed, f"place {sorted(units - placed)} in LAYERS (and docs/architecture.md)"
+    climbs = _climbs(trees)
+    assert not climbs, "\n".join(climbs)
+
+
+def test_the_layer_check_sees_climbs_inside_functions_and_between_neighbours():
+    tree = ast.parse("import driverd.errors\ndef f():\n    from driverd.daemon import loop\n")
+    assert _every_import(tree) == [(1, "driverd.errors"), (3, "driverd.daemon")]
+    trees = {"driverd.apply.x": tree, "driverd.kmod.y": ast.parse("from driverd.plan.model import Plan"),
+             "driverd.cli.z": ast.parse("from driverd import __version__\nfrom driverd.cli import output")}
+    assert _climbs(trees) == ["driverd.apply.x:3 (apply) imports driverd.daemon (daemon)",
+                              "driverd.kmod.y:1 (kmod) imports driverd.plan.model (plan)"]
+
+
+def test_architecture_doc_lists_the_layers():
+    doc = (REPO / "docs/architecture.md").read_text()
+    section = doc.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    order = [u for layer in LAYERS for u in sorted(layer)]
+    found = [u for u in order if f"`{u}`" in section]
+    assert found == order, f"docs/architecture.md's Layers section lacks {sorted(set(order) - set(found))}"
+    positions = [section.index(f"`{u}`") for layer in LAYERS for u in sorted(layer)[:1]]
+    assert positions == sorted(positions), "docs/architecture.md lists the layers in another order"
+
+
 def test_production_code_never_imports_the_simulator():
     offenders = []
     for p in PKG.rglob("*.py"):
@@ -81,6 +162,29 @@ def test_step_registry_is_explicit():
     declared = {c.action for c in vars(steps).values() if isinstance(c, type) and issubclass(c, StepImpl)
                 and c.action and not c.__name__.startswith("_")}
     assert declared == set(REGISTRY), declared ^ set(REGISTRY)
+    from driverd.plan.actions import ACTIONS
+    assert set(ACTIONS) == set(REGISTRY), set(ACTIONS) ^ set(REGISTRY)     # one implementation per action
+
+
+def test_step_lists_name_only_known_actions():
+    """plan/steplists.py owns every command's step list; each names actions the executor runs."""
+    from types import SimpleNamespace
+
+    from driverd.plan import steplists as sl
+    from driverd.plan.actions import ACTIONS
+    want = SimpleNamespace(driver="550.1", flavor="open", kernel_release="6.1.0-9-amd64", arch="x86_64")
+    lists = [sl.load_steps(), sl.unload_steps("terminate"), sl.reload_steps("/p.tar", ["550.1", "open"]),
+             sl.rollback_steps("ab" * 32), sl.rollback_install_steps("ab" * 32, "6.1.0-9-amd64"),
+             sl.install_steps("/p.tar", None, None),
+             sl.runtime_steps("configure", ["containerd"], {}), sl.runtime_steps("revert", ["docker"], {})]
+    for steps in lists:
+        assert steps and {s["action"] for s in steps} <= set(ACTIONS), steps
+        # a list that changes the running driver or its package records the host first
+        assert (steps[0]["action"] == "snapshot") == any(ACTIONS[s["action"]].touches for s in steps), steps
+    # ... except the package for another kernel, which leaves the running one alone
+    other = sl.prepare_kernel_steps(want, True)
+    assert [s["action"] for s in other] == ["fetch-package", "verify-package", "install-package"]
+    assert other[-1]["params"]["kernel_release"] == want.kernel_release
     assert "def register" not in (PKG / "apply/executor.py").read_text()
 
 

@@ -176,7 +176,7 @@ def test_daemon_from_the_installed_wheel_goes_ready_and_stops_on_sigterm(install
 def test_demo_without_the_test_api_server_skips_its_rollout_stage_in_one_line(monkeypatch, capsys, tmp_path):
     """Where the loopback API server (a test tool) is not installed, the demo's last stage says why it
     is skipped and the demo still succeeds; a missing third-party module is not mistaken for it."""
-    import driverd.sim.demo as demo
+    import driverd.cli.demo as demo
     monkeypatch.setitem(sys.modules, "driverd.sim.apiserver", None)     # what `import` then raises: ModuleNotFoundError
     assert demo.cluster_demo(tmp_path / "cluster", 7) == 0
     out = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]

@@ -19,10 +19,8 @@ from driverd.apply.journal import UNFINISHED, Journal
 from driverd.apply.lock import HostLock
 from driverd.apply.step import StepContext
 from driverd.apply import steps as st
+from driverd.plan import steplists as sl
 from driverd.errors import EXIT_REBOOT, ConfigError, ModuleError, PackageError, PlanError
-
-# What may still be done when the plan needs a reboot first: nothing that touches the running driver.
-SAFE_BEFORE_REBOOT = ("blacklist-nouveau", "fetch-package", "verify-package", "install-package", "configure-runtime")
 
 
 def make_context(root, runner, config, kernel_choice: str | None = None, log=None) -> StepContext:
@@ -51,39 +49,15 @@ class Request:
     reboot: list[str] = field(default_factory=list)   # filled by build when the plan needs a reboot
 
 
-# -- the step lists of each command ----------------------------------------------------------------
+# -- each command as a Request: its step list (driverd.plan.steplists) from what the host says now --
 
-def load_steps(ctx) -> list[dict]:
-    return [{"action": "snapshot"}, {"action": "check-parameters"}, {"action": "load-modules"},
-            {"action": "start-gpu-daemons"}, {"action": "validate"}]
-
-
-def unload_steps(policy: str | None = None) -> list[dict]:
-    return [{"action": "snapshot"}, {"action": "stop-gpu-daemons", "params": {"daemons": "all"}},
-            {"action": "unload-modules", "params": {"policy": policy} if policy else {}}]
-
-
-def reload_steps(package: str | None = None) -> list[dict]:
-    """Stage (verify) the new package and check the parameters against it while the old driver still
-    runs, then swap it in with the driver out of the kernel. Any failure converges back to the
-    recorded last-known-good."""
-    steps: list[dict] = [{"action": "snapshot"}]
+def _reload_steps(package: str | None) -> list[dict]:
     expect = None
     if package:
         from driverd.packages.archive import read_manifest
         m = read_manifest(package)
         expect = [m.driver_version, m.flavor]
-        steps.append({"action": "verify-package", "params": {"package": package}})
-    if package:
-        steps.append({"action": "check-signers", "params": {"package": package}})
-    steps.append({"action": "check-parameters", "params": {"package": package} if package else {}})
-    steps += [{"action": "stop-gpu-daemons", "params": {"daemons": "all"}}, {"action": "unload-modules"}]
-    if package:
-        steps.append({"action": "install-package", "params": {"package": package}})
-    load = {"action": "load-modules", "params": {"expect": expect} if expect else {}}
-    steps += [load, {"action": "restore-mig"}, {"action": "start-gpu-daemons"},
-              {"action": "validate", "params": {"expect": expect} if expect else {}}]
-    return steps
+    return sl.reload_steps(package, expect)
 
 
 def previous_target(ctx, release: str | None = None) -> str | None:
@@ -97,31 +71,18 @@ def previous_target(ctx, release: str | None = None) -> str | None:
     return sha
 
 
-def rollback_steps(ctx) -> list[dict]:
-    """driverd rollback with no pending run: back to the previous installed package, loaded."""
-    target = previous_target(ctx)
-    return [{"action": "snapshot"}, {"action": "stop-gpu-daemons", "params": {"daemons": "all"}},
-            {"action": "unload-modules"},
-            {"action": "restore-previous-package", "params": {"target_sha256": target}},
-            {"action": "check-parameters"}, {"action": "load-modules"}, {"action": "restore-mig"},
-            {"action": "start-gpu-daemons"}, {"action": "validate"}]
-
-
 def rollback_install_request(release: str) -> Request:
     """`driverd rollback-install`: the package the last install replaced, back from the kept store;
     loaded modules are left alone (driverd rollback also reloads)."""
-    def build(ctx) -> list[dict]:
-        target = previous_target(ctx, release)
-        return [{"action": "snapshot"}, {"action": "restore-previous-package",
-                                         "params": {"target_sha256": target, "kernel_release": release}}]
-    return Request("rollback-install", build, {"kernel": release}, changes_kernel=False)
+    return Request("rollback-install", lambda ctx: sl.rollback_install_steps(previous_target(ctx, release), release),
+                   {"kernel": release}, changes_kernel=False)
 
 
-def install_steps(package: str, release: str | None, enforce: bool | None, sha256: str | None = None) -> list[dict]:
-    params = {"package": package, "kernel_release": release, "enforce": enforce}
-    if sha256:
-        params["sha256"] = sha256
-    return [{"action": "snapshot"}, {"action": "install-package", "params": params}]
+def install_request(command: str, package: str, release: str | None, enforce: bool | None,
+                    sha256: str | None = None) -> Request:
+    """`driverd install` / `fetch --install`: one package into a kernel's module tree."""
+    return Request(command, lambda ctx: sl.install_steps(package, release, enforce, sha256),
+                   {"package": package, "kernel": release}, changes_kernel=False)
 
 
 def prepare_kernel_request(cfg, want, allow_build: bool) -> Request:
@@ -129,48 +90,15 @@ def prepare_kernel_request(cfg, want, allow_build: bool) -> Request:
     installed into /lib/modules/<release>/updates/driverd before the reboot into it. The running
     kernel and its driver are not touched; an install that fails leaves that kernel's previous
     package (install is atomic and kept)."""
-    params = {"driver": want.driver, "flavor": want.flavor, "kernel": want.kernel_release, "arch": want.arch,
-              "allow_build": allow_build}
-    steps = [{"action": "fetch-package", "params": params, "reason": f"kernel {want.kernel_release} was installed"},
-             {"action": "verify-package", "params": {}},
-             {"action": "install-package", "params": {"kernel_release": want.kernel_release}}]
-
     def build(ctx) -> list[dict]:
         from driverd.host.modules import read_installed
         from driverd.packages.install import is_installed
         have = any(p.driver_version == want.driver and p.flavor == want.flavor and p.sha256
                    and is_installed(ctx.root, want.kernel_release, p.sha256, ctx.config["state.dir"])
                    for p in read_installed(ctx.root, want.kernel_release, []))
-        return [] if have else [dict(s) for s in steps]
+        return [] if have else sl.prepare_kernel_steps(want, allow_build)
     return Request("prepare-kernel", build, {"kernel": want.kernel_release, "driver": want.driver,
                                              "flavor": want.flavor}, changes_kernel=False)
-
-
-def plan_steps(plan) -> list[dict]:
-    """A driverd.plan Plan as executor steps: a snapshot first whenever the package or the driver is
-    touched, the package verified after its fetch, parameters checked before the unload."""
-    steps = [{"action": s.action, "params": dict(s.params), "reason": s.reason} for s in plan.steps]
-    for i, s in enumerate(steps):
-        if s["action"] == "fetch-package":
-            steps.insert(i + 1, {"action": "verify-package", "params": {}, "reason": "sha256 of every file"})
-            break
-    load = next((s for s in steps if s["action"] == "load-modules"), None)
-    if load is not None:
-        load["params"] = {"modules": load["params"].get("modules"), "parameters": load["params"].get("parameters"),
-                          "expect": [plan.driver_version, plan.flavor]}
-        at = next((i for i, s in enumerate(steps) if s["action"] in ("stop-gpu-daemons", "unload-modules",
-                                                                      "load-modules")), len(steps))
-        steps.insert(at, {"action": "check-parameters", "params": {"modules": load["params"]["modules"],
-                                                                   "parameters": load["params"]["parameters"]},
-                          "reason": "a bad value must be found before the driver is unloaded"})
-        steps.insert(at, {"action": "check-signers", "params": {},
-                          "reason": "a signer the kernel would refuse must be found before the driver is unloaded"})
-    for s in steps:
-        if s["action"] == "validate":
-            s["params"] = plan.validation()
-    if any(st.REGISTRY[s["action"]].touches for s in steps):
-        steps.insert(0, {"action": "snapshot"})
-    return steps
 
 
 def apply_request(cfg) -> Request:
@@ -183,18 +111,10 @@ def apply_request(cfg) -> Request:
         p = plan_for_host(ctx.root, cfg).plan
         if p.blocked_by:
             raise PlanError("the plan is blocked: " + "; ".join(p.blocked_by), fix="see `driverd plan`")
-        steps = plan_steps(p)
         rec = reboot_record(ctx)
         if p.reboot_required:
             req.reboot[:] = list(p.reboot_reasons)
-            steps = [s for s in steps if s["action"] in SAFE_BEFORE_REBOOT]
-            if any(st.REGISTRY[s["action"]].touches for s in steps):
-                steps.insert(0, {"action": "snapshot"})
-            steps.append({"action": "require-reboot", "params": {"reasons": list(p.reboot_reasons),
-                                                                 "target": [p.driver_version, p.flavor]}})
-        elif rec is not None and rec.get("boot_id") != st.boot_id(ctx):
-            steps.append({"action": "clear-reboot", "reason": "the host rebooted since the reboot was required"})
-        return steps
+        return sl.apply_steps(p, rebooted_since_required=rec is not None and rec.get("boot_id") != st.boot_id(ctx))
 
     req.build = build
     return req
@@ -204,22 +124,20 @@ def lifecycle_request(kind: str, *, package: str | None = None, terminate: bool 
     if kind == "apply":
         return apply_request(cfg)
     if kind == "load":
-        return Request("load", load_steps)
+        return Request("load", lambda ctx: sl.load_steps())
     if kind == "unload":
-        return Request("unload", lambda ctx: unload_steps("terminate" if terminate else None),
+        return Request("unload", lambda ctx: sl.unload_steps("terminate" if terminate else None),
                        {"terminate": terminate})
     if kind == "reload":
-        return Request("reload", lambda ctx: reload_steps(package), {"package": package})
+        return Request("reload", lambda ctx: _reload_steps(package), {"package": package})
     if kind == "rollback":
-        return Request("rollback", rollback_steps)
+        return Request("rollback", lambda ctx: sl.rollback_steps(previous_target(ctx)))
     raise ValueError(kind)
 
 
 def runtime_request(verb: str, targets: list[str], options: dict) -> Request:
-    action = "configure-runtime" if verb == "configure" else "revert-runtime"
-    steps = [{"action": action, "params": {"runtime": t, "handler": options.get("handler"), "options": options}}
-             for t in targets]
-    return Request(f"runtime {verb}", lambda ctx: list(steps), {"targets": targets, "options": options},
+    return Request(f"runtime {verb}", lambda ctx: sl.runtime_steps(verb, targets, options),
+                   {"targets": targets, "options": options},
                    changes_kernel=False)
 
 
@@ -393,8 +311,8 @@ def wanted(ctx, inst: dict | None = None) -> dict:
             differs.append(f"installed package is {inst.get('version')} ({inst.get('flavor')}), not {version}")
     if lo is not None and cfg["modules.parameters"]:
         try:
-            from driverd.daemon import fingerprint as fpr
-            from driverd.daemon.drift import parameter_drift, running_parameters
+            from driverd.apply import fingerprint as fpr
+            from driverd.apply.drift import parameter_drift, running_parameters
             recorded = fpr.recorded_parameters(fpr.read(ctx.root, cfg), lo, ctx.kernel.release)
             differs += parameter_drift(running_parameters(ctx.kernel), cfg["modules.parameters"], recorded)
         except Exception:
@@ -433,5 +351,5 @@ def activity(holder: dict | None, doc: dict | None, reboot: dict | None, ctx) ->
 
 def daemon_state(ctx) -> dict | None:
     """`driverd daemon` / container-entrypoint's last reconcile (its runtime state file), if any."""
-    from driverd.daemon import statefile
+    from driverd.apply import statefile
     return statefile.read(ctx.root)

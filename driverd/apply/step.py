@@ -8,9 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-# What a step can change on the host; the rollback converges exactly the parts that were touched.
-PACKAGE = "package"        # the installed driver package for the running kernel
-MODULES = "modules"        # the loaded modules, their parameters and the GPU daemons
+from driverd.plan.actions import ACTIONS, MODULES, PACKAGE  # noqa: F401  (the steps' vocabulary)
 
 
 @dataclass
@@ -29,11 +27,18 @@ class StepContext:
 
 
 class StepImpl:
-    """One idempotent action. Subclasses set `action` and override what applies."""
+    """One idempotent action. Subclasses set `action` and override what applies; what the action
+    may change (`touches`) and whether it only records or verifies (`read_only`) is the planner's
+    table, driverd.plan.actions, so the step lists and the executor agree."""
     action = ""
-    touches: frozenset[str] = frozenset()
-    read_only = False          # records or verifies only (snapshot, checks, validate): never the reason
-                               # a run happens, so a run of nothing else is "nothing to do"
+
+    @property
+    def touches(self) -> frozenset[str]:
+        return ACTIONS[self.action].touches
+
+    @property
+    def read_only(self) -> bool:
+        return ACTIONS[self.action].read_only
 
     def check(self, ctx: StepContext, params: dict) -> bool:
         """True when the step's effect is already in place (the step is then skipped)."""

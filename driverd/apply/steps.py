@@ -69,7 +69,6 @@ class Snapshot(StepImpl):
     the parameters they are running with, the installed package, running daemons, MIG layout, the
     kernel-log position."""
     action = "snapshot"
-    read_only = True
 
     def check(self, ctx, params):
         return "lkg" in ctx.doc
@@ -167,7 +166,6 @@ def _expected_sha(ctx, params) -> str | None:
 
 class VerifyPackage(StepImpl):
     action = "verify-package"
-    read_only = True
 
     def do(self, ctx, params):
         from driverd.packages.archive import verify_package
@@ -184,7 +182,6 @@ def _release(ctx, params) -> str:
 
 class InstallPackage(StepImpl):
     action = "install-package"
-    touches = frozenset({PACKAGE})
 
     def preflight(self, ctx, params):
         if params.get("package"):        # a fetched package is checked when the fetch has run
@@ -217,7 +214,6 @@ class InstallPackage(StepImpl):
 class RestorePackage(StepImpl):
     """Make the installed package the given one (sha256; null: none) again, from the kept store."""
     action = "restore-package"
-    touches = frozenset({PACKAGE})
 
     def check(self, ctx, params):
         from driverd.packages.install import is_installed
@@ -237,7 +233,6 @@ class RestorePreviousPackage(StepImpl):
     """driverd rollback / rollback-install with no pending run: the installation the last install
     replaced comes back."""
     action = "restore-previous-package"
-    touches = frozenset({PACKAGE})
 
     def check(self, ctx, params):
         from driverd.packages.install import is_installed
@@ -264,7 +259,6 @@ def _daemons(ctx, params) -> list[str]:
 
 class StopDaemons(StepImpl):
     action = "stop-gpu-daemons"
-    touches = frozenset({MODULES})
 
     def check(self, ctx, params):
         return not any(ctx.services.running(d) for d in _daemons(ctx, {"daemons": "all", **params}))
@@ -281,7 +275,6 @@ class StopDaemons(StepImpl):
 
 class StartDaemons(StepImpl):
     action = "start-gpu-daemons"
-    touches = frozenset({MODULES})
 
     def check(self, ctx, params):
         return all(ctx.services.running(d) for d in _daemons(ctx, params))
@@ -327,7 +320,6 @@ class StartFabricManager(_StartOneDaemon):
 
 class UnloadModules(StepImpl):
     action = "unload-modules"
-    touches = frozenset({MODULES})
 
     def check(self, ctx, params):
         mods = ctx.kernel.modules()
@@ -379,7 +371,6 @@ class CheckParameters(StepImpl):
     types, as modinfo -p declares them) while the running driver is still in place: a bad value
     must never be found after the unload."""
     action = "check-parameters"
-    read_only = True
 
     def do(self, ctx, params):
         mods = _modules(ctx, params)
@@ -399,7 +390,6 @@ class CheckSigners(StepImpl):
     (read from the package's files, or the installed ones) against the kernel's trusted keyrings and
     signing.trusted_certs. A signer the kernel would refuse fails the run here, not after the unload."""
     action = "check-signers"
-    read_only = True
 
     def do(self, ctx, params):
         from driverd.host.kernel import read_kernel
@@ -445,7 +435,6 @@ def _package_modinfo(package: str) -> dict:
 
 class LoadModules(StepImpl):
     action = "load-modules"
-    touches = frozenset({MODULES})
 
     def check(self, ctx, params):
         expect = _expect(ctx, params)
@@ -486,7 +475,6 @@ class RestoreMig(StepImpl):
 
 class Validate(StepImpl):
     action = "validate"
-    read_only = True
 
     def do(self, ctx, params):
         expect = _expect(ctx, params) or (None, None)

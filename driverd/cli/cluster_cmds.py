@@ -237,13 +237,14 @@ def status_doc(rollout: dict, nodes: list[dict]) -> dict:
 
 def _human_status(d: dict) -> str:
     from driverd.cli.output import table
+    from driverd.cluster.states import FAILED
     c = d["counts"]
     head = (f"rollout {d['rollout']}: driver {d['driver']} ({d['flavor']}) — {d['phase']}"
             + (f" ({d['reason']})" if d["reason"] and d["reason"] != d["phase"] else "")
             + (f"\n  {d['message']}" if d["message"] else ""))
     rows = [["NODE", "STATE", "DRIVER", "FLAVOR", "REASON", "SINCE"]]
     rows += [[n["node"], n["state"], n["driver"] or "-", n["flavor"] or "-",
-              (n["reason"] + (": " + n["message"] if n["state"] in ("failed",) and n["message"] else ""))[:100] or "-",
+              (n["reason"] + (": " + n["message"] if n["state"] == FAILED and n["message"] else ""))[:100] or "-",
               n["since"] or "-"] for n in d["nodes"]]
     summary = (f"  {c.get('done', 0)}/{c.get('total', len(d['nodes']))} done, {c.get('upgrading', 0)} upgrading, "
                f"{c.get('pending', 0)} pending, {c.get('failed', 0)} failed"
@@ -253,7 +254,13 @@ def _human_status(d: dict) -> str:
     return head + "\n" + table(rows) + "\n" + summary + pre
 
 
-ENDED = ("Completed", "Failed", "Refused", "Aborted", "Invalid")
+def _exit(d: dict, *, ended_only: bool = False) -> int:
+    """0 for a rollout that is fine (status) or Completed (wait), else 3; a rollout that matched no
+    node is not a success (the selector is probably wrong). Phases come from cluster/states.py."""
+    from driverd.cluster.states import PHASES
+    phase = PHASES.get(d["phase"])
+    ok = phase is not None and (phase.name == "Completed" if ended_only else phase.ok)
+    return 0 if ok and d["reason"] != "NoTargets" else 3
 
 
 def cmd_status(ctx, args) -> int:
@@ -263,7 +270,7 @@ def cmd_status(ctx, args) -> int:
     if not args.watch:
         d = status_doc(obj, kube.list(node_path()).get("items") or [])
         _print(args, d, _human_status)
-        return 0 if d["phase"] not in ("Failed", "Refused", "Invalid") and d["reason"] != "NoTargets" else 3
+        return _exit(d)
     return _watch_status(kube, args, obj["metadata"]["name"])
 
 
@@ -272,6 +279,7 @@ def _watch_status(kube, args, name: str) -> int:
 
     from driverd.cluster.informer import Informer
     from driverd.cluster.kube import node_path, rollout_path
+    from driverd.cluster.states import ENDED
     changed = threading.Event()
     ro = Informer(kube, rollout_path(), fields=f"metadata.name={name}", on_change=lambda k, o: changed.set()).start()
     nodes = Informer(kube, node_path(), on_change=lambda k, o: changed.set()).start()
@@ -295,7 +303,7 @@ def _watch_status(kube, args, name: str) -> int:
                     print(json.dumps(d, sort_keys=True) if _fmt(args) == "json" else "---\n" + _yaml(d), flush=True)
             if d["phase"] in ENDED and (obj.get("status") or {}).get("observedGeneration") == \
                     obj["metadata"].get("generation"):
-                return 0 if d["phase"] == "Completed" and d["reason"] != "NoTargets" else 3
+                return _exit(d, ended_only=True)
             if deadline is not None and time.monotonic() > deadline:
                 print(f"rollout {name}: still {d['phase']} after {args.timeout:.0f}s", file=sys.stderr)
                 return 3
@@ -314,6 +322,7 @@ def _yaml(d) -> str:
 def cmd_verb(ctx, args) -> int:
     from driverd.cluster.admission import A_CANARY_APPROVED
     from driverd.cluster.kube import rollout_path
+    from driverd.cluster.model import A_ABORT
     kube = _kube(args)
     obj = _pick(kube, args.name)
     name = obj["metadata"]["name"]
@@ -324,7 +333,7 @@ def cmd_verb(ctx, args) -> int:
         return 0
     patch = {"pause": {"spec": {"paused": True}},
              "resume": {"spec": {"paused": False}, "metadata": {"annotations": {A_CANARY_APPROVED: "true"}}},
-             "abort": {"spec": {"paused": True}, "metadata": {"annotations": {"driverd.io/abort": "true"}}}}[args.verb]
+             "abort": {"spec": {"paused": True}, "metadata": {"annotations": {A_ABORT: "true"}}}}[args.verb]
     new = kube.patch(rollout_path(name), patch)
     _print(args, new, f"driverrollout.driverd.io/{name} {args.verb}d" if args.verb != "abort" else
            f"driverrollout.driverd.io/{name} aborted: no more nodes are admitted; nodes not yet unloading are "

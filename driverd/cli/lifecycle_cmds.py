@@ -237,5 +237,5 @@ def render_status(s: dict) -> str:
 
 
 def cmd_demo(ctx, args) -> int:
-    from driverd.sim.demo import run_demo
+    from driverd.cli.demo import run_demo
     return run_demo(args.workdir, as_json=ctx.json)

@@ -237,8 +237,7 @@ def cmd_install(ctx, args) -> int:
              f"{r['kernel_release']} into {r['modules_dir']} (package verified; nothing written)" if r["changed"]
              else f"dry run: {r['driver_version']} ({r['flavor']}) is already installed; nothing to do")
         return EXIT_OK
-    req = lc.Request("install", lambda c: lc.install_steps(package, args.kernel, enforce),
-                     {"package": package, "kernel": args.kernel}, changes_kernel=False)
+    req = lc.install_request("install", package, args.kernel, enforce)
     out = lc.transact(ctx.step_context(), req, wait_s=args.wait)
     out["report"] = next((r["result"] for r in out["results"] if r["action"] == "install-package"), None)
     return finish(ctx, out, _install_head)
@@ -356,9 +355,7 @@ def cmd_fetch(ctx, args) -> int:
     out = res.to_json()
     if args.install:
         from driverd.apply import lifecycle as lc
-        req = lc.Request("fetch --install", lambda c: lc.install_steps(str(res.package), want.kernel_release, None,
-                                                                      res.sha256),
-                         {"package": str(res.package), "kernel": want.kernel_release}, changes_kernel=False)
+        req = lc.install_request("fetch --install", str(res.package), want.kernel_release, None, res.sha256)
         tx = lc.transact(ctx.step_context(cfg), req, wait_s=args.wait)
         out["install"] = tx
         lc.raise_for(tx)

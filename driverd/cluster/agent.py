@@ -23,8 +23,10 @@ import threading
 import time
 from collections.abc import Callable
 
+from driverd.apply.preflight import driver_config, preflight
 from driverd.cluster import events
 from driverd.cluster import model as m
+from driverd.cluster import states
 from driverd.cluster.drain import DrainPlan, plan_drain
 from driverd.cluster.gpuusers import PodUse, host_users
 from driverd.cluster.informer import Informer
@@ -39,7 +41,6 @@ from driverd.cluster.kube import (
     rollout_path,
 )
 
-A_ABORT = "driverd.io/abort"
 A_BOOT = m.PREFIX + "boot-id"
 CONDITION = "GPUDriverReady"
 EVICT_RETRY_S = 5.0          # the longest wait between two eviction rounds (the backoff's cap)
@@ -49,7 +50,7 @@ EVICT_FIRST_S = 0.25         # the first wait; doubled after every round that le
 class NodeAgent:
     def __init__(self, kube: Kube, node: str, *, make_context: Callable, cfg, log: Callable[[str], None],
                  reconciler=None, events: bool = True, clock: Callable[[], float] = time.time) -> None:
-        from driverd.daemon.reconcile import Reconciler
+        from driverd.apply.reconcile import Reconciler
         self.kube, self.node, self.make_context, self.cfg, self.log = kube, node, make_context, cfg, log
         self.reconciler = reconciler or Reconciler(make_context, log)
         self.events, self.clock = events, clock
@@ -130,26 +131,33 @@ class NodeAgent:
             self._labels_checked = True
             self._sync_labels(node, v)
             return 0
-        if v.state not in m.ACTIVE and v.state not in (m.VALIDATING, m.UNCORDONING):
+        state = states.node_state(v.state)
+        if state is None:
+            return self._unknown_state(node, v)
+        if state.free:
             return self._preflight(v)
         name = (v.rollout or "").split("/")[0]
         r, obj = self.rollout(name)
         if r is None:
             r = self._fallback_rollout(node, v)
         if obj is not None and v.state in (m.ADMITTED, m.CORDONED, m.WAITING, m.EVICTING):
-            if (obj["metadata"].get("annotations") or {}).get(A_ABORT) == "true":
+            if (obj["metadata"].get("annotations") or {}).get(m.A_ABORT) == "true":
                 return self._give_back(node, v, "Aborted", f"rollout {name} was aborted before the driver was touched")
             if obj["metadata"].get("deletionTimestamp"):
                 return self._give_back(node, v, "Aborted", f"rollout {name} was deleted before the driver was "
                                        "touched (deleting a rollout aborts it)")
-        handler = {m.ADMITTED: self._cordon, m.CORDONED: self._after_cordon, m.WAITING: self._wait_jobs,
-                   m.EVICTING: self._evict, m.UNLOADING: self._transact, m.REBOOT: self._after_reboot,
-                   m.VALIDATING: self._validate, m.UNCORDONING: self._validate}[v.state]
-        return handler(node, v, r)
+        return getattr(self, state.handler)(node, v, r)
+
+    def _unknown_state(self, node: dict, v: m.NodeView) -> float | None:
+        """A state this driverd has no handler for (written by hand, or by another version): the node
+        is given back as failed, with its driver pinned as it runs, never left half-way and silent."""
+        return self._fail(node, v, "UnknownState", f"driverd.io/state={v.state!r} is not a state this driverd "
+                          f"knows ({', '.join(states.NODE_STATES)}); fix: retry the node "
+                          "(kubectl driverd node retry NODE) once every daemon runs the same version")
 
     def _fallback_rollout(self, node: dict, v: m.NodeView) -> m.Rollout:
         """The rollout was deleted mid-way: finish what was started with default policies."""
-        tv, _, tf = (node["metadata"].get("annotations") or {}).get(m.A_TARGET, "").partition("/")
+        tv, tf = m.split_driver((node["metadata"].get("annotations") or {}).get(m.A_TARGET))
         return m.Rollout(name=(v.rollout or "deleted").split("/")[0], generation=0, driver=tv or "0.0",
                          flavor=tf or "auto")
 
@@ -213,7 +221,8 @@ class NodeAgent:
             except ClusterError as e:
                 self.log(f"driverd cluster: preflight of {r.name}: cannot list the node's pods: {e.one_line()}")
                 return 5.0
-            answer = preflight(self.make_context, self.cfg, r, leaving=plan.leaving, staying=plan.staying)
+            answer = preflight(self.make_context, self.cfg, r.key, r.driver, r.flavor,
+                               leaving=plan.leaving, staying=plan.staying)
             patch = {"metadata": {"annotations": {m.A_PREFLIGHT: json.dumps(answer, sort_keys=True)}}}
             self.nodes.put(self.kube.patch(node_path(self.node), patch))
             if not answer["ok"] and self.events:
@@ -225,7 +234,7 @@ class NodeAgent:
         """Node labels say what is loaded (and whether it is validated), from the host's facts."""
         loaded = _loaded(self.make_context, self.cfg)
         want = {m.L_VERSION: loaded["version"] if loaded else None, m.L_FLAVOR: loaded["flavor"] if loaded else None}
-        if v.state not in m.ACTIVE and v.state not in (m.VALIDATING, m.UNCORDONING):
+        if v.state not in m.ACTIVE:
             want[m.L_READY] = "true" if loaded else None
         if any(v.labels.get(k) != val for k, val in want.items()):
             self.nodes.put(self.kube.patch(node_path(self.node), {"metadata": {"labels": want}}))
@@ -360,7 +369,7 @@ class NodeAgent:
     # -- the node transaction ---------------------------------------------------------------------------
     def _transact(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
         from driverd.apply import steps as st
-        cfg = target_config(self.cfg, r)
+        cfg = driver_config(self.cfg, r.driver, r.flavor, source=f"rollout {r.key}")
         res = self.reconciler.reconcile(cfg)
         node, v = self.view()
         if res.converged:
@@ -453,102 +462,3 @@ def _loaded(make_context, cfg) -> dict | None:
 def _host_users(make_context, cfg) -> dict[str, str]:
     return host_users(make_context(cfg).root)
 
-
-def target_config(cfg, r: m.Rollout):
-    """The node's configuration with the rollout's driver (and flavour, unless the rollout leaves it
-    to the node: `auto` keeps the node's own driver.flavor)."""
-    over = {"driver.version": r.driver}
-    if r.flavor != "auto":
-        over["driver.flavor"] = r.flavor
-    return cfg.with_overrides(over, source=f"rollout {r.key}")
-
-
-def preflight(make_context, cfg, r: m.Rollout, *, leaving: set[str] = frozenset(),
-              staying: dict[str, str] | None = None) -> dict:
-    """This node's answer to a rollout before any node is admitted: can it take the target (a plan
-    that is not blocked — GPUs supported by the branch and flavour, signer accepted —, a package for
-    its kernel in a repository or a local build), does it need to, and will it need a reboot.
-
-    The host is judged as it will be after the drain: processes of pods that leave (`leaving`: pod
-    UIDs the drain evicts or whose DaemonSet leaves with the driver-ready label) do not block; a
-    process outside any pod, or in a pod that stays (`staying`: uid -> why), does, and is named."""
-    from driverd.apply import steps as st
-    from driverd.errors import DriverdError
-    out = {"rollout": r.key, "driver": r.driver, "ok": True, "needed": True, "reasons": [], "reboot": False}
-    try:
-        c = target_config(cfg, r)
-        sctx = make_context(c)
-        out["kernel"] = sctx.kernel.release
-        loaded = st.loaded(sctx)
-        out["current"] = f"{loaded['version']}/{loaded['flavor']}" if loaded else None
-        from driverd.apply.hostplan import plan_for_host
-        from driverd.host import collect
-        facts = after_drain(collect(sctx.root, nvml=False, handler=c["runtime.handler"]), leaving)
-        p = plan_for_host(sctx.root, c, facts=facts).plan
-        if loaded and loaded["version"] == r.driver and loaded["flavor"] == p.flavor:
-            out["needed"] = False
-            out["reasons"] = [f"already runs {r.driver} ({loaded['flavor']})"]
-            return out
-        if p.blocked_by:
-            out["ok"], out["reasons"] = False, list(p.blocked_by) + _staying_words(facts, staying or {})
-            return out
-        out["flavor"] = p.flavor
-        out["reboot"] = bool(p.reboot_required)
-        if p.reboot_required:
-            out["reasons"].append("needs a reboot: " + "; ".join(p.reboot_reasons))
-        where = _package_source(sctx, c, r.driver, p.flavor)
-        if where.startswith("none:"):
-            out["ok"] = False
-        out["reasons"].append(where.removeprefix("none:").strip())
-        if where.startswith("package "):
-            # pre-pull it into the node's cache (verified): the upgrade then starts from local files,
-            # and the kernel's verdict on its signer is known now, not after the node is drained
-            from driverd.packages.fetch import Want, fetch_configured
-            fetch_configured(sctx.root, c, Want(r.driver, p.flavor or "", sctx.kernel.release, _arch(sctx)),
-                             runner=sctx.runner, allow_build=False)
-            again = plan_for_host(sctx.root, c, facts=facts).plan
-            if again.blocked_by:
-                out["ok"], out["reasons"] = False, list(again.blocked_by) + _staying_words(facts, staying or {})
-    except DriverdError as e:
-        out["ok"], out["reasons"] = False, [e.one_line()]
-    return out
-
-
-def after_drain(facts, leaving: set[str]):
-    """The host's facts without the GPU users whose pods the drain takes off."""
-    import dataclasses
-    if not leaving:
-        return facts
-    keep = tuple(u for u in facts.gpu_users if (u.pod_uid or "").replace("_", "-") not in leaving)
-    return dataclasses.replace(facts, gpu_users=keep)
-
-
-def _staying_words(facts, staying: dict[str, str]) -> list[str]:
-    """Why the pods of the processes that still hold the GPU after the drain stay."""
-    uids = {(u.pod_uid or "").replace("_", "-") for u in facts.gpu_users}
-    return [f"pod {why}" for uid, why in sorted(staying.items()) if uid in uids]
-
-
-def _package_source(sctx, cfg, driver: str, flavor: str | None) -> str:
-    from driverd.errors import DriverdError
-    from driverd.packages.build import local_builder
-    from driverd.packages.fetch import Want, read_index
-    release, arch = sctx.kernel.release, _arch(sctx)
-    for url in cfg["packages.repositories"]:
-        try:
-            idx = read_index(url, public_key=cfg["packages.index_public_key"], runner=sctx.runner)
-        except DriverdError:
-            continue
-        if idx.find(driver, flavor or "", release, arch):
-            return f"package {driver}/{flavor} for {release} in {url}"
-    if cfg["packages.build_fallback"]:
-        builder, why = local_builder(sctx.root, cfg, Want(driver, flavor or "", release, arch), sctx.runner)
-        if builder is not None:
-            return f"no repository has {driver}/{flavor} for {release}: it will be built on the node"
-        return f"none: no package {driver}/{flavor} for kernel {release} in any repository, and no local build: {why}"
-    return f"none: no package {driver}/{flavor} for kernel {release} in any repository (packages.build_fallback is off)"
-
-
-def _arch(sctx) -> str:
-    from driverd.host.kernel import read_kernel
-    return read_kernel(sctx.root, []).arch or "x86_64"

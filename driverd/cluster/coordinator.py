@@ -20,6 +20,7 @@ from driverd.cluster import events
 from driverd.cluster import model as m
 from driverd.cluster.admission import A_CANARY_APPROVED, decide
 from driverd.cluster.informer import Informer
+from driverd.cluster.states import PHASES
 from driverd.cluster.kube import (
     Kube,
     KubeError,
@@ -124,7 +125,7 @@ class Coordinator:
                                    "observedGeneration": obj["metadata"].get("generation")})
                 continue
             ann = obj["metadata"].get("annotations") or {}
-            if ann.get("driverd.io/abort") == "true":
+            if ann.get(m.A_ABORT) == "true":
                 self._status(obj, {"phase": "Aborted", "reason": "Aborted", "message": "aborted by an operator; "
                                    "nodes not yet unloading were given back", "observedGeneration": r.generation})
                 continue
@@ -253,7 +254,7 @@ class Coordinator:
         involved = {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "name": md["name"],
                     "uid": md.get("uid")}
         events.record(self.kube, involved, status.get("reason") or "Progressing", status.get("message") or "",
-                      warning=status.get("phase") in ("Paused", "Refused", "Failed", "Invalid"),
+                      warning=getattr(PHASES.get(status.get("phase") or ""), "warning", False),
                       instance=self.identity, log=self.log, now=self.clock())
 
 

@@ -20,16 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from driverd.errors import DriverdError
+from driverd.errors import ClusterError
 from driverd.redact import redact_obj
 
 GROUP, VERSION = "driverd.io", "v1alpha1"
 ROLLOUTS = f"/apis/{GROUP}/{VERSION}/driverrollouts"
 RETRY_STATUS = (429, 500, 502, 503, 504)
-
-
-class ClusterError(DriverdError):
-    subject = "cluster"
 
 
 class KubeError(ClusterError):

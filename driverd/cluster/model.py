@@ -9,6 +9,9 @@ import math
 import re
 from dataclasses import dataclass, field
 
+# The node states and rollout phases are tables in cluster/states.py; the model speaks their names.
+from driverd.cluster.states import (
+    ACTIVE, ADMITTED, CORDONED, DONE, ENDED, EVICTING, FAILED, IDLE, REBOOT, UNLOADING, VALIDATING, WAITING)
 from driverd.errors import ClusterError
 
 PREFIX = "driverd.io/"
@@ -26,36 +29,31 @@ A_PREFLIGHT = PREFIX + "preflight"        # JSON: the node daemon's answer for r
 A_SKIP = PREFIX + "skip"                  # set by an operator: leave this node out
 A_RETRY = PREFIX + "retry"                # set by an operator: try a failed node again
 A_PINNED = PREFIX + "pinned-driver"       # version/flavor the daemon keeps after a failed upgrade
+A_ABORT = PREFIX + "abort"                # on a DriverRollout: "true" = `kubectl driverd rollout abort`
 FINALIZER = "driverd.io/rollout"          # keeps a deleted rollout's spec until its nodes are given back
 # Node labels (what is loaded; selectors and dashboards use them)
 L_VERSION = PREFIX + "driver-version"
 L_FLAVOR = PREFIX + "driver-flavor"
 L_READY = PREFIX + "driver-ready"         # "true" while the driver is validated; GPU DaemonSets select it
 
-IDLE, ADMITTED, CORDONED, WAITING, EVICTING, UNLOADING, INSTALLING, VALIDATING, UNCORDONING, DONE, FAILED = (
-    "idle", "admitted", "cordoned", "waiting-for-jobs", "evicting", "unloading", "installing", "validating",
-    "uncordoning", "done", "failed")
-REBOOT = "reboot-required"
-SKIPPED = "skipped"
-# A node in one of these counts against maxParallel (and is unavailable).
-ACTIVE = (ADMITTED, CORDONED, WAITING, EVICTING, UNLOADING, INSTALLING, VALIDATING, UNCORDONING, REBOOT)
-ORDER = (IDLE, ADMITTED, CORDONED, WAITING, EVICTING, UNLOADING, INSTALLING, VALIDATING, UNCORDONING, DONE)
-TERMINAL = (DONE, FAILED, SKIPPED)
-ALL_STATES = ORDER + (FAILED, REBOOT, SKIPPED)
-
 # \A…\Z, not ^…$: Python's `$` also matches before a trailing newline ("570.195.03\n"), RE2's (the
 # API server's schema patterns) does not; the parser must accept exactly what the schema accepts.
 VERSION_RE = re.compile(r"\A[0-9]+\.[0-9]+(\.[0-9]+)?\Z")
 PERCENT_RE = re.compile(r"\A[0-9]+%\Z")
-# A rollout in one of these phases (for its current generation) is over: it holds no node.
-ENDED = ("Completed", "Failed", "Refused", "Aborted", "Invalid")
 NOT_READY_TIMEOUT_S = 300
+
+
+def split_driver(text: str | None) -> tuple[str, str]:
+    """A driver as the node annotations record it ("VERSION/FLAVOR", driverd.io/target, pinned-driver,
+    previous-driver) as (version, flavor); ("", "") for none."""
+    version, _, flavor = (text or "").partition("/")
+    return version, flavor
 
 
 def ended(obj: dict) -> bool:
     """The rollout object is over for its current spec: its nodes are free for other rollouts."""
     md, st = obj.get("metadata") or {}, obj.get("status") or {}
-    if (md.get("annotations") or {}).get("driverd.io/abort") == "true" and st.get("phase") == "Aborted":
+    if (md.get("annotations") or {}).get(A_ABORT) == "true" and st.get("phase") == "Aborted":
         return True
     return st.get("phase") in ENDED and st.get("observedGeneration") == md.get("generation")
 

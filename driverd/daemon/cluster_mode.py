@@ -56,34 +56,31 @@ class ClusterMode:
         self.agent.cfg = cfg
 
     def pin(self, cfg):
-        """The configuration the daemon's own reconciles use: driver.version as rollouts left it."""
+        """The configuration the daemon's own reconciles use: driver.version as rollouts left it
+        (the state table's `pin`: the rollout's target while it runs and after it is done; after a
+        failure what ran then — the rollback's driver, or a new one that loaded but left the node
+        NotReady — which only an admitted retry or a new rollout changes)."""
+        from driverd.apply.preflight import driver_config
         from driverd.cluster import model as m
+        from driverd.cluster import states
         node = self.agent.nodes.get(self.node)
         if node is None:
             return cfg
         ann = node["metadata"].get("annotations") or {}
-        state = ann.get(m.A_STATE) or m.IDLE
-        if state in m.ACTIVE or state in (m.VALIDATING, m.UNCORDONING, m.DONE):
-            version, _, flavor = (ann.get(m.A_TARGET) or "").partition("/")
-        elif state == m.FAILED:
-            # what ran when the upgrade failed (the rollback's driver, or a new one that loaded but
-            # left the node NotReady): only an admitted retry or a new rollout changes it
-            version, _, flavor = (ann.get(m.A_PINNED) or ann.get(m.A_PREVIOUS) or "").partition("/")
-        else:
+        state = states.node_state(ann.get(m.A_STATE))
+        if state is None or state.pin is None:
             return cfg
+        version, flavor = m.split_driver(ann.get(m.A_TARGET) if state.pin == states.PIN_TARGET
+                                         else ann.get(m.A_PINNED) or ann.get(m.A_PREVIOUS))
         if not version:
             return cfg
-        over = {"driver.version": version}
-        if flavor and flavor != "auto":
-            over["driver.flavor"] = flavor
-        return cfg.with_overrides(over, source=f"node {self.node}'s rollout record ({state})")
+        return driver_config(cfg, version, flavor, source=f"node {self.node}'s rollout record ({state.name})")
 
     def busy(self) -> bool:
         """The node is mid-upgrade: the agent's transaction owns the host; the daemon waits."""
         from driverd.cluster import model as m
         node = self.agent.nodes.get(self.node)
-        state = ((node or {}).get("metadata", {}).get("annotations") or {}).get(m.A_STATE)
-        return state in m.ACTIVE or state in (m.VALIDATING, m.UNCORDONING)
+        return ((node or {}).get("metadata", {}).get("annotations") or {}).get(m.A_STATE) in m.ACTIVE
 
     def close(self) -> None:
         self.agent.close()
@@ -102,7 +99,7 @@ class PinnedReconciler:
     def reconcile(self, cfg):
         import time
 
-        from driverd.daemon.reconcile import Result
+        from driverd.apply.reconcile import Result
         self.cluster.use(cfg)
         if self.cluster.busy():
             now = time.time()

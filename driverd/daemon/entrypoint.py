@@ -6,7 +6,7 @@ the reconcile loop's next pass. Read-only: no lock, no journal, no file written.
 from __future__ import annotations
 
 from driverd.apply import steps as st
-from driverd.daemon import fingerprint as fpr
+from driverd.apply import fingerprint as fpr
 from driverd.errors import DriverdError
 
 

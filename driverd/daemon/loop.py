@@ -148,7 +148,7 @@ class DaemonLoop:
             try:
                 res = self.reconciler.reconcile(cfg)
             except BaseException as e:          # reconcile() catches everything; belt and braces
-                from driverd.daemon.reconcile import Result
+                from driverd.apply.reconcile import Result
                 res = Result("error", f"unexpected error: {e.__class__.__name__}: {e}", "unexpected",
                              started=time.time(), finished=time.time())
             with self._lock:

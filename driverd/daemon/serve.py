@@ -34,7 +34,7 @@ def serve(*, mode: str, root, config_path: str | None, load_config: Callable, ma
     from driverd.daemon.loop import DaemonLoop
     from driverd.daemon.metrics import Metrics
     from driverd.daemon.notify import Notifier
-    from driverd.daemon.reconcile import Reconciler
+    from driverd.apply.reconcile import Reconciler
 
     from driverd.host.nvml import query_in_child
     query_in_child()                    # an idle daemon must not carry NVML's memory for hours
@@ -44,7 +44,7 @@ def serve(*, mode: str, root, config_path: str | None, load_config: Callable, ma
     from driverd import observe
     stop_observing = observe.subscribe(metrics.package_event)     # fetches and builds made by reconciles
     watch = ConfigWatch(root, config_path)
-    from driverd.daemon import statefile
+    from driverd.apply import statefile
 
     def record(result=None, next_in_s=None, stopped=False) -> None:
         statefile.write(root, mode=mode, result=result, next_in_s=next_in_s, stopped=stopped,

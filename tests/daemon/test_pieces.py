@@ -8,9 +8,9 @@ import socket
 import pytest
 
 from driverd.daemon.backoff import Backoff
-from driverd.daemon.drift import parameter_drift, parse_nvidia_params, same_value
+from driverd.apply.drift import parameter_drift, parse_nvidia_params, same_value
 from driverd.daemon.endpoints import parse_listen
-from driverd.daemon.fingerprint import fingerprint
+from driverd.apply.fingerprint import fingerprint
 from driverd.daemon.health import Health
 from driverd.daemon.notify import Notifier
 from driverd.errors import UsageError
@@ -92,7 +92,7 @@ def test_the_fingerprint_follows_the_desired_state_only(tmp_path):
 
 
 def test_readiness_needs_a_converge_and_the_same_driver_still_loaded():
-    from driverd.daemon.reconcile import Result
+    from driverd.apply.reconcile import Result
     now = {"v": {"version": "535.261.03", "flavor": "open"}}
     h = Health(lambda: now["v"])
     assert h.readiness() == (False, "starting: the first reconcile has not finished")

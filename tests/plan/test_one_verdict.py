@@ -52,7 +52,7 @@ def _reconcile_verdict(root: Path, kernel: str) -> tuple[str, object]:
     """The daemon's pass, in process, on the tree (the CLI's composition root picks the backends)."""
     from driverd.cli.context import Context
     from driverd.config import load
-    from driverd.daemon.reconcile import Reconciler
+    from driverd.apply.reconcile import Reconciler
     before = os.environ.get("DRIVERD_MODULES_KERNEL")
     os.environ["DRIVERD_MODULES_KERNEL"] = kernel
     try:

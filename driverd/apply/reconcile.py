@@ -13,8 +13,8 @@ from driverd.apply import lifecycle as lc
 from driverd.apply import steps as st
 from driverd.apply.hostplan import plan_for_host
 from driverd.apply.lock import LockHeld
-from driverd.daemon import fingerprint as fpr
-from driverd.daemon.drift import parameter_drift, running_parameters
+from driverd.apply import fingerprint as fpr
+from driverd.apply.drift import parameter_drift, running_parameters
 from driverd.errors import ConfigError, DriverdError, PlanError, UsageError
 
 LOCK_WAIT_S = 3600.0      # the daemon waits for another driverd (a boot-time apply, an operator) this long

@@ -1,0 +1,182 @@
+"""The node state table (driverd/cluster/states.py) is the whole state machine: every state has a
+handler on the node agent, every transition the agent and the coordinator record is declared in
+the table, nothing else names a state, and the CLI's exit codes follow the phase table."""
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+
+from driverd.cluster import model as m
+from driverd.cluster import states
+from driverd.cluster.agent import NodeAgent
+from tests.conftest import REPO
+
+AGENT = REPO / "driverd/cluster/agent.py"
+STATE_BY_CONST = {name: getattr(states, name) for name in dir(states)
+                  if name.isupper() and isinstance(getattr(states, name), str) and getattr(states, name) in states.NODE_STATES}
+
+
+def _agent_methods() -> dict[str, ast.FunctionDef]:
+    cls = next(n for n in ast.parse(AGENT.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "NodeAgent")
+    return {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
+
+
+def _direct(fn: ast.FunctionDef) -> tuple[set[str], set[str]]:
+    """The states a method records itself (self._to(node, m.X); _fail -> failed; _give_back -> idle)
+    and the other methods of the agent it calls."""
+    recorded, calls = set(), set()
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) \
+                and n.func.value.id == "self":
+            if n.func.attr == "_to":
+                arg = n.args[1]
+                assert isinstance(arg, ast.Attribute) and arg.attr in STATE_BY_CONST, ast.unparse(n)
+                recorded.add(STATE_BY_CONST[arg.attr])
+            elif n.func.attr == "_fail":
+                recorded.add(states.FAILED)
+            elif n.func.attr == "_give_back":
+                recorded.add(states.IDLE)
+            else:
+                calls.add(n.func.attr)
+    return recorded, calls
+
+
+def _reachable(methods: dict[str, ast.FunctionDef], name: str) -> set[str]:
+    seen, todo, out = set(), [name], set()
+    while todo:
+        cur = todo.pop()
+        if cur in seen or cur not in methods:
+            continue
+        seen.add(cur)
+        rec, calls = _direct(methods[cur])
+        out |= rec
+        todo += sorted(calls)
+    return out
+
+
+def test_every_state_has_a_handler_on_the_agent():
+    methods = _agent_methods()
+    missing = {s.name: s.handler for s in states.NODE_STATES.values() if s.handler not in methods}
+    assert not missing, missing
+
+
+def test_every_transition_the_agent_records_is_declared():
+    methods = _agent_methods()
+    undeclared = {}
+    for s in states.NODE_STATES.values():
+        made = _reachable(methods, s.handler) - {s.name}
+        if s.active and s.name in (m.ADMITTED, m.CORDONED, m.WAITING, m.EVICTING):
+            made.add(states.IDLE)       # tick gives these back when their rollout is aborted or deleted
+        if made - s.next:
+            undeclared[s.name] = sorted(made - s.next)
+    assert not undeclared, f"transitions missing from NODE_STATES[...].next: {undeclared}"
+
+
+def test_declared_transitions_are_all_made_and_every_state_is_reachable():
+    methods = _agent_methods()
+    made = {s.name: _reachable(methods, s.handler) for s in states.NODE_STATES.values()}
+    for s in states.NODE_STATES.values():
+        # the free states leave only by the coordinator's admission; active ones by their handler
+        expected = {states.ADMITTED} if s.free else made[s.name] | ({states.IDLE} if states.IDLE in s.next else set())
+        assert s.next <= expected | {s.name}, (s.name, sorted(s.next - expected))
+    seen, todo = set(), [states.IDLE]
+    while todo:
+        cur = todo.pop()
+        if cur not in seen:
+            seen.add(cur)
+            todo += sorted(states.NODE_STATES[cur].next)
+    assert seen == set(states.NODE_STATES), set(states.NODE_STATES) - seen
+
+
+def test_the_coordinator_only_admits_and_only_free_nodes_are_admitted():
+    src = (REPO / "driverd/cluster/coordinator.py").read_text()
+    targets = set(re.findall(r"state_patch\(m\.([A-Z_]+)", src))
+    assert targets == {"ADMITTED"}, targets
+    for s in states.NODE_STATES.values():
+        assert (states.ADMITTED in s.next) == s.free or s.name == states.REBOOT, s.name
+
+
+def test_no_state_outside_the_table():
+    """Every state name the cluster code or the CLI spells is one of the table's."""
+    known = set(states.NODE_STATES)
+    for path in [*(REPO / "driverd/cluster").glob("*.py"), REPO / "driverd/cli/cluster_cmds.py",
+                 REPO / "driverd/daemon/cluster_mode.py"]:
+        for attr in re.findall(r"\bm\.([A-Z][A-Z_]+)\b", path.read_text()):
+            val = getattr(m, attr, None)
+            assert val is not None, f"{path.name}: m.{attr} does not exist"
+            if isinstance(val, str) and attr in STATE_BY_CONST:
+                assert val in known
+    assert not hasattr(m, "INSTALLING") and not hasattr(m, "UNCORDONING")
+    assert m.ACTIVE == states.ACTIVE == {s.name for s in states.NODE_STATES.values() if s.active}
+
+
+def test_every_phase_the_coordinator_writes_is_in_the_phase_table():
+    text = (REPO / "driverd/cluster/admission.py").read_text() + (REPO / "driverd/cluster/coordinator.py").read_text()
+    written = set(re.findall(r'"phase": "(\w+)"', text)) | set(re.findall(r'Decision\("(\w+)"', text))
+    written |= set(re.findall(r'd\.phase(?:, d\.\w+)*(?:, d\.\w+)? = "(\w+)"', text))
+    written |= set(re.findall(r'"(\w+)" if \w+ else "(\w+)"', text)[0])
+    assert written and written <= set(states.PHASES), written - set(states.PHASES)
+    assert set(states.ENDED) == {"Completed", "Failed", "Refused", "Aborted", "Invalid"}
+
+
+@pytest.mark.parametrize("phase,reason,status_rc,wait_rc", [
+    ("Completed", "Completed", 0, 0), ("Completed", "NoTargets", 3, 3), ("Failed", "NodesFailed", 3, 3),
+    ("Refused", "PreflightFailed", 3, 3), ("Aborted", "Aborted", 0, 3), ("Progressing", "Progressing", 0, 3),
+    ("Bogus", "", 3, 3)])
+def test_cli_exit_codes_follow_the_phase_table(phase, reason, status_rc, wait_rc):
+    from driverd.cli.cluster_cmds import _exit
+    assert _exit({"phase": phase, "reason": reason}) == status_rc
+    assert _exit({"phase": phase, "reason": reason}, ended_only=True) == wait_rc
+
+
+def _agent_at(state: str):
+    """A node agent whose node records `state`, with its API side replaced by a recorder."""
+    agent = NodeAgent.__new__(NodeAgent)
+    node = {"metadata": {"name": "n1", "annotations": {m.A_STATE: state, m.A_ROLLOUT: "r/uid/1"}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    agent._labels_checked = True
+    agent.view = lambda: (node, m.NodeView.from_node(node))
+    agent.calls = []
+    agent._fail = lambda node, v, reason, message: agent.calls.append(("fail", reason, message))
+    agent._preflight = lambda v: agent.calls.append(("preflight", v.state))
+    return agent
+
+
+def test_an_unknown_state_fails_the_node_naming_it():
+    agent = _agent_at("installing")          # a state an old version listed and never handled
+    assert agent.tick() is None
+    (kind, reason, message), = agent.calls
+    assert (kind, reason) == ("fail", "UnknownState") and "'installing'" in message and "retry" in message
+
+
+@pytest.mark.parametrize("state", [states.IDLE, states.DONE, states.FAILED])
+def test_free_states_answer_preflights(state):
+    agent = _agent_at(state)
+    agent.tick()
+    assert agent.calls == [("preflight", state)]
+
+
+def test_cluster_mode_pins_from_the_table(tmp_path):
+    from driverd.config import load
+    from driverd.daemon.cluster_mode import ClusterMode
+    from driverd.root import Root
+
+    class _Agent:
+        def __init__(self, node):
+            self.nodes = {"n1": node}
+    base = load(Root(str(tmp_path)), None, environ={})
+    for state, ann, want in [
+            (states.EVICTING, {m.A_TARGET: "550.1/open"}, ("550.1", "open")),
+            (states.DONE, {m.A_TARGET: "550.1/auto"}, ("550.1", base["driver.flavor"])),
+            (states.FAILED, {m.A_PINNED: "535.2/proprietary", m.A_PREVIOUS: "1.0/open"}, ("535.2", "proprietary")),
+            (states.FAILED, {m.A_PREVIOUS: "535.3/open"}, ("535.3", "open")),
+            (states.IDLE, {m.A_TARGET: "9.9/open"}, (base["driver.version"], base["driver.flavor"])),
+            ("made-up", {m.A_TARGET: "9.9/open"}, (base["driver.version"], base["driver.flavor"]))]:
+        cm = ClusterMode.__new__(ClusterMode)
+        cm.node = "n1"
+        cm.agent = _Agent({"metadata": {"name": "n1", "annotations": {m.A_STATE: state, **ann}}})
+        got = cm.pin(base)
+        assert (got["driver.version"], got["driver.flavor"]) == want, state
+        assert cm.busy() == (state in states.ACTIVE)
