@@ -84,6 +84,23 @@ def test_step_registry_is_explicit():
     assert "def register" not in (PKG / "apply/executor.py").read_text()
 
 
+def test_runtime_registry_is_explicit():
+    """One table in runtime/registry.py, built from the runtime classes it names; nothing else in
+    driverd reaches into it (so nothing registers itself on import), and no runtime module imports it."""
+    tree = ast.parse((PKG / "runtime/registry.py").read_text())
+    (table,) = [n for n in tree.body if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "REGISTRY"]
+    built = [c.func.id for c in ast.walk(table.value) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)]
+    from driverd.runtime.registry import REGISTRY
+    assert built == [type(r).__name__ for r in REGISTRY.values()]
+    reach = [str(p.relative_to(REPO)) for p in PKG.rglob("*.py")
+             if p != PKG / "runtime/registry.py" and re.search(r"\bREGISTRY\b", p.read_text())
+             and "runtime.registry" in p.read_text()]
+    assert not reach, reach
+    for name, rt in REGISTRY.items():
+        src = (PKG / "runtime" / f"{type(rt).__module__.rsplit('.', 1)[-1]}.py").read_text()
+        assert "registry" not in src, name
+
+
 def test_readme_points_inside_the_repository():
     readme = (REPO / "README.md").read_text()
     assert "../shared" not in readme
