@@ -101,6 +101,25 @@ def test_runtime_registry_is_explicit():
         assert "registry" not in src, name
 
 
+# The low seams (docs/architecture.md, "Layers"): what each may import, function-level imports included.
+LOW_SEAMS = {
+    "driverd.runtime": ("driverd.runtime", "driverd.root", "driverd.runner", "driverd.errors", "driverd.fsutil",
+                        "driverd.redact", "driverd.log"),
+    "driverd.distro": ("driverd.distro", "driverd.root"),
+}
+
+
+def test_runtime_and_distro_import_only_below_them():
+    trees = _modules()
+    bad = []
+    for m, tree in trees.items():
+        for seam, allowed in LOW_SEAMS.items():
+            if m == seam or m.startswith(seam + "."):
+                bad += [f"{m} -> {n}" for n in sorted(_imports(tree, set(trees)))
+                        if not any(n == a or n.startswith(a + ".") for a in allowed)]
+    assert not bad, bad
+
+
 def test_readme_points_inside_the_repository():
     readme = (REPO / "README.md").read_text()
     assert "../shared" not in readme
