@@ -92,13 +92,25 @@ def test_runtime_registry_is_explicit():
     built = [c.func.id for c in ast.walk(table.value) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)]
     from driverd.runtime.registry import REGISTRY
     assert built == [type(r).__name__ for r in REGISTRY.values()]
-    reach = [str(p.relative_to(REPO)) for p in PKG.rglob("*.py")
-             if p != PKG / "runtime/registry.py" and re.search(r"\bREGISTRY\b", p.read_text())
-             and "runtime.registry" in p.read_text()]
+    reach = [str(p.relative_to(REPO)) for p in PKG.rglob("*.py") if p != PKG / "runtime/registry.py"
+             and re.search(r"registry\.REGISTRY\b|from driverd\.runtime\.registry import [^\n]*\bREGISTRY\b",
+                           p.read_text())]
     assert not reach, reach
     for name, rt in REGISTRY.items():
         src = (PKG / "runtime" / f"{type(rt).__module__.rsplit('.', 1)[-1]}.py").read_text()
         assert "registry" not in src, name
+
+
+def test_distro_families_are_explicit():
+    """One table in distro/__init__.py built from the family classes; nobody else assigns it."""
+    tree = ast.parse((PKG / "distro/__init__.py").read_text())
+    (table,) = [n for n in tree.body if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "FAMILIES"]
+    built = [c.func.id for c in ast.walk(table.value) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)]
+    from driverd import distro
+    assert built == [type(f).__name__ for f in distro.FAMILIES]
+    reach = [str(p.relative_to(REPO)) for p in PKG.rglob("*.py") if p != PKG / "distro/__init__.py"
+             and re.search(r"\bFAMILIES\s*(=|\+=|\.append)", p.read_text())]
+    assert not reach, reach
 
 
 # The low seams (docs/architecture.md, "Layers"): what each may import, function-level imports included.
