@@ -12,9 +12,10 @@ import re
 import tomllib
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from driverd.errors import ConfigError
+from driverd.runtime.model import HANDLER_NAME
 
 CONFIG_PATH = "/etc/driverd/config.toml"
 VERSION_RE = re.compile(r"^\d{3}(\.\d{1,3}){1,2}$")
@@ -26,9 +27,19 @@ class Key:
     type: str                       # str | bool | int | list | params
     default: Any
     help: str
-    allowed: tuple[str, ...] = ()   # for str, and for each element of list
+    # for str, and for each element of list; a function when a registry decides (the runtimes)
+    allowed: tuple[str, ...] | Callable[[], tuple[str, ...]] = ()
     pattern: re.Pattern | None = None
     pattern_hint: str = ""
+
+    def choices(self) -> tuple[str, ...]:
+        return self.allowed() if callable(self.allowed) else self.allowed
+
+
+def _runtime_choices() -> tuple[str, ...]:
+    """runtime.runtimes: every runtime of driverd.runtime's registry, auto and none."""
+    from driverd.runtime.registry import names
+    return ("auto", *names(), "none")
 
 
 SCHEMA: dict[str, Key] = {
@@ -70,9 +81,8 @@ SCHEMA: dict[str, Key] = {
                                      "to the repositories' hosts only, e.g. `Authorization: Bearer TOKEN`"),
     "packages.insecure": Key("bool", False, "accept an unsigned repository index over http(s):// (file:// is "
                              "always accepted unsigned); logged at every use"),
-    "runtime.runtimes": Key("list", ["auto"], "container runtimes to configure",
-                            ("auto", "containerd", "crio", "docker", "none")),
-    "runtime.handler": Key("str", "nvidia", "runtime handler name", pattern=re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$"),
+    "runtime.runtimes": Key("list", ["auto"], "container runtimes to configure", _runtime_choices),
+    "runtime.handler": Key("str", "nvidia", "runtime handler name", pattern=HANDLER_NAME,
                            pattern_hint="a lower-case name like nvidia"),
     "runtime.binary": Key("str", "/usr/bin/nvidia-container-runtime", "the handler's runtime binary"),
     "runtime.set_as_default": Key("bool", False, "make the handler the runtime's default"),
@@ -182,9 +192,10 @@ def _coerce(key: str, value: Any, where: str) -> Any:
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise _fail(key, value, where, "a list of strings")
+        allowed = spec.choices()
         for v in value:
-            if spec.allowed and v not in spec.allowed:
-                raise _fail(key, v, where, "one of " + ", ".join(spec.allowed))
+            if allowed and v not in allowed:
+                raise _fail(key, v, where, "one of " + ", ".join(allowed))
         return list(value)
     if spec.type == "params":
         if not isinstance(value, dict):
@@ -199,10 +210,11 @@ def _coerce(key: str, value: Any, where: str) -> Any:
             out[mod.replace("-", "_")] = {p: _param_str(v) for p, v in params.items()}
         return out
     # str
+    allowed = spec.choices()
     if not isinstance(value, str) or value == "":
-        raise _fail(key, value, where, "a non-empty string" if not spec.allowed else "one of " + ", ".join(spec.allowed))
-    if spec.allowed and value not in spec.allowed:
-        raise _fail(key, value, where, "one of " + ", ".join(spec.allowed))
+        raise _fail(key, value, where, "a non-empty string" if not allowed else "one of " + ", ".join(allowed))
+    if allowed and value not in allowed:
+        raise _fail(key, value, where, "one of " + ", ".join(allowed))
     if spec.pattern and not spec.pattern.match(value):
         raise _fail(key, value, where, spec.pattern_hint)
     return value

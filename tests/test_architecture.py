@@ -16,10 +16,12 @@ COMPOSITION_ROOT = {"driverd/cli/context.py", "driverd/cli/lifecycle_cmds.py", "
 # layer below its own, never a layer above it or a neighbour in its own layer.
 LAYERS = [
     {"data", "redact"}, {"errors"},
-    {"fsutil", "log", "runner", "safetar", "observe", "backends", "modinfo", "config"},
+    {"backends", "fsutil", "log", "modinfo", "observe", "runner", "safetar"},
     {"root"},
+    {"distro", "runtime"},
+    {"config"},
     {"host"},
-    {"plan", "kmod", "runtime"},
+    {"kmod", "plan"},
     {"packages"},
     {"apply"},
     {"cluster"},
@@ -188,6 +190,36 @@ def test_step_lists_name_only_known_actions():
     assert "def register" not in (PKG / "apply/executor.py").read_text()
 
 
+def test_runtime_registry_is_explicit():
+    """One table in runtime/registry.py, built from the runtime classes it names; nothing else in
+    driverd reaches into it (so nothing registers itself on import), and no runtime module imports it."""
+    tree = ast.parse((PKG / "runtime/registry.py").read_text())
+    (table,) = [n for n in tree.body if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "REGISTRY"]
+    built = [c.func.id for c in ast.walk(table.value) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)]
+    from driverd.runtime.registry import REGISTRY
+    assert built == [type(r).__name__ for r in REGISTRY.values()]
+    reach = [str(p.relative_to(REPO)) for p in PKG.rglob("*.py") if p != PKG / "runtime/registry.py"
+             and re.search(r"registry\.REGISTRY\b|from driverd\.runtime\.registry import [^\n]*\bREGISTRY\b",
+                           p.read_text())]
+    assert not reach, reach
+    for name, rt in REGISTRY.items():
+        src = (PKG / "runtime" / f"{type(rt).__module__.rsplit('.', 1)[-1]}.py").read_text()
+        assert "registry" not in src, name
+
+
+def test_distro_families_are_explicit():
+    """One table in distro/__init__.py built from the family classes; nobody else assigns it."""
+    tree = ast.parse((PKG / "distro/__init__.py").read_text())
+    (table,) = [n for n in tree.body if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "FAMILIES"]
+    built = [c.func.id for c in ast.walk(table.value) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)]
+    from driverd import distro
+    assert built == [type(f).__name__ for f in distro.FAMILIES]
+    reach = [str(p.relative_to(REPO)) for p in PKG.rglob("*.py") if p != PKG / "distro/__init__.py"
+             and re.search(r"\bFAMILIES\s*(=|\+=|\.append)", p.read_text())]
+    assert not reach, reach
+
+
+# The low seams (docs/architecture.md, "Layers"): what each may import, function-level imports included.
 def test_readme_points_inside_the_repository():
     readme = (REPO / "README.md").read_text()
     assert "../shared" not in readme

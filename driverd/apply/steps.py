@@ -506,13 +506,14 @@ def _runtime_files(ctx, params, verb: str) -> list[str]:
     """The files a configure/revert would write, from a dry run of it (without any restart), plus
     driverd's runtime record and the runtime's main config: what the undo must put back."""
     import dataclasses
-    from driverd.runtime.handler import DEFAULT_CONFIGS, configure, revert
+    from driverd.runtime import registry
+    from driverd.runtime.handler import configure, revert
     from driverd.runtime.state import STATE_FILE
     from driverd.runner import Runner
     opts = dataclasses.replace(runtime_options(ctx, params, dry_run=True), restart="none")
     files = {STATE_FILE}
-    if params["runtime"] in DEFAULT_CONFIGS:
-        files.add(opts.config_path or DEFAULT_CONFIGS[params["runtime"]])
+    if params["runtime"] in registry.names():
+        files.add(opts.config_path or registry.get(params["runtime"]).default_config)
     if opts.cdi or params["runtime"] == "cdi":
         files.add(opts.cdi_spec_path)
     fn = configure if verb == "configure" else revert

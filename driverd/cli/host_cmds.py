@@ -262,9 +262,9 @@ def render_plan(p: dict) -> str:
 def cmd_config(ctx, args) -> int:
     from driverd import config as config_mod
     if args.keys:
-        rows = [[k, config_mod.env_name(k), s.help + (f" [{'|'.join(s.allowed)}]" if s.allowed else "")]
+        rows = [[k, config_mod.env_name(k), s.help + (f" [{'|'.join(s.choices())}]" if s.choices() else "")]
                 for k, s in config_mod.SCHEMA.items()]
-        emit(ctx.json, {k: {"env": config_mod.env_name(k), "help": s.help, "allowed": list(s.allowed),
+        emit(ctx.json, {k: {"env": config_mod.env_name(k), "help": s.help, "allowed": list(s.choices()),
                             "default": s.default} for k, s in config_mod.SCHEMA.items()}, lambda _: table(rows, ""))
         return EXIT_OK
     cfg = ctx.config

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from driverd import distro
 from driverd.cli.lifecycle_cmds import add_wait
 from driverd.cli.output import emit
 from driverd.errors import EXIT_OK, UsageError
@@ -28,7 +29,7 @@ def register(sub, common) -> None:
     p.add_argument("--source", required=True, metavar="PATH", help="NVIDIA kernel-module source: tarball or tree")
     p.add_argument("--kernel", required=True, metavar="RELEASE", help="kernel release, e.g. 6.1.0-47-cloud-amd64")
     p.add_argument("--headers", metavar="DIR", help="kernel headers (default: <root>/lib/modules/RELEASE/build, "
-                   "then /usr/src/linux-headers-RELEASE)")
+                   f"then {', '.join(distro.DEFAULT.headers_for('RELEASE'))})")
     p.add_argument("--flavor", required=True, choices=("open", "proprietary"), help="kernel-module flavour")
     p.add_argument("--sign-key", metavar="KEY", help="private key for sign-file: a path on this machine (the build "
                    "host), never under --root (default: signing.key, read the same way)")
@@ -67,7 +68,7 @@ def register(sub, common) -> None:
     p.add_argument("--sign-key", metavar="KEY", help="sign every module (default: signing.key)")
     p.add_argument("--sign-cert", metavar="CERT", help="certificate for --sign-key (default: signing.cert)")
     p.add_argument("--install-headers", action="store_true", help="install missing kernel headers with the "
-                   "matrix's per-distro command (e.g. apt-get install linux-headers-RELEASE)")
+                   f"matrix's per-distro command (e.g. {distro.DEFAULT.headers_install.format(release='RELEASE')})")
     p.add_argument("--cells", metavar="FILE", help="build the cells listed in FILE (one id a line, the order "
                    "--only-index counts in); a rendered Job's ConfigMap carries it")
     p.add_argument("--only-index", type=int, metavar="N", help="build only the N-th selected cell (0-based; a "

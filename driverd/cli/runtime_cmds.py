@@ -23,19 +23,26 @@ as it was by `driverd runtime revert`. --set-as-default, --cdi and --binary appl
 """
 
 
+def _titles(last_join: str, detail: bool = False) -> str:
+    """The registered runtimes as people spell them: "containerd, CRI-O<last_join>Docker"."""
+    from driverd.runtime.registry import runtimes
+    words = [r.title + (f" ({r.detail})" if detail and r.detail else "") for r in runtimes()]
+    return last_join.join([", ".join(words[:-1]), words[-1]]) if len(words) > 1 else "".join(words)
+
+
 def register(sub, common) -> None:
-    rt = sub.add_parser("runtime", help="configure container runtimes (containerd, CRI-O, Docker) and CDI",
+    from driverd.runtime.registry import names
+    rt = sub.add_parser("runtime", help=f"configure container runtimes ({_titles(', ')}) and CDI",
                         description="Add or remove the NVIDIA runtime handler in container runtime configuration.")
     rsub = rt.add_subparsers(dest="runtime_command", metavar="COMMAND")
 
     p = rsub.add_parser("configure", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter,
                         epilog=CONFIGURE_EXAMPLES, help="add the NVIDIA runtime handler (idempotent)",
-                        description="Add the runtime handler to containerd (1.x/2.x, k3s/RKE2 templates), CRI-O "
-                        "and/or Docker, keeping every existing setting, comment and import, or take over the one "
+                        description=f"Add the runtime handler to {_titles(' and/or ', detail=True)}, keeping every existing setting, comment and import, or take over the one "
                         "NVIDIA's tooling wrote; optionally make it the default and enable CDI (the CDI spec is "
                         "written once the GPUs are visible). Originals are backed up once; a second run changes "
                         "nothing; the runtime is restarted only when its configuration changed.")
-    p.add_argument("--runtime", choices=("auto", "containerd", "crio", "docker"), default=None,
+    p.add_argument("--runtime", choices=("auto", *names()), default=None,
                    help="which runtime (default: runtime.runtimes; auto = every runtime detect finds)")
     p.add_argument("--handler", dest="handler_name", metavar="NAME", help="handler name (default: runtime.handler, 'nvidia')")
     p.add_argument("--binary", metavar="PATH", help="the handler's runtime binary (default: runtime.binary)")
@@ -59,7 +66,7 @@ def register(sub, common) -> None:
                         "Restarts a runtime whose configuration changed.\n\n"
                         "example:  driverd runtime revert --runtime containerd --dry-run",
                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runtime", choices=("auto", "containerd", "crio", "docker", "cdi"), default="auto",
+    p.add_argument("--runtime", choices=("auto", *names(), "cdi"), default="auto",
                    help="which runtime (default auto: every runtime driverd changed, and the CDI spec)")
     p.add_argument("--restart", choices=("systemd", "signal", "none"), help="how to restart after a change")
     p.add_argument("--config-path", metavar="FILE", help="the runtime's config file, for the restart")

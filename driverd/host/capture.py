@@ -232,7 +232,7 @@ def _add_json(tar: tarfile.TarFile, hostpath: str, obj: object, done: set[str], 
 def capture(root: Root, out: str) -> dict:
     from driverd.host import collect
     from driverd.host.nvml import CAPTURE_PATH
-    from driverd.host.runtimes import CAPTURED_VERSIONS
+    from driverd.runtime.base import CAPTURED_VERSIONS
 
     rec = Root(root.base, record=True)
     facts = collect(rec, nvml=True)

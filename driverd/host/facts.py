@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from driverd.host.keyrings import KeyringFacts
 from driverd.host.ownership import OwnershipFacts
 from driverd.host.rdma import RdmaFacts
+# Facts.runtimes' element type; each runtime of driverd.runtime's registry detects its own.
+from driverd.runtime.model import RuntimeFacts  # noqa: F401
 
 SCHEMA_VERSION = 1
 
@@ -135,20 +137,6 @@ class DaemonFacts:
     name: str
     running: bool
     pids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class RuntimeFacts:
-    name: str                               # containerd | crio | docker
-    binary: str | None
-    version: str | None
-    config_path: str | None
-    config_exists: bool
-    socket: str | None
-    socket_exists: bool
-    handlers: tuple[str, ...] = ()
-    nvidia_handler: bool = False
-    note: str | None = None
 
 
 @dataclass(frozen=True)

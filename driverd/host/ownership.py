@@ -10,11 +10,9 @@ the kernel modules, and the next package upgrade would fight driverd. The plan a
 Evidence, per NVIDIA module file installed for the running kernel (modules.dep, plus the places
 installers write: updates/, extra/, kernel/nvidia*/, kernel/drivers/video/):
 - driverd: the file is under /lib/modules/<release>/updates/driverd/ (driverd's install dir);
-- dpkg: /var/lib/dpkg/info/<package>.list names the file (only lists whose package name contains
-  "nvidia" are read: nvidia-*, linux-modules-nvidia-*, linux-objects-nvidia-*);
-- rpm: /var/lib/rpm/rpmdb.sqlite (opened read-only and immutable: nothing is written) has a package
-  whose file list names it; a Berkeley-DB rpmdb (/var/lib/rpm/Packages) is not parsed, and a module
-  under extra/ there is reported as rpm-owned with that caveat;
+- a distribution package: each family of driverd.distro, in its table's order, reads its package
+  database (dpkg: /var/lib/dpkg/info/<package>.list names the file; rpm: rpmdb.sqlite has a package
+  whose file list names it; distro/debian.py and distro/rpm.py say exactly what is read);
 - DKMS: /var/lib/dkms/<name>/kernel-<release>-<arch> marks <name>/<version> installed for this kernel
   (the package that ships /usr/src/<name>-<version> is named too);
 - NVIDIA's .run installer: /usr/bin/nvidia-uninstall, for a file no package owns;
@@ -27,17 +25,15 @@ Read-only, bounded, never raises.
 """
 from __future__ import annotations
 
-import os
 import re
-import sqlite3
-import struct
 from dataclasses import dataclass
 
+from driverd import distro
 from driverd.root import Root
 
 INSTALL_DIR = "updates/driverd"       # driverd.host.modules.INSTALL_DIR (not imported: no cycle)
 _KO = re.compile(r"^(nvidia[\w-]*)\.ko(\.xz|\.zst|\.gz)?$")
-FOREIGN = ("dpkg", "rpm", "dkms", "nvidia-installer", "host")
+FOREIGN = ("dkms", "nvidia-installer", "host")      # besides every distribution family's package manager
 _CORE_SUFFIXES = ("-uvm", "-modeset", "-drm", "-peermem", "_uvm", "_modeset", "_drm", "_peermem", "-fs", "_fs",
                   "-vgpu-vfio", "_vgpu_vfio")
 
@@ -51,7 +47,7 @@ class DriverOwner:
     evidence: str
 
     def describe(self) -> str:
-        what = {"dpkg": "Debian/Ubuntu package", "rpm": "RPM package", "dkms": "DKMS module",
+        what = {**{f.manager: f.package_title for f in distro.FAMILIES}, "dkms": "DKMS module",
                 "nvidia-installer": "NVIDIA's .run installer", "driverd": "driverd",
                 "unknown": "no known package manager", "host": "the host (owner unknown)"}[self.manager]
         pkg = f" {self.package}" + (f" {self.version}" if self.version and self.version not in (self.package or "") else "") \
@@ -106,114 +102,6 @@ def _walk(root: Root, top: str, depth: int = 5, limit: int = 20000) -> list[str]
     return out
 
 
-# -- dpkg ---------------------------------------------------------------------------------------
-
-def dpkg_owners(root: Root, paths: list[str]) -> dict[str, str]:
-    """path -> package, from the file lists of packages whose name contains "nvidia"."""
-    out: dict[str, str] = {}
-    want = set(paths) | {_canon(p) for p in paths}
-    for lst in root.glob("/var/lib/dpkg/info", ".list"):
-        name = lst.rsplit("/", 1)[-1][:-5]
-        if "nvidia" not in name:
-            continue
-        for line in (root.read_text(lst, 16 << 20) or "").splitlines():
-            if line in want or _canon(line) in want:
-                out.setdefault(_match(line, paths), name.split(":", 1)[0])
-    return out
-
-
-def _canon(p: str) -> str:
-    # merged /usr: /lib/modules and /usr/lib/modules are one directory on current distributions
-    return p.removeprefix("/usr") if p.startswith("/usr/lib/modules/") else p
-
-
-def _match(line: str, paths: list[str]) -> str:
-    return next((p for p in paths if p == line or _canon(p) == _canon(line)), line)
-
-
-def dpkg_version(root: Root, package: str) -> str | None:
-    text = root.read_text("/var/lib/dpkg/status", 64 << 20) or ""
-    m = re.search(rf"^Package: {re.escape(package)}\n(?:[^\n]+\n)*?Version: (\S+)", text, re.MULTILINE)
-    return m.group(1) if m else None
-
-
-def dpkg_owner_of_prefix(root: Root, prefix: str) -> str | None:
-    for lst in root.glob("/var/lib/dpkg/info", ".list"):
-        name = lst.rsplit("/", 1)[-1][:-5]
-        if "nvidia" in name and any(line == prefix or line.startswith(prefix + "/")
-                                    for line in (root.read_text(lst, 16 << 20) or "").splitlines()):
-            return name.split(":", 1)[0]
-    return None
-
-
-# -- rpm ----------------------------------------------------------------------------------------
-
-RPMTAG_NAME, RPMTAG_VERSION, RPMTAG_RELEASE = 1000, 1001, 1002
-RPMTAG_DIRINDEXES, RPMTAG_BASENAMES, RPMTAG_DIRNAMES = 1116, 1117, 1118
-
-
-def parse_rpm_header(blob: bytes) -> dict[int, object]:
-    """The tags driverd needs from an rpm header blob as rpmdb.sqlite stores it (headerExport: il,
-    dl, il 16-byte index entries tag/type/offset/count, then the data store; big-endian)."""
-    il, dl = struct.unpack_from(">ii", blob, 0)
-    if il < 0 or dl < 0 or 8 + il * 16 + dl > len(blob):
-        raise ValueError("not an rpm header")
-    store = 8 + il * 16
-    out: dict[int, object] = {}
-    for i in range(il):
-        tag, typ, off, cnt = struct.unpack_from(">iiii", blob, 8 + i * 16)
-        if tag not in (RPMTAG_NAME, RPMTAG_VERSION, RPMTAG_RELEASE, RPMTAG_DIRINDEXES, RPMTAG_BASENAMES,
-                       RPMTAG_DIRNAMES):
-            continue
-        pos = store + off
-        if typ in (6, 9):                                   # STRING, I18NSTRING
-            end = blob.index(b"\0", pos)
-            out[tag] = blob[pos:end].decode("utf-8", "replace")
-        elif typ == 8:                                      # STRING_ARRAY
-            vals = []
-            for _ in range(cnt):
-                end = blob.index(b"\0", pos)
-                vals.append(blob[pos:end].decode("utf-8", "replace"))
-                pos = end + 1
-            out[tag] = vals
-        elif typ == 4:                                      # INT32
-            out[tag] = list(struct.unpack_from(f">{cnt}i", blob, pos))
-    return out
-
-
-def rpm_owners(root: Root, paths: list[str]) -> tuple[dict[str, tuple[str, str]], str | None]:
-    """(path -> (package, version-release), note). Only rpmdb.sqlite is read."""
-    real = root.safe_real("/var/lib/rpm/rpmdb.sqlite")
-    if real is None or not os.path.isfile(real):
-        if root.is_file("/var/lib/rpm/Packages"):
-            return {}, "Berkeley-DB rpmdb (/var/lib/rpm/Packages) not parsed"
-        return {}, None
-    want = {_canon(p): p for p in paths}
-    out: dict[str, tuple[str, str]] = {}
-    try:
-        con = sqlite3.connect(f"file:{real}?mode=ro&immutable=1", uri=True)
-        try:
-            for (blob,) in con.execute("SELECT blob FROM Packages"):
-                try:
-                    h = parse_rpm_header(bytes(blob))
-                except (ValueError, struct.error):
-                    continue
-                name = h.get(RPMTAG_NAME)
-                if not isinstance(name, str) or "nvidia" not in name:
-                    continue
-                dirs, bases, idx = h.get(RPMTAG_DIRNAMES) or [], h.get(RPMTAG_BASENAMES) or [], h.get(RPMTAG_DIRINDEXES) or []
-                for b, i in zip(bases, idx):
-                    if 0 <= i < len(dirs):
-                        full = _canon(dirs[i] + b)
-                        if full in want:
-                            out[want[full]] = (name, f"{h.get(RPMTAG_VERSION)}-{h.get(RPMTAG_RELEASE)}")
-        finally:
-            con.close()
-    except sqlite3.Error as e:
-        return {}, f"rpmdb.sqlite unreadable ({e.__class__.__name__})"
-    return out, None
-
-
 # -- DKMS ---------------------------------------------------------------------------------------
 
 def dkms_installed(root: Root, release: str) -> list[tuple[str, str, str]]:
@@ -261,21 +149,18 @@ def read_ownership(root: Root, release: str | None, loaded: tuple[str | None, st
     if ours:
         owners.append(DriverOwner("driverd", None, None, tuple(ours), f"{INSTALL_DIR}/ is driverd's install dir"))
         left = [p for p in left if p not in ours]
-    if left:
-        dp = dpkg_owners(root, left)
-        for pkg in sorted(set(dp.values())):
-            fs = tuple(p for p in left if dp.get(p) == pkg)
-            owners.append(DriverOwner("dpkg", pkg, dpkg_version(root, pkg), fs,
-                                      f"/var/lib/dpkg/info/{pkg}.list names {fs[0]}"))
-        left = [p for p in left if p not in dp]
-    rpm_note = None
-    if left:
-        rp, rpm_note = rpm_owners(root, left)
-        for pkg in sorted({v[0] for v in rp.values()}):
-            fs = tuple(p for p in left if rp.get(p, ("",))[0] == pkg)
-            ver = next(v[1] for p, v in rp.items() if v[0] == pkg)
-            owners.append(DriverOwner("rpm", pkg, ver, fs, f"rpmdb.sqlite: {pkg} owns {fs[0]}"))
-        left = [p for p in left if p not in rp]
+    notes: dict[str, str] = {}          # family name -> why its package database was not read
+    for fam in distro.FAMILIES:
+        if not left:
+            break
+        owned, note = fam.package_owners(root, left)
+        if note:
+            notes[fam.name] = note
+        for pkg in sorted({o.package for o in owned.values()}):
+            fs = tuple(p for p in left if p in owned and owned[p].package == pkg)
+            o = owned[fs[0]]
+            owners.append(DriverOwner(fam.manager, pkg, o.version, fs, o.evidence.format(file=fs[0])))
+        left = [p for p in left if p not in owned]
     if left:
         for name, version, arch in dkms_installed(root, release):
             mods = dkms_module_names(root, name, version, release, arch)
@@ -283,23 +168,27 @@ def read_ownership(root: Root, release: str | None, loaded: tuple[str | None, st
                        _KO.match(p.rsplit("/", 1)[-1]).group(1) in mods)
             if not fs:
                 continue
-            src = dpkg_owner_of_prefix(root, f"/usr/src/{name}-{version}")
+            src = next((s for s in (f.package_of(root, f"/usr/src/{name}-{version}") for f in distro.FAMILIES)
+                        if s), None)
             owners.append(DriverOwner("dkms", f"{name}/{version}", version, fs,
                                       f"/var/lib/dkms/{name}/kernel-{release}-{arch} -> {version}"
                                       + (f"; source from package {src}" if src else "")))
             left = [p for p in left if p not in fs]
-    if left and rpm_note and any("/extra/" in p for p in left):
-        fs = tuple(p for p in left if "/extra/" in p)
-        owners.append(DriverOwner("rpm", None, None, fs, f"{fs[0]} is where kmod packages install; {rpm_note}"))
-        left = [p for p in left if p not in fs]
+    for fam in distro.FAMILIES:
+        unread = fam.unread_owner(left, notes[fam.name]) if left and fam.name in notes else None
+        if unread:
+            fs, evidence = unread
+            owners.append(DriverOwner(fam.manager, None, None, fs, evidence))
+            left = [p for p in left if p not in fs]
     if left and (root.is_file("/usr/bin/nvidia-uninstall") or root.is_file("/usr/bin/nvidia-installer")):
         owners.append(DriverOwner("nvidia-installer", None, None, tuple(left),
                                   "/usr/bin/nvidia-uninstall: NVIDIA's .run installer put these files"))
         left = []
     if left:
         owners.append(DriverOwner("unknown", None, None, tuple(left), "no package database names these files"))
-    foreign = next((o for o in owners if o.manager in FOREIGN and any(_is_core(p) for p in o.files)), None) \
-        or next((o for o in owners if o.manager in FOREIGN), None)
+    managers = {*(f.manager for f in distro.FAMILIES), *FOREIGN}
+    foreign = next((o for o in owners if o.manager in managers and any(_is_core(p) for p in o.files)), None) \
+        or next((o for o in owners if o.manager in managers), None)
     if not files:
         summary = f"no NVIDIA kernel module is installed for {release}"
     else:

@@ -8,6 +8,7 @@ import gzip
 import lzma
 from dataclasses import asdict, dataclass, field
 
+from driverd import distro
 from driverd.host.nouveau import read_nouveau
 from driverd.runner import which
 
@@ -62,19 +63,19 @@ def unload(kernel) -> NouveauResult:
 # -- initramfs ---------------------------------------------------------------------------------
 
 def initramfs_image(root, release: str) -> str | None:
-    for p in (f"/boot/initrd.img-{release}", f"/boot/initramfs-{release}.img", f"/boot/initramfs-{release}",
-              f"/boot/initrd-{release}"):
+    """The image of `release`, under any family's name for it (driverd.distro)."""
+    for p in (p for fam in distro.FAMILIES for p in fam.initramfs_images(release)):
         if root.is_file(p):
             return p
     return None
 
 
 def regenerate_argv(root, os_id: str, id_like: tuple[str, ...], release: str) -> list[str] | None:
-    family = {os_id, *id_like}
-    if which("update-initramfs", root) or family & {"debian", "ubuntu"}:
-        return ["update-initramfs", "-u", "-k", release]
-    if which("dracut", root) or family & {"rhel", "fedora", "centos", "suse", "sles", "opensuse"}:
-        return ["dracut", "-f", "--kver", release]
+    """The command that rebuilds the image: the first family (in driverd.distro's order) whose tool is
+    installed or which os-release names."""
+    for fam in distro.FAMILIES:
+        if which(fam.initramfs_tool, root) or fam.matches(os_id, id_like):
+            return fam.regenerate_initramfs(release)
     return None
 
 

@@ -32,6 +32,7 @@ from driverd import safetar
 from driverd.errors import PackageError, UsageError
 from driverd.fsutil import atomic_write_json
 from driverd.packages.archive import SUFFIX, PackageRef, read_manifest, sha256_file
+from driverd.packages import buildhost
 from driverd.packages.assemble import PackageSpec, assemble
 from driverd.packages.manifest import Provenance, package_basename
 from driverd.root import Root
@@ -178,14 +179,15 @@ class Headers:
 
 
 def find_headers(root: Root, release: str, given: str | None = None) -> Headers:
+    fam = buildhost.family(root)
     cands = [Path(given)] if given else [root.real(f"/lib/modules/{release}/build"),
-                                         root.real(f"/usr/src/linux-headers-{release}")]
+                                         *(root.real(d) for d in fam.headers_for(release))]
     for c in cands:
         if (c / "Makefile").is_file() and (c / ".config").is_file():
             return Headers(c, _source_of(c))
     raise PackageError(f"kernel headers for {release} not found (looked in {', '.join(map(str, cands))})",
                        cause="the headers package is not installed",
-                       fix=f"install linux-headers-{release} or pass --headers DIR")
+                       fix=f"install {fam.headers_package.format(release=release)} or pass --headers DIR")
 
 
 def _source_of(out: Path) -> Path:
@@ -321,7 +323,7 @@ def _build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os
         phases["copy"] = time.monotonic() - tp
         make = which("make")
         if make is None:
-            raise PackageError("make is not installed", fix="install build-essential")
+            raise PackageError("make is not installed", fix=f"install {buildhost.family(root).build_tools_package}")
         jobs = jobs or os.cpu_count() or 1
         argv = [make, f"-j{jobs}", "modules", f"SYSSRC={hdr.source}", f"SYSOUT={hdr.output}",
                 f"KERNEL_UNAME={kernel}"]

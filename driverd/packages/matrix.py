@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
+from driverd import distro
 from driverd.errors import DriverdError, UsageError
 from driverd.root import Root
 from driverd.runner import Runner
@@ -93,7 +94,7 @@ def load(path: str | os.PathLike) -> Matrix:
                 rel = str(k["release"])
                 arch = str(k.get("arch") or _ARCH.get(rel.rsplit("-", 1)[-1], "x86_64"))
                 for fl in flavors:
-                    cells.append(Cell(version, fl, rel, arch, str(sources[fl]), str(k.get("distro", "debian"))))
+                    cells.append(Cell(version, fl, rel, arch, str(sources[fl]), str(k.get("distro", distro.DEFAULT.name))))
     except (KeyError, TypeError) as e:
         raise bad(f"missing or malformed {e}") from None
     ids = [c.id for c in cells]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 
+from driverd.packages import buildhost
 from driverd.root import Root
 
 
@@ -16,12 +17,10 @@ def find_sign_file(headers: str | os.PathLike | None = None, root: Root | None =
     cands: list[str] = []
     if headers:
         cands.append(os.path.join(os.fspath(headers), "scripts", "sign-file"))
-    for d in root.listdir("/usr/lib"):
-        if d.startswith("linux-kbuild-"):
-            cands.append(str(root.real(f"/usr/lib/{d}/scripts/sign-file")))
-    for d in root.listdir("/usr/src"):
-        if d.startswith("linux-headers-"):
-            cands.append(str(root.real(f"/usr/src/{d}/scripts/sign-file")))
+    for top, prefix in buildhost.family(root).kbuild_dirs:     # Debian: linux-kbuild-*, linux-headers-*
+        for d in root.listdir(top):
+            if d.startswith(prefix):
+                cands.append(str(root.real(f"{top}/{d}/scripts/sign-file")))
     for c in cands:
         if os.path.isfile(c) and os.access(c, os.X_OK):
             return c

@@ -3,6 +3,7 @@
     from driverd.runtime import configure, revert, Options
     report = configure(root, "containerd", Options(handler="nvidia", cdi=True), runner)
 
+The runtimes are the explicit table in `registry.py`, each one module with a `base.Runtime` subclass.
 Nothing heavy is imported here: tomlkit/yaml load only when a runtime is configured.
 """
 from __future__ import annotations
@@ -25,20 +26,18 @@ def select_targets(root, wanted: list[str], handler: str) -> list[str]:
     if "none" in wanted:
         return []
     if "auto" in wanted:
-        from driverd.host.runtimes import read_runtimes
-        return [r.name for r in read_runtimes(root, handler)]
+        from driverd.runtime.registry import detect_all
+        return [r.name for r in detect_all(root, handler)]
     return list(wanted)
 
 
 def restart_runtime(root, runtime_name: str, options: Options, runner) -> str:
     """Restart a runtime the way configure does after a change (used after files were put back)."""
-    from driverd.runtime.handler import DEFAULT_CONFIGS, _facts_for, _unit_and_socket
-    from driverd.runtime.restart import restart
+    from driverd.runtime import registry
+    from driverd.runtime.handler import _facts_for, config_path_for, restart
+    rt = registry.get(runtime_name)
     rf = _facts_for(root, runtime_name, options.handler)
-    config_path = options.config_path or (rf.config_path if rf else None) or DEFAULT_CONFIGS[runtime_name]
-    unit, sock = _unit_and_socket(root, runtime_name, config_path, rf)
-    _restarted, detail, _ready = restart(root, runtime_name, unit, sock, options.restart, runner,
-                                         options.wait_timeout_s)
+    _restarted, detail, _ready = restart(root, rt, config_path_for(rt, options, rf), rf, options, runner)
     return detail
 
 

@@ -25,7 +25,8 @@ from typing import Any
 from driverd.errors import RuntimeConfigError
 from driverd.root import Root
 from driverd.runtime import adopt, textblock, tomldoc
-from driverd.runtime.model import Change, ChangeReport, FileEdit, Options
+from driverd.runtime.base import Runtime, dig, first, read_toml
+from driverd.runtime.model import Change, ChangeReport, FileEdit, Options, RuntimeFacts
 
 CRI_PLUGIN = {1: ["plugins", "cri"], 2: ["plugins", "io.containerd.grpc.v1.cri"],
               3: ["plugins", "io.containerd.cri.v1.runtime"]}
@@ -528,3 +529,79 @@ def restart_unit(root: Root, config_path: str) -> str:
                         return u
             return units[0]
     return "containerd"
+
+
+# -- what detect reads (tomllib only: detect never pays for tomlkit) --------------------------------
+# Where the CRI runtimes live, per containerd config version: v1 (containerd 1.x, the default when
+# `version` is absent) keys plugins by short name `cri`; v2 by `io.containerd.grpc.v1.cri`; v3
+# (containerd 2.x) by `io.containerd.cri.v1.runtime`. 2.x migrates v2 files, so both are read.
+CONTAINERD_CRI_PLUGINS = ("io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime")
+CONTAINERD_V1_CRI_PLUGIN = "cri"
+_K3S_BIN = ("/usr/local/bin/k3s", "/usr/local/bin/rke2")
+_MAX_IMPORT_DEPTH = 8
+
+
+def _containerd_docs(root: Root, path: str, depth: int = 0, seen: set[str] | None = None) -> list[dict]:
+    """The config and the files its `imports` name (recursively, as containerd does). A relative
+    import is relative to the importing file's directory; each pattern is a filepath.Glob."""
+    seen = set() if seen is None else seen
+    if path in seen or depth > _MAX_IMPORT_DEPTH:
+        return []
+    seen.add(path)
+    doc = read_toml(root, path)
+    docs = [doc]
+    imports = doc.get("imports", [])
+    for pattern in imports if isinstance(imports, list) else []:
+        if not isinstance(pattern, str) or not pattern:
+            continue
+        if not pattern.startswith("/"):
+            pattern = f"{path.rpartition('/')[0]}/{pattern}"
+        d, _, glob = pattern.rpartition("/")
+        for n in root.listdir(d or "/"):
+            if fnmatch.fnmatchcase(n, glob):
+                docs.extend(_containerd_docs(root, f"{d}/{n}", depth + 1, seen))
+    return docs
+
+
+def containerd_handlers(root: Root, config_path: str) -> tuple[list[str], str | None]:
+    docs = _containerd_docs(root, config_path)
+    version = docs[0].get("version", 1)
+    names: list[str] = []
+    for doc in docs:
+        plugins = dig(doc, "plugins")
+        keys = CONTAINERD_CRI_PLUGINS + ((CONTAINERD_V1_CRI_PLUGIN,) if version in (1, None) or
+                                         not isinstance(version, int) else ())
+        for plugin in keys:
+            runtimes = dig(plugins, plugin, "containerd", "runtimes")
+            names.extend(n for n in runtimes if n not in names)
+    note = None if docs[0] or not root.read_text(config_path) else f"{config_path} is not valid TOML"
+    return names, note
+
+
+class Containerd(Runtime):
+    """containerd 1.x/2.x, and the one k3s and RKE2 run (their config templates)."""
+    name = "containerd"
+    title = "containerd"
+    detail = "1.x/2.x, k3s/RKE2 templates"
+    binaries = ("/usr/bin/containerd", "/usr/local/bin/containerd", "/var/lib/rancher/rke2/bin/containerd")
+    configs = ("/etc/containerd/config.toml", "/var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl",
+               "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
+               "/var/lib/rancher/rke2/agent/etc/containerd/config.toml.tmpl",
+               "/var/lib/rancher/rke2/agent/etc/containerd/config.toml")
+    sockets = ("/run/containerd/containerd.sock", "/run/k3s/containerd/containerd.sock")
+    process_names = ("containerd", "k3s-server", "k3s-agent", "rke2")
+    reloads_on_signal = False       # containerd has no reload: a restart is the only way
+
+    def find_binary(self, root: Root) -> str | None:
+        # k3s and RKE2 embed containerd in their own binary.
+        return first(root, self.binaries) or first(root, _K3S_BIN)
+
+    def effective_handlers(self, root: Root, config_path: str | None) -> tuple[list[str], str | None]:
+        return containerd_handlers(root, config_path) if config_path else ([], None)
+
+    def configure(self, root: Root, config_path: str, options: Options, report: ChangeReport,
+                  facts: RuntimeFacts | None, record: dict | None) -> list[FileEdit]:
+        return plan(root, config_path, options, report, facts.version if facts else None, record)
+
+    def unit(self, root: Root, config_path: str) -> str:
+        return restart_unit(root, config_path)

@@ -16,7 +16,8 @@ import tomllib
 from driverd.errors import RuntimeConfigError
 from driverd.root import Root
 from driverd.runtime import adopt, tomldoc
-from driverd.runtime.model import ChangeReport, FileEdit, Options
+from driverd.runtime.base import Runtime, dig, read_toml
+from driverd.runtime.model import ChangeReport, FileEdit, Options, RuntimeFacts
 
 DEFAULT_CONFIG = "/etc/crio/crio.conf"
 DEFAULT_DIR = "/etc/crio/crio.conf.d"
@@ -166,12 +167,34 @@ def plan(root: Root, config_path: str | None, opts: Options, report: ChangeRepor
     return edits
 
 
-def unit(root: Root) -> str:
-    return "crio"
+def crio_handlers(root: Root, config_path: str | None) -> list[str]:
+    # CRI-O reads every regular file of crio.conf.d, whatever its extension (nvidia-ctk writes
+    # 99-nvidia.toml there), in lexical order.
+    names: list[str] = []
+    files = ([config_path] if config_path else []) + [
+        p for p in root.glob(DEFAULT_DIR) if root.is_file(p)]
+    for f in files:
+        runtimes = dig(read_toml(root, f), "crio", "runtime", "runtimes")
+        names.extend(n for n in runtimes if n not in names)
+    return names
 
 
-def socket_default() -> str:
-    return "/var/run/crio/crio.sock"
+class Crio(Runtime):
+    name = "crio"
+    title = "CRI-O"
+    binaries = ("/usr/bin/crio", "/usr/local/bin/crio")
+    configs = (DEFAULT_CONFIG,)
+    sockets = ("/var/run/crio/crio.sock",)
+    process_names = ("crio",)
+    reloads_on_signal = True        # SIGHUP: CRI-O reloads its configuration
+    checks_binary = True            # plan() refuses a missing binary: CRI-O would refuse to start
+
+    def effective_handlers(self, root: Root, config_path: str | None) -> tuple[list[str], str | None]:
+        return crio_handlers(root, config_path), None
+
+    def configure(self, root: Root, config_path: str, options: Options, report: ChangeReport,
+                  facts: RuntimeFacts | None, record: dict | None) -> list[FileEdit]:
+        return plan(root, config_path, options, report, record)
 
 
-__all__ = ["plan", "config_dir", "dropin_path", "os"]
+__all__ = ["plan", "config_dir", "dropin_path", "crio_handlers", "Crio", "os"]

@@ -2,10 +2,13 @@
 its order; optional default-runtime and features.cdi."""
 from __future__ import annotations
 
+import json
+
 from driverd.errors import RuntimeConfigError
 from driverd.root import Root
 from driverd.runtime import adopt, jsondoc
-from driverd.runtime.model import Change, ChangeReport, FileEdit, Options
+from driverd.runtime.base import Runtime
+from driverd.runtime.model import Change, ChangeReport, FileEdit, Options, RuntimeFacts
 
 DEFAULT_CONFIG = "/etc/docker/daemon.json"
 RESERVED = ("runc", "io.containerd.runc.v2", "io.containerd.runtime.v1.linux")
@@ -63,3 +66,29 @@ def plan(root: Root, config_path: str | None, opts: Options, report: ChangeRepor
     if adoption is not None:
         adopt.report_adoption(report, adoption, [path] if handler_changed else [], rec, edits)
     return edits
+
+
+def docker_handlers(root: Root, config_path: str) -> tuple[list[str], str | None]:
+    try:
+        doc = json.loads(root.read_text(config_path) or "{}")
+    except (ValueError, RecursionError):
+        return [], f"{config_path} is not valid JSON"
+    runtimes = doc.get("runtimes", {}) if isinstance(doc, dict) else {}
+    return list(runtimes) if isinstance(runtimes, dict) else [], None
+
+
+class Docker(Runtime):
+    name = "docker"
+    title = "Docker"
+    binaries = ("/usr/bin/dockerd", "/usr/local/bin/dockerd")
+    configs = (DEFAULT_CONFIG,)
+    sockets = ("/var/run/docker.sock",)
+    process_names = ("dockerd",)
+    reloads_on_signal = True        # SIGHUP: dockerd reloads daemon.json (runtimes included)
+
+    def effective_handlers(self, root: Root, config_path: str | None) -> tuple[list[str], str | None]:
+        return docker_handlers(root, config_path) if config_path else ([], None)
+
+    def configure(self, root: Root, config_path: str, options: Options, report: ChangeReport,
+                  facts: RuntimeFacts | None, record: dict | None) -> list[FileEdit]:
+        return plan(root, config_path, options, report, record)

@@ -9,42 +9,37 @@ from __future__ import annotations
 from driverd.errors import RuntimeConfigError, UsageError
 from driverd.root import Root
 from driverd.runner import Runner
-from driverd.runtime import state
-from driverd.runtime.model import RESTART_MODES, RUNTIMES, ChangeReport, FileEdit, Options
-
-DEFAULT_SOCKETS = {"containerd": "/run/containerd/containerd.sock", "crio": "/var/run/crio/crio.sock",
-                   "docker": "/var/run/docker.sock"}
-DEFAULT_CONFIGS = {"containerd": "/etc/containerd/config.toml", "crio": "/etc/crio/crio.conf",
-                   "docker": "/etc/docker/daemon.json"}
+from driverd.runtime import registry, state
+from driverd.runtime.base import Runtime
+from driverd.runtime.model import HANDLER_NAME, RESTART_MODES, ChangeReport, FileEdit, Options
 
 
 def _facts_for(root: Root, runtime: str, handler: str, facts=None):
     runtimes = getattr(facts, "runtimes", None)
     if runtimes is None:
-        from driverd.host.runtimes import read_runtimes
-        runtimes = read_runtimes(root, handler)
+        runtimes = registry.detect_all(root, handler)
     return next((r for r in runtimes if r.name == runtime), None)
 
 
 def _check(runtime: str, opts: Options) -> None:
-    if runtime not in RUNTIMES:
-        raise UsageError(f"unknown runtime {runtime!r}", fix=f"use one of {', '.join(RUNTIMES)}")
+    if runtime not in registry.names():
+        raise UsageError(f"unknown runtime {runtime!r}", fix=f"use one of {', '.join(registry.names())}")
     if opts.restart not in RESTART_MODES:
         raise UsageError(f"unknown restart mode {opts.restart!r}", fix=f"use one of {', '.join(RESTART_MODES)}")
-    from driverd.config import SCHEMA
-    pat = SCHEMA["runtime.handler"].pattern
-    if pat is not None and not pat.match(opts.handler):
+    if not HANDLER_NAME.match(opts.handler):
         raise UsageError(f"invalid handler name {opts.handler!r}", fix="use a lower-case name like nvidia")
     if not opts.binary.startswith("/"):
         raise UsageError(f"--binary must be an absolute host path, not {opts.binary!r}")
 
 
-def _unit_and_socket(root: Root, runtime: str, config_path: str, rf) -> tuple[str, str]:
-    sock = (rf.socket if rf is not None and rf.socket else None) or DEFAULT_SOCKETS[runtime]
-    if runtime == "containerd":
-        from driverd.runtime.containerd import restart_unit
-        return restart_unit(root, config_path), sock
-    return {"crio": "crio", "docker": "docker"}[runtime], sock
+def config_path_for(rt: Runtime, options: Options, rf) -> str:
+    """The config file a run edits: --config-path / the option, else the one detect found, else the default."""
+    return options.config_path or (rf.config_path if rf is not None else None) or rt.default_config
+
+
+def _unit_and_socket(root: Root, rt: Runtime, config_path: str, rf) -> tuple[str, str]:
+    sock = (rf.socket if rf is not None and rf.socket else None) or rt.default_socket
+    return rt.unit(root, config_path), sock
 
 
 def configure(root: Root, runtime: str, options: Options, runner: Runner | None = None,
@@ -53,24 +48,15 @@ def configure(root: Root, runtime: str, options: Options, runner: Runner | None 
     _check(runtime, options)
     runner = runner or Runner(dry_run=options.dry_run)
     dry = options.dry_run or runner.dry_run
+    rt = registry.get(runtime)
     rf = _facts_for(root, runtime, options.handler, facts)
-    config_path = options.config_path or (rf.config_path if rf is not None else None) or DEFAULT_CONFIGS[runtime]
+    config_path = config_path_for(rt, options, rf)
     report = ChangeReport(runtime, options.handler, "configure", config_path, dry_run=dry)
     if rf is None and options.config_path is None and not root.exists(config_path):
         report.notes.append(f"{runtime} was not detected on this host; configuring {config_path} anyway")
-    rec = state.recorded(root, runtime)
-    edits: list[FileEdit]
-    if runtime == "containerd":
-        from driverd.runtime import containerd
-        edits = containerd.plan(root, config_path, options, report, rf.version if rf else None, rec)
-    elif runtime == "crio":
-        from driverd.runtime import crio
-        edits = crio.plan(root, options.config_path or (rf.config_path if rf else None), options, report, rec)
-    else:
-        from driverd.runtime import docker
-        edits = docker.plan(root, config_path, options, report, rec)
+    edits: list[FileEdit] = rt.configure(root, config_path, options, report, rf, state.recorded(root, runtime))
     binary = report.binary or options.binary
-    if not root.exists(binary) and runtime != "crio":
+    if not root.exists(binary) and not rt.checks_binary:
         report.notes.append(f"{binary} does not exist yet: containers asking for '{options.handler}' "
                             "fail until nvidia-container-toolkit is installed")
     spec = None
@@ -89,7 +75,7 @@ def configure(root: Root, runtime: str, options: Options, runner: Runner | None 
         if not report.files_changed:
             report.skipped = f"{runtime} already has the '{options.handler}' handler as requested: nothing to do"
         return report
-    _restart(root, runtime, config_path, rf, options, runner, report)
+    _restart(root, rt, config_path, rf, options, runner, report)
     return report
 
 
@@ -100,13 +86,19 @@ def write_cdi_spec(root: Root, options: Options, report: ChangeReport, facts=Non
     cdi.write_spec(root, options, report, facts, dry, spec)
 
 
-def _restart(root, runtime, config_path, rf, options, runner, report) -> None:
-    from driverd.runtime.restart import restart
+def restart(root: Root, rt: Runtime, config_path: str, rf, options: Options,
+            runner: Runner) -> tuple[bool, str, float | None]:
+    """Restart `rt` the way its configuration at config_path asks (unit, socket): restart.restart."""
+    from driverd.runtime.restart import restart as _restart_unit
+    unit, sock = _unit_and_socket(root, rt, config_path, rf)
+    return _restart_unit(root, rt.name, unit, sock, options.restart, runner, options.wait_timeout_s)
+
+
+def _restart(root, rt, config_path, rf, options, runner, report) -> None:
     if report.dry_run and not runner.dry_run:
         runner = Runner(dry_run=True)       # a dry run never restarts anything
-    unit, sock = _unit_and_socket(root, runtime, config_path, rf)
     report.restarted, report.restart_detail, report.socket_ready_s = restart(
-        root, runtime, unit, sock, options.restart, runner, options.wait_timeout_s)
+        root, rt, config_path, rf, options, runner)
 
 
 def revert(root: Root, runtime: str, options: Options, runner: Runner | None = None, facts=None) -> ChangeReport:
@@ -116,13 +108,17 @@ def revert(root: Root, runtime: str, options: Options, runner: Runner | None = N
     runner = runner or Runner(dry_run=options.dry_run)
     dry = options.dry_run or runner.dry_run
     report = ChangeReport(runtime, options.handler, "revert", dry_run=dry)
-    state.revert(root, runtime, report, dry)
-    if runtime == "cdi" or not report.files_changed:
+    if runtime == "cdi":            # the CDI spec is recorded on its own, not a runtime of the registry
+        state.revert(root, runtime, report, dry)
+        return report
+    rt = registry.get(runtime)
+    rt.revert(root, report, dry)
+    if not report.files_changed:
         return report
     rf = _facts_for(root, runtime, options.handler, facts)
-    config_path = options.config_path or (rf.config_path if rf else None) or DEFAULT_CONFIGS[runtime]
+    config_path = config_path_for(rt, options, rf)
     report.config_path = config_path
-    _restart(root, runtime, config_path, rf, options, runner, report)
+    _restart(root, rt, config_path, rf, options, runner, report)
     return report
 
 

@@ -2,13 +2,30 @@
 and what a configure/revert run did."""
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-RUNTIMES = ("containerd", "crio", "docker")
 RESTART_MODES = ("systemd", "signal", "none")
 DEFAULT_CDI_SPEC = "/var/run/cdi/nvidia.yaml"
 DEFAULT_BINARY = "/usr/bin/nvidia-container-runtime"
+# A handler name every runtime accepts as a table key / runtime name (config's runtime.handler too).
+HANDLER_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+
+
+@dataclass(frozen=True)
+class RuntimeFacts:
+    """What `detect` found of one runtime (part of the host's Facts)."""
+    name: str                               # a registry name: containerd | crio | docker
+    binary: str | None
+    version: str | None
+    config_path: str | None
+    config_exists: bool
+    socket: str | None
+    socket_exists: bool
+    handlers: tuple[str, ...] = ()
+    nvidia_handler: bool = False
+    note: str | None = None
 
 
 @dataclass(frozen=True)

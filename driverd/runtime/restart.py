@@ -7,8 +7,9 @@ restart`: at boot driverd.service runs Before=containerd.service, so a blocking 
 for driverd itself until its timeout (and the failed step would roll back the driver it just loaded).
 After the non-blocking restart driverd waits, bounded by the timeout, for a new invocation of the
 unit and then for its socket; running out of time is a note in the report, never a hang.
-signal: SIGHUP, which dockerd and CRI-O take as "reload the configuration"; containerd has no reload,
-so signal is refused for it. none: report that a restart is needed.
+signal: SIGHUP to the runtime's processes, for the runtimes that take it as "reload the configuration"
+(dockerd, CRI-O: `reloads_on_signal` in the registry); containerd has no reload, so signal is refused
+for it. none: report that a restart is needed.
 Running containers survive all three: containerd/CRI-O shims and Docker with live-restore keep them.
 """
 from __future__ import annotations
@@ -21,11 +22,6 @@ import time
 from driverd.errors import DriverdError
 from driverd.root import Root
 from driverd.runner import Result, Runner
-
-UNITS = {"crio": "crio", "docker": "docker"}
-COMMS = {"containerd": ("containerd", "k3s-server", "k3s-agent", "rke2"), "crio": ("crio",),
-         "docker": ("dockerd",)}
-
 
 def socket_answers(path: str) -> bool:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -161,14 +157,16 @@ def restart(root: Root, runtime: str, unit: str, socket_path: str | None, mode: 
     if mode == "systemd":
         return _systemd_restart(root, runtime, unit, socket_path, runner, timeout_s)
     if mode == "signal":
-        if runtime == "containerd":
-            return False, ("containerd does not reload its configuration on a signal; "
+        from driverd.runtime.registry import get
+        rt = get(runtime)
+        if not rt.reloads_on_signal:
+            return False, (f"{runtime} does not reload its configuration on a signal; "
                            "restart it (--restart systemd) to apply the change"), None
         if runner.dry_run:
             return False, f"would send SIGHUP to {runtime}", None
         if not root.is_live():
             return False, f"cannot signal {runtime}: {root.base} is not this machine's live root", None
-        pids = _pids(root, COMMS[runtime])
+        pids = _pids(root, rt.process_names)
         if not pids:
             return False, f"no running {runtime} process to signal", None
         for pid in pids:

@@ -1,13 +1,14 @@
 """Round-trip TOML editing with tomlkit: comments, order and layout survive; errors carry line and
-column. Imported only by the writers (detect reads with tomllib and never pays for tomlkit)."""
+column. tomlkit is imported only when a writer edits a file (the runtime modules import this one, and
+detect, which reads with tomllib, must never pay for tomlkit)."""
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import tomlkit
-from tomlkit.exceptions import ParseError, TOMLKitError
-from tomlkit.items import Table
+if TYPE_CHECKING:
+    import tomlkit
+    from tomlkit.items import Table
 
 from driverd.errors import RuntimeConfigError
 from driverd.runtime.model import Change
@@ -16,6 +17,8 @@ MISSING = object()
 
 
 def parse(text: str, path: str) -> tomlkit.TOMLDocument:
+    import tomlkit
+    from tomlkit.exceptions import ParseError, TOMLKitError
     try:
         return tomlkit.parse(text)
     except ParseError as e:
@@ -45,6 +48,7 @@ def get(doc: Any, key: list[str], default: Any = None) -> Any:
 
 def _table(value: dict) -> Table:
     """A (nested) dict as tomlkit tables, with a blank line after so the next header stays readable."""
+    import tomlkit
     t = tomlkit.table()
     subs = {k: v for k, v in value.items() if isinstance(v, dict)}
     for k, v in value.items():

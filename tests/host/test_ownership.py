@@ -8,7 +8,8 @@ import struct
 import pytest
 
 from driverd.host import collect
-from driverd.host.ownership import parse_rpm_header, read_ownership
+from driverd.distro.rpm import parse_rpm_header
+from driverd.host.ownership import read_ownership
 from driverd.plan import Desired, plan
 from driverd.root import Root
 from driverd.sim.hosttree import HostSpec, Module, h100, nvidia_version_line, write_host

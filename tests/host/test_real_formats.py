@@ -12,7 +12,7 @@ from driverd.host.kernel import cmdline_args, cmdline_params, parse_lockdown
 from driverd.host.modules import parse_nvidia_version, parse_proc_modules, read_module
 from driverd.host.nouveau import parse_modprobe_conf, read_nouveau
 from driverd.host.osrelease import parse_os_release, read_os
-from driverd.host.runtimes import containerd_handlers
+from driverd.runtime.containerd import containerd_handlers
 from driverd.host.textfmt import kernel_int, kstrtobool
 from driverd.root import Root
 from driverd.sim.hosttree import HostSpec, Module, Pci, h100, write_host

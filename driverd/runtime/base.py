@@ -1,0 +1,142 @@
+"""What every container runtime driverd configures provides: the `Runtime` base class, and the
+helpers its detection shares.
+
+One runtime is one module of this package with one subclass of `Runtime`, listed in
+`driverd/runtime/registry.py`. Everything else — facts (`driverd detect`), the plan's
+configure-runtime steps, `driverd runtime configure|revert`, the CLI's and the configuration's
+choices, restarts, the executor's file preimages — asks the registry, never a runtime by name.
+
+A runtime answers five questions:
+- detect: is it on this host (binary, config, socket), which version, which handlers are defined;
+- effective config: the handlers its configuration *in effect* defines (the config file plus what it
+  imports or the drop-ins it reads);
+- configure: the file edits (`FileEdit`) that add the handler, computed, not written — `handler.py`
+  writes them through driverd's runtime record (backups, revert) and restarts;
+- revert: undo what driverd recorded for it (the record is the same for every runtime);
+- restart: its systemd unit, its default socket, the processes a signal restart signals and whether
+  a signal reloads its configuration at all (`restart.py` does the restarting).
+Reading never changes anything and never raises for a missing or odd file: absence is a fact.
+"""
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from driverd.root import Root
+from driverd.runtime.model import ChangeReport, FileEdit, Options, RuntimeFacts
+
+# `driverd debug capture-host` records each runtime binary's `--version` here: a captured tree is not
+# live, so its binaries cannot be run.
+CAPTURED_VERSIONS = "/var/lib/driverd/capture/versions.json"
+
+
+class Runtime(ABC):
+    name: ClassVar[str]                         # the registry key: config's runtime.runtimes, --runtime
+    title: ClassVar[str]                        # how people spell it (help texts)
+    detail: ClassVar[str] = ""                  # what of it is covered, for help texts ("1.x/2.x, ...")
+    binaries: ClassVar[tuple[str, ...]]         # where its binary lives, in order of preference
+    configs: ClassVar[tuple[str, ...]]          # its config files, in order of preference; the first is the default
+    sockets: ClassVar[tuple[str, ...]]          # its API sockets, in order of preference; the first is the default
+    process_names: ClassVar[tuple[str, ...]]    # /proc/<pid>/comm of the processes a signal restart signals
+    reloads_on_signal: ClassVar[bool]           # SIGHUP makes it read its configuration again
+    checks_binary: ClassVar[bool] = False       # configure refuses a missing handler binary itself
+
+    @property
+    def default_config(self) -> str:
+        return self.configs[0]
+
+    @property
+    def default_socket(self) -> str:
+        return self.sockets[0]
+
+    # -- detect -------------------------------------------------------------------------------------
+    def find_binary(self, root: Root) -> str | None:
+        return first(root, self.binaries)
+
+    def detect(self, root: Root, handler: str) -> RuntimeFacts | None:
+        """This runtime's facts, None when nothing of it (binary, config, socket) is on the host."""
+        binary = self.find_binary(root)
+        config = first(root, self.configs)
+        socket = first(root, self.sockets, want_file=False)
+        if binary is None and config is None and socket is None:
+            return None
+        handlers, note = self.effective_handlers(root, config)
+        return RuntimeFacts(
+            name=self.name, binary=binary, version=version(root, binary) if binary else None,
+            config_path=config or self.default_config, config_exists=config is not None,
+            socket=socket or self.default_socket, socket_exists=socket is not None, handlers=tuple(handlers),
+            nvidia_handler=handler in handlers, note=note)
+
+    @abstractmethod
+    def effective_handlers(self, root: Root, config_path: str | None) -> tuple[list[str], str | None]:
+        """The runtime handlers the configuration in effect defines (config_path: the config detect
+        found, None when there is none), and a note when it cannot be read."""
+
+    # -- configure / revert ---------------------------------------------------------------------------
+    @abstractmethod
+    def configure(self, root: Root, config_path: str, options: Options, report: ChangeReport,
+                  facts: RuntimeFacts | None, record: dict | None) -> list[FileEdit]:
+        """The edits that add options.handler (and CDI, the default) to the configuration at
+        config_path; notes go into report. `record` is what driverd recorded for this runtime
+        before (its own earlier edits). Writes nothing; raises RuntimeConfigError to refuse."""
+
+    def revert(self, root: Root, report: ChangeReport, dry_run: bool) -> None:
+        """Undo what driverd recorded for this runtime (surgically: later edits by others stay)."""
+        from driverd.runtime import state
+        state.revert(root, self.name, report, dry_run)
+
+    # -- restart -------------------------------------------------------------------------------------
+    def unit(self, root: Root, config_path: str) -> str:
+        """The systemd unit that runs it with this configuration."""
+        return self.name
+
+
+def first(root: Root, paths: tuple[str, ...], want_file: bool = True) -> str | None:
+    for p in paths:
+        if (root.is_file(p) if want_file else root.exists(p)):
+            return p
+    return None
+
+
+def read_toml(root: Root, path: str) -> dict:
+    """A TOML config as read-only data, {} when missing or invalid (detection never raises)."""
+    text = root.read_text(path)
+    if not text:
+        return {}
+    if path.endswith(".tmpl"):
+        # Go-template lines ({{ ... }}) are not TOML; the static part still names the runtimes.
+        text = "\n".join(ln for ln in text.splitlines() if "{{" not in ln)
+    try:
+        return tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError):   # deeply nested junk overflows the parser
+        return {}
+
+
+def dig(doc: object, *keys: str) -> dict:
+    """doc[k1][k2]...; {} as soon as a level is missing or not a table (a hostile file may put a
+    string or an array where a table belongs)."""
+    for k in keys:
+        if not isinstance(doc, dict):
+            return {}
+        doc = doc.get(k, {})
+    return doc if isinstance(doc, dict) else {}
+
+
+def version(root: Root, binary: str) -> str | None:
+    if not root.is_live():
+        try:
+            v = json.loads(root.read_text(CAPTURED_VERSIONS) or "{}").get(binary)
+        except (ValueError, AttributeError, RecursionError):
+            return None
+        return v if isinstance(v, str) else None
+    from driverd.runner import Runner
+    from driverd.errors import CommandError
+    try:
+        res = Runner().run([str(root.real(binary)), "--version"], timeout=5, check=False, mutates=False)
+    except CommandError:
+        return None
+    m = re.search(r"\bv?(\d+\.\d+\.\d+[\w.+~-]*)", res.stdout + res.stderr)
+    return m.group(1) if m else None
