@@ -16,7 +16,7 @@ COMPOSITION_ROOT = {"driverd/cli/context.py", "driverd/cli/lifecycle_cmds.py", "
 # layer below its own, never a layer above it or a neighbour in its own layer.
 LAYERS = [
     {"data", "redact"}, {"errors"},
-    {"backends", "fsutil", "log", "modinfo", "observe", "runner", "safetar"},
+    {"backends", "fsutil", "log", "modinfo", "nvproc", "observe", "runner", "safetar"},
     {"root"},
     {"distro", "runtime"},
     {"config"},

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from driverd.host import gputable
 from driverd.host.facts import GpuFacts, NicFacts, NvSwitchFacts
 from driverd.host.textfmt import kernel_int
+from driverd.nvproc import gpu_information
 from driverd.root import Root
 
 PCI_DEVICES = "/sys/bus/pci/devices"
@@ -89,16 +90,6 @@ def scan(root: Root, warnings: list[str]) -> list[PciDevice]:
     return out
 
 
-def nvidia_gpu_information(root: Root, addr: str) -> dict[str, str]:
-    """'Key: value' lines of /proc/driver/nvidia/gpus/<addr>/information (present while nvidia is bound)."""
-    out = {}
-    for line in (root.read_text(f"/proc/driver/nvidia/gpus/{addr}/information", 64 << 10) or "").splitlines():
-        k, sep, v = line.partition(":")
-        if sep:
-            out[k.strip()] = v.strip()
-    return out
-
-
 # nv-procfs.c prints "GPU UUID: \t %s" only when RM returns one: GPU-<8>-<4>-<4>-<4>-<12> hex.
 _UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 
@@ -126,7 +117,7 @@ def classify(root: Root, devices: list[PciDevice], warnings: list[str]
     gpus, switches, nics = [], [], []
     for d in devices:
         if d.vendor == NVIDIA and d.class_code in GPU_CLASSES:
-            gpus.append(gpu_from(d, warnings, nvidia_gpu_information(root, d.address)))
+            gpus.append(gpu_from(d, warnings, gpu_information(root, d.address)))
             if d.driver in PASSTHROUGH_DRIVERS:
                 warnings.append(f"GPU {d.address} is bound to {d.driver} (passed through to a VM); the host "
                                 "driver will not use it until it is unbound")

@@ -25,13 +25,9 @@ def parse_proc_devices(text: str | None) -> dict[str, int]:
 
 
 def gpu_minors(root) -> list[int]:
-    minors = []
-    for addr in root.listdir("/proc/driver/nvidia/gpus"):
-        text = root.read_text(f"/proc/driver/nvidia/gpus/{addr}/information") or ""
-        m = re.search(r"Device Minor:\s*(\d+)", text)
-        if m:
-            minors.append(int(m.group(1)))
-    return sorted(minors)
+    from driverd.nvproc import gpu_addresses, gpu_information
+    minors = (gpu_information(root, addr).get("Device Minor", "") for addr in gpu_addresses(root))
+    return sorted(int(m) for m in minors if m.isdigit())
 
 
 def wanted_nodes(root, loaded: set[str]) -> list[tuple[str, int, int]]:

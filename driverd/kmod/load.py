@@ -10,6 +10,7 @@ from driverd.errors import ConfigError, ModuleError
 from driverd.host import pci
 from driverd.host.modules import INSTALL_DIR, parse_nvidia_version
 from driverd.kmod import devnodes
+from driverd.nvproc import gpu_addresses
 
 STD_FIRMWARE = "/lib/firmware"
 
@@ -228,7 +229,7 @@ def validate(kernel, version: str | None, flavor: str | None, services=None, per
     ver, flav, _ = parse_nvidia_version(root.read_text("/proc/driver/nvidia/version"))
     gpus, _, _ = pci.classify(root, pci.scan(root, []), [])
     expected = sorted(g.pci_address for g in gpus)
-    visible = sorted(a for a in root.listdir("/proc/driver/nvidia/gpus") if re.match(r"^[0-9a-f]{4,}:", a))
+    visible = sorted(a for a in gpu_addresses(root) if re.match(r"^[0-9a-f]{4,}:", a))
     v = Validation(ver, flav, expected, visible)
     if ver is None:
         v.problems.append("/proc/driver/nvidia/version is missing: the nvidia module is not loaded")

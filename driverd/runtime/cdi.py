@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from driverd.errors import RuntimeConfigError
+from driverd.nvproc import gpu_addresses, gpu_information
 from driverd.root import Root
 
 CDI_VERSION = "0.5.0"
@@ -25,24 +26,13 @@ _CLASS = _NAME
 _LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 
 
-def _information(root: Root, pci: str) -> dict[str, str]:
-    """'Key: value' lines of /proc/driver/nvidia/gpus/<pci>/information. host/pci.py reads the same
-    file into the facts; the spec is read afresh because it follows the GPUs visible now (after a
-    load), and runtime/ sits below host/ in the layers."""
-    out = {}
-    for line in (root.read_text(f"/proc/driver/nvidia/gpus/{pci}/information", 64 << 10) or "").splitlines():
-        k, sep, v = line.partition(":")
-        if sep:
-            out[k.strip()] = v.strip()
-    return out
-
-
 def gpu_devices(root: Root, facts=None) -> list[tuple[int, str | None]]:
     """(minor, uuid) per GPU: /proc/driver/nvidia/gpus/*/information first (no NVML needed), then
     NVML facts, then the /dev/nvidiaN nodes alone."""
     out: dict[int, str | None] = {}
-    for pci in root.listdir("/proc/driver/nvidia/gpus"):
-        info = _information(root, pci)
+    # read afresh, not from the facts: the spec follows the GPUs visible now (after a load)
+    for pci in gpu_addresses(root):
+        info = gpu_information(root, pci)
         if info.get("Device Minor", "").isdigit():
             uuid = info.get("GPU UUID")
             out[int(info["Device Minor"])] = uuid if uuid and "?" not in uuid else None
