@@ -76,7 +76,7 @@ def run(a) -> dict:
     from driverd.cluster import model as m
     from driverd.cluster.informer import Informer
     from driverd.cluster.kube import Kube, Target, node_path, parse_time, rollout_path
-    from driverd.sim.apiserver import ApiServer
+    from tests.apiserver import ApiServer
     from driverd.sim.fleet import FAULTS, NEW, OLD, Fleet
     faults = [f for f in a.faults.split(",") if f]
     bad = [f for f in faults if f not in FAULTS]

@@ -1,6 +1,6 @@
 """The real kubectl for manifest tests: offline (`kubectl kustomize`) and against the loopback API
-server of driverd.sim.apiserver when that module is there; and Kubernetes' own OpenAPI schema
-(driverd.sim.apiserver.openapi.validate). Missing pieces skip with the reason (kubectl fails in CI)."""
+server of tests.apiserver when that module is there; and Kubernetes' own OpenAPI schema
+(tests.apiserver.openapi.validate). Missing pieces skip with the reason (kubectl fails in CI)."""
 from __future__ import annotations
 
 import contextlib
@@ -19,11 +19,11 @@ def kubectl_binary() -> str:
 
 
 def openapi_validate():
-    """driverd.sim.apiserver.openapi.validate, or a skip saying it is not built yet."""
+    """tests.apiserver.openapi.validate, or a skip saying it is not built yet."""
     try:
-        from driverd.sim.apiserver.openapi import validate
+        from tests.apiserver.openapi import validate
     except ImportError as e:
-        pytest.skip(f"driverd.sim.apiserver.openapi is not available ({e}): the Kubernetes OpenAPI schema "
+        pytest.skip(f"tests.apiserver.openapi is not available ({e}): the Kubernetes OpenAPI schema "
                     "validator is built by the API-server simulator")
     return validate
 
@@ -52,9 +52,9 @@ def api_server(tmp_path: Path) -> Iterator[dict]:
     """A running loopback API server and the environment that points kubectl at it."""
     kubectl_binary()
     try:
-        from driverd.sim.apiserver import ApiServer
+        from tests.apiserver import ApiServer
     except ImportError as e:
-        pytest.skip(f"driverd.sim.apiserver.ApiServer is not available ({e})")
+        pytest.skip(f"tests.apiserver.ApiServer is not available ({e})")
     srv = ApiServer(host="127.0.0.1", port=0).start()
     try:
         kc = tmp_path / "kubeconfig"

@@ -13,7 +13,7 @@ import pytest
 
 from driverd.cluster import model as m
 from driverd.cluster.kube import Kube, Target, node_path, rollout_path
-from driverd.sim.apiserver import ApiServer
+from tests.apiserver import ApiServer
 from driverd.sim.fleet import NEW, OLD, Fleet
 from tests.conftest import driverd_env, REPO
 
@@ -152,8 +152,7 @@ def test_blocked_drain_and_failed_reload_end_defined_and_spend_the_budget(cluste
     assert not any(v.unschedulable for v in vs.values())              # uncordoned what we cordoned
     assert vs["gpu-0002"].state == m.IDLE and vs["gpu-0003"].state == m.IDLE   # paused: nobody else admitted
     # the operator fixes the PDB, retries that node and tolerates the one left failed
-    srv.store.patch("poddisruptionbudgets", "train-gpu-0000-0-pdb", {"spec": {"maxUnavailable": 1}},
-                    namespace="gpu-jobs")
+    f.set_pdb("gpu-0000", 1)
     k.patch(rollout_path("r"), {"spec": {"failureBudget": 1}})
     rc, out, err = cli(f, "node", "retry", "gpu-0000")
     assert rc == 0, err
@@ -176,8 +175,7 @@ def test_daemon_killed_mid_drain_and_coordinator_death_are_survived(cluster):
     # a GPU pod whose eviction is refused for a while keeps the next node in `evicting` (the first
     # target: gpu-0000 unless it held the Lease and is left out of the rollout)
     victim = "gpu-0000" if first != "gpu-0000" else "gpu-0001"
-    srv.store.patch("poddisruptionbudgets", f"train-{victim}-0-pdb", {"spec": {"maxUnavailable": 0}},
-                    namespace="gpu-jobs")
+    f.set_pdb(f"{victim}", 0)
     k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
                               "spec": {"driver": NEW, "maxParallel": 1, "maxUnavailable": 1,
                                        "nodeSelector": {"matchExpressions": [
@@ -186,8 +184,7 @@ def test_daemon_killed_mid_drain_and_coordinator_death_are_survived(cluster):
     assert f.wait(lambda: holder() not in (None, first), 30), "no daemon took over the Lease"
     assert f.wait(lambda: views(f)[victim].state == m.EVICTING, 30)
     f.kill_node(victim)
-    srv.store.patch("poddisruptionbudgets", f"train-{victim}-0-pdb", {"spec": {"maxUnavailable": 1}},
-                    namespace="gpu-jobs")
+    f.set_pdb(f"{victim}", 1)
     time.sleep(0.5)
     assert views(f)[victim].state == m.EVICTING      # nobody else moves a node whose daemon is gone
     f.start_node(victim)
@@ -322,4 +319,5 @@ def test_cluster_agent_command_runs_the_node_side_until_sigterm(tmp_path):
     finally:
         if p.poll() is None:
             p.kill()
+        f.stop()
         srv.stop()

@@ -9,7 +9,7 @@ import time
 
 from driverd.cluster import model as m
 from driverd.cluster.kube import Kube, Target, node_path, rollout_path
-from driverd.sim.apiserver import ApiServer
+from tests.apiserver import ApiServer
 from driverd.sim.fleet import NEW, OLD, Fleet
 
 
