@@ -184,7 +184,7 @@ class Fleet:
                     "spec": {"replicas": 1, "selector": {"matchLabels": {"app": pod}},
                              "template": {"metadata": {"labels": {"app": pod}},
                                           "spec": {"containers": [{"name": "main", "image": "train:1"}]}}}})
-                uids[(name, pod)] = self._running_pod(GPU_NS, {
+                uids[(name, pod)] = self.running_pod(GPU_NS, {
                     "apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": pod, "namespace": GPU_NS, "labels": {"app": pod},
                                  "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": pod,
@@ -205,7 +205,7 @@ class Fleet:
                                                "containers": [{"name": "plugin", "image": "device-plugin:1"}]}}}})
         return uids
 
-    def _running_pod(self, namespace: str, pod: dict, kube=None) -> str:
+    def running_pod(self, namespace: str, pod: dict, kube=None) -> str:
         """Create `pod` (bound to its node) unless it exists, and report it Running and Ready as the
         kubelet would once its containers run (the disruption controller counts Ready pods). Its uid."""
         from driverd.cluster.kube import pods_path
@@ -263,7 +263,7 @@ class Fleet:
         """A GPU pod on the node that nothing would recreate (no ownerReferences), with its process
         unless `process` is false (a pod that holds no device right now)."""
         pod = f"solo-{name}"
-        uid = self._running_pod(GPU_NS, {
+        uid = self.running_pod(GPU_NS, {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": pod, "namespace": GPU_NS, "labels": {"app": pod}},
             "spec": {"nodeName": name, "automountServiceAccountToken": False,
@@ -537,8 +537,15 @@ class DaemonSetController:
         from driverd.cluster.kube import KubeError, pods_path
         pod_name = f"{PLUGIN}-{name}"
         if ready and name not in self.placed:
+            cur = self.kube.find(pods_path(PLUGIN_NS, pod_name))
+            if cur and cur["metadata"].get("deletionTimestamp"):
+                # the node's previous plugin pod is still terminating: a pod of that name comes after it
+                self.stop.wait(0.2)
+                self.dirty.add(name)
+                self.wake.set()
+                return
             ds = self.kube.get(f"/apis/apps/v1/namespaces/{PLUGIN_NS}/daemonsets/{PLUGIN}")
-            uid = self.fleet._running_pod(PLUGIN_NS, {
+            uid = self.fleet.running_pod(PLUGIN_NS, {
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": pod_name, "namespace": PLUGIN_NS, "labels": {"app": PLUGIN},
                              "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": PLUGIN,
