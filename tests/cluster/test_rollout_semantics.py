@@ -3,8 +3,9 @@ after the drain, a rollout is one object at one spec generation, ended rollouts 
 eviction failure counts against the drain timeout, pods without a controller are not evicted
 without force, NotReady nodes are named, deletion is an abort, the Lease survives clock skew.
 
-Everything goes through the API (the fixtures of test_rollout.py), so that these run unchanged
-against a real API server."""
+Everything goes through the API, on the real control plane (the fixtures of test_rollout.py): the
+two-PDB 500, the finalizer holding a pod Terminating, the PDBs' verdicts are kube-apiserver's and the
+disruption controller's own."""
 from __future__ import annotations
 
 import json
