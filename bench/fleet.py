@@ -3,12 +3,20 @@
 
 Every node runs the real node code (cluster agent: state machine, drain through the Eviction API,
 node transaction on its own simulated host tree; and a coordinator candidate in the Lease election)
-against the loopback API server. Each node has a GPU pod (a ReplicaSet's, under a
+against an API server:
+- --apiserver real (the default): the real control plane of tests/controlplane.py (kube-apiserver,
+  etcd, kube-controller-manager with the disruption controller and garbage collector; built by
+  .ci/build-control-plane), deploy/ applied, every node daemon with its own node-bound token of
+  deploy/'s ServiceAccount (RBAC and the admission policy judge every call);
+- --apiserver loopback: tests/apiserver, the in-process test server (no TLS, no etcd: faster, for
+  large N on a small machine; its numbers are not a real apiserver's).
+Each node has a GPU pod (a ReplicaSet's, under a
 PodDisruptionBudget) whose process holds /dev/nvidia0 on the host, and a device-plugin DaemonSet pod
 that follows the driverd.io/driver-ready label (--no-device-plugin: none). An observer with its own
 watch counts unavailable nodes at every change.
 
-  python bench/fleet.py --nodes 500 --max-parallel 10 --max-unavailable 5% --json
+  python bench/fleet.py --nodes 200 --max-parallel 10 --max-unavailable 5% --json
+  python bench/fleet.py --apiserver loopback --nodes 500 --max-parallel 10 --max-unavailable 5% --json
   python bench/fleet.py --nodes 60 --max-parallel 5 --max-unavailable 10% --faults apiserver-restart,daemon-kill,pdb-never,node-notready,reload-fails,no-controller,two-pdbs,stuck-terminating
 
 First a one-node rollout on a node of its own (not counted in --nodes) measures the per-node time
@@ -16,8 +24,11 @@ on this machine, in this run; then the rollout of the N nodes. Prints one JSON o
 nodes, one_node_s (admitted -> done of the one-node rollout), makespan_s (first admission to the
 last node done), ideal_s = ceil(N / min(maxParallel, the unavailability limit)) x one_node_s,
 makespan_ratio, per_node_median_s (admitted -> done in the big rollout: what contention costs),
-preflight_s, api_requests_per_node (requests of the nodes' daemons during the rollout / nodes,
-daemons killed and restarted included), max_unavailable_seen (the observer),
+preflight_s, api_requests_per_node (driverd's requests during the rollout / nodes, as the API server
+counted them: on the real one the growth of `apiserver_request_total` over the resources driverd
+uses, less the harness's own requests (its client-side count); on the loopback one the daemons'
+client-side count), api_requests_per_node_client (the daemons' clients, daemons killed and restarted
+included), api_requests_per_node_audit (real: the audit log's requests of driverd's ServiceAccount), max_unavailable_seen (the observer),
 admissions_over_limit (nodes admitted while the nodes the rollout had taken out — cordoned or being
 upgraded — were already past the limit: the guarantee; a node going NotReady by itself may take
 max_unavailable_seen past the limit),
@@ -60,6 +71,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-device-plugin", dest="device_plugin", action="store_false")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--apiserver", choices=("real", "loopback"), default="real")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     res = run(a)
@@ -68,25 +80,83 @@ def main(argv=None) -> int:
 
 
 FAILING = ("pdb-never", "reload-fails", "no-controller", "two-pdbs", "stuck-terminating")
+# What driverd's daemons call (the metric's `resource` label); the controller-manager's own traffic
+# (PodDisruptionBudget status, its informers) falls mostly outside.
+DRIVERD_RESOURCES = {"nodes", "pods", "events", "leases", "driverrollouts", "runtimeclasses", "resourceclaims",
+                     "daemonsets"}
+SA_USER = "system:serviceaccount:driverd:driverd"
+
+
+class Real:
+    """The real control plane, started for this bench, deploy/ applied."""
+
+    def __init__(self, work: str) -> None:
+        from pathlib import Path
+
+        from tests.controlplane import ControlPlane, apply_deploy, find_binaries
+        d, missing = find_binaries()
+        if missing:
+            raise SystemExit(f"fleet.py: {missing}")
+        self.cp = ControlPlane(d, Path(work) / "control-plane").start()
+        apply_deploy(self.cp, Path(work))
+        self.server = self.cp
+
+    def restart(self) -> None:
+        self.cp.restart_apiserver()
+
+    def counted(self) -> float:
+        return sum(v for (verb, res, sub), v in self.cp.metrics().items() if res in DRIVERD_RESOURCES)
+
+    def audited(self) -> int | None:
+        return len(self.cp.audited(SA_USER))
+
+    def stop(self) -> None:
+        self.cp.stop()
+
+
+class Loopback:
+    def __init__(self, work: str) -> None:
+        from tests.apiserver import ApiServer
+        self.server = ApiServer(host="127.0.0.1", port=0).start()
+
+    def restart(self) -> None:
+        self.server.restart()
+
+    def counted(self) -> float | None:
+        return None
+
+    def audited(self) -> int | None:
+        return None
+
+    def stop(self) -> None:
+        self.server.stop()
 
 
 def run(a) -> dict:
-    import threading as th
-
-    from driverd.cluster import model as m
-    from driverd.cluster.informer import Informer
-    from driverd.cluster.kube import Kube, Target, node_path, parse_time, rollout_path
-    from driverd.sim.apiserver import ApiServer
-    from driverd.sim.fleet import FAULTS, NEW, OLD, Fleet
+    from driverd.sim.fleet import FAULTS
     faults = [f for f in a.faults.split(",") if f]
     bad = [f for f in faults if f not in FAULTS]
     if bad:
         raise SystemExit(f"fleet.py: unknown fault(s) {bad}; known: {', '.join(FAULTS)}")
     rnd = random.Random(a.seed)
     work = a.workdir or tempfile.mkdtemp(prefix="driverd-fleet.")
-    srv = ApiServer(host="127.0.0.1", port=0).start()
+    kind = getattr(a, "apiserver", "real")
+    backend = (Real if kind == "real" else Loopback)(work)
+    try:
+        return _run(a, backend, faults, rnd, work) | {"apiserver": kind}
+    finally:
+        backend.stop()
+
+
+def _run(a, backend, faults, rnd, work) -> dict:
+    import threading as th
+
+    from driverd.cluster import model as m
+    from driverd.cluster.informer import Informer
+    from driverd.cluster.kube import Kube, Target, node_path, parse_time, rollout_path
+    from driverd.sim.fleet import NEW, OLD, Fleet
     t0 = time.monotonic()
-    fleet = Fleet(work, a.nodes + 1, server=srv, device_plugin=getattr(a, "device_plugin", True)).build()
+    fleet = Fleet(work, a.nodes + 1, server=backend.server, device_plugin=getattr(a, "device_plugin", True)).build()
     build_s = time.monotonic() - t0
     calib = Fleet.node_name(a.nodes)          # the one-node rollout's node, outside the measured N
     names = sorted(n for n in fleet.nodes if n != calib)
@@ -152,7 +222,7 @@ def run(a) -> dict:
                                       fleet.set_ready(role["node-notready"], True)), daemon=True).start()
         if "apiserver-restart" in role and "restart" not in fired and len(seen["done"]) >= max(1, a.nodes // 3):
             fired.add("restart")
-            th.Thread(target=srv.restart, daemon=True).start()
+            th.Thread(target=backend.restart, daemon=True).start()
 
     nodes_inf = Informer(obs_kube, node_path(), on_change=observe, name="observer").start()
     nodes_inf.synced.wait(30)
@@ -173,7 +243,9 @@ def run(a) -> dict:
     one_node = seen["calib_done"] - seen["calib_admitted"]
     with lock:
         seen["max_unavail"] = 0
-    req0 = fleet.requests()
+    time.sleep(1.0)                 # let the start-up writes settle before counting
+    req0, harness0, obs0 = fleet.requests(), fleet.harness_requests(), obs_kube.requests
+    counted0, audited0 = backend.counted(), backend.audited()
     n_fail = sum(1 for f in faults if f in FAILING)
     budget = n_fail if getattr(a, "failure_budget", None) is None else a.failure_budget
     name = "to-" + NEW.replace(".", "-")
@@ -196,8 +268,8 @@ def run(a) -> dict:
             last_note = time.monotonic()
             with lock:
                 states = dict(Counter(seen["states"].values()))
-            print(f"fleet.py: {time.time() - t_start:5.0f}s {states} api={srv.request_count} "
-                  f"threads={th.active_count()}", file=sys.stderr, flush=True)
+            print(f"fleet.py: {time.time() - t_start:5.0f}s {states} threads={th.active_count()}", file=sys.stderr,
+                  flush=True)
         ro = obs_kube.get(rollout_path(name))
         st = ro.get("status") or {}
         phase = st.get("phase")
@@ -207,12 +279,15 @@ def run(a) -> dict:
         time.sleep(0.5)
     t_end = time.time()
     requests = fleet.requests() - req0
+    harness = fleet.harness_requests() - harness0 + obs_kube.requests - obs0
+    counted = backend.counted()
+    counted = None if counted is None else counted - counted0 - harness
+    audited = backend.audited()
+    audited = None if audited is None else audited - audited0
     nodes_now = [m.NodeView.from_node(n) for n in obs_kube.list(node_path()).get("items") or [] if
                  n["metadata"]["name"] != calib]
     fleet.stop()
     nodes_inf.close()
-    srv_requests = srv.request_count
-    srv.stop()
     with lock:
         per = [seen["done"][k] - seen["admitted"][k] for k in seen["done"] if k in seen["admitted"]]
         first = min(seen["admitted"].values()) if seen["admitted"] else t_end
@@ -230,7 +305,9 @@ def run(a) -> dict:
         "one_node_s": round(one_node, 3), "per_node_median_s": round(per_node, 3),
         "makespan_s": round(makespan, 2), "ideal_s": round(ideal, 2),
         "makespan_ratio": round(makespan / ideal, 3) if ideal else None,
-        "api_requests_per_node": round(requests / a.nodes, 1), "api_requests_total_server": srv_requests,
+        "api_requests_per_node": round((requests if counted is None else counted) / a.nodes, 1),
+        "api_requests_per_node_client": round(requests / a.nodes, 1),
+        "api_requests_per_node_audit": None if audited is None else round(audited / a.nodes, 1),
         "max_unavailable_seen": seen["max_unavail"], "admissions_over_limit": seen["over"],
         "limit_unavailable": limit, "effective_parallel": effective,
         "left_cordoned_by_us": sum(1 for v in nodes_now if v.cordoned_by_us or (v.unschedulable and v.state in

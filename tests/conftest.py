@@ -122,3 +122,12 @@ def control_plane(tmp_path_factory):
         yield cp
     finally:
         finish(cp)
+
+
+@pytest.fixture(scope="session")
+def deployed(control_plane, tmp_path_factory):
+    """The session's control plane with deploy/ applied (container-mode: the CRD, RBAC, admission
+    policy driverd's daemons run under) and the operators' group bound to driverd-operator."""
+    from tests.controlplane import apply_deploy
+    apply_deploy(control_plane, tmp_path_factory.mktemp("kubectl-home"))
+    return control_plane

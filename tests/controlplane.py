@@ -192,11 +192,20 @@ class ControlPlane:
 
     def raw(self, method: str, path: str, body: dict | None = None, token: str = ADMIN_TOKEN,
             content_type: str = "application/json") -> bytes:
-        req = urllib.request.Request(self.url + path, method=method,
-                                     data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Authorization": f"Bearer {token}", "Content-Type": content_type})
-        with urllib.request.urlopen(req, context=self.ssl_context(), timeout=30) as r:
-            return r.read()
+        """One request; a 429 with Retry-After (the apiserver still setting up a new CRD's handler, or
+        its priority-and-fairness queues full) is waited out, as clients do."""
+        for attempt in range(50):
+            req = urllib.request.Request(self.url + path, method=method,
+                                         data=json.dumps(body).encode() if body is not None else None,
+                                         headers={"Authorization": f"Bearer {token}", "Content-Type": content_type})
+            try:
+                with urllib.request.urlopen(req, context=self.ssl_context(), timeout=30) as r:
+                    return r.read()
+            except urllib.error.HTTPError as e:
+                if e.code != 429 or not e.headers.get("Retry-After") or attempt == 49 or "eviction" in path:
+                    raise
+                time.sleep(min(float(e.headers.get("Retry-After") or 1), 1.0))
+        raise AssertionError("unreachable")
 
     def api(self, method: str, path: str, body: dict | None = None, token: str = ADMIN_TOKEN,
             content_type: str = "application/json") -> dict:
@@ -378,11 +387,25 @@ def apply_deploy(cp: ControlPlane, home: Path, overlay: str = "container-mode") 
 
 
 def reset(cp: ControlPlane) -> None:
-    """Between tests on the session's control plane: no rollouts, nodes, GPU pods, PDBs, Lease or Events
-    of an earlier test (the deploy/ objects stay)."""
+    """Between tests on the session's control plane: no rollouts, nodes, GPU pods and their
+    ReplicaSets, PDBs, device-plugin DaemonSet, Lease or Events of an earlier test (the deploy/
+    objects stay). Finalizers nobody will remove any more (a rollout's, once its daemons are gone; a
+    test's pod held Terminating) are dropped first."""
     gone = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
+    unfinal = {"metadata": {"finalizers": None}}
+    for coll in ("/apis/driverd.io/v1alpha1/driverrollouts", "/api/v1/namespaces/gpu-jobs/pods"):
+        for o in _items(cp, coll):
+            if o["metadata"].get("finalizers"):
+                try:
+                    cp.api("PATCH", f"{coll}/{o['metadata']['name']}", unfinal,
+                           content_type="application/merge-patch+json")
+                except urllib.error.HTTPError as e:
+                    if e.code != 404:
+                        raise
     for path in ("/apis/driverd.io/v1alpha1/driverrollouts", "/api/v1/nodes",
-                 "/api/v1/namespaces/gpu-jobs/pods", "/apis/policy/v1/namespaces/gpu-jobs/poddisruptionbudgets",
+                 "/apis/apps/v1/namespaces/gpu-jobs/replicasets", "/api/v1/namespaces/gpu-jobs/pods",
+                 "/apis/policy/v1/namespaces/gpu-jobs/poddisruptionbudgets",
+                 "/apis/apps/v1/namespaces/gpu-operator/daemonsets", "/api/v1/namespaces/gpu-operator/pods",
                  "/apis/coordination.k8s.io/v1/namespaces/driverd/leases", "/api/v1/namespaces/default/events",
                  "/api/v1/namespaces/driverd/events"):
         try:
@@ -392,8 +415,17 @@ def reset(cp: ControlPlane) -> None:
                 raise
     end = time.monotonic() + 30
     while time.monotonic() < end:
-        if not cp.api("GET", "/api/v1/nodes")["items"] and \
-                not cp.api("GET", "/apis/driverd.io/v1alpha1/driverrollouts")["items"]:
+        if not _items(cp, "/api/v1/nodes") and not _items(cp, "/apis/driverd.io/v1alpha1/driverrollouts") \
+                and not _items(cp, "/api/v1/namespaces/gpu-jobs/pods"):
             return
         time.sleep(0.2)
     raise AssertionError("the control plane did not empty between tests")
+
+
+def _items(cp: ControlPlane, path: str) -> list[dict]:
+    try:
+        return cp.api("GET", path)["items"]
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return []
+        raise

@@ -181,7 +181,7 @@ def test_kubectl_plugin_through_real_kubectl(tmp_path):
     res = subprocess.run([kubectl, "driverd", "plan", "--root", str(tmp_path / "host"), "--driver", "570.195.03"],
                          capture_output=True, text=True, env=env)
     assert res.returncode == 2 and "acts on the cluster" in res.stderr
-    from driverd.sim.apiserver import ApiServer
+    from tests.apiserver import ApiServer
     srv = ApiServer(host="127.0.0.1", port=0).start()
     try:
         srv.write_kubeconfig(tmp_path / "kubeconfig")

@@ -1,4 +1,4 @@
-"""detect, plan, config, debug capture-host|apiserver: the read-only commands (and the simulated API server)."""
+"""detect, plan, config, debug capture-host: the read-only commands."""
 from __future__ import annotations
 
 import argparse
@@ -52,13 +52,6 @@ def register(sub, common) -> None:
                         "REDACTED, and the output says which.")
     p.add_argument("--out", required=True, metavar="FILE", help="tarball to write (.tar.gz)")
     p.set_defaults(handler=cmd_capture)
-    p = dsub.add_parser("apiserver", parents=[common], help="run the in-memory Kubernetes API server (tests, demo)",
-                        description="Serve the simulated Kubernetes API server (driverd.sim.apiserver) over plain "
-                        "HTTP in the foreground, write a kubeconfig for kubectl and the Python client, print where "
-                        "it listens, and stop on SIGTERM/SIGINT. Objects live in memory only.")
-    p.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT", help="address (port 0: any free port)")
-    p.add_argument("--kubeconfig", required=True, metavar="FILE", help="kubeconfig to write")
-    p.set_defaults(handler=cmd_debug_apiserver)
 
 
 def cmd_detect(ctx, args) -> int:
@@ -284,34 +277,6 @@ def cmd_capture(ctx, args) -> int:
             "no secret values found to redact"
         return f"wrote {r['out']} ({r['files']} files, {r['bytes']} bytes); {what}; unpack it and use --root DIR"
     emit(ctx.json, res, say)
-    return EXIT_OK
-
-
-def cmd_debug_apiserver(ctx, args) -> int:
-    import signal
-    import threading
-
-    from driverd.errors import UsageError
-    from driverd.sim.apiserver import ApiServer
-    host, _, port = args.listen.rpartition(":")
-    try:
-        srv = ApiServer(host=host or "127.0.0.1", port=int(port)).start()
-    except (ValueError, OSError) as e:
-        raise UsageError(f"--listen {args.listen}: {e}", fix="pass HOST:PORT with a free port, e.g. 127.0.0.1:0") \
-            from None
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    try:
-        srv.write_kubeconfig(args.kubeconfig)
-        emit(ctx.json, {"url": srv.url, "kubeconfig": args.kubeconfig},
-             lambda d: f"apiserver listening on {d['url']} (kubeconfig {d['kubeconfig']})")
-        import sys
-        sys.stdout.flush()
-        while not done.wait(1.0):
-            pass
-    finally:
-        srv.stop()
     return EXIT_OK
 
 

@@ -89,8 +89,13 @@ def register(sub, common) -> None:
                        description="Build a sandbox host (8x H100, 4 NVSwitch, a Mellanox NIC, nouveau loaded, "
                        "containerd) with the simulated kernel and a small package repository, then run detect, plan, "
                        "fetch, verify, install, load, validate, status, and an upgrade with a forced failure that "
-                       "rolls back. No GPU needed.\n\nexample:\n  driverd demo --workdir /tmp/driverd-demo")
+                       "rolls back. No GPU needed. With --kubeconfig, a rolling upgrade across four simulated GPU "
+                       "nodes follows, on the Kubernetes API server that kubeconfig names.\n\nexample:\n"
+                       "  driverd demo --workdir /tmp/driverd-demo")
     p.add_argument("--workdir", metavar="DIR", help="where the sandbox goes (default: a new temp directory)")
+    p.add_argument("--kubeconfig", metavar="FILE",
+                   help="a THROWAWAY test cluster's admin kubeconfig for the rollout stage: it creates simulated "
+                   "Node objects, GPU pods and a DriverRollout there (without it the stage is skipped)")
     p.set_defaults(handler=cmd_demo)
 
 
@@ -238,4 +243,4 @@ def render_status(s: dict) -> str:
 
 def cmd_demo(ctx, args) -> int:
     from driverd.cli.demo import run_demo
-    return run_demo(args.workdir, as_json=ctx.json)
+    return run_demo(args.workdir, as_json=ctx.json, kubeconfig=args.kubeconfig)

@@ -1,15 +1,22 @@
 """A simulated GPU cluster for tests, the demo and bench/fleet.py: N nodes, each a simulated host
 tree (its own root, simulated kernel, journal and host lock) running the real node code — the
-cluster agent (state machine, drain, node transaction) and a coordinator candidate — against the
-loopback API server, plus GPU pods guarded by PodDisruptionBudgets.
+cluster agent (state machine, drain, node transaction) and a coordinator candidate — against an API
+server, plus GPU pods guarded by PodDisruptionBudgets.
+
+The API server is whatever `server` names (anything with `write_kubeconfig(path)`): the tests pass
+the real control plane (tests/controlplane.py: kube-apiserver, etcd, kube-controller-manager), the
+demo a kubeconfig the user gave. Everything here goes through the API with that administrator's
+kubeconfig; each node daemon uses `server.node_kubeconfig(node, path)` where the server offers one (a
+ServiceAccount token bound to its Node: the identity deploy/'s RBAC and admission policy judge).
 
 Every node starts on driver OLD (loaded, validated, labelled); the package repository has NEW for
 the same kernel. Faults (by name) make chosen nodes misbehave in the ways a real fleet does.
 
 The GPU pods have a controller (a ReplicaSet) and, with `gpu_processes`, a process on their node
-holding /dev/nvidia0 (its cgroup names the pod UID, as the kubelet's does). Two small stand-ins for
-what a cluster's own components do, both reading and writing the API store directly:
-- a kubelet: when a pod is deleted (or gets a deletionTimestamp) its processes on the node end;
+holding /dev/nvidia0 (its cgroup names the pod UID, as the kubelet's does). No kubelet and no
+DaemonSet controller run: two small stand-ins play them, through the API (list + watch):
+- a kubelet: a pod bound to a node is marked Running; when a pod is deleted (or gets a
+  deletionTimestamp) its processes on the node end and its graceful deletion is confirmed;
 - with `device_plugin`, a DaemonSet controller for `nvidia-device-plugin`, which selects nodes
   labelled driverd.io/driver-ready=true: its pod (holding /dev/nvidiactl) is created on a node that
   has the label and deleted from one that lost it.
@@ -33,6 +40,7 @@ FAULTS = ("apiserver-restart", "daemon-kill", "pdb-never", "node-notready", "rel
 GPU_NS = "gpu-jobs"
 PLUGIN_NS = "gpu-operator"
 PLUGIN = "nvidia-device-plugin"
+HOLD = "example.com/hold"          # a finalizer nobody removes (pods stuck Terminating)
 CONFIG = """[driver]
 version = "{version}"
 flavor = "open"
@@ -65,9 +73,10 @@ class SimNode:
 class Fleet:
     def __init__(self, workdir: str | os.PathLike, nodes: int, *, server, log=_quiet, gpu_pods: int = 1,
                  lease_s: int = 15, kubeconfig: str | None = None, module_unload: bool = True,
-                 gpu_processes: bool = True, device_plugin: bool = False) -> None:
+                 gpu_processes: bool = True, device_plugin: bool = False, first: int = 0) -> None:
         self.work = Path(workdir)
         self.n, self.srv, self.log, self.gpu_pods, self.lease_s = nodes, server, log, gpu_pods, lease_s
+        self.first = first                         # node names start at gpu-<first> (fleets side by side)
         self.module_unload = module_unload         # False: a kernel built without CONFIG_MODULE_UNLOAD
         self.kubeconfig = kubeconfig or str(self.work / "kubeconfig")
         self.nodes: dict[str, SimNode] = {}
@@ -75,18 +84,21 @@ class Fleet:
         self.bad_repo = self.work / "repo-broken"
         self.gpu_processes, self.device_plugin = gpu_processes, device_plugin
         self._pids = itertools.count(50000)
-        self._sim_stop = threading.Event()
-        self._sim_threads: list[threading.Thread] = []
         self._retired_requests = 0         # API requests of daemons that were killed and started again
+        self.admin = None                  # the harness's own client (its requests are not driverd's)
+        self.kubelet: Kubelet | None = None
+        self.plugins: DaemonSetController | None = None
 
     # -- building --------------------------------------------------------------------------------
     def build(self) -> Fleet:
         from driverd.packages.repo import write_index
         from driverd.sim import install_backends
         from driverd.sim.fakepkg import make_fake_package
+        from driverd.cluster.kube import Kube, Target
         install_backends()
         self.work.mkdir(parents=True, exist_ok=True)
         self.srv.write_kubeconfig(self.kubeconfig)
+        self.admin = Kube(Target(kubeconfig=self.kubeconfig))
         if not (self.repo / "index.json").exists():
             make_fake_package(self.repo, OLD, RELEASE)
             make_fake_package(self.repo, NEW, RELEASE)
@@ -97,18 +109,16 @@ class Fleet:
         template = self.work / "template"
         if not template.exists():
             self._template(template)
-        self._api_objects()
-        for i in range(self.n):
+        for i in range(self.first, self.first + self.n):
             name = self.node_name(i)
             root = self.work / "nodes" / name
             if not root.exists():
                 shutil.copytree(template, root, symlinks=True)
             self.nodes[name] = SimNode(name, root)
+        uids = self._api_objects()
         if self.gpu_processes:
-            for i in range(self.n):
-                for j in range(self.gpu_pods):
-                    pod = self.srv.store.get("pods", f"train-{self.node_name(i)}-{j}", GPU_NS)
-                    self._ensure_process(self.node_name(i), pod["metadata"]["uid"], "python", "/dev/nvidia0")
+            for (node, _pod), uid in uids.items():
+                self._ensure_process(node, uid, "python", "/dev/nvidia0")
         self._start_sim()
         return self
 
@@ -137,47 +147,73 @@ class Fleet:
         if out["state"] not in ("done", "nothing-to-do"):
             raise RuntimeError(f"the template host did not converge: {out}")
 
-    def _api_objects(self) -> None:
-        st = self.srv.store
-        _ensure(st, "namespaces", None, {"metadata": {"name": GPU_NS}})
-        _ensure(st, "namespaces", None, {"metadata": {"name": "driverd"}})
-        _ensure(st, "namespaces", None, {"metadata": {"name": "default"}})
-        crd = _crd()
-        _ensure(st, "customresourcedefinitions", None, crd)
-        for i in range(self.n):
-            name = self.node_name(i)
-            _ensure(st, "nodes", None, {
+    def _api_objects(self) -> dict[tuple[str, str], str]:
+        """Namespaces, the CRD, Nodes (their status as a kubelet reports it), the GPU pods with their
+        ReplicaSets and PDBs, the device plugin's DaemonSet. Returns {(node, pod): pod uid}."""
+        from driverd.cluster.kube import node_path
+        k = self.admin
+        namespaces = (GPU_NS, "driverd", "default") + ((PLUGIN_NS,) if self.device_plugin else ())
+        for ns in namespaces:
+            _ensure(k, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        _ensure(k, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", _crd())
+        _wait_crd(k)
+        for ns in (GPU_NS, PLUGIN_NS) if self.device_plugin else (GPU_NS,):
+            # the pods' account (a cluster's ServiceAccount controller creates it; made here so as not to wait)
+            _ensure(k, f"/api/v1/namespaces/{ns}/serviceaccounts",
+                    {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": ns}})
+        uids: dict[tuple[str, str], str] = {}
+        for name in self.nodes:
+            _ensure(k, node_path(), {
+                "apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "nvidia.com/gpu.present": "true",
                                                       "feature.node.kubernetes.io/pci-10de.present": "true"}},
-                "spec": {}, "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
-                                       "nodeInfo": {"kernelVersion": RELEASE, "kubeletVersion": "v1.31.0"},
-                                       "capacity": {"nvidia.com/gpu": "8"}}})
+                "spec": {}})
+            # what the kubelet reports (a create drops status: it is written through the subresource)
+            k.patch(node_path(name) + "/status", {"status": {
+                "conditions": [_ready_condition(True)],
+                "nodeInfo": {"kernelVersion": RELEASE, "kubeletVersion": "v1.31.0", "machineID": "", "systemUUID": "",
+                             "bootID": "", "osImage": "", "containerRuntimeVersion": "", "kubeProxyVersion": "",
+                             "operatingSystem": "linux", "architecture": "amd64"},
+                "capacity": {"nvidia.com/gpu": "8", "cpu": "64", "memory": "512Gi", "pods": "110"},
+                "allocatable": {"nvidia.com/gpu": "8", "cpu": "64", "memory": "512Gi", "pods": "110"}}},
+                kind="strategic")
             for j in range(self.gpu_pods):
                 pod = f"train-{name}-{j}"
-                _ensure(st, "replicasets", GPU_NS, {
+                rs = _ensure(k, f"/apis/apps/v1/namespaces/{GPU_NS}/replicasets", {
                     "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": pod, "namespace": GPU_NS},
                     "spec": {"replicas": 1, "selector": {"matchLabels": {"app": pod}},
                              "template": {"metadata": {"labels": {"app": pod}},
                                           "spec": {"containers": [{"name": "main", "image": "train:1"}]}}}})
-                rs = st.get("replicasets", pod, GPU_NS)
-                _ensure(st, "pods", GPU_NS, {
+                uids[(name, pod)] = self.running_pod(GPU_NS, {
+                    "apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": pod, "namespace": GPU_NS, "labels": {"app": pod},
                                  "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": pod,
                                                       "uid": rs["metadata"]["uid"], "controller": True}]},
-                    "spec": {"nodeName": name, "containers": [{"name": "main", "image": "train:1",
-                                                                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
-                    "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
-                _ensure(st, "poddisruptionbudgets", GPU_NS, {
+                    "spec": {"nodeName": name, "automountServiceAccountToken": False,
+                             "containers": [{"name": "main", "image": "train:1",
+                                             "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+                _ensure(k, f"/apis/policy/v1/namespaces/{GPU_NS}/poddisruptionbudgets", {
+                    "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
                     "metadata": {"name": f"{pod}-pdb", "namespace": GPU_NS},
                     "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": pod}}}})
         if self.device_plugin:
-            _ensure(st, "namespaces", None, {"metadata": {"name": PLUGIN_NS}})
-            _ensure(st, "daemonsets", PLUGIN_NS, {
+            _ensure(k, f"/apis/apps/v1/namespaces/{PLUGIN_NS}/daemonsets", {
                 "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": PLUGIN, "namespace": PLUGIN_NS},
                 "spec": {"selector": {"matchLabels": {"app": PLUGIN}},
                          "template": {"metadata": {"labels": {"app": PLUGIN}},
                                       "spec": {"nodeSelector": {"driverd.io/driver-ready": "true"},
                                                "containers": [{"name": "plugin", "image": "device-plugin:1"}]}}}})
+        return uids
+
+    def running_pod(self, namespace: str, pod: dict, kube=None) -> str:
+        """Create `pod` (bound to its node) unless it exists, and report it Running and Ready as the
+        kubelet would once its containers run (the disruption controller counts Ready pods). Its uid."""
+        from driverd.cluster.kube import pods_path
+        k = kube or self.admin
+        obj = _ensure(k, pods_path(namespace), pod)
+        if (obj.get("status") or {}).get("phase") != "Running":
+            _report_running(k, namespace, pod["metadata"]["name"])
+        return obj["metadata"]["uid"]
 
     # -- the cluster's own components, simulated ---------------------------------------------------
     def _ensure_process(self, node: str, pod_uid: str, comm: str, device: str) -> None:
@@ -206,122 +242,49 @@ class Fleet:
                 pass
 
     def _start_sim(self) -> None:
-        if self._sim_threads:
-            return
-        self._sim_stop.clear()
-        self._sim_threads = [threading.Thread(target=self._kubelet, name="sim-kubelet", daemon=True)]
-        if self.device_plugin:
-            self._sim_threads.append(threading.Thread(target=self._daemonset_controller, name="sim-ds", daemon=True))
-        for t in self._sim_threads:
-            t.start()
-
-    def _kubelet_resync(self) -> None:
-        """End the processes of pods that are gone or terminating (after a watch was cut)."""
-        live = {p["metadata"]["uid"] for p in self.srv.store.list("pods")
-                if not p["metadata"].get("deletionTimestamp")}
-        for name in self.nodes:
-            for cg in list((self.work / "nodes" / name / "proc").glob("*/cgroup")):
-                try:
-                    text = cg.read_text()
-                except OSError:
-                    continue
-                if "kubepods" in text and not any(u.replace("-", "_") in text for u in live):
-                    shutil.rmtree(cg.parent, ignore_errors=True)
-
-    def _kubelet(self) -> None:
-        w = self.srv.store.watch("pods", send_initial=False)
-        try:
-            while not self._sim_stop.is_set():
-                ev = w.next(timeout=0.5)
-                if ev is None:
-                    continue
-                if ev[0] == "CLOSED":           # the API server restarted: watch again, catch up
-                    self._sim_stop.wait(0.2)
-                    w = self.srv.store.watch("pods", send_initial=False)
-                    self._kubelet_resync()
-                    continue
-                kind, pod = ev
-                if pod and (kind == "DELETED" or pod["metadata"].get("deletionTimestamp")):
-                    node = (pod.get("spec") or {}).get("nodeName")
-                    if node in self.nodes:
-                        self._end_processes(node, pod["metadata"]["uid"])
-        finally:
-            w.stop()
-
-    def _daemonset_controller(self) -> None:
-        """Acts on the latest state of each changed node (a burst of node events is one pass), so
-        that it keeps up with hundreds of daemons patching their nodes."""
-        st = self.srv.store
-        w = st.watch("nodes", send_initial=True)
-        try:
-            while not self._sim_stop.is_set():
-                ev = w.next(timeout=0.5)
-                latest: dict[str, bool] = {}
-                while ev is not None:
-                    if ev[0] == "CLOSED":           # the API server restarted: watch again from a full list
-                        self._sim_stop.wait(0.2)
-                        w = st.watch("nodes", send_initial=True)
-                    elif ev[0] != "DELETED" and ev[1] and ev[1]["metadata"]["name"] in self.nodes:
-                        labels = ev[1]["metadata"].get("labels") or {}
-                        latest[ev[1]["metadata"]["name"]] = labels.get("driverd.io/driver-ready") == "true"
-                    ev = w.next(timeout=0)
-                for name, ready in latest.items():
-                    self._place_plugin(name, ready)
-        finally:
-            w.stop()
-
-    def _place_plugin(self, name: str, ready: bool) -> None:
-        st = self.srv.store
-        pod_name = f"{PLUGIN}-{name}"
-        cur = st.list("pods", PLUGIN_NS, field_selector=f"metadata.name={pod_name}")
-        if ready and not cur:
-            ds = st.get("daemonsets", PLUGIN, PLUGIN_NS)
-            pod = st.create("pods", {
-                "metadata": {"name": pod_name, "namespace": PLUGIN_NS, "labels": {"app": PLUGIN},
-                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": PLUGIN,
-                                                  "uid": ds["metadata"]["uid"], "controller": True}]},
-                "spec": {"nodeName": name, "containers": [{"name": "plugin", "image": "device-plugin:1"}]},
-                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
-                PLUGIN_NS, keep_status=True)
-            self._ensure_process(name, pod["metadata"]["uid"], "nvidia-device-p", "/dev/nvidiactl")
-        elif not ready and cur:
-            try:
-                st.delete("pods", pod_name, PLUGIN_NS)
-            except Exception:       # already gone
-                pass
+        from driverd.cluster.kube import Kube, Target
+        if self.kubelet is None:
+            self.kubelet = Kubelet(self, Kube(Target(kubeconfig=self.kubeconfig))).start()
+        if self.device_plugin and self.plugins is None:
+            self.plugins = DaemonSetController(self, Kube(Target(kubeconfig=self.kubeconfig))).start()
 
     # -- faults ------------------------------------------------------------------------------------
+    def set_pdb(self, name: str, max_unavailable: int) -> None:
+        """Let the PDBs guarding the node's GPU pods (one pod each) allow `max_unavailable` disruptions."""
+        for j in range(self.gpu_pods):
+            self.admin.patch(f"/apis/policy/v1/namespaces/{GPU_NS}/poddisruptionbudgets/train-{name}-{j}-pdb",
+                             {"spec": {"maxUnavailable": max_unavailable}})
+
     def pdb_never(self, name: str) -> None:
         """Every PDB of the node's GPU pods forbids any disruption."""
-        for j in range(self.gpu_pods):
-            pod = f"train-{name}-{j}"
-            self.srv.store.patch("poddisruptionbudgets", f"{pod}-pdb", {"spec": {"maxUnavailable": 0}},
-                                 namespace=GPU_NS)
+        self.set_pdb(name, 0)
 
     def no_controller(self, name: str, process: bool = True) -> str:
         """A GPU pod on the node that nothing would recreate (no ownerReferences), with its process
         unless `process` is false (a pod that holds no device right now)."""
-        pod = self.srv.store.create("pods", {
-            "metadata": {"name": f"solo-{name}", "namespace": GPU_NS, "labels": {"app": f"solo-{name}"}},
-            "spec": {"nodeName": name, "containers": [{"name": "main", "image": "notebook:1",
-                                                        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
-            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}, GPU_NS,
-            keep_status=True)
+        pod = f"solo-{name}"
+        uid = self.running_pod(GPU_NS, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "namespace": GPU_NS, "labels": {"app": pod}},
+            "spec": {"nodeName": name, "automountServiceAccountToken": False,
+                     "containers": [{"name": "main", "image": "notebook:1",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
         if self.gpu_processes and process:
-            self._ensure_process(name, pod["metadata"]["uid"], "jupyter", "/dev/nvidia0")
-        return f"solo-{name}"
+            self._ensure_process(name, uid, "jupyter", "/dev/nvidia0")
+        return pod
 
     def two_pdbs(self, name: str) -> None:
         """A second PodDisruptionBudget over the node's first GPU pod: the Eviction API answers 500."""
         pod = f"train-{name}-0"
-        _ensure(self.srv.store, "poddisruptionbudgets", GPU_NS, {
+        _ensure(self.admin, f"/apis/policy/v1/namespaces/{GPU_NS}/poddisruptionbudgets", {
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
             "metadata": {"name": f"{pod}-pdb2", "namespace": GPU_NS},
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": pod}}}})
 
     def stuck_terminating(self, name: str) -> None:
         """The node's first GPU pod carries a finalizer nobody removes: once deleted it stays Terminating."""
-        self.srv.store.patch("pods", f"train-{name}-0", {"metadata": {"finalizers": ["example.com/hold"]}},
-                             namespace=GPU_NS)
+        from driverd.cluster.kube import pods_path
+        self.admin.patch(pods_path(GPU_NS, f"train-{name}-0"), {"metadata": {"finalizers": [HOLD]}})
 
     def reload_fails(self, name: str) -> None:
         """The node's repository serves a NEW package without its GSP firmware: the load fails."""
@@ -331,11 +294,9 @@ class Fleet:
     def set_ready(self, name: str, ready: bool, since: float | None = None) -> None:
         """The node's Ready condition (what the kubelet / node lifecycle controller write), changed
         at `since` (default now)."""
-        from driverd.cluster.kube import now_rfc3339
-        cond = {"type": "Ready", "status": "True" if ready else "False",
-                "reason": "KubeletReady" if ready else "NodeStatusUnknown",
-                "lastTransitionTime": now_rfc3339(time.time() if since is None else since)}
-        self.srv.store.patch("nodes", name, {"status": {"conditions": [cond]}}, "strategic", subresource="status")
+        from driverd.cluster.kube import node_path
+        self.admin.patch(node_path(name) + "/status", {"status": {"conditions": [_ready_condition(ready, since)]}},
+                         kind="strategic")
 
     # -- running -----------------------------------------------------------------------------------
     def start_node(self, name: str) -> SimNode:
@@ -351,7 +312,7 @@ class Fleet:
             self._retired_requests += sn.kube.requests
         root = Root(str(sn.root))
         sn.cfg = load(root, None, environ={})
-        sn.kube = Kube(Target(kubeconfig=self.kubeconfig))
+        sn.kube = Kube(Target(kubeconfig=self.node_kubeconfig(name)))
 
         def make_context(cfg, _root=root):
             return lc.make_context(_root, Runner(), cfg, "sim", log=_quiet)
@@ -386,15 +347,32 @@ class Fleet:
         if sn.coordinator.nodes:
             sn.coordinator.nodes.close()
 
+    def node_kubeconfig(self, name: str) -> str:
+        """The kubeconfig node `name`'s daemon uses: its own identity where the server gives one."""
+        per_node = getattr(self.srv, "node_kubeconfig", None)
+        if per_node is None:
+            return self.kubeconfig
+        path = self.work / "kubeconfigs" / name
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            per_node(name, str(path))
+        return str(path)
+
     def start(self) -> None:
+        self._start_sim()
         for name in self.nodes:
             self.start_node(name)
 
+    def harness_requests(self) -> int:
+        """API calls the harness made (setup, faults, the played kubelet and DaemonSet controller)."""
+        return sum(k.requests for k in (self.admin, self.kubelet and self.kubelet.kube,
+                                        self.plugins and self.plugins.kube) if k)
+
     def stop(self) -> None:
-        self._sim_stop.set()
-        for t in self._sim_threads:
-            t.join(timeout=2)
-        self._sim_threads = []
+        for sim in (self.kubelet, self.plugins):
+            if sim:
+                sim.close()
+        self.kubelet = self.plugins = None
         for sn in self.nodes.values():
             if sn.agent:
                 sn.agent.close()
@@ -417,12 +395,202 @@ class Fleet:
         return predicate()
 
 
-def _ensure(store, resource: str, namespace: str | None, obj: dict) -> None:
-    try:
-        store.create(resource, obj, namespace, keep_status=True)
-    except Exception as e:      # already there (a rebuilt fleet on the same server)
-        if "exists" not in str(e).lower():
+def _ready_condition(ready: bool, since: float | None = None) -> dict:
+    from driverd.cluster.kube import now_rfc3339
+    when = now_rfc3339(time.time() if since is None else since)
+    return {"type": "Ready", "status": "True" if ready else "False",
+            "reason": "KubeletReady" if ready else "NodeStatusUnknown",
+            "lastHeartbeatTime": now_rfc3339(), "lastTransitionTime": when}
+
+
+def _report_running(kube, namespace: str, name: str) -> None:
+    from driverd.cluster.kube import now_rfc3339, pods_path
+    now = now_rfc3339()
+    kube.patch(pods_path(namespace, name) + "/status", {"status": {
+        "phase": "Running", "startTime": now,
+        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now},
+                       {"type": "PodScheduled", "status": "True", "lastTransitionTime": now}]}}, kind="strategic")
+
+
+class Kubelet:
+    """The kubelets of the simulated nodes, as far as the API and the node's /proc see them, from one
+    list + watch of all pods: a pod bound to a node is marked Running; a pod that is deleted or got a
+    deletionTimestamp (an eviction) has its processes on its node end, and its graceful deletion is
+    confirmed (a finalizer still holds it Terminating). After the watch was cut (the API server
+    restarted), the re-list ends the processes of every pod that is gone."""
+
+    def __init__(self, fleet: Fleet, kube) -> None:
+        from driverd.cluster.informer import Informer
+        from driverd.cluster.kube import pods_path
+        self.fleet, self.kube = fleet, kube
+        self.pods = Informer(kube, pods_path(), on_change=self._changed, name="sim-kubelet")
+
+    def start(self) -> Kubelet:
+        self.pods.start()
+        return self
+
+    def close(self) -> None:
+        self.pods.close()
+
+    def _changed(self, kind: str, pod: dict) -> None:
+        if kind == "SYNC":
+            self._resync()
+            return
+        md, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        node = spec.get("nodeName")
+        if node not in self.fleet.nodes:
+            return
+        if kind == "DELETED" or md.get("deletionTimestamp"):
+            self.fleet._end_processes(node, md.get("uid", ""))
+            if kind != "DELETED" and HOLD not in (md.get("finalizers") or []):
+                self._confirm(md)
+        elif (pod.get("status") or {}).get("phase") in (None, "Pending"):
+            try:
+                _report_running(self.kube, md["namespace"], md["name"])
+            except Exception:           # gone meanwhile
+                pass
+
+    def _confirm(self, md: dict) -> None:
+        from driverd.cluster.kube import KubeError, pods_path
+        try:
+            self.kube.request("DELETE", pods_path(md["namespace"], md["name"]), retry=False,
+                              body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
+                                    "preconditions": {"uid": md.get("uid")}})
+        except KubeError:
+            pass                  # already gone, or a newer pod of that name
+        except Exception:         # the API server restarting: the re-list comes back to it
+            pass
+
+    def _resync(self) -> None:
+        pods = self.pods.snapshot()
+        live = {p["metadata"]["uid"] for p in pods if not p["metadata"].get("deletionTimestamp")}
+        for name in self.fleet.nodes:
+            for cg in list((self.fleet.work / "nodes" / name / "proc").glob("*/cgroup")):
+                try:
+                    text = cg.read_text()
+                except OSError:
+                    continue
+                if "kubepods" in text and not any(u.replace("-", "_") in text for u in live):
+                    shutil.rmtree(cg.parent, ignore_errors=True)
+        for p in pods:
+            if p["metadata"].get("deletionTimestamp"):
+                self._changed("MODIFIED", p)
+
+
+class DaemonSetController:
+    """The `nvidia-device-plugin` DaemonSet's controller: one plugin pod (holding /dev/nvidiactl) on
+    each node labelled driverd.io/driver-ready=true, none elsewhere. Watches nodes through the API and
+    acts on the latest state of each changed node in its own thread (a burst of node events is one
+    pass), so that it keeps up with hundreds of daemons patching their nodes."""
+
+    def __init__(self, fleet: Fleet, kube) -> None:
+        from driverd.cluster.informer import Informer
+        from driverd.cluster.kube import node_path, pods_path
+        self.fleet, self.kube = fleet, kube
+        self.dirty: set[str] = set()
+        self.wake = threading.Event()
+        self.stop = threading.Event()
+        self.placed: dict[str, str] = {}          # node -> its plugin pod's uid
+        self.pods = Informer(kube, pods_path(PLUGIN_NS), name="sim-ds-pods")
+        self.nodes = Informer(kube, node_path(), on_change=self._changed, name="sim-ds-nodes")
+        self.thread = threading.Thread(target=self._run, name="sim-ds", daemon=True)
+
+    def start(self) -> DaemonSetController:
+        self.pods.start()
+        self.pods.synced.wait(30)
+        for p in self.pods.snapshot():
+            node = (p.get("spec") or {}).get("nodeName")
+            if node in self.fleet.nodes and not p["metadata"].get("deletionTimestamp"):
+                self.placed[node] = p["metadata"]["uid"]
+        self.nodes.start()
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        self.stop.set()
+        self.wake.set()
+        self.nodes.close()
+        self.pods.close()
+        self.thread.join(5)
+
+    def _changed(self, kind: str, node: dict) -> None:
+        names = list(self.fleet.nodes) if kind == "SYNC" else [(node.get("metadata") or {}).get("name")]
+        self.dirty.update(n for n in names if n in self.fleet.nodes)
+        self.wake.set()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.wake.wait(0.5)
+            self.wake.clear()
+            dirty, self.dirty = self.dirty, set()
+            for name in sorted(dirty):
+                if self.stop.is_set():
+                    return
+                node = self.nodes.get(name)
+                ready = bool(node) and ((node["metadata"].get("labels") or {}).get("driverd.io/driver-ready") == "true")
+                try:
+                    self._place(name, ready)
+                except Exception:           # the API server restarting: the next event or re-list retries
+                    self.dirty.add(name)
+
+    def _place(self, name: str, ready: bool) -> None:
+        from driverd.cluster.kube import KubeError, pods_path
+        pod_name = f"{PLUGIN}-{name}"
+        if ready and name not in self.placed:
+            cur = self.kube.find(pods_path(PLUGIN_NS, pod_name))
+            if cur and cur["metadata"].get("deletionTimestamp"):
+                # the node's previous plugin pod is still terminating: a pod of that name comes after it
+                self.stop.wait(0.2)
+                self.dirty.add(name)
+                self.wake.set()
+                return
+            ds = self.kube.get(f"/apis/apps/v1/namespaces/{PLUGIN_NS}/daemonsets/{PLUGIN}")
+            uid = self.fleet.running_pod(PLUGIN_NS, {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod_name, "namespace": PLUGIN_NS, "labels": {"app": PLUGIN},
+                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": PLUGIN,
+                                                  "uid": ds["metadata"]["uid"], "controller": True}]},
+                "spec": {"nodeName": name, "automountServiceAccountToken": False,
+                         "containers": [{"name": "plugin", "image": "device-plugin:1"}]}}, kube=self.kube)
+            self.placed[name] = uid
+            self.fleet._ensure_process(name, uid, "nvidia-device-p", "/dev/nvidiactl")
+        elif not ready and name in self.placed:
+            try:
+                self.kube.request("DELETE", pods_path(PLUGIN_NS, pod_name),
+                                  body={"apiVersion": "v1", "kind": "DeleteOptions",
+                                        "preconditions": {"uid": self.placed[name]}})
+            except KubeError as e:
+                if e.status not in (404, 409):
+                    raise
+            self.placed.pop(name, None)
+
+
+def _ensure(kube, collection: str, obj: dict) -> dict:
+    """Create obj unless it exists (a rebuilt fleet on the same server): the object as stored. A
+    namespace's `default` ServiceAccount may appear a moment after the namespace: retried until it does."""
+    from driverd.cluster.kube import KubeError
+    end = time.monotonic() + 30
+    while True:
+        try:
+            return kube.create(collection, obj)
+        except KubeError as e:
+            if e.status == 409:
+                return kube.get(f"{collection}/{obj['metadata']['name']}")
+            if e.status == 403 and "serviceaccount" in e.api_message.lower() and time.monotonic() < end:
+                time.sleep(0.2)
+                continue
             raise
+
+
+def _wait_crd(kube, timeout: float = 30) -> None:
+    """The DriverRollout CRD serves once Established."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        crd = kube.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/driverrollouts.driverd.io")
+        if any(c.get("type") == "Established" and c.get("status") == "True"
+               for c in (crd.get("status") or {}).get("conditions") or []):
+            return
+        time.sleep(0.1)
 
 
 def _crd() -> dict:

@@ -1,6 +1,9 @@
 """Rolling upgrades end to end: node daemons (the real agent, coordinator, drain and node
-transaction on simulated host trees) against the loopback API server, driven and read through
-`kubectl driverd` (and the real kubectl where it matters)."""
+transaction on simulated host trees) against the real Kubernetes control plane (kube-apiserver with
+Node,RBAC authorization and deploy/'s admission policy, etcd, the disruption controller and garbage
+collector), each daemon with its own node-bound token of deploy/'s ServiceAccount; driven and read
+through `kubectl driverd` as an operator bound to deploy/'s driverd-operator ClusterRole (and the real
+kubectl where it matters). One control plane per run: each test starts from an emptied one."""
 from __future__ import annotations
 
 import json
@@ -13,26 +16,26 @@ import pytest
 
 from driverd.cluster import model as m
 from driverd.cluster.kube import Kube, Target, node_path, rollout_path
-from driverd.sim.apiserver import ApiServer
 from driverd.sim.fleet import NEW, OLD, Fleet
 from tests.conftest import driverd_env, REPO
+from tests.controlplane import reset
 
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    srv = ApiServer(host="127.0.0.1", port=0).start()
+def cluster(deployed, tmp_path):
+    reset(deployed)
     fleets = []
 
     def make(n, **kw):
-        f = Fleet(tmp_path / "fleet", n, server=srv, lease_s=kw.pop("lease_s", 3), **kw).build()
+        f = Fleet(tmp_path / "fleet", n, server=deployed, lease_s=kw.pop("lease_s", 3), **kw).build()
+        f.operator_kubeconfig = deployed.operator_kubeconfig(str(tmp_path / "operator.kubeconfig"))
         fleets.append(f)
         return f
-    yield srv, make
+    yield deployed, make
     for f in fleets:
         f.stop()
-    srv.stop()
 
 
 def kube(f: Fleet) -> Kube:
@@ -41,7 +44,8 @@ def kube(f: Fleet) -> Kube:
 
 def cli(f: Fleet, *argv) -> tuple[int, str, str]:
     env = dict(os.environ, PATH=f"{REPO}/.venv/bin:{os.environ['PATH']}")
-    p = subprocess.run([f"{REPO}/.venv/bin/kubectl-driverd", *argv, "--kubeconfig", f.kubeconfig],
+    p = subprocess.run([f"{REPO}/.venv/bin/kubectl-driverd", *argv, "--kubeconfig",
+                        getattr(f, "operator_kubeconfig", f.kubeconfig)],
                        capture_output=True, text=True, env=env, timeout=120)
     return p.returncode, p.stdout, p.stderr
 
@@ -59,7 +63,8 @@ def wait_phase(f: Fleet, name: str, phases, timeout=120) -> dict:
         if st.get("phase") in phases and st.get("observedGeneration") == ro["metadata"]["generation"]:
             return ro
         time.sleep(0.2)
-    raise AssertionError(f"rollout {name} never reached {phases}: {k.get(rollout_path(name)).get('status')}")
+    raise AssertionError(f"rollout {name} never reached {phases}: {k.get(rollout_path(name)).get('status')}; nodes: "
+                         + "; ".join(f"{n}: {v.state} {v.reason} {v.message}" for n, v in views(f).items()))
 
 
 def started(f: Fleet) -> Fleet:
@@ -95,7 +100,8 @@ def test_rollout_completes_within_limits_and_says_so(cluster):
                if e["involvedObject"]["name"] == "gpu-0001"}
     assert {"Admitted", "Cordoned", "Evicting", "Unloading", "Validating", "Upgraded"} <= reasons
     # status, as a platform engineer reads it (the kubectl plugin through the real kubectl)
-    env = dict(os.environ, PATH=f"{REPO}/.venv/bin:{os.environ['PATH']}", KUBECONFIG=f.kubeconfig)
+    env = dict(os.environ, PATH=f"{REPO}/.venv/bin:{os.environ['PATH']}", KUBECONFIG=f.operator_kubeconfig,
+               HOME=str(f.work))
     p = subprocess.run([KUBECTL, "driverd", "rollout", "status", "-o", "json"], capture_output=True, text=True,
                        env=env, timeout=60)
     assert p.returncode == 0, p.stderr
@@ -152,8 +158,7 @@ def test_blocked_drain_and_failed_reload_end_defined_and_spend_the_budget(cluste
     assert not any(v.unschedulable for v in vs.values())              # uncordoned what we cordoned
     assert vs["gpu-0002"].state == m.IDLE and vs["gpu-0003"].state == m.IDLE   # paused: nobody else admitted
     # the operator fixes the PDB, retries that node and tolerates the one left failed
-    srv.store.patch("poddisruptionbudgets", "train-gpu-0000-0-pdb", {"spec": {"maxUnavailable": 1}},
-                    namespace="gpu-jobs")
+    f.set_pdb("gpu-0000", 1)
     k.patch(rollout_path("r"), {"spec": {"failureBudget": 1}})
     rc, out, err = cli(f, "node", "retry", "gpu-0000")
     assert rc == 0, err
@@ -176,8 +181,7 @@ def test_daemon_killed_mid_drain_and_coordinator_death_are_survived(cluster):
     # a GPU pod whose eviction is refused for a while keeps the next node in `evicting` (the first
     # target: gpu-0000 unless it held the Lease and is left out of the rollout)
     victim = "gpu-0000" if first != "gpu-0000" else "gpu-0001"
-    srv.store.patch("poddisruptionbudgets", f"train-{victim}-0-pdb", {"spec": {"maxUnavailable": 0}},
-                    namespace="gpu-jobs")
+    f.set_pdb(f"{victim}", 0)
     k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
                               "spec": {"driver": NEW, "maxParallel": 1, "maxUnavailable": 1,
                                        "nodeSelector": {"matchExpressions": [
@@ -186,8 +190,7 @@ def test_daemon_killed_mid_drain_and_coordinator_death_are_survived(cluster):
     assert f.wait(lambda: holder() not in (None, first), 30), "no daemon took over the Lease"
     assert f.wait(lambda: views(f)[victim].state == m.EVICTING, 30)
     f.kill_node(victim)
-    srv.store.patch("poddisruptionbudgets", f"train-{victim}-0-pdb", {"spec": {"maxUnavailable": 1}},
-                    namespace="gpu-jobs")
+    f.set_pdb(f"{victim}", 1)
     time.sleep(0.5)
     assert views(f)[victim].state == m.EVICTING      # nobody else moves a node whose daemon is gone
     f.start_node(victim)
@@ -201,8 +204,7 @@ def test_gpu_users_are_found_by_request_runtime_class_and_claim(cluster):
     srv, make = cluster
     f = make(1)
     k = kube(f)
-    k.create("/apis/node.k8s.io/v1/runtimeclasses", {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
-                                                     "metadata": {"name": "nvidia"}, "handler": "nvidia"})
+    assert k.get("/apis/node.k8s.io/v1/runtimeclasses/nvidia")["handler"] == "nvidia"     # deploy/'s
     pods = [
         {"metadata": {"name": "req", "namespace": "a", "uid": "1"},
          "spec": {"containers": [{"name": "c", "resources": {"requests": {"nvidia.com/mig-1g.10gb": "1"}}}]}},
@@ -274,42 +276,38 @@ def test_abort_gives_back_nodes_not_yet_unloading(cluster):
     assert views(f)["gpu-0001"].state == m.IDLE
 
 
-def test_a_kernel_without_module_unload_hands_the_node_to_the_reboot_coordinator(tmp_path):
-    srv = ApiServer(host="127.0.0.1", port=0).start()
-    f = Fleet(tmp_path / "fleet", 1, server=srv, lease_s=3, module_unload=False).build()
-    try:
-        started(f)
-        k = kube(f)
-        k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
-                                  "metadata": {"name": "r"}, "spec": {"driver": NEW}})
-        assert f.wait(lambda: views(f)["gpu-0000"].state == m.REBOOT, 60)
-        root = f.nodes["gpu-0000"].root
-        assert (root / "var/run/reboot-required").exists() or (root / "run/reboot-required").exists()
-        v = views(f)["gpu-0000"]
-        assert "cannot unload" in v.message and "kured" in v.message and v.unschedulable
-        assert OLD in (root / "proc/driver/nvidia/version").read_text()       # nothing unloaded
-        time.sleep(1)
-        assert views(f)["gpu-0000"].state == m.REBOOT                          # waits for the reboot
-        f.reboot_node("gpu-0000")
-        wait_phase(f, "r", ("Completed",), timeout=60)
-        v = views(f)["gpu-0000"]
-        assert v.state == m.DONE and v.driver == NEW and not v.unschedulable
-        assert not (root / "var/run/reboot-required").exists() and not (root / "run/reboot-required").exists()
-    finally:
-        f.stop()
-        srv.stop()
+def test_a_kernel_without_module_unload_hands_the_node_to_the_reboot_coordinator(cluster):
+    srv, make = cluster
+    f = make(1, module_unload=False)
+    started(f)
+    k = kube(f)
+    k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
+                              "metadata": {"name": "r"}, "spec": {"driver": NEW}})
+    assert f.wait(lambda: views(f)["gpu-0000"].state == m.REBOOT, 60)
+    root = f.nodes["gpu-0000"].root
+    assert (root / "var/run/reboot-required").exists() or (root / "run/reboot-required").exists()
+    v = views(f)["gpu-0000"]
+    assert "cannot unload" in v.message and "kured" in v.message and v.unschedulable
+    assert OLD in (root / "proc/driver/nvidia/version").read_text()       # nothing unloaded
+    time.sleep(1)
+    assert views(f)["gpu-0000"].state == m.REBOOT                          # waits for the reboot
+    f.reboot_node("gpu-0000")
+    wait_phase(f, "r", ("Completed",), timeout=60)
+    v = views(f)["gpu-0000"]
+    assert v.state == m.DONE and v.driver == NEW and not v.unschedulable
+    assert not (root / "var/run/reboot-required").exists() and not (root / "run/reboot-required").exists()
 
 
-def test_cluster_agent_command_runs_the_node_side_until_sigterm(tmp_path):
+def test_cluster_agent_command_runs_the_node_side_until_sigterm(cluster):
     """`driverd cluster agent` (host mode without the daemon): the same node side as the daemon's
     cluster mode, against the kubeconfig given on the command line."""
     import signal
-    srv = ApiServer(host="127.0.0.1", port=0).start()
-    f = Fleet(tmp_path / "fleet", 1, server=srv).build()
+    srv, make = cluster
+    f = make(1)
     env = driverd_env()
     p = subprocess.Popen([f"{REPO}/.venv/bin/driverd", "cluster", "agent", "--root", str(f.nodes["gpu-0000"].root),
-                          "--node", "gpu-0000", "--kubeconfig", f.kubeconfig], stderr=subprocess.PIPE, text=True,
-                         env=env)
+                          "--node", "gpu-0000", "--kubeconfig", f.node_kubeconfig("gpu-0000")],
+                         stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert f.wait(lambda: views(f)["gpu-0000"].driver == OLD, 30)
         kube(f).create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
@@ -322,4 +320,63 @@ def test_cluster_agent_command_runs_the_node_side_until_sigterm(tmp_path):
     finally:
         if p.poll() is None:
             p.kill()
-        srv.stop()
+# -- what only the real apiserver and controllers decide ------------------------------------------------
+
+def test_watches_survive_an_apiserver_restart_and_a_410_starts_over_with_a_list(cluster):
+    """kube-apiserver restarts (its watch cache starts afresh) after etcd compacted its history: every
+    watch breaks; a watch from a resourceVersion older than that gets 410 Gone (an ERROR event), and
+    driverd's Informer — there from before the restart — lists again and carries on watching."""
+    from driverd.cluster.informer import Informer
+    from driverd.cluster.kube import KubeError
+    srv, make = cluster
+    f = make(2)
+    k = kube(f)
+    seen = []
+    inf = Informer(Kube(Target(kubeconfig=f.kubeconfig), retry_for_s=120), node_path(),
+                   on_change=lambda kind, o: seen.append(kind)).start()
+    try:
+        assert inf.synced.wait(30)
+        old = k.list(node_path())["metadata"]["resourceVersion"]
+        inf._rv = old                   # as after a long disconnection, resumed from a version soon gone
+        for i in range(3):
+            k.patch(node_path("gpu-0000"), {"metadata": {"labels": {"step": str(i)}}})
+        srv.compact_etcd()
+        srv.restart_apiserver()
+        with pytest.raises(KubeError) as e:
+            for _ in k.watch(node_path(), resource_version=old, timeout_s=5):
+                pass
+        assert e.value.status == 410 and e.value.reason in ("Expired", "Gone"), e.value
+        syncs = seen.count("SYNC")
+        k.patch(node_path("gpu-0001"), {"metadata": {"labels": {"pool": "b"}}})
+        assert f.wait(lambda: (inf.get("gpu-0001")["metadata"].get("labels") or {}).get("pool") == "b", 60)
+        assert (inf.get("gpu-0000")["metadata"].get("labels") or {}).get("step") == "2"
+        assert syncs >= 2, seen          # the first list, and the list after the 410
+    finally:
+        inf.close()
+
+
+def test_the_status_subresource_keeps_spec_and_status_apart(cluster):
+    """The CRD's status subresource: a status write through /status cannot change the spec, a write to
+    the object ignores status; the node daemons (RBAC: the status, and a patch of the object for the
+    finalizer, which deploy/'s admission policy holds to the finalizer) cannot touch the spec."""
+    srv, make = cluster
+    f = make(1)
+    k = kube(f)
+    k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "s"},
+                              "spec": {"driver": NEW, "paused": True}})
+    k.patch(rollout_path("s"), {"status": {"phase": "Bogus"}, "spec": {"maxParallel": 3}})
+    ro = k.get(rollout_path("s"))
+    assert ro["spec"]["maxParallel"] == 3 and (ro.get("status") or {}).get("phase") != "Bogus"
+    k.patch(rollout_path("s", status=True), {"status": {"phase": "Paused"}, "spec": {"maxParallel": 7}})
+    ro = k.get(rollout_path("s"))
+    assert ro["status"]["phase"] == "Paused" and ro["spec"]["maxParallel"] == 3
+    node = Kube(Target(kubeconfig=f.node_kubeconfig("gpu-0000")), retry_for_s=0)
+    from driverd.cluster.kube import KubeError
+    with pytest.raises(KubeError) as e:
+        node.patch(rollout_path("s"), {"spec": {"maxParallel": 9}})
+    assert e.value.status == 403 and "driverd-node-scope" in str(e.value) and "not its spec" in str(e.value)
+    node.patch(rollout_path("s"), {"metadata": {"finalizers": ["driverd.io/rollout"]}})     # what it may do
+    node.patch(rollout_path("s"), {"metadata": {"finalizers": None}})
+    node.patch(rollout_path("s", status=True), {"status": {"message": "from the node"}})
+    assert k.get(rollout_path("s"))["status"]["message"] == "from the node"
+

@@ -3,8 +3,9 @@ after the drain, a rollout is one object at one spec generation, ended rollouts 
 eviction failure counts against the drain timeout, pods without a controller are not evicted
 without force, NotReady nodes are named, deletion is an abort, the Lease survives clock skew.
 
-Everything goes through the API (the fixtures of test_rollout.py), so that these run unchanged
-against a real API server."""
+Everything goes through the API, on the real control plane (the fixtures of test_rollout.py): the
+two-PDB 500, the finalizer holding a pod Terminating, the PDBs' verdicts are kube-apiserver's and the
+disruption controller's own."""
 from __future__ import annotations
 
 import json
@@ -76,8 +77,8 @@ def test_a_daemonset_that_does_not_follow_the_label_is_named_by_the_preflight(cl
     srv, make = cluster
     f = make(1, device_plugin=True)
     # the DaemonSet runs everywhere: its pod would stay on the node and keep the GPU open
-    srv.store.patch("daemonsets", PLUGIN, {"spec": {"template": {"spec": {"nodeSelector": None}}}},
-                    namespace=PLUGIN_NS)
+    kube(f).patch(f"/apis/apps/v1/namespaces/{PLUGIN_NS}/daemonsets/{PLUGIN}",
+                  {"spec": {"template": {"spec": {"nodeSelector": None}}}})
     started(f)
     assert f.wait(lambda: "nvidia-device-p" in gpu_holders(f, "gpu-0000"), 30)
     kube(f).create(rollout_path(), rollout("r"))
@@ -125,8 +126,7 @@ def test_an_aborted_rollout_holds_no_node(cluster):
     srv, f, k = _stuck_evicting(cluster, "r1")
     assert cli(f, "rollout", "abort", "r1")[0] == 0
     wait_phase(f, "r1", ("Aborted",))
-    srv.store.patch("poddisruptionbudgets", "train-gpu-0000-0-pdb", {"spec": {"maxUnavailable": 1}},
-                    namespace=GPU_NS)
+    f.set_pdb("gpu-0000", 1)
     t0 = time.monotonic()
     k.create(rollout_path(), rollout("r2", maxParallel=2, maxUnavailable=2))
     wait_phase(f, "r2", ("Completed",), timeout=60)
@@ -295,8 +295,7 @@ def test_a_node_that_fails_after_loading_the_new_driver_stays_on_it(cluster):
     k.create(rollout_path(), rollout("r", validation={"timeoutSeconds": 1}, drain={"timeoutSeconds": 60}))
     assert f.wait(lambda: views(f)["gpu-0000"].state == m.EVICTING, 30)
     f.set_ready("gpu-0000", False)       # the kubelet stops posting Ready: the new driver loads, no Ready
-    srv.store.patch("poddisruptionbudgets", "train-gpu-0000-0-pdb", {"spec": {"maxUnavailable": 1}},
-                    namespace=GPU_NS)
+    f.set_pdb("gpu-0000", 1)
     assert f.wait(lambda: views(f)["gpu-0000"].state == m.FAILED, 30)
     node = k.get(node_path("gpu-0000"))
     v = m.NodeView.from_node(node)

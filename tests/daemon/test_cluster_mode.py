@@ -9,16 +9,17 @@ import time
 
 from driverd.cluster import model as m
 from driverd.cluster.kube import Kube, Target, node_path, rollout_path
-from driverd.sim.apiserver import ApiServer
 from driverd.sim.fleet import NEW, OLD, Fleet
+from tests.controlplane import reset
 
 
-def test_daemon_takes_part_in_a_rollout_and_keeps_its_result(tmp_path, daemons):
-    srv = ApiServer(host="127.0.0.1", port=0).start()
+def test_daemon_takes_part_in_a_rollout_and_keeps_its_result(tmp_path, daemons, deployed):
+    reset(deployed)
+    f = Fleet(tmp_path / "fleet", 1, server=deployed).build()
     try:
-        f = Fleet(tmp_path / "fleet", 1, server=srv).build()
         root = f.nodes["gpu-0000"].root
-        shutil.copy(f.kubeconfig, root / "etc/driverd/kubeconfig")
+        # the host's kubeconfig: a token of deploy/'s ServiceAccount bound to its Node
+        shutil.copy(f.node_kubeconfig("gpu-0000"), root / "etc/driverd/kubeconfig")
         cfgp = root / "etc/driverd/config.toml"
         cfgp.write_text(cfgp.read_text() + '[cluster]\nkubeconfig = "/etc/driverd/kubeconfig"\nnode_name = "gpu-0000"\n'
                         '[daemon]\ninterval_s = 1\nretry_min_s = 1\nretry_max_s = 1\n')
@@ -46,17 +47,17 @@ def test_daemon_takes_part_in_a_rollout_and_keeps_its_result(tmp_path, daemons):
         rc, took = d.stop()
         assert rc == 0
     finally:
-        srv.stop()
+        f.stop()
 
 
-def test_cluster_mode_off_by_default_on_a_host(tmp_path, daemons):
-    srv = ApiServer(host="127.0.0.1", port=0).start()
+def test_cluster_mode_off_by_default_on_a_host(tmp_path, daemons, deployed):
+    reset(deployed)
+    f = Fleet(tmp_path / "fleet", 1, server=deployed).build()
     try:
-        f = Fleet(tmp_path / "fleet", 1, server=srv).build()
         d = daemons(f.nodes["gpu-0000"].root)
         d.wait_log(r"listening on", 30)
         time.sleep(1)
         assert "cluster mode" not in d.log
         d.signal(signal.SIGTERM)
     finally:
-        srv.stop()
+        f.stop()

@@ -200,7 +200,7 @@ def test_nothing_sent_to_the_kubernetes_api_carries_url_credentials(tmp_path):
     """Node annotations, conditions, Events and rollout status all go through cluster.kube: a
     reason quoting a repository URL reaches the API server without its userinfo."""
     from driverd.cluster.kube import Kube, Target, node_path
-    from driverd.sim.apiserver import ApiServer
+    from tests.apiserver import ApiServer
     srv = ApiServer(host="127.0.0.1", port=0).start()
     try:
         kc = tmp_path / "kubeconfig"

@@ -1,8 +1,9 @@
 """`driverd build-matrix FILE --render-job`: the matrix as a Kubernetes Indexed Job - one pod per
 missing cell, index -> cell fixed by the rendered ConfigMap, each pod building exactly its cell into
 the shared repository without touching the index, then a suspended Job that indexes the repository.
-Checked against Kubernetes' OpenAPI schema, by the real kubectl (offline and against the loopback
-API server), and by running each pod's own command line here."""
+Checked by the real kubectl (offline, and against the real kube-apiserver of tests/controlplane.py:
+server-side validation with strict field checks, then created), and by running each pod's own
+command line here."""
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ from driverd.packages import matrix_job as mj
 from driverd.packages.build import BuildResult
 from driverd.sim.fakepkg import make_fake_package
 from tests.conftest import REPO, run_cli
-from tests.kubetools import api_server, kubectl, kubectl_binary, schema_errors
+from tests.kubetools import kubectl, kubectl_binary
 
 MATRIX = REPO / "kernels" / "debian-bookworm.toml"
 HELD = "535.261.03-proprietary-6.1.0-47-cloud-amd64-x86_64"
@@ -89,16 +90,38 @@ def test_json_output_is_a_list_and_options(repo):
     assert bad.returncode == 2 and "--repo-volume 's3://bucket' is not understood" in bad.stderr
 
 
-def test_rendered_objects_match_the_kubernetes_schema(repo, tmp_path):
+def _server_errors(cp, tmp_path, objs: list[dict]) -> str:
+    """What kube-apiserver says of the objects (a server-side dry run, unknown fields refused): '' if valid."""
+    lst = {"apiVersion": "v1", "kind": "List", "items": objs}
+    r = kubectl(cp.kubectl_env(tmp_path), "create", "--dry-run=server", "--validate=strict", "-f", "-",
+                input=json.dumps(lst), check=False)
+    return "" if r.returncode == 0 else r.stderr
+
+
+def _namespace(cp, name: str) -> str:
+    cp.ensure("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    return name
+
+
+@pytest.mark.real
+def test_rendered_objects_match_the_kubernetes_schema(repo, tmp_path, control_plane):
+    ns = _namespace(control_plane, "matrix-schema")
     for objs in (_objects(repo), _objects(repo, "--repo-volume", "host:/srv/driverd-repo", "--sign-secret", "k"),
                  _objects(tmp_path / "nothing-yet")):
-        assert schema_errors(objs) == {}
+        for o in objs:
+            o["metadata"]["namespace"] = ns
+        assert _server_errors(control_plane, tmp_path, objs) == ""
     full = tmp_path / "full"                                 # nothing missing: an empty Job, still valid
     for c in mx.load(MATRIX).cells:
         make_fake_package(full, c.driver, c.release, flavor=c.flavor)
     objs = _objects(full)
     assert objs[1]["spec"]["completions"] == 0 and objs[0]["data"]["cells"] == ""
-    assert schema_errors(objs) == {}
+    for o in objs:
+        o["metadata"]["namespace"] = ns
+    assert _server_errors(control_plane, tmp_path, objs) == ""
+    bad = json.loads(json.dumps(objs))                        # and the check can fail: a misspelt field
+    bad[1]["spec"]["completionz"] = 1
+    assert "completionz" in _server_errors(control_plane, tmp_path, bad)
 
 
 def test_each_index_builds_exactly_its_cell_into_the_shared_repository(repo, tmp_path):
@@ -172,23 +195,26 @@ def test_kubectl_reads_the_rendered_objects_offline(repo, tmp_path):
 
 
 @pytest.mark.real
-def test_kubectl_creates_the_rendered_objects_on_an_api_server(repo, tmp_path):
-    rendered = _render("--out", str(repo), "--namespace", "default").stdout
-    with api_server(tmp_path) as env:
-        r = kubectl(env, "create", "--validate=strict", "-f", "-", input=rendered)
-        assert "job.batch/driverd-build-debian-bookworm created" in r.stdout
-        got = json.loads(kubectl(env, "get", "job", "driverd-build-debian-bookworm", "-o", "json").stdout)
-        assert got["spec"]["completionMode"] == "Indexed" and got["spec"]["completions"] == 3
-        idx = json.loads(kubectl(env, "get", "job", "driverd-build-debian-bookworm-index", "-o", "json").stdout)
-        assert idx["spec"]["suspend"] is True
-        # the pipeline's next step, as the Job's annotation spells it
-        nxt = got["metadata"]["annotations"]["driverd.io/next"].split(": ", 1)[1]
-        kubectl(env, *shlex.split(nxt)[1:])
-        idx = json.loads(kubectl(env, "get", "job", "driverd-build-debian-bookworm-index", "-o", "json").stdout)
-        assert idx["spec"]["suspend"] is False
-        cells = kubectl(env, "get", "configmap", "driverd-build-debian-bookworm", "-o",
-                        "jsonpath={.data.cells}").stdout
-        assert cells.splitlines() == [c.id for c in mx.load(MATRIX).cells if c.id != HELD]
+def test_kubectl_creates_the_rendered_objects_on_an_api_server(repo, tmp_path, control_plane):
+    import uuid
+    ns = _namespace(control_plane, f"matrix-{uuid.uuid4().hex[:8]}")
+    rendered = _render("--out", str(repo), "--namespace", ns).stdout
+    env = control_plane.kubectl_env(tmp_path)
+    r = kubectl(env, "create", "--validate=strict", "-f", "-", input=rendered)
+    assert "job.batch/driverd-build-debian-bookworm created" in r.stdout
+    got = json.loads(kubectl(env, "-n", ns, "get", "job", "driverd-build-debian-bookworm", "-o", "json").stdout)
+    assert got["spec"]["completionMode"] == "Indexed" and got["spec"]["completions"] == 3
+    idx = json.loads(kubectl(env, "-n", ns, "get", "job", "driverd-build-debian-bookworm-index", "-o", "json").stdout)
+    assert idx["spec"]["suspend"] is True
+    # the pipeline's next step, as the Job's annotation spells it (run in the Job's namespace, as a user
+    # whose context names it would)
+    nxt = got["metadata"]["annotations"]["driverd.io/next"].split(": ", 1)[1]
+    kubectl(env, "-n", ns, *shlex.split(nxt)[1:])
+    idx = json.loads(kubectl(env, "-n", ns, "get", "job", "driverd-build-debian-bookworm-index", "-o", "json").stdout)
+    assert idx["spec"]["suspend"] is False
+    cells = kubectl(env, "-n", ns, "get", "configmap", "driverd-build-debian-bookworm", "-o",
+                    "jsonpath={.data.cells}").stdout
+    assert cells.splitlines() == [c.id for c in mx.load(MATRIX).cells if c.id != HELD]
 
 
 def test_job_name_rules():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kubernetes import config
 
-from driverd.sim.apiserver import ApiServer
+from tests.apiserver import ApiServer
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""driverd.sim.apiserver through the official Python client: CRUD, conflicts, selectors, patches, watches,
+"""tests.apiserver through the official Python client: CRUD, conflicts, selectors, patches, watches,
 restart, discovery, paging, finalizers, namespaces, events, request accounting."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 import pytest
 from kubernetes import client, config, watch
 
-from driverd.sim.apiserver import ApiError, ApiServer
-from driverd.sim.apiserver.selectors import FieldSelector, LabelSelector
+from tests.apiserver import ApiError, ApiServer
+from tests.apiserver.selectors import FieldSelector, LabelSelector
 
 
 @pytest.fixture
@@ -342,7 +342,7 @@ def test_events_core_and_events_v1(api):
 
 
 def test_openapi_validate_indexed_job():
-    from driverd.sim.apiserver import openapi
+    from tests.apiserver import openapi
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "upgrade"},
            "spec": {"completionMode": "Indexed", "completions": 4, "parallelism": 2, "backoffLimitPerIndex": 1,
                     "template": {"spec": {"restartPolicy": "Never",

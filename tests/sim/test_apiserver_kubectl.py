@@ -1,6 +1,5 @@
-"""The real kubectl against driverd.sim.apiserver: get (server-side tables, -w, selectors, -o), cordon/uncordon,
-drain with PodDisruptionBudgets, apply of built-in and custom objects, label/annotate/patch, and the
-`driverd debug apiserver` command."""
+"""The real kubectl against tests.apiserver: get (server-side tables, -w, selectors, -o), cordon/uncordon,
+drain with PodDisruptionBudgets, apply of built-in and custom objects, label/annotate/patch."""
 from __future__ import annotations
 
 import json
@@ -8,7 +7,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -194,18 +192,3 @@ def test_get_watch_streams(srv, kubectl):
     assert lines[1].split()[:2] == ["n1", "Ready"]
     assert lines[2].split()[:2] == ["n1", "Ready,SchedulingDisabled"]
 
-
-def test_debug_apiserver_command(tmp_path, kubectl):
-    kc = tmp_path / "debug.kubeconfig"
-    p = subprocess.Popen([sys.executable, "-m", "driverd", "debug", "apiserver", "--listen", "127.0.0.1:0",
-                          "--kubeconfig", str(kc)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = p.stdout.readline()
-        assert line.startswith("apiserver listening on http://127.0.0.1:") and str(kc) in line
-        r = subprocess.run([kubectl.exe, "--kubeconfig", str(kc), "--cache-dir", str(tmp_path / "c2"), "get", "ns",
-                            "-o", "name"], capture_output=True, text=True, timeout=30, check=False)
-        assert "namespace/default" in r.stdout.split()
-    finally:
-        p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=15)
-    assert p.returncode == 0, err

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 
-from driverd.sim.apiserver.clock import now
-from driverd.sim.apiserver.errors import ApiError, bad_request
-from driverd.sim.apiserver.selectors import LabelSelector
-from driverd.sim.apiserver.watch import MODIFIED
+from tests.apiserver.clock import now
+from tests.apiserver.errors import ApiError, bad_request
+from tests.apiserver.selectors import LabelSelector
+from tests.apiserver.watch import MODIFIED
 
 
 def is_ready(pod: dict) -> bool:

@@ -3,9 +3,9 @@
 The store calls these hooks under its lock; they may call back into the store (it is re-entrant)."""
 from __future__ import annotations
 
-from driverd.sim.apiserver import crd, events, eviction
-from driverd.sim.apiserver.errors import FieldError, invalid
-from driverd.sim.apiserver.watch import ADDED, DELETED, MODIFIED
+from tests.apiserver import crd, events, eviction
+from tests.apiserver.errors import FieldError, invalid
+from tests.apiserver.watch import ADDED, DELETED, MODIFIED
 
 _DNS1123_SUB = __import__("re").compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 

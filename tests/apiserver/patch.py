@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import json
 
-from driverd.sim.apiserver.errors import ApiError, bad_request
+from tests.apiserver.errors import ApiError, bad_request
 
 # field name -> merge key ("" = a list of primitives merged as a set)
 MERGE_KEYS = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import re
 
-from driverd.sim.apiserver.errors import FieldError, go_value
+from tests.apiserver.errors import FieldError, go_value
 
 _ROOT_KEEP = ("apiVersion", "kind", "metadata")
 

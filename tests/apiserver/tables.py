@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from driverd.sim.apiserver import jsonpath
+from tests.apiserver import jsonpath
 
 _NAME_DESC = ("Name must be unique within a namespace. Is required when creating resources, although some resources "
               "may allow a client to request the generation of an appropriate name automatically. Name is primarily "

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 
-from driverd.sim.apiserver import context
-from driverd.sim.apiserver import schema as structural
-from driverd.sim.apiserver.clock import now
-from driverd.sim.apiserver.errors import FieldError, bad_request, invalid
-from driverd.sim.apiserver.resources import Resource
+from tests.apiserver import context
+from tests.apiserver import schema as structural
+from tests.apiserver.clock import now
+from tests.apiserver.errors import FieldError, bad_request, invalid
+from tests.apiserver.resources import Resource
 
 _CRD = ("CustomResourceDefinition", "apiextensions.k8s.io")
 

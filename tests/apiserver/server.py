@@ -8,8 +8,8 @@ import socket
 import threading
 from http.server import ThreadingHTTPServer
 
-from driverd.sim.apiserver.http import Handler
-from driverd.sim.apiserver.store import Store
+from tests.apiserver.http import Handler
+from tests.apiserver.store import Store
 
 
 class _HTTPServer(ThreadingHTTPServer):

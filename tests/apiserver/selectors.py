@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from driverd.sim.apiserver.errors import bad_request
+from tests.apiserver.errors import bad_request
 
 _TOKEN = re.compile(r"\s*(!=|==|=|\(|\)|,|!|[^\s!=(),]+)")
 

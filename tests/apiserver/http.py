@@ -7,7 +7,7 @@ import time
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
 
-from driverd.sim.apiserver import (
+from tests.apiserver import (
     context,
     discovery,
     eviction,
@@ -15,8 +15,8 @@ from driverd.sim.apiserver import (
     protobuf,
     tables,
 )
-from driverd.sim.apiserver.errors import ApiError, bad_request, gone, method_not_allowed
-from driverd.sim.apiserver.selectors import FieldSelector, LabelSelector
+from tests.apiserver.errors import ApiError, bad_request, gone, method_not_allowed
+from tests.apiserver.selectors import FieldSelector, LabelSelector
 
 
 def _dumps(obj) -> bytes:

@@ -26,9 +26,9 @@ import threading
 import uuid
 from collections import deque
 
-from driverd.sim.apiserver import behaviors
-from driverd.sim.apiserver.clock import now
-from driverd.sim.apiserver.errors import (
+from tests.apiserver import behaviors
+from tests.apiserver.clock import now
+from tests.apiserver.errors import (
     ApiError,
     FieldError,
     already_exists,
@@ -38,10 +38,10 @@ from driverd.sim.apiserver.errors import (
     invalid,
     not_found,
 )
-from driverd.sim.apiserver.patch import apply_patch
-from driverd.sim.apiserver.resources import Registry, Resource
-from driverd.sim.apiserver.selectors import FieldSelector, LabelSelector
-from driverd.sim.apiserver.watch import ADDED, DELETED, MODIFIED, Event, Watcher
+from tests.apiserver.patch import apply_patch
+from tests.apiserver.resources import Registry, Resource
+from tests.apiserver.selectors import FieldSelector, LabelSelector
+from tests.apiserver.watch import ADDED, DELETED, MODIFIED, Event, Watcher
 
 _PATCH_TYPES = {"merge": "application/merge-patch+json", "strategic": "application/strategic-merge-patch+json",
                 "json": "application/json-patch+json", "apply": "application/apply-patch+yaml"}
