@@ -223,6 +223,17 @@ class NodeAgent:
                 return 5.0
             answer = preflight(self.make_context, self.cfg, r.key, r.driver, r.flavor,
                                leaving=plan.leaving, staying=plan.staying)
+            if not answer["ok"]:
+                # The pods were listed before the host's GPU users were read: a pod that started in
+                # between (a DaemonSet pod coming back, say) holds the GPU but is in no list, so it
+                # looks like a process outside any pod. Judge once more against a fresh list.
+                try:
+                    again = self._drain_plan(r)
+                except ClusterError:
+                    again = plan
+                if (again.leaving, again.staying) != (plan.leaving, plan.staying):
+                    answer = preflight(self.make_context, self.cfg, r.key, r.driver, r.flavor,
+                                       leaving=again.leaving, staying=again.staying)
             patch = {"metadata": {"annotations": {m.A_PREFLIGHT: json.dumps(answer, sort_keys=True)}}}
             self.nodes.put(self.kube.patch(node_path(self.node), patch))
             if not answer["ok"] and self.events:
