@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -41,7 +42,12 @@ def require_binary(name: str, *candidates: str) -> str:
         found = shutil.which(c) or (c if os.path.isabs(c) and os.access(c, os.X_OK) else None)
         if found:
             return found
-    msg = f"real component {name} is not installed (bash .ci/install-components installs it)"
+    missing_component(f"real component {name} is not installed (bash .ci/install-components installs it)")
+
+
+def missing_component(msg: str) -> NoReturn:
+    """A real component a test needs is absent: a failure in CI (where .ci/run installs every one),
+    a skip with the reason elsewhere."""
     if os.environ.get("CI"):
         pytest.fail(msg)
     pytest.skip(msg)

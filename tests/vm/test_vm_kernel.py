@@ -9,13 +9,12 @@ same operations on the same module files, the same verdicts and the same words.
 """
 from __future__ import annotations
 
-import os
 import re
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import missing_component
 from tests.vm import harness as h
 
 pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -34,8 +33,7 @@ SCENARIOS = ["setup", "nouveau_then_apply", "failing_reload", "reload", "holder"
 def _require_engine() -> None:
     missing = h.missing_components()
     if missing:
-        msg = f"VM engine missing: {', '.join(missing)} (bash .ci/install-components installs it)"
-        pytest.fail(msg) if os.environ.get("CI") else pytest.skip(msg)
+        missing_component(f"VM engine missing: {', '.join(missing)} (bash .ci/install-components installs it)")
 
 
 @pytest.fixture(scope="module")
