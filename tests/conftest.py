@@ -32,6 +32,10 @@ def driverd_env(extra: dict | None = None, drop: tuple[str, ...] = ("DRIVERD_",)
     return env
 
 REPO = Path(__file__).resolve().parent.parent
+# Where .ci/install-components puts the real components (the VM engine and kernel, containerd 2.1, the
+# control plane): the same variable for the install script and the tests, so a throwaway prefix can prove
+# the install on a fresh machine.
+CI_PREFIX = Path(os.environ.get("DRIVERD_CI_PREFIX") or "/opt/driverd-ci")
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HOSTS = FIXTURES / "hosts"
 

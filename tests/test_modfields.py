@@ -14,7 +14,7 @@ import pytest
 from driverd.errors import PackageError
 from driverd.packages.modfields import first, module_fields, modinfo
 from driverd.sim import fakemod
-from tests.conftest import require_binary
+from tests.conftest import CI_PREFIX, require_binary
 from tests.kmodtools import kmod_modinfo
 
 pytestmark = pytest.mark.real
@@ -155,7 +155,7 @@ def _debian_modules() -> list[Path]:
     """Debian's own signed modules, where this machine has a Debian kernel image unpacked (the VM
     kernel under /opt/driverd-ci, or an installed linux-image under /lib/modules)."""
     import glob
-    found = sorted(glob.glob("/opt/driverd-ci/kernel-*/lib/modules/*/kernel/**/*.ko", recursive=True)
+    found = sorted(glob.glob(f"{CI_PREFIX}/kernel-*/lib/modules/*/kernel/**/*.ko", recursive=True)
                    + glob.glob("/lib/modules/*/kernel/**/*.ko", recursive=True))
     return [Path(p) for p in found]
 

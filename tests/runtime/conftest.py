@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, require_binary
+from tests.conftest import CI_PREFIX, FIXTURES, require_binary
 
 RT = FIXTURES / "runtime"
 C16 = ("/usr/bin/containerd", "/usr/bin/ctr")
-C21 = ("/opt/driverd-ci/containerd2/usr/bin/containerd", "/opt/driverd-ci/containerd2/usr/bin/ctr")
+C21 = (str(CI_PREFIX / "containerd2/usr/bin/containerd"), str(CI_PREFIX / "containerd2/usr/bin/ctr"))
 
 
 def fixture_text(name: str, tmp: str) -> str:

@@ -3,8 +3,9 @@ build path, packs and signs them as driverd packages in a local repository, and 
 kernel under QEMU (TCG) with virtme-ng to run tests/vm/guest.py. One boot serves a group of scenarios.
 
 Where the engine lives (installed by .ci/install-components, outside the repository, keyed by version):
-    /opt/driverd-ci/vng-<version>/bin/vng                       virtme-ng in its own virtualenv
-    /opt/driverd-ci/kernel-<release>/boot/vmlinuz-<release>     linux-image-<release>, unpacked (dpkg -x)
+    $DRIVERD_CI_PREFIX (default /opt/driverd-ci):
+    PREFIX/vng-<version>/bin/vng                       virtme-ng in its own virtualenv
+    PREFIX/kernel-<release>/boot/vmlinuz-<release>     linux-image-<release>, unpacked (dpkg -x), depmod run
     /usr/src/linux-headers-<release>                            linux-headers-<release> (apt)
 and qemu-system-x86 + busybox-static from Debian.
 """
@@ -20,11 +21,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.conftest import CI_PREFIX
+
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = Path(__file__).resolve().parent / "standin"
 RELEASE = "6.1.0-47-amd64"
 OTHER_RELEASE = "6.1.0-47-cloud-amd64"          # a module built for it must fail vermagic in the guest
-CI_DIR = Path("/opt/driverd-ci")
+CI_DIR = CI_PREFIX
 KERNEL_DIR = CI_DIR / f"kernel-{RELEASE}"
 VMLINUZ = KERNEL_DIR / "boot" / f"vmlinuz-{RELEASE}"
 HEADERS = Path(f"/usr/src/linux-headers-{RELEASE}")
@@ -46,6 +49,8 @@ def missing_components() -> list[str]:
         out.append("busybox-static")
     if not VMLINUZ.is_file():
         out.append(f"the unpacked kernel {VMLINUZ}")
+    elif not (KERNEL_DIR / "lib" / "modules" / RELEASE / "modules.dep.bin").is_file():
+        out.append(f"the module index of {KERNEL_DIR} (modules.dep: depmod -b {KERNEL_DIR} {RELEASE})")
     for h in (HEADERS, Path(f"/usr/src/linux-headers-{OTHER_RELEASE}")):
         if not (h / "Makefile").is_file():
             out.append(f"headers {h}")
