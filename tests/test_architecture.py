@@ -18,6 +18,7 @@ LAYERS = [
     {"data", "redact"}, {"errors"},
     {"backends", "fsutil", "log", "modinfo", "nvproc", "observe", "runner", "safetar"},
     {"root"},
+    {"driverfiles"},
     {"distro", "runtime"},
     {"config"},
     {"host"},
