@@ -109,6 +109,17 @@ SCHEMA: dict[str, Key] = {
                              "($POD_NAMESPACE wins)"),
     "log.format": Key("str", "text", "logs on stderr: text, or json (one object per line: time, level, msg and "
                       "fields such as step, node, reason); --log-format overrides", ("text", "json")),
+    "validation.workload": Key("str", "auto", "the workload check after a driver change, at daemon start and every "
+                               "validation.workload_interval_s: NVML and the loaded module agree, CUDA creates a context and "
+                               "round-trips memory on every GPU, with the libraries containers get (auto: with the real "
+                               "kernel on the live host or /host; on: always; off: never)", ("auto", "on", "off")),
+    "validation.workload_timeout_s": Key("int", 60, "seconds the workload check may take before it is killed and the "
+                                         "GPU or driver reported hung"),
+    "validation.workload_interval_s": Key("int", 3600, "seconds between two workload checks of a daemon whose driver did "
+                                          "not change (0: only at start and after a change)"),
+    "validation.driver_root": Key("str", None, "where the driver's user-space is (a host path holding lib64/ or "
+                                  "usr/lib/...; unset: /run/nvidia/driver, /usr/local/nvidia, then the system's library "
+                                  "directories)"),
     "daemon.interval_s": Key("int", 300, "seconds between two reconciles of `driverd daemon` / container-entrypoint "
                              "when nothing else wakes it (config change, SIGHUP)"),
     "daemon.listen": Key("str", "127.0.0.1:9477", "ADDR:PORT of the daemon's /metrics, /healthz and /readyz (port 0: "

@@ -26,5 +26,16 @@ def plan_for_host(root, cfg, *, facts: Facts | None = None, nvml: bool = False) 
     from driverd.packages.signers import for_plan
     from driverd.plan import plan
     if facts is None:
-        facts = collect(root, nvml=nvml, handler=cfg["runtime.handler"])
-    return HostPlan(facts, plan(facts, Desired.from_config(cfg), for_plan(root, facts, cfg)))
+        facts = collect(root, nvml=nvml, handler=cfg["runtime.handler"], driver_root=cfg["validation.driver_root"])
+    return HostPlan(facts, plan(facts, Desired.from_config(cfg), for_plan(root, facts, cfg),
+                                workload=workload_problems(root, cfg, facts)))
+
+
+def workload_problems(root, cfg, facts: Facts) -> tuple[str, ...]:
+    """What the file-only half of the workload check says of the loaded driver, where the check applies
+    (validation.workload: on, or auto with the real kernel on the live host): the plan is not converged
+    while containers would get another version's libraries, or none."""
+    mode = cfg["validation.workload"]
+    if mode == "off" or (mode == "auto" and not (cfg["modules.kernel"] == "real" and root.is_live())):
+        return ()
+    return tuple((facts.userspace or {}).get("problems") or ())

@@ -473,19 +473,36 @@ class RestoreMig(StepImpl):
         return "restore the MIG layout recorded before the reload"
 
 
+def workload_wanted(config, kernel, root) -> bool:
+    """validation.workload: on, off, or auto — a CUDA call can only be made with the real kernel on this
+    machine's live host (/, or /host in the driver container), never on a sample tree."""
+    mode = config["validation.workload"]
+    return mode == "on" or (mode == "auto" and kernel.name == "real" and root.is_live())
+
+
+def workload_options(ctx, params) -> dict | None:
+    """The workload check's options for this validation, None when it does not run (the daemon's passes
+    between two checks say `"workload": false`)."""
+    if params.get("workload") is False or not workload_wanted(ctx.config, ctx.kernel, ctx.root):
+        return None
+    return {"timeout_s": ctx.config["validation.workload_timeout_s"],
+            "driver_root": ctx.config["validation.driver_root"]}
+
+
 class Validate(StepImpl):
     action = "validate"
 
     def do(self, ctx, params):
         expect = _expect(ctx, params) or (None, None)
         v = ld.validate(ctx.kernel, expect[0], expect[1], ctx.services, ctx.config["daemons.persistenced"]
-                        and params.get("persistence", True), _modules(ctx, params))
+                        and params.get("persistence", True), _modules(ctx, params),
+                        workload=workload_options(ctx, params))
         if not v.ok:
             from driverd.kmod.kernel import NVRM_RE
             words = [ln for ln in ctx.kernel.log_since(ctx.doc.get("log_mark", 0)) if NVRM_RE.search(ln)][-6:]
             raise ModuleError("validation failed: " + "; ".join(v.problems),
                               cause="kernel log: " + (" | ".join(words) if words else "(no NVRM lines)"),
-                              fix="see the problems above and the kernel log"
+                              fix=(v.fix or "see the problems above and the kernel log")
                               + ("; the run rolls back to the last-known-good driver" if ctx.doc else ""),
                               details={"validation": v.to_json(), "kernel_log": words})
         return v.to_json()

@@ -56,7 +56,8 @@ def register(sub, common) -> None:
 
 def cmd_detect(ctx, args) -> int:
     from driverd.host import collect
-    facts = collect(ctx.root, nvml=not args.no_nvml, handler=ctx.config["runtime.handler"])
+    facts = collect(ctx.root, nvml=not args.no_nvml, handler=ctx.config["runtime.handler"],
+                    driver_root=ctx.config["validation.driver_root"])
     emit(ctx.json, facts.to_json(), render_facts)
     return EXIT_OK
 
@@ -116,6 +117,11 @@ def render_facts(f: dict) -> str:
                      f"{'' if r['config_exists'] else ' (absent)'} handlers: {', '.join(r['handlers']) or '-'}")
     if not f["runtimes"]:
         lines.append("runtime     none detected")
+    us = f.get("userspace")
+    if us:
+        lines.append(f"userspace   {us['version'] or 'version unknown'} in {us['lib_dir']}" if us["libs"] else
+                     "userspace   not found (libcuda.so.1, libnvidia-ml.so.1)")
+        lines.extend(f"  not workload-ready: {p}" for p in us.get("problems") or ())
     n = f["nvml"]
     lines.append(f"nvml        {'available (' + n['source'] + ')' if n['available'] else 'unavailable: ' + str(n['reason'])}")
     for dev in n["devices"]:

@@ -63,6 +63,9 @@ class NodeAgent:
         self._drain_round: tuple[str, int] = ("", 0)     # (the evicting state's since, rounds so far)
         self._labels_checked = False
         self._reboot_checked = False
+        # what the daemon's last workload check said of this host: (ready, why). A loaded driver that cannot
+        # run CUDA (another version's user-space, a GPU CUDA cannot open) is not GPUDriverReady.
+        self.workload: tuple[bool, str] | None = None
 
     # -- loop ---------------------------------------------------------------------------------------
     def _changed(self, kind: str, obj: dict) -> None:
@@ -244,17 +247,26 @@ class NodeAgent:
     def _sync_labels(self, node: dict, v: m.NodeView) -> None:
         """Node labels say what is loaded (and whether it is validated), from the host's facts."""
         loaded = _loaded(self.make_context, self.cfg)
+        wl = self.workload
+        usable = bool(loaded) and (wl is None or wl[0])
         want = {m.L_VERSION: loaded["version"] if loaded else None, m.L_FLAVOR: loaded["flavor"] if loaded else None}
         if v.state not in m.ACTIVE:
-            want[m.L_READY] = "true" if loaded else None
+            want[m.L_READY] = "true" if usable else None
         if any(v.labels.get(k) != val for k, val in want.items()):
             self.nodes.put(self.kube.patch(node_path(self.node), {"metadata": {"labels": want}}))
         conds = {c.get("type"): c for c in (node.get("status") or {}).get("conditions") or []}
-        ready = "True" if loaded else "False"
-        if v.state not in m.ACTIVE and (conds.get(CONDITION) or {}).get("status") != ready:
-            self.condition(bool(loaded), "DriverLoaded" if loaded else "NoDriver",
-                           f"driver {loaded['version']} ({loaded['flavor']}) loaded" if loaded else
-                           "no NVIDIA driver is loaded")
+        have = conds.get(CONDITION) or {}
+        if not loaded:
+            reason, message = "NoDriver", "no NVIDIA driver is loaded"
+        elif not usable:
+            reason, message = "NotWorkloadReady", f"driver {loaded['version']} ({loaded['flavor']}) loaded, not " \
+                f"workload-ready: {wl[1]}"
+        else:
+            reason, message = "DriverLoaded", f"driver {loaded['version']} ({loaded['flavor']}) loaded" + \
+                (", workload-ready" if wl else "")
+        status = "True" if usable else "False"
+        if v.state not in m.ACTIVE and (have.get("status") != status or have.get("reason") != reason):
+            self.condition(usable, reason, message)
 
     # -- admitted → cordoned --------------------------------------------------------------------------
     def _cordon(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:

@@ -105,4 +105,8 @@ class PinnedReconciler:
             now = time.time()
             return Result("blocked", "the node is being upgraded by a DriverRollout (see `kubectl driverd nodes`)",
                           failure="rollout", started=now, finished=now)
-        return self.inner.reconcile(self.cluster.pin(cfg))
+        res = self.inner.reconcile(self.cluster.pin(cfg))
+        if res.workload is not None:
+            self.cluster.agent.workload = (bool(res.workload.get("ok")), res.reason if not res.converged else "")
+            self.cluster.agent.wake.set()       # GPUDriverReady follows the verdict without waiting for a Node event
+        return res

@@ -4,6 +4,10 @@ the daemon commands alone, so host-only commands (detect, plan) never pay for it
 driverd_driver_info{version,flavor,kernel}          1 for the driver the last converge validated
 driverd_state{driverd_state=...}                    the daemon's current state (one of health.STATES)
 driverd_ready                                       1 when /readyz answers 200
+driverd_workload_ready                              1 when the last workload check passed (CUDA context and memory
+                                                    round trip on every GPU with the containers' libraries), 0 when
+                                                    it failed; absent before the first check
+driverd_workload_check_duration_seconds             wall time of the workload checks the daemon made
 driverd_reconciles_total{result}                    reconcile passes by result (converged, blocked, failed, ...)
 driverd_reconcile_failures_total{reason}            failed passes by reason (blocked, lock, rolled-back,
                                                     rollback-failed, reboot-required, config, validation, unexpected)
@@ -45,6 +49,10 @@ class Metrics:
         self.state = Enum("driverd_state", "What the daemon is doing or found", states=list(STATES), registry=r)
         self.ready = Gauge("driverd_ready", "1 when the host is converged and the driver validated (/readyz 200)",
                            registry=r)
+        self.workload_ready = Gauge("driverd_workload_ready", "1 when the last workload check passed (NVML and the "
+                                    "loaded module agree, CUDA works on every GPU), 0 when it failed", registry=r)
+        self.workload_seconds = Histogram("driverd_workload_check_duration_seconds", "Wall time of the workload "
+                                          "checks (CUDA calls in a child process)", buckets=_STEP_BUCKETS, registry=r)
         self.reconciles = Counter("driverd_reconciles", "Reconcile passes by result", ["result"], registry=r)
         self.failures = Counter("driverd_reconcile_failures", "Reconcile passes that did not converge, by reason",
                                 ["reason"], registry=r)
@@ -111,6 +119,11 @@ class Metrics:
             for s in list(doc.get("steps") or []) + list(doc.get("rollback") or []):
                 if s.get("started_at") and s.get("finished_at"):
                     self.steps.labels(s["action"], s["status"]).observe(max(0.0, s["finished_at"] - s["started_at"]))
+        wl = getattr(result, "workload", None)
+        if wl is not None:
+            self.workload_ready.set(1 if wl.get("ok") else 0)
+            if getattr(result, "workload_ran", False):
+                self.workload_seconds.observe(wl.get("seconds") or 0.0)
         if result.converged:
             self.last_converged.set(result.finished)
             self.driver.clear()

@@ -5,8 +5,9 @@ from driverd.host.facts import Facts
 from driverd.root import Root
 
 
-def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia") -> Facts:
+def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia", driver_root: str | None = None) -> Facts:
     from driverd.host import kernel, keyrings, modules, nouveau, osrelease, ownership, pci, processes, rdma, runtimes
+    from driverd.host import workload
     from driverd.host.facts import NvmlFacts
     from driverd.host.nvml import read_nvml
 
@@ -29,4 +30,10 @@ def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia") -> Facts:
         nvml=read_nvml(root, drv.loaded) if nvml else NvmlFacts(False, "NVML disabled (--no-nvml)"),
         warnings=tuple(warnings), keyrings=keyrings.read_keyrings(root),
         rdma=rdma.read_rdma(root, k.release, modules.loaded_modules(root)) if nics else None,
-        driver_owner=ownership.read_ownership(root, k.release, (drv.version, drv.flavor) if drv.loaded else None))
+        driver_owner=ownership.read_ownership(root, k.release, (drv.version, drv.flavor) if drv.loaded else None),
+        userspace=_userspace(workload, root, drv.version if drv.loaded else None, driver_root))
+
+
+def _userspace(workload, root: Root, loaded: str | None, driver_root: str | None) -> dict:
+    us, problems = workload.quick(root, loaded, driver_root)
+    return {**us.to_json(), "problems": problems}

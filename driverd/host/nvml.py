@@ -50,6 +50,9 @@ def read_nvml(root: Root, driver_loaded: bool) -> NvmlFacts:
         return NvmlFacts(False, "the pynvml Python package is not installed")
     try:
         pynvml.nvmlInit()
+    except pynvml.NVMLError_LibRmVersionMismatch:
+        return NvmlFacts(False, "NVML could not start: NVML/RM version mismatch (the libnvidia-ml.so.1 found is not "
+                                "the loaded kernel driver's version)")
     except pynvml.NVMLError as e:
         return NvmlFacts(False, f"NVML could not start: {e} (libnvidia-ml.so.1 missing or driver mismatch)")
     except OSError as e:

@@ -212,6 +212,8 @@ class Validation:
     gpus_expected: list[str]
     gpus_visible: list[str]
     problems: list[str] = field(default_factory=list)
+    workload: dict | None = None        # driverd.host.workload's check, when it ran
+    fix: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -222,9 +224,11 @@ class Validation:
 
 
 def validate(kernel, version: str | None, flavor: str | None, services=None, persistence: bool = False,
-             modules: list[str] = ()) -> Validation:
+             modules: list[str] = (), workload: dict | None = None) -> Validation:
     """The driver works: /proc/driver/nvidia/version shows the expected version and flavour, every
-    GPU from PCI is visible to the driver (and to NVML on a live host), persistence as configured."""
+    GPU from PCI is visible to the driver (and to NVML on a live host), persistence as configured; with
+    `workload` ({"timeout_s", "driver_root"}) also workload-ready: the user-space containers get matches
+    the loaded module and a CUDA call works on every GPU (driverd.host.workload)."""
     root = kernel.root
     ver, flav, _ = parse_nvidia_version(root.read_text("/proc/driver/nvidia/version"))
     gpus, _, _ = pci.classify(root, pci.scan(root, []), [])
@@ -251,4 +255,12 @@ def validate(kernel, version: str | None, flavor: str | None, services=None, per
             v.problems.append("persistence mode is off on some GPUs although daemons.persistenced is on")
     elif ver is not None and persistence and services is not None and not services.running("nvidia-persistenced"):
         v.problems.append("nvidia-persistenced is not running although daemons.persistenced is on")
+    if workload is not None and ver is not None and not v.problems:
+        from driverd.host import workload as wl
+        w = wl.check(root, ver, expected, driver_root=workload.get("driver_root"),
+                     timeout_s=float(workload.get("timeout_s") or 60))
+        v.workload = w.to_json()
+        if not w.ok:
+            v.problems += ["not workload-ready: " + p for p in w.problems]
+            v.fix = w.fix
     return v

@@ -1,7 +1,7 @@
 """plan(facts, desired) -> Plan: a pure function. No I/O, no clock; same inputs, same plan."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from driverd.errors import UsageError
 from driverd.host.facts import Facts
@@ -100,16 +100,24 @@ def _user(u) -> str:
     return f"pid {u.pid} ({u.comm}{where})"
 
 
-def plan(facts: Facts, desired: Desired, signers=None) -> Plan:
+def plan(facts: Facts, desired: Desired, signers=None, workload: tuple[str, ...] = ()) -> Plan:
     """`signers`: the signer preflight's verdict on the package that would be loaded
     (driverd.packages.signers.SignerVerdict, computed from its files and the kernel's keyrings), or
-    None when nobody looked. Only a verdict that the kernel would refuse blocks the plan."""
+    None when nobody looked. Only a verdict that the kernel would refuse blocks the plan.
+    `workload`: what the workload check's file-only half says of the loaded driver (its user-space is
+    another version, or missing); it blocks a plan that keeps that driver: not workload-ready."""
     if not facts.gpus:
         return Plan(desired.driver_version, None, "no NVIDIA GPU on this host", facts.kernel.release, (),
                     warnings=facts.warnings)
     owner = facts.driver_owner.foreign if facts.driver_owner is not None else None
     if desired.manage == "never" or (desired.manage == "auto" and owner is not None):
-        return _leave_driver(facts, desired, owner)
+        p = _leave_driver(facts, desired, owner)
+        if workload:
+            by = p.driver_managed_by
+            p = replace(p, blocked_by=p.blocked_by + tuple(
+                f"not workload-ready: {w} (the driver is left to {by}: fix its user-space there, or set "
+                "driver.manage = always)" for w in workload))
+        return p
     if not desired.driver_version:
         raise UsageError("no driver version requested", cause="neither --driver nor driver.version is set",
                          fix="pass --driver VERSION or set [driver] version in /etc/driverd/config.toml")
@@ -202,6 +210,8 @@ def plan(facts: Facts, desired: Desired, signers=None) -> Plan:
         replacing = (f"driver.manage = always: replacing the driver that {owner.describe()} owns ({owner.evidence}); "
                      "its user-space libraries may no longer match the kernel modules")
         ms = ModuleSet(ms.modules, ms.reasons, ms.blocked, (*ms.warnings, replacing))
+    if workload and not loading and not reboot:
+        blocked.extend(f"not workload-ready: {w}" for w in workload)
     return Plan(version, flavor, decision.reason, k.release, tuple(steps), bool(reboot), tuple(reboot),
                 tuple(blocked), tuple(facts.warnings) + decision.warnings + ms.warnings,
                 signers.to_json() if signers is not None and not want_loaded else None,

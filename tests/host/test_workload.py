@@ -1,0 +1,140 @@
+"""The workload check (driverd.host.workload) against stand-in libnvidia-ml / libcuda built by the tests:
+the paths a real host shows — matching user-space, a kernel-only upgrade's stale libraries, no device,
+a hung cuInit, a GPU whose context fails, memory that does not round-trip, an incomplete NVLink fabric,
+no user-space at all. The real libraries run on the GPU machines (docs/testing.md)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from driverd.host import workload
+from driverd.root import Root
+from driverd.sim.hosttree import HostSpec, h100, nvidia_version_line, write_host
+from tests import cudastandin
+
+GPUS = ["0000:1b:00.0", "0000:3b:00.0"]
+NEW, OLD = "580.159.04", "535.261.03"
+
+
+def host(tmp_path, loaded: str | None = NEW, gpus=GPUS):
+    write_host(tmp_path, HostSpec(pci=[h100(a, "nvidia") for a in gpus],
+                                  nvidia_version_text=nvidia_version_line(loaded, "open") if loaded else None))
+    return Root(tmp_path)
+
+
+def test_matching_userspace_is_workload_ready(tmp_path):
+    root = host(tmp_path)
+    cudastandin.install(tmp_path, NEW, GPUS)
+    r = workload.check(root, NEW, GPUS)
+    assert r.ok, r.problems
+    assert r.userspace["version"] == NEW and r.userspace["lib_dir"] == "/usr/lib/x86_64-linux-gnu"
+    assert r.nvml["driver_version"] == NEW and len(r.nvml["devices"]) == 2
+    assert [d["pci_bus_id"] for d in r.cuda["devices"]] == ["0000:1b:00.0", "0000:3b:00.0"]
+    assert all(d["ok"] and d["roundtrip_bytes"] == workload.ROUNDTRIP_BYTES for d in r.cuda["devices"])
+
+
+def test_stale_userspace_after_a_kernel_only_upgrade_names_both_versions_and_the_fix(tmp_path):
+    root = host(tmp_path, loaded=NEW)
+    cudastandin.install(tmp_path, OLD, GPUS)
+    r = workload.check(root, NEW, GPUS)
+    assert not r.ok
+    assert r.problems[0].startswith(f"user-space {OLD} does not match the loaded kernel driver {NEW}: "
+                                    "NVML/RM version mismatch")
+    assert "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH" in r.problems[0] and "803" not in r.reason()
+    assert f"install the {NEW} user-space" in r.fix
+    assert len(r.problems) == 1, r.problems           # one cause, said once
+    # the file-only half says the same without loading anything
+    us, quick = workload.quick(root, NEW)
+    assert us.version == OLD and quick == [f"user-space {OLD} does not match the loaded kernel driver {NEW}"]
+
+
+def test_nvml_that_reports_another_version_without_refusing_is_a_mismatch(tmp_path):
+    """A library set whose file names say one version and whose NVML says another (a renamed file)."""
+    root = host(tmp_path, loaded=NEW)
+    d = cudastandin.install(tmp_path, NEW, GPUS)
+    # NVML built for NEW reads the kernel's NEW, but claims to be OLD: the check compares what NVML says
+    cudastandin.install(tmp_path, NEW, GPUS, only=("cuda",))
+    nv = cudastandin._compile("nvml.c", "libnvidia-ml.so.1", {
+        "STANDIN_VERSION": f'"{NEW}"', "STANDIN_RM_FILE": f'"{tmp_path}/proc/driver/nvidia/version"',
+        "STANDIN_BUSIDS": '"' + ",".join(GPUS) + '"'})
+    text = nv.read_bytes().replace(NEW.encode() + b"\0", OLD.encode() + b"\0", 1)
+    (d / f"libnvidia-ml.so.{NEW}").write_bytes(text)
+    r = workload.check(root, NEW, GPUS)
+    assert any(p.startswith(f"user-space {OLD} does not match the loaded kernel driver {NEW}: NVML reports")
+               for p in r.problems), r.problems
+
+
+def test_a_gpu_that_pci_shows_but_nvml_and_cuda_do_not(tmp_path):
+    root = host(tmp_path, gpus=GPUS + ["0000:86:00.0"])
+    cudastandin.install(tmp_path, NEW, GPUS)
+    r = workload.check(root, NEW, GPUS + ["0000:86:00.0"])
+    assert not r.ok
+    assert "NVML sees 2 GPU(s), PCI shows 3: not seen 0000:86:00.0" in r.problems
+    assert "CUDA sees 2 GPU(s), PCI shows 3: not seen 0000:86:00.0" in r.problems
+
+
+def test_no_driver_loaded_no_device(tmp_path):
+    root = host(tmp_path, loaded=None)
+    cudastandin.install(tmp_path, NEW, GPUS)
+    r = workload.check(root, None, GPUS)
+    assert not r.ok
+    assert "NVML cannot start: the NVIDIA kernel driver is not loaded (NVML)" in r.problems
+    assert "CUDA cannot initialise: cuInit returned CUDA_ERROR_NO_DEVICE" in r.problems
+
+
+def test_a_hung_cuinit_is_killed_and_says_where(tmp_path):
+    root = host(tmp_path)
+    cudastandin.install(tmp_path, NEW, GPUS, hang=True)
+    t0 = time.monotonic()
+    r = workload.check(root, NEW, GPUS, timeout_s=3)
+    assert time.monotonic() - t0 < 15
+    assert not r.ok and r.hung_at == "cuInit"
+    assert r.problems == ["the CUDA check did not finish within 3s (stuck at cuInit): a hung GPU or driver"]
+    assert r.nvml["ok"], "what finished before the hang is kept"
+
+
+def test_one_gpu_whose_context_fails_is_named_by_bus_id(tmp_path):
+    root = host(tmp_path)
+    cudastandin.install(tmp_path, NEW, GPUS, fail_device=1)
+    r = workload.check(root, NEW, GPUS)
+    assert r.problems == ["GPU 0000:3b:00.0: cuDevicePrimaryCtxRetain returned CUDA_ERROR_OUT_OF_MEMORY"]
+
+
+def test_memory_that_does_not_round_trip(tmp_path):
+    root = host(tmp_path)
+    cudastandin.install(tmp_path, NEW, GPUS, corrupt=True)
+    r = workload.check(root, NEW, GPUS)
+    assert len(r.problems) == 2
+    assert all("the memory round trip returned other bytes than were written" in p for p in r.problems)
+
+
+@pytest.mark.parametrize("state,ok", [(3, True), (2, False), (1, False)])
+def test_nvlink_fabric_state_where_nvml_reports_one(tmp_path, state, ok):
+    root = host(tmp_path)
+    cudastandin.install(tmp_path, NEW, GPUS, fabric_state=state)
+    r = workload.check(root, NEW, GPUS)
+    assert r.ok is ok, r.problems
+    if not ok:
+        word = workload.FABRIC_STATES[state]
+        assert r.problems[0] == (f"GPU 0000:1b:00.0: NVLink fabric registration {word}: CUDA cannot use the GPU "
+                                 "until it completes")
+        assert "nvidia-fabricmanager" in r.fix
+
+
+def test_no_userspace_at_all(tmp_path):
+    root = host(tmp_path)
+    r = workload.check(root, NEW, GPUS)
+    assert not r.ok and r.nvml is None and r.cuda is None
+    assert r.problems[0].startswith(f"no NVIDIA user-space (libcuda.so.1, libnvidia-ml.so.1) found for the "
+                                    f"loaded driver {NEW}")
+
+
+def test_the_driver_root_is_preferred_and_never_mixed_with_the_hosts_own(tmp_path):
+    """/usr/local/nvidia/lib64 (the GPU machines' layout) wins over stale libraries in the system dirs."""
+    root = host(tmp_path)
+    cudastandin.install(tmp_path, OLD, GPUS)
+    cudastandin.install(tmp_path, NEW, GPUS, libdir="/usr/local/nvidia/lib64")
+    r = workload.check(root, NEW, GPUS)
+    assert r.ok, r.problems
+    assert r.userspace["driver_root"] == "/usr/local/nvidia" and r.userspace["version"] == NEW
