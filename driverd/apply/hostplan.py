@@ -28,14 +28,12 @@ def plan_for_host(root, cfg, *, facts: Facts | None = None, nvml: bool = False) 
     if facts is None:
         facts = collect(root, nvml=nvml, handler=cfg["runtime.handler"], driver_root=cfg["validation.driver_root"])
     return HostPlan(facts, plan(facts, Desired.from_config(cfg), for_plan(root, facts, cfg),
-                                workload=workload_problems(root, cfg, facts)))
+                                userspace=workload_applies(root, cfg)))
 
 
-def workload_problems(root, cfg, facts: Facts) -> tuple[str, ...]:
-    """What the file-only half of the workload check says of the loaded driver, where the check applies
-    (validation.workload: on, or auto with the real kernel on the live host): the plan is not converged
-    while containers would get another version's libraries, or none."""
+def workload_applies(root, cfg, kernel: str | None = None) -> bool:
+    """validation.workload: on, or auto with the real kernel (`kernel`, default the configured one) on the
+    live host (/, or /host in the driver container): then the plan judges the driver's user-space, and the
+    validation makes CUDA calls. A sample tree or the simulated kernel has no GPU to call."""
     mode = cfg["validation.workload"]
-    if mode == "off" or (mode == "auto" and not (cfg["modules.kernel"] == "real" and root.is_live())):
-        return ()
-    return tuple((facts.userspace or {}).get("problems") or ())
+    return mode == "on" or (mode == "auto" and (kernel or cfg["modules.kernel"]) == "real" and root.is_live())

@@ -73,6 +73,10 @@ class Reconciler:
             _fail(res, "failed", e.one_line(), "failed")
         except Exception as e:                   # a bug: reported and retried, never a crash loop
             _fail(res, "error", f"unexpected error: {e.__class__.__name__}: {e}", "unexpected")
+        if res.workload is None and "not workload-ready" in res.reason:
+            # the plan's file-only half of the check, or a transaction's validation, said why: that is this
+            # pass's workload verdict, and the next pass checks again
+            res.workload, self._workload = {"ok": False, "problems": [res.reason]}, None
         res.finished = time.time()
         return res
 
@@ -112,10 +116,6 @@ class Reconciler:
         p = plan_for_host(sctx.root, cfg).plan
         if p.verdict != "converged":
             left = p.blocked_by or p.reboot_reasons or tuple(f"{s.action} ({s.reason})" for s in p.changes)
-            unready = [b for b in p.blocked_by if b.startswith("not workload-ready: ")]
-            if unready:     # the plan's file-only half of the check already says why: no CUDA call needed
-                res.workload = {"ok": False, "problems": unready, "from": "plan"}
-                self._workload = None
             _fail(res, "blocked" if p.blocked_by else "failed",
                   f"the plan for this host is not empty after the apply ({p.verdict}): " + "; ".join(left),
                   "blocked" if p.blocked_by else "validation")

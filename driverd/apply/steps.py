@@ -473,17 +473,12 @@ class RestoreMig(StepImpl):
         return "restore the MIG layout recorded before the reload"
 
 
-def workload_wanted(config, kernel, root) -> bool:
-    """validation.workload: on, off, or auto — a CUDA call can only be made with the real kernel on this
-    machine's live host (/, or /host in the driver container), never on a sample tree."""
-    mode = config["validation.workload"]
-    return mode == "on" or (mode == "auto" and kernel.name == "real" and root.is_live())
-
-
 def workload_options(ctx, params) -> dict | None:
-    """The workload check's options for this validation, None when it does not run (the daemon's passes
-    between two checks say `"workload": false`)."""
-    if params.get("workload") is False or not workload_wanted(ctx.config, ctx.kernel, ctx.root):
+    """The workload check's options for this validation, None when it does not run: validation.workload
+    off (or auto on anything but the real kernel's live host: apply.hostplan.workload_applies), the
+    daemon's passes between two checks and a rollback's convergence (`"workload": false`)."""
+    from driverd.apply.hostplan import workload_applies
+    if params.get("workload") is False or not workload_applies(ctx.root, ctx.config, ctx.kernel.name):
         return None
     return {"timeout_s": ctx.config["validation.workload_timeout_s"],
             "driver_root": ctx.config["validation.driver_root"]}
@@ -709,7 +704,8 @@ def converge(lkg: dict | None, touched: set, ctx: StepContext) -> list[dict]:
         return steps + [{"action": "restore-mig", "params": {}},
                         {"action": "start-gpu-daemons", "params": {"daemons": lkg["daemons"]}},
                         {"action": "validate", "params": {"expect": expect, "modules": lkg["modules"],
-                                                          "persistence": dmn.PERSISTENCED in lkg["daemons"]}}]
+                                                          "persistence": dmn.PERSISTENCED in lkg["daemons"],
+                                                          "workload": False}}]
     if MODULES in touched:
         steps += [{"action": "stop-gpu-daemons", "params": {"daemons": "all"}},
                   {"action": "unload-modules", "params": {}}]
@@ -725,7 +721,11 @@ def converge(lkg: dict | None, touched: set, ctx: StepContext) -> list[dict]:
                   {"action": "restore-mig", "params": {}},
                   {"action": "start-gpu-daemons", "params": {"daemons": lkg["daemons"]}},
                   {"action": "validate", "params": {"expect": expect, "modules": lkg["modules"],
-                                                    "persistence": dmn.PERSISTENCED in lkg["daemons"]}}]
+                                                    "persistence": dmn.PERSISTENCED in lkg["daemons"],
+                                                    # the rollback restores the driver that ran; whether its
+                                                    # user-space still serves CUDA is the next pass's verdict,
+                                                    # not a failed rollback
+                                                    "workload": False}}]
     return steps
 
 

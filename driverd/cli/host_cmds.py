@@ -222,8 +222,11 @@ def render_plan(p: dict) -> str:
     if p.get("driver_managed_by"):
         lines = [f"driver left to {p['driver_managed_by']} (kernel {p['kernel_release']})",
                  f"  {p['flavor_reason']}"]
+        if p["blocked_by"]:
+            lines.append("BLOCKED:")
+            lines.extend(f"  - {b}" for b in p["blocked_by"])
         lines.extend(f"{i:2}. {s['action']:<20} {s['reason']}" for i, s in enumerate(p["steps"], 1))
-        if not p["steps"]:
+        if not p["steps"] and not p["blocked_by"]:
             lines.append("nothing to do: the runtimes are configured")
         if p["modules"]:
             lines.append(f"converged means: driver {p['driver_version']} ({p['flavor']}) with "

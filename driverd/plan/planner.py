@@ -100,23 +100,39 @@ def _user(u) -> str:
     return f"pid {u.pid} ({u.comm}{where})"
 
 
-def plan(facts: Facts, desired: Desired, signers=None, workload: tuple[str, ...] = ()) -> Plan:
+def userspace_blocks(facts: Facts, loading: str | None) -> list[str]:
+    """What the driver's user-space (facts.userspace) says against a workload-ready host: for a plan that
+    keeps the loaded driver, the workload check's file-only half (its version is another, it is missing);
+    for a plan that loads `loading`, whether containers would get that version's libraries."""
+    us = facts.userspace or {}
+    if loading is None:
+        return [f"not workload-ready: {p}" for p in us.get("problems") or ()]
+    if not us.get("libs"):
+        return [f"not workload-ready after the load: no NVIDIA user-space (libcuda.so.1, libnvidia-ml.so.1) is "
+                f"installed; fix: install the {loading} user-space first"]
+    if us.get("version") and us["version"] != loading:
+        return [f"not workload-ready after the load: the user-space is {us['version']}, loading {loading} would "
+                f"leave containers with an NVML/RM version mismatch; fix: install the {loading} user-space first, or "
+                f"keep driver.version = {us['version']}"]
+    return []
+
+
+def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False) -> Plan:
     """`signers`: the signer preflight's verdict on the package that would be loaded
     (driverd.packages.signers.SignerVerdict, computed from its files and the kernel's keyrings), or
     None when nobody looked. Only a verdict that the kernel would refuse blocks the plan.
-    `workload`: what the workload check's file-only half says of the loaded driver (its user-space is
-    another version, or missing); it blocks a plan that keeps that driver: not workload-ready."""
+    `userspace`: judge the driver's user-space (`userspace_blocks`) — where the workload check applies."""
     if not facts.gpus:
         return Plan(desired.driver_version, None, "no NVIDIA GPU on this host", facts.kernel.release, (),
                     warnings=facts.warnings)
     owner = facts.driver_owner.foreign if facts.driver_owner is not None else None
     if desired.manage == "never" or (desired.manage == "auto" and owner is not None):
         p = _leave_driver(facts, desired, owner)
-        if workload:
-            by = p.driver_managed_by
+        unready = userspace_blocks(facts, None) if userspace and facts.driver.loaded else []
+        if unready:
             p = replace(p, blocked_by=p.blocked_by + tuple(
-                f"not workload-ready: {w} (the driver is left to {by}: fix its user-space there, or set "
-                "driver.manage = always)" for w in workload))
+                f"{w} (the driver is left to {p.driver_managed_by}: fix its user-space there, or set "
+                "driver.manage = always)" for w in unready))
         return p
     if not desired.driver_version:
         raise UsageError("no driver version requested", cause="neither --driver nor driver.version is set",
@@ -210,8 +226,8 @@ def plan(facts: Facts, desired: Desired, signers=None, workload: tuple[str, ...]
         replacing = (f"driver.manage = always: replacing the driver that {owner.describe()} owns ({owner.evidence}); "
                      "its user-space libraries may no longer match the kernel modules")
         ms = ModuleSet(ms.modules, ms.reasons, ms.blocked, (*ms.warnings, replacing))
-    if workload and not loading and not reboot:
-        blocked.extend(f"not workload-ready: {w}" for w in workload)
+    if userspace and not reboot and (loading or d.loaded):
+        blocked.extend(userspace_blocks(facts, version if loading else None))
     return Plan(version, flavor, decision.reason, k.release, tuple(steps), bool(reboot), tuple(reboot),
                 tuple(blocked), tuple(facts.warnings) + decision.warnings + ms.warnings,
                 signers.to_json() if signers is not None and not want_loaded else None,

@@ -138,3 +138,13 @@ def test_the_driver_root_is_preferred_and_never_mixed_with_the_hosts_own(tmp_pat
     r = workload.check(root, NEW, GPUS)
     assert r.ok, r.problems
     assert r.userspace["driver_root"] == "/usr/local/nvidia" and r.userspace["version"] == NEW
+
+
+def test_a_host_managed_driver_that_is_not_workload_ready_is_shown_blocked_not_nothing_to_do():
+    """Seen on the GPU machine: the plan's text said "nothing to do" while it exited 3."""
+    from driverd.cli.host_cmds import render_plan
+    text = render_plan({"driver_managed_by": "the host (owner unknown)", "kernel_release": "6.18", "flavor_reason": "why",
+                        "steps": [], "modules": ["nvidia"], "driver_version": NEW, "flavor": "open", "warnings": [],
+                        "blocked_by": [f"not workload-ready: user-space {OLD} does not match the loaded kernel driver "
+                                       f"{NEW} (the driver is left to the host)"]})
+    assert f"BLOCKED:\n  - not workload-ready: user-space {OLD}" in text and "nothing to do" not in text

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""What the workload check costs (driverd.host.workload.check: a child that loads the driver's own
+libnvidia-ml and libcuda, NVML, cuInit, a context and a 1 MiB round trip on every GPU) against the least a
+CUDA check can cost in the same run: a bare child `python3 -c` that dlopens libcuda.so.1 and calls cuInit
+and cuDeviceGetCount. Run on a GPU host (the live root); prints medians, per-GPU cost and the ratio.
+
+Usage: python3 bench/workload_check.py [-n RUNS] [--root /] [--driver-root DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+BARE = ("import ctypes,sys; l=ctypes.CDLL(sys.argv[1]); n=ctypes.c_int(); "
+        "assert l.cuInit(0)==0; l.cuDeviceGetCount(ctypes.byref(n)); print(n.value)")
+
+
+def main() -> int:
+    from driverd.host import pci
+    from driverd.host.modules import parse_nvidia_version
+    from driverd.host.workload import check, quick
+    from driverd.root import Root
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("-n", type=int, default=5)
+    ap.add_argument("--root", default="/")
+    ap.add_argument("--driver-root", default=None)
+    a = ap.parse_args()
+    root = Root(a.root)
+    version, _, _ = parse_nvidia_version(root.read_text("/proc/driver/nvidia/version"))
+    gpus, _, _ = pci.classify(root, pci.scan(root, []), [])
+    expected = [g.pci_address for g in gpus]
+    us, _ = quick(root, version, a.driver_root)
+    if not us.found or version is None:
+        print(f"no loaded driver or user-space here (driver {version}, user-space {us.to_json()})")
+        return 2
+    cuda = str(root.path(us.libs["libcuda.so.1"]))
+    bare, full, last = [], [], None
+    for _ in range(a.n):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", BARE, cuda], check=True, capture_output=True)
+        bare.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        last = check(root, version, expected, driver_root=a.driver_root)
+        full.append(time.perf_counter() - t)
+    b, f = statistics.median(bare), statistics.median(full)
+    ok = last.ok if last else False
+    print(f"driver {version}, user-space {us.version} in {us.lib_dir}, {len(expected)} GPU(s)")
+    print(f"bare cuInit child          median {b:6.3f} s")
+    print(f"workload check (ok={ok})   median {f:6.3f} s   {f / max(1, len(expected)):6.3f} s per GPU")
+    print(f"ratio workload check / bare cuInit: {f / b:.2f}")
+    if last and not ok:
+        print("problems: " + "; ".join(last.problems))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The workload-ready proof on a real GPU host (docs/testing.md, "On the GPU machines"); never shipped.
+# Run from the repository root on a host whose driver is loaded and whose user-space is installed
+# (e.g. /usr/local/nvidia), with driverd's dependencies importable (PYTHONPATH) and, in WORK, what
+# tools/gpuproof/prepare.sh gathered on a build host (Debian debs, NVIDIA's container toolkit binaries,
+# cudacheck). It never loads or unloads a module and never changes a GPU setting: driverd runs with
+# driver.manage = auto (the host's driver is left to the host) and its state under a private root.
+#
+#   tools/gpuproof/run.sh workload WORK OUT    detect / plan / daemon / bench with the host's user-space
+#                                              and with Debian's 535.261.03 user-space in front (mismatch)
+#   tools/gpuproof/run.sh containers WORK OUT  a container through NVIDIA's runtime (CDI mode) with
+#                                              driverd's CDI spec and with nvidia-ctk's, cudacheck inside
+set -uo pipefail
+what=$1 WORK=$(readlink -f "$2") OUT=$3
+mkdir -p "$OUT"
+D="python3 -m driverd"
+say() { printf '\n=== %s\n' "$*"; }
+u535=/tmp/gpuproof-u535
+if [ ! -d "$u535" ]; then
+  for d in "$WORK"/libcuda1_*.deb "$WORK"/libnvidia-ml1_*.deb; do dpkg -x "$d" "$u535"; done
+fi
+
+daemon_probe() {   # $1: name, $2: extra config; prints READY/STATUS lines and /readyz
+  local cfg=/tmp/gpuproof-$1.toml sock=/tmp/gpuproof-$1.sock port=19477
+  printf '[driver]\nversion = "%s"\nmanage = "auto"\n[runtime]\nruntimes = ["none"]\n[state]\ndir = "/tmp/gpuproof-state-%s"\n%s\n' \
+    "$(awk '{for(i=1;i<=NF;i++) if ($i ~ /^[0-9]+\.[0-9]+\.[0-9]+$/) {print $i; exit}}' /proc/driver/nvidia/version)" "$1" "$2" > "$cfg"
+  rm -f "$sock"
+  python3 - "$sock" > "$OUT/notify-$1.txt" <<'EOF' &
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); s.bind(sys.argv[1]); s.settimeout(20); t0 = time.monotonic()
+try:
+    while True:
+        m = s.recv(65536).decode()
+        print(f"{time.monotonic() - t0:6.2f}s {m}", flush=True)
+except OSError:
+    pass
+EOF
+  local lp=$!
+  sleep 0.3
+  NOTIFY_SOCKET=$sock $D daemon --config "$cfg" --listen 127.0.0.1:$port > "$OUT/daemon-$1.log" 2>&1 &
+  local dp=$!
+  sleep 12
+  echo "--- /readyz ($1)"; python3 -c "
+import urllib.request, urllib.error
+try: r = urllib.request.urlopen('http://127.0.0.1:$port/readyz'); print(r.status, r.read().decode())
+except urllib.error.HTTPError as e: print(e.code, e.read().decode())"
+  python3 -c "
+import urllib.request
+for l in urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode().splitlines():
+    if l.startswith(('driverd_workload', 'driverd_ready', 'process_resident_memory_bytes')): print(l)"
+  kill -TERM $dp; wait $dp; echo "daemon exit $?"
+  kill $lp 2>/dev/null; wait $lp 2>/dev/null
+  echo "--- notifications ($1)"; cat "$OUT/notify-$1.txt"
+  echo "--- daemon log tail ($1)"; tail -5 "$OUT/daemon-$1.log"
+}
+
+if [ "$what" = workload ]; then
+  say "the host"; nvidia-smi -L; cat /proc/driver/nvidia/version | head -1; ls /usr/local/nvidia/lib64 | grep -E 'libcuda|libnvidia-ml' | head
+  say "detect (host user-space)"; $D detect --no-nvml | grep -E '^(driver|userspace|nvml|  not workload)'
+  $D detect --json > "$OUT/detect.json"
+  say "plan (host user-space)"; $D plan; echo "exit $?"
+  say "bench/workload_check.py (host user-space)"; python3 bench/workload_check.py -n 5
+  say "detect with Debian's 535.261.03 user-space as the driver root"
+  DRIVERD_VALIDATION_DRIVER_ROOT=$u535 $D detect | grep -E '^(driver|userspace|nvml|  not workload)'
+  say "plan with it"; DRIVERD_VALIDATION_DRIVER_ROOT=$u535 $D plan; echo "exit $?"
+  say "the check itself with it (what a transaction's validation would say)"
+  python3 -c "
+from driverd.root import Root; from driverd.host import workload, pci
+g=[x.pci_address for x in pci.classify(Root('/'), pci.scan(Root('/'), []), [])[0]]
+import sys; from driverd.host.modules import parse_nvidia_version
+v=parse_nvidia_version(open('/proc/driver/nvidia/version').read())[0]
+r=workload.check(Root('/'), v, g, driver_root='$u535'); print(r.ok, r.reason()); print(r.nvml); print(r.cuda)"
+  say "daemon, host user-space"; daemon_probe good ""
+  say "daemon, Debian 535 user-space"; daemon_probe stale "[validation]
+driver_root = \"$u535\""
+fi
