@@ -501,6 +501,11 @@ class Root:
         st = self._stat(hostpath)
         return st is not None and stat.S_ISREG(st.st_mode)
 
+    def is_executable(self, hostpath: str) -> bool:
+        """A regular file with an execute bit: what a runtime can exec (root ignores the other bits)."""
+        st = self._stat(hostpath)
+        return st is not None and stat.S_ISREG(st.st_mode) and bool(st.st_mode & 0o111)
+
     def glob(self, hostdir: str, suffix: str = "") -> list[str]:
         """Host paths of the entries of `hostdir` whose names end with `suffix`, sorted."""
         d = self._norm(hostdir).rstrip("/")

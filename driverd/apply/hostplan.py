@@ -26,7 +26,8 @@ def plan_for_host(root, cfg, *, facts: Facts | None = None, nvml: bool = False) 
     from driverd.packages.signers import for_plan
     from driverd.plan import plan
     if facts is None:
-        facts = collect(root, nvml=nvml, handler=cfg["runtime.handler"], driver_root=cfg["validation.driver_root"])
+        facts = collect(root, nvml=nvml, handler=cfg["runtime.handler"], binary=cfg["runtime.binary"],
+                        driver_root=cfg["validation.driver_root"])
     return HostPlan(facts, plan(facts, Desired.from_config(cfg), for_plan(root, facts, cfg),
                                 userspace=workload_applies(root, cfg)))
 

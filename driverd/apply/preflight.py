@@ -37,7 +37,8 @@ def preflight(make_context, cfg, key: str, driver: str, flavor: str, *, leaving:
         out["kernel"] = sctx.kernel.release
         loaded = st.loaded(sctx)
         out["current"] = f"{loaded['version']}/{loaded['flavor']}" if loaded else None
-        facts = after_drain(collect(sctx.root, nvml=False, handler=c["runtime.handler"]), leaving)
+        facts = after_drain(collect(sctx.root, nvml=False, handler=c["runtime.handler"],
+                                    binary=c["runtime.binary"]), leaving)
         p = plan_for_host(sctx.root, c, facts=facts).plan
         if loaded and loaded["version"] == driver and loaded["flavor"] == p.flavor:
             out["needed"] = False

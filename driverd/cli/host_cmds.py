@@ -57,7 +57,7 @@ def register(sub, common) -> None:
 def cmd_detect(ctx, args) -> int:
     from driverd.host import collect
     facts = collect(ctx.root, nvml=not args.no_nvml, handler=ctx.config["runtime.handler"],
-                    driver_root=ctx.config["validation.driver_root"])
+                    binary=ctx.config["runtime.binary"], driver_root=ctx.config["validation.driver_root"])
     emit(ctx.json, facts.to_json(), render_facts)
     return EXIT_OK
 
@@ -115,6 +115,7 @@ def render_facts(f: dict) -> str:
     for r in f["runtimes"]:
         lines.append(f"runtime     {r['name']} {r['version'] or ''} config {r['config_path']}"
                      f"{'' if r['config_exists'] else ' (absent)'} handlers: {', '.join(r['handlers']) or '-'}")
+        lines.extend(render_needs(r.get("needs")))
     if not f["runtimes"]:
         lines.append("runtime     none detected")
     us = f.get("userspace")
@@ -130,6 +131,14 @@ def render_facts(f: dict) -> str:
     for w in f["warnings"]:
         lines.append(f"warning     {w}")
     return "\n".join(lines)
+
+
+def render_needs(n: dict | None, indent: str = "  ") -> list[str]:
+    """What the handler needs in one runtime (driverd.runtime.needs): the verdict, then CDI."""
+    if not n:
+        return []
+    warn = "warning: " if n["status"] == "binary-missing" else ""
+    return [f"{indent}{warn}{n['verdict']}", f"{indent}{n['cdi_line']}"]
 
 
 def cmd_plan(ctx, args) -> int:
@@ -231,7 +240,8 @@ def render_plan(p: dict) -> str:
         if p["modules"]:
             lines.append(f"converged means: driver {p['driver_version']} ({p['flavor']}) with "
                          f"{', '.join(p['modules'])} loaded, as the host runs it")
-        lines.extend(f"warning: {w}" for w in p["warnings"])
+        lines.extend(_plan_runtimes(p))
+        lines.extend(f"warning: {w}" for w in _other_warnings(p))
         return "\n".join(lines)
     if p["flavor"] is None:
         return f"nothing to do: {p['flavor_reason']}"
@@ -256,9 +266,21 @@ def render_plan(p: dict) -> str:
         lines.extend(f"  {m['module']}: {m['evidence']}" for m in sig["modules"][1:])
         if sig.get("enrol"):
             lines.append(f"  fix: {sig['enrol']}")
-    for w in p["warnings"]:
+    lines.extend(_plan_runtimes(p))
+    for w in _other_warnings(p):
         lines.append(f"warning: {w}")
     return "\n".join(lines)
+
+
+def _plan_runtimes(p: dict) -> list[str]:
+    needs = p.get("runtimes") or []
+    return (["runtimes:"] + [ln for n in needs for ln in render_needs(n)]) if needs else []
+
+
+def _other_warnings(p: dict) -> list[str]:
+    """The plan's warnings less the runtime verdicts the runtimes section already printed as warnings."""
+    shown = {n["verdict"] for n in p.get("runtimes") or []}
+    return [w for w in p["warnings"] if w not in shown]
 
 
 def cmd_config(ctx, args) -> int:

@@ -3,9 +3,13 @@ from __future__ import annotations
 
 from driverd.host.facts import Facts
 from driverd.root import Root
+from driverd.runtime.model import DEFAULT_BINARY
 
 
-def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia", driver_root: str | None = None) -> Facts:
+def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia",
+            binary: str = DEFAULT_BINARY, driver_root: str | None = None) -> Facts:
+    """`handler` and `binary`: runtime.handler and runtime.binary, whose needs each runtime reports;
+    `driver_root`: validation.driver_root, where the driver's user-space is looked for first."""
     from driverd.host import kernel, keyrings, modules, nouveau, osrelease, ownership, pci, processes, rdma, runtimes
     from driverd.host import workload
     from driverd.host.facts import NvmlFacts
@@ -26,7 +30,7 @@ def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia", driver_ro
         root=root.base, hostname=hostname,
         kernel=k, os=o, gpus=tuple(gpus), nvswitches=tuple(switches), mellanox_nics=tuple(nics), nouveau=nv,
         driver=drv, gpu_users=tuple(users), daemons=tuple(processes.daemons(root)),
-        runtimes=tuple(runtimes.read_runtimes(root, handler)),
+        runtimes=tuple(runtimes.read_runtimes(root, handler, binary)),
         nvml=read_nvml(root, drv.loaded) if nvml else NvmlFacts(False, "NVML disabled (--no-nvml)"),
         warnings=tuple(warnings), keyrings=keyrings.read_keyrings(root),
         rdma=rdma.read_rdma(root, k.release, modules.loaded_modules(root)) if nics else None,

@@ -229,6 +229,13 @@ def _add_json(tar: tarfile.TarFile, hostpath: str, obj: object, done: set[str], 
     tar.addfile(ti, io.BytesIO(data))
 
 
+def _resolved(root: Root, hostpath: str) -> str:
+    try:
+        return root.resolve(hostpath)
+    except (OSError, ValueError):
+        return hostpath
+
+
 def capture(root: Root, out: str) -> dict:
     from driverd.host import collect
     from driverd.host.nvml import CAPTURE_PATH
@@ -242,6 +249,7 @@ def capture(root: Root, out: str) -> dict:
     done: set[str] = set()
     files = total = 0
     redacted: list[dict] = []
+    packed: set[str] = set()
     # The bundle is written 0600 from its first byte (created so, and narrowed if it existed): it
     # holds the host's configuration, redacted or not.
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -281,6 +289,7 @@ def capture(root: Root, out: str) -> dict:
                 _add_dirs(tar, hp, done, mtime)
                 ti.size, ti.mode = len(data), stat.S_IMODE(st.st_mode) or 0o444
                 tar.addfile(ti, io.BytesIO(data))
+                packed.add(hp)
                 files += 1
                 total += len(data)
         # Binaries are not packed; a placeholder keeps "binary present" true and their version is recorded.
@@ -290,6 +299,19 @@ def capture(root: Root, out: str) -> dict:
             ti = tarfile.TarInfo(b.lstrip("/"))
             ti.mode, ti.mtime = 0o755, mtime
             tar.addfile(ti, io.BytesIO(b""))
+        # So are the handlers' binaries (nvidia-container-runtime is larger than MAX_FILE): an empty file
+        # with the same execute bits keeps what detect says the handler needs true in the tree.
+        # (placed where the path resolves: a link to it was packed as a link).
+        handler_bins = {_resolved(rec, n.binary_path): n.binary_state for r in facts.runtimes
+                        if (n := r.needs) is not None and n.binary_path and n.binary_state != "missing"}
+        for b, state in sorted(handler_bins.items()):
+            if b in versions or b in packed:
+                continue
+            _add_dirs(tar, b, done, mtime)
+            ti = tarfile.TarInfo(b.lstrip("/"))
+            ti.mode, ti.mtime = (0o755 if state == "present" else 0o644), mtime
+            tar.addfile(ti, io.BytesIO(b""))
+            files += 1
         _add_json(tar, CAPTURED_VERSIONS, versions, done, mtime)
         report = asdict(facts.nvml)
         report["source"] = "capture"

@@ -1,11 +1,12 @@
-"""Container runtimes present on the host — binary, version, config, socket, and the runtime handlers
-their configuration already defines. Each runtime of driverd.runtime's registry detects itself."""
+"""Container runtimes present on the host — binary, version, config, socket, the runtime handlers
+their configuration already defines, and what the handler needs there (its binary, CDI). Each runtime
+of driverd.runtime's registry detects itself."""
 from __future__ import annotations
 
 from driverd.root import Root
-from driverd.runtime.model import RuntimeFacts
+from driverd.runtime.model import DEFAULT_BINARY, RuntimeFacts
 from driverd.runtime.registry import detect_all
 
 
-def read_runtimes(root: Root, handler: str = "nvidia") -> list[RuntimeFacts]:
-    return detect_all(root, handler)
+def read_runtimes(root: Root, handler: str = "nvidia", binary: str = DEFAULT_BINARY) -> list[RuntimeFacts]:
+    return detect_all(root, handler, binary)

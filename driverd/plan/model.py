@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from driverd.runtime.model import HandlerNeeds
+
 
 @dataclass(frozen=True)
 class Step:
@@ -68,6 +70,9 @@ class Plan:
     # the GPU daemons. The driver version and flavour are driver_version / flavor above.
     modules: tuple[str, ...] = ()
     persistence: bool = False
+    # Per runtime the plan configures: what the handler needs on this host and whether it has it (its
+    # binary, CDI). A missing binary is a warning, never a block: the toolkit may come after driverd.
+    runtimes: tuple[HandlerNeeds, ...] = ()
 
     @property
     def changes(self) -> tuple[Step, ...]:

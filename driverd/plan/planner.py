@@ -229,22 +229,45 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False) 
     if userspace and not reboot and (loading or d.loaded):
         blocked.extend(userspace_blocks(facts, version if loading else None))
     return Plan(version, flavor, decision.reason, k.release, tuple(steps), bool(reboot), tuple(reboot),
-                tuple(blocked), tuple(facts.warnings) + decision.warnings + ms.warnings,
+                tuple(blocked), tuple(facts.warnings) + decision.warnings + ms.warnings
+                + tuple(runtime_warnings(facts, desired)),
                 signers.to_json() if signers is not None and not want_loaded else None,
-                modules=tuple(mods), persistence=persistence)
+                modules=tuple(mods), persistence=persistence, runtimes=tuple(runtime_needs(facts, desired)))
+
+
+def runtime_needs(facts: Facts, desired: Desired) -> list:
+    """What the handler needs in each runtime the plan configures (detected ones; read with this handler)."""
+    by_name = {r.name: r for r in facts.runtimes}
+    return [r.needs for name in runtimes_to_configure(facts, desired)
+            if (r := by_name.get(name)) is not None and r.needs is not None and r.needs.handler == desired.handler]
 
 
 def runtime_steps(facts: Facts, desired: Desired) -> list[Step]:
+    """configure-runtime for each runtime whose configuration lacks the handler. A handler whose binary
+    is missing is still added — nvidia-container-toolkit may come after driverd, and the handler works
+    from then on — and its reason says so (runtime_warnings repeats it with the fixes); a runtime that
+    refuses such a handler (CRI-O would not start) gets no step until the binary exists."""
     steps = []
     by_name = {r.name: r for r in facts.runtimes}
     for name in runtimes_to_configure(facts, desired):
         r = by_name.get(name)
         if r is not None and r.nvidia_handler and desired.handler in r.handlers:
             continue
-        steps.append(Step("configure-runtime", f"{name} has no '{desired.handler}' runtime handler"
-                          if r else f"{name} was requested but is not detected on this host",
-                          {"runtime": name, "handler": desired.handler}))
+        needs = r.needs if r is not None and r.needs is not None and r.needs.handler == desired.handler else None
+        if needs is not None and needs.waits_for_binary:
+            continue
+        reason = f"{name} has no '{desired.handler}' runtime handler" if r else \
+            f"{name} was requested but is not detected on this host"
+        if needs is not None and needs.status == "binary-missing":
+            reason += (f" (it will run {needs.binary}, which is {needs.binary_state.replace('-', ' ')}: added now, it "
+                       "works once the binary is installed; see the warning)")
+        steps.append(Step("configure-runtime", reason, {"runtime": name, "handler": desired.handler}))
     return steps
+
+
+def runtime_warnings(facts: Facts, desired: Desired) -> list[str]:
+    """One warning per runtime whose handler cannot run its binary: the verdict with the fixes."""
+    return [n.verdict for n in runtime_needs(facts, desired) if n.status == "binary-missing"]
 
 
 def _leave_driver(facts: Facts, desired: Desired, owner) -> Plan:
@@ -266,11 +289,13 @@ def _leave_driver(facts: Facts, desired: Desired, owner) -> Plan:
     warnings = list(facts.warnings)
     if desired.driver_version and d.loaded and d.version and d.version != desired.driver_version:
         warnings.append(f"driver.version {desired.driver_version} is not applied: {by} keeps {d.version} running")
+    warnings += runtime_warnings(facts, desired)
     # Converged means the driver that runs keeps running: its version and modules as they are, and no
     # GPU daemon the host did not start itself.
     return Plan(d.version if d.loaded else desired.driver_version, d.flavor, why, facts.kernel.release,
                 tuple(runtime_steps(facts, desired)), warnings=tuple(warnings), driver_managed_by=by,
-                modules=tuple(m for m in MODULE_ORDER if m in running_modules(facts)))
+                modules=tuple(m for m in MODULE_ORDER if m in running_modules(facts)),
+                runtimes=tuple(runtime_needs(facts, desired)))
 
 
 def reboot_only(reboot: list[str], driver, kernel) -> bool:

@@ -7,7 +7,9 @@ configure-runtime steps, `driverd runtime configure|revert`, the CLI's and the c
 choices, restarts, the executor's file preimages — asks the registry, never a runtime by name.
 
 A runtime answers five questions:
-- detect: is it on this host (binary, config, socket), which version, which handlers are defined;
+- detect: is it on this host (binary, config, socket), which version, which handlers are defined, and
+  what the handler needs here (`needs.py`: the binary it runs — `handler_binary` —, whether it is
+  the default runtime — `default_runtime` —, CDI — `cdi`);
 - effective config: the handlers its configuration *in effect* defines (the config file plus what it
   imports or the drop-ins it reads);
 - configure: the file edits (`FileEdit`) that add the handler, computed, not written — `handler.py`
@@ -19,6 +21,7 @@ Reading never changes anything and never raises for a missing or odd file: absen
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import tomllib
@@ -26,7 +29,7 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from driverd.root import Root
-from driverd.runtime.model import ChangeReport, FileEdit, Options, RuntimeFacts
+from driverd.runtime.model import DEFAULT_BINARY, CdiFacts, ChangeReport, FileEdit, Options, RuntimeFacts
 
 # `driverd debug capture-host` records each runtime binary's `--version` here: a captured tree is not
 # live, so its binaries cannot be run.
@@ -43,6 +46,8 @@ class Runtime(ABC):
     process_names: ClassVar[tuple[str, ...]]    # /proc/<pid>/comm of the processes a signal restart signals
     reloads_on_signal: ClassVar[bool]           # SIGHUP makes it read its configuration again
     checks_binary: ClassVar[bool] = False       # configure refuses a missing handler binary itself
+    # What breaks while the handler's binary is missing, in operators' words ({handler}: its name).
+    handler_failure: ClassVar[str] = "containers that ask for runtime handler '{handler}' will fail to start"
 
     @property
     def default_config(self) -> str:
@@ -56,19 +61,38 @@ class Runtime(ABC):
     def find_binary(self, root: Root) -> str | None:
         return first(root, self.binaries)
 
-    def detect(self, root: Root, handler: str) -> RuntimeFacts | None:
-        """This runtime's facts, None when nothing of it (binary, config, socket) is on the host."""
+    def detect(self, root: Root, handler: str, handler_bin: str = DEFAULT_BINARY) -> RuntimeFacts | None:
+        """This runtime's facts, None when nothing of it (binary, config, socket) is on the host.
+        `handler_bin` is runtime.binary: what a handler driverd adds would run."""
         binary = self.find_binary(root)
         config = first(root, self.configs)
         socket = first(root, self.sockets, want_file=False)
         if binary is None and config is None and socket is None:
             return None
         handlers, note = self.effective_handlers(root, config)
-        return RuntimeFacts(
+        facts = RuntimeFacts(
             name=self.name, binary=binary, version=version(root, binary) if binary else None,
             config_path=config or self.default_config, config_exists=config is not None,
             socket=socket or self.default_socket, socket_exists=socket is not None, handlers=tuple(handlers),
             nvidia_handler=handler in handlers, note=note)
+        from driverd.runtime import needs
+        return dataclasses.replace(facts, needs=needs.assess(root, self, facts, handler, handler_bin))
+
+    def handler_binary(self, root: Root, facts: RuntimeFacts, handler: str) -> str | None:
+        """The binary the handler defined in the effective configuration runs, as the configuration
+        names it (a bare name is looked up on the host's PATH); None when the handler is not defined
+        or names none (then runtime.binary is what it needs)."""
+        return None
+
+    def default_runtime(self, root: Root, facts: RuntimeFacts) -> str | None:
+        """The handler that runs containers which ask for none, per the configuration in effect (None:
+        unknown). When it is the NVIDIA handler, a missing binary breaks every container."""
+        return None
+
+    def cdi(self, root: Root, facts: RuntimeFacts) -> CdiFacts:
+        """Whether this runtime, at its version and with its configuration in effect, injects CDI
+        devices, and the spec directories it reads (`needs.py` looks for NVIDIA's spec in them)."""
+        return CdiFacts(None, None, f"driverd does not know how {self.title} enables CDI")
 
     @abstractmethod
     def effective_handlers(self, root: Root, config_path: str | None) -> tuple[list[str], str | None]:
@@ -123,6 +147,12 @@ def dig(doc: object, *keys: str) -> dict:
             return {}
         doc = doc.get(k, {})
     return doc if isinstance(doc, dict) else {}
+
+
+def version_tuple(text: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a version string such as '1.6.20~ds1' or 'v28.2.2'; None when there is none."""
+    m = re.match(r"v?(\d+)\.(\d+)", text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def version(root: Root, binary: str) -> str | None:

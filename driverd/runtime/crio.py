@@ -16,8 +16,8 @@ import tomllib
 from driverd.errors import RuntimeConfigError
 from driverd.root import Root
 from driverd.runtime import adopt, tomldoc
-from driverd.runtime.base import Runtime, dig, read_toml
-from driverd.runtime.model import ChangeReport, FileEdit, Options, RuntimeFacts
+from driverd.runtime.base import Runtime, dig, read_toml, version_tuple
+from driverd.runtime.model import CDI_SPEC_DIRS, CdiFacts, ChangeReport, FileEdit, Options, RuntimeFacts
 
 DEFAULT_CONFIG = "/etc/crio/crio.conf"
 DEFAULT_DIR = "/etc/crio/crio.conf.d"
@@ -167,16 +167,42 @@ def plan(root: Root, config_path: str | None, opts: Options, report: ChangeRepor
     return edits
 
 
+def crio_files(root: Root, config_path: str | None) -> list[tuple[str, dict]]:
+    """The files CRI-O reads, in its order — the main config, then every regular file of its drop-in
+    directory (config_dir: whatever the extension; nvidia-ctk writes 99-nvidia.toml there) in lexical
+    order —, each parsed (tomllib; {} when missing or invalid: detection never raises)."""
+    files = ([config_path] if config_path else []) + [p for p in root.glob(config_dir(root)) if root.is_file(p)]
+    return [(f, read_toml(root, f)) for f in files]
+
+
 def crio_handlers(root: Root, config_path: str | None) -> list[str]:
-    # CRI-O reads every regular file of crio.conf.d, whatever its extension (nvidia-ctk writes
-    # 99-nvidia.toml there), in lexical order.
     names: list[str] = []
-    files = ([config_path] if config_path else []) + [
-        p for p in root.glob(DEFAULT_DIR) if root.is_file(p)]
-    for f in files:
-        runtimes = dig(read_toml(root, f), "crio", "runtime", "runtimes")
+    for _, doc in crio_files(root, config_path):
+        runtimes = dig(doc, "crio", "runtime", "runtimes")
         names.extend(n for n in runtimes if n not in names)
     return names
+
+
+# CDI in CRI-O — the facts and where they come from: CRI-O injects CDI devices from 1.24 on, with no
+# switch (cri-o PR #5571 "server: add support for CDI device injection", merged 2022-03-07; the first
+# tag that contains it is v1.24.0, none of 1.23.x does), reading [crio.runtime] cdi_spec_dirs, default
+# the CDI package's /etc/cdi and /var/run/cdi (pkg/config/config.go: CDISpecDirs cdi.DefaultSpecDirs);
+# cncf-tags/container-device-interface's README: "In CRI-O CDI support is enabled by default".
+CDI_SINCE = (1, 24)
+
+
+def crio_cdi(root: Root, facts: RuntimeFacts) -> CdiFacts:
+    dirs = CDI_SPEC_DIRS
+    for _, doc in crio_files(root, facts.config_path):
+        spec_dirs = dig(doc, "crio", "runtime").get("cdi_spec_dirs")
+        if isinstance(spec_dirs, list) and all(isinstance(d, str) for d in spec_dirs):
+            dirs = tuple(spec_dirs)             # later files win per option
+    binv = version_tuple(facts.version)
+    if binv is None:
+        return CdiFacts(None, None, "CRI-O's version is unknown (CDI needs CRI-O 1.24 or later; no switch)", dirs)
+    if binv < CDI_SINCE:
+        return CdiFacts(False, False, f"CRI-O {binv[0]}.{binv[1]} has no CDI support; it came with CRI-O 1.24", dirs)
+    return CdiFacts(True, True, "CRI-O injects CDI devices without a switch (since 1.24)", dirs)
 
 
 class Crio(Runtime):
@@ -188,13 +214,36 @@ class Crio(Runtime):
     process_names = ("crio",)
     reloads_on_signal = True        # SIGHUP: CRI-O reloads its configuration
     checks_binary = True            # plan() refuses a missing binary: CRI-O would refuse to start
+    handler_failure = ("CRI-O refuses to start while a runtime's binary is missing, and pods with runtimeClassName "
+                       "{handler} cannot run")
 
     def effective_handlers(self, root: Root, config_path: str | None) -> tuple[list[str], str | None]:
         return crio_handlers(root, config_path), None
+
+    def handler_binary(self, root: Root, facts: RuntimeFacts, handler: str) -> str | None:
+        # A runtime table in a later file replaces an earlier one whole; without runtime_path CRI-O
+        # runs the handler's name from its PATH.
+        tables = [t for _, doc in crio_files(root, facts.config_path)
+                  if isinstance(t := dig(doc, "crio", "runtime", "runtimes").get(handler), dict)]
+        if not tables:
+            return None
+        path = tables[-1].get("runtime_path")
+        return path if isinstance(path, str) and path else handler
+
+    def default_runtime(self, root: Root, facts: RuntimeFacts) -> str | None:
+        name = None                 # CRI-O's own default differs by version (runc, crun): unknown when unset
+        for _, doc in crio_files(root, facts.config_path):
+            value = dig(doc, "crio", "runtime").get("default_runtime")
+            if isinstance(value, str) and value:
+                name = value        # later files win per option
+        return name
+
+    def cdi(self, root: Root, facts: RuntimeFacts) -> CdiFacts:
+        return crio_cdi(root, facts)
 
     def configure(self, root: Root, config_path: str, options: Options, report: ChangeReport,
                   facts: RuntimeFacts | None, record: dict | None) -> list[FileEdit]:
         return plan(root, config_path, options, report, record)
 
 
-__all__ = ["plan", "config_dir", "dropin_path", "crio_handlers", "Crio", "os"]
+__all__ = ["plan", "config_dir", "dropin_path", "crio_handlers", "crio_files", "crio_cdi", "Crio", "os"]

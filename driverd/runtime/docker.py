@@ -7,8 +7,8 @@ import json
 from driverd.errors import RuntimeConfigError
 from driverd.root import Root
 from driverd.runtime import adopt, jsondoc
-from driverd.runtime.base import Runtime
-from driverd.runtime.model import Change, ChangeReport, FileEdit, Options, RuntimeFacts
+from driverd.runtime.base import Runtime, version_tuple
+from driverd.runtime.model import CDI_SPEC_DIRS, CdiFacts, Change, ChangeReport, FileEdit, Options, RuntimeFacts
 
 DEFAULT_CONFIG = "/etc/docker/daemon.json"
 RESERVED = ("runc", "io.containerd.runc.v2", "io.containerd.runtime.v1.linux")
@@ -68,6 +68,47 @@ def plan(root: Root, config_path: str | None, opts: Options, report: ChangeRepor
     return edits
 
 
+def _daemon_json(root: Root, config_path: str | None) -> dict:
+    try:
+        doc = json.loads(root.read_text(config_path) or "{}") if config_path else {}
+    except (ValueError, RecursionError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+# CDI in Docker — the facts and where they come from: Docker 25 added CDI as an opt-in,
+# "features": {"cdi": true} in daemon.json (moby PR #45134; cncf-tags/container-device-interface
+# issue #84: "CDI is available as an opt-in feature in Docker as of Docker 25"); Docker 28.2.0 turned
+# it on by default (release notes 28.2.0: "CDI is now enabled by default", moby PR #49963), and only an
+# explicit false turns it off (moby's dockerd startup, cdiEnabled(): "true if CDI feature wasn't
+# explicitly disabled via features"; cmd/dockerd/daemon.go, now daemon/command/daemon.go). Spec directories: daemon.json "cdi-spec-dirs", default /etc/cdi and /var/run/cdi.
+CDI_SINCE = (25, 0)
+CDI_DEFAULT_ON_SINCE = (28, 2)
+
+
+def docker_cdi(root: Root, facts: RuntimeFacts) -> CdiFacts:
+    doc = _daemon_json(root, facts.config_path if facts.config_exists else None)
+    features = doc.get("features")
+    flag = features.get("cdi") if isinstance(features, dict) else None
+    flag = flag if isinstance(flag, bool) else None
+    spec_dirs = doc.get("cdi-spec-dirs")
+    dirs = tuple(spec_dirs) if isinstance(spec_dirs, list) and all(isinstance(d, str) for d in spec_dirs) \
+        else CDI_SPEC_DIRS
+    said = f"features.cdi = {str(flag).lower()} in {facts.config_path}" if flag is not None else None
+    binv = version_tuple(facts.version)
+    if binv is None:
+        why = "Docker's version is unknown (CDI: opt-in from 25.0, on by default from 28.2)"
+        return CdiFacts(None, flag, f"{why}; {said}" if said else why, dirs)
+    v = f"{binv[0]}.{binv[1]}"
+    if binv < CDI_SINCE:
+        return CdiFacts(False, False, f"Docker {v} has no CDI support; it came with Docker 25", dirs)
+    if said:
+        return CdiFacts(True, flag, said, dirs)
+    if binv >= CDI_DEFAULT_ON_SINCE:
+        return CdiFacts(True, True, "features.cdi is not set: on by default since Docker 28.2", dirs)
+    return CdiFacts(True, False, f"features.cdi is not set: Docker {v} needs it (opt-in before 28.2)", dirs)
+
+
 def docker_handlers(root: Root, config_path: str) -> tuple[list[str], str | None]:
     try:
         doc = json.loads(root.read_text(config_path) or "{}")
@@ -85,9 +126,27 @@ class Docker(Runtime):
     sockets = ("/var/run/docker.sock",)
     process_names = ("dockerd",)
     reloads_on_signal = True        # SIGHUP: dockerd reloads daemon.json (runtimes included)
+    handler_failure = "containers run with --runtime {handler} will fail to start"
 
     def effective_handlers(self, root: Root, config_path: str | None) -> tuple[list[str], str | None]:
         return docker_handlers(root, config_path) if config_path else ([], None)
+
+    def handler_binary(self, root: Root, facts: RuntimeFacts, handler: str) -> str | None:
+        runtimes = _daemon_json(root, facts.config_path).get("runtimes")
+        entry = runtimes.get(handler) if isinstance(runtimes, dict) else None
+        if not isinstance(entry, dict):
+            return None
+        options = entry.get("options")
+        named = (options.get("BinaryName") if entry.get("runtimeType") and isinstance(options, dict)
+                 else entry.get("path"))
+        return named if isinstance(named, str) and named else None
+
+    def default_runtime(self, root: Root, facts: RuntimeFacts) -> str | None:
+        name = _daemon_json(root, facts.config_path).get("default-runtime")
+        return name if isinstance(name, str) and name else "runc"
+
+    def cdi(self, root: Root, facts: RuntimeFacts) -> CdiFacts:
+        return docker_cdi(root, facts)
 
     def configure(self, root: Root, config_path: str, options: Options, report: ChangeReport,
                   facts: RuntimeFacts | None, record: dict | None) -> list[FileEdit]:

@@ -12,6 +12,7 @@ from driverd.runner import Runner
 from driverd.runtime import registry, state
 from driverd.runtime.base import Runtime
 from driverd.runtime.model import HANDLER_NAME, RESTART_MODES, ChangeReport, FileEdit, Options
+from driverd.runtime.needs import TOOLKIT, resolve_binary
 
 
 def _facts_for(root: Root, runtime: str, handler: str, facts=None):
@@ -56,9 +57,13 @@ def configure(root: Root, runtime: str, options: Options, runner: Runner | None 
         report.notes.append(f"{runtime} was not detected on this host; configuring {config_path} anyway")
     edits: list[FileEdit] = rt.configure(root, config_path, options, report, rf, state.recorded(root, runtime))
     binary = report.binary or options.binary
-    if not root.exists(binary) and not rt.checks_binary:
-        report.notes.append(f"{binary} does not exist yet: containers asking for '{options.handler}' "
-                            "fail until nvidia-container-toolkit is installed")
+    _path, found = resolve_binary(root, binary)
+    if found != "present" and not rt.checks_binary:
+        # Not refused: the toolkit may come after driverd, and the handler works from then on.
+        report.notes.append(f"{binary} {'does not exist yet' if found == 'missing' else 'is not executable'}: "
+                            f"containers asking for '{options.handler}' fail until {TOOLKIT} is installed or "
+                            "runtime.binary (--binary) names an installed NVIDIA runtime (`driverd detect` says what "
+                            "each runtime's handler needs)")
     spec = None
     if options.cdi:
         # CDI in two parts: the runtime side is enabled now; the spec needs the GPUs, so without them

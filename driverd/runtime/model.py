@@ -11,6 +11,45 @@ DEFAULT_CDI_SPEC = "/var/run/cdi/nvidia.yaml"
 DEFAULT_BINARY = "/usr/bin/nvidia-container-runtime"
 # A handler name every runtime accepts as a table key / runtime name (config's runtime.handler too).
 HANDLER_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+# The CDI specification's default spec directories (tags.cncf.io/container-device-interface,
+# pkg/cdi/spec-dirs.go: /etc/cdi static, /var/run/cdi generated), which containerd, CRI-O and Docker
+# read unless their configuration names others; the kind of NVIDIA's GPU devices.
+CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+CDI_KIND = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class CdiFacts:
+    """Whether a runtime can hand out GPUs through CDI on this host (driverd.runtime.needs)."""
+    supported: bool | None                  # this version injects CDI devices (None: version unknown)
+    enabled: bool | None                    # on in its effective configuration (None: unknown)
+    evidence: str                           # why, in words: the version rule, the key and its file
+    spec_dirs: tuple[str, ...] = CDI_SPEC_DIRS   # where it reads specs (its configuration, else the defaults)
+    specs: tuple[str, ...] = ()             # spec files of kind nvidia.com/gpu in spec_dirs under the root
+
+    @property
+    def usable(self) -> bool:
+        return bool(self.supported and self.enabled and self.specs)
+
+
+@dataclass(frozen=True)
+class HandlerNeeds:
+    """What the runtime handler (runtime.handler) needs on this host and whether it has it: the binary
+    it runs and CDI as the alternative. Part of RuntimeFacts; the plan warns from it."""
+    runtime: str                            # the registry name
+    handler: str
+    configured: bool                        # the runtime's effective configuration defines the handler
+    default: bool                           # ... and makes it the default runtime (every container runs it)
+    binary: str                             # what the handler runs (as its configuration names it), else runtime.binary
+    binary_from: str                        # "config" | "runtime.binary"
+    binary_path: str | None                 # the host path it resolves to (a bare name: on the host's PATH)
+    binary_state: str                       # present | missing | not-executable
+    cdi: CdiFacts
+    status: str                             # ok | not-configured | binary-missing
+    verdict: str                            # one line in operators' words
+    cdi_line: str                           # CDI's state in one line
+    fixes: tuple[str, ...] = ()
+    waits_for_binary: bool = False          # the runtime refuses the handler until its binary exists (CRI-O)
 
 
 @dataclass(frozen=True)
@@ -26,6 +65,7 @@ class RuntimeFacts:
     handlers: tuple[str, ...] = ()
     nvidia_handler: bool = False
     note: str | None = None
+    needs: HandlerNeeds | None = None       # what the handler needs here (driverd.runtime.needs)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from driverd.runtime.base import Runtime
 from driverd.runtime.containerd import Containerd
 from driverd.runtime.crio import Crio
 from driverd.runtime.docker import Docker
-from driverd.runtime.model import RuntimeFacts
+from driverd.runtime.model import DEFAULT_BINARY, RuntimeFacts
 
 REGISTRY: dict[str, Runtime] = {r.name: r for r in (Containerd(), Crio(), Docker())}
 
@@ -29,6 +29,7 @@ def runtimes() -> tuple[Runtime, ...]:
     return tuple(REGISTRY.values())
 
 
-def detect_all(root: Root, handler: str = "nvidia") -> list[RuntimeFacts]:
-    """The facts of every registered runtime present on the host, in the table's order."""
-    return [f for f in (r.detect(root, handler) for r in runtimes()) if f is not None]
+def detect_all(root: Root, handler: str = "nvidia", binary: str = DEFAULT_BINARY) -> list[RuntimeFacts]:
+    """The facts of every registered runtime present on the host, in the table's order, each with what
+    `handler` (running `binary`, runtime.binary, where driverd adds it) needs there."""
+    return [f for f in (r.detect(root, handler, binary) for r in runtimes()) if f is not None]

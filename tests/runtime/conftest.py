@@ -42,6 +42,20 @@ def make_host(host: Path, files: dict[str, str], versions: dict[str, str] | None
     return host
 
 
+def install_binary(host: Path, path: str = "/usr/bin/nvidia-container-runtime", mode: int = 0o755) -> None:
+    """A (script) binary at a host path, with `mode`."""
+    p = host / path.lstrip("/")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(b"#!/bin/sh\n")
+    os.chmod(p, mode)
+
+
+def gpu_host(host: Path, files: dict[str, str], versions: dict[str, str]) -> Path:
+    """A simulated host with one H100 (so `plan` plans) plus runtime files and binaries (make_host)."""
+    from driverd.sim.hosttree import HostSpec, h100, write_host
+    return make_host(write_host(host, HostSpec(pci=[h100("0000:1b:00.0")])), files, versions)
+
+
 def snapshot(host: Path, under: str = "etc") -> dict[str, bytes]:
     base = host / under
     return {str(p.relative_to(host)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}

@@ -27,9 +27,12 @@ def test_every_registered_runtime_implements_the_whole_interface():
         for attr in ("title", "binaries", "configs", "sockets", "process_names"):
             assert getattr(rt, attr), (name, attr)
         assert isinstance(rt.reloads_on_signal, bool) and isinstance(rt.checks_binary, bool)
+        assert "{handler}" in rt.handler_failure, name
+        assert type(rt).cdi is not Runtime.cdi, f"{name}: says nothing of CDI"      # each knows its own rules
         for p in rt.binaries + rt.configs + rt.sockets:
             assert p.startswith("/"), (name, p)
-        for meth in ("detect", "effective_handlers", "configure", "revert", "unit"):
+        for meth in ("detect", "effective_handlers", "configure", "revert", "unit", "handler_binary", "cdi",
+                     "default_runtime"):
             base = inspect.signature(getattr(Runtime, meth))
             mine = inspect.signature(getattr(type(rt), meth))
             assert list(mine.parameters) == list(base.parameters), (name, meth, mine)
@@ -87,6 +90,10 @@ def test_a_runtime_added_to_the_registry_flows_through_detect_plan_configure_rev
     facts = _cli(capsys, "detect", "--root", root, "--no-nvml")
     (pm,) = [r for r in facts["runtimes"] if r["name"] == "podman"]
     assert pm["binary"] == "/usr/bin/podman" and pm["config_exists"] and not pm["nvidia_handler"]
+    # what the handler needs: without hooks of its own, runtime.binary and CDI unknown
+    assert (pm["needs"]["binary"], pm["needs"]["binary_from"]) == (BIN, "runtime.binary")
+    assert pm["needs"]["cdi"]["supported"] is None and pm["needs"]["cdi_line"].startswith("CDI: unknown (driverd does "
+                                                                                          "not know how Podman enables CDI)")
     # plan: a configure-runtime step for it
     plan = _cli(capsys, "plan", "--root", root, "--driver", "570.195.03")
     steps = [s for s in plan["steps"] if s["action"] == "configure-runtime"]
