@@ -1,5 +1,30 @@
 """CDI spec for the NVIDIA GPUs (kind nvidia.com/gpu): one device per GPU by index (its /dev/nvidiaN
-minor) and by UUID, plus `all`; the control nodes every GPU container needs go in the spec-wide edits.
+minor) and by UUID, plus `all`; what every GPU container needs goes in the spec-wide edits: the control
+device nodes, the driver's user-space and a way for the container's loader to find it.
+
+The user-space is what NVIDIA's own generator gives a container (`nvidia-ctk cdi generate`,
+nvidia-container-toolkit v1.20.2, pkg/nvcdi/driver-nvml.go and common-nvml.go), found by
+`driverd.driverfiles.inventory` — the finder the workload validation uses too:
+- every library of the driver's version (`*.so.<version>` in its library directories) and the binaries
+  (nvidia-smi, nvidia-debugdump, nvidia-persistenced, nvidia-cuda-mps-control/-server, nvidia-imex[-ctl]),
+  read-only bind mounts; GSP firmware (`/lib/firmware/nvidia/<version>/gsp*.bin`); the IPC sockets that
+  exist (persistenced, fabric manager) and the MPS pipe directory;
+- container paths are host paths without the driver root (/run/nvidia/driver/usr/lib/x86_64-linux-gnu/X
+  is /usr/lib/x86_64-linux-gnu/X in the container, /usr/local/nvidia/lib64/X is /lib64/X), as nvidia-ctk;
+- with NVIDIA's `nvidia-cdi-hook` on the host (where nvidia-ctk looks for it, and the GPU Operator's
+  /usr/local/nvidia/toolkit), the createContainer hooks nvidia-ctk adds: create-symlinks (the soname and
+  .so links the host has next to each library, and libcuda.so -> libcuda.so.1), enable-cuda-compat,
+  update-ldcache --folder <lib dir>, disable-device-node-modification, update-application-profile;
+- without it, the links are bind mounts of the library itself under the link's name and the loader
+  finds the directory through LD_LIBRARY_PATH (which replaces the image's own value: docs/cdi.md).
+NVIDIA_VISIBLE_DEVICES=void and the "void" device-list mount keep nvidia-container-runtime from
+injecting the GPUs a second time. docs/cdi.md lists every difference from nvidia-ctk's spec and why.
+
+Who writes the spec: driverd writes /var/run/cdi/nvidia.yaml — the file the toolkit's own
+nvidia-cdi-refresh service writes — unless that service is installed and can run on this host, or
+another spec of kind nvidia.com/gpu sits in the same directory; then the spec is left to the toolkit
+(two specs of one kind and device names in one directory make the CDI registry refuse both), and a
+spec driverd wrote there is taken back unless the toolkit's refresh writes the very same file.
 
 We emit cdiVersion 0.5.0: the oldest version whose features cover what we write (containerd 2.1
 reads 0.3.0 ... 1.0.0; Debian's containerd 1.6 has no CDI at all). `validate` checks a spec against
@@ -7,12 +32,16 @@ the rules of the version it declares, including the minimum version each feature
 
 CDI comes in two parts: `driverd runtime configure --cdi` enables CDI in the runtime at once (no GPU
 needed); the spec needs the GPUs, so `refresh(root, options)` writes it once they are visible and
-rewrites it when they (or the driver's device nodes) change — the daemon calls it after a load.
+rewrites it when they (or the driver's device nodes or user-space) change.
 """
 from __future__ import annotations
 
+import os
 import re
+import stat
+from dataclasses import dataclass, field
 
+from driverd import driverfiles
 from driverd.errors import RuntimeConfigError
 from driverd.nvproc import gpu_addresses, gpu_information
 from driverd.root import Root
@@ -21,9 +50,32 @@ CDI_VERSION = "0.5.0"
 KIND = "nvidia.com/gpu"
 COMMON_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 KNOWN_VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0")
-_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
-_CLASS = _NAME
+_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+_CLASS = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 _LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+
+# NVIDIA's hook binary: nvidia-ctk resolves it on PATH and in its default PATH (api/config/v1/config.go
+# ResolveNVIDIACDIHookPath, pkg/lookup/path.go); the GPU Operator installs the toolkit in
+# /usr/local/nvidia/toolkit. nvidia-ctk itself runs the same hooks as `nvidia-ctk hook <name>`.
+HOOK_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/nvidia/toolkit")
+HOOK_BINARIES = (("nvidia-cdi-hook", ("nvidia-cdi-hook",)), ("nvidia-ctk", ("nvidia-ctk", "hook")))
+HOOK_ENV = ["NVIDIA_CTK_DEBUG=false"]
+LIB_OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate"]          # internal/discover/mounts.go
+IPC_OPTIONS = ["nosuid", "nodev", "rbind", "rprivate", "noexec"]      # internal/discover/ipc.go
+# pkg/nvcdi/wrapper.go GetCommonEdits: nvidia-container-runtime must not inject the devices again.
+VOID_ENV = "NVIDIA_VISIBLE_DEVICES=void"
+VOID_MOUNT = {"hostPath": "/dev/null", "containerPath": "/var/run/nvidia-container-devices/void",
+              "options": ["ro", "nosuid", "nodev", "bind"]}
+
+# The toolkit's own writer of the spec (deployments/systemd/nvidia-cdi-refresh.{service,path}, installed
+# by the nvidia-container-toolkit-base package since 1.18) and what it needs to run (its Condition*s).
+TOOLKIT_UNIT = "nvidia-cdi-refresh.service"
+UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system",
+             "/usr/lib/systemd/system", "/lib/systemd/system")
+TOOLKIT_CTK = "/usr/bin/nvidia-ctk"
+TOOLKIT_SMI = ("/usr/bin/nvidia-smi", "/usr/sbin/nvidia-smi", "/usr/lib/wsl/lib/nvidia-smi")
+TOOLKIT_ENV = "/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env"
+TOOLKIT_OUTPUT = "/var/run/cdi/nvidia.yaml"
 
 
 def gpu_devices(root: Root, facts=None) -> list[tuple[int, str | None]]:
@@ -51,18 +103,335 @@ PENDING = ("no NVIDIA GPU is visible yet (driver not loaded?): CDI is enabled in
            "written when the GPUs appear (driverd.runtime.cdi.refresh, which the daemon runs after a driver load)")
 
 
+# -- the hook -------------------------------------------------------------------------------------------
+def find_hook(root: Root) -> tuple[str, list[str]] | None:
+    """(host path, argv before the hook's name) of NVIDIA's CDI hook binary, None when there is none."""
+    for name, argv in HOOK_BINARIES:
+        for d in HOOK_DIRS:
+            p = f"{d}/{name}"
+            real = root.safe_real(p)
+            try:
+                st = os.stat(real) if real is not None else None
+            except OSError:
+                st = None
+            if st is not None and stat.S_ISREG(st.st_mode) and st.st_mode & 0o111:
+                return p, list(argv)
+    return None
+
+
+def _hook(hook: tuple[str, list[str]], name: str, *args: str) -> dict:
+    return {"hookName": "createContainer", "path": hook[0], "args": [*hook[1], name, *args], "env": list(HOOK_ENV)}
+
+
+# -- the user-space edits -----------------------------------------------------------------------------------
+def _links(lib: driverfiles.Library, cdir: str) -> list[tuple[str, str]]:
+    """(target, link) pairs nvidia-ctk's create-symlinks makes for one library (internal/discover/symlinks.go):
+    the names some applications dlopen although no package ships them, then the soname and .so links
+    the host itself has next to the library."""
+    name, have = lib.name, {n for n, _ in lib.links}
+    out = []
+    if name.startswith("libcuda.so.") and name.count(".") >= 3:
+        out.append(("libcuda.so.1", f"{cdir}/libcuda.so"))
+    elif name.startswith("libGLX_nvidia.so."):
+        out.append((name, f"{cdir}/libGLX_indirect.so.0"))
+    elif name.startswith("libnvidia-opticalflow.so."):
+        out.append(("libnvidia-opticalflow.so.1", f"{cdir}/libnvidia-opticalflow.so"))
+    if lib.soname and lib.soname != name and lib.soname in have:
+        out.append((name, f"{cdir}/{lib.soname}"))
+    target = lib.soname or name
+    dev = driverfiles.dev_link(target)
+    if dev and dev != target and dev in have:
+        out.append((target, f"{cdir}/{dev}"))
+    return out
+
+
+@dataclass
+class UserSpaceEdits:
+    env: list[str] = field(default_factory=list)
+    mounts: list[dict] = field(default_factory=list)
+    hooks: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    loader: str = "none"                   # hook (nvidia-cdi-hook: ldcache + links) | env (LD_LIBRARY_PATH) | none
+
+
+def user_space_edits(inv: driverfiles.Inventory, hook: tuple[str, list[str]] | None) -> UserSpaceEdits:
+    """The mounts, hooks and environment that give a container the driver's user-space `inv`."""
+    us, out = inv.userspace, UserSpaceEdits()
+    mounts: dict[str, dict] = {}
+
+    def mount(host: str, container: str, options: list[str]) -> None:
+        mounts.setdefault(container, {"hostPath": host, "containerPath": container, "options": list(options)})
+
+    if inv.problem:
+        out.notes.append(f"driver user-space: {inv.problem}; the CDI spec gives containers the device nodes only "
+                         "(CUDA inside them cannot load libcuda.so.1)")
+    links: list[str] = []
+    lib_dirs: list[str] = []            # container directories of the libraries, in library order
+    for lib in inv.libraries:
+        cpath = us.relative(lib.path)
+        cdir = os.path.dirname(cpath)
+        mount(lib.path, cpath, LIB_OPTIONS)
+        if cdir not in lib_dirs:
+            lib_dirs.append(cdir)
+        for target, link in _links(lib, cdir):
+            if hook is not None:
+                links.append(f"{target}::{link}")
+            else:               # no hook to create the link: the library itself under the link's name
+                mount(lib.path, link, LIB_OPTIONS)
+    for name, p in inv.binaries.items():
+        mount(p, us.relative(p), LIB_OPTIONS)
+    for p in inv.firmware:
+        mount(p, f"/lib/firmware/nvidia/{inv.version}/{os.path.basename(p)}", LIB_OPTIONS)
+    for target, p in inv.ipc.items():
+        mount(p, target, IPC_OPTIONS)
+    # nvidia-ctk's NVIDIA_CTK_LIBCUDA_DIR: the directories of lib*.so.<version> (not vdpau/)
+    main_dirs = [d for d in lib_dirs if os.path.basename(d) != "vdpau"] or lib_dirs
+    if inv.libraries and hook is not None:
+        out.loader = "hook"
+        out.hooks.append(_hook(hook, "create-symlinks", *[a for x in dict.fromkeys(links) for a in ("--link", x)]))
+        out.hooks.append(_hook(hook, "enable-cuda-compat", f"--host-driver-version={inv.version}"))
+        out.hooks.append(_hook(hook, "update-ldcache", *[a for d in lib_dirs for a in ("--folder", d)]))
+        out.hooks.append(_hook(hook, "disable-device-node-modification"))
+        out.hooks.append(_hook(hook, "update-application-profile"))
+        out.env.append("NVIDIA_CTK_LIBCUDA_DIR=" + ":".join(main_dirs))
+    elif inv.libraries:
+        out.loader = "env"
+        out.env.append("LD_LIBRARY_PATH=" + ":".join(main_dirs))
+        out.notes.append(f"nvidia-cdi-hook is not installed ({', '.join(HOOK_DIRS)}): containers find the driver's "
+                         f"libraries through LD_LIBRARY_PATH={':'.join(main_dirs)}, which replaces the image's own "
+                         "LD_LIBRARY_PATH; install NVIDIA's container toolkit for the ld-cache hooks (docs/cdi.md)")
+    out.env.append(VOID_ENV)
+    out.mounts = sorted(mounts.values(), key=lambda m: m["containerPath"]) + [dict(VOID_MOUNT)]
+    return out
+
+
 def build_if_visible(root: Root, facts=None) -> dict | None:
     """The spec for the GPUs visible now, None when there are none."""
     return build(root, facts) if gpu_devices(root, facts) else None
 
 
+def build(root: Root, facts=None, driver_root: str | None = None) -> dict:
+    return build_with_notes(root, facts, driver_root)[0]
+
+
+def build_with_notes(root: Root, facts=None, driver_root: str | None = None) -> tuple[dict, list[str]]:
+    """The spec for the GPUs visible now and what a reader of the report should know about it (the
+    user-space found or not, the loader fallback)."""
+    gpus = gpu_devices(root, facts)
+    if not gpus:
+        raise RuntimeConfigError("no NVIDIA GPU found for the CDI spec",
+                                 cause="neither /proc/driver/nvidia/gpus, NVML nor /dev/nvidiaN lists a GPU",
+                                 fix="load the driver first (driverd apply), then run again", exit_code=3)
+    devices = []
+    for minor, uuid in gpus:
+        edits = {"deviceNodes": [{"path": f"/dev/nvidia{minor}"}]}
+        devices.append({"name": str(minor), "containerEdits": edits})
+        if uuid:
+            devices.append({"name": uuid, "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{minor}"}]}})
+    devices.append({"name": "all", "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{m}"} for m, _ in gpus]}})
+    inv = driverfiles.inventory(root, driver_root=driver_root)
+    us = user_space_edits(inv, find_hook(root))
+    common: dict = {}
+    if us.env:
+        common["env"] = us.env
+    nodes = [{"path": p} for p in COMMON_NODES if root.exists(p)]
+    if nodes:
+        common["deviceNodes"] = nodes
+    if us.hooks:
+        common["hooks"] = us.hooks
+    common["mounts"] = us.mounts
+    spec: dict = {"cdiVersion": CDI_VERSION, "kind": KIND, "devices": devices, "containerEdits": common}
+    problems = validate(spec)
+    if problems:   # a bug of ours: never write a spec the runtimes would reject
+        raise RuntimeConfigError("generated CDI spec is invalid: " + "; ".join(problems))
+    notes = us.notes
+    if inv.libraries:
+        notes = [f"driver user-space {inv.version} from {inv.userspace.driver_root} ({len(inv.libraries)} libraries in "
+                 f"{', '.join(inv.lib_dirs)}, {len(inv.binaries)} binaries, {len(inv.firmware)} firmware files, "
+                 f"IPC: {', '.join(inv.ipc) or 'none'}; loader: {us.loader})"] + notes
+    return spec, notes
+
+
+# -- who writes the spec ----------------------------------------------------------------------------------
+def _env_file(root: Root, path: str) -> dict[str, str]:
+    out = {}
+    for line in (root.read_text(path, 64 << 10) or "").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, _, v = line.partition("=")
+            out[k.strip()] = v.strip().strip("'\"")
+    return out
+
+
+@dataclass(frozen=True)
+class ToolkitRefresh:
+    """The NVIDIA container toolkit's own spec writer on this host, and whether it will run."""
+    unit: str                          # host path of nvidia-cdi-refresh.service
+    output: str                        # the spec it writes (NVIDIA_CTK_CDI_OUTPUT_FILE_PATH)
+    driver_root: str                   # where it looks for the driver (NVIDIA_CTK_DRIVER_ROOT)
+    runs: bool                         # not masked and its conditions hold (nvidia-ctk and nvidia-smi exist)
+    why_not: str | None = None
+
+
+def toolkit_refresh(root: Root) -> ToolkitRefresh | None:
+    """nvidia-cdi-refresh.service as systemd would see it (the first unit file in systemd's search order;
+    one in /etc or /run that is empty or links to /dev/null masks it), None when it is not installed."""
+    unit = None
+    for d in UNIT_DIRS:
+        p = f"{d}/{TOOLKIT_UNIT}"
+        link = root.readlink(p)
+        if link == "/dev/null" or (root.exists(p) and root.is_file(p) and not (root.read_bytes(p, 1 << 20) or b"").strip()):
+            return ToolkitRefresh(p, TOOLKIT_OUTPUT, "/", False, f"{TOOLKIT_UNIT} is masked ({p})")
+        if root.is_file(p):
+            unit = p
+            break
+    if unit is None:
+        return None
+    env = _env_file(root, TOOLKIT_ENV)
+    output = env.get("NVIDIA_CTK_CDI_OUTPUT_FILE_PATH") or TOOLKIT_OUTPUT
+    droot = env.get("NVIDIA_CTK_DRIVER_ROOT") or "/"
+    if not root.exists(TOOLKIT_CTK):
+        return ToolkitRefresh(unit, output, droot, False, f"{TOOLKIT_CTK} is missing (the unit's ConditionPathExists)")
+    if not any(root.exists(p) for p in TOOLKIT_SMI):
+        return ToolkitRefresh(unit, output, droot, False,
+                              f"none of {', '.join(TOOLKIT_SMI)} exists (the unit's ConditionPathExists): it never runs")
+    return ToolkitRefresh(unit, output, droot, True)
+
+
+def _spec_kind(root: Root, path: str) -> str | None:
+    text = root.read_text(path, 4 << 20)
+    if not text:
+        return None
+    try:
+        import yaml
+        doc = yaml.safe_load(text)
+    except Exception:               # noqa: BLE001 - another tool's file: unreadable is not ours to judge
+        return None
+    return doc.get("kind") if isinstance(doc, dict) else None
+
+
+def other_specs(root: Root, path: str) -> list[str]:
+    """Specs of kind nvidia.com/gpu in the directory of `path` that are not `path`: with ours they would
+    define the same devices twice at one priority, which the CDI registry refuses for both."""
+    d = os.path.dirname(path)
+    return [p for p in root.glob(d) if p != path and p.endswith((".yaml", ".yml", ".json")) and root.is_file(p)
+            and _spec_kind(root, p) == KIND]
+
+
+@dataclass
+class SpecPlan:
+    """What a refresh (or configure --cdi) does with the spec: write `spec`, wait for GPUs, or leave the
+    spec to another writer (`owner`)."""
+    path: str
+    spec: dict | None = None
+    notes: list[str] = field(default_factory=list)
+    owner: str | None = None               # "toolkit" | "other" when driverd leaves the spec alone
+    reason: str | None = None              # why driverd does not write it
+    toolkit_output: str | None = None
+
+
+def plan(root: Root, options, facts=None) -> SpecPlan:
+    """Decide who writes the spec and, when driverd does, build it (raises only for a bug of ours)."""
+    path = options.cdi_spec_path
+    sp = SpecPlan(path)
+    tk = toolkit_refresh(root)
+    if tk is not None and tk.runs:
+        sp.owner, sp.toolkit_output = "toolkit", tk.output
+        sp.reason = (f"NVIDIA's container toolkit writes the CDI spec on this host ({tk.unit} -> {tk.output}, "
+                     f"driver root {tk.driver_root}): driverd leaves the spec to it (two writers of one spec, or two "
+                     "specs of one kind, make containers fail)")
+        us = driverfiles.find(root)
+        if us.found and os.path.normpath(tk.driver_root) != (us.driver_root or "/"):
+            sp.notes.append(f"the driver's user-space is under {us.driver_root}, but the toolkit generates from "
+                            f"{tk.driver_root}: its spec will lack the libraries; set NVIDIA_CTK_DRIVER_ROOT="
+                            f"{us.driver_root} in {TOOLKIT_ENV}")
+        return sp
+    if tk is not None:
+        sp.notes.append(f"{TOOLKIT_UNIT} is installed ({tk.unit}) but will not write a spec: {tk.why_not}; driverd "
+                        "writes it")
+    others = other_specs(root, path)
+    if others:
+        sp.owner = "other"
+        sp.reason = (f"another CDI spec of kind {KIND} is in {os.path.dirname(path)} ({', '.join(others)}): driverd "
+                     f"does not write {path} beside it (the CDI registry refuses devices defined twice at one priority)")
+        return sp
+    if gpu_devices(root, facts):
+        sp.spec, notes = build_with_notes(root, facts)
+        sp.notes += notes
+    return sp
+
+
+def commit(root: Root, options, report, sp: SpecPlan, dry: bool = False) -> None:
+    """Carry out `sp`: write the spec through driverd's runtime record ("cdi"), or step back."""
+    report.notes += sp.notes
+    if sp.owner is not None:
+        report.notes.append(sp.reason)
+        _step_back(root, options, report, sp, dry)
+    elif sp.spec is None:
+        report.notes.append(PENDING.format(path=sp.path))
+    else:
+        _forget_rewritten(root, report, dry, keep=sp.path)
+        write_spec(root, options, report, None, dry, sp.spec)
+
+
+def _recorded_specs(root: Root) -> dict[str, dict]:
+    from driverd.runtime import state
+    return dict((state.recorded(root, "cdi") or {}).get("files") or {})
+
+
+def _forget_rewritten(root: Root, report, dry: bool, keep: str | None = None) -> list[str]:
+    """Drop from driverd's record the spec files (but `keep`) someone else rewrote since driverd wrote
+    them (the toolkit's refresh writes the same file): they are theirs now, and a revert must not remove
+    them. Returns the paths dropped."""
+    from driverd.runtime import state
+    files = _recorded_specs(root)
+    drop = [p for p, f in files.items() if p != keep and (cur := state.read(root, p)) is not None
+            and state.sha256(cur) != f.get("written_sha256")]
+    for p in drop:
+        report.notes.append(f"{p} was rewritten by another tool since driverd wrote it: it is theirs now "
+                            "(driverd's record of it dropped, the file left as it is)")
+    if not drop or dry:
+        return drop
+    data = state.load(root)
+    rec = data["runtimes"].get("cdi") or {}
+    for p in drop:
+        frec = rec.get("files", {}).pop(p, None)
+        if frec and frec.get("backup"):
+            root.unlink(frec["backup"])
+    if not rec.get("files"):
+        data["runtimes"].pop("cdi", None)
+    state.save(root, data)
+    return drop
+
+
+def _step_back(root: Root, options, report, sp: SpecPlan, dry: bool) -> None:
+    """driverd does not write the spec: a spec it wrote where the toolkit writes stays until the toolkit
+    rewrites it (no moment without a spec); one it wrote anywhere else goes (it would define the devices
+    a second time)."""
+    from driverd.runtime import state
+    from driverd.runtime.model import ChangeReport
+    dropped = _forget_rewritten(root, report, dry)
+    files = {p: f for p, f in _recorded_specs(root).items() if p not in dropped}
+    if not files:
+        return
+    if sp.owner == "toolkit" and set(files) == {sp.toolkit_output}:
+        report.notes.append(f"{sp.toolkit_output} still holds driverd's spec until the toolkit's refresh rewrites it")
+        return
+    sub = ChangeReport("cdi", options.handler, "revert", dry_run=dry)
+    state.revert(root, "cdi", sub, dry)
+    report.files_changed += sub.files_changed
+    report.diffs.update(sub.diffs)
+    report.notes += [f"driverd's own spec taken back: {n}" for n in sub.notes]
+
+
 def refresh(root: Root, options=None, facts=None, dry_run: bool | None = None):
     """Write or rewrite the CDI spec from the GPUs visible now; a ChangeReport says what changed.
 
-    Nothing is written when CDI is not enabled (options.cdi / runtime.cdi), when no GPU is visible
-    (an existing spec is kept: it goes stale only if the GPUs changed, and the next refresh after the
-    driver is back rewrites it), or when the spec on disk is already the one the GPUs give. Changes go
-    through driverd's runtime record ("cdi"), so `driverd runtime revert --runtime cdi` removes the
+    Nothing is written when CDI is not enabled (options.cdi / runtime.cdi), when the spec is left to
+    another writer (the toolkit's nvidia-cdi-refresh, another spec of the kind: `plan`), when no GPU is
+    visible (an existing spec is kept: it goes stale only if the GPUs changed, and the next refresh after
+    the driver is back rewrites it), or when the spec on disk is already the one the host gives. Changes
+    go through driverd's runtime record ("cdi"), so `driverd runtime revert --runtime cdi` removes the
     spec (or puts back a spec another tool had written there). Call it under the host lock."""
     from driverd.runtime.model import ChangeReport, Options
     options = options or Options(cdi=True)
@@ -71,16 +440,30 @@ def refresh(root: Root, options=None, facts=None, dry_run: bool | None = None):
     if not options.cdi:
         report.skipped = "CDI is not enabled (runtime.cdi / --cdi): no spec written"
         return report
-    spec = build_if_visible(root, facts)
-    if spec is None:
+    sp = plan(root, options, facts)
+    if sp.owner is None and sp.spec is None:
         kept = " (the existing spec is kept)" if root.exists(options.cdi_spec_path) else ""
         report.skipped = (f"no NVIDIA GPU is visible: {options.cdi_spec_path} is written when the GPUs appear"
                           f"{kept}")
+        report.notes += sp.notes
         return report
-    write_spec(root, options, report, facts, dry, spec)
-    if not report.files_changed:
+    commit(root, options, report, sp, dry)
+    if sp.owner is not None:
+        report.skipped = sp.reason
+    elif not report.files_changed:
         report.skipped = f"{options.cdi_spec_path} already describes the GPUs on this host: nothing to do"
     return report
+
+
+def revert(root: Root, options, report, dry: bool = False) -> None:
+    """`driverd runtime revert --runtime cdi`: take back the spec driverd wrote; a spec file another tool
+    rewrote since (the toolkit's refresh) is left to it."""
+    from driverd.runtime import state
+    dropped = _forget_rewritten(root, report, dry)
+    if dropped and not set(_recorded_specs(root)) - set(dropped):
+        report.skipped = "every spec driverd wrote has been rewritten by another tool since: nothing to take back"
+        return
+    state.revert(root, "cdi", report, dry)
 
 
 def write_spec(root: Root, options, report, facts=None, dry: bool = False, spec: dict | None = None) -> None:
@@ -99,29 +482,6 @@ def write_spec(root: Root, options, report, facts=None, dry: bool = False, spec:
     devs = [d["name"] for d in spec["devices"]]
     report.notes.append(f"CDI spec {options.cdi_spec_path} (cdiVersion {spec['cdiVersion']}, kind {spec['kind']}): "
                         f"devices {', '.join(devs)}")
-
-
-def build(root: Root, facts=None) -> dict:
-    gpus = gpu_devices(root, facts)
-    if not gpus:
-        raise RuntimeConfigError("no NVIDIA GPU found for the CDI spec",
-                                 cause="neither /proc/driver/nvidia/gpus, NVML nor /dev/nvidiaN lists a GPU",
-                                 fix="load the driver first (driverd apply), then run again", exit_code=3)
-    devices = []
-    for minor, uuid in gpus:
-        edits = {"deviceNodes": [{"path": f"/dev/nvidia{minor}"}]}
-        devices.append({"name": str(minor), "containerEdits": edits})
-        if uuid:
-            devices.append({"name": uuid, "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{minor}"}]}})
-    devices.append({"name": "all", "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{m}"} for m, _ in gpus]}})
-    common = [{"path": p} for p in COMMON_NODES if root.exists(p)]
-    spec: dict = {"cdiVersion": CDI_VERSION, "kind": KIND, "devices": devices}
-    if common:
-        spec["containerEdits"] = {"deviceNodes": common}
-    problems = validate(spec)
-    if problems:   # a bug of ours: never write a spec the runtimes would reject
-        raise RuntimeConfigError("generated CDI spec is invalid: " + "; ".join(problems))
-    return spec
 
 
 def render(spec: dict) -> str:
@@ -158,17 +518,33 @@ def _edits(e: object, where: str, need: list[tuple[str, str]], errs: list[str]) 
             errs.append(f"{w}: permissions must be made of r, w, m")
         if "type" in n and n["type"] not in ("b", "c", "u", "p"):
             errs.append(f"{w}: type must be b, c, u or p")
+    targets: set[str] = set()
     for i, m in enumerate(e.get("mounts") or []):
         w = f"{where}.mounts[{i}]"
         if not isinstance(m, dict) or not m.get("hostPath") or not str(m.get("containerPath", "")).startswith("/"):
             errs.append(f"{w}: hostPath and an absolute containerPath are required")
-        elif "type" in m:
+            continue
+        if m["containerPath"] in targets:
+            errs.append(f"{w}: containerPath {m['containerPath']} is mounted twice")
+        targets.add(m["containerPath"])
+        if not _strings(m.get("options", [])):
+            errs.append(f"{w}: options must be a list of strings")
+        if "type" in m:
             need.append(("0.4.0", f"{w}: type"))
     for i, h in enumerate(e.get("hooks") or []):
         w = f"{where}.hooks[{i}]"
         if not isinstance(h, dict) or not str(h.get("path", "")).startswith("/") or h.get("hookName") not in (
                 "prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"):
             errs.append(f"{w}: needs a known hookName and an absolute path")
+            continue
+        if not _strings(h.get("args", [])):
+            errs.append(f"{w}: args must be a list of strings")
+        if not _strings(h.get("env", [])) or any("=" not in x for x in h.get("env", [])):
+            errs.append(f"{w}: env must be a list of NAME=VALUE strings")
+
+
+def _strings(x: object) -> bool:
+    return isinstance(x, list) and all(isinstance(v, str) for v in x)
 
 
 def validate(spec: object) -> list[str]:

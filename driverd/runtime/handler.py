@@ -64,17 +64,16 @@ def configure(root: Root, runtime: str, options: Options, runner: Runner | None 
                             f"containers asking for '{options.handler}' fail until {TOOLKIT} is installed or "
                             "runtime.binary (--binary) names an installed NVIDIA runtime (`driverd detect` says what "
                             "each runtime's handler needs)")
-    spec = None
+    spec_plan = None
     if options.cdi:
         # CDI in two parts: the runtime side is enabled now; the spec needs the GPUs, so without them
-        # it is written later by cdi.refresh (the daemon calls it when GPUs or the driver change).
+        # it is written later by cdi.refresh (the daemon calls it when GPUs or the driver change). The
+        # spec is left to NVIDIA's toolkit where its own refresh writes it (cdi.plan says who writes).
         from driverd.runtime import cdi
-        spec = cdi.build_if_visible(root, facts)
+        spec_plan = cdi.plan(root, options, facts)
     state.apply(root, runtime, options.handler, edits, report, dry)
-    if spec is not None:
-        write_cdi_spec(root, options, report, facts, dry, spec)
-    elif options.cdi:
-        report.notes.append(cdi.PENDING.format(path=options.cdi_spec_path))
+    if spec_plan is not None:
+        cdi.commit(root, options, report, spec_plan, dry)
     runtime_changed = any(p in report.files_changed for p in (e.path for e in edits))
     if not runtime_changed:
         if not report.files_changed:
@@ -114,7 +113,8 @@ def revert(root: Root, runtime: str, options: Options, runner: Runner | None = N
     dry = options.dry_run or runner.dry_run
     report = ChangeReport(runtime, options.handler, "revert", dry_run=dry)
     if runtime == "cdi":            # the CDI spec is recorded on its own, not a runtime of the registry
-        state.revert(root, runtime, report, dry)
+        from driverd.runtime import cdi
+        cdi.revert(root, options, report, dry)
         return report
     rt = registry.get(runtime)
     rt.revert(root, report, dry)

@@ -334,6 +334,43 @@ def t_module_fields(data: bytes) -> None:
         os.unlink(p)
 
 
+def t_ld_cache(data: bytes) -> None:
+    """The host's /etc/ld.so.cache as driverd.driverfiles reads it to find the driver's libraries."""
+    from driverd.driverfiles import parse_ld_cache
+    for k, v in contract(lambda: parse_ld_cache(data)) or []:
+        if not (isinstance(k, str) and isinstance(v, str) and v.startswith("/")):
+            raise Finding(f"ld cache entry {k!r} -> {v!r}")
+
+
+@functools.lru_cache(maxsize=None)
+def ld_cache_seeds() -> tuple[bytes, ...]:
+    """This machine's ld cache (read, never written) and a small one of two entries."""
+    strings = b"libcuda.so.1\0/usr/local/nvidia/lib64/libcuda.so.1\0"
+    head = b"glibc-ld.so.cache1.1" + struct.pack("<II", 2, len(strings)) + b"\0" * 20
+    body = struct.pack("<iIIIQ", 0x0303, 96, 109, 0, 0) + struct.pack("<iIIIQ", 0x0303, 96, 96, 0, 0)
+    real = Path("/etc/ld.so.cache")
+    return (head + body + strings,) + ((real.read_bytes()[:1 << 16],) if real.is_file() else ())
+
+
+def t_library_soname(data: bytes) -> None:
+    """A driver library's DT_SONAME (driverd.driverfiles.elf_soname) on the file's bytes."""
+    from driverd.driverfiles import elf_soname
+    p = _as_file(data, ".so")
+    try:
+        name = contract(lambda: elf_soname(p))
+        one_line(name, "soname")
+    finally:
+        os.unlink(p)
+
+
+@functools.lru_cache(maxsize=None)
+def shared_object_seeds() -> tuple[bytes, ...]:
+    """Small shared objects of this machine (with a .dynamic section and a soname) and module ELFs."""
+    libs = [Path(p) for p in ("/lib/x86_64-linux-gnu/libdl.so.2", "/usr/lib/x86_64-linux-gnu/libdl.so.2",
+                              "/lib/x86_64-linux-gnu/libseccomp.so.2", "/lib64/libdl.so.2") if Path(p).is_file()]
+    return tuple(p.read_bytes()[:1 << 17] for p in libs[:1]) + elf_seeds()
+
+
 def t_kmsg(lines: list[str]) -> None:
     """Kernel log lines quoted into a load failure, and /proc/driver/nvidia/version."""
     from driverd.host.modules import parse_nvidia_version
@@ -407,6 +444,8 @@ TARGETS = [
     Target("module-fields", t_module_fields,
            lambda: mutated([e + trailer(s) for e in elf_seeds()[:1] for s in pkcs7_seeds()] + list(elf_seeds()))),
     Target("modinfo-elf", t_modinfo_elf, lambda: mutated(list(elf_seeds()))),
+    Target("ld-so-cache", t_ld_cache, lambda: mutated(list(ld_cache_seeds()))),
+    Target("library-soname", t_library_soname, lambda: mutated(list(shared_object_seeds()))),
     Target("kmsg-nvrm", t_kmsg, lambda: st.lists(mutated_text(KMSG + [NVIDIA_VERSION]), max_size=12)),
     Target("rollout-spec", t_rollout, _rollout_objects),
 ]
