@@ -174,12 +174,30 @@ class Reconciler:
         res.reason = f"driver {loaded['version']} ({loaded['flavor']}) loaded and validated" + \
             (f", workload-ready (CUDA on {len((wl.get('cuda') or {}).get('devices') or [])} GPU(s))" if wl else "") + \
             (f" ({', '.join(p.modules)}; left to {p.driver_managed_by})" if left_alone else "")
+        self._refresh_cdi(sctx, cfg, res)
         if left_alone:
             return          # nothing of driverd's to record: the fast path must not take this driver for ours
         try:
             fpr.write(sctx.root, cfg, fp, loaded, inst["sha256"] if inst else None, sctx.kernel.release)
         except (OSError, DriverdError) as e:
             res.warnings.append(f"cannot record the converged state: {e}")
+
+    def _refresh_cdi(self, sctx, cfg, res: Result) -> None:
+        """runtime.cdi: the spec follows the GPUs and the driver's user-space now validated (after a load,
+        an upgrade, a GPU that came back), under the host lock; unchanged, nothing is written."""
+        if not cfg["runtime.cdi"]:
+            return
+        from driverd.apply.lock import HostLock
+        from driverd.runtime import cdi
+        from driverd.runtime.model import Options
+        try:
+            with HostLock(sctx.root, cfg["state.dir"], "cdi-refresh").acquire(self.lock_wait_s):
+                rep = cdi.refresh(sctx.root, Options.from_config(cfg))
+        except (OSError, DriverdError) as e:
+            res.warnings.append(f"the CDI spec could not be refreshed: {e}")
+            return
+        if rep.files_changed:
+            self.log(f"driverd daemon: CDI spec {', '.join(rep.files_changed)} written: " + "; ".join(rep.notes))
 
     def _workload_kept(self, judged: tuple, changed: bool, cfg) -> dict | None:
         """The last passing workload check when it still holds for this pass, else None (check again)."""

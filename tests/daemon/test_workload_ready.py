@@ -116,3 +116,32 @@ def test_a_gpu_cuda_cannot_use_fails_validation_and_the_upgrade_rolls_back(host,
     assert code == 503 and "cuDevicePrimaryCtxRetain" in body
     assert d.metric("driverd_workload_ready") == 0
     d.stop()
+
+
+def test_the_daemon_writes_a_cdi_spec_with_the_validated_userspace_after_the_load(host, packages, daemons):
+    """runtime.cdi: once the GPUs are visible and validated, the spec gives containers the device nodes
+    and the driver's libraries; a second pass writes nothing."""
+    import yaml
+    repo = packages["old"].parent
+    cudastandin.install(host, OLD, _gpus(host))
+    spec_path = host / "var/run/cdi/nvidia.yaml"
+    assert not spec_path.exists()
+    write_config(host, OLD, repo, extra=ON)
+    (host / "etc/driverd/config.toml").write_text((host / "etc/driverd/config.toml").read_text()
+                                                  .replace('[runtime]\n', '[runtime]\ncdi = true\n'))
+    d = daemons(host)
+    d.wait_notify("READY=1", 60)
+    spec_path.unlink()          # the GPUs' spec gone (a tmpfs /var/run after a reboot): the next pass rewrites it
+    n = len(d.lines)
+    d.signal(signal.SIGHUP)
+    d.wait_log(r"CDI spec /var/run/cdi/nvidia\.yaml written", 30, start=n)
+    spec = yaml.safe_load(spec_path.read_text())
+    mounts = {m["containerPath"] for m in spec["containerEdits"].get("mounts", [])}
+    assert {f"/usr/lib/x86_64-linux-gnu/libcuda.so.{OLD}", f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{OLD}"} <= mounts
+    assert {dev["name"] for dev in spec["devices"]} >= {"0", "1", "all"}
+    before = spec_path.stat().st_mtime_ns
+    n = len(d.lines)
+    d.signal(signal.SIGHUP)
+    d.wait_log(r"converged: driver 535\.261\.03", 30, start=n)
+    assert spec_path.stat().st_mtime_ns == before
+    d.stop()

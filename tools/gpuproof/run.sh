@@ -74,3 +74,53 @@ r=workload.check(Root('/'), v, g, driver_root='$u535'); print(r.ok, r.reason());
   say "daemon, Debian 535 user-space"; daemon_probe stale "[validation]
 driver_root = \"$u535\""
 fi
+
+elapsed() { python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$1" "$(date +%s.%N)"; }
+
+run_container() {   # $1: name, $2: CDI spec dir; nvidia-smi and cudacheck in a minimal Debian container
+  local name=$1 specs=$2 b=/tmp/gp/bundle-$1 id=gpuproof-$1 t0
+  rm -rf "$b"; mkdir -p "$b" "/tmp/gp/xdg-$1/nvidia-container-runtime"
+  cp -a /tmp/gp/rootfs "$b/rootfs"
+  printf '[nvidia-container-runtime]\nmode = "cdi"\nruntimes = ["/tmp/gp/runc"]\n[nvidia-container-runtime.modes.cdi]\nspec-dirs = ["%s"]\ndefault-kind = "nvidia.com/gpu"\nannotation-prefixes = ["cdi.k8s.io/"]\n' \
+    "$specs" > "/tmp/gp/xdg-$1/nvidia-container-runtime/config.toml"
+  (cd "$b" && /tmp/gp/runc spec) && python3 tools/gpuproof/bundle.py "$b/config.json"
+  t0=$(date +%s.%N)
+  if ! XDG_CONFIG_HOME=/tmp/gp/xdg-$1 /tmp/gp/nvidia-container-runtime create --bundle "$b" "$id" > "$OUT/container-$1.out" 2>&1; then
+    echo "--- container $1: create failed"; cat "$OUT/container-$1.out"; return
+  fi
+  /tmp/gp/runc start "$id"
+  for _ in $(seq 240); do
+    /tmp/gp/runc state "$id" 2>/dev/null | grep -q '"status": "stopped"' && break; sleep 0.25
+  done
+  echo "--- container $1 ($(elapsed "$t0") s)"; cat "$OUT/container-$1.out"
+  /tmp/gp/runc delete -f "$id"
+}
+
+if [ "$what" = containers ]; then
+  rm -rf /tmp/gp; mkdir -p /tmp/gp/deb /tmp/gp/rootfs/usr/local/bin /tmp/gp/cdi-driverd /tmp/gp/cdi-driverd-hook /tmp/gp/cdi-ctk
+  for d in "$WORK"/runc_*.deb "$WORK"/libseccomp2_*.deb; do dpkg -x "$d" /tmp/gp/deb; done
+  for d in "$WORK"/libc6_*.deb "$WORK"/libc-bin_*.deb "$WORK"/libgcc-s1_*.deb "$WORK"/busybox-static_*.deb; do dpkg -x "$d" /tmp/gp/rootfs; done
+  for t in sh ls cat; do ln -sf busybox /tmp/gp/rootfs/bin/$t; done
+  cp "$WORK/cudacheck" /tmp/gp/rootfs/usr/local/bin/
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=/tmp/gp/deb/usr/lib/x86_64-linux-gnu exec /tmp/gp/deb/usr/sbin/runc "$@"\n' > /tmp/gp/runc
+  chmod +x /tmp/gp/runc
+  cp "$WORK"/nvidia-container-runtime "$WORK"/nvidia-ctk /tmp/gp/ && chmod +x /tmp/gp/nvidia-*
+  say "driverd's CDI spec, no nvidia-cdi-hook on the host (mounts + LD_LIBRARY_PATH)"
+  t0=$(date +%s.%N)
+  python3 -c 'from driverd.root import Root; from driverd.runtime import cdi; s, n = cdi.build_with_notes(Root("/")); print(cdi.render(s), end=""); [print("# note:", x) for x in n]' > /tmp/gp/cdi-driverd/nvidia.yaml
+  echo "spec built in $(elapsed "$t0") s, $(grep -c containerPath /tmp/gp/cdi-driverd/nvidia.yaml) mounts"; grep '# note' /tmp/gp/cdi-driverd/nvidia.yaml
+  cp /tmp/gp/cdi-driverd/nvidia.yaml "$OUT/driverd-env.yaml"
+  run_container driverd-env /tmp/gp/cdi-driverd
+  say "NVIDIA's nvidia-cdi-hook installed in /usr/local/bin: driverd's spec (hooks), then nvidia-ctk's"
+  cp "$WORK"/nvidia-cdi-hook /usr/local/bin/ && chmod +x /usr/local/bin/nvidia-cdi-hook
+  python3 -c 'from driverd.root import Root; from driverd.runtime import cdi; print(cdi.render(cdi.build(Root("/"))), end="")' > /tmp/gp/cdi-driverd-hook/nvidia.yaml
+  cp /tmp/gp/cdi-driverd-hook/nvidia.yaml "$OUT/driverd-hook.yaml"
+  run_container driverd-hook /tmp/gp/cdi-driverd-hook
+  /tmp/gp/nvidia-ctk cdi generate --mode nvml --driver-root /usr/local/nvidia --dev-root / \
+    --nvidia-cdi-hook-path /usr/local/bin/nvidia-cdi-hook --format yaml --output /tmp/gp/cdi-ctk/nvidia.yaml > "$OUT/ctk.log" 2>&1 \
+    || tail -3 "$OUT/ctk.log"
+  cp /tmp/gp/cdi-ctk/nvidia.yaml "$OUT/ctk.yaml"
+  run_container ctk /tmp/gp/cdi-ctk
+  rm -f /usr/local/bin/nvidia-cdi-hook
+  say "the specs side by side"; python3 tools/gpuproof/specdiff.py "$OUT/driverd-hook.yaml" "$OUT/ctk.yaml"
+fi
