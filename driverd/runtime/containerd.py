@@ -655,19 +655,10 @@ def containerd_cdi(root: Root, facts: RuntimeFacts) -> CdiFacts:
         spec_dirs = cri.get("cdi_spec_dirs")
         if isinstance(spec_dirs, list) and all(isinstance(d, str) for d in spec_dirs):
             dirs = tuple(spec_dirs)
-    said = f"enable_cdi = {str(enabled).lower()} in {where}" if enabled is not None else None
-    if binv is None:
-        why = ("k3s/RKE2 embed containerd, whose version is not known here" if k3s else
-               "containerd's version is unknown")
-        return CdiFacts(None, enabled, f"{why}; {said}" if said else why, dirs)
-    v = f"{binv[0]}.{binv[1]}"
-    if binv < CDI_SINCE:
-        return CdiFacts(False, False, f"containerd {v} has no CDI support; it came with containerd 1.7", dirs)
-    if said:
-        return CdiFacts(True, enabled, said, dirs)
-    if binv >= CDI_DEFAULT_ON_SINCE:
-        return CdiFacts(True, True, "enable_cdi is not set: on by default since containerd 2.0", dirs)
-    return CdiFacts(True, False, f"enable_cdi is not set: containerd {v} defaults to false", dirs)
+    why = "k3s/RKE2 embed containerd, whose version is not known here" if k3s else "containerd's version is unknown"
+    return CdiFacts.by_version("containerd", binv, "enable_cdi", enabled, where, dirs, since=CDI_SINCE,
+                               since_word="1.7", default_on=CDI_DEFAULT_ON_SINCE, unknown=why,
+                               off_word="defaults to false")
 
 
 class Containerd(Runtime):

@@ -94,19 +94,10 @@ def docker_cdi(root: Root, facts: RuntimeFacts) -> CdiFacts:
     spec_dirs = doc.get("cdi-spec-dirs")
     dirs = tuple(spec_dirs) if isinstance(spec_dirs, list) and all(isinstance(d, str) for d in spec_dirs) \
         else CDI_SPEC_DIRS
-    said = f"features.cdi = {str(flag).lower()} in {facts.config_path}" if flag is not None else None
-    binv = version_tuple(facts.version)
-    if binv is None:
-        why = "Docker's version is unknown (CDI: opt-in from 25.0, on by default from 28.2)"
-        return CdiFacts(None, flag, f"{why}; {said}" if said else why, dirs)
-    v = f"{binv[0]}.{binv[1]}"
-    if binv < CDI_SINCE:
-        return CdiFacts(False, False, f"Docker {v} has no CDI support; it came with Docker 25", dirs)
-    if said:
-        return CdiFacts(True, flag, said, dirs)
-    if binv >= CDI_DEFAULT_ON_SINCE:
-        return CdiFacts(True, True, "features.cdi is not set: on by default since Docker 28.2", dirs)
-    return CdiFacts(True, False, f"features.cdi is not set: Docker {v} needs it (opt-in before 28.2)", dirs)
+    return CdiFacts.by_version("Docker", version_tuple(facts.version), "features.cdi", flag, facts.config_path, dirs,
+                               since=CDI_SINCE, since_word="25", default_on=CDI_DEFAULT_ON_SINCE,
+                               unknown="Docker's version is unknown (CDI: opt-in from 25.0, on by default from 28.2)",
+                               off_word="needs it (opt-in before 28.2)")
 
 
 def docker_handlers(root: Root, config_path: str) -> tuple[list[str], str | None]:

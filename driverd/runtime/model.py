@@ -31,6 +31,25 @@ class CdiFacts:
     def usable(self) -> bool:
         return bool(self.supported and self.enabled and self.specs)
 
+    @classmethod
+    def by_version(cls, product: str, version: tuple[int, ...] | None, key: str, value: bool | None,
+                   where: str | None, dirs: tuple[str, ...], *, since: tuple[int, int], since_word: str,
+                   default_on: tuple[int, int], unknown: str, off_word: str) -> "CdiFacts":
+        """The rule containerd and Docker share: no CDI before `since`, the configured `key` when it is set,
+        else on by default from `default_on`, off before it (`off_word` says what the product needs)."""
+        said = f"{key} = {str(value).lower()} in {where}" if value is not None else None
+        if version is None:
+            return cls(None, value, f"{unknown}; {said}" if said else unknown, dirs)
+        v = f"{version[0]}.{version[1]}"
+        if version < since:
+            return cls(False, False, f"{product} {v} has no CDI support; it came with {product} {since_word}", dirs)
+        if said:
+            return cls(True, value, said, dirs)
+        if version >= default_on:
+            return cls(True, True, f"{key} is not set: on by default since {product} {default_on[0]}.{default_on[1]}",
+                       dirs)
+        return cls(True, False, f"{key} is not set: {product} {v} {off_word}", dirs)
+
 
 @dataclass(frozen=True)
 class HandlerNeeds:

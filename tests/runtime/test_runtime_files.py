@@ -126,17 +126,11 @@ def test_docker_cdi_feature(docker_host):
 
 
 def gpu_tree(host: Path, n: int, uvm: bool = True) -> list[str]:
-    uuids = []
-    for i in range(n):
-        uuid = f"GPU-0000000{i}-1111-2222-3333-44444444444{i}"
-        uuids.append(uuid)
-        info = host / f"proc/driver/nvidia/gpus/0000:{0x17 + i:02x}:00.0/information"
-        info.parent.mkdir(parents=True, exist_ok=True)
-        info.write_text(f"Model: \t\t NVIDIA H100\nGPU UUID: \t {uuid}\nDevice Minor: \t {i}\n")
-        (host / "dev").mkdir(exist_ok=True)
-        (host / f"dev/nvidia{i}").touch()
-    for n_ in ("nvidiactl",) + (("nvidia-uvm", "nvidia-uvm-tools") if uvm else ()):
-        (host / f"dev/{n_}").touch()
+    """`n` GPUs with plain-file device nodes (driver_trees.add_gpus), without the UVM nodes unless `uvm`."""
+    from tests.runtime.driver_trees import add_gpus
+    uuids = add_gpus(host, n, char_devices=False, caps=False)
+    for name in () if uvm else ("nvidia-uvm", "nvidia-uvm-tools"):
+        (host / "dev" / name).unlink()
     return uuids
 
 
