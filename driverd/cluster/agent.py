@@ -67,6 +67,13 @@ class NodeAgent:
         # run CUDA (another version's user-space, a GPU CUDA cannot open) is not GPUDriverReady.
         self.workload: tuple[bool, str] | None = None
 
+    def set_workload(self, ready: bool, why: str) -> None:
+        """The daemon's workload verdict for this host; a change re-syncs GPUDriverReady and the labels."""
+        if self.workload != (ready, why):
+            self.workload = (ready, why)
+            self._labels_checked = False
+            self.wake.set()
+
     # -- loop ---------------------------------------------------------------------------------------
     def _changed(self, kind: str, obj: dict) -> None:
         self.wake.set()
@@ -265,7 +272,8 @@ class NodeAgent:
             reason, message = "DriverLoaded", f"driver {loaded['version']} ({loaded['flavor']}) loaded" + \
                 (", workload-ready" if wl else "")
         status = "True" if usable else "False"
-        if v.state not in m.ACTIVE and (have.get("status") != status or have.get("reason") != reason):
+        if v.state not in m.ACTIVE and (have.get("status"), have.get("reason"), have.get("message")) != \
+                (status, reason, message[:1000]):
             self.condition(usable, reason, message)
 
     # -- admitted → cordoned --------------------------------------------------------------------------

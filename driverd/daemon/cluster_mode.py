@@ -106,7 +106,6 @@ class PinnedReconciler:
             return Result("blocked", "the node is being upgraded by a DriverRollout (see `kubectl driverd nodes`)",
                           failure="rollout", started=now, finished=now)
         res = self.inner.reconcile(self.cluster.pin(cfg))
-        if res.workload is not None:
-            self.cluster.agent.workload = (bool(res.workload.get("ok")), res.reason if not res.converged else "")
-            self.cluster.agent.wake.set()       # GPUDriverReady follows the verdict without waiting for a Node event
+        if res.workload is not None:            # GPUDriverReady follows it without waiting for a Node event
+            self.cluster.agent.set_workload(bool(res.workload.get("ok")), res.reason if not res.converged else "")
         return res

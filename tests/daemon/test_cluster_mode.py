@@ -61,3 +61,50 @@ def test_cluster_mode_off_by_default_on_a_host(tmp_path, daemons, deployed):
         d.signal(signal.SIGTERM)
     finally:
         f.stop()
+
+
+def test_gpu_driver_ready_follows_the_workload_check(tmp_path, daemons, deployed):
+    """A loaded driver whose user-space is another version is not GPUDriverReady (reason
+    NotWorkloadReady, the driver-ready label gone); with the matching user-space it is."""
+    from driverd.host import pci
+    from driverd.root import Root
+    from tests import cudastandin
+    from driverd.cluster.agent import CONDITION
+    reset(deployed)
+    f = Fleet(tmp_path / "fleet", 1, server=deployed).build()
+    try:
+        root = f.nodes["gpu-0000"].root
+        gpus = [g.pci_address for g in pci.classify(Root(root), pci.scan(Root(root), []), [])[0]]
+        cudastandin.install(root, OLD, gpus)
+        shutil.copy(f.node_kubeconfig("gpu-0000"), root / "etc/driverd/kubeconfig")
+        cfgp = root / "etc/driverd/config.toml"
+        cfgp.write_text(cfgp.read_text() + '[cluster]\nkubeconfig = "/etc/driverd/kubeconfig"\nnode_name = "gpu-0000"\n'
+                        '[daemon]\ninterval_s = 1\nretry_min_s = 1\nretry_max_s = 1\n[validation]\nworkload = "on"\n')
+        d = daemons(root)
+        k = Kube(Target(kubeconfig=f.kubeconfig))
+
+        def condition() -> tuple[dict, dict]:
+            node = k.get(node_path("gpu-0000"))
+            conds = {c["type"]: c for c in node.get("status", {}).get("conditions") or []}
+            return conds.get(CONDITION) or {}, node["metadata"].get("labels") or {}
+
+        end = time.monotonic() + 40
+        while (condition()[0].get("reason"), condition()[0].get("status")) != ("DriverLoaded", "True") or \
+                "workload-ready" not in condition()[0].get("message", ""):
+            assert time.monotonic() < end, (condition(), d.log)
+            time.sleep(0.3)
+        assert condition()[1].get(m.L_READY) == "true"
+
+        cudastandin.install(root, NEW, gpus)               # another version's libraries in front
+        end = time.monotonic() + 40
+        while condition()[0].get("reason") != "NotWorkloadReady":
+            assert time.monotonic() < end, (condition(), d.log)
+            time.sleep(0.3)
+        cond, labels = condition()
+        assert cond["status"] == "False" and f"user-space {NEW} does not match the loaded kernel driver {OLD}" in \
+            cond["message"]
+        assert m.L_READY not in labels
+        rc, _ = d.stop()
+        assert rc == 0
+    finally:
+        f.stop()
