@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from driverd.errors import ConfigError
+from driverd.fsutil import trusted_file
 from driverd.runtime.model import HANDLER_NAME
 
 CONFIG_PATH = "/etc/driverd/config.toml"
@@ -105,6 +106,10 @@ SCHEMA: dict[str, Key] = {
                            "cluster.kubeconfig is set", ("auto", "true", "false")),
     "cluster.kubeconfig": Key("str", None, "kubeconfig a host-mode daemon uses to reach the API (a host path, under "
                               "the root); unset: in-cluster service account"),
+    "cluster.allow_exec_credentials": Key("bool", False, "let the daemon's kubeconfig authenticate with an exec plugin "
+                                          "or auth-provider (a program the daemon would run as root) or a tokenFile "
+                                          "(a file whose content it would send); off: only a token or a client "
+                                          "certificate in the kubeconfig"),
     "cluster.namespace": Key("str", "driverd", "namespace of the coordination Lease and of the daemon's pods "
                              "($POD_NAMESPACE wins)"),
     "log.format": Key("str", "text", "logs on stderr: text, or json (one object per line: time, level, msg and "
@@ -275,6 +280,10 @@ def load(root, path: str | None = None, environ: Mapping[str, str] | None = None
     try:
         if real.exists() and not real.is_file():   # a directory, FIFO or device: never block on it
             raise IsADirectoryError(21, "not a regular file") if real.is_dir() else OSError(22, "not a regular file")
+        if real.is_file():
+            # Only root (or the user running a one-shot command on their own file) may be able to change
+            # it: a config another user can write decides what root loads, trusts and runs.
+            real = trusted_file(real, "config file", shown=shown) or real
         raw = real.read_bytes()
     except FileNotFoundError:
         if path:

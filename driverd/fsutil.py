@@ -121,3 +121,178 @@ def read_json(path: str | os.PathLike) -> object | None:
             return json.load(f)
     except FileNotFoundError:
         return None
+
+
+# -- files driverd trusts ----------------------------------------------------------------------------
+#
+# driverd runs as root. Its configuration, the kubeconfig the daemon talks to the API with (whose exec
+# plugin it would run, whose token it would send), the repository credentials, the index key and the
+# module-signing keys and certificates decide what root does: whoever can change one of them can make
+# driverd load another driver, trust another index or run a program. `trusted_file` is the one check
+# every reader of such a file goes through. It walks the path the way the kernel does — one component at
+# a time from /, following each symbolic link — and accepts it only when no one but the trusted owners
+# (root; and the user driverd runs as, when that is not root: a one-shot command on one's own files) can
+# change what it finally reads:
+#
+# - the file: a regular file owned by a trusted owner, not writable by its group or others;
+# - every directory a name is looked up in: owned by a trusted owner and not writable by its group or
+#   others — except a sticky directory (/tmp), where only an entry's owner can replace it: there the
+#   entry (a link or a directory on the way, or the file) must be a trusted owner's. A symbolic link
+#   another user made in /tmp is therefore never followed.
+# - a read-only file system (a ConfigMap or Secret mounted readOnly into the driver container) cannot be
+#   changed through this mount: its files and directories pass whatever their owner and mode.
+#
+# A refusal is a ConfigError (exit 2) whose one line names the file, what is wrong and the command that
+# fixes it.
+
+_MAX_LINKS = 40        # the kernel's limit on links followed in one lookup (ELOOP)
+
+
+def trusted_owners() -> frozenset[int]:
+    """root, and the user driverd runs as (a one-shot command run by a user on the user's own files)."""
+    return frozenset({0, os.geteuid()})
+
+
+def _who(uid: int) -> str:
+    if uid == 0:
+        return "root"
+    try:
+        import pwd
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
+def _owners_words() -> str:
+    euid = os.geteuid()
+    return "root" if euid == 0 else f"root or you ({_who(euid)})"
+
+
+def _read_only(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _writers(mode: int) -> str:
+    return {0o020: "its group", 0o002: "everyone", 0o022: "its group and everyone"}[mode & 0o022]
+
+
+class Untrusted(Exception):
+    """A path someone other than its trusted owners can change: `problem` says who and where, `fix` how."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(problem)
+        self.problem, self.fix = problem, fix
+
+
+def _judge_dir(d: str, st: os.stat_result, entry: str, est: os.stat_result | None, owners: frozenset[int]) -> None:
+    """Raise Untrusted when someone outside `owners` can replace `entry` (lstat `est`; None: it does not
+    exist yet, and whoever creates it owns it) in directory `d`."""
+    if st.st_uid in owners and not st.st_mode & 0o022:
+        return
+    if _read_only(d):
+        return
+    if st.st_uid not in owners:
+        raise Untrusted(f"the directory {d} is owned by {_who(st.st_uid)}, who can replace what is in it",
+                        f"chown root {d} && chmod go-w {d}, or keep the file in a directory of root's")
+    if st.st_mode & stat.S_ISVTX:               # /tmp: only an entry's owner can rename or remove it
+        if est is None or est.st_uid in owners:
+            return
+        kind = "symbolic link" if stat.S_ISLNK(est.st_mode) else "entry"
+        raise Untrusted(f"the {kind} {entry} in the shared directory {d} belongs to {_who(est.st_uid)}",
+                        f"name a file of {_owners_words()} outside shared directories like {d} (never another "
+                        "user's link)")
+    raise Untrusted(f"the directory {d} is writable by {_writers(st.st_mode)} (mode {stat.S_IMODE(st.st_mode):04o}, "
+                    "no sticky bit), so its entries can be replaced",
+                    f"chmod go-w {d}")
+
+
+def walk_trusted(path: str | os.PathLike, *, follow_last: bool = True
+                 ) -> tuple[str, os.stat_result, list[str]]:
+    """Resolve `path` one component at a time from /, as the kernel does (.. after a link goes up from
+    where the link led), judging every directory a name is looked up in (see above). Returns the real
+    path of the deepest component that exists, its lstat, and the components after it that do not exist
+    (empty when the whole path exists). `follow_last=False` stops at a final symbolic link. Raises
+    Untrusted, or OSError for a path that cannot be walked (ELOOP, ENOTDIR, EACCES)."""
+    import errno
+    from collections import deque
+    p = os.fspath(path)
+    if not p.startswith("/"):
+        p = os.getcwd() + "/" + p               # not os.path.abspath: its lexical '..' ignores links
+    owners = trusted_owners()
+    cur, st = "/", os.lstat("/")
+    pending = deque(p.split("/"))
+    links = 0
+    while pending:
+        name = pending.popleft()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            cur = os.path.dirname(cur)
+            st = os.lstat(cur)
+            continue
+        nxt = os.path.join(cur, name)
+        try:
+            est = os.lstat(nxt)
+        except FileNotFoundError:
+            _judge_dir(cur, st, nxt, None, owners)     # what others could put there before it is made
+            rest = [n for n in [name, *pending] if n not in ("", ".")]
+            if ".." in rest:
+                raise OSError(errno.ENOENT, "a missing directory is followed by '..'", p) from None
+            return cur, st, rest
+        _judge_dir(cur, st, nxt, est, owners)
+        if stat.S_ISLNK(est.st_mode) and (follow_last or any(n not in ("", ".") for n in pending)):
+            links += 1
+            if links > _MAX_LINKS:
+                raise OSError(errno.ELOOP, "too many levels of symbolic links", p)
+            target = os.readlink(nxt)
+            if target.startswith("/"):
+                cur, st = "/", os.lstat("/")
+            pending.extendleft(reversed(target.split("/")))
+            continue
+        if not stat.S_ISDIR(est.st_mode) and any(n not in ("", ".") for n in pending):
+            raise OSError(errno.ENOTDIR, "not a directory", nxt)
+        cur, st = nxt, est
+    return cur, st, []
+
+
+def trusted_file(path: str | os.PathLike, what: str, *, shown: str | None = None,
+                 missing_ok: bool = False) -> Path | None:
+    """The real path of `path` when only trusted owners can change what it reads (see above); else a
+    one-line ConfigError naming `what` (e.g. "config file", "packages.netrc") and the fix. `shown` is the
+    name to print (a host path under --root). A missing file raises too, unless `missing_ok` (then None:
+    the reader reports the absence in its own words)."""
+    from driverd.errors import ConfigError
+    shown = shown or os.fspath(path)
+    as_root = os.geteuid() == 0
+    cause = ("driverd runs as root and acts on what this file says: whoever can change it controls root"
+             if as_root else "anyone who can change it controls what driverd does as you")
+    try:
+        real, st, missing = walk_trusted(path)
+    except Untrusted as u:
+        raise ConfigError(f"refusing {what} {shown}: {u.problem}", cause=cause, fix=u.fix) from None
+    except OSError as e:
+        raise ConfigError(f"cannot check {what} {shown}: {e.strerror or e}", cause="the path does not resolve to a file",
+                          fix=f"point {what} at a regular file") from None
+    if missing:
+        if missing_ok:
+            return None
+        raise ConfigError(f"{what} {shown} does not exist", cause=f"no {os.path.join(real, *missing)}",
+                          fix=f"create it or change {what}")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"refusing {what} {shown}: {real} is not a regular file",
+                          cause="driverd reads configuration, keys and credentials from regular files only",
+                          fix=f"point {what} at a regular file")
+    owners = trusted_owners()
+    asked = os.fspath(path)
+    there = "" if real == os.path.normpath(os.path.join(os.getcwd(), asked)) else f" (it leads to {real})"
+    if not _read_only(real):
+        if st.st_uid not in owners:
+            raise ConfigError(f"refusing {what} {shown}: it is owned by {_who(st.st_uid)}, not {_owners_words()}{there}",
+                              cause=cause, fix=f"chown root:root {real} && chmod go-w {real}")
+        if st.st_mode & 0o022:
+            raise ConfigError(f"refusing {what} {shown}: it is writable by {_writers(st.st_mode)} (mode "
+                              f"{stat.S_IMODE(st.st_mode):04o}){there}", cause=cause, fix=f"chmod go-w {real}")
+    return Path(real)

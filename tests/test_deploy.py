@@ -179,6 +179,7 @@ def test_the_daemonset(tmp_path, overlay):
     assert cfg["driver.version"] and cfg["daemon.listen"].startswith("0.0.0.0:")
     probes = {c["readinessProbe"]["httpGet"]["path"], c["livenessProbe"]["httpGet"]["path"]}
     assert probes == {"/readyz", "/healthz"}
+    _probes_tolerate_a_slow_answer(c)
     # issue 21: resources bounded; the port reachable only from the namespaces allowed to scrape it
     res = c["resources"]
     assert res["requests"]["cpu"] and res["requests"]["memory"] and res["limits"]["memory"]
@@ -193,6 +194,24 @@ def test_the_daemonset(tmp_path, overlay):
         assert cfg["runtime.runtimes"] == ["crio"] and cfg["runtime.restart"] == "systemd" and cfg["runtime.cdi"]
     else:
         assert cfg["runtime.runtimes"] == ["auto"]
+
+
+def _probes_tolerate_a_slow_answer(c: dict) -> None:
+    for name in ("readinessProbe", "livenessProbe"):
+        p = c[name]
+        timeout, period = p.get("timeoutSeconds", 1), p.get("periodSeconds", 10)     # Kubernetes' defaults
+        threshold = p.get("failureThreshold", 3)
+        # a SYN dropped by a full accept queue is retried after 1 s, then 2 s more: one slow answer
+        # under a connection flood must neither time out nor, alone, make the pod NotReady
+        assert 5 <= timeout < period and threshold >= 3, (name, p)
+
+
+def test_the_probes_do_not_flap_under_a_connection_flood():
+    """issue 30: the readiness probe had the default 1 s timeout and failureThreshold 1, so a single
+    probe that waited behind a flood (a dropped SYN alone costs 1 s) flipped the pod NotReady."""
+    ds = yaml.safe_load((REPO / "deploy/base/daemonset.yaml").read_text())
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    _probes_tolerate_a_slow_answer(c)
 
 
 @pytest.mark.real

@@ -303,3 +303,22 @@ def test_run_rootfs_runs_host_mode_on_the_images_interpreter(image, tmp_path):
                        text=True, timeout=60)
     assert r.returncode == 0 and "rollout" in r.stdout, r.stderr
     print(f"\nimage smoke (plan, gpus, config, status, demo) through run-rootfs: {time.monotonic() - t0:.1f}s")
+
+
+# -- --packages: the index and what it names, checked before anything is built (issue 30) ----------
+
+def test_build_image_refuses_a_package_the_index_does_not_name_before_building(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("build-image.sh needs root")
+    for t in ("mmdebstrap", "umoci"):
+        require_binary(t)
+    from tests.test_image_context import _repo
+    repo = _repo(tmp_path)
+    t0 = time.monotonic()
+    r = subprocess.run(["bash", str(REPO / "images/build-image.sh"), "--variant", "driver", "--out",
+                        str(tmp_path / "oci"), "--packages", str(repo), "--package", "index-signing.key"],
+                       capture_output=True, text=True, timeout=300, start_new_session=True)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    (line,) = r.stderr.strip().splitlines()
+    assert line == f"build-image: refusing --packages {repo}: index-signing.key is not a package {repo}/index.json names"
+    assert not (tmp_path / "oci").exists() and time.monotonic() - t0 < 60      # refused before mmdebstrap ran

@@ -88,10 +88,13 @@ def package_source(sctx, cfg, driver: str, flavor: str | None) -> str:
     from driverd.errors import DriverdError
     from driverd.packages.build import local_builder
     from driverd.packages.fetch import Want, read_index
+    from driverd.packages.sign import node_path
     release, arch = sctx.kernel.release, _arch(sctx)
+    # the node's key, a host path under the root, refused when others can change it (not skipped below)
+    public_key = node_path(sctx.root, cfg["packages.index_public_key"], "packages.index_public_key")
     for url in cfg["packages.repositories"]:
         try:
-            idx = read_index(url, public_key=cfg["packages.index_public_key"], runner=sctx.runner)
+            idx = read_index(url, public_key=public_key, runner=sctx.runner)
         except DriverdError:
             continue
         if idx.find(driver, flavor or "", release, arch):

@@ -30,11 +30,73 @@ def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
+MARKER = ".driverd-demo"          # in a workdir the demo made (or found empty): it may replace what is in it
+
+
+def prepare_workdir(path: str | None) -> Path:
+    """The demo's sandbox directory, which it fills and later empties again (rmtree of host/, cluster/):
+    a new temporary directory, or `path` when that is safe to own — never through a symbolic link
+    (another user's link in /tmp would send the demo's writes and deletions into that user's choice of
+    directory), never in a directory others can change (driverd.fsutil.walk_trusted judges every
+    directory on the way: a sticky /tmp is fine, an entry in it that another user made is not), and
+    never a non-empty directory the demo did not make (its marker file says it did). Missing
+    directories are created 0700, one at a time, without following anything."""
+    import stat
+    from driverd.errors import UsageError
+    from driverd.fsutil import Untrusted, walk_trusted
+    if not path:
+        wd = Path(tempfile.mkdtemp(prefix="driverd-demo."))
+        _mark(wd)
+        return wd
+
+    def refuse(problem: str, fix: str, cause: str = "the demo writes, and deletes, inside its workdir") -> UsageError:
+        return UsageError(f"refusing demo workdir {path}: {problem}", cause=cause, fix=fix)
+    try:
+        real, st, missing = walk_trusted(path, follow_last=False)
+    except Untrusted as u:
+        raise refuse(u.problem, u.fix) from None
+    except OSError as e:
+        raise refuse(e.strerror or str(e), "pass a new directory, e.g. --workdir /tmp/driverd-demo") from None
+    if missing:
+        for name in missing:
+            real = os.path.join(real, name)
+            try:
+                os.mkdir(real, 0o700)
+            except OSError as e:       # it appeared meanwhile (another user's link?), or cannot be made
+                raise refuse(f"cannot create {real}: {e.strerror}", "pass a new directory of yours") from None
+        _mark(Path(real))
+        return Path(real)
+    if stat.S_ISLNK(st.st_mode):
+        raise refuse(f"it is a symbolic link (to {os.readlink(real)})", "pass the directory itself, not a link to it",
+                     cause="the demo never follows a link: whoever made it chooses where the demo writes and deletes")
+    if not stat.S_ISDIR(st.st_mode):
+        raise refuse("it is not a directory", "pass a new or empty directory")
+    if st.st_uid != os.geteuid():
+        raise refuse(f"it belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})",
+                     "pass a new directory (the demo creates it) or one of yours")
+    if st.st_mode & 0o022:
+        raise refuse(f"others can write to it (mode {stat.S_IMODE(st.st_mode):04o})", f"chmod go-w {real}")
+    if not os.path.exists(os.path.join(real, MARKER)) and any(True for _ in os.scandir(real)):
+        raise refuse("it is not empty and the demo did not make it",
+                     "pass a new or empty directory (the demo replaces what it puts there on the next run)",
+                     cause="the demo replaces the sandbox it made; it never takes over another directory")
+    _mark(Path(real))
+    return Path(real)
+
+
+def _mark(wd: Path) -> None:
+    p = wd / MARKER
+    if not p.exists():
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write("made by `driverd demo`: the next demo run may replace everything in this directory\n")
+
+
 def run_demo(workdir: str | None, as_json: bool = False, kubeconfig: str | None = None) -> int:
     from driverd.cli import main
     from driverd.sim.scenario import dgx_spec, make_host, make_packages
     t0 = time.monotonic()
-    wd = Path(workdir or tempfile.mkdtemp(prefix="driverd-demo.")).resolve()
+    wd = prepare_workdir(workdir)
     root, repo = wd / "host", wd / "repo"
     if root.exists():
         import shutil

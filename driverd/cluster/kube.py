@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from driverd.errors import ClusterError
+from driverd.errors import ClusterError, DriverdError
 from driverd.redact import redact_obj
 
 GROUP, VERSION = "driverd.io", "v1alpha1"
@@ -54,23 +54,93 @@ class Target:
     kubeconfig: str | None = None
     context: str | None = None
     in_cluster: bool | None = None     # None: in-cluster when running in a pod, else kubeconfig
+    # Credentials that make this process run a program (exec plugin, auth-provider) or send a file's
+    # content (tokenFile). An operator's kubectl plugin allows them, as kubectl does; the daemon, which
+    # runs as root, only with cluster.allow_exec_credentials (daemon/cluster_mode.py).
+    allow_exec: bool = True
+
+
+# What a kubeconfig user may authenticate with only when Target.allow_exec says so.
+_RUNS_OR_SENDS = (("exec", "an exec plugin", "which the daemon would run as root"),
+                  ("auth-provider", "an auth-provider", "which the daemon would run or refresh as root"),
+                  ("tokenFile", "a tokenFile", "whose content the daemon would send to the API server"))
+# The files a kubeconfig names: trust (the API server's CA) and secrets (client key, token).
+_NAMED_FILES = {"cluster": ("certificate-authority",), "user": ("client-certificate", "client-key", "tokenFile")}
 
 
 def _configuration(t: Target):
     from kubernetes import client, config
     cfg = client.Configuration()
     in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not t.kubeconfig
+    where = t.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
     try:
         if t.in_cluster or (t.in_cluster is None and in_pod):
             config.load_incluster_config(client_configuration=cfg)
         else:
-            config.load_kube_config(config_file=t.kubeconfig, context=t.context, client_configuration=cfg,
-                                    persist_config=False)
+            merged = _kubeconfig(t, where)
+            config.load_kube_config_from_dict(merged, context=t.context, client_configuration=cfg,
+                                              persist_config=False)
+    except DriverdError:
+        raise
     except Exception as e:      # the loaders raise ConfigException, TypeError, FileNotFoundError ...
-        where = t.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
         raise ClusterError(f"no usable Kubernetes credentials: {e}",
                            fix=f"pass --kubeconfig FILE (tried {where}) or run inside the cluster") from None
     return cfg
+
+
+def _kubeconfig(t: Target, where: str):
+    """The kubeconfig the client will load (the client's own merge of `where`, ':'-separated), read only
+    from files nobody but root — or the user running a one-shot command — can change
+    (driverd.fsutil.trusted_file: the kubeconfig, and the CA, client certificate, key and token files it
+    names), and refused when its context's user runs a program or sends a file's content and the
+    target does not allow that."""
+    from kubernetes.config.kube_config import ConfigException, KubeConfigMerger
+
+    from driverd.errors import ConfigError
+    from driverd.fsutil import trusted_file
+    paths = [os.path.expanduser(p) for p in where.split(":") if p]
+    for p in paths:
+        trusted_file(p, "kubeconfig", missing_ok=True)          # a missing one: the client says so below
+    merged = KubeConfigMerger(":".join(paths)).config
+    if merged is None:
+        raise ClusterError(f"no usable Kubernetes credentials: no kubeconfig at {where}",
+                           fix=f"pass --kubeconfig FILE (tried {where}) or run inside the cluster")
+    try:
+        name = t.context or merged["current-context"]
+        ctx = merged["contexts"].get_with_name(name)["context"]
+        user_name = ctx.safe_get("user")
+        user = merged["users"].get_with_name(user_name, safe=True) if user_name and merged.safe_get("users") else None
+        user = user["user"] if user is not None and user.safe_get("user") else None
+        cluster = merged["clusters"].get_with_name(ctx["cluster"])["cluster"]
+    except ConfigException as e:
+        raise ClusterError(f"no usable Kubernetes credentials: {e}",
+                           fix=f"fix the kubeconfig {where} or pass --context") from None
+    source = (user.path if user is not None else None) or paths[0]
+    if user is not None and not t.allow_exec:
+        for key, kind, why in _RUNS_OR_SENDS:
+            v = user.safe_get(key)
+            if not v:
+                continue
+            what = (v.get("command") or v.get("name") or "") if isinstance(v, dict) else str(v)
+            raise ConfigError(
+                f"refusing kubeconfig {source}: user {user_name!r} of context {name!r} authenticates with {kind}"
+                + (f" ({what})" if what else "") + f", {why}",
+                cause="cluster.allow_exec_credentials is off: the daemon authenticates only with a token or a "
+                      "client certificate written in its kubeconfig",
+                fix="put a token bound to this Node in the kubeconfig (kubectl create token driverd -n driverd "
+                    "--bound-object-kind Node --bound-object-name NODE), or set cluster.allow_exec_credentials = "
+                    "true if root may run it")
+    for node, keys in (("cluster", _NAMED_FILES["cluster"]), ("user", _NAMED_FILES["user"])):
+        entry = cluster if node == "cluster" else user
+        if entry is None:
+            continue
+        base = os.path.dirname(os.path.abspath(entry.path)) if entry.path else os.getcwd()
+        for key in keys:
+            f = entry.safe_get(key)
+            if isinstance(f, str) and f:
+                trusted_file(os.path.join(base, os.path.expanduser(f)), f"kubeconfig {source}'s {key}",
+                             missing_ok=True)
+    return merged
 
 
 class Kube:

@@ -12,6 +12,7 @@ Kubernetes client is imported only here, and only when cluster mode is on.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -37,6 +38,9 @@ class ClusterMode:
             kc = cfg["cluster.kubeconfig"]
             target = Target(kubeconfig=str(root.real(kc)) if kc and not root.is_slash else kc,
                             in_cluster=None if kc else bool(os.environ.get("KUBERNETES_SERVICE_HOST")) or None)
+        # The daemon runs as root: its kubeconfig's exec plugin, auth-provider or tokenFile only when the
+        # configuration says so (the kubeconfig and the files it names are checked by cluster/kube.py).
+        target = dataclasses.replace(target, allow_exec=bool(cfg["cluster.allow_exec_credentials"]))
         self.node = node or cfg["cluster.node_name"] or os.environ.get("NODE_NAME") or socket.gethostname()
         ns = namespace or os.environ.get("POD_NAMESPACE") or cfg["cluster.namespace"]
         self.kube = Kube(target)

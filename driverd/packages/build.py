@@ -428,7 +428,8 @@ def local_builder(root: Root, cfg, want, runner: Runner):
     work = root.real(cfg["packages.cache_dir"]) / "build"
     v = peek_version(src_path, work)
     from driverd.packages.sign import node_path
-    key, cert = node_path(root, cfg["signing.key"]), node_path(root, cfg["signing.cert"])   # the node's own keys
+    key, cert = (node_path(root, cfg["signing.key"], "signing.key"),     # the node's own keys
+                 node_path(root, cfg["signing.cert"], "signing.cert"))
 
     def builder(cache: Path) -> Path:
         res = build(source=src_path, kernel=want.kernel_release, flavor=want.flavor, out=cache, work_dir=work,

@@ -212,7 +212,7 @@ def declared_certs(root, paths: list[str] | None) -> tuple[list[CertIdentity], l
     certs, notes = [], []
     for p in paths or []:
         try:
-            certs += read_certificates(node_path(root, p))
+            certs += read_certificates(node_path(root, p, "signing.trusted_certs"))
         except (OSError, ValueError) as e:
             notes.append(f"signing.trusted_certs {p}: {getattr(e, 'strerror', None) or e}")
     return certs, notes
@@ -225,7 +225,7 @@ def signing_cert_signer(root, cert_path: str | None) -> list[ModuleSignature]:
     if not cert_path:
         return []
     try:
-        c = read_certificates(node_path(root, cert_path))[0]
+        c = read_certificates(node_path(root, cert_path, "signing.cert"))[0]
     except (OSError, ValueError):
         return []
     sid = SignerId(c.issuer_name, c.issuer, c.serial, None, "sha256", None)
@@ -241,7 +241,7 @@ def check(root, keyrings: KeyringFacts, signatures: list[ModuleSignature], cfg, 
     hints = list(declared)
     if cfg["signing.cert"]:
         try:
-            hints += read_certificates(node_path(root, cfg["signing.cert"]))
+            hints += read_certificates(node_path(root, cfg["signing.cert"], "signing.cert"))
         except (OSError, ValueError):
             pass
     return judge(signatures, keyrings, declared, enforced=enforced, source=source, certs_for_enrol=hints,
