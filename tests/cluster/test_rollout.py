@@ -15,7 +15,7 @@ import time
 import pytest
 
 from driverd.cluster import model as m
-from driverd.cluster.kube import Kube, Target, node_path, rollout_path
+from driverd.cluster.kube import Kube, Target, lease_path, node_path, rollout_path
 from driverd.sim.fleet import NEW, OLD, Fleet
 from tests.conftest import driverd_env, REPO
 from tests.controlplane import reset
@@ -372,6 +372,16 @@ def test_the_status_subresource_keeps_spec_and_status_apart(cluster):
     assert ro["status"]["phase"] == "Paused" and ro["spec"]["maxParallel"] == 3
     node = Kube(Target(kubeconfig=f.node_kubeconfig("gpu-0000")), retry_for_s=0)
     from driverd.cluster.kube import KubeError
+    from driverd.cluster.lease import Lease
+    k.create(lease_path("driverd"), {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {
+        "name": "driverd-rollout", "namespace": "driverd"}, "spec": {"holderIdentity": "another-node"}})
+    time.sleep(0.5)
+    with pytest.raises(KubeError) as e:      # a node that does not hold the Lease writes no status
+        node.patch(rollout_path("s", status=True), {"status": {"message": "from the node"}})
+    assert e.value.status == 403 and "driverd-coordinator-scope" in str(e.value)
+    k.delete(lease_path("driverd", "driverd-rollout"))
+    assert f.wait(Lease(node, "driverd", "gpu-0000", duration_s=3).try_acquire, 15, step=0.5)
+    time.sleep(0.5)                          # the apiserver's admission informer sees the holder
     with pytest.raises(KubeError) as e:
         node.patch(rollout_path("s"), {"spec": {"maxParallel": 9}})
     assert e.value.status == 403 and "driverd-node-scope" in str(e.value) and "not its spec" in str(e.value)
