@@ -150,7 +150,10 @@ class NodeAgent:
         r, obj = self.rollout(name)
         if r is None:
             r = self._fallback_rollout(node, v)
-        if obj is not None and v.state in (m.ADMITTED, m.CORDONED, m.WAITING, m.EVICTING):
+        # an aborted or deleted rollout gets its nodes back (an admission it did not make is the
+        # handler's to refuse: it never becomes a give-back that would free the node's driver)
+        if obj is not None and v.state in (m.ADMITTED, m.CORDONED, m.WAITING, m.EVICTING) and \
+                not (v.state == m.ADMITTED and self._admission_problem(v)):
             if (obj["metadata"].get("annotations") or {}).get(m.A_ABORT) == "true":
                 return self._give_back(node, v, "Aborted", f"rollout {name} was aborted before the driver was touched")
             if obj["metadata"].get("deletionTimestamp"):
@@ -277,7 +280,68 @@ class NodeAgent:
             self.condition(usable, reason, message)
 
     # -- admitted → cordoned --------------------------------------------------------------------------
-    def _cordon(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
+    def _admission_problem(self, v: m.NodeView) -> str | None:
+        """Why this node's admission is not one to act on; None when it is. An admission must name a
+        live DriverRollout (this object: name and uid) that has not ended, selects this node, installs
+        exactly the admission's target, and whose preflight this node answered yes to. The admission
+        policy lets only the Lease holder write another node's admission; this is the node's own check
+        of what was written (by hand, by a node that took the Lease, or for a rollout edited since)."""
+        name, _, rest = (v.rollout or "").partition("/")
+        uid = rest.partition("/")[0]
+        if not name:
+            return "it names no rollout"
+        obj = self.rollouts.get(name)
+        if obj is None:
+            return f"no DriverRollout {name} exists"
+        md = obj.get("metadata") or {}
+        if uid and md.get("uid") != uid:
+            return f"DriverRollout {name} is another object (uid {md.get('uid')}, the admission names {uid})"
+        try:
+            r = m.Rollout.from_object(obj)
+        except m.SpecError as e:
+            return f"DriverRollout {name} cannot be carried out: {e.one_line()}"
+        # (an aborted or deleted one is given back by tick(), like every node it holds)
+        if m.ended(obj) and (md.get("annotations") or {}).get(m.A_ABORT) != "true" and not md.get("deletionTimestamp"):
+            return f"rollout {name} has ended ({(obj.get('status') or {}).get('phase')})"
+        if not r.selects(v.labels):
+            return f"rollout {name} does not select this node"
+        if v.target != r.target:
+            return f"rollout {name} installs {r.target}, not {v.target or '(no target)'}"
+        pre = v.preflight or {}
+        if pre.get("rollout") != v.rollout or not pre.get("ok"):
+            return (f"this node's preflight answer for {v.rollout} is " +
+                    ("a refusal" if pre.get("rollout") == v.rollout else "missing"))
+        return None
+
+    def _reject_admission(self, node: dict, v: m.NodeView, why: str) -> float | None:
+        """Hand an admission back without touching the host: the node is recorded failed
+        (AdmissionRejected), out of any rollout, its daemon's reconciles pinned to the driver it runs
+        now (not to the config's, not to what the admission wrote), with a Warning naming the writer."""
+        ann = node["metadata"].get("annotations") or {}
+        by = ann.get(m.A_ADMITTED_BY)
+        writer = (f"admitted by {by} (driverd.io/admitted-by, which the admission policy holds to the writer's "
+                  "own token)" if by else "not written by a live rollout's coordinator (no driverd.io/admitted-by)")
+        last = _writer(node, m.A_STATE)
+        loaded = _loaded(self.make_context, self.cfg)
+        pinned = f"{loaded['version']}/{loaded['flavor']}" if loaded else None
+        message = (f"admission to {v.target or '(no target)'} for rollout {v.rollout or '(none)'} not acted on: {why}; "
+                   f"{writer}" + (f"; managedFields: {last}" if last else "") +
+                   f"; nothing was cordoned, drained or installed, the node keeps "
+                   f"{'driver ' + pinned if pinned else 'its configured driver'}")
+        try:
+            self._to(node, m.FAILED, "AdmissionRejected", message, warning=True, precondition=True,
+                     ann={m.A_ROLLOUT: None, m.A_TARGET: None, m.A_PREVIOUS: None, m.A_ADMITTED_BY: None,
+                          m.A_CORDONED: None, m.A_PINNED: pinned})
+        except KubeError as e:
+            if e.conflict:        # written again meanwhile: judge the new record
+                return 0
+            raise
+        return None
+
+    def _cordon(self, node: dict, v: m.NodeView, r: m.Rollout) -> float | None:
+        why = self._admission_problem(v)
+        if why:
+            return self._reject_admission(node, v, why)
         drop_ready = {m.L_READY: None}
         try:
             if v.unschedulable and not v.cordoned_by_us:
@@ -483,6 +547,17 @@ def _pdb_words(e: KubeError) -> str:
     causes = ((e.body.get("details") or {}).get("causes") or [])
     named = [c.get("message") for c in causes if c.get("reason") == "DisruptionBudget" and c.get("message")]
     return "; ".join(named) or e.api_message
+
+
+def _writer(node: dict, annotation: str) -> str:
+    """Who last wrote `annotation` of the Node, as far as the API tells: the managedFields entry that
+    owns it (the manager's name is what the writing client called itself; the time is the server's)."""
+    key = "f:" + annotation
+    for e in (node.get("metadata") or {}).get("managedFields") or []:
+        if key in (((e.get("fieldsV1") or {}).get("f:metadata") or {}).get("f:annotations") or {}):
+            return f"{annotation} last written by manager {e.get('manager')!r} ({e.get('operation')}" + \
+                (f" of {e['subresource']}" if e.get("subresource") else "") + f", {e.get('time')})"
+    return ""
 
 
 def _loaded(make_context, cfg) -> dict | None:

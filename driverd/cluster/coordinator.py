@@ -79,6 +79,7 @@ class Coordinator:
                             self.nodes = Informer(self.kube, node_path(), name="nodes",
                                                   on_change=lambda k, o: self.wake.set(), log=self.log).start()
                             self.nodes.synced.wait(30)
+                            self._seen_holding()
                     elif self.nodes is not None:
                         self.log(f"driverd cluster: {self.identity} lost the Lease")
                         self.nodes.close()
@@ -92,10 +93,24 @@ class Coordinator:
                     self.wake.wait(max(0.2, exp + 0.05) if exp > 0 else 1.0)
             except KubeError as e:
                 self.log(f"driverd cluster coordinator: {e.one_line()}")
-                self.wake.wait(2.0)
+                # refused as no holder (the API server's cache of the Lease behind ours, or the Lease
+                # taken by another daemon): look again soon; the next renewal tells which
+                self.wake.wait(0.5 if e.status == 403 and "driverd-coordinator-scope" in e.api_message else 2.0)
             except Exception as e:  # never die: say it and retry
                 self.log(f"driverd cluster coordinator: {e.__class__.__name__}: {e}")
                 self.wake.wait(2.0)
+
+    def _seen_holding(self, timeout: float = 2.0) -> None:
+        """Wait (briefly) until our watch of the Lease shows us as its holder. The API server judges
+        the coordinator's writes against its own cache of the Lease (deploy/'s admission policy
+        driverd-coordinator-scope: only the holder writes other nodes and rollouts); that cache and
+        our watch are fed by the same watch of the API server, so once ours shows it, so does that."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and not self.stop.is_set():
+            cur = self.lease_watch.get(f"{self.ns}/{LEASE_NAME}") or {}
+            if (cur.get("spec") or {}).get("holderIdentity") == self.identity:
+                return
+            self.stop.wait(0.02)
 
     # -- one pass as the holder -----------------------------------------------------------------
     def act(self) -> float:
@@ -177,7 +192,8 @@ class Coordinator:
         patch = m.state_patch(m.ADMITTED, "Admitted", message,
                               since=now_rfc3339(self.clock()), rollout=r.key,
                               extra={m.A_TARGET: r.target, m.A_ATTEMPT: str(v.attempt + 1),
-                                     m.A_PREVIOUS: prev, m.A_RETRY: None, m.A_PINNED: None})
+                                     m.A_PREVIOUS: prev, m.A_RETRY: None, m.A_PINNED: None,
+                                     m.A_ADMITTED_BY: self.identity})
         patch["metadata"]["resourceVersion"] = node["metadata"]["resourceVersion"]
         try:
             new = self.kube.patch(node_path(name), patch)

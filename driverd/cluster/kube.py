@@ -152,6 +152,10 @@ class Kube:
         self.configuration = configuration or _configuration(self.target)
         self.configuration.retries = False           # ours, below; the pool's own would hide 5xx/429
         self.api = client.ApiClient(self.configuration)
+        # what a Node's managedFields name as the manager of driverd's writes (the agent names the
+        # writer of an admission it refuses from them)
+        from driverd import __version__
+        self.api.user_agent = f"driverd/{__version__}"
         self.retry_for_s = retry_for_s
         self.requests = 0                             # how many API calls this client made
         self._count = threading.Lock()

@@ -30,6 +30,7 @@ A_SKIP = PREFIX + "skip"                  # set by an operator: leave this node 
 A_RETRY = PREFIX + "retry"                # set by an operator: try a failed node again
 A_PINNED = PREFIX + "pinned-driver"       # version/flavor the daemon keeps after a failed upgrade
 A_ABORT = PREFIX + "abort"                # on a DriverRollout: "true" = `kubectl driverd rollout abort`
+A_ADMITTED_BY = PREFIX + "admitted-by"    # the coordinator (Lease holder) that admitted the node
 FINALIZER = "driverd.io/rollout"          # keeps a deleted rollout's spec until its nodes are given back
 # Node labels (what is loaded; selectors and dashboards use them)
 L_VERSION = PREFIX + "driver-version"

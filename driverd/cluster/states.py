@@ -41,7 +41,8 @@ def _s(name: str, handler: str, active: bool, pin: str | None, next_: tuple[str,
 # admission (-> admitted). A node given back (aborted, deleted rollout) returns to idle.
 NODE_STATES: dict[str, NodeState] = {s.name: s for s in (
     _s(IDLE, "_preflight", False, None, (ADMITTED,), "not in a rollout"),
-    _s(ADMITTED, "_cordon", True, PIN_TARGET, (CORDONED, IDLE), "admitted by the coordinator; cordons next"),
+    _s(ADMITTED, "_cordon", True, PIN_TARGET, (CORDONED, IDLE, FAILED),
+       "admitted by the coordinator; cordons next (an admission no live rollout made: failed, AdmissionRejected)"),
     _s(CORDONED, "_after_cordon", True, PIN_TARGET, (WAITING, EVICTING, IDLE), "cordoned; drains next"),
     _s(WAITING, "_wait_jobs", True, PIN_TARGET, (EVICTING, IDLE), "waiting for the rollout's job pods to finish"),
     _s(EVICTING, "_evict", True, PIN_TARGET, (EVICTING, UNLOADING, FAILED, IDLE),

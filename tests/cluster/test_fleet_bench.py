@@ -41,7 +41,8 @@ def test_every_fault_ends_defined_with_nothing_left_cordoned(tmp_path):
         assert out[f]["state"] == "done", (f, out[f])
     assert r["final_states"] == {"done": 7, "failed": 5}
     # the ideal comes from a one-node rollout of the same run, not from the big rollout's own times
-    assert r["one_node_s"] > 0 and r["ideal_s"] == round(4 * r["one_node_s"], 2)
+    # (both rounded from the same time: one_node_s to 3 places, ideal_s to 2, so they agree to 0.01)
+    assert r["one_node_s"] > 0 and abs(r["ideal_s"] - 4 * r["one_node_s"]) <= 0.011
     assert r["apiserver"] == "real" and r["api_requests_per_node"] <= 60 and r["api_requests_per_node_audit"] > 0
 
 

@@ -5,6 +5,7 @@ node's token to its own Node (and its own pods)."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 
 import pytest
@@ -121,17 +122,35 @@ def test_every_call_of_a_rollout_is_allowed_and_listed(control_plane, fleet):
 # -- node-scoped writes (deploy/base/admission-node-scope.yaml) -------------------------------------
 
 def test_a_node_token_writes_its_own_node_only(control_plane, fleet):
+    from driverd.cluster.kube import Kube, Target
+    from driverd.cluster.lease import Lease
     cp = control_plane
     a = cp.token("driverd", "driverd", node="gpu-0000")
     n = "/api/v1/nodes/"
+    admit = {"metadata": {"annotations": {"driverd.io/state": "admitted", "driverd.io/reason": "Admitted",
+                                          "driverd.io/rollout": "r/u/1", "driverd.io/target": f"{NEW}/auto",
+                                          "driverd.io/retry": None, "driverd.io/admitted-by": "gpu-0000"}}}
+    # another node is admitted only by the Lease holder (the coordinator), once its daemon has answered a preflight
+    cp.api("PATCH", n + "gpu-0001", {"metadata": {"annotations": {"driverd.io/preflight": "{}"}}},
+           content_type="application/merge-patch+json")
+    leases = "/apis/coordination.k8s.io/v1/namespaces/driverd/leases"
+    cp.api("POST", leases, {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {
+        "name": "driverd-rollout", "namespace": "driverd"}, "spec": {"holderIdentity": "gpu-0001"}})
+    time.sleep(0.5)
+    code, msg = _code(cp, "PATCH", n + "gpu-0001", admit, a)
+    assert code == 403 and "driverd-coordinator-scope" in msg and "does not hold the Lease" in msg, msg
+    cp.api("DELETE", leases + "/driverd-rollout")
+    lease = Lease(Kube(Target(kubeconfig=fleet.node_kubeconfig("gpu-0000")), retry_for_s=0), "driverd", "gpu-0000",
+                  duration_s=3)
+    assert fleet.wait(lease.try_acquire, 15, step=0.5)
+    time.sleep(0.5)
     ok = [
         (n + "gpu-0000", {"metadata": {"labels": {"driverd.io/driver-version": NEW}}}),
         (n + "gpu-0000", {"metadata": {"annotations": {"driverd.io/state": "cordoned"}}}),
         (n + "gpu-0000", {"spec": {"unschedulable": True}}),
         (n + "gpu-0000", {"spec": {"unschedulable": None}}),
         # the Lease holder admits another node: the admission annotations only
-        (n + "gpu-0001", {"metadata": {"annotations": {"driverd.io/state": "admitted", "driverd.io/reason": "Admitted",
-                                                       "driverd.io/rollout": "r/1", "driverd.io/retry": None}}}),
+        (n + "gpu-0001", admit),
     ]
     for path, patch in ok:
         assert _code(cp, "PATCH", path, patch, a) == (200, ""), (path, patch, _code(cp, "PATCH", path, patch, a))
