@@ -91,15 +91,34 @@ def _join(url: str, rel: str) -> str:
     return url.rstrip("/") + "/" + rel
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin(url: str) -> tuple[str, str, int] | None:
+    """The URL's origin (RFC 6454): scheme, host (lower case), port (the scheme's default when the URL
+    names none). None for a URL without a host or with an unreadable port."""
+    try:
+        u = urlsplit(url)
+        port = u.port
+    except ValueError:
+        return None
+    scheme, host = u.scheme.lower(), (u.hostname or "").lower()
+    if not host or not scheme:
+        return None
+    port = port if port is not None else _DEFAULT_PORTS.get(scheme)
+    return (scheme, host, port) if port is not None else None
+
+
 @dataclass(frozen=True)
 class Credentials:
     """Repository credentials kept out of URLs (issue 21): a netrc file (`machine HOST login L
-    password P`, sent as HTTP basic auth to HOST) and/or headers (`Authorization: Bearer …`) sent to
-    the repositories' own hosts — never to a host a redirect leads to."""
+    password P`, sent as HTTP basic auth) and/or headers (`Authorization: Bearer …`), sent only to the
+    exact origins (scheme, host, port) of the configured repositories (issue 30) — never to another
+    port or scheme of the same host, nor to anywhere a redirect leads to."""
     netrc: str | None = None
     header_file: str | None = None
 
-    def load(self, hosts: set[str]) -> "_RepoAuth | None":
+    def load(self, origins: set[tuple[str, str, int]]) -> "_RepoAuth | None":
         if not (self.netrc or self.header_file):
             return None
         creds = None
@@ -120,7 +139,7 @@ class Credentials:
         headers: dict[str, str] = {}
         if self.header_file:
             headers = read_header_file(self.header_file)
-        return _RepoAuth(hosts, creds, headers)
+        return _RepoAuth(origins, creds, headers)
 
 
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
@@ -152,18 +171,19 @@ def read_header_file(path: str) -> dict[str, str]:
 
 
 class _RepoAuth:
-    """A requests auth callable: the netrc entry or the headers for the repositories' hosts only."""
+    """A requests auth callable: the netrc entry or the headers, for the repositories' exact origins
+    only (a request to any other origin gets nothing of them)."""
 
-    def __init__(self, hosts: set[str], creds, headers: dict[str, str]) -> None:
-        self.hosts, self.creds, self.headers = hosts, creds, headers
+    def __init__(self, origins: set[tuple[str, str, int]], creds, headers: dict[str, str]) -> None:
+        self.origins, self.creds, self.headers = set(origins), creds, headers
 
     def __call__(self, r):
-        host = (urlsplit(r.url).hostname or "").lower()
-        if host not in self.hosts:
+        o = origin(r.url)
+        if o is None or o not in self.origins:
             return r
         r.headers.update(self.headers)
         if self.creds is not None and "Authorization" not in self.headers:
-            found = self.creds.authenticators(host)
+            found = self.creds.authenticators(o[1])
             if found:
                 from requests.auth import _basic_auth_str
                 r.headers["Authorization"] = _basic_auth_str(found[0], found[2] or "")
@@ -172,6 +192,7 @@ class _RepoAuth:
     def strip(self, r) -> None:
         for name in self.headers:
             r.headers.pop(name, None)
+        r.headers.pop("Authorization", None)
 
 
 def _session(auth: "_RepoAuth | None" = None):
@@ -179,12 +200,16 @@ def _session(auth: "_RepoAuth | None" = None):
 
     class Session(requests.Session):
         def rebuild_auth(self, prepared_request, response):
-            # A redirect: requests drops Authorization when the host changes, but would carry our
-            # custom headers along; they go to the repositories' hosts only.
-            super().rebuild_auth(prepared_request, response)
-            if auth is not None:
-                auth.strip(prepared_request)
-                auth(prepared_request)
+            # A redirect. requests' own rule drops Authorization only when the host name changes (or
+            # the port or scheme, except http->https on default ports) and then adds ~/.netrc's entry
+            # for the new host; it would carry our custom headers along. With credentials configured,
+            # everything of ours is dropped and given again only when the new URL is one of the
+            # repositories' exact origins.
+            if auth is None:
+                super().rebuild_auth(prepared_request, response)
+                return
+            auth.strip(prepared_request)
+            auth(prepared_request)
     s = Session()
     s.trust_env = True              # HTTP_PROXY / HTTPS_PROXY / NO_PROXY
     s.headers["User-Agent"] = "driverd"
@@ -550,8 +575,8 @@ def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache
         stage["at"] = "index"
         if not _is_file_repo(url) and session is None:
             # Unreadable credentials are a configuration error, not a repository to skip.
-            hosts = {(urlsplit(u).hostname or "").lower() for u in repos if not _is_file_repo(u)}
-            session = _session((credentials or Credentials()).load(hosts))
+            origins = {o for u in repos if not _is_file_repo(u) for o in [origin(u)] if o}
+            session = _session((credentials or Credentials()).load(origins))
         try:
             idx = read_index(url, public_key=public_key, runner=runner, session=session, insecure=insecure,
                              root=root, state_dir=state_dir)
