@@ -348,8 +348,10 @@ def read_index(url: str, *, public_key: str | None = None, runner: Runner | None
         trust.unsigned_allowed(url, _is_file_repo(url), insecure, where)
     idx = parse_index(data, where)
     if public_key:
-        trust.check(idx, url, where, signed=True, seen=trust.seen_serial(root, state_dir, url), now=now)
-        trust.record(root, state_dir, url, idx)
+        fp = trust.key_fingerprint(public_key, runner)
+        trust.check(idx, url, where, signed=True, seen=trust.seen_serial(root, state_dir, fp), now=now, key=fp,
+                    state_dir=state_dir)
+        trust.record(root, state_dir, fp, url, idx)
     return idx
 
 
