@@ -195,11 +195,12 @@ def test_a_bad_header_file_names_the_line_not_the_value(tmp_path):
 # -- the daemon: /readyz, stderr, STATUS=, daemon.json ----------------------------------------------
 
 @pytest.mark.real
-def test_the_daemon_never_repeats_url_credentials(host, daemons):
+@pytest.mark.parametrize("secret", [SECRET, "s3'cr(e)t!"])      # issue 30: a ' in the password
+def test_the_daemon_never_repeats_url_credentials(host, daemons, secret):
     from tests.daemon.conftest import NEW
     seen: list = []
     srv, url = _auth_server("127.0.0.1", "Basic nothing-matches", seen)
-    secret_url = url.replace("http://", f"http://robot:{SECRET}@")
+    secret_url = url.replace("http://", f"http://robot:{secret}@")
     p = Path(host) / "etc/driverd/config.toml"
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(f'[driver]\nversion = "{NEW}"\nflavor = "open"\n[packages]\nrepositories = ["{secret_url}"]\n'
