@@ -79,7 +79,8 @@ SCHEMA: dict[str, Key] = {
     "packages.netrc": Key("str", None, "netrc file (a host path under --root) with the repositories' credentials; "
                           "used instead of user:password@ in a repository URL"),
     "packages.auth_header_file": Key("str", None, "file (a host path under --root) of `Name: value` lines sent "
-                                     "to the repositories' hosts only, e.g. `Authorization: Bearer TOKEN`"),
+                                     "to the repositories' exact origins (scheme, host, port) only, e.g. "
+                                     "`Authorization: Bearer TOKEN`"),
     "packages.insecure": Key("bool", False, "accept an unsigned repository index over http(s):// (file:// is "
                              "always accepted unsigned); logged at every use"),
     "runtime.runtimes": Key("list", ["auto"], "container runtimes to configure", _runtime_choices),

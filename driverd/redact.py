@@ -4,22 +4,61 @@ logs, /readyz, /run/driverd/daemon.json, the journal, Node annotations, conditio
 Standard library only, importable from every layer (driverd.errors uses it).
 
 Credentials belong in `packages.netrc` or `packages.auth_header_file`, not in the URL; a URL that
-carries them still works, it is only never repeated."""
+carries them still works, it is only never repeated.
+
+How (issue 30: a password with `'` in it survived a pattern that stopped at quotes): URLs are
+*tokenized* in the text by RFC 3986's grammar, not guessed by a pattern. A URL starts at a scheme
+(`ALPHA *( ALPHA / DIGIT / "+" / "-" / "." )`) followed by `://`; its authority runs to the first
+`/`, `?` or `#` (RFC 3986 §3.2) or to the first character no URI may contain (§2: space and controls,
+`"`, `<`, `>`, `\\`, `^`, `` ` ``, `{`, `|`, `}`; characters beyond ASCII are taken as RFC 3987 IRI
+characters unless they are blanks or controls). Everything in the authority before its last `@` is
+the userinfo (§3.2.1; urllib.parse splits a netloc the same way) and is removed — whatever legal
+characters it holds, sub-delims such as `'`, `(`, `!`, `;`, `=` and percent-encodings included, and a
+raw `@` too. The cost of erring is on the safe side: text glued to a URL without a separator may be
+removed with the userinfo, never left beside it.
+"""
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Any
 
-# scheme://userinfo@ — the userinfo runs to the last '@' before the authority ends ('/', '?', '#',
-# whitespace or a quote), so a password containing a raw '@' is removed whole.
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s\"'<>]*@")
+_SCHEME = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://")
+_NEVER_IN_A_URI = frozenset(' "<>\\^`{|}')         # RFC 3986 §2: excluded from every URI
+_END_OF_AUTHORITY = frozenset("/?#")               # RFC 3986 §3.2
+
+
+def _in_uri(c: str) -> bool:
+    """Whether `c` can be part of a URI (RFC 3986 §2) or an IRI (RFC 3987 ucschar)."""
+    o = ord(c)
+    if o < 0x80:
+        return 0x20 < o < 0x7F and c not in _NEVER_IN_A_URI
+    return not c.isspace() and unicodedata.category(c) not in ("Cc", "Cf", "Zs", "Zl", "Zp", "Cs")
+
+
+def _authority_end(text: str, start: int) -> int:
+    i, n = start, len(text)
+    while i < n and text[i] not in _END_OF_AUTHORITY and _in_uri(text[i]):
+        i += 1
+    return i
 
 
 def redact(text: str) -> str:
     """`text` with the userinfo of every URL in it removed."""
-    if "@" not in text:
+    if "@" not in text or "://" not in text:
         return text
-    return _USERINFO.sub(r"\1", text)
+    out: list[str] = []
+    pos = 0
+    for m in _SCHEME.finditer(text):
+        if m.start() < pos:                 # inside the authority of the previous URL
+            continue
+        start = m.end()
+        end = _authority_end(text, start)
+        userinfo, at, _hostport = text[start:end].rpartition("@")
+        out.append(text[pos:start])
+        pos = start + len(userinfo) + len(at) if at else start
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def redact_url(url: str) -> str:

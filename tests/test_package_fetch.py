@@ -184,9 +184,10 @@ def test_cache_is_size_bounded(tmp_path):
         p = c / f"p{i}"
         p.write_bytes(b"x" * 1000)
         os.utime(p, (1000 + i, 1000 + i))
-    removed = prune_cache(c, 2500, keep=c / "p0")
-    assert sorted(p.name for p in removed) == ["p1", "p2", "p3"]
-    assert sorted(os.listdir(c)) == ["p0", "p4"]
+    os.symlink(c / "p4", c / "link")                # not a cache file: neither counted nor removed
+    removed = prune_cache(Root(tmp_path), "/c", 2500, keep="p0")
+    assert sorted(removed) == ["p1", "p2", "p3"]
+    assert sorted(os.listdir(c)) == ["link", "p0", "p4"]
 
 
 def test_parse_index_rejects_escaping_paths():

@@ -68,8 +68,8 @@ class HostLock:
     def acquire(self, wait_s: float | None = None) -> "HostLock":
         """Take the lock; with `wait_s` wait up to that long for the holder, else fail at once."""
         try:
-            path = self.root.write_target(self.hostpath)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with self.root.at(self.hostpath, create=True) as (dfd, leaf):       # confined to the root
+                fd = os.open(leaf, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
         except OSError as e:
             ro = " (the file system is read-only)" if e.errno == errno.EROFS else ""
             raise LockHeld(f"cannot take the host lock {self.hostpath}: {e.strerror}{ro}; nothing was changed",

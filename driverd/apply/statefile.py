@@ -2,7 +2,8 @@
 
 Runtime state, so under /run (gone after a reboot, like the process that wrote it), not the state
 directory: it changes on every pass, and the state directory of an idle, converged host is never
-written. One small atomic write per pass (and one when the daemon stops); read by status only.
+written. One small atomic write per pass (and one when the daemon stops), mode 0600 (root's, like
+the daemon); read by status only.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import time
 
 PATH = "/run/driverd/daemon.json"
+MODE = 0o600
 
 
 def write(root, *, mode: str, result=None, next_in_s: float | None = None, stopped: bool = False,
@@ -26,14 +28,21 @@ def write(root, *, mode: str, result=None, next_in_s: float | None = None, stopp
         doc["last_reconcile"] = (old or {}).get("last_reconcile")
     from driverd.redact import redact_obj
     try:
-        # 0644 for `driverd status` run by anyone, so nothing secret in it: reasons quote URLs.
-        root.atomic_write_json(PATH, redact_obj(doc), 0o644)
+        # 0600 (issue 30): reasons quote repository URLs and errors; redacted, but what a pass says about
+        # the host is root's to read. `driverd status` runs as root; as another user it says so.
+        root.atomic_write_json(PATH, redact_obj(doc), MODE)
     except Exception:          # status information only: never a reason for a pass to fail
         pass
 
 
 def read(root) -> dict | None:
+    """The last state written; None when there is none. A file this user may not read (it is 0600,
+    root's) gives {"unreadable": reason} so that status can say so instead of showing nothing."""
     text = root.read_text(PATH)
+    if text is None and root.is_file(PATH):
+        real = root.real(PATH)
+        if not os.access(real, os.R_OK):
+            return {"unreadable": f"{real} is readable by root only (mode 0600): run driverd status as root"}
     try:
         doc = json.loads(text) if text else None
     except ValueError:

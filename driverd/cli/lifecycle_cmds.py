@@ -195,6 +195,8 @@ def render_activity(a: dict) -> list[str]:
 def render_daemon(d: dict | None) -> list[str]:
     if not d:
         return []
+    if d.get("unreadable"):
+        return [f"daemon     state unreadable: {d['unreadable']}"]
     lr = d.get("last_reconcile") or {}
     who = f"{d.get('mode', 'daemon')} pid {d.get('pid')}"
     if d.get("stopped"):

@@ -266,7 +266,7 @@ def cmd_build(ctx, args) -> int:
     cfg = ctx.config
     from driverd.packages.sign import signing_pair
     key, cert = signing_pair(cfg, args.sign_key, args.sign_cert)
-    work = args.work_dir or str(ctx.root.real(cfg["packages.cache_dir"]) / "build")
+    work = args.work_dir or str(ctx.root.real(f"{cfg['packages.cache_dir']}/build"))
     res = build(source=args.source, kernel=args.kernel, flavor=args.flavor, out=args.out, headers=args.headers,
                 sign_key=key, sign_cert=cert, jobs=args.jobs, work_dir=work, strip=not args.no_strip,
                 force=args.force, root=ctx.root, runner=ctx.runner, log=None if ctx.json else log)
@@ -317,7 +317,7 @@ def cmd_build_matrix(ctx, args) -> int:
         return cmd_render_job(ctx, args, m, out)
     if not out:
         raise UsageError("no output repository", fix="pass --out DIR or set `repository` in the matrix")
-    work = args.work_dir or str(ctx.root.real(ctx.config["packages.cache_dir"]) / "build")
+    work = args.work_dir or str(ctx.root.real(f"{ctx.config['packages.cache_dir']}/build"))
     from driverd.packages.sign import signing_pair
     key, cert = signing_pair(ctx.config, args.sign_key, args.sign_cert)
     results = mx.run(m, out, jobs=args.jobs, make_jobs=args.make_jobs, work_dir=work, only=args.only,

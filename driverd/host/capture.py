@@ -10,8 +10,9 @@ strings and arrays are seen as values, and the file is written back with its sha
 of secret-looking keys (auth, password, x-secret-token, api_key, credentials, private keys...) are
 replaced with REDACTED; every URL loses its userinfo (`https://u:p@mirror` -> `https://mirror`). A
 file of one of those formats that does not parse is replaced by a note; files of no known format get
-the same treatment line by line; /proc/<pid>/cmdline argument by argument. The result says which
-files and keys were redacted. The bundle is written 0600.
+the same treatment line by line; /proc/<pid>/cmdline argument by argument (secret-looking options in
+both `--x=V` and `--x V` form and `X_TOKEN=V` arguments: `secret_arg`). The result says which files
+and keys were redacted. The bundle is written 0600.
 
 The kernel's keyring membership (which keyring holds which key; keyctl on the live host) is recorded
 in driverd.host.keyrings.CAPTURE_PATH so a captured tree answers like the host.
@@ -41,7 +42,15 @@ _SECRET_WORDS = ("password", "passwd", "passphrase", "secret", "token", "apikey"
 _IDENTITY = {"username", "user", "login", "email", "serveraddress", "type", "name", "host"}
 _TOML_LINE = re.compile(r'^(?P<lead>\s*(?:export\s+)?(?P<q>["\']?)(?P<key>[A-Za-z0-9_.-]+)(?P=q)\s*[=:]\s*)'
                         r'(?P<val>.+?)\s*$')
-_ARG = re.compile(r"(?i)^(--?[a-z0-9-]*(?:password|passwd|token|secret|api-key|apikey|credentials)=?)(.*)$")
+# Command-line arguments (issue 30): an option whose name, lower-cased without separators, contains one
+# of these words is taken to carry a secret — `--api_key=V`, `--hf_token=V`, `--wandb_api_key V`,
+# `-password V` — and so is an environment-style `NAME=V` whose NAME does (`HF_TOKEN=V`, `-e
+# WANDB_API_KEY=V`, `--env=GITHUB_TOKEN=V`). Broad on purpose (`--author`, `--keyring` lose their values
+# too): a debug bundle leaves the host, and an argument too many redacted costs nothing.
+_ARG_SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "credential", "auth")
+_OPTION = re.compile(r"^(-{1,2})([A-Za-z0-9][A-Za-z0-9_.-]*)(?:(=)(.*))?$", re.S)
+_ENV_ARG = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.*)$", re.S)
+_SHORT_FLAG = re.compile(r"^-[A-Za-z]$")
 
 
 def secret_key(name: str) -> bool:
@@ -120,30 +129,58 @@ def _fmt(hostpath: str, text: str) -> str | None:
     return None
 
 
+def secret_arg(name: str) -> bool:
+    """Whether an option or environment name (`api_key`, `HF_TOKEN`, `db-password`) names a secret."""
+    n = re.sub(r"[^a-z0-9]", "", name.lower())
+    return any(w in n for w in _ARG_SECRET_WORDS)
+
+
+def _redact_arg(t: str) -> tuple[str, str | None, bool]:
+    """(the argument to keep, the name redacted or None, whether the next argument is this option's
+    value)."""
+    m = _OPTION.match(t)
+    if m:
+        dashes, name, eq, value = m.groups()
+        if secret_arg(name):
+            if eq:
+                return (f"{dashes}{name}={REDACTED}" if value else t), (name if value else None), False
+            return t, name, True                            # --name VALUE
+        if eq and value:                                     # --env=NAME=VALUE
+            inner, found, _ = _redact_arg(value)
+            if found:
+                return f"{dashes}{name}={inner}", found, False
+        return t, None, False
+    m = _ENV_ARG.match(t)
+    if m and secret_arg(m.group(1)) and m.group(2):
+        return f"{m.group(1)}={REDACTED}", m.group(1), False
+    return t, None, False
+
+
 def _redact_cmdline(data: bytes) -> tuple[bytes, list[str]]:
+    """/proc/<pid>/cmdline, argument by argument: secret-looking options' values (both `--x=V` and
+    `--x V`) and environment-style `X_TOKEN=V` become REDACTED; every URL loses its userinfo."""
     from driverd.redact import redact as strip_userinfo
     found: list[str] = []
-    out, secret_next = [], False
-    for a in data.split(b"\0"):
+    out: list[bytes] = []
+    value_next = False
+    args = data.split(b"\0")
+    for i, a in enumerate(args):
         t = a.decode("utf-8", "replace")
-        m = _ARG.match(t)
-        if secret_next and t and not t.startswith("-"):
+        if value_next and t and not t.startswith("--") and not _SHORT_FLAG.match(t):
             out.append(REDACTED.encode())
-            secret_next = False
+            value_next = False
             continue
-        secret_next = False
-        if m and m.group(2):                # --password=X
-            out.append((m.group(1) + REDACTED).encode())
-            found.append(m.group(1).strip("-="))
+        value_next = False
+        if i == 0:                              # the program itself
+            kept, name = t, None
         else:
-            if m and not m.group(1).endswith("="):      # --password X
-                secret_next = True
-                found.append(m.group(1).strip("-"))
-            clean = strip_userinfo(t)
-            if clean != t:
-                found.append("URL userinfo")
-                a = clean.encode()
-            out.append(a)
+            kept, name, value_next = _redact_arg(t)
+        if name:
+            found.append(name)
+        clean = strip_userinfo(kept)
+        if clean != kept:
+            found.append("URL userinfo")
+        out.append(a if clean == t else clean.encode())
     return b"\0".join(out), found
 
 

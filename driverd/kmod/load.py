@@ -83,6 +83,14 @@ def validate_parameters(kernel, modules: list[str], params: dict[str, dict[str, 
                               cause=f"{info.path} declares only: {', '.join(sorted(info.params)) or 'no parameters'} "
                                     "(the kernel would silently ignore it)",
                               fix=f"fix [modules.parameters.{mod}] in the config", details={"module": mod, "unknown": unknown})
+        for k, v in sorted(want.items()):
+            split = option_problem(k, str(v))
+            if split:
+                raise ConfigError(f"module {mod} parameter {k}: {split}", cause=_SPLIT_CAUSE,
+                                  fix=f"in [modules.parameters.{mod}] give {k} a value without double quotes, a "
+                                      "leading quote or tabs/newlines (blanks alone are passed quoted), and set "
+                                      "every other parameter under its own key",
+                                  details={"module": mod, "parameter": k})
         bad = [f"{k}={v!r} ({problem})" for k, v in sorted(want.items())
                for problem in [value_problem(info.params[k].type, str(v))] if problem]
         if bad:
@@ -92,6 +100,84 @@ def validate_parameters(kernel, modules: list[str], params: dict[str, dict[str, 
                               fix=f"fix [modules.parameters.{mod}] in the config", details={"module": mod, "invalid": bad})
         out[mod] = {k: str(v) for k, v in want.items()}
     return out
+
+
+# -- how a NAME=VALUE reaches the kernel -------------------------------------------------------------
+# modprobe (kmod's options_from_array, tools/modprobe.c and insmod alike; kmod 30 checked with
+# `modprobe -n -v` in tests/kmod/test_param_split.py) joins the parameters with blanks into one
+# string for init_module(2), wrapping a value in double quotes when it holds a ' ' and does not begin
+# with '"' or "'". The kernel then splits that string with parse_args() (kernel/params.c), which calls
+# next_arg() (lib/cmdline.c; kernel/params.c before 4.x): parameters end at isspace() outside double
+# quotes; a '"' anywhere toggles quoting and cannot be escaped; one leading '"' of the value and the
+# token's last '"' are dropped; a bare `--` ends the parameters. isspace() is the kernel's lib/ctype.c:
+# ' ', \t, \n, \v, \f, \r and the byte 0xa0 (so a UTF-8 character holding that byte splits too).
+# A value the kernel would not see as exactly one parameter with that same value is refused: it would
+# set other parameters than the configuration names (`x" NVreg_EnableGpuFirmware=0 "y`).
+_KERNEL_SPACE = frozenset(b" \t\n\v\f\r\xa0")
+_SPLIT_CAUSE = ("modprobe passes a value with blanks in double quotes unless it begins with a quote, and the "
+                "kernel splits module parameters at blanks and tabs outside double quotes, which cannot be "
+                "escaped, and drops the quotes (kernel/params.c parse_args, lib/cmdline.c next_arg)")
+
+
+def modprobe_option(name: str, value: str) -> bytes:
+    """`name=value` as modprobe hands it to the kernel (kmod's options_from_array)."""
+    v = value.encode("utf-8", "surrogateescape")
+    if v[:1] not in (b'"', b"'") and b" " in v:
+        v = b'"' + v + b'"'
+    return name.encode("utf-8", "surrogateescape") + b"=" + v
+
+
+def kernel_split(options: bytes) -> list[tuple[bytes, bytes | None]]:
+    """(param, value) pairs as parse_args()/next_arg() split a module's option string."""
+    out: list[tuple[bytes, bytes | None]] = []
+    s, n, i = options, len(options), 0
+    while i < n and s[i] in _KERNEL_SPACE:
+        i += 1
+    while i < n:
+        quoted = s[i] == 0x22
+        if quoted:
+            i += 1
+        start, in_quote, equals = i, quoted, -1
+        while i < n and (in_quote or s[i] not in _KERNEL_SPACE):
+            if equals < 0 and s[i] == 0x3D and i > start:      # `equals == 0` means none in next_arg
+                equals = i
+            if s[i] == 0x22:
+                in_quote = not in_quote
+            i += 1
+        tok = s[start:i]
+        if equals < 0:
+            param, val = (tok[:-1] if quoted and tok.endswith(b'"') else tok), None
+        else:
+            param, val = s[start:equals], s[equals + 1:i]
+            if val.startswith(b'"'):
+                val = val[1:]
+                if tok.endswith(b'"'):
+                    val = val[:-1]
+            elif quoted and tok.endswith(b'"'):
+                val = val[:-1]
+        if val is None and param == b"--":
+            break
+        out.append((param, val))
+        while i < n and s[i] in _KERNEL_SPACE:
+            i += 1
+    return out
+
+
+def option_problem(name: str, value: str) -> str | None:
+    """Why `name=value` would not reach the kernel as that one parameter with that value, or None."""
+    got = kernel_split(modprobe_option(name, value))
+    want = (name.encode("utf-8", "surrogateescape"), value.encode("utf-8", "surrogateescape"))
+    if got == [want]:
+        return None
+
+    def show(p: bytes, v: bytes | None) -> str:
+        t = p if v is None else p + b"=" + v
+        return t.decode("utf-8", "backslashreplace")
+    why = ("the kernel takes the byte 0xa0 in its UTF-8 for a blank" if b"\xa0" in want[1]
+           else "the kernel drops double quotes" if len(got) == 1 else "")
+    seen = (f"as {show(*got[0])!r}" if len(got) == 1 else
+            f"as {len(got)} parameters ({', '.join(repr(show(p, v)) for p, v in got)}), not one")
+    return f"the value {value!r} would reach the kernel {seen}" + (f" ({why})" if why else "")
 
 
 # Integer parameter types and their ranges, as the kernel's param_set_* (kernel/params.c) parse them

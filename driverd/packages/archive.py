@@ -47,6 +47,7 @@ from driverd.packages.manifest import (FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR,
 
 SUFFIX = ".tar.zst"
 ZSTD_LEVEL = 3
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _CHUNK = 1 << 20
 MAX_MEMBER_BYTES = 1 << 30          # a kernel module or firmware image is far below 1 GiB
 MAX_UNPACKED_BYTES = 2 << 30        # a whole driver package: ~100-300 MB of modules and firmware
@@ -293,15 +294,52 @@ def unpack(package: str | os.PathLike, dest: str | os.PathLike, expected_sha256:
         check_file(package, expected_sha256, expected_size)
     dest.mkdir(parents=True)
     try:
-        return _unpack_into(package, dest, expected_sha256)
+        fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC)
+        try:
+            return _unpack_into(package, fd, expected_sha256)
+        finally:
+            os.close(fd)
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
 
 
-def _unpack_into(package, dest: Path | None, expected_sha256: str | None = None) -> Manifest:
-    """One pass over the archive: hash it, check each member, hash each file (writing it under
-    `dest` unless dest is None, which only verifies), then compare everything with the manifest."""
+def unpack_at(package: str | os.PathLike, dir_fd: int, expected_sha256: str | None = None,
+              expected_size: int | None = None) -> Manifest:
+    """unpack() into the empty directory open as `dir_fd` (a directory the caller resolved inside its
+    host root, driverd.root.Root.dir_fd): every member is created relative to it, never through a
+    link. On a refusal what was written stays for the caller to remove with the directory."""
+    if expected_sha256 is not None:
+        check_file(package, expected_sha256, expected_size)
+    return _unpack_into(package, dir_fd, expected_sha256)
+
+
+def _subdir(dest_fd: int, name: str) -> int:
+    """The fd of the member directory `name` of `dest_fd` (created 0755 when missing; never a link)."""
+    try:
+        os.mkdir(name, 0o700, dir_fd=dest_fd)
+        made = True
+    except FileExistsError:
+        made = False
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC, dir_fd=dest_fd)
+    if made:
+        os.fchmod(fd, DIR_MODE)
+    return fd
+
+
+def _unpack_into(package, dest_fd: int | None, expected_sha256: str | None = None) -> Manifest:
+    """One pass over the archive: hash it, check each member, hash each file (writing it under the
+    directory open as `dest_fd` unless it is None, which only verifies), then compare everything with
+    the manifest."""
+    dirs: dict[str, int] = {}
+    try:
+        return _unpack_members(package, dest_fd, dirs, expected_sha256)
+    finally:
+        for fd in dirs.values():
+            os.close(fd)
+
+
+def _unpack_members(package, dest_fd: int | None, dirs: dict[str, int], expected_sha256: str | None) -> Manifest:
     actual: dict[str, FileEntry] = {}
     manifest_bytes: bytes | None = None
     got_sha: str | None = None
@@ -329,23 +367,25 @@ def _unpack_into(package, dest: Path | None, expected_sha256: str | None = None)
                     continue
                 h, n = hashlib.sha256(), 0
                 mode = ti.mode & 0o777
-                if dest is None:
+                if dest_fd is None:
                     while chunk := src.read(_CHUNK):
                         h.update(chunk)
                         n += len(chunk)
                 else:
-                    target = dest / rel
-                    if not target.parent.is_dir():
-                        target.parent.mkdir()
-                        os.chmod(target.parent, DIR_MODE)
-                    # O_EXCL|O_NOFOLLOW: never write through anything that appeared in dest meanwhile.
-                    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                    parent, name = rel.split("/")           # _check_member: modules/x or firmware/x
+                    if parent not in dirs:
+                        dirs[parent] = _subdir(dest_fd, parent)
+                    # O_EXCL|O_NOFOLLOW, relative to the directory's fd: never through anything that
+                    # appeared in dest meanwhile.
+                    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600,
+                                 dir_fd=dirs[parent])
                     with os.fdopen(fd, "wb") as out:
                         while chunk := src.read(_CHUNK):
                             h.update(chunk)
                             n += len(chunk)
                             out.write(chunk)
-                    os.chmod(target, FILE_MODE)     # never the archive's mode (it is reported instead)
+                        out.flush()
+                        os.fchmod(fd, FILE_MODE)    # never the archive's mode (it is reported instead)
                 actual[rel] = FileEntry(rel, n, mode, h.hexdigest())
             hasher = getattr(tar, "_driverd_hasher", None)
             if hasher is not None:
@@ -362,9 +402,13 @@ def _unpack_into(package, dest: Path | None, expected_sha256: str | None = None)
         raise _refuse(package, "it has no manifest.json")
     manifest = Manifest.loads(manifest_bytes, f"{os.path.basename(os.fspath(package))}: manifest.json")
     verify_files(package, manifest, actual)
-    if dest is not None:
-        (dest / MANIFEST_NAME).write_bytes(manifest_bytes)
-        os.chmod(dest / MANIFEST_NAME, FILE_MODE)
+    if dest_fd is not None:
+        fd = os.open(MANIFEST_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600,
+                     dir_fd=dest_fd)
+        with os.fdopen(fd, "wb") as out:
+            out.write(manifest_bytes)
+            out.flush()
+            os.fchmod(fd, FILE_MODE)
     return manifest
 
 

@@ -425,7 +425,7 @@ def local_builder(root: Root, cfg, want, runner: Runner):
         find_headers(root, want.kernel_release)
     except PackageError as e:
         return None, e.message
-    work = root.real(cfg["packages.cache_dir"]) / "build"
+    work = root.real(f"{cfg['packages.cache_dir']}/build")       # resolved inside the root, link by link
     v = peek_version(src_path, work)
     from driverd.packages.sign import node_path
     key, cert = (node_path(root, cfg["signing.key"], "signing.key"),     # the node's own keys

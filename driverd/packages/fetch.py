@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,15 +91,34 @@ def _join(url: str, rel: str) -> str:
     return url.rstrip("/") + "/" + rel
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin(url: str) -> tuple[str, str, int] | None:
+    """The URL's origin (RFC 6454): scheme, host (lower case), port (the scheme's default when the URL
+    names none). None for a URL without a host or with an unreadable port."""
+    try:
+        u = urlsplit(url)
+        port = u.port
+    except ValueError:
+        return None
+    scheme, host = u.scheme.lower(), (u.hostname or "").lower()
+    if not host or not scheme:
+        return None
+    port = port if port is not None else _DEFAULT_PORTS.get(scheme)
+    return (scheme, host, port) if port is not None else None
+
+
 @dataclass(frozen=True)
 class Credentials:
     """Repository credentials kept out of URLs (issue 21): a netrc file (`machine HOST login L
-    password P`, sent as HTTP basic auth to HOST) and/or headers (`Authorization: Bearer …`) sent to
-    the repositories' own hosts — never to a host a redirect leads to."""
+    password P`, sent as HTTP basic auth) and/or headers (`Authorization: Bearer …`), sent only to the
+    exact origins (scheme, host, port) of the configured repositories (issue 30) — never to another
+    port or scheme of the same host, nor to anywhere a redirect leads to."""
     netrc: str | None = None
     header_file: str | None = None
 
-    def load(self, hosts: set[str]) -> "_RepoAuth | None":
+    def load(self, origins: set[tuple[str, str, int]]) -> "_RepoAuth | None":
         if not (self.netrc or self.header_file):
             return None
         creds = None
@@ -119,7 +139,7 @@ class Credentials:
         headers: dict[str, str] = {}
         if self.header_file:
             headers = read_header_file(self.header_file)
-        return _RepoAuth(hosts, creds, headers)
+        return _RepoAuth(origins, creds, headers)
 
 
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
@@ -151,18 +171,19 @@ def read_header_file(path: str) -> dict[str, str]:
 
 
 class _RepoAuth:
-    """A requests auth callable: the netrc entry or the headers for the repositories' hosts only."""
+    """A requests auth callable: the netrc entry or the headers, for the repositories' exact origins
+    only (a request to any other origin gets nothing of them)."""
 
-    def __init__(self, hosts: set[str], creds, headers: dict[str, str]) -> None:
-        self.hosts, self.creds, self.headers = hosts, creds, headers
+    def __init__(self, origins: set[tuple[str, str, int]], creds, headers: dict[str, str]) -> None:
+        self.origins, self.creds, self.headers = set(origins), creds, headers
 
     def __call__(self, r):
-        host = (urlsplit(r.url).hostname or "").lower()
-        if host not in self.hosts:
+        o = origin(r.url)
+        if o is None or o not in self.origins:
             return r
         r.headers.update(self.headers)
         if self.creds is not None and "Authorization" not in self.headers:
-            found = self.creds.authenticators(host)
+            found = self.creds.authenticators(o[1])
             if found:
                 from requests.auth import _basic_auth_str
                 r.headers["Authorization"] = _basic_auth_str(found[0], found[2] or "")
@@ -171,6 +192,7 @@ class _RepoAuth:
     def strip(self, r) -> None:
         for name in self.headers:
             r.headers.pop(name, None)
+        r.headers.pop("Authorization", None)
 
 
 def _session(auth: "_RepoAuth | None" = None):
@@ -178,12 +200,16 @@ def _session(auth: "_RepoAuth | None" = None):
 
     class Session(requests.Session):
         def rebuild_auth(self, prepared_request, response):
-            # A redirect: requests drops Authorization when the host changes, but would carry our
-            # custom headers along; they go to the repositories' hosts only.
-            super().rebuild_auth(prepared_request, response)
-            if auth is not None:
-                auth.strip(prepared_request)
-                auth(prepared_request)
+            # A redirect. requests' own rule drops Authorization only when the host name changes (or
+            # the port or scheme, except http->https on default ports) and then adds ~/.netrc's entry
+            # for the new host; it would carry our custom headers along. With credentials configured,
+            # everything of ours is dropped and given again only when the new URL is one of the
+            # repositories' exact origins.
+            if auth is None:
+                super().rebuild_auth(prepared_request, response)
+                return
+            auth.strip(prepared_request)
+            auth(prepared_request)
     s = Session()
     s.trust_env = True              # HTTP_PROXY / HTTPS_PROXY / NO_PROXY
     s.headers["User-Agent"] = "driverd"
@@ -322,68 +348,106 @@ def read_index(url: str, *, public_key: str | None = None, runner: Runner | None
         trust.unsigned_allowed(url, _is_file_repo(url), insecure, where)
     idx = parse_index(data, where)
     if public_key:
-        trust.check(idx, url, where, signed=True, seen=trust.seen_serial(root, state_dir, url), now=now)
-        trust.record(root, state_dir, url, idx)
+        fp = trust.key_fingerprint(public_key, runner)
+        trust.check(idx, url, where, signed=True, seen=trust.seen_serial(root, state_dir, fp), now=now, key=fp,
+                    state_dir=state_dir)
+        trust.record(root, state_dir, fp, url, idx)
     return idx
 
 
 # -- cache --------------------------------------------------------------------------------------
+# The cache is a tree under the root: every write and delete in it goes through the Root's confined
+# writers (issue 30), so `<cache_dir>/packages` or anything above it being a symlink — placed before or
+# swapped in meanwhile, absolute or relative — leads only to another directory inside the root.
+
+CACHE_SUBDIR = "packages"
+
+
+def cache_hostdir(configured: str = "/var/cache/driverd") -> str:
+    """The cache's host path (under the root): <packages.cache_dir>/packages."""
+    return f"{configured.rstrip('/')}/{CACHE_SUBDIR}"
+
 
 def cache_dir(root: Root, configured: str = "/var/cache/driverd") -> Path:
-    return root.real(configured) / "packages"
+    """The cache's real directory, resolved inside the root: for reading and for reports."""
+    return root.real(cache_hostdir(configured))
 
 
 def cache_name(e: IndexEntry) -> str:
     return f"{e.name}.{e.sha256}{SUFFIX}"
 
 
-def prune_cache(cache: Path, max_bytes: int, keep: Path | None = None) -> list[Path]:
-    """Remove least recently used packages until the cache fits `max_bytes`; never `keep`."""
-    if not cache.is_dir():
-        return []
-    files = [p for p in cache.iterdir() if p.is_file()]
-    total = sum(p.stat().st_size for p in files)
-    removed: list[Path] = []
-    for p in sorted(files, key=lambda p: max(p.stat().st_atime, p.stat().st_mtime)):
+def prune_cache(root: Root, cache: str, max_bytes: int, keep: str | None = None) -> list[str]:
+    """Remove least recently used packages (regular files) from the cache directory `cache` (a host
+    path) until it fits `max_bytes`; never the file named `keep`. Returns the names removed. The
+    directory is opened once inside the root and every file is judged and removed relative to it."""
+    import contextlib
+    with contextlib.ExitStack() as stack:
+        try:
+            dfd = stack.enter_context(root.dir_fd(cache))
+        except (FileNotFoundError, NotADirectoryError):
+            return []                       # no cache yet: nothing to prune
+        return _prune_at(dfd, max_bytes, keep)
+
+
+def _prune_at(dfd: int, max_bytes: int, keep: str | None) -> list[str]:
+    files: list[tuple[float, int, str]] = []
+    for n in os.listdir(dfd):
+        try:
+            st = os.stat(n, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            files.append((max(st.st_atime, st.st_mtime), st.st_size, n))
+    total = sum(size for _, size, _ in files)
+    removed: list[str] = []
+    for _, size, n in sorted(files):
         if total <= max_bytes:
             break
-        if keep is not None and p == keep:
+        if n == keep:
             continue
-        total -= p.stat().st_size
-        p.unlink()
-        removed.append(p)
+        try:
+            os.unlink(n, dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        total -= size
+        removed.append(n)
     return removed
-
-
-def _touch(p: Path) -> None:
-    now = time.time()
-    os.utime(p, (now, now))
 
 
 # -- download -----------------------------------------------------------------------------------
 
-def download(url: str, entry: IndexEntry, dest: Path, session=None, attempts: int = ATTEMPTS,
-             deadline_s: float = DOWNLOAD_DEADLINE_S) -> int:
-    """Download to `dest` (via `dest`.part, resuming it); returns the number of attempts used. All
-    attempts together finish within `deadline_s`; the file never grows past the index's size."""
+def _part(dest: str) -> str:
+    d, n = dest.rsplit("/", 1)
+    return f"{d}/.{n}.part"
+
+
+def download(url: str, entry: IndexEntry, dest: str, session=None, attempts: int = ATTEMPTS,
+             deadline_s: float = DOWNLOAD_DEADLINE_S, *, root: Root | None = None) -> int:
+    """Download to the host path `dest` under `root` (via `.<name>.part`, resuming it); returns the
+    number of attempts used. All attempts together finish within `deadline_s`; the file never grows
+    past the index's size. Without `root`, `dest` is a path on this machine (Root("/"))."""
     import requests
-    part = dest.with_name("." + dest.name + ".part")
+    root = root or Root("/")
+    dest = os.fspath(dest)
+    part = _part(dest)
     src = _join(url, entry.path)
     session = session or _session()
     count = {"n": 0}
     deadline = time.monotonic() + deadline_s
 
     def late() -> _Fatal:
-        part.unlink(missing_ok=True)
+        root.unlink(part)
         return _Fatal(f"download of {src} did not finish within {deadline_s:.0f} s")
 
     def once() -> None:
         count["n"] += 1
         if time.monotonic() >= deadline:
             raise late()
-        have = part.stat().st_size if part.exists() else 0
+        st = root.lstat(part)
+        have = st.st_size if st is not None else 0
         if have > entry.size:
-            part.unlink()
+            root.unlink(part)
             have = 0
         if have == entry.size:
             return
@@ -392,15 +456,15 @@ def download(url: str, entry: IndexEntry, dest: Path, session=None, attempts: in
             if r.status_code in (500, 502, 503, 504, 429):
                 raise _Retryable(f"HTTP {r.status_code}")
             if r.status_code == 416:            # our partial file is no prefix of theirs: start over
-                part.unlink(missing_ok=True)
+                root.unlink(part)
                 raise _Retryable("HTTP 416 on resume")
             if r.status_code not in (200, 206):
                 raise _Fatal(f"GET {src}: HTTP {r.status_code}")
-            mode = "ab" if r.status_code == 206 and have else "wb"
+            append = r.status_code == 206 and bool(have)
             declared = r.headers.get("Content-Length", "")
-            if declared.isdigit() and (have if mode == "ab" else 0) + int(declared) > entry.size:
+            if declared.isdigit() and (have if append else 0) + int(declared) > entry.size:
                 raise _Fatal(f"{src} is {declared} bytes, the index says {entry.size}")
-            with open(part, mode) as f, _Deadline(r, deadline) as dl:
+            with root.open_write(part, append=append) as f, _Deadline(r, deadline) as dl:
                 try:
                     for chunk in r.iter_content(_CHUNK):
                         f.write(chunk)
@@ -418,7 +482,7 @@ def download(url: str, entry: IndexEntry, dest: Path, session=None, attempts: in
         if got < entry.size:
             raise _Retryable(f"download ended at {got} of {entry.size} bytes")
         if got > entry.size:
-            part.unlink()
+            root.unlink(part)
             raise _Fatal(f"{src} is {got} bytes, the index says {entry.size}")
 
     try:
@@ -427,44 +491,52 @@ def download(url: str, entry: IndexEntry, dest: Path, session=None, attempts: in
         raise PackageError(str(e), cause="the repository does not serve what its index lists",
                            fix="rewrite the repository index (driverd repo index DIR)") from None
     except OSError as e:
-        raise PackageError(f"cannot write {part}: {e.strerror}", cause=str(e),
+        raise PackageError(f"cannot write {root.path(part)}: {e.strerror}", cause=str(e),
                            fix="free space in the cache (packages.cache_dir)") from None
-    os.replace(part, dest)
+    root.rename(part, dest)
     return count["n"]
 
 
-def _copy_file(url: str, entry: IndexEntry, dest: Path) -> None:
+def _copy_file(url: str, entry: IndexEntry, root: Root, dest: str) -> None:
     src = _file_path(url) / entry.path
-    part = dest.with_name("." + dest.name + ".part")
+    part = _part(dest)
     try:
-        size = os.stat(src).st_size
-        if size != entry.size:              # size first: nothing copied, let alone decompressed
-            raise PackageError(f"{src} is {size} bytes, the index says {entry.size}",
-                               cause="the repository does not serve what its index lists",
-                               fix=f"rewrite the index: driverd repo index {_file_path(url)}")
-        shutil.copyfile(src, part)
+        with open(src, "rb") as fi:
+            size = os.fstat(fi.fileno()).st_size
+            if size != entry.size:              # size first: nothing copied, let alone decompressed
+                raise PackageError(f"{src} is {size} bytes, the index says {entry.size}",
+                                   cause="the repository does not serve what its index lists",
+                                   fix=f"rewrite the index: driverd repo index {_file_path(url)}")
+            with root.open_write(part) as fo:
+                shutil.copyfileobj(fi, fo, _CHUNK)
     except FileNotFoundError:
         raise PackageError(f"{src} is listed in the index but missing", cause="the repository is incomplete",
                            fix=f"rewrite the index: driverd repo index {_file_path(url)}") from None
     except OSError as e:
-        part.unlink(missing_ok=True)
+        root.unlink(part)
         raise PackageError(f"cannot copy {src} into the cache: {e.strerror}",
                            fix="free space in the cache (packages.cache_dir)") from None
-    os.replace(part, dest)
+    root.rename(part, dest)
 
 
-def _verify_into_cache(path: Path, entry: IndexEntry, where: str, files: bool = True) -> None:
+def _verify_into_cache(root: Root, dest: str, entry: IndexEntry, where: str, files: bool = True) -> Path:
     """Size, then sha256 of the compressed file against the index — before anything is
-    decompressed — then (with `files`) every member against the manifest."""
+    decompressed — then (with `files`) every member against the manifest. Returns its real path."""
     from driverd.packages.archive import check_file
+    path = root.real(dest)
     try:
+        st = root.lstat(dest)
+        if st is None or not stat.S_ISREG(st.st_mode):
+            raise PackageError(f"{path} is not a regular file", cause="something else is in the cache's place",
+                               fix=f"remove {path}")
         if files:
             verify_package(path, entry.sha256, entry.size)
         else:
             check_file(path, entry.sha256, entry.size)
     except PackageError as e:
-        path.unlink(missing_ok=True)        # never keep a bad package in the cache
+        root.unlink(dest)                   # never keep a bad package in the cache
         raise PackageError(f"{e.message} (from {where})", cause=e.cause, fix=e.fix) from None
+    return path
 
 
 def fetch(root: Root, want: Want, repos: list[str], **kw) -> FetchResult:
@@ -498,15 +570,15 @@ def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache
     (one decompression instead of two). `_stage["at"]` says what was being done when it raised."""
     stage = _stage if _stage is not None else {}
     stage["at"] = "io"
-    cdir = cache_dir(root, cache)
+    cdir = cache_hostdir(cache)
     looked: list[str] = []
     session = None
     for url in repos:
         stage["at"] = "index"
         if not _is_file_repo(url) and session is None:
             # Unreadable credentials are a configuration error, not a repository to skip.
-            hosts = {(urlsplit(u).hostname or "").lower() for u in repos if not _is_file_repo(u)}
-            session = _session((credentials or Credentials()).load(hosts))
+            origins = {o for u in repos if not _is_file_repo(u) for o in [origin(u)] if o}
+            session = _session((credentials or Credentials()).load(origins))
         try:
             idx = read_index(url, public_key=public_key, runner=runner, session=session, insecure=insecure,
                              root=root, state_dir=state_dir)
@@ -519,31 +591,37 @@ def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache
         if entry is None:
             looked.append(f"{redact(url)} (index lists {len(idx.packages)} packages, not this one)")
             continue
-        cdir.mkdir(parents=True, exist_ok=True)     # only now: a refused index writes nothing
-        dest = cdir / cache_name(entry)
-        if dest.exists():
+        root.makedirs(cdir)                 # only now: a refused index writes nothing
+        dest = f"{cdir}/{cache_name(entry)}"
+        if root.lexists(dest):
             try:
-                _verify_into_cache(dest, entry, "cache", verify_files)
-                _touch(dest)
-                return FetchResult(dest, entry.sha256, redact(url), cached=True, looked_in=looked)
+                path = _verify_into_cache(root, dest, entry, "cache", verify_files)
+                root.utime(dest)
+                return FetchResult(path, entry.sha256, redact(url), cached=True, looked_in=looked)
             except PackageError:
                 pass                        # damaged cache entry: removed, fetch it again
         n = 1
         stage["at"] = "download"
         if _is_file_repo(url):
-            _copy_file(url, entry, dest)
+            _copy_file(url, entry, root, dest)
         else:
-            n = download(url, entry, dest, session, attempts)
+            n = download(url, entry, dest, session, attempts, root=root)
         stage["at"] = "verify"
-        _verify_into_cache(dest, entry, _join(url, entry.path), verify_files)
-        prune_cache(cdir, cache_max_mb << 20, keep=dest)
-        return FetchResult(dest, entry.sha256, redact(url), attempts=n, looked_in=looked)
+        path = _verify_into_cache(root, dest, entry, _join(url, entry.path), verify_files)
+        prune_cache(root, cdir, cache_max_mb << 20, keep=cache_name(entry))
+        return FetchResult(path, entry.sha256, redact(url), attempts=n, looked_in=looked)
     if builder is not None:
         stage["at"] = "build"
-        cdir.mkdir(parents=True, exist_ok=True)
-        built = builder(cdir)
+        # The build writes into the cache directory as resolved inside the root (a path for the
+        # build's tools); what it made is then judged and pruned through the confined writers.
+        built = Path(builder(root.makedirs(cdir)))
         from driverd.packages.archive import sha256_file
-        prune_cache(cdir, cache_max_mb << 20, keep=built)
+        real = root.real(cdir)
+        if built.parent != real:
+            raise PackageError(f"the local build wrote {built}, outside the cache {real}",
+                               cause="the cache directory changed while the package was built",
+                               fix="check who replaces packages.cache_dir; run again")
+        prune_cache(root, cdir, cache_max_mb << 20, keep=built.name)
         return FetchResult(built, sha256_file(built), "local-build", looked_in=looked)
     stage["at"] = "not-found"
     where = "; ".join(looked) if looked else "no repositories configured (packages.repositories / --repo)"

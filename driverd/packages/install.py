@@ -28,6 +28,12 @@ A process killed anywhere leaves the marker or a finished switch; `recover()` (r
 install/restore/rollback) drives a marker to its target again (the target and the replaced package
 are both kept, so this always can be done), re-runs depmod, and only then deletes leftovers, after
 keeping any complete installation they hold.
+
+Every write, rename and delete names a host path and goes through the Root's confined writers
+(driverd.root: the parent opened with RESOLVE_IN_ROOT or the O_NOFOLLOW walk at each call, the
+final name never followed, trees removed by file descriptor), so a symlink anywhere in these trees,
+placed before or swapped in during an install, cannot lead a write or a delete out of the root
+(issue 30). Reads and reports use the real path resolved inside the root.
 """
 from __future__ import annotations
 
@@ -37,15 +43,15 @@ import json
 import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from driverd.errors import DriverdError, PackageError
-from driverd.fsutil import atomic_write_json, fsync_dir
 from driverd.host.modules import INSTALL_DIR
 from driverd.packages import kept as kp
-from driverd.packages.archive import read_manifest, sha256_file, unpack
+from driverd.packages.archive import read_manifest, sha256_file, unpack_at
 from driverd.packages.kept import (INSTALL_RECORD, OLD_PREFIX, STAGING_PREFIX, Additions, Kept, kept_base, lookup,
                                    prune_kept)
 from driverd.packages.manifest import FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR, Manifest
@@ -89,12 +95,15 @@ def _root(root: Root | str | os.PathLike) -> Root:
     return root if isinstance(root, Root) else Root(root)
 
 
+FIRMWARE_BASE = "/lib/firmware/nvidia"
+
+
 def modules_dir(root: Root, release: str) -> Path:
     return root.real(f"/lib/modules/{release}/{INSTALL_DIR}")
 
 
 def firmware_dir(root: Root, version: str) -> Path:
-    return root.real(f"/lib/firmware/nvidia/{version}")
+    return root.real(f"{FIRMWARE_BASE}/{version}")
 
 
 def kept_dir(root: Root, sha256: str, state_dir: str = DEFAULT_STATE_DIR) -> Path:
@@ -214,15 +223,31 @@ class _Ctx:
         if not _RELEASE.fullmatch(self.release or ""):
             raise PackageError(f"kernel release {self.release!r} is not a plain name",
                                fix="pass the release as `uname -r` prints it")
-        self.mdir = modules_dir(self.root, self.release)
-        self.updates = self.mdir.parent
-        self.pkgs = self.root.real(f"{self.state_dir}/{PACKAGES_DIR}")
-        self.marker = self.pkgs / f"pending-{self.release}.json"
-        self.prev_rec = self.root.real(f"{self.state_dir}/{PREVIOUS_DIR}") / f"{self.release}.json"
-        self.fwbase = self.root.real("/lib/firmware/nvidia")
+        # Host paths: what every write names (through the Root's confined writers).
+        self.mdir_hp = f"/lib/modules/{self.release}/{INSTALL_DIR}"
+        self.updates_hp = os.path.dirname(self.mdir_hp)
+        self.pkgs_hp = f"{self.state_dir.rstrip('/')}/{PACKAGES_DIR}"
+        self.marker_hp = f"{self.pkgs_hp}/pending-{self.release}.json"
+        self.prev_dir_hp = f"{self.state_dir.rstrip('/')}/{PREVIOUS_DIR}"
+        self.prev_rec_hp = f"{self.prev_dir_hp}/{self.release}.json"
+
+    # Real paths, resolved inside the root when asked: for reading and for reports.
+    @property
+    def mdir(self) -> Path:
+        return self.root.real(self.mdir_hp)
+
+    @property
+    def marker(self) -> Path:
+        return self.root.real(self.marker_hp)
+
+    def fw_hp(self, version: str) -> str:
+        if not _RELEASE.fullmatch(version or ""):
+            raise PackageError(f"driver version {version!r} is not a plain name",
+                               cause="a manifest or a pending-switch record names it", fix="reinstall the package")
+        return f"{FIRMWARE_BASE}/{version}"
 
     def fw(self, version: str) -> Path:
-        return firmware_dir(self.root, version)
+        return self.root.real(self.fw_hp(version))
 
     @functools.cached_property
     def tools(self):
@@ -241,19 +266,21 @@ class _Cur:
 
 
 def _current(ctx: _Ctx) -> _Cur:
-    if not os.path.lexists(ctx.mdir):
+    if not ctx.root.lexists(ctx.mdir_hp):
         return _Cur(False)
-    m, sha = kp.tree_manifest(ctx.mdir), kp.tree_sha(ctx.mdir)
-    return _Cur(True, sha, m, m is not None and sha is not None and kp.modules_intact(ctx.mdir, m))
+    d = ctx.mdir
+    m, sha = kp.tree_manifest(d), kp.tree_sha(d)
+    return _Cur(True, sha, m, m is not None and sha is not None and kp.modules_intact(d, m))
 
 
 def installed_sha256(root: Root | str | os.PathLike, release: str) -> str | None:
     return kp.tree_sha(modules_dir(_root(root), release))
 
 
-def _read_json(p: Path) -> dict | None:
+def _read_json(root: Root, hp: str) -> dict | None:
     try:
-        d = json.loads(p.read_text())
+        with open(root.real(hp), "rb") as f:
+            d = json.loads(f.read(1 << 20))
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
@@ -277,7 +304,7 @@ def previous_sha(root: Root | str | os.PathLike, release: str,
     """(known, sha256) of what the last install/restore for `release` replaced; sha None means no
     driverd package was installed then. known is False when nothing was ever replaced."""
     ctx = _Ctx(_root(root), release, Runner(), state_dir)
-    rec = _read_json(ctx.prev_rec)
+    rec = _read_json(ctx.root, ctx.prev_rec_hp)
     if not rec or "sha256" not in rec:
         return False, None
     return True, _sha_or_none(rec["sha256"])
@@ -289,7 +316,7 @@ def is_installed(root: Root | str | os.PathLike, release: str, sha256: str | Non
     """The package `sha256` (None: no driverd package) is installed for `release`, complete: its
     install record names it, no switch is pending and every module file has its manifest size."""
     ctx = _Ctx(_root(root), release, Runner(), state_dir)
-    if os.path.lexists(ctx.marker):
+    if ctx.root.lexists(ctx.marker_hp):
         return False
     cur = _current(ctx)
     if sha256 is None:
@@ -314,15 +341,14 @@ def _interrupted(ctx: _Ctx, target: str | None, e: OSError) -> PackageError:
                         "install/rollback-install completes or undoes it")
 
 
-def _drop(d: Path) -> None:
+def _drop(root: Root, d: str) -> None:
     """Delete a directory under /lib: renamed to a leftover name first, so a crash mid-delete leaves
     something recover() removes, never a half tree under the real name."""
-    if os.path.lexists(d):
-        gone = d.parent / f"{OLD_PREFIX}{d.name}-{os.getpid()}"
-        shutil.rmtree(gone, ignore_errors=True)
-        os.rename(d, gone)
-        fsync_dir(d.parent)
-        shutil.rmtree(gone, ignore_errors=True)
+    if root.lexists(d):
+        gone = f"{os.path.dirname(d)}/{OLD_PREFIX}{os.path.basename(d)}-{os.getpid()}"
+        root.rmtree(gone, ignore_errors=True)
+        root.rename(d, gone)
+        root.rmtree(gone, ignore_errors=True)
 
 
 @dataclass
@@ -345,54 +371,55 @@ def _switch(ctx: _Ctx, target: Kept | None, *, adds: Additions, set_previous: bo
     mods_ok = (cur.intact and cur.sha == want) if target else not cur.exists
     if replaced is _UNSET:
         replaced = cur.sha if cur.intact else None
-    if not mods_ok and cur.exists and cur.sha is None and _has_files(ctx.mdir):
+    if not mods_ok and cur.exists and cur.sha is None and _has_files(ctx.root, ctx.mdir_hp):
         raise PackageError(f"{ctx.mdir} holds files driverd did not install (no install record); nothing was changed",
                            cause="every driverd installation has an install.json naming its package",
                            fix=f"move {ctx.mdir} away, then run the command again")
+    root = ctx.root
     stage = fw_stage = fdir = None
     try:
         if not mods_ok and cur.intact:          # keep what is about to be replaced, first
-            kp.keep_tree(ctx.root, ctx.state_dir, ctx.mdir, ctx.fw(cur.manifest.driver_version), adds)
+            kp.keep_tree(root, ctx.state_dir, ctx.mdir_hp, ctx.fw_hp(cur.manifest.driver_version), adds)
         if not mods_ok and target is not None:
-            adds.dirs += kp.mkdirs(ctx.updates)
-            stage = kp.stage_from(target.modules, ctx.updates)
+            adds.dirs += kp.mkdirs(root, ctx.updates_hp)
+            stage = kp.stage_from(root, target.modules_hp, ctx.updates_hp)
         if target is not None and target.firmware is not None:
-            fdir = ctx.fw(target.version)
-            if not kp.firmware_same(fdir, target.manifest):
-                adds.dirs += kp.mkdirs(fdir.parent)
-                fw_stage = kp.stage_from(target.firmware, fdir.parent)
-                if not os.path.lexists(fdir):
+            fdir = ctx.fw_hp(target.version)
+            if not kp.firmware_same(ctx.fw(target.version), target.manifest):
+                adds.dirs += kp.mkdirs(root, FIRMWARE_BASE)
+                fw_stage = kp.stage_from(root, target.firmware_hp, FIRMWARE_BASE)
+                if not root.lexists(fdir):
                     created_fw = target.version
-        adds.dirs += kp.mkdirs(ctx.pkgs)
-        atomic_write_json(ctx.marker, {
+        adds.dirs += kp.mkdirs(root, ctx.pkgs_hp)
+        root.atomic_write_json(ctx.marker_hp, {
             "release": ctx.release, "target": want, "replaced": replaced, "set_previous": set_previous,
             "verify": verify, "drop_fw": drop_fw, "created_fw": created_fw, "started_at": _now()})
     except BaseException as e:
         for d in (stage, fw_stage):
             if d is not None:
-                shutil.rmtree(d, ignore_errors=True)
+                root.rmtree(d, ignore_errors=True)
         adds.undo()
         if isinstance(e, OSError):
-            raise _disk_error(e, ctx.updates) from None
+            raise _disk_error(e, root.path(ctx.updates_hp)) from None
         raise
     changed = not mods_ok or fw_stage is not None
     try:
         if not mods_ok:
             if target is not None:
-                old = replace_dir(stage, ctx.mdir)
+                old = replace_dir(root, stage, ctx.mdir_hp)
                 if old is not None:
-                    shutil.rmtree(old, ignore_errors=True)
+                    root.rmtree(old, ignore_errors=True)
             else:
-                _drop(ctx.mdir)
+                _drop(root, ctx.mdir_hp)
         if drop_fw and (target is None or drop_fw != target.version):
-            _drop(ctx.fw(drop_fw))
+            _drop(root, ctx.fw_hp(drop_fw))
             changed = True
         if fw_stage is not None:
-            old = replace_dir(fw_stage, fdir)
+            old = replace_dir(root, fw_stage, fdir)
             if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+                root.rmtree(old, ignore_errors=True)
         if target is not None:
-            kp.touch(target.path)
+            kp.touch(root, target.hostpath)
     except OSError as e:
         raise _interrupted(ctx, want, e) from None
     try:
@@ -403,7 +430,7 @@ def _switch(ctx: _Ctx, target: Kept | None, *, adds: Additions, set_previous: bo
             raise
         back = lookup(ctx.root, ctx.state_dir, replaced) if replaced and replaced != want else None
         try:
-            _switch(ctx, back, adds=Additions(), set_previous=False, verify=False, drop_fw=created_fw)
+            _switch(ctx, back, adds=Additions(root), set_previous=False, verify=False, drop_fw=created_fw)
         except (OSError, DriverdError) as e2:
             raise PackageError(f"{e.message}; switching back failed too: {e2}", cause=e.cause,
                                fix="run driverd install or rollback-install again") from None
@@ -414,17 +441,22 @@ def _switch(ctx: _Ctx, target: Kept | None, *, adds: Additions, set_previous: bo
         raise _interrupted(ctx, want, e) from None
     try:
         if set_previous and replaced != want:
-            atomic_write_json(ctx.prev_rec, {"sha256": replaced, "replaced_by": want, "at": _now()})
-        os.unlink(ctx.marker)
-        fsync_dir(ctx.pkgs)
+            root.atomic_write_json(ctx.prev_rec_hp, {"sha256": replaced, "replaced_by": want, "at": _now()})
+        root.unlink(ctx.marker_hp, missing_ok=False)
     except OSError as e:
         raise _interrupted(ctx, want, e) from None
     return _Done(changed, dep, resolves, replaced if isinstance(replaced, str) else None)
 
 
-def _has_files(d: Path) -> bool:
+def _has_files(root: Root, d: str) -> bool:
+    st = root.lstat(d)
+    if st is None:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return True
     try:
-        return not os.path.isdir(d) or bool(os.listdir(d))
+        with root.dir_fd(d) as fd:
+            return bool(os.listdir(fd))
     except OSError:
         return True
 
@@ -432,33 +464,40 @@ def _has_files(d: Path) -> bool:
 def _keep_package(ctx: _Ctx, package: Path, manifest: Manifest, sha: str, expected: str | None,
                   adds: Additions) -> Kept:
     """Unpack and verify the package into a new kept entry (complete or absent)."""
-    base = kept_base(ctx.root, ctx.state_dir)
-    adds.dirs += kp.mkdirs(base)
-    tmp = kp.temp_dir(base, 0o700)
+    root = ctx.root
+    base = kp.kept_hostdir(ctx.state_dir)
+    adds.dirs += kp.mkdirs(root, base)
+    tmp = kp.temp_dir(root, base, 0o700)
     try:
-        unpack(package, tmp / "pkg", expected)
-        mods = tmp / MODULES_DIR
-        os.rename(tmp / "pkg" / MODULES_DIR, mods)
-        os.replace(tmp / "pkg" / MANIFEST_NAME, mods / MANIFEST_NAME)
-        atomic_write_json(mods / INSTALL_RECORD, {
+        root.mkdir(f"{tmp}/pkg", 0o700)
+        with root.dir_fd(f"{tmp}/pkg") as fd:
+            unpack_at(package, fd, expected)
+        mods = f"{tmp}/{MODULES_DIR}"
+        root.rename(f"{tmp}/pkg/{MODULES_DIR}", mods, durable=False)
+        root.rename(f"{tmp}/pkg/{MANIFEST_NAME}", f"{mods}/{MANIFEST_NAME}", durable=False)
+        root.atomic_write_json(f"{mods}/{INSTALL_RECORD}", {
             "package_sha256": sha, "package": package.name, "installed_at": _now(),
             "driver_version": manifest.driver_version, "flavor": manifest.flavor,
             "kernel_release": manifest.kernel_release})
-        os.chmod(mods, 0o755)
-        if (tmp / "pkg" / FIRMWARE_DIR).is_dir():
-            os.mkdir(tmp / "firmware", 0o755)
-            os.rename(tmp / "pkg" / FIRMWARE_DIR, tmp / "firmware" / manifest.driver_version)
-            os.chmod(tmp / "firmware" / manifest.driver_version, 0o755)
-        os.rmdir(tmp / "pkg")
-        kp.commit(tmp, base / sha)
+        root.chmod(mods, 0o755)
+        st = root.lstat(f"{tmp}/pkg/{FIRMWARE_DIR}")
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            root.mkdir(f"{tmp}/firmware", 0o755)
+            ctx.fw_hp(manifest.driver_version)             # a plain name: refused otherwise
+            fw = f"{tmp}/firmware/{manifest.driver_version}"
+            root.rename(f"{tmp}/pkg/{FIRMWARE_DIR}", fw, durable=False)
+            root.chmod(fw, 0o755)
+        root.rmdir(f"{tmp}/pkg")
+        kp.commit(root, tmp, f"{base}/{sha}")
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        root.rmtree(tmp, ignore_errors=True)
         raise
-    adds.kept.append(base / sha)
+    adds.kept.append(f"{base}/{sha}")
     k = lookup(ctx.root, ctx.state_dir, sha)
     if k is None:
         raise PackageError(f"the kept copy of package {sha[:12]} is incomplete right after writing it",
-                           cause=f"{base / sha} does not match its manifest", fix="check the filesystem")
+                           cause=f"{kept_base(root, ctx.state_dir) / sha} does not match its manifest",
+                           fix="check the filesystem")
     return k
 
 
@@ -539,10 +578,10 @@ def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, run
     notes = recover(root, release, runner, state_dir, kernel_tools=kernel_tools)
     cur = _current(ctx)
     have = lookup(root, state_dir, sha)
-    if cur.intact and cur.sha == sha and not os.path.lexists(ctx.marker):
+    if cur.intact and cur.sha == sha and not root.lexists(ctx.marker_hp):
         return _report(ctx, str(package_path), have or Kept(sha, ctx.mdir.parent, cur.manifest), None, notes,
                        changed=False)
-    adds = Additions()
+    adds = Additions(root)
     if have is None:
         check_space(kept_base(root, state_dir), manifest)
         try:
@@ -552,7 +591,7 @@ def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, run
             raise
         except OSError as e:
             adds.undo()
-            raise _disk_error(e, ctx.updates) from None
+            raise _disk_error(e, root.path(ctx.updates_hp)) from None
     done = _switch(ctx, have, adds=adds, set_previous=True)
     return _report(ctx, str(package_path), have, done, notes + odd + _prune(ctx), changed=True)
 
@@ -569,7 +608,7 @@ def restore(root: Root | str | os.PathLike, release: str, sha256: str | None, ru
         kp.check_sha(sha256)
     notes = recover(root, release, runner, state_dir, kernel_tools=kernel_tools)
     cur = _current(ctx)
-    pending = os.path.lexists(ctx.marker)
+    pending = root.lexists(ctx.marker_hp)
     if sha256 is None and not cur.exists and not pending:
         return _report(ctx, "", None, None, notes, changed=False)
     if not pending and cur.intact and cur.sha == sha256 and (not cur.manifest.firmware_files or kp.firmware_present(
@@ -588,7 +627,7 @@ def restore(root: Root | str | os.PathLike, release: str, sha256: str | None, ru
                                fix=f"restore a package built for {release}")
     if runner.dry_run:
         return _report(ctx, "", k, _Done(True, "", [], cur.sha), notes, changed=True, dry_run=True)
-    done = _switch(ctx, k, adds=Additions(), set_previous=True)
+    done = _switch(ctx, k, adds=Additions(root), set_previous=True)
     return _report(ctx, str(k.path) if k else "", k, done, notes + _prune(ctx), changed=True)
 
 
@@ -603,7 +642,7 @@ def rollback_install(root: Root | str | os.PathLike, release: str, runner: Runne
     known, sha = previous_sha(root, release, state_dir)
     if not known:
         raise PackageError(f"nothing to roll back to: no previous installation is recorded for kernel {release}",
-                           cause=f"{ctx.prev_rec} is missing", fix="install the wanted package with driverd install")
+                           cause=f"{root.path(ctx.prev_rec_hp)} is missing", fix="install the wanted package with driverd install")
     rep = restore(root, release, sha, runner, state_dir=state_dir, kernel_tools=kernel_tools)
     rep.notes = notes + rep.notes
     return rep
@@ -622,7 +661,7 @@ def recover(root: Root | str | os.PathLike, release: str, runner: Runner | None 
     root, runner = _root(root), runner or Runner()
     ctx = _Ctx(root, release, runner, state_dir, kernel_tools)
     notes: list[str] = []
-    marker = _read_json(ctx.marker)
+    marker = _read_json(root, ctx.marker_hp)
     if runner.dry_run:
         if marker is not None:
             notes.append(f"would finish the interrupted switch to {marker.get('target')}")
@@ -640,12 +679,13 @@ def _redrive(ctx: _Ctx, m: dict, notes: list[str]) -> None:
         m = {"target": cur.sha if cur.intact else None, "replaced": None, "set_previous": False, "verify": False}
     target, replaced = _sha_or_none(m.get("target")), _sha_or_none(m.get("replaced"))
     k = lookup(ctx.root, ctx.state_dir, target) if target else None
+    def version(v: object) -> str | None:
+        return v if isinstance(v, str) and _RELEASE.fullmatch(v) else None
     kw = {"set_previous": bool(m.get("set_previous")), "verify": bool(m.get("verify", True)), "replaced": replaced,
-          "drop_fw": m.get("drop_fw") if isinstance(m.get("drop_fw"), str) else None,
-          "created_fw": m.get("created_fw") if isinstance(m.get("created_fw"), str) else None}
+          "drop_fw": version(m.get("drop_fw")), "created_fw": version(m.get("created_fw"))}
     if target is None or k is not None:
         try:
-            _switch(ctx, k, adds=Additions(), **kw)
+            _switch(ctx, k, adds=Additions(ctx.root), **kw)
             notes.append(f"finished the interrupted switch of kernel {ctx.release} to package "
                          f"{(target or 'none')[:12]}")
         except PackageError as e:
@@ -658,63 +698,81 @@ def _redrive(ctx: _Ctx, m: dict, notes: list[str]) -> None:
                            f"{target[:12]} nor {replaced[:12]} is kept", cause=f"{ctx.marker} names them",
                            fix="install the wanted package with driverd install")
     kw.update(set_previous=False, verify=False, drop_fw=kw["created_fw"])
-    _switch(ctx, back, adds=Additions(), **kw)
+    _switch(ctx, back, adds=Additions(ctx.root), **kw)
     notes.append(f"undid the interrupted switch to package {target[:12]} (it is not kept)")
 
 
-def _leftovers(d: Path, prefixes=(STAGING_PREFIX, OLD_PREFIX)) -> list[Path]:
+def _leftovers(root: Root, d: str, prefixes=(STAGING_PREFIX, OLD_PREFIX)) -> list[str]:
+    """Host paths of the staging/holding entries in the directory `d` (listed through its fd)."""
     try:
-        return [d / n for n in sorted(os.listdir(d)) if n.startswith(prefixes)]
-    except OSError:
+        with root.dir_fd(d) as fd:
+            names = os.listdir(fd)
+    except (OSError, ValueError):
         return []
+    return [f"{d}/{n}" for n in sorted(names) if n.startswith(prefixes)]
 
 
-def _rescue(ctx: _Ctx, d: Path, fw: Path | None = None) -> None:
-    """Keep the installation a leftover directory holds, when it is complete and not kept yet."""
-    for cand in (d, d / MODULES_DIR, d / "old-modules"):
-        m = kp.tree_manifest(cand)
+def _is_dir(root: Root, hp: str) -> bool:
+    st = root.lstat(hp)
+    return st is not None and stat.S_ISDIR(st.st_mode)
+
+
+def _rescue(ctx: _Ctx, d: str, fw: str | None = None) -> None:
+    """Keep the installation a leftover directory holds, when it is complete and not kept yet. A
+    leftover that is not a directory (a symlink, say) holds nothing of ours."""
+    if not _is_dir(ctx.root, d):
+        return
+    for cand in (d, f"{d}/{MODULES_DIR}", f"{d}/old-modules"):
+        real = ctx.root.safe_real(cand) if _is_dir(ctx.root, cand) else None
+        m = kp.tree_manifest(real) if real is not None else None
         if m is not None:
             kp.keep_tree(ctx.root, ctx.state_dir, cand,
-                         fw if fw is not None and fw.is_dir() else ctx.fw(m.driver_version), Additions())
+                         fw if fw is not None and _is_dir(ctx.root, fw) else ctx.fw_hp(m.driver_version),
+                         Additions(ctx.root))
 
 
 def _clean(ctx: _Ctx, notes: list[str]) -> None:
-    for d in _leftovers(ctx.updates):
+    root = ctx.root
+    for d in _leftovers(root, ctx.updates_hp):
         _rescue(ctx, d)
-        shutil.rmtree(d)
-        notes.append(f"removed leftover {d}")
-    for d in _leftovers(ctx.fwbase):
-        shutil.rmtree(d)
-        notes.append(f"removed leftover {d}")
-    for d in _leftovers(ctx.pkgs, (OLD_PREFIX,)):       # holding directories of older driverd versions
-        for v in (os.listdir(d / "firmware") if (d / "firmware").is_dir() else []) or [None]:
-            _rescue(ctx, d, d / "firmware" / v if v else None)
-        shutil.rmtree(d)
-        notes.append(f"removed leftover {d}")
-    for d in _leftovers(kept_base(ctx.root, ctx.state_dir)):
-        shutil.rmtree(d)
-        notes.append(f"removed incomplete kept entry {d}")
+        root.rmtree(d)
+        notes.append(f"removed leftover {root.path(d)}")
+    for d in _leftovers(root, FIRMWARE_BASE):
+        root.rmtree(d)
+        notes.append(f"removed leftover {root.path(d)}")
+    for d in _leftovers(root, ctx.pkgs_hp, (OLD_PREFIX,)):       # holding directories of older driverd versions
+        versions = [v for v in root.listdir(f"{d}/firmware") if _is_dir(root, f"{d}/firmware/{v}")] \
+            if _is_dir(root, d) and _is_dir(root, f"{d}/firmware") else []
+        for v in versions or [None]:
+            _rescue(ctx, d, f"{d}/firmware/{v}" if v else None)
+        root.rmtree(d)
+        notes.append(f"removed leftover {root.path(d)}")
+    for d in _leftovers(root, kp.kept_hostdir(ctx.state_dir)):
+        root.rmtree(d)
+        notes.append(f"removed incomplete kept entry {root.path(d)}")
 
 
 def _migrate_legacy(ctx: _Ctx, notes: list[str]) -> None:
     """Older driverd kept the replaced tree in previous/<release>/ with a state.json."""
-    legacy = ctx.prev_rec.parent / ctx.release
-    if not legacy.is_dir():
+    root = ctx.root
+    legacy = f"{ctx.prev_dir_hp}/{ctx.release}"
+    if not _is_dir(root, legacy):
         return
-    st = _read_json(legacy / "state.json")
-    if st and _read_json(ctx.prev_rec) is None:
+    st = _read_json(root, f"{legacy}/state.json")
+    if st and _read_json(root, ctx.prev_rec_hp) is None:
         if st.get("had_modules"):
-            m = kp.tree_manifest(legacy / MODULES_DIR)
-            fw = legacy / FIRMWARE_DIR / m.driver_version if m else None
-            k = kp.keep_tree(ctx.root, ctx.state_dir, legacy / MODULES_DIR,
-                             fw if fw is not None and fw.is_dir() else (ctx.fw(m.driver_version) if m else None),
-                             Additions())
+            real = root.safe_real(f"{legacy}/{MODULES_DIR}")
+            m = kp.tree_manifest(real) if real is not None else None
+            fw = f"{legacy}/{FIRMWARE_DIR}/{m.driver_version}" if m and ctx.fw_hp(m.driver_version) else None
+            k = kp.keep_tree(root, ctx.state_dir, f"{legacy}/{MODULES_DIR}",
+                             fw if fw is not None and _is_dir(root, fw) else (ctx.fw_hp(m.driver_version) if m else None),
+                             Additions(root))
             if k is not None:
-                atomic_write_json(ctx.prev_rec, {"sha256": k.sha, "replaced_by": None, "at": _now()})
+                root.atomic_write_json(ctx.prev_rec_hp, {"sha256": k.sha, "replaced_by": None, "at": _now()})
         else:
-            atomic_write_json(ctx.prev_rec, {"sha256": None, "replaced_by": None, "at": _now()})
-    shutil.rmtree(legacy)
-    notes.append(f"moved the previous installation of {ctx.release} from {legacy} into the kept store")
+            root.atomic_write_json(ctx.prev_rec_hp, {"sha256": None, "replaced_by": None, "at": _now()})
+    root.rmtree(legacy)
+    notes.append(f"moved the previous installation of {ctx.release} from {root.path(legacy)} into the kept store")
 
 
 # -- modprobe's resolution --------------------------------------------------------------------------

@@ -8,21 +8,22 @@ An entry is built in a temporary directory beside the others (`.driverd-staging-
 directory fsync'd, then renamed into place: it is complete or absent. Files are hard links where the
 source is on the same filesystem, copies otherwise. Entries leave the same way: renamed to a
 `.driverd-old-*` name first, then deleted, so a half-deleted entry never looks like a kept one.
+
+Every write and delete here (and in the staging trees beside /lib/modules and /lib/firmware) names a
+host path and goes through the Root's confined writers (issue 30): a directory of the kept store or
+of /lib replaced by a symlink, before or during an operation, leads only to another place inside the
+root. Readers take the real path (`Root.real`, resolved inside the root).
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
-import shutil
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from driverd.errors import PackageError
-from driverd.fsutil import fsync_dir
 from driverd.host.modules import INSTALL_DIR
 from driverd.packages.manifest import MANIFEST_NAME, Manifest
 from driverd.root import Root
@@ -45,8 +46,14 @@ def check_sha(sha: str) -> str:
     return sha
 
 
+def kept_hostdir(state_dir: str) -> str:
+    """The kept store's host path (under the root)."""
+    return f"{state_dir.rstrip('/')}/{KEPT_DIR}"
+
+
 def kept_base(root: Root, state_dir: str) -> Path:
-    return root.real(f"{state_dir}/{KEPT_DIR}")
+    """The kept store's real directory (resolved inside the root): for reading and reports."""
+    return root.real(kept_hostdir(state_dir))
 
 
 # -- reading installed-shaped trees ----------------------------------------------------------------
@@ -109,12 +116,21 @@ def firmware_same(fdir: Path, manifest: Manifest) -> bool:
 @dataclass(frozen=True)
 class Kept:
     sha: str
-    path: Path
+    path: Path                  # real path, for reading and reports
     manifest: Manifest
+    hostpath: str = ""          # the entry's host path: what writers name
 
     @property
     def modules(self) -> Path:
         return self.path / "modules"
+
+    @property
+    def modules_hp(self) -> str:
+        return f"{self.hostpath}/modules"
+
+    @property
+    def firmware_hp(self) -> str | None:
+        return f"{self.hostpath}/firmware/{self.version}" if self.firmware is not None else None
 
     @property
     def version(self) -> str:
@@ -133,11 +149,14 @@ def lookup(root: Root, state_dir: str, sha: str) -> Kept | None:
     """The kept entry for `sha` when it is there and intact (sizes per its manifest)."""
     if not valid_sha(sha):
         return None
-    d = kept_base(root, state_dir) / sha
+    hp = f"{kept_hostdir(state_dir)}/{sha}"
+    d = root.safe_real(hp)
+    if d is None:
+        return None
     m = tree_manifest(d / "modules")
     if m is None or tree_sha(d / "modules") != sha or not modules_intact(d / "modules", m):
         return None
-    return Kept(sha, d, m)
+    return Kept(sha, d, m, hp)
 
 
 def kept_shas(root: Root, state_dir: str) -> list[str]:
@@ -147,150 +166,130 @@ def kept_shas(root: Root, state_dir: str) -> list[str]:
         return []
 
 
-# -- writing --------------------------------------------------------------------------------------
+# -- writing (host paths, through the Root's confined writers) ------------------------------------
 
-def mkdirs(d: Path) -> list[Path]:
-    """mkdir -p; returns the directories it made, deepest first (for removal on failure)."""
+def mkdirs(root: Root, hp: str) -> list[str]:
+    """mkdir -p inside the root (0755 whatever the umask); returns the host paths of the directories
+    it made, deepest first (for removal on failure)."""
     missing = []
-    while not os.path.lexists(d):
+    d = hp.rstrip("/")
+    while d and not root.lexists(d):
         missing.append(d)
-        d = d.parent
+        d = os.path.dirname(d).rstrip("/")
     for m in reversed(missing):
-        os.mkdir(m, 0o755)
-        os.chmod(m, 0o755)              # whatever the umask
+        root.mkdir(m, 0o755, exist_ok=True)
     return missing
 
 
-def rmdirs(dirs: list[Path]) -> None:
+def rmdirs(root: Root, dirs: list[str]) -> None:
     for d in dirs:
         try:
-            os.rmdir(d)
+            root.rmdir(d)
         except OSError:
             pass
 
 
-def fsync_file(p: Path) -> None:
-    fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _regular(root: Root, hp: str) -> bool:
+    st = root.lstat(hp)
+    return st is not None and stat.S_ISREG(st.st_mode)
 
 
-def fsync_tree(d: Path) -> None:
-    """fsync every regular file under `d`, then every directory, deepest first."""
-    dirs = []
-    for dp, _dns, fns in os.walk(d):
-        dirs.append(dp)
-        for n in fns:
-            p = Path(dp) / n
-            if p.is_file() and not p.is_symlink():
-                fsync_file(p)
-    for dp in reversed(dirs):
-        fsync_dir(dp)
-
-
-def link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst, follow_symlinks=False)
-    except OSError as e:
-        if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
-            raise
-        shutil.copy2(src, dst, follow_symlinks=False)
-
-
-def fill(src: Path, dst: Path, names: list[str] | None = None) -> None:
+def fill(root: Root, src: str, dst: str, names: list[str] | None = None) -> None:
     """Link or copy the regular files of `src` (or the given names) into the existing dir `dst`."""
-    for n in sorted(names if names is not None else os.listdir(src)):
-        p = src / n
-        if p.is_file() and not p.is_symlink():
-            link_or_copy(p, dst / n)
+    for n in sorted(names if names is not None else root.listdir(src)):
+        if _regular(root, f"{src}/{n}"):
+            root.link_or_copy(f"{src}/{n}", f"{dst}/{n}")
 
 
-def temp_dir(parent: Path, mode: int = 0o755) -> Path:
-    d = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=parent))
-    os.chmod(d, mode)
-    return d
+def temp_dir(root: Root, parent: str, mode: int = 0o755) -> str:
+    return root.mkdtemp(parent, STAGING_PREFIX, mode)
 
 
-def retire(d: Path) -> None:
+def retire(root: Root, d: str) -> None:
     """Remove a directory so that it is never seen half-deleted under its own name."""
-    if not os.path.lexists(d):
+    if not root.lexists(d):
         return
-    if d.name.startswith((STAGING_PREFIX, OLD_PREFIX)):
-        shutil.rmtree(d, ignore_errors=True)
+    name = os.path.basename(d)
+    if name.startswith((STAGING_PREFIX, OLD_PREFIX)):
+        root.rmtree(d, ignore_errors=True)
         return
-    gone = d.parent / f"{OLD_PREFIX}{d.name}-{os.getpid()}"
-    shutil.rmtree(gone, ignore_errors=True)
-    os.rename(d, gone)
-    shutil.rmtree(gone, ignore_errors=True)
+    gone = f"{os.path.dirname(d)}/{OLD_PREFIX}{name}-{os.getpid()}"
+    root.rmtree(gone, ignore_errors=True)
+    root.rename(d, gone, durable=False)
+    root.rmtree(gone, ignore_errors=True)
 
 
-def commit(tmp: Path, final: Path) -> None:
+def commit(root: Root, tmp: str, final: str) -> None:
     """fsync `tmp` completely and rename it to `final` (replacing a damaged entry there)."""
-    fsync_tree(tmp)
-    if os.path.lexists(final):
-        retire(final)
-    os.rename(tmp, final)
-    fsync_dir(final.parent)
+    root.fsync_tree(tmp)
+    if root.lexists(final):
+        retire(root, final)
+    root.rename(tmp, final)
 
 
 class Additions:
     """What one operation added to the kept store (and which directories it made), so that a refused
-    operation can take it all back."""
+    operation can take it all back. Host paths under `root`."""
 
-    def __init__(self) -> None:
-        self.kept: list[Path] = []
-        self.dirs: list[Path] = []
+    def __init__(self, root: Root) -> None:
+        self.root = root
+        self.kept: list[str] = []
+        self.dirs: list[str] = []
 
     def undo(self, keep: set[str] = frozenset()) -> None:
         for d in reversed(self.kept):
-            if d.name not in keep:
+            if os.path.basename(d) not in keep:
                 try:
-                    retire(d)
+                    retire(self.root, d)
                 except OSError:
-                    shutil.rmtree(d, ignore_errors=True)
-        rmdirs(self.dirs)
+                    self.root.rmtree(d, ignore_errors=True)
+        rmdirs(self.root, self.dirs)
 
 
-def keep_tree(root: Root, state_dir: str, mods: Path, fw: Path | None, adds: Additions) -> Kept | None:
-    """Keep an installed-shaped tree (with its firmware dir, when intact) unless its sha is kept
-    already. None when the tree is not a complete driverd installation (nothing to keep)."""
-    m, sha = tree_manifest(mods), tree_sha(mods)
-    if m is None or sha is None or not modules_intact(mods, m):
+def keep_tree(root: Root, state_dir: str, mods: str, fw: str | None, adds: Additions) -> Kept | None:
+    """Keep an installed-shaped tree (host path `mods`, with its firmware dir `fw` when intact) unless its
+    sha is kept already. None when the tree is not a complete driverd installation (nothing to keep)."""
+    real = root.safe_real(mods)
+    if real is None:
+        return None
+    m, sha = tree_manifest(real), tree_sha(real)
+    if m is None or sha is None or not modules_intact(real, m):
         return None
     have = lookup(root, state_dir, sha)
     if have is not None:
         return have
-    base = kept_base(root, state_dir)
-    adds.dirs += mkdirs(base)
-    tmp = temp_dir(base, 0o700)
+    base = kept_hostdir(state_dir)
+    adds.dirs += mkdirs(root, base)
+    tmp = temp_dir(root, base, 0o700)
     try:
-        os.mkdir(tmp / "modules", 0o755)
-        fill(mods, tmp / "modules", [Path(f.path).name for f in m.module_files] + [MANIFEST_NAME, INSTALL_RECORD])
-        if m.firmware_files and fw is not None and firmware_same(fw, m):
-            os.mkdir(tmp / "firmware", 0o755)
-            os.mkdir(tmp / "firmware" / m.driver_version, 0o755)
-            fill(fw, tmp / "firmware" / m.driver_version, [Path(f.path).name for f in m.firmware_files])
-        commit(tmp, base / sha)
+        root.mkdir(f"{tmp}/modules", 0o755)
+        fill(root, mods, f"{tmp}/modules",
+             [Path(f.path).name for f in m.module_files] + [MANIFEST_NAME, INSTALL_RECORD])
+        fw_real = root.safe_real(fw) if fw is not None else None
+        if m.firmware_files and fw_real is not None and firmware_same(fw_real, m):
+            root.mkdir(f"{tmp}/firmware", 0o755)
+            root.mkdir(f"{tmp}/firmware/{m.driver_version}", 0o755)
+            fill(root, fw, f"{tmp}/firmware/{m.driver_version}", [Path(f.path).name for f in m.firmware_files])
+        commit(root, tmp, f"{base}/{sha}")
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        root.rmtree(tmp, ignore_errors=True)
         raise
-    adds.kept.append(base / sha)
-    return Kept(sha, base / sha, m)
+    adds.kept.append(f"{base}/{sha}")
+    return Kept(sha, kept_base(root, state_dir) / sha, m, f"{base}/{sha}")
 
 
-def stage_from(kept_dir: Path, parent: Path) -> Path:
-    """A new directory in `parent` holding links/copies of `kept_dir`'s files, fsync'd."""
-    d = temp_dir(parent)
+def stage_from(root: Root, kept_dir: str, parent: str) -> str:
+    """A new directory in `parent` holding links/copies of `kept_dir`'s files, fsync'd (host paths)."""
+    d = temp_dir(root, parent)
     try:
-        fill(kept_dir, d)
-        for n in os.listdir(d):
-            if not (kept_dir / n).samefile(d / n):
-                fsync_file(d / n)
-        fsync_dir(d)
+        fill(root, kept_dir, d)
+        for n in root.listdir(d):
+            a, b = root.lstat(f"{kept_dir}/{n}"), root.lstat(f"{d}/{n}")
+            if a is None or b is None or (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+                root.fsync(f"{d}/{n}")
+        root.fsync(d)
     except BaseException:
-        shutil.rmtree(d, ignore_errors=True)
+        root.rmtree(d, ignore_errors=True)
         raise
     return d
 
@@ -337,33 +336,31 @@ def prune_kept(root: Root | str | os.PathLike, state_dir: str = "/var/lib/driver
     one installed for any kernel, recorded as previous, named by a pending switch, or in `keep`.
     Returns the removed shas."""
     root = root if isinstance(root, Root) else Root(root)
-    base = kept_base(root, state_dir)
+    base = kept_hostdir(state_dir)
     try:
         shas = kept_shas(root, state_dir)
         safe = protected(root, state_dir) | set(keep)
 
         def used(s: str) -> float:
-            try:
-                return os.stat(base / s).st_mtime
-            except OSError:
-                return 0.0
+            st = root.lstat(f"{base}/{s}")
+            return st.st_mtime if st is not None else 0.0
         removed: list[str] = []
         for s in sorted((s for s in shas if s not in safe), key=used):
             if len(shas) - len(removed) <= max_kept:
                 break
-            retire(base / s)
+            retire(root, f"{base}/{s}")
             removed.append(s)
         if removed:
-            fsync_dir(base)
+            root.fsync(base)
         return removed
     except OSError as e:
-        raise PackageError(f"cannot prune kept packages in {base}: {e.strerror}", cause=str(e),
+        raise PackageError(f"cannot prune kept packages in {root.path(base)}: {e.strerror}", cause=str(e),
                            fix="check the state directory's filesystem") from None
 
 
-def touch(d: Path) -> None:
+def touch(root: Root, d: str) -> None:
     """Mark a kept entry as recently used (pruning removes the least recently used first)."""
     try:
-        os.utime(d)
+        root.utime(d)
     except OSError:
         pass

@@ -273,7 +273,7 @@ def for_plan(root, facts, cfg) -> SignerVerdict | None:
             break
     if not sigs:
         try:
-            cache = root.real(cfg["packages.cache_dir"]) / "packages"
+            cache = root.real(f"{cfg['packages.cache_dir']}/packages")      # resolved inside the root
             prefix = package_basename(version, flavor, k.release, k.arch or "x86_64") + "."
             cands = sorted((c for c in os.listdir(cache) if c.startswith(prefix) and c.endswith(".tar.zst")),
                            key=lambda c: os.stat(cache / c).st_mtime, reverse=True)

@@ -2,16 +2,17 @@
 
 Linux's renameat2(RENAME_EXCHANGE) swaps two directory entries in one step: a reader (depmod,
 modprobe, the kernel's firmware loader) sees the old tree or the new one, never a mix. Where the
-filesystem lacks it (EINVAL), two renames are used; the gap between them is one syscall.
+filesystem lacks it (EINVAL), two renames are used; the gap between them is one syscall. Both names
+are host paths whose parents the Root resolves inside the root (driverd.root.Root.at).
 """
 from __future__ import annotations
 
 import ctypes
 import errno
 import os
-import shutil
 
-from driverd.fsutil import fsync_dir
+from driverd.fsutil import fsync_fd
+from driverd.root import Root
 
 AT_FDCWD = -100
 RENAME_EXCHANGE = 2
@@ -29,12 +30,13 @@ def _renameat2():
     return _libc.renameat2 if _libc else None
 
 
-def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """Swap two existing paths atomically. False when the kernel/filesystem cannot."""
+def exchange(a: str, b: str, *, src_dir_fd: int = AT_FDCWD, dst_dir_fd: int = AT_FDCWD) -> bool:
+    """Swap two existing entries atomically (names relative to the directory fds). False when the
+    kernel/filesystem cannot."""
     fn = _renameat2()
     if fn is None:
         return False
-    rc = fn(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE)
+    rc = fn(src_dir_fd, os.fsencode(a), dst_dir_fd, os.fsencode(b), RENAME_EXCHANGE)
     if rc == 0:
         return True
     e = ctypes.get_errno()
@@ -43,49 +45,19 @@ def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     raise OSError(e, os.strerror(e), os.fspath(a))
 
 
-def replace_dir(new: str | os.PathLike, target: str | os.PathLike) -> str | None:
-    """Make the directory `new` appear at `target` (same filesystem). Returns the path that now holds
-    what `target` held, for the caller to delete (it is `new` itself after an exchange, `new` + ".old"
+def replace_dir(root: Root, new: str, target: str) -> str | None:
+    """Make the directory `new` appear at `target` (host paths under `root`, same filesystem; both
+    parents resolved inside the root, neither final name followed). Returns the host path that now
+    holds what `target` held, for the caller to delete (`new` itself after an exchange, `new` + ".old"
     after the two-rename fallback), or None when `target` did not exist."""
-    new, target = os.fspath(new), os.fspath(target)
-    if not os.path.lexists(target):
-        os.rename(new, target)
-        fsync_dir(os.path.dirname(target))
+    if not root.lexists(target):
+        root.rename(new, target)
         return None
-    if exchange(new, target):            # looked up at call time: tests wrap it
-        fsync_dir(os.path.dirname(target))
-        return new
+    with root.at(new, action="rename") as (nfd, nleaf), root.at(target, action="rename") as (tfd, tleaf):
+        if exchange(nleaf, tleaf, src_dir_fd=nfd, dst_dir_fd=tfd):      # looked up at call time: tests wrap it
+            fsync_fd(tfd)
+            return new
     old = new + ".old"
-    os.rename(target, old)
-    os.rename(new, target)
-    fsync_dir(os.path.dirname(target))
+    root.rename(target, old, durable=False)
+    root.rename(new, target)
     return old
-
-
-def switch_in(new: str | os.PathLike, target: str | os.PathLike, old_out: str | os.PathLike) -> bool:
-    """Make `new` appear at `target`. When `target` existed its old contents end up at `old_out`
-    (which must not exist; same filesystem as target). Returns True when there was an old tree."""
-    new, target, old_out = os.fspath(new), os.fspath(target), os.fspath(old_out)
-    if not os.path.lexists(target):
-        os.rename(new, target)
-        fsync_dir(os.path.dirname(target))
-        return False
-    if exchange(new, target):
-        os.rename(new, old_out)          # `new` now names the old tree
-    else:
-        os.rename(target, old_out)
-        os.rename(new, target)
-    fsync_dir(os.path.dirname(target))
-    return True
-
-
-def move(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    """rename, or copy+delete across filesystems (e.g. /lib to /var on separate mounts)."""
-    try:
-        os.rename(src, dst)
-    except OSError as e:
-        if e.errno != errno.EXDEV:
-            raise
-        shutil.copytree(src, dst, symlinks=True)
-        shutil.rmtree(src)
-    fsync_dir(os.path.dirname(os.fspath(dst)))

@@ -137,3 +137,23 @@ def test_the_bundle_is_written_0600(tmp_path):
     finally:
         os.umask(old)
     assert os.stat(out2).st_mode & 0o777 == 0o600
+
+
+# -- issue 30: secrets in command lines ------------------------------------------------------------
+
+def test_command_line_secrets_in_every_form():
+    argv = ["python", "train.py", "--api_key=sk-live-1", "--hf_token=hf_2", "--wandb_api_key", "wb-3",
+            "--epochs=3", "-v", "HF_TOKEN=env-4", "-e", "WANDB_API_KEY=env-5", "--env=GITHUB_TOKEN=ghp-6",
+            "--db-password", "pw-7", "-password=pw-8", "--token", "--next", "--auth-file=/etc/x",
+            "--model", "s3://ak:sk-9@bucket/m", "--kernel", "6.1.0", "PATH=/usr/bin"]
+    data, keys = redact("/proc/7/cmdline", "\0".join(argv).encode() + b"\0")
+    out = data.decode().split("\0")
+    for leaked in ("sk-live-1", "hf_2", "wb-3", "env-4", "env-5", "ghp-6", "pw-7", "pw-8", "/etc/x", "sk-9"):
+        assert leaked not in data.decode(), (leaked, out)
+    assert out[:7] == ["python", "train.py", "--api_key=REDACTED", "--hf_token=REDACTED", "--wandb_api_key",
+                       "REDACTED", "--epochs=3"]
+    assert "--env=GITHUB_TOKEN=REDACTED" in out and "WANDB_API_KEY=REDACTED" in out and "HF_TOKEN=REDACTED" in out
+    assert out[out.index("--token") + 1] == "--next"             # a flag is no value
+    assert "s3://bucket/m" in out and "6.1.0" in out and "PATH=/usr/bin" in out and out[-1] == ""
+    assert {"api_key", "hf_token", "wandb_api_key", "HF_TOKEN", "WANDB_API_KEY", "GITHUB_TOKEN", "db-password",
+            "password", "token", "auth-file", "URL userinfo"} <= set(keys)

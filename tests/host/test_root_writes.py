@@ -299,3 +299,113 @@ def test_odd_names_are_refused_not_truncated(tmp_path, mode):
     root.atomic_write(Path("/etc/pathlike.conf"), "ok")        # os.PathLike host paths work too
     assert (r / "etc/pathlike.conf").read_text() == "ok"
     assert not (r / "etc/a").exists()
+
+
+# -- issue 30: the confined primitives for driverd's own trees (cache, kept store, staging) ---------
+
+def test_open_write_resolves_parents_inside_and_refuses_a_final_link(tmp_path, mode):
+    r, outside = real_root_tree(tmp_path)
+    root = Root(r)
+    old = os.umask(0o077)
+    try:
+        with root.open_write("/etc/docker/cache/p.part") as f:          # etc/docker climbs out with ../
+            f.write(b"ab")
+    finally:
+        os.umask(old)
+    inner = r / str(outside).lstrip("/")
+    assert (inner / "cache/p.part").read_bytes() == b"ab"
+    assert stat.S_IMODE(os.stat(inner / "cache/p.part").st_mode) == 0o644       # exactly, whatever the umask
+    with root.open_write("/etc/docker/cache/p.part", append=True) as f:
+        f.write(b"cd")
+    assert (inner / "cache/p.part").read_bytes() == b"abcd"
+    with pytest.raises(FileExistsError):
+        root.open_write("/etc/docker/cache/p.part", exclusive=True)
+    (outside / "target").write_text("outside\n")
+    os.symlink(str(outside / "target"), inner / "cache/link")
+    with pytest.raises(HostPathError, match="is a symbolic link") as e:
+        root.open_write("/etc/docker/cache/link")
+    assert "\n" not in e.value.one_line()
+    os.mkfifo(inner / "cache/fifo")
+    with pytest.raises((HostPathError, OSError)):
+        root.open_write("/etc/docker/cache/fifo")
+    assert (outside / "target").read_text() == "outside\n" and files_under(outside) == ["target"]
+
+
+def test_rename_mkdir_rmdir_lstat(tmp_path, mode):
+    r, outside = real_root_tree(tmp_path)
+    root = Root(r)
+    assert root.mkdir("/var/lib/driverd/packages", 0o700) is True
+    assert stat.S_IMODE(os.stat(r / "var/lib/driverd/packages").st_mode) == 0o700
+    assert root.mkdir("/var/lib/driverd/packages", 0o700, exist_ok=True) is False
+    with pytest.raises(FileExistsError):
+        root.mkdir("/var/lib/driverd/packages")
+    os.symlink(str(outside), r / "var/lib/driverd/link")
+    with pytest.raises(FileExistsError):
+        root.mkdir("/var/lib/driverd/link", exist_ok=True)              # a link is no directory of ours
+    root.atomic_write("/var/lib/driverd/packages/a", "1")
+    root.rename("/var/lib/driverd/packages/a", "/etc/containerd/b")   # dst parent: a link resolved inside
+    assert (r / str(outside).lstrip("/") / "b").read_text() == "1"
+    root.rename("/var/lib/driverd/link", "/var/lib/driverd/moved")    # the link itself moves
+    assert os.readlink(r / "var/lib/driverd/moved") == str(outside)
+    assert root.lstat("/var/lib/driverd/moved") is not None and stat.S_ISLNK(root.lstat("/var/lib/driverd/moved").st_mode)
+    assert root.lstat("/var/lib/driverd/nothing/x") is None and not root.lexists("/var/lib/driverd/nothing")
+    assert root.rmdir("/var/lib/driverd/packages") is True and root.rmdir("/var/lib/driverd/packages") is False
+    t = root.mkdtemp("/var/cache/driverd", ".driverd-staging-", 0o750)
+    assert t.startswith("/var/cache/driverd/.driverd-staging-") and stat.S_IMODE(os.stat(root.path(t)).st_mode) == 0o750
+    assert files_under(outside) == []
+
+
+def test_rmtree_never_follows_a_link(tmp_path, mode):
+    r, outside = real_root_tree(tmp_path)
+    (outside / "keep").mkdir()
+    (outside / "keep/file").write_text("x")
+    root = Root(r)
+    d = r / "var/lib/driverd/tree"
+    (d / "sub").mkdir(parents=True)
+    (d / "sub/f").write_text("1")
+    os.symlink(str(outside / "keep"), d / "sub/abs")
+    os.symlink("../" * 14 + str(outside / "keep").lstrip("/"), d / "rel")
+    assert root.rmtree("/var/lib/driverd/tree") is True and not d.exists()
+    os.symlink(str(outside / "keep"), r / "var/lib/driverd/final")
+    assert root.rmtree("/var/lib/driverd/final") is True                # the link goes, not its target
+    assert not os.path.lexists(r / "var/lib/driverd/final")
+    assert root.rmtree("/var/lib/driverd/none") is False
+    (r / str(outside).lstrip("/") / "victim").mkdir(parents=True)
+    assert root.rmtree("/etc/containerd/victim") is True                # through a parent link: inside
+    assert files_under(outside) == ["keep", "keep/file"]
+
+
+def test_link_or_copy_utime_chmod_fsync(tmp_path, mode, monkeypatch):
+    r, outside = real_root_tree(tmp_path)
+    root = Root(r)
+    root.atomic_write("/var/lib/driverd/src", b"data", 0o640)
+    root.link_or_copy("/var/lib/driverd/src", "/var/lib/driverd/hard")
+    assert (r / "var/lib/driverd/hard").samefile(r / "var/lib/driverd/src")
+    real_link = os.link
+
+    def exdev(*a, **k):
+        raise OSError(errno.EXDEV, "cross-device")
+    monkeypatch.setattr(os, "link", exdev)
+    root.link_or_copy("/var/lib/driverd/src", "/etc/containerd/copy")      # copied, inside the root
+    copy = r / str(outside).lstrip("/") / "copy"
+    assert copy.read_bytes() == b"data" and stat.S_IMODE(copy.stat().st_mode) == 0o640
+    monkeypatch.setattr(os, "link", real_link)
+    (outside / "secret").write_text("s")
+    os.symlink(str(outside / "secret"), r / "var/lib/driverd/sl")
+    with pytest.raises(OSError):
+        root.link_or_copy("/var/lib/driverd/sl", "/var/lib/driverd/sl2")   # never a link to a link
+    assert not os.path.lexists(r / "var/lib/driverd/sl2")
+    root.utime("/var/lib/driverd/src", (1000, 1000))
+    assert os.stat(r / "var/lib/driverd/src").st_mtime == 1000
+    root.utime("/var/lib/driverd/sl", (5, 5))                              # the link's own times
+    assert os.stat(outside / "secret").st_mtime != 5
+    for fn in (lambda: root.chmod("/var/lib/driverd/sl", 0o600), lambda: root.fsync("/var/lib/driverd/sl")):
+        with pytest.raises(HostPathError, match="is a symbolic link"):
+            fn()
+    root.chmod("/var/lib/driverd/src", 0o600)
+    assert stat.S_IMODE(os.stat(r / "var/lib/driverd/src").st_mode) == 0o600
+    root.fsync("/var/lib/driverd/src")
+    root.fsync_tree("/var/lib/driverd")                                     # walks past the link
+    with root.at("/etc/containerd/x") as (dfd, leaf):
+        assert leaf == "x" and os.path.samefile(f"/proc/self/fd/{dfd}", r / str(outside).lstrip("/"))
+    assert sorted(files_under(outside)) == ["secret"]

@@ -140,6 +140,49 @@ def test_header_file_goes_to_the_repository_host_and_not_across_a_redirect(tmp_p
     assert h2 == "127.0.0.2" and "Authorization" not in second and "X-Secret-Token" not in second
 
 
+@pytest.mark.parametrize("kind", ["header", "netrc"])
+def test_credentials_go_to_the_exact_origin_not_another_port_of_the_same_host(tmp_path, kind):
+    """Issue 30: a redirect from 127.0.0.1:A to 127.0.0.1:B (the same host name, another port: another
+    origin, another service) carries neither the header file's headers nor the netrc login."""
+    seen: list = []
+    other, other_url = _auth_server("127.0.0.1", None, seen)                # same host, another port
+    srv, url = _auth_server("127.0.0.1", None, seen, redirect_to=other_url.rsplit("/repo", 1)[0])
+    if kind == "header":
+        f = tmp_path / "headers"
+        f.write_text(f"Authorization: Bearer {SECRET}\nX-Secret-Token: {SECRET}\n")
+        creds = Credentials(header_file=str(f))
+    else:
+        f = tmp_path / "netrc"
+        f.write_text(f"machine 127.0.0.1 login robot password {SECRET}\n")
+        creds = Credentials(netrc=str(f))
+    try:
+        with pytest.raises(PackageError, match="index lists 0 packages"):
+            _fetch(tmp_path, url, creds)
+    finally:
+        srv.shutdown()
+        other.shutdown()
+    (_, _, first), (_, _, second) = seen[:2]
+    assert first["Authorization"].startswith("Bearer " if kind == "header" else "Basic ")
+    assert "Authorization" not in second and "X-Secret-Token" not in second, second
+
+
+def test_origin_is_scheme_host_and_port():
+    from driverd.packages.fetch import _RepoAuth, origin
+    assert origin("https://Mirror.Example/repo") == ("https", "mirror.example", 443)
+    assert origin("http://h:8080/x") == ("http", "h", 8080) != origin("http://h:8081/x")
+    assert origin("http://h/x") == origin("http://h:80/y") != origin("https://h/x")
+    assert origin("http://[::1]:9/x") == ("http", "::1", 9)
+    assert origin("http://h:99999/x") is None and origin("file:///srv") is None
+
+    class R:
+        def __init__(self, url):
+            self.url, self.headers = url, {}
+    auth = _RepoAuth({origin("https://h/repo")}, None, {"Authorization": "Bearer t"})
+    assert auth(R("https://h:443/other")).headers == {"Authorization": "Bearer t"}
+    for url in ("http://h/repo", "https://h:8443/repo", "https://h.evil/repo", "https://x@h2/repo"):
+        assert auth(R(url)).headers == {}, url
+
+
 def test_a_bad_header_file_names_the_line_not_the_value(tmp_path):
     hf = tmp_path / "headers"
     hf.write_text(f"Authorization: Bearer x\nBearer {SECRET}\n")
@@ -152,11 +195,12 @@ def test_a_bad_header_file_names_the_line_not_the_value(tmp_path):
 # -- the daemon: /readyz, stderr, STATUS=, daemon.json ----------------------------------------------
 
 @pytest.mark.real
-def test_the_daemon_never_repeats_url_credentials(host, daemons):
+@pytest.mark.parametrize("secret", [SECRET, "s3'cr(e)t!"])      # issue 30: a ' in the password
+def test_the_daemon_never_repeats_url_credentials(host, daemons, secret):
     from tests.daemon.conftest import NEW
     seen: list = []
     srv, url = _auth_server("127.0.0.1", "Basic nothing-matches", seen)
-    secret_url = url.replace("http://", f"http://robot:{SECRET}@")
+    secret_url = url.replace("http://", f"http://robot:{secret}@")
     p = Path(host) / "etc/driverd/config.toml"
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(f'[driver]\nversion = "{NEW}"\nflavor = "open"\n[packages]\nrepositories = ["{secret_url}"]\n'
@@ -177,11 +221,11 @@ def test_the_daemon_never_repeats_url_credentials(host, daemons):
     finally:
         srv.shutdown()
     assert seen and seen[0][2]["Authorization"].startswith("Basic ")      # the credentials were used
-    assert code == 503 and url in body and SECRET not in body, body
-    assert SECRET not in d.log and url in d.log
-    assert not any(SECRET in m for m in d.all_messages)
-    assert SECRET not in state and url in state
-    assert oct(os.stat(Path(host) / "run/driverd/daemon.json").st_mode & 0o777) == "0o644"
+    assert code == 503 and url in body and secret not in body, body
+    assert secret not in d.log and url in d.log
+    assert not any(secret in m for m in d.all_messages)
+    assert secret not in state and url in state
+    assert oct(os.stat(Path(host) / "run/driverd/daemon.json").st_mode & 0o777) == "0o600"
 
 
 @pytest.fixture

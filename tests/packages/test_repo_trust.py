@@ -168,3 +168,83 @@ def test_repo_index_serial_only_grows(tmp_path, packages):
     r = run_cli("repo", "index", str(d), "--valid-days", "1", "--json")
     out = json.loads(r.stdout)
     assert out["serial"] > b and out["expires"] and out["signed"] is False
+
+
+# -- freshness is keyed by the signing key, not the URL (issue 30) ----------------------------------
+
+def _serve_copy(tmp_path: Path, repo: Path, name: str, index: tuple[bytes, bytes]) -> Path:
+    """A second repository directory (another URL) serving the packages with the given index."""
+    d = tmp_path / name
+    shutil.copytree(repo, d)
+    (d / INDEX_NAME).write_bytes(index[0])
+    (d / "index.json.sig").write_bytes(index[1])
+    return d
+
+
+def test_an_old_index_is_refused_under_another_url(tmp_path, repo, keys):
+    """The node has seen serial N from one URL; an index signed by the same key with a serial below
+    N, served from a different URL (another mirror, a second repository entry), is a replay."""
+    host = _host(tmp_path, keys["good"][1])
+    old_index = (repo / INDEX_NAME).read_bytes(), (repo / "index.json.sig").read_bytes()
+    write_index(repo, sign_key=str(keys["good"][0]))                     # the repository moves on
+    mirror = _serve_copy(tmp_path, repo, "mirror", old_index)           # a mirror still has the old one
+    with RepoServer(repo) as srv:
+        assert _fetch(host, srv.url).returncode == 0
+    shutil.rmtree(host / "var/cache/driverd")
+    before = {p: (host / p).read_bytes() for p in _written(host)}
+    with RepoServer(mirror) as other:
+        line = _refused(_fetch(host, other.url), "older than serial", "signed by key sha256:")
+    assert "rollback" in line and "another one" in line
+    line = _refused(_fetch(host, f"file://{mirror}"), "older than serial")   # any URL, file:// too
+    assert {p: (host / p).read_bytes() for p in _written(host)} == before
+    [state] = (host / "var/lib/driverd" / STATE_SUBDIR).iterdir()
+    assert state.name.startswith("key-") and json.loads(state.read_text())["key"].startswith("sha256:")
+
+
+def test_another_key_has_its_own_sequence(tmp_path, repo, keys):
+    """A node whose packages.index_public_key changes starts the new key's sequence afresh."""
+    host = _host(tmp_path, keys["good"][1])
+    with RepoServer(repo) as srv:
+        assert _fetch(host, srv.url).returncode == 0
+    from driverd.packages.trust import key_fingerprint
+    fps = {key_fingerprint(str(keys[k][1])) for k in ("good", "other")}
+    assert len(fps) == 2
+    names = {p.name for p in (host / "var/lib/driverd" / STATE_SUBDIR).iterdir()}
+    assert names == {f"key-{key_fingerprint(str(keys['good'][1]))[7:]}.json"}
+
+
+def test_fingerprint_is_the_spki_sha256_in_any_encoding(tmp_path, keys):
+    import hashlib
+    import subprocess
+    from driverd.packages.trust import key_fingerprint
+    pub = str(keys["good"][1])
+    der = subprocess.run(["openssl", "pkey", "-pubin", "-in", pub, "-outform", "DER"], capture_output=True,
+                         check=True).stdout
+    assert key_fingerprint(pub) == "sha256:" + hashlib.sha256(der).hexdigest()
+    (tmp_path / "k.der").write_bytes(der)                       # not PEM: read through openssl pkey
+    assert key_fingerprint(str(tmp_path / "k.der")) == key_fingerprint(pub)
+    (tmp_path / "junk").write_text("not a key\n")
+    from driverd.packages.trust import IndexRefused
+    with pytest.raises(IndexRefused, match="cannot be read as a public key"):
+        key_fingerprint(str(tmp_path / "junk"))
+
+
+def test_state_of_earlier_versions_is_taken_over(tmp_path, repo, keys):
+    """A node upgraded from per-URL state: the highest serial any URL recorded is the one seen, so
+    an old index is refused on the first fetch after the upgrade; the per-URL files give way to the
+    key's own file once a fresh index is accepted."""
+    import hashlib
+    host = _host(tmp_path, keys["good"][1])
+    old_index = (repo / INDEX_NAME).read_bytes(), (repo / "index.json.sig").read_bytes()
+    write_index(repo, sign_key=str(keys["good"][0]))
+    seen = json.loads((repo / INDEX_NAME).read_text())["serial"]
+    state = host / "var/lib/driverd" / STATE_SUBDIR
+    state.mkdir(parents=True)
+    legacy = state / (hashlib.sha256(b"https://elsewhere.invalid/repo").hexdigest()[:16] + ".json")
+    legacy.write_text(json.dumps({"url": "https://elsewhere.invalid/repo", "serial": seen}))
+    mirror = _serve_copy(tmp_path, repo, "mirror", old_index)
+    _refused(_fetch(host, f"file://{mirror}"), "older than serial", str(seen))
+    assert [p.name for p in state.iterdir()] == [legacy.name]          # a refusal writes nothing
+    assert _fetch(host, f"file://{repo}").returncode == 0
+    [now] = state.iterdir()
+    assert now.name.startswith("key-") and json.loads(now.read_text())["serial"] == seen

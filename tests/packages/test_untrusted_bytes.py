@@ -295,7 +295,7 @@ def test_a_trickling_index_and_package_meet_their_whole_deadline(tmp_path):
             from driverd.packages import fetch
             from driverd.packages.repo import IndexEntry
             e = IndexEntry("1.0", "open", "k", "x86_64", "00" * 32, 100, "p.tar.zst")
-            fetch.download({url!r}, e, Path({str(tmp_path / 'p.tar.zst')!r}), deadline_s=1.5)
+            fetch.download({url!r}, e, {str(tmp_path / 'p.tar.zst')!r}, deadline_s=1.5)
         """)
         assert err.startswith(f"download of {url}/p.tar.zst did not finish within 2 s"), err
         assert 1.2 < secs < 8, secs
