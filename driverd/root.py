@@ -19,7 +19,10 @@ and its target replaced, as editors do: an admin's `config.toml -> /etc/site/con
 /etc/alternatives chain) keeps working and stays managed where it is; replacing the link with a file
 would silently fork the configuration. The target is always inside the root, so following is safe.
 unlink removes the name itself (rm semantics) unless follow_symlink=True; write_existing refuses a
-final symlink (sysfs attributes never are links).
+final symlink (sysfs attributes never are links). symlink, rename and rmtree never follow the final
+name either: a link is replaced (symlink: atomically, by renaming a new link over it), renamed or
+removed as itself, and rmtree walks with directory fds (shutil.rmtree's safe walk), so a link inside
+the tree is removed, never what it points to.
 """
 from __future__ import annotations
 
@@ -280,6 +283,124 @@ class Root:
                                       "it changed while driverd resolved the path",
                                       "run again; if it persists, check who rewrites the link")
             return self.path(target)
+
+    def symlink(self, hostpath: str, target: str, *, replace: bool = True) -> str | None:
+        """Make `hostpath` a symbolic link to `target`, atomically: a temporary link beside it renamed
+        over the name, so a reader sees the old entry or the new link, never neither. Parents are
+        created inside the root; the final name is never followed. It replaces nothing but a symbolic
+        link, and with `replace=False` nothing at all (the link is created at the name itself, which
+        fails if anything took the name meanwhile): FileExistsError — whose the entry is, the caller
+        decides. Returns the replaced link's target, None when the name was free. Durable (directory fsync)."""
+        from driverd.fsutil import fsync_fd
+        hp = self._norm(os.fspath(hostpath))
+        with self._guard(hp, "write"):
+            dfd, leaf, _ = self._open_parent(hp, create=True, follow=False)
+            try:
+                if not replace:
+                    os.symlink(target, leaf, dir_fd=dfd)         # EEXIST when anything is there
+                    fsync_fd(dfd)
+                    return None
+                try:
+                    st = os.stat(leaf, dir_fd=dfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    old = None
+                else:
+                    if not stat.S_ISLNK(st.st_mode):
+                        raise FileExistsError(errno.EEXIST, "exists and is not a symbolic link", hp)
+                    old = os.readlink(leaf, dir_fd=dfd)
+                    if old == target:
+                        return old
+                for _ in range(100):
+                    tmp = f".{leaf[:200]}.{os.urandom(4).hex()}.tmp"
+                    try:
+                        os.symlink(target, tmp, dir_fd=dfd)
+                        break
+                    except FileExistsError:
+                        continue
+                try:
+                    os.replace(tmp, leaf, src_dir_fd=dfd, dst_dir_fd=dfd)
+                except BaseException:
+                    try:
+                        os.unlink(tmp, dir_fd=dfd)
+                    except FileNotFoundError:
+                        pass
+                    raise
+                fsync_fd(dfd)
+                return old
+            finally:
+                os.close(dfd)
+
+    def rename(self, src: str, dst: str) -> None:
+        """rename(2) of `src` to `dst`, both resolved inside the root and neither final name followed;
+        `dst` must not exist (FileExistsError): nothing is replaced by accident. Both directories fsync'd."""
+        from driverd.fsutil import fsync_fd
+        shp, dhp = self._norm(os.fspath(src)), self._norm(os.fspath(dst))
+        with self._guard(dhp, "write"):
+            sfd, sleaf, _ = self._open_parent(shp, create=False, follow=False)
+            try:
+                dfd, dleaf, _ = self._open_parent(dhp, create=True, follow=False)
+                try:
+                    try:
+                        os.stat(dleaf, dir_fd=dfd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        pass
+                    else:
+                        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dhp)
+                    os.rename(sleaf, dleaf, src_dir_fd=sfd, dst_dir_fd=dfd)
+                    fsync_fd(dfd)
+                    fsync_fd(sfd)
+                finally:
+                    os.close(dfd)
+            finally:
+                os.close(sfd)
+
+    def rmtree(self, hostpath: str) -> bool:
+        """Remove `hostpath` and everything under it (a link or file: itself), inside the root, never
+        following a link (shutil.rmtree's fd-based walk from the resolved parent). True when something
+        was removed."""
+        import shutil
+        from driverd.fsutil import fsync_fd
+        hp = self._norm(os.fspath(hostpath))
+        with self._guard(hp, "remove"):
+            try:
+                dfd, leaf, _ = self._open_parent(hp, create=False, follow=False)
+            except FileNotFoundError:
+                return False
+            try:
+                try:
+                    st = os.stat(leaf, dir_fd=dfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    return False
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(leaf, dir_fd=dfd)
+                else:
+                    os.unlink(leaf, dir_fd=dfd)
+                fsync_fd(dfd)
+                return True
+            finally:
+                os.close(dfd)
+
+    @contextlib.contextmanager
+    def open_dir(self, hostpath: str, create: bool = False, mode: int = 0o755) -> Iterator[int]:
+        """An O_RDONLY|O_DIRECTORY fd of `hostpath` resolved inside the root (created with its parents
+        when `create`), for writers that work relative to a directory (driverd.packages.archive.unpack_at)."""
+        hp = self._norm(os.fspath(hostpath))
+        with self._guard(hp, "create" if create else "open"):
+            fd = self._open_dir(hp, create=create, mode=mode)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def lstat(self, hostpath: str) -> os.stat_result | None:
+        """lstat of `hostpath` with its parent resolved inside the root (the final name not followed);
+        None when absent or unreadable."""
+        try:
+            hp = self._norm(hostpath)
+            parent = self.resolve(os.path.dirname(hp))
+            return os.lstat(self.path(parent.rstrip("/") + "/" + os.path.basename(hp)))
+        except (OSError, ValueError):
+            return None
 
     # -- the resolver behind the writes -------------------------------------------------------
     def _root_fd(self) -> int:
