@@ -105,6 +105,17 @@ SCHEMA: dict[str, Key] = {
                              "links are ever replaced or removed; none: no links",
                              pattern=re.compile(r"^(/[^\0]*|none)$"), pattern_hint="an absolute host path such as "
                              "/usr/local/bin, or none"),
+    "userspace.package": Key("str", None, "the driver's user-space for the transaction: a user-space package file "
+                             "(driverd build-userspace) or a directory holding driverd-userspace-<version>-<arch>*.tar.zst "
+                             "packages; the one of driver.version is switched with the modules (a host path under "
+                             "--root; unset: none, unless userspace.fetch)"),
+    "userspace.fetch": Key("bool", False, "fetch driver.version's user-space package from packages.repositories (their "
+                           "index's \"userspace\" entries) when userspace.package has none, and switch it with the modules"),
+    "userspace.expose": Key("str", "/run/nvidia/driver", "where the install step links the current driver root for the "
+                            "ecosystem (GPU Operator convention, the toolkit's driver-root): a host path, or none; an "
+                            "existing directory or a link driverd did not make is never replaced",
+                            pattern=re.compile(r"^(/[^\0]*[^/\0]|none)$"), pattern_hint="an absolute host path such as "
+                            "/run/nvidia/driver, or none"),
     "userspace.max_kept": Key("int", 3, "versioned user-space trees kept under userspace.root (the current one, the "
                               "previous one and a pending switch's are never removed)"),
     "state.dir": Key("str", "/var/lib/driverd", "journal and state directory, under the root"),
