@@ -111,11 +111,6 @@ SCHEMA: dict[str, Key] = {
                              "--root; unset: none, unless userspace.fetch)"),
     "userspace.fetch": Key("bool", False, "fetch driver.version's user-space package from packages.repositories (their "
                            "index's \"userspace\" entries) when userspace.package has none, and switch it with the modules"),
-    "userspace.expose": Key("str", "/run/nvidia/driver", "where the install step links the current driver root for the "
-                            "ecosystem (GPU Operator convention, the toolkit's driver-root): a host path, or none; an "
-                            "existing directory or a link driverd did not make is never replaced",
-                            pattern=re.compile(r"^(/[^\0]*[^/\0]|none)$"), pattern_hint="an absolute host path such as "
-                            "/run/nvidia/driver, or none"),
     "userspace.max_kept": Key("int", 3, "versioned user-space trees kept under userspace.root (the current one, the "
                               "previous one and a pending switch's are never removed)"),
     "state.dir": Key("str", "/var/lib/driverd", "journal and state directory, under the root"),

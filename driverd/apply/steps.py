@@ -321,9 +321,7 @@ class InstallUserspace(StepImpl):
             raise PackageError("no user-space package to install", cause="neither the step nor a fetch-userspace "
                                "step gave one", fix="set userspace.package or userspace.fetch")
         rep = install(ctx.root, path, ctx.runner, places=places(ctx), expected_sha256=sha)
-        out = rep.to_json()
-        out["exposed"] = expose(ctx)
-        return out
+        return rep.to_json()
 
     def undo(self, ctx, params, entry):
         if "userspace" in ((ctx.doc or {}).get("lkg") or {}):
@@ -348,19 +346,11 @@ class RestoreUserspace(StepImpl):
 
     def do(self, ctx, params):
         from driverd.packages.userspace_install import restore
-        out = restore(ctx.root, params.get("sha256"), ctx.runner, places=places(ctx)).to_json()
-        out["exposed"] = expose(ctx)
-        return out
+        return restore(ctx.root, params.get("sha256"), ctx.runner, places=places(ctx)).to_json()
 
     def describe(self, params):
         sha = params.get("sha256")
         return f"restore the last-known-good user-space ({sha[:12] if sha else 'none installed'})"
-
-
-def expose(ctx) -> str | None:
-    """userspace.expose: the link to driverd's current driver root (userspace.root/current) where the
-    ecosystem looks (/run/nvidia/driver). Placeholder until the container part lands."""
-    return None
 
 
 def _daemons(ctx, params) -> list[str]:
