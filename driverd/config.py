@@ -97,6 +97,24 @@ SCHEMA: dict[str, Key] = {
                         "auto picks", ("auto", "systemd", "child", "sim")),
     "daemons.fabricmanager": Key("str", "auto", "run fabric manager (auto: when NVSwitches exist)",
                                  ("auto", "true", "false")),
+    "userspace.root": Key("str", "/var/lib/driverd/driver", "where driverd installs the driver's user-space: one "
+                          "versioned tree per driver (<root>/<version>/lib64, bin, firmware) and the `current` link; a "
+                          "host path under --root, writable on immutable hosts (a read-only /usr is never needed)",
+                          pattern=re.compile(r"^/[^\0]*[^/\0]$"), pattern_hint="an absolute host path such as "
+                          "/var/lib/driverd/driver"),
+    "userspace.bin_dir": Key("str", "/usr/local/bin", "directory on PATH that gets links to the user-space's "
+                             "binaries (nvidia-smi -> <userspace.root>/current/bin/nvidia-smi); only driverd's own "
+                             "links are ever replaced or removed; none: no links",
+                             pattern=re.compile(r"^(/[^\0]*|none)$"), pattern_hint="an absolute host path such as "
+                             "/usr/local/bin, or none"),
+    "userspace.package": Key("str", None, "the driver's user-space for the transaction: a user-space package file "
+                             "(driverd build-userspace) or a directory holding driverd-userspace-<version>-<arch>*.tar.zst "
+                             "packages; the one of driver.version is switched with the modules (a host path under "
+                             "--root; unset: none, unless userspace.fetch)"),
+    "userspace.fetch": Key("bool", False, "fetch driver.version's user-space package from packages.repositories (their "
+                           "index's \"userspace\" entries) when userspace.package has none, and switch it with the modules"),
+    "userspace.max_kept": Key("int", 3, "versioned user-space trees kept under userspace.root (the current one, the "
+                              "previous one and a pending switch's are never removed)"),
     "state.dir": Key("str", "/var/lib/driverd", "journal and state directory, under the root"),
     "state.journal_keep": Key("int", 20, "finished runs kept in <state.dir>/journal.d (older ones are pruned)"),
     "state.lock_wait_s": Key("int", 0, "seconds a command waits for the host lock before exiting 3 "

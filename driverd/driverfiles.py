@@ -3,12 +3,15 @@ version, the directory a container's loader must search. One finder for the work
 loads exactly these libraries in a child) and the CDI spec (which gives exactly these to containers).
 
 `find()` says where the user-space is. It is looked for, in order, in: an explicit driver root
-(configuration), the GPU Operator's driver root `/run/nvidia/driver`, `/usr/local/nvidia` (the layout
-of GKE/COS-style hosts and of the machines driverd is validated on: lib64/, bin/, firmware/), then the
-host's own library directories (multiarch, lib64, Debian's `nvidia/current`), and last the ld cache
-(`/etc/ld.so.cache` of each of those roots: libraries in a directory only ld.so.conf names). The first
-place that holds libcuda.so.1 or libnvidia-ml.so.1 is the driver's user-space: a container gets the
-libraries of one place, never a mixture. Paths are host paths, resolved under the Root.
+(configuration), the GPU Operator's driver root `/run/nvidia/driver`, the user-space driverd installed
+(driverd.packages.userspace_install: the loader configuration `DRIVERD_LDCONF` it writes names
+`<userspace.root>/current/lib64`; the driver root is `current` resolved to its versioned tree, so a
+switch during a read never mixes two versions), `/usr/local/nvidia` (the layout of GKE/COS-style hosts
+and of the machines driverd is validated on: lib64/, bin/, firmware/), then the host's own library
+directories (multiarch, lib64, Debian's `nvidia/current`), and last the ld cache (`/etc/ld.so.cache` of
+each of those roots: libraries in a directory only ld.so.conf names). The first place that holds
+libcuda.so.1 or libnvidia-ml.so.1 is the driver's user-space: a container gets the libraries of one
+place, never a mixture. Paths are host paths, resolved under the Root.
 
 `inventory()` lists the files of that user-space a container needs, the way NVIDIA's own CDI
 generator finds them (nvidia-container-toolkit v1.20.2: pkg/nvcdi/driver-nvml.go
@@ -54,6 +57,9 @@ IPC = (("/run/nvidia-persistenced/socket", ("/run/nvidia-persistenced/socket", "
                                              "/var/run/nvidia-fabricmanager/socket")),
        ("/tmp/nvidia-mps", ("/tmp/nvidia-mps",)))
 LD_CACHE = "/etc/ld.so.cache"
+# The loader configuration driverd writes for the user-space it installed: its one line names
+# <userspace.root>/current/lib64 (driverd.packages.userspace_install owns the file).
+DRIVERD_LDCONF = "/etc/ld.so.conf.d/00-driverd-nvidia.conf"
 FIRMWARE_PATTERNS = ("gsp", "ucodes")           # nvidia/<version>/gsp*.bin, ucodes*.bin
 _VERSIONED = re.compile(r"^lib[\w+-]+\.so\.(\d+\.\d+(?:\.\d+)?)$")
 
@@ -92,15 +98,31 @@ def _join(base: str, sub: str) -> str:
     return os.path.normpath("/" + "/".join(x for x in (base.strip("/"), sub.strip("/")) if x))
 
 
-def _candidates(driver_root: str | None) -> list[tuple[str, str]]:
-    out = [(r, _join(r, sub)) for r in _roots(driver_root) for sub in LIB_SUBDIRS]
+def _candidates(roots: list[str]) -> list[tuple[str, str]]:
+    out = [(r, _join(r, sub)) for r in roots for sub in LIB_SUBDIRS]
     seen: set[str] = set()
     return [(r, d) for r, d in out if not (d in seen or seen.add(d))]
 
 
-def _roots(driver_root: str | None) -> list[str]:
+def driverd_root(root: Root) -> str | None:
+    """The driver root of the user-space driverd installed, from the loader configuration it wrote
+    (`<userspace.root>/current/lib64` -> `current` resolved to its versioned tree); None without one."""
+    text = root.read_text(DRIVERD_LDCONF, 64 << 10) or ""
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("/") and line.endswith("/lib64") and len(line) > len("/lib64"):
+            try:
+                return root.resolve(line[:-len("/lib64")])
+            except (OSError, ValueError):
+                return None
+    return None
+
+
+def _roots(root: Root, driver_root: str | None, driverd: bool = True) -> list[str]:
     roots = [_join(driver_root, "")] if driver_root else []
-    return roots + [r for r in (*DRIVER_ROOTS, "/") if r not in roots]
+    mine = driverd_root(root) if driverd else None
+    order = (DRIVER_ROOTS[0], *([mine] if mine else []), *DRIVER_ROOTS[1:], "/")
+    return roots + [r for r in order if r not in roots]
 
 
 def library_version(root: Root, path: str) -> str | None:
@@ -124,15 +146,17 @@ def _found(root: Root, base: str, d: str, searched: list[str], via_cache: bool =
     return UserSpace(base, d, libs, version, versions, tuple(searched), via_cache)
 
 
-def find(root: Root, driver_root: str | None = None) -> UserSpace:
-    """The driver's user-space on the host under `root`; `found` is False when no place holds it."""
+def find(root: Root, driver_root: str | None = None, *, driverd: bool = True) -> UserSpace:
+    """The driver's user-space on the host under `root`; `found` is False when no place holds it.
+    `driverd` False leaves driverd's own installed user-space out (what else the host has)."""
     searched = []
-    for base, d in _candidates(driver_root):
+    roots = _roots(root, driver_root, driverd)
+    for base, d in _candidates(roots):
         searched.append(d)
         if (us := _found(root, base, d, searched)) is not None:
             return us
     # Libraries in a directory only the ld cache knows (ld.so.conf.d): nvidia-ctk's last resort too.
-    for base in _roots(driver_root):
+    for base in roots:
         cache = _join(base, LD_CACHE.lstrip("/"))
         searched.append(cache)
         for soname in KEY_LIBS:

@@ -356,12 +356,20 @@ class Root:
             os.close(fd)
             raise
 
-    def rename(self, src: str, dst: str, *, durable: bool = True) -> None:
-        """rename(2) the entry `src` to `dst` (replacing it, as rename does), both resolved inside the
-        root; neither final name is followed (a link is moved or replaced as itself). Parents of
-        `dst` are created. `durable`: both directories are fsync'd."""
+    def rename(self, src: str, dst: str, *, durable: bool = True, replace: bool = True) -> None:
+        """rename(2) the entry `src` to `dst` (replacing it, as rename does; `replace=False`: an existing
+        `dst` is FileExistsError, nothing is replaced by accident), both resolved inside the root; neither
+        final name is followed (a link is moved or replaced as itself). Parents of `dst` are created.
+        `durable`: both directories are fsync'd."""
         from driverd.fsutil import fsync_fd
         with self.at(src, action="rename") as (sfd, sleaf), self.at(dst, create=True, action="rename") as (dfd, dleaf):
+            if not replace:
+                try:
+                    os.stat(dleaf, dir_fd=dfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    pass
+                else:
+                    raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), self._norm(dst))
             os.rename(sleaf, dleaf, src_dir_fd=sfd, dst_dir_fd=dfd)     # replaces dst, as os.replace
             if durable:
                 fsync_fd(dfd)
@@ -522,6 +530,64 @@ class Root:
         return self._error(hp, action, f"{hp} is a symbolic link",
                            "driverd writes its own files under the root only into the file itself, never through a link",
                            f"remove the link {self.path(hp)} (nothing was written through it) and run again")
+
+    def symlink(self, hostpath: str, target: str, *, replace: bool = True) -> str | None:
+        """Make `hostpath` a symbolic link to `target`, atomically: a temporary link beside it renamed
+        over the name, so a reader sees the old entry or the new link, never neither. Parents are
+        created inside the root; the final name is never followed. It replaces nothing but a symbolic
+        link, and with `replace=False` nothing at all (the link is created at the name itself, which
+        fails if anything took the name meanwhile): FileExistsError — whose the entry is, the caller
+        decides. Returns the replaced link's target, None when the name was free. Durable (directory fsync)."""
+        from driverd.fsutil import fsync_fd
+        hp = self._norm(os.fspath(hostpath))
+        with self._guard(hp, "write"):
+            dfd, leaf, _ = self._open_parent(hp, create=True, follow=False)
+            try:
+                if not replace:
+                    os.symlink(target, leaf, dir_fd=dfd)         # EEXIST when anything is there
+                    fsync_fd(dfd)
+                    return None
+                try:
+                    st = os.stat(leaf, dir_fd=dfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    old = None
+                else:
+                    if not stat.S_ISLNK(st.st_mode):
+                        raise FileExistsError(errno.EEXIST, "exists and is not a symbolic link", hp)
+                    old = os.readlink(leaf, dir_fd=dfd)
+                    if old == target:
+                        return old
+                for _ in range(100):
+                    tmp = f".{leaf[:200]}.{os.urandom(4).hex()}.tmp"
+                    try:
+                        os.symlink(target, tmp, dir_fd=dfd)
+                        break
+                    except FileExistsError:
+                        continue
+                try:
+                    os.replace(tmp, leaf, src_dir_fd=dfd, dst_dir_fd=dfd)
+                except BaseException:
+                    try:
+                        os.unlink(tmp, dir_fd=dfd)
+                    except FileNotFoundError:
+                        pass
+                    raise
+                fsync_fd(dfd)
+                return old
+            finally:
+                os.close(dfd)
+
+    @contextlib.contextmanager
+    def open_dir(self, hostpath: str, create: bool = False, mode: int = 0o755) -> Iterator[int]:
+        """An O_RDONLY|O_DIRECTORY fd of `hostpath` resolved inside the root (created with its parents
+        when `create`), for writers that work relative to a directory (driverd.packages.archive.unpack_at)."""
+        hp = self._norm(os.fspath(hostpath))
+        with self._guard(hp, "create" if create else "open"):
+            fd = self._open_dir(hp, create=create, mode=mode)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
 
     # -- the resolver behind the writes -------------------------------------------------------
     def _root_fd(self) -> int:

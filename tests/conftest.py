@@ -89,7 +89,10 @@ def run_cli(*args: str, env: dict | None = None, check: bool = False, timeout: f
 
 # Host state that tests must never change on the machine running them (every test works in a temp root).
 _GUARDED = ("/etc/modprobe.d", "/etc/containerd", "/etc/crio", "/etc/docker", "/etc/driverd", "/var/lib/driverd",
-            "/var/cache/driverd", "/var/run/cdi", "/run/cdi", "/etc/cdi", "/lib/firmware/nvidia")
+            "/var/cache/driverd", "/var/run/cdi", "/run/cdi", "/etc/cdi", "/lib/firmware/nvidia",
+            # what a user-space install writes (the loader's configuration, a PATH link); not the ld cache or
+            # /usr/local/bin as a whole: another apt-get on the machine rewrites those legitimately
+            "/etc/ld.so.conf.d/00-driverd-nvidia.conf", "/usr/local/bin/nvidia-smi")
 
 
 def _snapshot_host() -> dict[str, object]:
@@ -97,6 +100,10 @@ def _snapshot_host() -> dict[str, object]:
     for top in _GUARDED:
         if not os.path.lexists(top):
             snap[top] = None
+            continue
+        if not os.path.isdir(top):
+            st = os.lstat(top)
+            snap[top] = (st.st_mtime_ns, st.st_size)
             continue
         for dirpath, dirnames, filenames in os.walk(top):
             for name in filenames + dirnames:

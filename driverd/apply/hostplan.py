@@ -28,8 +28,10 @@ def plan_for_host(root, cfg, *, facts: Facts | None = None, nvml: bool = False) 
     if facts is None:
         facts = collect(root, nvml=nvml, handler=cfg["runtime.handler"], binary=cfg["runtime.binary"],
                         driver_root=cfg["validation.driver_root"])
+    from driverd.packages.userspace_source import offer
     return HostPlan(facts, plan(facts, Desired.from_config(cfg), for_plan(root, facts, cfg),
-                                userspace=workload_applies(root, cfg)))
+                                userspace=workload_applies(root, cfg),
+                                us_offer=offer(root, cfg, cfg["driver.version"], facts.kernel.arch)))
 
 
 def workload_applies(root, cfg, kernel: str | None = None) -> bool:

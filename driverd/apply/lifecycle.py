@@ -20,7 +20,7 @@ from driverd.apply.lock import HostLock
 from driverd.apply.step import StepContext
 from driverd.apply import steps as st
 from driverd.plan import steplists as sl
-from driverd.errors import EXIT_REBOOT, ConfigError, ModuleError, PackageError, PlanError
+from driverd.errors import EXIT_REBOOT, ConfigError, ModuleError, PackageError, PlanError, UsageError
 
 
 def make_context(root, runner, config, kernel_choice: str | None = None, log=None) -> StepContext:
@@ -51,13 +51,25 @@ class Request:
 
 # -- each command as a Request: its step list (driverd.plan.steplists) from what the host says now --
 
-def _reload_steps(package: str | None) -> list[dict]:
-    expect = None
+def _reload_steps(package: str | None, ctx=None, userspace: str | None = None) -> list[dict]:
+    """`userspace`: --userspace PACKAGE; else userspace.package's package of the new driver's version
+    (driverd.packages.userspace_source), when it is not in use already."""
+    expect, us = None, None
     if package:
         from driverd.packages.archive import read_manifest
         m = read_manifest(package)
         expect = [m.driver_version, m.flavor]
-    return sl.reload_steps(package, expect)
+        if userspace:
+            us = {"package": userspace, "driver": m.driver_version}
+        elif ctx is not None:
+            from driverd.packages.userspace_source import offer
+            o = offer(ctx.root, ctx.config, m.driver_version, m.arch)
+            if o is not None and o.package and not o.in_place:
+                us = {"package": o.package, "sha256": o.sha256, "driver": m.driver_version}
+    elif userspace:
+        raise UsageError("--userspace needs --package", cause="a reload without a new package keeps the driver and "
+                         "its user-space", fix="pass the driver package with --package, or use driverd apply")
+    return sl.reload_steps(package, expect, us)
 
 
 def previous_target(ctx, release: str | None = None) -> str | None:
@@ -120,7 +132,8 @@ def apply_request(cfg) -> Request:
     return req
 
 
-def lifecycle_request(kind: str, *, package: str | None = None, terminate: bool = False, cfg=None) -> Request:
+def lifecycle_request(kind: str, *, package: str | None = None, terminate: bool = False, cfg=None,
+                      userspace: str | None = None) -> Request:
     if kind == "apply":
         return apply_request(cfg)
     if kind == "load":
@@ -129,7 +142,8 @@ def lifecycle_request(kind: str, *, package: str | None = None, terminate: bool 
         return Request("unload", lambda ctx: sl.unload_steps("terminate" if terminate else None),
                        {"terminate": terminate})
     if kind == "reload":
-        return Request("reload", lambda ctx: _reload_steps(package), {"package": package})
+        return Request("reload", lambda ctx: _reload_steps(package, ctx, userspace),
+                       {"package": package, "userspace": userspace})
     if kind == "rollback":
         return Request("rollback", lambda ctx: sl.rollback_steps(previous_target(ctx)))
     raise ValueError(kind)

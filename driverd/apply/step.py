@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from driverd.plan.actions import ACTIONS, MODULES, PACKAGE  # noqa: F401  (the steps' vocabulary)
+from driverd.plan.actions import ACTIONS, MODULES, PACKAGE, USERSPACE  # noqa: F401  (the steps' vocabulary)
 
 
 @dataclass

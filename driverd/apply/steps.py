@@ -9,7 +9,7 @@ import tempfile
 import time
 
 from driverd.apply.executor import unb64
-from driverd.apply.step import MODULES, PACKAGE, Registry, StepContext, StepImpl
+from driverd.apply.step import MODULES, PACKAGE, USERSPACE, Registry, StepContext, StepImpl
 from driverd.errors import ModuleError, PackageError
 from driverd.kmod import daemons as dmn
 from driverd.kmod import load as ld
@@ -80,7 +80,8 @@ class Snapshot(StepImpl):
         lkg = {"loaded": now, "modules": family, "parameters": running_parameters(ctx, family),
                "installed": installed(ctx),
                "daemons": [d for d in (dmn.PERSISTENCED, dmn.FABRICMANAGER) if ctx.services.running(d)],
-               "mig": mig.record(ctx.kernel) if now else None}
+               "mig": mig.record(ctx.kernel) if now else None,
+               "userspace": userspace_now(ctx)}
         ctx.doc["lkg"] = lkg
         ctx.doc["log_mark"] = ctx.kernel.log_mark()
         return {"lkg": lkg}
@@ -246,6 +247,110 @@ class RestorePreviousPackage(StepImpl):
     def describe(self, params):
         sha = params.get("target_sha256")
         return f"put back the previous installation ({sha[:12] if sha else 'none'})"
+
+
+def places(ctx):
+    from driverd.packages.userspace_install import Places
+    return Places.from_config(ctx.config)
+
+
+def userspace_now(ctx) -> dict:
+    """driverd's user-space in use (userspace.root/current): its package's sha256 (None: none) and version."""
+    from driverd.packages import userspace_install as ui
+    cur = ui.current(ctx.root, places(ctx))
+    ok = cur is not None and cur.intact
+    return {"sha256": cur.sha if ok else None, "version": cur.version if ok else None}
+
+
+class FetchUserspace(StepImpl):
+    """The user-space package of the driver version: userspace.package's, or fetched from the repositories'
+    index into the download cache and checked against it (driverd.packages.userspace_source)."""
+    action = "fetch-userspace"
+
+    def check(self, ctx, params):
+        return bool(params.get("package")) and os.path.isfile(params["package"])
+
+    def do(self, ctx, params):
+        from driverd.packages.userspace_source import fetch
+        res = fetch(ctx.root, ctx.config, params["driver"], params.get("arch") or os.uname().machine, ctx.runner)
+        return {"package": res.package, "sha256": res.sha256, "source": res.source}
+
+    def describe(self, params):
+        return f"fetch the {params.get('driver')} user-space package"
+
+
+def _userspace_package(ctx, params) -> tuple[str | None, str | None]:
+    """(package, sha256) an install-userspace step installs: its own parameters, else the run's fetch."""
+    if params.get("package"):
+        return params["package"], params.get("sha256")
+    res = next((s.get("result") for s in ctx.doc.get("steps", []) if s["action"] == "fetch-userspace"
+                and s.get("result") and s["result"].get("package")), None)
+    return (res["package"], res.get("sha256")) if res else (None, None)
+
+
+class InstallUserspace(StepImpl):
+    """Switch the driver's user-space (driverd.packages.userspace_install) in the transaction that switches
+    its modules, before the validation (whose workload check then runs with these libraries). The
+    preimage is the snapshot's record of the user-space in use (lkg.userspace); undo puts back what the
+    install replaced, and the rollback's convergence puts back the recorded one."""
+    action = "install-userspace"
+
+    def preflight(self, ctx, params):
+        if params.get("package"):
+            from driverd.packages.archive import read_manifest
+            from driverd.packages.userspace import KIND
+            m = read_manifest(params["package"], kind=KIND)
+            if params.get("driver") and m.driver_version != params["driver"]:
+                raise PackageError(f"{params['package']} is the {m.driver_version} user-space, the driver is "
+                                   f"{params['driver']}", cause="the modules and the user-space of one driver must be "
+                                   "the same version (NVML/RM version mismatch otherwise)",
+                                   fix=f"give the {params['driver']} user-space package (driverd build-userspace)")
+
+    def check(self, ctx, params):
+        from driverd.packages.archive import sha256_file
+        from driverd.packages.userspace_install import is_installed
+        path, sha = _userspace_package(ctx, params)
+        if not path or not os.path.isfile(path):
+            return False
+        return is_installed(ctx.root, sha or sha256_file(path), places(ctx))
+
+    def do(self, ctx, params):
+        from driverd.packages.userspace_install import install
+        path, sha = _userspace_package(ctx, params)
+        if not path:
+            raise PackageError("no user-space package to install", cause="neither the step nor a fetch-userspace "
+                               "step gave one", fix="set userspace.package or userspace.fetch")
+        rep = install(ctx.root, path, ctx.runner, places=places(ctx), expected_sha256=sha)
+        return rep.to_json()
+
+    def undo(self, ctx, params, entry):
+        if "userspace" in ((ctx.doc or {}).get("lkg") or {}):
+            return []                     # the convergence restores the recorded one, in its place in the order
+        res = entry.get("result") or {}
+        if entry["status"] != "done" or "replaced" not in res:
+            return []
+        return [{"action": "restore-userspace", "params": {"sha256": res["replaced"]},
+                 "reason": "undo install-userspace: the user-space it replaced"}]
+
+    def describe(self, params):
+        return "switch the driver's user-space" + (f" to {params['driver']}" if params.get("driver") else "")
+
+
+class RestoreUserspace(StepImpl):
+    """Make driverd's user-space in use the package `sha256` again (None: none), from the kept trees."""
+    action = "restore-userspace"
+
+    def check(self, ctx, params):
+        from driverd.packages.userspace_install import is_installed
+        return is_installed(ctx.root, params.get("sha256"), places(ctx))
+
+    def do(self, ctx, params):
+        from driverd.packages.userspace_install import restore
+        return restore(ctx.root, params.get("sha256"), ctx.runner, places=places(ctx)).to_json()
+
+    def describe(self, params):
+        sha = params.get("sha256")
+        return f"restore the last-known-good user-space ({sha[:12] if sha else 'none installed'})"
 
 
 def _daemons(ctx, params) -> list[str]:
@@ -700,6 +805,7 @@ def converge(lkg: dict | None, touched: set, ctx: StepContext) -> list[dict]:
         if PACKAGE in touched:
             inst = lkg.get("installed")
             steps.append({"action": "restore-package", "params": {"sha256": inst["sha256"] if inst else None}})
+        steps += _restore_userspace(lkg, touched)
         expect = [now["version"], now["flavor"]]
         return steps + [{"action": "restore-mig", "params": {}},
                         {"action": "start-gpu-daemons", "params": {"daemons": lkg["daemons"]}},
@@ -714,6 +820,7 @@ def converge(lkg: dict | None, touched: set, ctx: StepContext) -> list[dict]:
     if PACKAGE in touched:
         inst = lkg.get("installed")
         steps.append({"action": "restore-package", "params": {"sha256": inst["sha256"] if inst else None}})
+    steps += _restore_userspace(lkg, touched)
     if MODULES in touched and now:
         expect = [now["version"], now["flavor"]]
         steps += [{"action": "load-modules", "params": {"modules": lkg["modules"], "parameters": lkg["parameters"],
@@ -729,6 +836,14 @@ def converge(lkg: dict | None, touched: set, ctx: StepContext) -> list[dict]:
     return steps
 
 
+def _restore_userspace(lkg: dict, touched: set) -> list[dict]:
+    """The user-space the snapshot recorded, back with the modules (before they load and their daemons start,
+    so persistenced comes from the same version)."""
+    if USERSPACE not in touched or "userspace" not in lkg:
+        return []
+    return [{"action": "restore-userspace", "params": {"sha256": (lkg["userspace"] or {}).get("sha256")}}]
+
+
 def _driver_is_lkg(ctx, lkg: dict) -> bool:
     """The kernel runs the recorded driver: same version and flavour, every recorded module loaded,
     with the parameters it was running with."""
@@ -742,6 +857,7 @@ def _driver_is_lkg(ctx, lkg: dict) -> bool:
 
 REGISTRY: Registry = {impl.action: impl for impl in (
     Snapshot(), BlacklistNouveau(), UnloadNouveau(), FetchPackage(), VerifyPackage(), InstallPackage(),
+    FetchUserspace(), InstallUserspace(), RestoreUserspace(),
     RestorePackage(), RestorePreviousPackage(), StopDaemons(), StartDaemons(), StartPersistenced(),
     StartFabricManager(), UnloadModules(), CheckSigners(), CheckParameters(), LoadModules(), RestoreMig(), Validate(),
     ConfigureRuntime(), RevertRuntime(), RestoreFiles(), RequireReboot(), ClearReboot())}

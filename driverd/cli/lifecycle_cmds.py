@@ -50,6 +50,8 @@ def register(sub, common) -> None:
                        "examples:\n  driverd reload\n  driverd reload --package /var/cache/driverd/driverd-550.127.05-open-....tar.zst")
     _common(p)
     p.add_argument("--package", metavar="FILE", help="package to upgrade to (a .tar.zst from driverd build/fetch)")
+    p.add_argument("--userspace", metavar="FILE", help="that version's user-space package (driverd build-userspace), "
+                   "switched in the same transaction; default: userspace.package's package of that version")
     p.set_defaults(handler=cmd_run, kind="reload")
 
     p = sub.add_parser("rollback", parents=[common], formatter_class=fmt, help="return to the previous driver",
@@ -106,7 +108,8 @@ def cmd_run(ctx, args) -> int:
         cfg = cfg.with_overrides({"driver.version": args.driver, "driver.flavor": args.flavor})
     sctx = ctx.step_context(cfg, args.kernel)
     req = lc.lifecycle_request(args.kind, package=getattr(args, "package", None),
-                               terminate=getattr(args, "terminate", False), cfg=cfg)
+                               terminate=getattr(args, "terminate", False), cfg=cfg,
+                               userspace=getattr(args, "userspace", None))
     out = lc.transact(sctx, req, wait_s=args.wait, dry_run=ctx.dry_run)
     return finish(ctx, out)
 

@@ -1,4 +1,5 @@
-"""build, build-matrix, repo index, fetch, install, prepare-kernel, rollback-install: the package commands."""
+"""build, build-userspace, build-matrix, repo index, fetch, install, prepare-kernel, rollback-install: the
+package commands."""
 from __future__ import annotations
 
 import argparse
@@ -42,6 +43,31 @@ def register(sub, common) -> None:
     p.add_argument("--no-strip", action="store_true", help="keep debug info in the modules (10x larger)")
     p.add_argument("--force", action="store_true", help="build even when --out already holds the package")
     p.set_defaults(handler=cmd_build)
+
+    p = sub.add_parser(
+        "build-userspace", parents=[common], formatter_class=F,
+        help="pack NVIDIA's user-space of one driver version (libraries, binaries, firmware) as a package",
+        description="Pack the user-space half of a driver — the libraries with their versioned names and sonames "
+        "(libnvidia-ml, libcuda, libnvidia-ptxjitcompiler, libnvidia-nvvm, ... and video/graphics where the source "
+        "has them), nvidia-smi, nvidia-persistenced, nvidia-modprobe, the MPS tools, the GSP firmware and the "
+        "EGL/Vulkan ICD files — as one kernel-independent package per (version, arch), "
+        "driverd-userspace-<version>-<arch>.<sha256>.tar.zst, whose manifest lists every file with its size, mode "
+        "and sha256 and every soname link. Sources: Debian's .debs of one version (--from-debs; read without "
+        "dpkg), or the directory NVIDIA's installer makes with `sh NVIDIA-Linux-<arch>-<version>.run "
+        "--extract-only` (--from-run-dir; driverd never runs a .run itself). The same inputs give the same "
+        "package (same sha256). Fabric manager, nscq and IMEX ship separately from NVIDIA and are not part of it.",
+        epilog="examples:\n"
+               "  apt-get download libcuda1 libnvidia-ml1 nvidia-smi nvidia-persistenced libnvidia-ptxjitcompiler1 \\\n"
+               "                   libnvidia-nvvm4 firmware-nvidia-gsp ...      # into one directory per version\n"
+               "  driverd build-userspace --from-debs debs/550.163.01 --out /srv/driverd-repo\n"
+               "  sh NVIDIA-Linux-x86_64-550.163.01.run --extract-only\n"
+               "  driverd build-userspace --from-run-dir NVIDIA-Linux-x86_64-550.163.01 --out /srv/driverd-repo --json")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-debs", metavar="DIR", help="a directory holding the .debs of one driver version")
+    src.add_argument("--from-run-dir", metavar="DIR", help="the directory `sh NVIDIA-Linux-…run --extract-only` made")
+    p.add_argument("--arch", metavar="ARCH", help="architecture (default: the .debs', or the .run directory's name)")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory (or repository) to write the package to")
+    p.set_defaults(handler=cmd_build_userspace)
 
     p = sub.add_parser(
         "build-matrix", parents=[common], formatter_class=F,
@@ -274,6 +300,21 @@ def cmd_build(ctx, args) -> int:
     return EXIT_OK
 
 
+def cmd_build_userspace(ctx, args) -> int:
+    from driverd.packages import userspace_build as ub
+    src = args.from_debs or args.from_run_dir
+    if not os.path.isdir(src):
+        raise UsageError(f"{src} is not a directory", fix="pass the directory holding the .debs (--from-debs) or "
+                         "the one `sh NVIDIA-Linux-…run --extract-only` made (--from-run-dir)")
+    fn = ub.build_from_debs if args.from_debs else ub.build_from_run_dir
+    res = fn(src, args.out, arch=args.arch)
+    emit(ctx.json, res.to_json(), lambda r: f"{r['package']}\n  {r['driver']} {r['arch']} from {r['source']}: "
+         f"{len(r['libraries'])} libraries ({', '.join(f'{k} {v}' for k, v in r['components'].items())}), "
+         f"{len(r['binaries'])} binaries, {len(r['firmware'])} firmware files, {len(r['icd'])} ICD files"
+         + "".join(f"\n  note: {n}" for n in r["notes"]))
+    return EXIT_OK
+
+
 def _cell_list(path: str | None) -> list[str] | None:
     if path is None:
         return None
@@ -338,9 +379,12 @@ def cmd_repo_index(ctx, args) -> int:
     from driverd.packages.trust import DEFAULT_VALID_DAYS
     idx = write_index(args.dir, sign_key=args.sign_key, runner=ctx.runner, verify=not args.no_verify,
                       valid_days=args.valid_days if args.valid_days is not None else DEFAULT_VALID_DAYS)
-    out = {"index": os.path.join(args.dir, INDEX_NAME), "packages": len(idx.packages), "signed": bool(args.sign_key),
+    out = {"index": os.path.join(args.dir, INDEX_NAME), "packages": len(idx.packages),
+           "userspace_packages": len(idx.userspace), "signed": bool(args.sign_key),
            "serial": idx.serial, "expires": idx.expires, "entries": idx.to_json()["packages"]}
-    emit(ctx.json, out, lambda r: f"wrote {r['index']}: {r['packages']} packages, serial {r['serial']}, expires "
+    emit(ctx.json, out, lambda r: f"wrote {r['index']}: {r['packages']} packages"
+         + (f" and {r['userspace_packages']} user-space packages" if r["userspace_packages"] else "")
+         + f", serial {r['serial']}, expires "
          f"{r['expires']}" + (" (signed)" if r["signed"] else " (UNSIGNED: nodes accept it only from file:// or "
                                                               "with packages.insecure)"))
     return EXIT_OK

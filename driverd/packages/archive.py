@@ -26,28 +26,36 @@ declares it, before its bytes are read — and the zstd window at most `MAX_WIND
 File modes are never taken from the archive: every file is written 0644 and every directory 0755
 (owned by the installing user, root on a node). A member whose mode differs (world-writable,
 executable, setuid...) is still checked against the manifest, and `unusual_modes` reports it.
+
+Two kinds of package share this format (`LAYOUTS`): the kernel-module package above (no `kind` in its
+manifest) and the user-space package (`"kind": "userspace"`, driverd.packages.userspace: lib64/, bin/,
+firmware/nvidia/<version>/, share/...). Each kind says which members it may hold and how its manifest
+is read; a user-space package's files are written 0755 when the member is executable and 0644
+otherwise — what its verified manifest says, since the manifest admits those two modes only. Every
+function takes `kind` ("kernel" unless said otherwise; None: whichever the manifest names), so a
+package of the other kind is refused with one line, never half-read.
 """
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import shutil
 import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, Callable
 
 from driverd.errors import PackageError
 from driverd.fsutil import fsync_dir
 from driverd.safetar import UnsafeMember, check_member
-from driverd.packages.manifest import (FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR, FileEntry, Manifest,
-                                       package_basename)
+from driverd.packages import userspace as us
+from driverd.packages.manifest import FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR, FileEntry, Manifest
 
 SUFFIX = ".tar.zst"
 ZSTD_LEVEL = 3
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _CHUNK = 1 << 20
 MAX_MEMBER_BYTES = 1 << 30          # a kernel module or firmware image is far below 1 GiB
 MAX_UNPACKED_BYTES = 2 << 30        # a whole driver package: ~100-300 MB of modules and firmware
@@ -59,6 +67,50 @@ FILE_MODE, DIR_MODE = 0o644, 0o755   # what unpacking writes, whatever the archi
 
 
 @dataclass(frozen=True)
+class Layout:
+    """What one kind of package may hold and how its manifest is read."""
+    kind: str
+    loads: Callable[[bytes, str], Any]            # manifest bytes, where -> manifest
+    member_ok: Callable[[str, bool], bool]        # (relative path, is a directory) -> allowed
+    holds: str                                     # for the refusal: "manifest.json, modules/ and firmware/"
+    exec_modes: bool = False                       # files written 0755 when the member is executable
+
+
+def _kernel_member_ok(rel: str, is_dir: bool) -> bool:
+    parts = rel.split("/") if rel else []
+    if is_dir:
+        return rel in ("", MODULES_DIR, FIRMWARE_DIR)
+    return rel == MANIFEST_NAME or (len(parts) == 2 and parts[0] in (MODULES_DIR, FIRMWARE_DIR))
+
+
+KERNEL = Layout("kernel", Manifest.loads, _kernel_member_ok, "manifest.json, modules/ and firmware/")
+USERSPACE = Layout(us.KIND, us.UserspaceManifest.loads, us.member_ok,
+                   "manifest.json, lib64/, bin/, firmware/nvidia/<version>/ and share/", exec_modes=True)
+LAYOUTS = {KERNEL.kind: KERNEL, USERSPACE.kind: USERSPACE}
+
+
+def _layout(kind: str | None) -> Layout | None:
+    if kind is None:
+        return None
+    try:
+        return LAYOUTS[kind]
+    except KeyError:
+        raise ValueError(f"unknown package kind {kind!r}") from None
+
+
+def _load_manifest(package, data: bytes, layout: Layout | None):
+    """The manifest of `layout` (None: the kind the manifest names; none named is a kernel package)."""
+    where = f"{os.path.basename(os.fspath(package))}: manifest.json"
+    if layout is None:
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            obj = None
+        layout = USERSPACE if us.is_userspace_json(obj) else KERNEL
+    return layout.loads(data, where)
+
+
+@dataclass(frozen=True)
 class PackageRef:
     path: Path
     sha256: str
@@ -67,6 +119,9 @@ class PackageRef:
 
     def to_json(self) -> dict:
         m = self.manifest
+        if getattr(m, "kind", "kernel") == us.KIND:
+            return {"package": str(self.path), "sha256": self.sha256, "size": self.size, "kind": us.KIND,
+                    "driver": m.driver_version, "arch": m.arch}
         return {"package": str(self.path), "sha256": self.sha256, "size": self.size,
                 "driver": m.driver_version, "flavor": m.flavor, "kernel_release": m.kernel_release,
                 "arch": m.arch}
@@ -85,9 +140,9 @@ def file_entry(path: Path, rel: str) -> FileEntry:
     return FileEntry(rel, st.st_size, st.st_mode & 0o777, sha256_file(path))
 
 
-def package_filename(manifest: Manifest, sha256: str) -> str:
-    return f"{package_basename(manifest.driver_version, manifest.flavor, manifest.kernel_release, manifest.arch)}" \
-           f".{sha256}{SUFFIX}"
+def package_filename(manifest, sha256: str) -> str:
+    """<basename>.<sha256>.tar.zst for either kind of manifest."""
+    return f"{manifest.basename()}.{sha256}{SUFFIX}"
 
 
 # -- pack ---------------------------------------------------------------------------------------
@@ -114,9 +169,10 @@ def _tarinfo(name: str, size: int, mode: int, is_dir: bool = False) -> tarfile.T
     return ti
 
 
-def pack(staging: str | os.PathLike, manifest: Manifest, out_dir: str | os.PathLike,
+def pack(staging: str | os.PathLike, manifest, out_dir: str | os.PathLike,
          level: int = ZSTD_LEVEL) -> PackageRef:
-    """Write `manifest` and the files it lists (read from `staging`) as a package in `out_dir`."""
+    """Write `manifest` (a kernel-module or user-space one) and the files it lists (read from `staging`)
+    as a package in `out_dir`."""
     import zstandard
 
     staging, out = Path(staging), Path(out_dir)
@@ -136,9 +192,8 @@ def pack(staging: str | os.PathLike, manifest: Manifest, out_dir: str | os.PathL
                 with tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
                     data = manifest.dumps()
                     tar.addfile(_tarinfo(MANIFEST_NAME, len(data), 0o644), io.BytesIO(data))
-                    for d in (MODULES_DIR, FIRMWARE_DIR):
-                        if any(f.path.startswith(d + "/") for f in manifest.files):
-                            tar.addfile(_tarinfo(d, 0, 0o755, is_dir=True))
+                    for d in manifest.archive_dirs():
+                        tar.addfile(_tarinfo(d, 0, 0o755, is_dir=True))
                     for f in sorted(manifest.files, key=lambda e: e.path):
                         with open(staging / f.path, "rb") as src:
                             tar.addfile(_tarinfo(f.path, f.size, f.mode), src)
@@ -163,19 +218,19 @@ def _refuse(package: str | os.PathLike, what: str, fix: str = "re-fetch or rebui
                         cause="the archive is unsafe or does not match its manifest", fix=fix)
 
 
-def _check_member(package, ti: tarfile.TarInfo) -> str:
+def _check_member(package, ti: tarfile.TarInfo, layout: Layout = KERNEL) -> str:
     # The generic refusals (absolute, '..', links, devices) are driverd.safetar's, shared with every
-    # other archive driverd unpacks; the layout below is the package's own.
+    # other archive driverd unpacks; the layout is the package kind's own.
     try:
         rel = check_member(ti, links="refuse")
     except UnsafeMember as e:
         raise _refuse(package, str(e)) from None
-    name, parts = ti.name, (rel.split("/") if rel else [])
+    name = ti.name
     if ti.isdir():
-        if rel not in ("", MODULES_DIR, FIRMWARE_DIR):
+        if not layout.member_ok(rel, True):
             raise _refuse(package, f"unexpected directory {name!r}")
-    elif rel != MANIFEST_NAME and not (len(parts) == 2 and parts[0] in (MODULES_DIR, FIRMWARE_DIR)):
-        raise _refuse(package, f"member {name!r} is outside manifest.json, modules/ and firmware/")
+    elif not layout.member_ok(rel, False):
+        raise _refuse(package, f"member {name!r} is outside {layout.holds}")
     if ti.size > MAX_MEMBER_BYTES:
         raise _refuse(package, f"member {name!r} is implausibly large ({ti.size} bytes)")
     return rel
@@ -261,8 +316,11 @@ def check_file(package: str | os.PathLike, expected_sha256: str, expected_size: 
         raise _wrong_sha(package, got, expected_sha256)
 
 
-def read_manifest(package: str | os.PathLike) -> Manifest:
-    """The manifest of a package, reading only the archive's first member."""
+def read_manifest(package: str | os.PathLike, kind: str | None = "kernel"):
+    """The manifest of a package, reading only the archive's first member. `kind` "kernel" (a
+    Manifest), "userspace" (a UserspaceManifest) or None (whichever the package is); a package of
+    another kind is refused with one line."""
+    layout = _layout(kind)
     try:
         with _open_stream(package) as tar:
             ti = tar.next()
@@ -281,11 +339,11 @@ def read_manifest(package: str | os.PathLike) -> Manifest:
         raise _refuse(package, f"the archive is truncated or corrupt ({_one_line(e)})") from None
     except FileNotFoundError:
         raise PackageError(f"package {package} does not exist", fix="check the path") from None
-    return Manifest.loads(data, f"{os.path.basename(os.fspath(package))}: manifest.json")
+    return _load_manifest(package, data, layout)
 
 
 def unpack(package: str | os.PathLike, dest: str | os.PathLike, expected_sha256: str | None = None,
-           expected_size: int | None = None) -> Manifest:
+           expected_size: int | None = None, kind: str | None = "kernel"):
     """Unpack and verify `package` into `dest` (created; must not exist). Removes `dest` on any refusal.
     With `expected_sha256` (and `expected_size`) the compressed file is checked before anything is
     decompressed."""
@@ -296,7 +354,7 @@ def unpack(package: str | os.PathLike, dest: str | os.PathLike, expected_sha256:
     try:
         fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC)
         try:
-            return _unpack_into(package, fd, expected_sha256)
+            return _unpack_into(package, fd, expected_sha256, _layout(kind))
         finally:
             os.close(fd)
     except BaseException:
@@ -305,41 +363,53 @@ def unpack(package: str | os.PathLike, dest: str | os.PathLike, expected_sha256:
 
 
 def unpack_at(package: str | os.PathLike, dir_fd: int, expected_sha256: str | None = None,
-              expected_size: int | None = None) -> Manifest:
-    """unpack() into the empty directory open as `dir_fd` (a directory the caller resolved inside its
-    host root, driverd.root.Root.dir_fd): every member is created relative to it, never through a
-    link. On a refusal what was written stays for the caller to remove with the directory."""
+              expected_size: int | None = None, kind: str | None = "kernel"):
+    """Unpack and verify `package` into the empty directory open as `dir_fd` (O_RDONLY|O_DIRECTORY):
+    every file and directory is created relative to it (O_EXCL|O_NOFOLLOW, never through a link), so a
+    caller that opened the directory inside a host root (driverd.root.Root.open_dir) never writes
+    outside it. On a refusal what was written stays: the caller removes the directory."""
     if expected_sha256 is not None:
         check_file(package, expected_sha256, expected_size)
-    return _unpack_into(package, dir_fd, expected_sha256)
+    return _unpack_into(package, dir_fd, expected_sha256, _layout(kind))
 
 
-def _subdir(dest_fd: int, name: str) -> int:
-    """The fd of the member directory `name` of `dest_fd` (created 0755 when missing; never a link)."""
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def _subdir(top: int, rel_dir: str, cache: dict[str, int]) -> int:
+    """A directory fd for `rel_dir` under `top` (created 0755 as needed, never through a link)."""
+    if not rel_dir:
+        return top
+    if rel_dir in cache:
+        return cache[rel_dir]
+    parent, _, name = rel_dir.rpartition("/")
+    pfd = _subdir(top, parent, cache)
     try:
-        os.mkdir(name, 0o700, dir_fd=dest_fd)
-        made = True
+        os.mkdir(name, DIR_MODE, dir_fd=pfd)
+        created = True
     except FileExistsError:
-        made = False
-    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC, dir_fd=dest_fd)
-    if made:
-        os.fchmod(fd, DIR_MODE)
+        created = False
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC, dir_fd=pfd)
+    if created:
+        os.fchmod(fd, DIR_MODE)             # whatever the umask
+    cache[rel_dir] = fd
     return fd
 
 
-def _unpack_into(package, dest_fd: int | None, expected_sha256: str | None = None) -> Manifest:
+def _unpack_into(package, dest: int | None, expected_sha256: str | None = None, layout: Layout | None = KERNEL):
     """One pass over the archive: hash it, check each member, hash each file (writing it under the
-    directory open as `dest_fd` unless it is None, which only verifies), then compare everything with
-    the manifest."""
+    directory open as `dest` unless dest is None, which only verifies), then compare everything with
+    the manifest. `layout` None: the kind the first member (manifest.json) names."""
     dirs: dict[str, int] = {}
     try:
-        return _unpack_members(package, dest_fd, dirs, expected_sha256)
+        return _unpack_pass(package, dest, expected_sha256, layout, dirs)
     finally:
         for fd in dirs.values():
             os.close(fd)
 
 
-def _unpack_members(package, dest_fd: int | None, dirs: dict[str, int], expected_sha256: str | None) -> Manifest:
+def _unpack_pass(package, dest: int | None, expected_sha256: str | None, layout: Layout | None,
+                 dirs: dict[str, int]):
     actual: dict[str, FileEntry] = {}
     manifest_bytes: bytes | None = None
     got_sha: str | None = None
@@ -350,7 +420,22 @@ def _unpack_members(package, dest_fd: int | None, dirs: dict[str, int], expected
                 members += 1
                 if members > MAX_MEMBERS:
                     raise _refuse(package, f"it has more than {MAX_MEMBERS} members")
-                rel = _check_member(package, ti)
+                if members == 1 and ti.name == MANIFEST_NAME and ti.isreg() and ti.size <= MAX_MANIFEST_BYTES:
+                    # the first member names the kind: the rest is checked by that kind's layout, and a
+                    # package of another kind than asked for is refused by its manifest, in one line
+                    ef = tar.extractfile(ti)
+                    assert ef is not None
+                    manifest_bytes = ef.read()
+                    try:
+                        named = USERSPACE if us.is_userspace_json(json.loads(manifest_bytes)) else KERNEL
+                    except ValueError:
+                        named = KERNEL
+                    if layout is None:
+                        layout = named
+                    elif named is not layout:
+                        _load_manifest(package, manifest_bytes, layout)      # raises: wrong kind
+                    continue
+                rel = _check_member(package, ti, layout or KERNEL)
                 if ti.isdir():
                     continue
                 if rel in actual or (rel == MANIFEST_NAME and manifest_bytes is not None):
@@ -367,25 +452,25 @@ def _unpack_members(package, dest_fd: int | None, dirs: dict[str, int], expected
                     continue
                 h, n = hashlib.sha256(), 0
                 mode = ti.mode & 0o777
-                if dest_fd is None:
+                if dest is None:
                     while chunk := src.read(_CHUNK):
                         h.update(chunk)
                         n += len(chunk)
                 else:
-                    parent, name = rel.split("/")           # _check_member: modules/x or firmware/x
-                    if parent not in dirs:
-                        dirs[parent] = _subdir(dest_fd, parent)
-                    # O_EXCL|O_NOFOLLOW, relative to the directory's fd: never through anything that
-                    # appeared in dest meanwhile.
-                    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600,
-                                 dir_fd=dirs[parent])
+                    parent, _, leaf = rel.rpartition("/")
+                    pfd = _subdir(dest, parent, dirs)
+                    # O_EXCL|O_NOFOLLOW: never write through anything that appeared in dest meanwhile.
+                    fd = os.open(leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600,
+                                 dir_fd=pfd)
                     with os.fdopen(fd, "wb") as out:
                         while chunk := src.read(_CHUNK):
                             h.update(chunk)
                             n += len(chunk)
                             out.write(chunk)
-                        out.flush()
-                        os.fchmod(fd, FILE_MODE)    # never the archive's mode (it is reported instead)
+                        # never the archive's mode: 0644 (a kernel package reports other modes), or
+                        # 0644/0755 as a user-space package's verified manifest must say
+                        os.fchmod(out.fileno(), 0o755 if (layout is not None and layout.exec_modes
+                                                          and mode & 0o111) else FILE_MODE)
                 actual[rel] = FileEntry(rel, n, mode, h.hexdigest())
             hasher = getattr(tar, "_driverd_hasher", None)
             if hasher is not None:
@@ -400,15 +485,14 @@ def _unpack_members(package, dest_fd: int | None, dirs: dict[str, int], expected
         raise _wrong_sha(package, got_sha, expected_sha256)
     if manifest_bytes is None:
         raise _refuse(package, "it has no manifest.json")
-    manifest = Manifest.loads(manifest_bytes, f"{os.path.basename(os.fspath(package))}: manifest.json")
+    manifest = _load_manifest(package, manifest_bytes, layout)
     verify_files(package, manifest, actual)
-    if dest_fd is not None:
+    if dest is not None:
         fd = os.open(MANIFEST_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600,
-                     dir_fd=dest_fd)
+                     dir_fd=dest)
         with os.fdopen(fd, "wb") as out:
             out.write(manifest_bytes)
-            out.flush()
-            os.fchmod(fd, FILE_MODE)
+            os.fchmod(out.fileno(), FILE_MODE)
     return manifest
 
 
@@ -447,10 +531,10 @@ def _one_line(e: BaseException) -> str:
 
 
 def verify_package(package: str | os.PathLike, expected_sha256: str | None = None,
-                   expected_size: int | None = None) -> Manifest:
+                   expected_size: int | None = None, kind: str | None = "kernel"):
     """Check the compressed file's size and sha256 (when given) before decompressing anything, then
     every member against the manifest in one bounded streaming pass that writes nothing to disk."""
     if expected_sha256 is not None:
         check_file(package, expected_sha256, expected_size)
     # Hashed again in the decompressing pass: the bytes unpacked are the bytes checked.
-    return _unpack_into(package, None, expected_sha256)
+    return _unpack_into(package, None, expected_sha256, _layout(kind))

@@ -88,6 +88,13 @@ class Manifest:
     def file(self, path: str) -> FileEntry | None:
         return next((f for f in self.files if f.path == path), None)
 
+    def basename(self) -> str:
+        return package_basename(self.driver_version, self.flavor, self.kernel_release, self.arch)
+
+    def archive_dirs(self) -> list[str]:
+        """The archive's directory members, in the order driverd has always written them."""
+        return [d for d in (MODULES_DIR, FIRMWARE_DIR) if any(f.path.startswith(d + "/") for f in self.files)]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": self.schema,
@@ -109,6 +116,11 @@ class Manifest:
         try:
             if not isinstance(d, dict):
                 raise TypeError("not an object")
+            if d.get("kind") not in (None, "kernel"):
+                raise PackageError(f"{where} is a {d.get('kind')} package's manifest, not a kernel-module package's",
+                                   cause="user-space packages (driverd-userspace-*) hold no kernel modules",
+                                   fix="pass a driverd-<version>-<flavor>-<release>-<arch> package here; a "
+                                       "user-space package is installed by the user-space install")
             schema = int(d.get("schema", 0))
             if schema != SCHEMA_VERSION:
                 raise PackageError(f"{where}: unsupported manifest schema {schema}",

@@ -4,7 +4,12 @@ with `index.json` listing every package, optionally signed (`index.json.sig`).
 index.json:
     {"schema": 1, "generated_at": "...", "serial": 1767225600, "expires": "2026-02-01T00:00:00+00:00",
      "packages": [{"driver": "535.261.03", "flavor": "open", "kernel_release": "6.1.0-47-cloud-amd64",
-                   "arch": "x86_64", "sha256": "...", "size": 17123456, "path": "driverd-....tar.zst"}]}
+                   "arch": "x86_64", "sha256": "...", "size": 17123456, "path": "driverd-....tar.zst"}],
+     "userspace": [{"driver": "535.261.03", "arch": "x86_64", "sha256": "...", "size": 139873560,
+                    "path": "driverd-userspace-535.261.03-x86_64....tar.zst"}]}
+
+`userspace` (present when the repository holds user-space packages, driverd.packages.userspace) lists
+one kernel-independent package per (driver, arch); a reader that knows only `packages` ignores it.
 
 The signature is `openssl dgst -sha256 -sign KEY` over the exact bytes of index.json; a fetcher
 configured with packages.index_public_key refuses an index whose signature is missing or wrong. Each
@@ -27,6 +32,7 @@ from driverd.errors import PackageError
 from driverd.fsutil import atomic_write, fsync_dir
 from driverd.packages.archive import SUFFIX, read_manifest, sha256_file
 from driverd.packages.manifest import package_basename
+from driverd.packages.userspace import KIND as USERSPACE, package_basename as userspace_basename
 from driverd.packages.trust import DEFAULT_VALID_DAYS, IndexRefused
 from driverd.runner import Runner
 
@@ -56,18 +62,42 @@ class IndexEntry:
 
 
 @dataclass(frozen=True)
+class UserspaceEntry:
+    driver: str
+    arch: str
+    sha256: str
+    size: int
+    path: str                      # relative to the repository root
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.driver, self.arch)
+
+    @property
+    def name(self) -> str:
+        return userspace_basename(*self.key)
+
+
+@dataclass(frozen=True)
 class Index:
     packages: tuple[IndexEntry, ...]
     generated_at: str | None = None
     serial: int | None = None              # only grows (rollback protection)
     expires: str | None = None             # RFC 3339 (freeze protection)
+    userspace: tuple[UserspaceEntry, ...] = ()
 
     def find(self, driver: str, flavor: str, release: str, arch: str) -> IndexEntry | None:
         return next((e for e in self.packages if e.key == (driver, flavor, release, arch)), None)
 
+    def find_userspace(self, driver: str, arch: str) -> UserspaceEntry | None:
+        return next((e for e in self.userspace if e.key == (driver, arch)), None)
+
     def to_json(self) -> dict:
-        return {"schema": INDEX_SCHEMA, "generated_at": self.generated_at, "serial": self.serial,
-                "expires": self.expires, "packages": [asdict(e) for e in sorted(self.packages, key=lambda e: (e.key, e.sha256))]}
+        out = {"schema": INDEX_SCHEMA, "generated_at": self.generated_at, "serial": self.serial,
+               "expires": self.expires, "packages": [asdict(e) for e in sorted(self.packages, key=lambda e: (e.key, e.sha256))]}
+        if self.userspace:
+            out["userspace"] = [asdict(e) for e in sorted(self.userspace, key=lambda e: (e.key, e.sha256))]
+        return out
 
 
 def parse_index(data: bytes | str, where: str) -> Index:
@@ -81,6 +111,8 @@ def parse_index(data: bytes | str, where: str) -> Index:
             raise bad(f"unsupported schema {d.get('schema')!r}")
         entries = [IndexEntry(str(p["driver"]), str(p["flavor"]), str(p["kernel_release"]), str(p["arch"]),
                               str(p["sha256"]), int(p["size"]), str(p["path"])) for p in d["packages"]]
+        us_entries = [UserspaceEntry(str(p["driver"]), str(p["arch"]), str(p["sha256"]), int(p["size"]),
+                                     str(p["path"])) for p in d.get("userspace") or ()]
         serial = d.get("serial")
         if serial is not None and (isinstance(serial, bool) or not isinstance(serial, int) or serial < 0):
             raise bad(f"serial {serial!r} is not a whole number")
@@ -91,41 +123,52 @@ def parse_index(data: bytes | str, where: str) -> Index:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise bad(f"malformed ({e.__class__.__name__}: {e})") from None
-    seen: dict[tuple, IndexEntry] = {}
-    out: list[IndexEntry] = []
-    for e in entries:
-        if not re.fullmatch(r"[0-9a-f]{64}", e.sha256):
-            raise bad(f"{e.name}: invalid sha256 {e.sha256!r}")
-        parts = e.path.split("/")
-        if e.path.startswith("/") or ".." in parts or "" in parts or "\\" in e.path:
-            raise bad(f"{e.name}: path {e.path!r} leaves the repository")
-        prev = seen.get(e.key)
-        if prev is not None:
-            if prev.sha256 != e.sha256:
-                raise bad(f"{e.name} is listed twice with different sha256 ({prev.sha256[:12]}… at {prev.path}, "
-                          f"{e.sha256[:12]}… at {e.path})")
-            continue
-        seen[e.key] = e
-        out.append(e)
-    return Index(tuple(out), d.get("generated_at"), serial, expires)
+    def unique(items: list) -> list:
+        seen: dict[tuple, object] = {}
+        out = []
+        for e in items:
+            if not re.fullmatch(r"[0-9a-f]{64}", e.sha256):
+                raise bad(f"{e.name}: invalid sha256 {e.sha256!r}")
+            parts = e.path.split("/")
+            if e.path.startswith("/") or ".." in parts or "" in parts or "\\" in e.path:
+                raise bad(f"{e.name}: path {e.path!r} leaves the repository")
+            prev = seen.get(e.key)
+            if prev is not None:
+                if prev.sha256 != e.sha256:
+                    raise bad(f"{e.name} is listed twice with different sha256 ({prev.sha256[:12]}… at {prev.path}, "
+                              f"{e.sha256[:12]}… at {e.path})")
+                continue
+            seen[e.key] = e
+            out.append(e)
+        return out
+    return Index(tuple(unique(entries)), d.get("generated_at"), serial, expires, tuple(unique(us_entries)))
 
 
 def scan(directory: str | os.PathLike, verify: bool = True) -> list[IndexEntry]:
+    """The kernel-module packages DIR holds (scan_all: the user-space ones too)."""
+    return scan_all(directory, verify)[0]
+
+
+def scan_all(directory: str | os.PathLike, verify: bool = True) -> tuple[list[IndexEntry], list[UserspaceEntry]]:
     root = Path(directory)
     out: list[IndexEntry] = []
+    us_out: list[UserspaceEntry] = []
     for p in sorted(root.rglob("*" + SUFFIX)):
         if p.name.startswith("."):
             continue       # temp files of a pack in progress
-        m = read_manifest(p)
+        m = read_manifest(p, kind=None)
         named = _SHA_IN_NAME.search(p.name)
         sha = sha256_file(p) if verify or not named else named.group(1)
         if named and named.group(1) != sha:
             raise PackageError(f"{p.name}: content sha256 is {sha}, not the one in its name",
                                cause="the file was modified or truncated after it was built",
                                fix=f"delete {p} and rebuild it")
-        out.append(IndexEntry(m.driver_version, m.flavor, m.kernel_release, m.arch, sha, p.stat().st_size,
-                              p.relative_to(root).as_posix()))
-    return out
+        rel = p.relative_to(root).as_posix()
+        if getattr(m, "kind", None) == USERSPACE:
+            us_out.append(UserspaceEntry(m.driver_version, m.arch, sha, p.stat().st_size, rel))
+        else:
+            out.append(IndexEntry(m.driver_version, m.flavor, m.kernel_release, m.arch, sha, p.stat().st_size, rel))
+    return out, us_out
 
 
 def previous_serial(directory: Path) -> int:
@@ -144,13 +187,13 @@ def write_index(directory: str | os.PathLike, *, sign_key: str | None = None, ru
     d = Path(directory)
     if not d.is_dir():
         raise PackageError(f"repository {d} is not a directory", fix="create it or pass the right path")
-    entries = scan(d, verify)
+    entries, us_entries = scan_all(d, verify)
     now = datetime.now(timezone.utc)
     if serial is None:
         serial = max(previous_serial(d) + 1, int(time.time()))
     if expires is None:
         expires = (now + timedelta(days=valid_days)).isoformat(timespec="seconds")
-    idx = Index(tuple(entries), now.isoformat(timespec="seconds"), serial, expires)
+    idx = Index(tuple(entries), now.isoformat(timespec="seconds"), serial, expires, tuple(us_entries))
     data = (json.dumps(idx.to_json(), indent=2) + "\n").encode()
     parse_index(data, str(d / INDEX_NAME))      # the same checks a fetcher applies (duplicates!)
     if sign_key:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 # What a step can change on the host; the rollback converges exactly the parts that were touched.
 PACKAGE = "package"        # the installed driver package for the running kernel
 MODULES = "modules"        # the loaded modules, their parameters and the GPU daemons
+USERSPACE = "userspace"    # the driver's user-space driverd installed (userspace.root/current, ld.so, PATH)
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,9 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     _a("snapshot", read_only=True),
     _a("blacklist-nouveau"), _a("unload-nouveau"),
     _a("fetch-package"), _a("verify-package", read_only=True),
-    _a("install-package", PACKAGE), _a("restore-package", PACKAGE), _a("restore-previous-package", PACKAGE),
+    _a("install-package", PACKAGE),
+    _a("fetch-userspace"), _a("install-userspace", USERSPACE), _a("restore-userspace", USERSPACE),
+    _a("restore-package", PACKAGE), _a("restore-previous-package", PACKAGE),
     _a("stop-gpu-daemons", MODULES), _a("start-gpu-daemons", MODULES),
     _a("start-persistenced", MODULES), _a("start-fabricmanager", MODULES),
     _a("unload-modules", MODULES), _a("check-signers", read_only=True), _a("check-parameters", read_only=True),

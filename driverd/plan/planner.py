@@ -117,11 +117,29 @@ def userspace_blocks(facts: Facts, loading: str | None) -> list[str]:
     return []
 
 
-def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False) -> Plan:
+def userspace_steps(offer, version: str, arch: str | None) -> tuple[list[Step], list[Step]]:
+    """(fetch, install) steps that switch driverd's user-space to `version` with the modules: `offer` is
+    driverd.packages.userspace_source.Offer (None: no package of it to switch to)."""
+    if offer is None or offer.version != version or offer.in_place:
+        return [], []
+    now = f"driverd's user-space is {offer.current_version}" if offer.current_version else \
+        "driverd has installed no user-space"
+    fetch = [] if offer.package else [Step("fetch-userspace", f"{now}; the {version} user-space comes from "
+                                           f"{offer.source}", {"driver": version, "arch": arch})]
+    params = {"driver": version}
+    if offer.package:
+        params.update(package=offer.package, sha256=offer.sha256)
+    return fetch, [Step("install-userspace", f"{now}; {version}'s ({offer.source}) is switched with the modules, "
+                        "before the validation", params)]
+
+
+def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, us_offer=None) -> Plan:
     """`signers`: the signer preflight's verdict on the package that would be loaded
     (driverd.packages.signers.SignerVerdict, computed from its files and the kernel's keyrings), or
     None when nobody looked. Only a verdict that the kernel would refuse blocks the plan.
-    `userspace`: judge the driver's user-space (`userspace_blocks`) — where the workload check applies."""
+    `userspace`: judge the driver's user-space (`userspace_blocks`) — where the workload check applies.
+    `us_offer`: the user-space package of the wanted version this node can switch to
+    (driverd.packages.userspace_source.Offer): its install goes into the same transaction as the modules."""
     if not facts.gpus:
         return Plan(desired.driver_version, None, "no NVIDIA GPU on this host", facts.kernel.release, (),
                     warnings=facts.warnings)
@@ -177,6 +195,8 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False) 
         blocked.append("the kernel enforces module signatures (" + "; ".join(k.signature_enforcement_sources)
                        + ") and would refuse the package: " + signers.summary
                        + (f"; fix: {signers.enrol}" if signers.enrol else ""))
+    us_fetch, us_install = userspace_steps(us_offer, version, k.arch)
+    steps += us_fetch
     if not installed and not want_loaded:
         steps.append(Step("install-package", f"install {version} ({flavor}) modules and firmware for {k.release}",
                           {"driver": version, "flavor": flavor, "kernel": k.release}))
@@ -199,11 +219,17 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False) 
                 steps.append(Step("unload-modules", f"driver {d.version} ({d.flavor}) is loaded; {version} ({flavor}) "
                                   "is wanted", {"modules": [m.name for m in d.modules]},
                                   preconditions=("no process holds /dev/nvidia*",)))
+        if replacing and not k.module_unload_supported:
+            us_install = []         # the running driver stays until the reboot: its user-space with it
         if not (replacing and not k.module_unload_supported):
+            steps += us_install     # with the old driver out of the kernel, before the new one loads
+            us_install = []
             params = {m: p for m, p in desired.module_parameters.items() if m in mods}
             steps.append(Step("load-modules", f"{version} ({flavor}) is not loaded; nvidia_peermem: "
                               f"{ms.reasons['nvidia_peermem']}", {"modules": mods, "parameters": params,
                               "why": ms.reasons}, preconditions=("package installed for the running kernel",)))
+    steps += us_install             # the wanted driver runs: only its user-space changes
+    switching_us = any(s.action == "install-userspace" for s in steps)
     loading = any(s.action == "load-modules" for s in steps)
     if loading:
         blocked.extend(ms.blocked)          # a module the kernel would refuse (driverd.plan.peermem)
@@ -217,7 +243,7 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False) 
                           "before CUDA can use NVLink"))
     steps += runtime_steps(facts, desired)
     persistence = desired.persistenced and not reboot_only(reboot, d, k)
-    if loading:
+    if loading or switching_us:
         steps.append(Step("validate", "prove the driver works: version, flavour, every GPU visible and the modules "
                           "decided for this host loaded", {"driver": version, "flavor": flavor,
                                                            "gpus": [g.pci_address for g in facts.gpus],
@@ -227,7 +253,10 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False) 
                      "its user-space libraries may no longer match the kernel modules")
         ms = ModuleSet(ms.modules, ms.reasons, ms.blocked, (*ms.warnings, replacing))
     if userspace and not reboot and (loading or d.loaded):
-        blocked.extend(userspace_blocks(facts, version if loading else None))
+        if switching_us and not us_offer.foreign:
+            pass                    # the transaction installs the matching user-space; its validation proves it
+        else:
+            blocked.extend(userspace_blocks(facts, version if loading else None))
     return Plan(version, flavor, decision.reason, k.release, tuple(steps), bool(reboot), tuple(reboot),
                 tuple(blocked), tuple(facts.warnings) + decision.warnings + ms.warnings
                 + tuple(runtime_warnings(facts, desired)),

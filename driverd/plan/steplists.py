@@ -8,7 +8,8 @@ from __future__ import annotations
 from driverd.plan.actions import touches_host_driver
 
 # What may still be done when the plan needs a reboot first: nothing that touches the running driver.
-SAFE_BEFORE_REBOOT = ("blacklist-nouveau", "fetch-package", "verify-package", "install-package", "configure-runtime")
+SAFE_BEFORE_REBOOT = ("blacklist-nouveau", "fetch-package", "verify-package", "install-package", "fetch-userspace",
+                      "configure-runtime")
 
 SNAPSHOT = {"action": "snapshot"}
 
@@ -23,10 +24,13 @@ def unload_steps(policy: str | None = None) -> list[dict]:
             {"action": "unload-modules", "params": {"policy": policy} if policy else {}}]
 
 
-def reload_steps(package: str | None = None, expect: list[str] | None = None) -> list[dict]:
+def reload_steps(package: str | None = None, expect: list[str] | None = None,
+                 userspace: dict | None = None) -> list[dict]:
     """Stage (verify) the new package and check the parameters against it while the old driver still
     runs, then swap it in with the driver out of the kernel. Any failure converges back to the
-    recorded last-known-good. `expect`: the package's [version, flavor]."""
+    recorded last-known-good. `expect`: the package's [version, flavor]. `userspace`: the
+    install-userspace parameters of that version's user-space (package, sha256, driver), switched
+    with the driver out of the kernel, before the load and the validation."""
     steps: list[dict] = [dict(SNAPSHOT)]
     if package:
         steps.append({"action": "verify-package", "params": {"package": package}})
@@ -35,6 +39,8 @@ def reload_steps(package: str | None = None, expect: list[str] | None = None) ->
     steps += [{"action": "stop-gpu-daemons", "params": {"daemons": "all"}}, {"action": "unload-modules"}]
     if package:
         steps.append({"action": "install-package", "params": {"package": package}})
+    if userspace:
+        steps.append({"action": "install-userspace", "params": dict(userspace)})
     load = {"action": "load-modules", "params": {"expect": expect} if expect else {}}
     steps += [load, {"action": "restore-mig"}, {"action": "start-gpu-daemons"},
               {"action": "validate", "params": {"expect": expect} if expect else {}}]

@@ -32,6 +32,27 @@ def pending_markers(root) -> list[str]:
     return sorted(p.name for p in d.glob("pending-*")) if d.is_dir() else []
 
 
+def us_in_use(root) -> tuple[str | None, bool]:
+    """(version of driverd's user-space in use, a user-space switch pending)."""
+    from driverd.packages import userspace_install as ui
+    from driverd.root import Root
+    cur = ui.current(Root(root), ui.Places())
+    return (cur.version if cur and cur.intact else None), (Path(root) / "var/lib/driverd/userspace/pending.json").exists()
+
+
+@pytest.fixture(scope="module")
+def us_packages(tmp_path_factory):
+    """User-space packages (tests/packages/usfake: real ELF objects, the cudastandin libraries) of both versions
+    and of the broken package's version; the crash matrix validates without the workload check."""
+    from driverd.packages.userspace_build import build_from_run_dir
+    from tests.conftest import require_binary
+    from tests.packages import usfake
+    require_binary("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig")
+    t = tmp_path_factory.mktemp("us")
+    return {f"us-{k}": build_from_run_dir(usfake.run_dir(t / f"src-{k}", v), t / "out").ref.path
+            for k, v in (("old", OLD[0]), ("new", NEW[0]), ("broken", "550.127.08"))}
+
+
 def _host(base: Path, kind: str, packages) -> Path:
     from driverd.packages.install import install
     from driverd.root import Root
@@ -45,6 +66,11 @@ def _host(base: Path, kind: str, packages) -> Path:
                        f'["file://{packages["old"].parent}"]\n[runtime]\nrestart = "none"\n')
         return root
     install(Root(root), packages["old"], Runner())
+    if kind == "loaded-us":
+        from driverd.packages import userspace_install as ui
+        (root / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
+        (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+        ui.install(Root(root), packages["us-old"], Runner())
     r = drv(root, "load")
     assert r.returncode == 0, r.stderr
     return root
@@ -55,13 +81,22 @@ SCENARIOS = {
     "apply-fresh-host": ("fresh", ("apply",), (OLD, "done")),
     "reload-535-to-550": ("loaded", ("reload", "--package", "new"), (NEW, "done")),
     "failing-reload": ("loaded", ("reload", "--package", "broken"), (OLD, "rolled-back")),
+    # issue 31: the user-space switched in the same transaction (install-userspace; restore-userspace on the way back)
+    "reload-with-userspace": ("loaded-us", ("reload", "--package", "new", "--userspace", "us-new"), (NEW, "done")),
+    "failing-reload-with-userspace": ("loaded-us", ("reload", "--package", "broken", "--userspace", "us-broken"),
+                                      (OLD, "rolled-back")),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_kill9_after_every_durable_effect(tmp_path, packages, name):
+def test_kill9_after_every_durable_effect(tmp_path, packages, name, request):
     kind, cmd, (want, want_state) = SCENARIOS[name]
+    if kind == "loaded-us":
+        if __import__("os").geteuid() != 0:
+            from tests.conftest import missing_component
+            missing_component("ldconfig -r ROOT chroots: the user-space crash matrix runs as root (CI does)")
+        packages = {**packages, **request.getfixturevalue("us_packages")}
     args = tuple(str(packages[a]) if a in packages else a for a in cmd)
     template = _host(tmp_path / "template", kind, packages)
     count = tmp_path / "count"
@@ -71,6 +106,8 @@ def test_kill9_after_every_durable_effect(tmp_path, packages, name):
     assert r.returncode in (0, 3), r.stderr
     labels = trace.read_text().splitlines()
     assert final(count)[0] == want and journal(count)["state"] == want_state
+    if kind == "loaded-us":
+        assert us_in_use(count) == (want[0], False)
     assert len(labels) >= 20, labels
 
     def trial(n: int) -> tuple[int, str, str]:
@@ -87,6 +124,8 @@ def test_kill9_after_every_durable_effect(tmp_path, packages, name):
         assert doc["state"] == ("done" if loaded == want and want_state == "done" else "rolled-back"), (where, doc["state"])
         assert inst is not None and (inst[0], inst[1]) == loaded, (where, inst)
         assert not pending_markers(root), (where, pending_markers(root))
+        if kind == "loaded-us":       # both halves of one driver: the user-space in use is the loaded version's
+            assert us_in_use(root) == (loaded[0], False), (where, us_in_use(root))
         shutil.rmtree(root)
         return n, labels[n - 1], doc["state"]
 

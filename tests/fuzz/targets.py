@@ -140,6 +140,14 @@ def manifest_seed() -> bytes:
 
 
 @functools.lru_cache(maxsize=None)
+def userspace_seed() -> tuple[bytes, bytes]:
+    """(the .tar.zst bytes, its manifest.json) of a small user-space package."""
+    from tests.packages.usfake import plain_package
+    ref = plain_package(seed_dir() / "us")
+    return ref.path.read_bytes(), ref.manifest.dumps()
+
+
+@functools.lru_cache(maxsize=None)
 def index_seed() -> bytes:
     from driverd.packages.repo import write_index
     raw, _ = package_seed()
@@ -228,6 +236,22 @@ def t_index_json(doc: Any) -> None:
 def t_manifest(data: bytes) -> None:
     from driverd.packages.manifest import Manifest
     contract(lambda: Manifest.loads(data, "pkg: manifest.json"))
+
+
+def t_userspace_manifest(data: bytes) -> None:
+    from driverd.packages.userspace import UserspaceManifest
+    contract(lambda: UserspaceManifest.loads(data, "pkg: manifest.json"))
+
+
+def t_userspace_archive(data: bytes) -> None:
+    """A user-space package as downloaded: verified as one, and read as whichever kind it says it is."""
+    from driverd.packages.archive import read_manifest, verify_package
+    p = _as_file(data)
+    try:
+        contract(lambda: verify_package(p, kind="userspace"))
+        contract(lambda: read_manifest(p, kind=None))
+    finally:
+        os.unlink(p)
 
 
 def _as_file(data: bytes, suffix: str = ".tar.zst") -> str:
@@ -436,6 +460,9 @@ TARGETS = [
                                                      JSON.map(lambda o: json.dumps(o).encode()))),
     Target("archive-file", t_archive_file, lambda: mutated([package_seed()[0]], max_random=4096)),
     Target("archive-tar", t_archive_tar, lambda: mutated([package_seed()[1]], max_random=4096)),
+    Target("userspace-manifest", t_userspace_manifest, lambda: st.one_of(mutated([userspace_seed()[1]]),
+                                                                         JSON.map(lambda o: json.dumps(o).encode()))),
+    Target("userspace-archive", t_userspace_archive, lambda: mutated([userspace_seed()[0]], max_random=4096)),
     Target("containerd-toml", t_containerd, lambda: mutated_text([CONTAINERD])),
     Target("crio-toml", t_crio, lambda: mutated_text([CRIO])),
     Target("docker-json", t_docker, lambda: st.one_of(mutated_text([DOCKER]), JSON.map(json.dumps))),

@@ -409,3 +409,46 @@ def test_link_or_copy_utime_chmod_fsync(tmp_path, mode, monkeypatch):
     with root.at("/etc/containerd/x") as (dfd, leaf):
         assert leaf == "x" and os.path.samefile(f"/proc/self/fd/{dfd}", r / str(outside).lstrip("/"))
     assert sorted(files_under(outside)) == ["secret"]
+
+def test_symlink_replaces_a_link_atomically_and_never_a_file(tmp_path, mode):
+    r, outside = real_root_tree(tmp_path)
+    root = Root(r)
+    assert root.symlink("/var/lib/driverd/driver/current", "535.261.03") is None     # parents made inside the root
+    assert os.readlink(r / "var/lib/driverd/driver/current") == "535.261.03"
+    assert root.symlink("/var/lib/driverd/driver/current", "550.163.01") == "535.261.03"
+    assert os.readlink(r / "var/lib/driverd/driver/current") == "550.163.01"
+    assert [n for n in os.listdir(r / "var/lib/driverd/driver") if n.startswith(".")] == []
+    # through /etc/containerd -> <outside>: the link lands inside the root, the final name is never followed
+    root.symlink("/etc/containerd/l", "/etc/passwd")
+    assert os.readlink(r / str(outside).lstrip("/") / "l") == "/etc/passwd" and files_under(outside) == []
+    (r / "etc/file").write_text("mine")
+    with pytest.raises(FileExistsError):
+        root.symlink("/etc/file", "x")
+    assert (r / "etc/file").read_text() == "mine"
+    # replace=False: even an existing link is someone's
+    with pytest.raises(FileExistsError):
+        root.symlink("/var/lib/driverd/driver/current", "x", replace=False)
+    assert os.readlink(r / "var/lib/driverd/driver/current") == "550.163.01"
+    assert root.symlink("/usr/local/bin/nvidia-smi", "/t", replace=False) is None
+
+
+def test_rename_and_rmtree_stay_inside_and_never_follow(tmp_path, mode):
+    r, outside = real_root_tree(tmp_path)
+    (outside / "precious").write_text("keep")
+    root = Root(r)
+    root.makedirs("/var/lib/d/.staging/lib64")
+    (r / "var/lib/d/.staging/lib64/libx.so.1").write_text("x")
+    os.symlink(str(outside), r / "var/lib/d/.staging/lib64/out")           # a link to a directory outside
+    root.rename("/var/lib/d/.staging", "/var/lib/d/550")
+    assert (r / "var/lib/d/550/lib64/libx.so.1").read_text() == "x" and not (r / "var/lib/d/.staging").exists()
+    root.makedirs("/var/lib/d/other")
+    with pytest.raises(FileExistsError):
+        root.rename("/var/lib/d/other", "/var/lib/d/550", replace=False)
+    assert root.rmtree("/var/lib/d/550") and not (r / "var/lib/d/550").exists()
+    assert (outside / "precious").read_text() == "keep"                     # the link went, not what it named
+    assert root.rmtree("/var/lib/d/550") is False
+    os.symlink(str(outside), r / "var/lib/d/link")
+    assert root.rmtree("/var/lib/d/link") and (outside / "precious").exists()   # a final link: only the link
+    with root.open_dir("/etc/containerd/sub", create=True) as fd:
+        os.mkdir("made-here", dir_fd=fd)
+    assert (r / str(outside).lstrip("/") / "sub/made-here").is_dir() and files_under(outside) == ["precious"]

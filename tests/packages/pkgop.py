@@ -3,6 +3,8 @@
     python pkgop.py ROOT install PACKAGE          driverd.packages.install.install
     python pkgop.py ROOT restore RELEASE SHA|-    restore (- : no package)
     python pkgop.py ROOT rollback RELEASE         rollback_install
+    python pkgop.py ROOT us-install PACKAGE       driverd.packages.userspace_install.install
+    python pkgop.py ROOT us-restore SHA|-         its restore (- : no user-space)
     python pkgop.py --serve                       a fork server (below)
 
 Prints one JSON line: {"ok": true, ...} or {"ok": false, "error": one line, "type": class name}.
@@ -26,6 +28,8 @@ def run(argv: list[str]) -> dict:
     from driverd.packages import install as inst
     from driverd.runner import Runner
     root, op, args = argv[0], argv[1], argv[2:]
+    if op.startswith("us-"):
+        return run_userspace(root, op, args)
     try:
         if op == "install":
             rep = inst.install(root, args[0], Runner())
@@ -40,11 +44,28 @@ def run(argv: list[str]) -> dict:
     return {"ok": True, "changed": rep.changed, "sha256": rep.sha256, "notes": rep.notes}
 
 
+def run_userspace(root: str, op: str, args: list[str]) -> dict:
+    from driverd.errors import DriverdError
+    from driverd.packages import userspace_install as ui
+    from driverd.runner import Runner
+    try:
+        if op == "us-install":
+            rep = ui.install(root, args[0], Runner())
+        elif op == "us-restore":
+            rep = ui.restore(root, None if args[0] == "-" else args[0], Runner())
+        else:
+            raise SystemExit(f"unknown op {op}")
+    except DriverdError as e:
+        return {"ok": False, "error": e.one_line(), "type": type(e).__name__}
+    return {"ok": True, "changed": rep.changed, "sha256": rep.sha256, "notes": rep.notes}
+
+
 def serve() -> int:
     import sh  # noqa: F401
     import zstandard  # noqa: F401
 
     import driverd.packages.install
+    import driverd.packages.userspace_install  # noqa: F401
     import driverd.runner
     assert driverd.runner
     for line in sys.stdin:

@@ -1,0 +1,735 @@
+"""Installing a user-space package (driverd.packages.userspace) into a versioned driver root on a node.
+
+Installed layout (host paths; `userspace.root`, default /var/lib/driverd/driver — writable on immutable
+hosts, where /usr is read-only):
+
+    <userspace.root>/<version>/          one complete tree per installed package: manifest.json,
+        install.json, lib64/ (libraries, soname and development links), bin/, firmware/nvidia/<version>/,
+        share/ (ICD files). A second package of a version already there goes to <version>-<sha12>/.
+    <userspace.root>/current             a symbolic link to the tree in use (a relative name)
+    /etc/ld.so.conf.d/00-driverd-nvidia.conf   names <userspace.root>/current/lib64 (driverfiles.DRIVERD_LDCONF)
+    /etc/ld.so.cache                     rebuilt by `ldconfig -X` (with `-r ROOT` under a root other than /;
+                                         -X: ldconfig makes no links anywhere, driverd made its own)
+    <userspace.bin_dir>/<binary>         links to <userspace.root>/current/bin/<binary> (default /usr/local/bin)
+State (under the state dir):
+    userspace/pending.json               an unfinished switch: {"target": sha|null, "replaced": sha|null, ...}
+    userspace/previous.json              what the last install/restore replaced: {"sha256": sha|null, ...}
+
+The tree `current` points to is what driverfiles.find() gives the workload validation and the CDI spec:
+the loader configuration names `current/lib64`, find() reads it and resolves `current` to the tree. The
+loader configuration and the PATH links are written only when the host has no user-space of its own
+(libcuda/libnvidia-ml in its library directories, /usr/local/nvidia or /run/nvidia/driver — files driverd
+did not install, which it never touches): driverd never puts its libraries in front of the host's. Such a
+host still gets the tree and `current` (a driver root to point validation.driver_root at); driverd's own
+loader configuration and links are removed there.
+
+Order of an install (each effect durable before the next):
+    1. the package is verified while it is unpacked into `<root>/.driverd-staging-*` (bounded, checked
+       against its manifest: driverd.packages.archive), its links and install.json made, every file and
+       directory fsync'd, then renamed to its tree name: a tree is complete or absent;
+    2. the pending marker names the target and what it replaces;
+    3. `current` is switched (a new link renamed over it: atomic);
+    4. the loader configuration (when it differs), ldconfig, the PATH links;
+    5. verify: the tree is intact, find() resolves the driver root to it with its version, and the ld
+       cache gives driverd's libcuda.so.1/libnvidia-ml.so.1 first; on failure the replaced tree is
+       switched back the same way and the install fails with the reason;
+    6. previous.json is written and the marker removed; trees beyond userspace.max_kept are pruned.
+A process killed anywhere leaves a staging directory (removed by `recover()`), a complete unreferenced
+tree (kept; found again by sha256) or the marker, which `recover()` drives to its target (the target
+tree is complete before the marker exists) through the same checks.
+
+For the transaction steps (part of the apply/reload/rollback lists): `is_installed()` is the check,
+`install()` the do (its report's `replaced` is what an undo restores), `restore()` the undo; all are
+idempotent, and each runs `recover()` first.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import os
+import platform
+import re
+import shutil
+import stat
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from driverd import driverfiles
+from driverd.errors import DriverdError, PackageError
+from driverd.fsutil import atomic_write_at, dump_json, fsync_fd
+from driverd.packages import userspace as us
+from driverd.packages.archive import check_file, read_manifest, sha256_file, unpack_at, verify_package
+from driverd.packages.manifest import MANIFEST_NAME
+from driverd.root import Root
+from driverd.runner import Runner
+
+DEFAULT_ROOT = "/var/lib/driverd/driver"
+DEFAULT_BIN_DIR = "/usr/local/bin"
+DEFAULT_STATE_DIR = "/var/lib/driverd"
+CURRENT = "current"
+STATE_SUBDIR = "userspace"
+INSTALL_RECORD = "install.json"
+STAGING_PREFIX = ".driverd-staging-"
+OLD_PREFIX = ".driverd-old-"
+LDCONF = driverfiles.DRIVERD_LDCONF
+LD_CACHE = driverfiles.LD_CACHE
+MAX_KEPT = 3
+_SHA = re.compile(r"[0-9a-f]{64}")
+_TREE = re.compile(r"^[0-9][A-Za-z0-9._+-]*$")
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+@dataclass(frozen=True)
+class Places:
+    """Where a node's user-space goes (host paths, from the configuration)."""
+    root: str = DEFAULT_ROOT                 # userspace.root
+    bin_dir: str | None = DEFAULT_BIN_DIR    # userspace.bin_dir (None; "none" in the configuration: no PATH links)
+    state_dir: str = DEFAULT_STATE_DIR       # state.dir
+    max_kept: int = MAX_KEPT                 # userspace.max_kept
+
+    @classmethod
+    def from_config(cls, cfg) -> "Places":
+        bin_dir = cfg["userspace.bin_dir"]
+        return cls(cfg["userspace.root"], None if bin_dir in (None, "", "none") else bin_dir, cfg["state.dir"],
+                   int(cfg["userspace.max_kept"]))
+
+    @property
+    def current(self) -> str:
+        return f"{self.root.rstrip('/')}/{CURRENT}"
+
+    def tree(self, name: str) -> str:
+        return f"{self.root.rstrip('/')}/{name}"
+
+    @property
+    def pending(self) -> str:
+        return f"{self.state_dir.rstrip('/')}/{STATE_SUBDIR}/pending.json"
+
+    @property
+    def previous(self) -> str:
+        return f"{self.state_dir.rstrip('/')}/{STATE_SUBDIR}/previous.json"
+
+    @property
+    def ld_line(self) -> str:
+        return f"{self.current}/lib64"
+
+    def ldconf_text(self) -> str:
+        return ("# driverd: the NVIDIA driver's user-space it installed (the tree <userspace.root>/current points to).\n"
+                "# Written and removed by driverd; do not edit.\n" + self.ld_line + "\n")
+
+    def bin_target(self, name: str) -> str:
+        return f"{self.current}/bin/{name}"
+
+
+@dataclass(frozen=True)
+class Tree:
+    name: str
+    sha: str | None
+    manifest: us.UserspaceManifest | None
+    intact: bool
+
+    @property
+    def version(self) -> str | None:
+        return self.manifest.driver_version if self.manifest else None
+
+
+@dataclass
+class UserspaceReport:
+    package: str
+    sha256: str | None
+    driver_version: str | None
+    tree: str | None                  # host path of the tree `current` points to (None: no user-space)
+    changed: bool
+    replaced: str | None = None       # sha256 of what this replaced (what an undo restores); None: nothing
+    replaced_version: str | None = None
+    activated: bool = False           # the loader configuration and PATH links are driverd's
+    ld_conf: str | None = None
+    bin_links: list[str] = field(default_factory=list)
+    libraries: int = 0
+    dry_run: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _root(root: Root | str | os.PathLike) -> Root:
+    return root if isinstance(root, Root) else Root(root)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _valid_sha(v: object) -> bool:
+    return isinstance(v, str) and _SHA.fullmatch(v) is not None
+
+
+def _os_errors(fn):
+    """Public entry points raise PackageError, never a raw OSError."""
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except OSError as e:
+            where = e.filename or "the host root"
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise PackageError(f"user-space {fn.__name__.replace('_', ' ')}: disk full at {where}",
+                                   cause=os.strerror(e.errno), fix="free space there and run it again (an "
+                                   "interrupted switch is completed or undone first)") from None
+            raise PackageError(f"user-space {fn.__name__.replace('_', ' ')} failed: {e.strerror or e} ({where})",
+                               cause=str(e), fix="check the filesystem and permissions, then run it again (an "
+                               "interrupted switch is completed or undone first)") from None
+    return wrapper
+
+
+# -- reading the installed state ------------------------------------------------------------------------
+
+def _read_json(root: Root, hostpath: str) -> dict | None:
+    """None: absent; {}: unreadable or not an object."""
+    if root.lstat(hostpath) is None:
+        return None
+    try:
+        d = json.loads(root.read_bytes(hostpath, 1 << 20) or b"")
+    except ValueError:
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def read_tree(root: Root, places: Places, name: str) -> Tree | None:
+    """The tree `name` under the install root, with whether it is intact: every file of its manifest a
+    regular file of its size and mode class, every link pointing where the manifest says, the install
+    record naming a package. None when there is no directory of that name."""
+    base = places.tree(name)
+    st = root.lstat(base)
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        return None
+    try:
+        m = us.UserspaceManifest.loads(root.read_bytes(f"{base}/{MANIFEST_NAME}", 1 << 20) or b"",
+                                       f"{base}/{MANIFEST_NAME}")
+    except DriverdError:
+        return Tree(name, None, None, False)
+    rec = _read_json(root, f"{base}/{INSTALL_RECORD}") or {}
+    sha = rec.get("package_sha256") if _valid_sha(rec.get("package_sha256")) else None
+    return Tree(name, sha, m, sha is not None and _intact(root, base, m))
+
+
+def _intact(root: Root, base: str, m: us.UserspaceManifest) -> bool:
+    for f in m.files:
+        st = root.lstat(f"{base}/{f.path}")
+        if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != f.size:
+            return False
+        if bool(st.st_mode & 0o111) != bool(f.mode & 0o111):
+            return False
+    return all(root.readlink(f"{base}/{ln.path}") == ln.target for ln in m.links)
+
+
+def trees(root: Root, places: Places) -> list[Tree]:
+    out = []
+    for n in root.listdir(places.root):
+        if _TREE.match(n) and (t := read_tree(root, places, n)) is not None:
+            out.append(t)
+    return out
+
+
+def lookup(root: Root, places: Places, sha: str) -> Tree | None:
+    """The intact tree of the package `sha`, when there is one."""
+    return next((t for t in trees(root, places) if t.sha == sha and t.intact), None)
+
+
+def current_name(root: Root, places: Places) -> str | None:
+    """The tree name `current` points to (a plain name), None when there is no such link."""
+    target = root.readlink(places.current)
+    return target if target and _TREE.match(target) else None
+
+
+def current(root: Root | str | os.PathLike, places: Places = Places()) -> Tree | None:
+    root = _root(root)
+    name = current_name(root, places)
+    return read_tree(root, places, name) if name else None
+
+
+def installed_sha256(root: Root | str | os.PathLike, places: Places = Places()) -> str | None:
+    t = current(root, places)
+    return t.sha if t and t.intact else None
+
+
+def previous_sha(root: Root | str | os.PathLike, places: Places = Places()) -> tuple[bool, str | None]:
+    """(known, sha256) of what the last install/restore replaced (sha None: no user-space then)."""
+    rec = _read_json(_root(root), places.previous)
+    if not rec or "sha256" not in rec:
+        return False, None
+    return True, rec["sha256"] if _valid_sha(rec["sha256"]) else None
+
+
+def foreign_userspace(root: Root, places: Places) -> driverfiles.UserSpace | None:
+    """A user-space on the host that driverd did not install (its library directories, /usr/local/nvidia,
+    /run/nvidia/driver, the ld cache), or None."""
+    found = driverfiles.find(root, driverd=False)
+    if not found.found or found.lib_dir is None:
+        return None
+    try:
+        mine = root.resolve(places.root).rstrip("/") + "/"
+        where = root.resolve(found.lib_dir)
+    except (OSError, ValueError):
+        return found
+    return None if where.startswith(mine) else found
+
+
+def _ldconf_ours(root: Root, places: Places) -> bool:
+    return root.read_text(LDCONF, 64 << 10) == places.ldconf_text()
+
+
+def _our_links(root: Root, places: Places) -> dict[str, str]:
+    """name -> target of the PATH links that are driverd's (exactly <current>/bin/<name>)."""
+    if not places.bin_dir:
+        return {}
+    out = {}
+    for name in us.BINARIES:
+        t = root.readlink(f"{places.bin_dir}/{name}")
+        if t == places.bin_target(name):
+            out[name] = t
+    return out
+
+
+def _wanted_links(m: us.UserspaceManifest | None) -> set[str]:
+    return {b.rpartition("/")[2] for b in m.binaries} if m else set()
+
+
+def _activation_ok(root: Root, places: Places, target: Tree | None, activate: bool) -> bool:
+    if not activate or target is None:
+        return root.lstat(LDCONF) is None and not _our_links(root, places)
+    if not _ldconf_ours(root, places):
+        return False
+    return not places.bin_dir or set(_our_links(root, places)) == _wanted_links(target.manifest)
+
+
+@_os_errors
+def is_installed(root: Root | str | os.PathLike, sha256: str | None, places: Places = Places()) -> bool:
+    """The check: the package `sha256` (None: no driverd user-space) is what `current` points to, its
+    tree intact, no switch pending, and driverd's loader configuration and PATH links are as they must be."""
+    root = _root(root)
+    if root.lstat(places.pending) is not None:
+        return False
+    cur = current(root, places)
+    if sha256 is None:
+        return cur is None and _activation_ok(root, places, None, False)
+    if cur is None or not cur.intact or cur.sha != sha256:
+        return False
+    return _activation_ok(root, places, cur, foreign_userspace(root, places) is None)
+
+
+# -- install ------------------------------------------------------------------------------------------
+
+def _check_arch(m: us.UserspaceManifest) -> None:
+    node = platform.machine()
+    if m.arch != node and not (m.arch, node) in (("x86_64", "amd64"), ("aarch64", "arm64")):
+        raise PackageError(f"user-space package for {m.arch}, this node is {node}",
+                           fix=f"build or fetch the {m.driver_version} user-space for {node}")
+
+
+def _check_space(root: Root, places: Places, m: us.UserspaceManifest) -> None:
+    need = sum(f.size for f in m.files) + (1 << 20)
+    probe = root.path(root.resolve(places.root))
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < need:
+        raise PackageError(f"not enough space for the {m.driver_version} user-space in {probe}: {need >> 20} MiB "
+                           f"needed, {free >> 20} MiB free", cause="the filesystem is full",
+                           fix="free space there (or set userspace.root to a larger filesystem) and install again")
+
+
+def _tree_name(root: Root, places: Places, m: us.UserspaceManifest, sha: str) -> str:
+    t = read_tree(root, places, m.driver_version)
+    if t is None:
+        return m.driver_version
+    return m.driver_version if t.sha == sha else f"{m.driver_version}-{sha[:12]}"
+
+
+def _subdir_fd(top: int, rel: str) -> int:
+    fd = os.dup(top)
+    for part in filter(None, rel.split("/")):
+        nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    return fd
+
+
+def _fsync_tree(top: int) -> None:
+    """Every regular file and directory under the directory open as `top` (links: their directory's)."""
+    for _dp, _dns, fns, dfd in os.fwalk(".", dir_fd=top):
+        for n in fns:
+            try:
+                fd = os.open(n, os.O_RDONLY | os.O_NOFOLLOW | _CLOEXEC, dir_fd=dfd)
+            except OSError as e:
+                if e.errno == errno.ELOOP:       # a symbolic link: fsync'd with its directory
+                    continue
+                raise
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_fd(dfd)
+    fsync_fd(top)
+
+
+def _keep(root: Root, places: Places, package: Path, m: us.UserspaceManifest, sha: str,
+          expected: str | None) -> Tree:
+    """Unpack and verify the package into a new complete tree (staging, then renamed: complete or absent)."""
+    name = _tree_name(root, places, m, sha)
+    if read_tree(root, places, name) is not None:      # damaged, or a leftover of that name: out of the way
+        _retire(root, places, name)
+    root.makedirs(places.root)
+    staging = places.tree(f"{STAGING_PREFIX}{os.urandom(6).hex()}")
+    try:
+        with root.open_dir(staging, create=True) as fd:
+            unpack_at(package, fd, expected, kind=us.KIND)
+            for ln in m.links:
+                d, _, leaf = ln.path.rpartition("/")
+                dfd = _subdir_fd(fd, d)
+                try:
+                    os.symlink(ln.target, leaf, dir_fd=dfd)
+                finally:
+                    os.close(dfd)
+            atomic_write_at(fd, INSTALL_RECORD, dump_json({
+                "package_sha256": sha, "package": package.name, "installed_at": _now(),
+                "driver_version": m.driver_version, "arch": m.arch, "tree": name}), 0o644)
+            os.fchmod(fd, 0o755)
+            _fsync_tree(fd)
+        root.rename(staging, places.tree(name), replace=False)
+    except BaseException:
+        try:
+            root.rmtree(staging)
+        except OSError:
+            pass
+        raise
+    t = read_tree(root, places, name)
+    if t is None or not t.intact or t.sha != sha:
+        raise PackageError(f"the {m.driver_version} user-space tree {places.tree(name)} is incomplete right after "
+                           "it was written", cause="it does not match its manifest", fix="check the filesystem")
+    return t
+
+
+def _retire(root: Root, places: Places, name: str) -> None:
+    """Remove a tree so that it is never seen half-deleted under its own name."""
+    gone = places.tree(f"{OLD_PREFIX}{name}-{os.getpid()}")
+    root.rmtree(gone)
+    root.rename(places.tree(name), gone, replace=False)
+    root.rmtree(gone)
+
+
+@_os_errors
+def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, runner: Runner | None = None, *,
+            places: Places = Places(), expected_sha256: str | None = None) -> UserspaceReport:
+    """Install the user-space package (module docstring). With `expected_sha256` (a repository index's)
+    the file is checked before anything of it is decompressed. Installing what is installed, intact,
+    with nothing pending, writes nothing."""
+    root, runner = _root(root), runner or Runner()
+    package = Path(package_path)
+    if expected_sha256 is not None:
+        if not _valid_sha(expected_sha256):
+            raise PackageError(f"{expected_sha256!r} is not a package sha256", fix="pass 64 lower-case hex digits")
+        check_file(package, expected_sha256)
+    m = read_manifest(package, kind=us.KIND)
+    _check_arch(m)
+    sha = expected_sha256 or sha256_file(package)
+    if runner.dry_run:
+        verify_package(package, expected_sha256, kind=us.KIND)
+        cur = current(root, places)
+        return UserspaceReport(str(package), sha, m.driver_version, places.tree(_tree_name(root, places, m, sha)),
+                               changed=not is_installed(root, sha, places), replaced=cur.sha if cur else None,
+                               replaced_version=cur.version if cur else None, libraries=len(m.libraries),
+                               dry_run=True, notes=["dry run: the package was verified; nothing was written"])
+    notes = recover(root, runner, places=places)
+    if is_installed(root, sha, places):
+        cur = current(root, places)
+        return _report(root, places, str(package), cur, None, changed=False, notes=notes)
+    target = lookup(root, places, sha)
+    if target is None:
+        _check_space(root, places, m)
+        try:
+            target = _keep(root, places, package, m, sha, expected_sha256)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise PackageError(f"disk full while unpacking the {m.driver_version} user-space into {places.root}; "
+                                   "nothing was changed", cause=os.strerror(e.errno),
+                                   fix="free space there and install again") from None
+            raise
+    cur = current(root, places)
+    replaced = cur.sha if cur and cur.intact else None
+    done = _switch(root, runner, places, target, replaced=replaced, set_previous=True)
+    return _report(root, places, str(package), target, done, changed=True, notes=notes + done.notes + _prune(root, places))
+
+
+@_os_errors
+def restore(root: Root | str | os.PathLike, sha256: str | None, runner: Runner | None = None, *,
+            places: Places = Places()) -> UserspaceReport:
+    """Make the user-space `current` points to exactly the installed tree of package `sha256` (None: no
+    driverd user-space: `current`, the loader configuration and the PATH links removed, the trees kept).
+    A no-op when it is so already; PackageError when no intact tree of that package is there."""
+    root, runner = _root(root), runner or Runner()
+    if sha256 is not None and not _valid_sha(sha256):
+        raise PackageError(f"{sha256!r} is not a package sha256", fix="pass 64 lower-case hex digits")
+    if runner.dry_run:
+        cur = current(root, places)
+        return UserspaceReport("", sha256, None, None, changed=not is_installed(root, sha256, places),
+                               replaced=cur.sha if cur else None, replaced_version=cur.version if cur else None,
+                               dry_run=True)
+    notes = recover(root, runner, places=places)
+    if is_installed(root, sha256, places):
+        return _report(root, places, "", current(root, places), None, changed=False, notes=notes)
+    target = None
+    if sha256 is not None:
+        target = lookup(root, places, sha256)
+        if target is None:
+            raise PackageError(f"user-space package {sha256[:12]} is not installed under {places.root}",
+                               cause="no intact tree of it is there (pruned, or never installed)",
+                               fix="install that package again")
+    cur = current(root, places)
+    done = _switch(root, runner, places, target, replaced=cur.sha if cur and cur.intact else None,
+                   set_previous=True)
+    return _report(root, places, "", target, done, changed=True, notes=notes + done.notes + _prune(root, places))
+
+
+@_os_errors
+def rollback(root: Root | str | os.PathLike, runner: Runner | None = None, *,
+             places: Places = Places()) -> UserspaceReport:
+    """restore() what the last install/restore replaced; the one rolled back from becomes the previous."""
+    root = _root(root)
+    notes = recover(root, runner, places=places)
+    known, sha = previous_sha(root, places)
+    if not known:
+        raise PackageError("nothing to roll back to: no previous user-space is recorded",
+                           cause=f"{places.previous} is missing", fix="install the wanted user-space package")
+    rep = restore(root, sha, runner, places=places)
+    rep.notes = notes + rep.notes
+    return rep
+
+
+# -- the switch ---------------------------------------------------------------------------------------
+
+@dataclass
+class _Done:
+    replaced: str | None
+    activated: bool
+    notes: list[str] = field(default_factory=list)
+
+
+def _switch(root: Root, runner: Runner, places: Places, target: Tree | None, *, replaced: str | None,
+            set_previous: bool, verify: bool = True) -> _Done:
+    """Make `current` the tree `target` (None: no user-space), through the pending marker."""
+    want = target.sha if target else None
+    foreign = foreign_userspace(root, places)
+    activate = target is not None and foreign is None
+    root.atomic_write_json(places.pending, {
+        "target": want, "target_tree": target.name if target else None, "replaced": replaced,
+        "set_previous": set_previous, "verify": verify, "started_at": _now()})
+    notes = _apply(root, runner, places, target, activate)
+    if foreign is not None and target is not None:
+        notes.append(f"the host has its own NVIDIA user-space ({foreign.version or 'unknown version'} in "
+                     f"{foreign.lib_dir}): driverd's loader configuration and PATH links are not written (the "
+                     f"tree is at {places.tree(target.name)}; validation.driver_root can point at it)")
+    if verify:
+        problem = _verify(root, places, target, activate)
+        if problem is not None and replaced == want and want is not None:
+            # a repair of the current tree's configuration: there is nothing else to switch back to
+            root.unlink(places.pending)
+            raise PackageError(f"{problem}; the {target.version} user-space stays current",
+                               cause="the user-space did not verify", fix=_VERIFY_FIX)
+        if problem is not None:
+            back = lookup(root, places, replaced) if replaced and replaced != want else None
+            try:
+                _apply(root, runner, places, back, back is not None and foreign is None)
+                root.unlink(places.pending)
+            except (OSError, DriverdError) as e2:
+                raise PackageError(f"{problem}; switching back failed too: {e2}",
+                                   fix="run the user-space install or rollback again (the switch is recorded in "
+                                       f"{places.pending})") from None
+            what = f"the {back.version} user-space is current again" if back else "no driverd user-space is current"
+            raise PackageError(f"{problem}; {what}", cause="the switched user-space did not verify",
+                               fix=_VERIFY_FIX)
+    if set_previous and replaced != want:
+        root.atomic_write_json(places.previous, {"sha256": replaced, "replaced_by": want, "at": _now()})
+    root.unlink(places.pending)
+    return _Done(replaced, activate, notes)
+
+
+_VERIFY_FIX = ("check /etc/ld.so.conf includes /etc/ld.so.conf.d/*.conf and that no other directory ld.so.conf "
+               "names holds libcuda.so.1 / libnvidia-ml.so.1; then install again")
+
+
+def _apply(root: Root, runner: Runner, places: Places, target: Tree | None, activate: bool) -> list[str]:
+    """Point `current` at `target` and make the loader configuration and the PATH links what they must be
+    (each step idempotent)."""
+    notes: list[str] = []
+    if target is not None:
+        root.symlink(places.current, target.name)
+    else:
+        root.unlink(places.current)
+    changed_ld = False
+    if activate:
+        if not _ldconf_ours(root, places):
+            root.atomic_write(LDCONF, places.ldconf_text(), 0o644)
+            changed_ld = True
+    elif root.lstat(LDCONF) is not None:
+        root.unlink(LDCONF)
+        changed_ld = True
+    _ldconfig(root, runner)               # the cache names files of the tree just switched to: always rebuilt
+    if places.bin_dir:
+        want = _wanted_links(target.manifest) if activate and target else set()
+        mine = _our_links(root, places)
+        for name in sorted(set(mine) - want):
+            root.unlink(f"{places.bin_dir}/{name}")
+        for name in sorted(want - set(mine)):
+            try:
+                root.symlink(f"{places.bin_dir}/{name}", places.bin_target(name), replace=False)
+            except FileExistsError:
+                notes.append(f"{places.bin_dir}/{name} is not driverd's: left alone ({name} is at "
+                             f"{places.current}/bin/{name})")
+    if changed_ld:
+        notes.append(f"{'wrote' if activate else 'removed'} {LDCONF}")
+    return notes
+
+
+def _ldconfig(root: Root, runner: Runner) -> None:
+    argv = ["ldconfig", "-X"] + ([] if root.is_slash else ["-r", root.base])
+    try:
+        res = runner.run(argv, timeout=300, check=False)
+    except DriverdError as e:
+        raise PackageError(f"cannot rebuild the loader cache: {e.message}", cause=e.cause,
+                           fix="install glibc's ldconfig (Debian: libc-bin)") from None
+    if not res.ok:
+        raise PackageError(f"ldconfig failed: {res.first_error_line()}", cause=" ".join(argv),
+                           fix="check the host's /etc/ld.so.conf and that its file system is writable")
+
+
+def _verify(root: Root, places: Places, target: Tree | None, activate: bool) -> str | None:
+    """Why the switched state is wrong, or None."""
+    if target is None:
+        return None
+    t = read_tree(root, places, target.name)
+    if t is None or not t.intact or t.sha != target.sha:
+        return f"the user-space tree {places.tree(target.name)} is not intact"
+    if current_name(root, places) != target.name:
+        return f"{places.current} does not point to {target.name}"
+    if not activate:
+        return None
+    found = driverfiles.find(root)
+    tree = root.resolve(places.tree(target.name))
+    if found.driver_root != tree or found.version != target.version:
+        return (f"the driver's user-space is found at {found.lib_dir} ({found.version}), not driverd's "
+                f"{tree} ({target.version})")
+    for soname in us.KEY_SONAMES:
+        paths = driverfiles.ld_cache_lookup(root, LD_CACHE, soname)
+        mine = f"{places.ld_line}/{soname}"
+        if not paths or root.resolve(paths[0]) != root.resolve(mine):
+            return (f"the loader resolves {soname} to {paths[0] if paths else 'nothing'}, not driverd's {mine} "
+                    f"(ld cache {LD_CACHE})")
+    return None
+
+
+def _report(root: Root, places: Places, package: str, t: Tree | None, done: _Done | None, *, changed: bool,
+            notes: list[str]) -> UserspaceReport:
+    activated = done.activated if done else (t is not None and _ldconf_ours(root, places))
+    replaced = done.replaced if done and done.replaced != (t.sha if t else None) else None
+    was = lookup(root, places, replaced) if replaced else None
+    return UserspaceReport(
+        package, t.sha if t else None, t.version if t else None, places.tree(t.name) if t else None, changed,
+        replaced=replaced, replaced_version=was.version if was else None,
+        activated=activated, ld_conf=LDCONF if activated else None,
+        bin_links=sorted(f"{places.bin_dir}/{n}" for n in _our_links(root, places)) if places.bin_dir else [],
+        libraries=len(t.manifest.libraries) if t and t.manifest else 0, notes=notes)
+
+
+# -- pruning and recovery -------------------------------------------------------------------------------
+
+def _protected(root: Root, places: Places) -> set[str]:
+    out = set()
+    cur = current_name(root, places)
+    for rec in (_read_json(root, places.previous), _read_json(root, places.pending)):
+        for k in ("sha256", "target", "replaced"):
+            if rec and _valid_sha(rec.get(k)):
+                out.add(rec[k])
+    return out | ({f"tree:{cur}"} if cur else set())
+
+
+def _prune(root: Root, places: Places) -> list[str]:
+    """Remove the oldest trees beyond userspace.max_kept, never the current, previous or pending ones."""
+    try:
+        keep = _protected(root, places)
+        ts = trees(root, places)
+
+        def mtime(t: Tree) -> float:
+            st = root.lstat(places.tree(t.name))
+            return st.st_mtime if st else 0.0
+        removed = []
+        for t in sorted(ts, key=mtime):
+            if len(ts) - len(removed) <= max(places.max_kept, 1):
+                break
+            if f"tree:{t.name}" in keep or (t.sha in keep):
+                continue
+            _retire(root, places, t.name)
+            removed.append(f"pruned the {t.version or '?'} user-space tree {places.tree(t.name)}")
+        return removed
+    except (OSError, DriverdError) as e:
+        return [f"pruning user-space trees failed: {getattr(e, 'message', None) or e}"]
+
+
+def _clean(root: Root, places: Places, notes: list[str]) -> None:
+    """Leftovers of a killed install: staging and half-retired trees, temporary links and files."""
+    for n in root.listdir(places.root):
+        if n.startswith((STAGING_PREFIX, OLD_PREFIX)):
+            root.rmtree(places.tree(n))
+            notes.append(f"removed leftover {places.tree(n)}")
+        elif n.startswith(f".{CURRENT}.") and n.endswith(".tmp"):
+            root.unlink(places.tree(n))
+    ldd = os.path.dirname(LDCONF)
+    for n in root.listdir(ldd):
+        if n.startswith(f".{os.path.basename(LDCONF)}.") and n.endswith(".tmp"):
+            root.unlink(f"{ldd}/{n}")
+    sd = os.path.dirname(places.pending)
+    for n in root.listdir(sd):
+        if n.startswith((".pending.json.", ".previous.json.")) and n.endswith(".tmp"):
+            root.unlink(f"{sd}/{n}")
+    if places.bin_dir:
+        for n in root.listdir(places.bin_dir):
+            if n.startswith(".") and n.endswith(".tmp") and (root.readlink(f"{places.bin_dir}/{n}") or "").startswith(
+                    f"{places.current}/bin/"):
+                root.unlink(f"{places.bin_dir}/{n}")
+
+
+@_os_errors
+def recover(root: Root | str | os.PathLike, runner: Runner | None = None, *, places: Places = Places()) -> list[str]:
+    """Finish what an interrupted install/restore left (module docstring): leftovers removed, a pending
+    switch driven to its target (whose tree is complete) through the same checks — or, when the target
+    is gone, back to what it replaced. Writes nothing when there is nothing to do (or on a dry run)."""
+    root, runner = _root(root), runner or Runner()
+    notes: list[str] = []
+    marker = _read_json(root, places.pending)
+    if runner.dry_run:
+        if marker is not None:
+            notes.append(f"would finish the interrupted user-space switch to {marker.get('target')}")
+        return notes
+    _clean(root, places, notes)
+    if marker is None:
+        return notes
+    target_sha = marker.get("target") if _valid_sha(marker.get("target")) else None
+    replaced = marker.get("replaced") if _valid_sha(marker.get("replaced")) else None
+    if not marker:                                  # unreadable: settle on what is current
+        cur = current(root, places)
+        target_sha = cur.sha if cur and cur.intact else None
+    target = lookup(root, places, target_sha) if target_sha else None
+    try:
+        if target_sha is None or target is not None:
+            _switch(root, runner, places, target, replaced=replaced, set_previous=bool(marker.get("set_previous")),
+                    verify=bool(marker.get("verify", True)))
+            notes.append(f"finished the interrupted user-space switch to {target.version if target else 'none'}")
+        else:
+            back = lookup(root, places, replaced) if replaced else None
+            _switch(root, runner, places, back, replaced=replaced, set_previous=False, verify=False)
+            notes.append(f"undid the interrupted user-space switch to {target_sha[:12]} (its tree is gone)")
+    except PackageError as e:
+        notes.append(f"the interrupted user-space switch failed its checks and was undone: {e.message}")
+    return notes

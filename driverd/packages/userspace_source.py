@@ -1,0 +1,161 @@
+"""Where the user-space package of the wanted driver version comes from, for the transaction that switches
+it with the kernel modules (issue 31): `userspace.package` (one package file, or a directory of
+driverd-userspace-<version>-<arch>*.tar.zst packages) first, then — with `userspace.fetch` — the
+repositories' index ("userspace" entries, driverd.packages.repo), fetched into the download cache and
+checked against the index's size and sha256 before anything of it is decompressed (the install checks
+every file against the manifest while it unpacks).
+
+`offer()` is what the planner is told (read-only, cheap: no index is read); `fetch()` is the
+fetch-userspace step."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from driverd.errors import PackageError
+from driverd.packages import userspace as us
+from driverd.packages.archive import SUFFIX
+
+
+@dataclass(frozen=True)
+class Offer:
+    """The user-space package for `version` this node can switch to, and what it has now."""
+    version: str
+    arch: str
+    package: str | None        # a local package file; None: fetched from the repositories by the run
+    sha256: str | None         # the local package's sha256 (None until fetched)
+    source: str                # "userspace.package (PATH)" | "packages.repositories"
+    current_sha: str | None    # driverd's user-space in use now (userspace.root/current), None: none
+    current_version: str | None
+    foreign: str | None        # a user-space driverd did not install, in front of driverd's (its library dir)
+
+    @property
+    def in_place(self) -> bool:
+        if self.sha256 is not None:
+            return self.current_sha == self.sha256
+        return self.current_version == self.version
+
+
+def _manifest(path: Path):
+    from driverd.packages.archive import read_manifest
+    return read_manifest(path, kind=us.KIND)
+
+
+def local_package(root, cfg, version: str, arch: str) -> Path | None:
+    """userspace.package's package of `version`/`arch`: the file itself when its manifest says so, or in a
+    directory the first (by name) whose name and manifest say so. A file of another version is not it;
+    an unreadable one is a PackageError (one line: which file, why, the fix)."""
+    configured = cfg["userspace.package"]
+    if not configured:
+        return None
+    # a file or a directory of packages, resolved under the root; what is in it is trusted only after
+    # the install checked every file against the package's manifest (not a key file: no ownership rule)
+    p = Path(configured if root.is_slash else str(root.real(configured)))
+    if p.is_dir():
+        stem = us.package_basename(version, arch)
+        cands = sorted(c for c in p.iterdir() if c.name.startswith(stem) and c.name.endswith(SUFFIX) and c.is_file())
+    elif p.is_file():
+        cands = [p]
+    else:
+        raise PackageError(f"userspace.package {configured} does not exist",
+                           fix="point userspace.package at a user-space package (driverd build-userspace) or a "
+                               "directory of them, or unset it")
+    for c in cands:
+        m = _manifest(c)
+        if m.driver_version == version and m.arch in (arch, {"amd64": "x86_64", "arm64": "aarch64"}.get(arch, arch)):
+            return c
+    return None
+
+
+_SHA_CACHE: dict[tuple, str] = {}
+
+
+def _sha(path: Path) -> str:
+    """sha256 of a local package, remembered by (path, size, mtime, inode): the daemon plans every pass."""
+    from driverd.packages.archive import sha256_file
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
+    if key not in _SHA_CACHE:
+        if len(_SHA_CACHE) > 16:
+            _SHA_CACHE.clear()
+        _SHA_CACHE[key] = sha256_file(path)
+    return _SHA_CACHE[key]
+
+
+def offer(root, cfg, version: str | None, arch: str | None) -> Offer | None:
+    """The planner's view: the package of `version` (local, or to fetch with userspace.fetch), None when
+    there is none to switch to."""
+    if not version:
+        return None
+    from driverd.packages import userspace_install as ui
+    arch = arch or os.uname().machine
+    places = ui.Places.from_config(cfg)
+    path = local_package(root, cfg, version, arch)
+    if path is None and not cfg["userspace.fetch"]:
+        return None
+    cur = ui.current(root, places)
+    foreign = ui.foreign_userspace(root, places)
+    return Offer(version, arch, str(path) if path else None, _sha(path) if path else None,
+                 f"userspace.package ({path})" if path else "packages.repositories",
+                 cur.sha if cur and cur.intact else None, cur.version if cur and cur.intact else None,
+                 foreign.lib_dir if foreign is not None else None)
+
+
+@dataclass(frozen=True)
+class Fetched:
+    package: str
+    sha256: str
+    source: str
+
+
+def fetch(root, cfg, version: str, arch: str, runner=None) -> Fetched:
+    """The package of `version`/`arch`: userspace.package's, else the first repository whose index lists it,
+    copied or downloaded into the cache and checked against the index (size, then sha256)."""
+    from driverd.packages import fetch as f
+    from driverd.packages.archive import check_file, sha256_file
+    from driverd.packages.sign import node_path
+    path = local_package(root, cfg, version, arch)
+    if path is not None:
+        return Fetched(str(path), sha256_file(path), f"userspace.package ({path})")
+    repos = list(cfg["packages.repositories"])
+    looked: list[str] = []
+    session = None
+    creds = f.Credentials(node_path(root, cfg["packages.netrc"]), node_path(root, cfg["packages.auth_header_file"]))
+    for url in repos:
+        if not f._is_file_repo(url) and session is None:
+            from urllib.parse import urlsplit
+            session = f._session(creds.load({(urlsplit(u).hostname or "").lower() for u in repos
+                                             if not f._is_file_repo(u)}))
+        try:
+            idx = f.read_index(url, public_key=node_path(root, cfg["packages.index_public_key"]), runner=runner,
+                               session=session, insecure=cfg["packages.insecure"], root=root,
+                               state_dir=cfg["state.dir"])
+        except PackageError as e:
+            if isinstance(e, f.trust.IndexRefused):
+                raise
+            looked.append(f"{f.redact(url)} ({e.message})")
+            continue
+        entry = idx.find_userspace(version, arch)
+        if entry is None:
+            looked.append(f"{f.redact(url)} (its index lists {len(idx.userspace)} user-space packages, not this one)")
+            continue
+        cdir = f.cache_dir(root, cfg["packages.cache_dir"])
+        cdir.mkdir(parents=True, exist_ok=True)
+        dest = cdir / f.cache_name(entry)
+        if not dest.exists():
+            if f._is_file_repo(url):
+                f._copy_file(url, entry, dest)
+            else:
+                f.download(url, entry, dest, session)
+        try:
+            check_file(dest, entry.sha256, entry.size)
+        except PackageError as e:
+            dest.unlink(missing_ok=True)         # never keep a bad package in the cache
+            raise PackageError(f"{e.message} (from {f.redact(url)})", cause=e.cause, fix=e.fix) from None
+        return Fetched(str(dest), entry.sha256, f.redact(url))
+    where = "; ".join(looked) if looked else "no repositories configured (packages.repositories)"
+    raise PackageError(f"no user-space package {us.package_basename(version, arch)} found in: {where}",
+                       cause="neither userspace.package nor a repository's index has this version's user-space",
+                       fix=f"driverd build-userspace the {version} user-space into the repository and run "
+                           "`driverd repo index REPO`, or set userspace.package")

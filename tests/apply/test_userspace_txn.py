@@ -1,0 +1,187 @@
+"""Both halves of one driver in one transaction (issue 31 part 2): `driverd apply` on a simulated host switches
+the kernel modules and the user-space package of the same version (userspace.package), the validation's workload
+check runs with the new libraries (tests/cudastandin's stand-ins packed as user-space packages: they answer for
+the loaded module's version like NVIDIA's), and a failed validation rolls both halves back to the last-known-good."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from driverd.host import pci, workload
+from driverd.packages import userspace_install as ui
+from driverd.packages.userspace_build import build_from_run_dir
+from driverd.root import Root
+from tests import cudastandin
+from tests.apply.conftest import drv, journal, kernel_of
+from tests.conftest import missing_component, require_binary
+from tests.packages import usfake
+
+OLD, NEW = "535.261.03", "550.127.05"
+USDIR = "/var/cache/driverd-userspace"
+ON = '[validation]\nworkload = "on"\nworkload_timeout_s = 20\n'
+
+
+@pytest.fixture(autouse=True)
+def _ldconfig():
+    require_binary("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig")
+    if os.geteuid() != 0:
+        missing_component("ldconfig -r ROOT chroots: the user-space transaction tests run as root (CI does)")
+
+
+def gpus(root) -> list[str]:
+    g, _, _ = pci.classify(Root(root), pci.scan(Root(root), []), [])
+    return [x.pci_address for x in g]
+
+
+def us_package(root, version: str, *, libs_of: str | None = None, fail_device: int | None = None):
+    """The user-space package of `version` built for host `root` into its USDIR. `libs_of`: libcuda and
+    libnvidia-ml of that other version under `version`'s names (a stale set); `fail_device`: a libcuda
+    whose context on that GPU fails."""
+    rm = root / "proc/driver/nvidia/version"
+    d = usfake.run_dir(root.parent / f"src-{version}-{os.urandom(3).hex()}", version, rm_file=rm,
+                       gpus=tuple(gpus(root)))
+    if libs_of or fail_device is not None:
+        common = {"STANDIN_VERSION": f'"{libs_of or version}"', "STANDIN_RM_FILE": f'"{rm}"',
+                  "STANDIN_BUSIDS": '"' + ",".join(gpus(root)) + '"'}
+        shutil.copy(cudastandin._compile("nvml.c", "libnvidia-ml.so.1", common), d / f"libnvidia-ml.so.{version}")
+        cuda = dict(common, **({"STANDIN_FAIL_DEVICE": str(fail_device)} if fail_device is not None else {}))
+        shutil.copy(cudastandin._compile("cuda.c", "libcuda.so.1", cuda), d / f"libcuda.so.{version}")
+    out = root / USDIR.lstrip("/")
+    out.mkdir(parents=True, exist_ok=True)
+    return build_from_run_dir(d, out).ref
+
+
+def configure(root, version: str, repo, extra: str = "") -> None:
+    p = root / "etc/driverd/config.toml"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(f'[driver]\nversion = "{version}"\nflavor = "open"\n[packages]\nrepositories = ["file://{repo}"]\n'
+                 f'[runtime]\nrestart = "none"\n[userspace]\npackage = "{USDIR}"\n{ON}{extra}')
+
+
+@pytest.fixture
+def node(host):
+    (host / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
+    (host / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+    return host
+
+
+def in_use(root) -> str | None:
+    return ui.installed_sha256(Root(root), ui.Places())
+
+
+def loaded(root) -> str:
+    return kernel_of(root).modules()["nvidia"].version
+
+
+def cuda_ok(root, version: str) -> workload.WorkloadCheck:
+    return workload.check(Root(root), version, gpus(root), timeout_s=20)
+
+
+def test_apply_then_upgrade_switches_modules_and_userspace_in_one_transaction(node, packages):
+    old, new = us_package(node, OLD), us_package(node, NEW)
+    configure(node, OLD, packages["old"].parent)
+    r = drv(node, "plan")
+    assert "install-userspace" in r.stdout and "not workload-ready" not in r.stdout, r.stdout + r.stderr
+    r = drv(node, "apply")
+    assert r.returncode == 0, r.stderr
+    doc = journal(node)
+    assert doc["state"] == "done" and doc["lkg"]["userspace"] == {"sha256": None, "version": None}
+    acts = [s["action"] for s in doc["steps"]]
+    assert acts.index("install-userspace") < acts.index("load-modules") < acts.index("validate")
+    assert (loaded(node), in_use(node)) == (OLD, old.sha256)
+    v = next(s for s in doc["steps"] if s["action"] == "validate")["result"]
+    assert v["workload"]["ok"], v
+
+    configure(node, NEW, packages["new"].parent)
+    r = drv(node, "apply")
+    assert r.returncode == 0, r.stderr
+    doc = journal(node)
+    assert doc["state"] == "done" and doc["lkg"]["userspace"] == {"sha256": old.sha256, "version": OLD}
+    acts = [s["action"] for s in doc["steps"]]
+    assert acts.index("unload-modules") < acts.index("install-userspace") < acts.index("load-modules")
+    assert (loaded(node), in_use(node)) == (NEW, new.sha256)
+    v = next(s for s in doc["steps"] if s["action"] == "validate")["result"]
+    assert v["workload"]["ok"] and v["workload"]["userspace"]["version"] == NEW, v
+    assert os.readlink(node / "var/lib/driverd/driver/current") == NEW
+    # converged: nothing to do, and the plan is not blocked
+    r = drv(node, "apply")
+    assert r.returncode == 0 and "nothing to do" in (r.stdout + r.stderr).lower(), r.stdout + r.stderr
+
+    # a stale library set in front of the 550 modules is caught by the workload check
+    ui.restore(Root(node), old.sha256)
+    w = cuda_ok(node, NEW)
+    assert not w.ok and any(f"user-space {OLD} does not match the loaded kernel driver {NEW}" in p for p in w.problems)
+
+
+def test_a_failing_550_rolls_back_modules_and_userspace_and_cuda_works_again(node, packages):
+    old = us_package(node, OLD)
+    configure(node, OLD, packages["old"].parent)
+    assert drv(node, "apply").returncode == 0
+    us_package(node, NEW, fail_device=1)
+    configure(node, NEW, packages["new"].parent)
+    r = drv(node, "apply")
+    assert r.returncode != 0
+    doc = journal(node)
+    assert doc["state"] == "rolled-back", doc["state"]
+    assert doc["failure"]["step"] == "validate", doc["failure"]
+    assert [s["action"] for s in doc["rollback"]].count("restore-userspace") == 1
+    assert (loaded(node), in_use(node)) == (OLD, old.sha256)
+    assert cuda_ok(node, OLD).ok
+
+
+def test_a_stale_library_set_in_the_package_is_caught_by_the_validation_and_rolled_back(node, packages):
+    """A 550 user-space package whose libcuda/libnvidia-ml are really 535's: the names say 550, NVML says
+    535 — the transaction's workload check refuses it, both halves go back."""
+    old = us_package(node, OLD)
+    configure(node, OLD, packages["old"].parent)
+    assert drv(node, "apply").returncode == 0
+    us_package(node, NEW, libs_of=OLD)
+    configure(node, NEW, packages["new"].parent)
+    r = drv(node, "apply")
+    doc = journal(node)
+    assert r.returncode != 0 and doc["state"] == "rolled-back" and doc["failure"]["step"] == "validate"
+    assert "mismatch" in r.stderr.lower() or "mismatch" in str(doc["failure"]).lower(), r.stderr
+    assert (loaded(node), in_use(node)) == (OLD, old.sha256)
+    assert cuda_ok(node, OLD).ok
+
+
+def test_reload_with_the_user_space_of_another_version_is_refused_in_one_line(node, packages):
+    old = us_package(node, OLD)
+    configure(node, OLD, packages["old"].parent)
+    assert drv(node, "apply").returncode == 0
+    r = drv(node, "reload", "--package", str(packages["new"]), "--userspace", old.path)
+    assert r.returncode != 0 and f"is the {OLD} user-space, the driver is {NEW}" in r.stderr, r.stderr
+    assert (loaded(node), in_use(node)) == (OLD, old.sha256)
+
+
+def test_reload_takes_userspace_package_of_the_new_version(node, packages):
+    us_package(node, OLD)
+    new = us_package(node, NEW)
+    configure(node, OLD, packages["old"].parent)
+    assert drv(node, "apply").returncode == 0
+    r = drv(node, "reload", "--package", str(packages["new"]))
+    assert r.returncode == 0, r.stderr
+    assert (loaded(node), in_use(node)) == (NEW, new.sha256)
+    assert cuda_ok(node, NEW).ok
+
+
+def test_a_host_managed_userspace_is_never_touched(node, packages):
+    """driver.manage = never: the user-space package is configured, but driverd leaves the driver and its user-space."""
+    us_package(node, OLD)
+    configure(node, OLD, packages["old"].parent, extra="")
+    cfg = node / "etc/driverd/config.toml"
+    cfg.write_text(cfg.read_text().replace('flavor = "open"\n', 'flavor = "open"\nmanage = "never"\n', 1))
+    r = drv(node, "plan")
+    assert "install-userspace" not in r.stdout, r.stdout
+    assert in_use(node) is None and not (node / "etc/ld.so.conf.d/00-driverd-nvidia.conf").exists()
+
+
+def test_a_missing_userspace_package_path_is_one_line(node, packages):
+    configure(node, OLD, packages["old"].parent)
+    cfg = node / "etc/driverd/config.toml"
+    cfg.write_text(cfg.read_text().replace(USDIR, "/nowhere/userspace"))
+    r = drv(node, "plan")
+    assert r.returncode != 0 and "userspace.package /nowhere/userspace does not exist" in r.stderr, r.stderr
+
