@@ -124,3 +124,9 @@ if [ "$what" = containers ]; then
   rm -f /usr/local/bin/nvidia-cdi-hook
   say "the specs side by side"; python3 tools/gpuproof/specdiff.py "$OUT/driverd-hook.yaml" "$OUT/ctk.yaml"
 fi
+
+if [ "$what" = userspace ]; then
+  mkdir -p /tmp/gpuproof-debs && cp "$WORK"/libcuda1_*.deb "$WORK"/libnvidia-ml1_*.deb /tmp/gpuproof-debs/
+  say "driverd's own user-space trees beside the host's: 580 (the host's files) and Debian's 535"
+  python3 tools/gpuproof/userspace.py /tmp/gpuproof-debs "$OUT"
+fi
