@@ -110,18 +110,29 @@ def kept_dir(root: Root, sha256: str, state_dir: str = DEFAULT_STATE_DIR) -> Pat
     return kept_base(root, state_dir) / kp.check_sha(sha256)
 
 
-def _os_errors(fn):
-    """Public entry points raise PackageError, never a raw OSError."""
-    @functools.wraps(fn)
-    def wrapper(*a, **kw):
-        try:
-            return fn(*a, **kw)
-        except OSError as e:
-            where = e.filename or "the host root"
-            raise PackageError(f"{fn.__name__.replace('_', ' ')} failed: {e.strerror or e} ({where})",
-                               cause=str(e), fix="check the filesystem and permissions, then run it again "
-                               "(an interrupted switch is completed or undone first)") from None
-    return wrapper
+def os_errors(subject: str = "", disk_full: bool = False):
+    """Public entry points raise PackageError, never a raw OSError: `subject` prefixes the verb (the
+    function's name); `disk_full` says ENOSPC/EDQUOT as such."""
+    def deco(fn):
+        verb = (subject + " " if subject else "") + fn.__name__.replace("_", " ")
+        again = "run it again (an interrupted switch is completed or undone first)"
+
+        @functools.wraps(fn)
+        def wrapper(*a, **kw):
+            try:
+                return fn(*a, **kw)
+            except OSError as e:
+                where = e.filename or "the host root"
+                if disk_full and e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise PackageError(f"{verb}: disk full at {where}", cause=os.strerror(e.errno),
+                                       fix=f"free space there and {again}") from None
+                raise PackageError(f"{verb} failed: {e.strerror or e} ({where})", cause=str(e),
+                                   fix=f"check the filesystem and permissions, then {again}") from None
+        return wrapper
+    return deco
+
+
+_os_errors = os_errors()
 
 
 # -- preconditions ------------------------------------------------------------------------------

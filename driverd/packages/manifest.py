@@ -144,20 +144,13 @@ class Manifest:
         except PackageError:
             raise
         except (KeyError, TypeError, ValueError) as e:
-            raise PackageError(f"{where} is malformed ({e.__class__.__name__}: {e})",
-                               cause="the package was not written by driverd or is damaged",
-                               fix="rebuild or re-fetch the package") from None
+            raise malformed(where, e) from None
         m.validate(where)
         return m
 
     @classmethod
     def loads(cls, data: bytes | str, where: str = "manifest") -> "Manifest":
-        try:
-            obj = json.loads(data)
-        except ValueError as e:
-            raise PackageError(f"{where} is not JSON ({e})", cause="the package is damaged",
-                               fix="rebuild or re-fetch the package") from None
-        return cls.from_json(obj, where)
+        return cls.from_json(parse_json(data, where), where)
 
     def validate(self, where: str = "manifest") -> None:
         """Internal consistency: names safe for paths, every module backed by a listed file."""
@@ -189,3 +182,17 @@ class Manifest:
 
 def package_basename(driver_version: str, flavor: str, kernel_release: str, arch: str) -> str:
     return f"driverd-{driver_version}-{flavor}-{kernel_release}-{arch}"
+
+
+def parse_json(data: bytes | str, where: str) -> object:
+    """A manifest's JSON (kernel-module and user-space packages alike); damaged: one PackageError."""
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise PackageError(f"{where} is not JSON ({e})", cause="the package is damaged",
+                           fix="rebuild or re-fetch the package") from None
+
+
+def malformed(where: str, e: BaseException) -> PackageError:
+    return PackageError(f"{where} is malformed ({e.__class__.__name__}: {e})",
+                        cause="the package was not written by driverd or is damaged", fix="rebuild or re-fetch the package")

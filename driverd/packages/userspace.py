@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from driverd.errors import PackageError
-from driverd.packages.manifest import MANIFEST_NAME, FileEntry
+from driverd.packages.manifest import MANIFEST_NAME, FileEntry, malformed, parse_json
 
 KIND = "userspace"
 SCHEMA_VERSION = 1
@@ -218,20 +218,13 @@ class UserspaceManifest:
         except PackageError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise PackageError(f"{where} is malformed ({e.__class__.__name__}: {e})",
-                               cause="the package was not written by driverd or is damaged",
-                               fix="rebuild or re-fetch the package") from None
+            raise malformed(where, e) from None
         m.validate(where)
         return m
 
     @classmethod
     def loads(cls, data: bytes | str, where: str = "manifest") -> "UserspaceManifest":
-        try:
-            obj = json.loads(data)
-        except ValueError as e:
-            raise PackageError(f"{where} is not JSON ({e})", cause="the package is damaged",
-                               fix="rebuild or re-fetch the package") from None
-        return cls.from_json(obj, where)
+        return cls.from_json(parse_json(data, where), where)
 
     def validate(self, where: str = "manifest") -> None:
         """Names safe for paths, every path in the layout, modes 0644/0755, every library backed by a

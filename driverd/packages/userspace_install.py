@@ -45,7 +45,6 @@ idempotent, and each runs `recover()` first.
 from __future__ import annotations
 
 import errno
-import functools
 import json
 import os
 import platform
@@ -60,6 +59,7 @@ from driverd import driverfiles
 from driverd.errors import DriverdError, PackageError
 from driverd.fsutil import atomic_write_at, dump_json, fsync_fd
 from driverd.packages import userspace as us
+from driverd.packages.install import os_errors
 from driverd.packages.archive import check_file, read_manifest, sha256_file, unpack_at, verify_package
 from driverd.packages.manifest import MANIFEST_NAME
 from driverd.root import Root
@@ -166,22 +166,7 @@ def _valid_sha(v: object) -> bool:
     return isinstance(v, str) and _SHA.fullmatch(v) is not None
 
 
-def _os_errors(fn):
-    """Public entry points raise PackageError, never a raw OSError."""
-    @functools.wraps(fn)
-    def wrapper(*a, **kw):
-        try:
-            return fn(*a, **kw)
-        except OSError as e:
-            where = e.filename or "the host root"
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise PackageError(f"user-space {fn.__name__.replace('_', ' ')}: disk full at {where}",
-                                   cause=os.strerror(e.errno), fix="free space there and run it again (an "
-                                   "interrupted switch is completed or undone first)") from None
-            raise PackageError(f"user-space {fn.__name__.replace('_', ' ')} failed: {e.strerror or e} ({where})",
-                               cause=str(e), fix="check the filesystem and permissions, then run it again (an "
-                               "interrupted switch is completed or undone first)") from None
-    return wrapper
+_os_errors = os_errors("user-space", disk_full=True)
 
 
 # -- reading the installed state ------------------------------------------------------------------------
