@@ -15,7 +15,6 @@ from driverd.packages.userspace_build import build_from_run_dir
 from driverd.root import Root
 from tests import cudastandin
 from tests.apply.conftest import drv, journal, kernel_of
-from tests.conftest import missing_component, require_binary
 from tests.packages import usfake
 
 OLD, NEW = "535.261.03", "550.127.05"
@@ -25,9 +24,7 @@ ON = '[validation]\nworkload = "on"\nworkload_timeout_s = 20\n'
 
 @pytest.fixture(autouse=True)
 def _ldconfig():
-    require_binary("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig")
-    if os.geteuid() != 0:
-        missing_component("ldconfig -r ROOT chroots: the user-space transaction tests run as root (CI does)")
+    usfake.require_ldconfig()
 
 
 def gpus(root) -> list[str]:

@@ -19,7 +19,6 @@ from driverd.root import Root
 from driverd.runner import Runner
 from driverd.sim.hosttree import HostSpec, h100, nvidia_version_line, write_host
 from tests import cudastandin
-from tests.conftest import missing_component, require_binary
 from tests.packages import usfake
 
 NEW, OLD, OLDER = "550.163.01", "535.261.03", "570.195.03"
@@ -29,9 +28,7 @@ UROOT = "/var/lib/driverd/driver"
 
 @pytest.fixture(autouse=True)
 def _ldconfig():
-    require_binary("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig")
-    if os.geteuid() != 0:
-        missing_component("ldconfig -r ROOT chroots: the user-space install tests run as root (CI does)")
+    usfake.require_ldconfig()
 
 
 def host(path, loaded: str | None = NEW) -> Root:

@@ -25,6 +25,14 @@ OTHERS = (("libnvidia-ptxjitcompiler", "libnvidia-ptxjitcompiler.so.1"), ("libnv
 _CACHE = Path(os.environ.get("TMPDIR", "/tmp")) / "driverd-usfake"
 
 
+def require_ldconfig() -> None:
+    """`ldconfig -r ROOT` chroots: the user-space install tests run as root (CI does)."""
+    require_binary("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig")
+    if os.geteuid() != 0:
+        from tests.conftest import missing_component
+        missing_component("ldconfig -r ROOT chroots: the user-space install tests run as root (CI does)")
+
+
 def _so(soname: str) -> Path:
     out = _CACHE / hashlib.sha256(soname.encode()).hexdigest()[:16] / "lib.so"
     if not out.is_file():
