@@ -107,6 +107,12 @@ SCHEMA: dict[str, Key] = {
                              "links are ever replaced or removed; none: no links",
                              pattern=re.compile(r"^(/[^\0]*|none)$"), pattern_hint="an absolute host path such as "
                              "/usr/local/bin, or none"),
+    "userspace.driver_link": Key("str", "/run/nvidia/driver", "made a symbolic link to <userspace.root>/current when "
+                                 "driverd's user-space is the host's (the GPU Operator's driver root, where "
+                                 "nvidia-container-toolkit's NVIDIA_CTK_DRIVER_ROOT / --driver-root looks); only "
+                                 "driverd's own link is ever replaced or removed; none: no link",
+                                 pattern=re.compile(r"^(/[^\0]*[^/\0]|none)$"), pattern_hint="an absolute host path "
+                                 "such as /run/nvidia/driver, or none"),
     "userspace.package": Key("str", None, "the driver's user-space for the transaction: a user-space package file "
                              "(driverd build-userspace) or a directory holding driverd-userspace-<version>-<arch>*.tar.zst "
                              "packages; the one of driver.version is switched with the modules (a host path under "

@@ -11,7 +11,9 @@ and of the machines driverd is validated on: lib64/, bin/, firmware/), then the 
 directories (multiarch, lib64, Debian's `nvidia/current`), and last the ld cache (`/etc/ld.so.cache` of
 each of those roots: libraries in a directory only ld.so.conf names). The first place that holds
 libcuda.so.1 or libnvidia-ml.so.1 is the driver's user-space: a container gets the libraries of one
-place, never a mixture. Paths are host paths, resolved under the Root.
+place, never a mixture. Paths are host paths, resolved under the Root; each driver root is resolved
+first (driverd's `/run/nvidia/driver` is a link to its `current`): the user-space found through a link is
+reported at its real tree, and nothing a link names can lead out of the Root.
 
 `inventory()` lists the files of that user-space a container needs, the way NVIDIA's own CDI
 generator finds them (nvidia-container-toolkit v1.20.2: pkg/nvcdi/driver-nvml.go
@@ -118,11 +120,33 @@ def driverd_root(root: Root) -> str | None:
     return None
 
 
-def _roots(root: Root, driver_root: str | None, driverd: bool = True) -> list[str]:
+def _resolved(root: Root, base: str) -> str | None:
+    """A driver root with its symbolic links followed inside the Root (/run/nvidia/driver may be
+    driverd's link to its `current` tree): the libraries' paths, the directory the workload check's
+    loader searches and the paths containers get are then real paths under the root, never a link an
+    absolute target could take out of it. None when it cannot be resolved."""
+    if base == "/":
+        return base
+    try:
+        return root.resolve(base)
+    except (OSError, ValueError):
+        return None
+
+
+def _under(path: str, prefix: str | None) -> bool:
+    return bool(prefix) and (path == prefix.rstrip("/") or path.startswith(prefix.rstrip("/") + "/"))
+
+
+def _roots(root: Root, driver_root: str | None, driverd: bool = True, exclude: str | None = None) -> list[str]:
     roots = [_join(driver_root, "")] if driver_root else []
     mine = driverd_root(root) if driverd else None
-    order = (DRIVER_ROOTS[0], *([mine] if mine else []), *DRIVER_ROOTS[1:], "/")
-    return roots + [r for r in order if r not in roots]
+    order = (*roots, DRIVER_ROOTS[0], *([mine] if mine else []), *DRIVER_ROOTS[1:], "/")
+    out: list[str] = []
+    for r in order:
+        real = _resolved(root, r)
+        if real is not None and real not in out and not _under(real, exclude):
+            out.append(real)
+    return out
 
 
 def library_version(root: Root, path: str) -> str | None:
@@ -146,11 +170,14 @@ def _found(root: Root, base: str, d: str, searched: list[str], via_cache: bool =
     return UserSpace(base, d, libs, version, versions, tuple(searched), via_cache)
 
 
-def find(root: Root, driver_root: str | None = None, *, driverd: bool = True) -> UserSpace:
+def find(root: Root, driver_root: str | None = None, *, driverd: bool = True, exclude: str | None = None) -> UserSpace:
     """The driver's user-space on the host under `root`; `found` is False when no place holds it.
-    `driverd` False leaves driverd's own installed user-space out (what else the host has)."""
+    `driverd` False leaves driverd's own installed user-space out (what else the host has); `exclude`
+    (a resolved host path) leaves out every driver root that resolves under it (driverd's
+    userspace.root: its /run/nvidia/driver link too). Driver roots are resolved (`_resolved`):
+    `driver_root` and `lib_dir` are real paths."""
     searched = []
-    roots = _roots(root, driver_root, driverd)
+    roots = _roots(root, driver_root, driverd, exclude)
     for base, d in _candidates(roots):
         searched.append(d)
         if (us := _found(root, base, d, searched)) is not None:
@@ -161,7 +188,9 @@ def find(root: Root, driver_root: str | None = None, *, driverd: bool = True) ->
         searched.append(cache)
         for soname in KEY_LIBS:
             for path in ld_cache_lookup(root, cache, soname):
-                d = os.path.dirname(_join(base, path.lstrip("/")))
+                d = _resolved(root, os.path.dirname(_join(base, path.lstrip("/"))))
+                if d is None or _under(d, exclude):
+                    continue
                 if (us := _found(root, base, d, searched, via_cache=True)) is not None:
                     return us
     return UserSpace(None, None, {}, None, {}, tuple(searched))

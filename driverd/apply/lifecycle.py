@@ -83,6 +83,37 @@ def previous_target(ctx, release: str | None = None) -> str | None:
     return sha
 
 
+def previous_userspace(ctx, target_sha256: str | None) -> dict | None:
+    """The restore-userspace parameters of `driverd rollback`: driverd's user-space of the driver version
+    rolled back to (the kept package `target_sha256`'s) when the one in use is of another version — the
+    one the last user-space switch replaced (userspace_install.previous_sha) when it is that version, else
+    another kept tree of it. Rolling back to no driverd package (`target_sha256` None) restores what the
+    last switch replaced, "none" included. None: no step (driverd never switched a user-space here, the one
+    in use is already that version, or no tree of it is kept: the validation's workload check judges)."""
+    from driverd.apply.steps import places
+    from driverd.packages import userspace_install as ui
+    from driverd.packages.kept import lookup
+    p = places(ctx)
+    known, prev = ui.previous_sha(ctx.root, p)
+    if not known:
+        return None
+    cur = ui.current(ctx.root, p)
+    cur_sha = cur.sha if cur is not None and cur.intact else None
+    k = lookup(ctx.root, ctx.config["state.dir"], target_sha256) if target_sha256 else None
+    if k is None:
+        return None if target_sha256 is not None and prev is None or prev == cur_sha else {"sha256": prev}
+    if cur_sha is not None and cur.version == k.version:
+        return None
+    trees = [t for t in ui.trees(ctx.root, p) if t.intact and t.sha and t.version == k.version]
+    pick = next((t for t in trees if t.sha == prev), trees[0] if trees else None)
+    return {"sha256": pick.sha} if pick is not None else None
+
+
+def _rollback_steps(ctx) -> list[dict]:
+    target = previous_target(ctx)
+    return sl.rollback_steps(target, previous_userspace(ctx, target))
+
+
 def rollback_install_request(release: str) -> Request:
     """`driverd rollback-install`: the package the last install replaced, back from the kept store;
     loaded modules are left alone (driverd rollback also reloads)."""
@@ -145,7 +176,7 @@ def lifecycle_request(kind: str, *, package: str | None = None, terminate: bool 
         return Request("reload", lambda ctx: _reload_steps(package, ctx, userspace),
                        {"package": package, "userspace": userspace})
     if kind == "rollback":
-        return Request("rollback", lambda ctx: sl.rollback_steps(previous_target(ctx)))
+        return Request("rollback", _rollback_steps)
     raise ValueError(kind)
 
 

@@ -120,7 +120,9 @@ def check(root: Root, kernel_version: str | None, gpus_expected: list[str], *, d
 def _run_child(root: Root, us: UserSpace, spec: dict, timeout_s: float, python: str | None) -> tuple[list[dict], str | None]:
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "CUDA_VISIBLE_DEVICES", "PYTHONPATH")}
     # the libraries the key ones load later (ptxjitcompiler, nvvm...) come from the same directory, as in a container
-    env["LD_LIBRARY_PATH"] = str(root.path(us.lib_dir or "/"))
+    # (links resolved inside the Root: a driver root such as /run/nvidia/driver -> userspace.root/current, or
+    # an absolute link in a sample tree, must not make the loader search the machine's own directories)
+    env["LD_LIBRARY_PATH"] = str(root.safe_real(us.lib_dir or "/") or root.path(us.lib_dir or "/"))
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     argv = [python or sys.executable, "-m", "driverd.host.cudaprobe", json.dumps(spec)]
     events: list[dict] = []

@@ -11,13 +11,16 @@ hosts, where /usr is read-only):
     /etc/ld.so.cache                     rebuilt by `ldconfig -X` (with `-r ROOT` under a root other than /;
                                          -X: ldconfig makes no links anywhere, driverd made its own)
     <userspace.bin_dir>/<binary>         links to <userspace.root>/current/bin/<binary> (default /usr/local/bin)
+    <userspace.driver_link>              /run/nvidia/driver: a relative link to <userspace.root>/current, the GPU
+                                         Operator's driver root (nvidia-ctk --driver-root, NVIDIA_CTK_DRIVER_ROOT);
+                                         made only where the name is free, removed only when it is driverd's
 State (under the state dir):
     userspace/pending.json               an unfinished switch: {"target": sha|null, "replaced": sha|null, ...}
     userspace/previous.json              what the last install/restore replaced: {"sha256": sha|null, ...}
 
 The tree `current` points to is what driverfiles.find() gives the workload validation and the CDI spec:
 the loader configuration names `current/lib64`, find() reads it and resolves `current` to the tree. The
-loader configuration and the PATH links are written only when the host has no user-space of its own
+loader configuration, the PATH links and the driver-root link are written only when the host has no user-space of its own
 (libcuda/libnvidia-ml in its library directories, /usr/local/nvidia or /run/nvidia/driver — files driverd
 did not install, which it never touches): driverd never puts its libraries in front of the host's. Such a
 host still gets the tree and `current` (a driver root to point validation.driver_root at); driverd's own
@@ -29,7 +32,7 @@ Order of an install (each effect durable before the next):
        directory fsync'd, then renamed to its tree name: a tree is complete or absent;
     2. the pending marker names the target and what it replaces;
     3. `current` is switched (a new link renamed over it: atomic);
-    4. the loader configuration (when it differs), ldconfig, the PATH links;
+    4. the loader configuration (when it differs), ldconfig, the PATH links, the driver-root link;
     5. verify: the tree is intact, find() resolves the driver root to it with its version, and the ld
        cache gives driverd's libcuda.so.1/libnvidia-ml.so.1 first; on failure the replaced tree is
        switched back the same way and the install fails with the reason;
@@ -68,6 +71,7 @@ from driverd.runner import Runner
 DEFAULT_ROOT = "/var/lib/driverd/driver"
 DEFAULT_BIN_DIR = "/usr/local/bin"
 DEFAULT_STATE_DIR = "/var/lib/driverd"
+DEFAULT_DRIVER_LINK = driverfiles.DRIVER_ROOTS[0]      # /run/nvidia/driver
 CURRENT = "current"
 STATE_SUBDIR = "userspace"
 INSTALL_RECORD = "install.json"
@@ -88,12 +92,14 @@ class Places:
     bin_dir: str | None = DEFAULT_BIN_DIR    # userspace.bin_dir (None; "none" in the configuration: no PATH links)
     state_dir: str = DEFAULT_STATE_DIR       # state.dir
     max_kept: int = MAX_KEPT                 # userspace.max_kept
+    driver_link: str | None = DEFAULT_DRIVER_LINK   # userspace.driver_link (None; "none": no link)
 
     @classmethod
     def from_config(cls, cfg) -> "Places":
         bin_dir = cfg["userspace.bin_dir"]
+        link = cfg["userspace.driver_link"]
         return cls(cfg["userspace.root"], None if bin_dir in (None, "", "none") else bin_dir, cfg["state.dir"],
-                   int(cfg["userspace.max_kept"]))
+                   int(cfg["userspace.max_kept"]), None if link in (None, "", "none") else link)
 
     @property
     def current(self) -> str:
@@ -120,6 +126,13 @@ class Places:
 
     def bin_target(self, name: str) -> str:
         return f"{self.current}/bin/{name}"
+
+    def link_target(self, root: Root) -> str:
+        """What the driver-root link points to: `current`, relative to the link's (resolved) directory, so
+        that it resolves to the same tree on the host and under a root (the driver container's /host)."""
+        assert self.driver_link
+        base = root.resolve(os.path.dirname(self.driver_link.rstrip("/")) or "/")
+        return os.path.relpath(root.resolve(self.root).rstrip("/") + f"/{CURRENT}", base)
 
 
 @dataclass(frozen=True)
@@ -251,15 +264,39 @@ def previous_sha(root: Root | str | os.PathLike, places: Places = Places()) -> t
 def foreign_userspace(root: Root, places: Places) -> driverfiles.UserSpace | None:
     """A user-space on the host that driverd did not install (its library directories, /usr/local/nvidia,
     /run/nvidia/driver, the ld cache), or None."""
-    found = driverfiles.find(root, driverd=False)
+    try:
+        mine = root.resolve(places.root).rstrip("/") + "/"
+    except (OSError, ValueError):
+        mine = None
+    # driverd's own trees are not foreign, nor its driver-root link to them (left out of the search, so
+    # that a host's own libraries behind that link are still seen)
+    found = driverfiles.find(root, driverd=False, exclude=mine)
     if not found.found or found.lib_dir is None:
         return None
     try:
-        mine = root.resolve(places.root).rstrip("/") + "/"
+        assert mine is not None
         where = root.resolve(found.lib_dir)
     except (OSError, ValueError):
         return found
     return None if where.startswith(mine) else found
+
+
+def _link_state(root: Root, places: Places) -> str | None:
+    """The driver-root link's name: None (no link configured), "free", "ours" (a link to driverd's
+    `current`, relative or absolute) or "other" (a directory, file or link driverd did not make)."""
+    if not places.driver_link:
+        return None
+    st = root.lstat(places.driver_link)
+    if st is None:
+        return "free"
+    if stat.S_ISLNK(st.st_mode) and root.readlink(places.driver_link) in (places.link_target(root), places.current):
+        return "ours"
+    return "other"
+
+
+def _link_ok(root: Root, places: Places, activate: bool) -> bool:
+    state = _link_state(root, places)
+    return state in (None, "ours", "other") if activate else state != "ours"
 
 
 def _ldconf_ours(root: Root, places: Places) -> bool:
@@ -284,8 +321,8 @@ def _wanted_links(m: us.UserspaceManifest | None) -> set[str]:
 
 def _activation_ok(root: Root, places: Places, target: Tree | None, activate: bool) -> bool:
     if not activate or target is None:
-        return root.lstat(LDCONF) is None and not _our_links(root, places)
-    if not _ldconf_ours(root, places):
+        return root.lstat(LDCONF) is None and not _our_links(root, places) and _link_ok(root, places, False)
+    if not _ldconf_ours(root, places) or not _link_ok(root, places, True):
         return False
     return not places.bin_dir or set(_our_links(root, places)) == _wanted_links(target.manifest)
 
@@ -575,7 +612,32 @@ def _apply(root: Root, runner: Runner, places: Places, target: Tree | None, acti
                              f"{places.current}/bin/{name})")
     if changed_ld:
         notes.append(f"{'wrote' if activate else 'removed'} {LDCONF}")
+    notes += _driver_link(root, places, activate and target is not None)
     return notes
+
+
+def _driver_link(root: Root, places: Places, want: bool) -> list[str]:
+    """Make userspace.driver_link (/run/nvidia/driver) driverd's link to `current` when `want` and the name
+    is free; remove it when not `want` and it is driverd's. Anything else there is left alone."""
+    state = _link_state(root, places)
+    if state is None:
+        return []
+    link = places.driver_link
+    if want and state == "free":
+        try:
+            root.symlink(link, places.link_target(root), replace=False)
+        except FileExistsError:
+            state = "other"
+        else:
+            return [f"linked {link} to {places.current} (the toolkit's driver root)"]
+    if want and state == "other":
+        return [f"{link} is not driverd's: left alone (nvidia-container-toolkit's driver root there is not "
+                f"driverd's tree; point it at {places.current} with NVIDIA_CTK_DRIVER_ROOT / --driver-root, or "
+                f"remove {link})"]
+    if not want and state == "ours":
+        root.unlink(link)
+        return [f"removed {link}"]
+    return []
 
 
 def _ldconfig(root: Root, runner: Runner) -> None:
@@ -678,6 +740,12 @@ def _clean(root: Root, places: Places, notes: list[str]) -> None:
     for n in root.listdir(sd):
         if n.startswith((".pending.json.", ".previous.json.")) and n.endswith(".tmp"):
             root.unlink(f"{sd}/{n}")
+    if places.driver_link:
+        ld = os.path.dirname(places.driver_link.rstrip("/")) or "/"
+        leaf = os.path.basename(places.driver_link.rstrip("/"))
+        for n in root.listdir(ld):
+            if n.startswith(f".{leaf}.") and n.endswith(".tmp") and root.readlink(f"{ld}/{n}") == places.link_target(root):
+                root.unlink(f"{ld}/{n}")
     if places.bin_dir:
         for n in root.listdir(places.bin_dir):
             if n.startswith(".") and n.endswith(".tmp") and (root.readlink(f"{places.bin_dir}/{n}") or "").startswith(
@@ -699,6 +767,11 @@ def recover(root: Root | str | os.PathLike, runner: Runner | None = None, *, pla
         return notes
     _clean(root, places, notes)
     if marker is None:
+        # /run is a tmpfs: after a reboot the driver-root link of the user-space in use is made again
+        if _link_state(root, places) == "free" and _ldconf_ours(root, places):
+            cur = current(root, places)
+            if cur is not None and cur.intact and foreign_userspace(root, places) is None:
+                notes += _driver_link(root, places, True)
         return notes
     target_sha = marker.get("target") if _valid_sha(marker.get("target")) else None
     replaced = marker.get("replaced") if _valid_sha(marker.get("replaced")) else None

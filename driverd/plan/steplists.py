@@ -47,13 +47,19 @@ def reload_steps(package: str | None = None, expect: list[str] | None = None,
     return steps
 
 
-def rollback_steps(target_sha256: str) -> list[dict]:
-    """driverd rollback with no pending run: back to the previous installed package, loaded."""
-    return [dict(SNAPSHOT), {"action": "stop-gpu-daemons", "params": {"daemons": "all"}},
-            {"action": "unload-modules"},
-            {"action": "restore-previous-package", "params": {"target_sha256": target_sha256}},
-            {"action": "check-parameters"}, {"action": "load-modules"}, {"action": "restore-mig"},
-            {"action": "start-gpu-daemons"}, {"action": "validate"}]
+def rollback_steps(target_sha256: str, userspace: dict | None = None) -> list[dict]:
+    """driverd rollback with no pending run: back to the previous installed package, loaded.
+    `userspace`: the restore-userspace parameters ({"sha256": sha | None}) of the user-space driverd had
+    before (the previous one of the same driver version), switched with the driver out of the kernel, like
+    the modules; None: driverd's user-space stays as it is."""
+    steps = [dict(SNAPSHOT), {"action": "stop-gpu-daemons", "params": {"daemons": "all"}},
+             {"action": "unload-modules"},
+             {"action": "restore-previous-package", "params": {"target_sha256": target_sha256}}]
+    if userspace is not None:
+        steps.append({"action": "restore-userspace", "params": dict(userspace),
+                      "reason": "the previous user-space, with the previous modules"})
+    return steps + [{"action": "check-parameters"}, {"action": "load-modules"}, {"action": "restore-mig"},
+                    {"action": "start-gpu-daemons"}, {"action": "validate"}]
 
 
 def rollback_install_steps(target_sha256: str, release: str) -> list[dict]:

@@ -341,10 +341,19 @@ def plan(root: Root, options, facts=None) -> SpecPlan:
                      f"driver root {tk.driver_root}): driverd leaves the spec to it (two writers of one spec, or two "
                      "specs of one kind, make containers fail)")
         us = driverfiles.find(root)
-        if us.found and os.path.normpath(tk.driver_root) != (us.driver_root or "/"):
+
+        def real(p: str) -> str:           # compared as the finder reports roots: links followed inside the root
+            try:
+                return root.resolve(os.path.normpath(p)) if os.path.normpath(p) != "/" else "/"
+            except (OSError, ValueError):
+                return os.path.normpath(p)
+        if us.found and real(tk.driver_root) != (us.driver_root or "/"):
+            # a driver root that is a link (driverd's /run/nvidia/driver -> current) is named, not the tree it
+            # points to now: the toolkit's setting then survives the next switch
+            name = driverfiles.DRIVER_ROOTS[0] if real(driverfiles.DRIVER_ROOTS[0]) == us.driver_root else us.driver_root
             sp.notes.append(f"the driver's user-space is under {us.driver_root}, but the toolkit generates from "
                             f"{tk.driver_root}: its spec will lack the libraries; set NVIDIA_CTK_DRIVER_ROOT="
-                            f"{us.driver_root} in {TOOLKIT_ENV}")
+                            f"{name} in {TOOLKIT_ENV}")
         return sp
     if tk is not None:
         sp.notes.append(f"{TOOLKIT_UNIT} is installed ({tk.unit}) but will not write a spec: {tk.why_not}; driverd "

@@ -182,3 +182,46 @@ def test_a_missing_userspace_package_path_is_one_line(node, packages):
     r = drv(node, "plan")
     assert r.returncode != 0 and "userspace.package /nowhere/userspace does not exist" in r.stderr, r.stderr
 
+
+
+def test_driverd_rollback_restores_the_previous_userspace_with_the_previous_modules(node, packages):
+    """`driverd rollback` (no run pending): the previous kernel package and the previous user-space, switched with
+    the driver out of the kernel and validated together; a second rollback goes forward again."""
+    old, new = us_package(node, OLD), us_package(node, NEW)
+    configure(node, OLD, packages["old"].parent)
+    assert drv(node, "apply").returncode == 0
+    configure(node, NEW, packages["new"].parent)
+    assert drv(node, "apply").returncode == 0
+    assert (loaded(node), in_use(node)) == (NEW, new.sha256)
+    r = drv(node, "rollback")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = journal(node)
+    acts = [s["action"] for s in doc["steps"]]
+    assert doc["state"] == "done" and doc["command"] == "rollback", doc
+    assert (acts.index("unload-modules") < acts.index("restore-previous-package") < acts.index("restore-userspace")
+            < acts.index("load-modules") < acts.index("validate"))
+    assert next(s for s in doc["steps"] if s["action"] == "restore-userspace")["params"] == {"sha256": old.sha256}
+    assert (loaded(node), in_use(node)) == (OLD, old.sha256)
+    v = next(s for s in doc["steps"] if s["action"] == "validate")["result"]
+    assert v["workload"]["ok"] and v["workload"]["userspace"]["version"] == OLD, v
+    assert os.readlink(node / "run/nvidia/driver") == "../../var/lib/driverd/driver/current"
+    r = drv(node, "rollback")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (loaded(node), in_use(node)) == (NEW, new.sha256) and cuda_ok(node, NEW).ok
+
+
+def test_driverd_rollback_keeps_a_userspace_already_of_the_version_rolled_back_to(node, packages):
+    """A reload that switched the modules alone (no 550 user-space offered): rolling back to the 535 modules
+    keeps the 535 user-space in use — never the "none" its own install replaced."""
+    old = us_package(node, OLD)
+    configure(node, OLD, packages["old"].parent)
+    assert drv(node, "apply").returncode == 0 and in_use(node) == old.sha256
+    cfg = node / "etc/driverd/config.toml"                         # the mismatched reload must go through
+    cfg.write_text(cfg.read_text().replace('workload = "on"', 'workload = "off"'))
+    r = drv(node, "reload", "--package", str(packages["new"]))
+    assert loaded(node) == NEW and in_use(node) == old.sha256, r.stdout + r.stderr
+    r = drv(node, "rollback")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = journal(node)
+    assert doc["command"] == "rollback" and "restore-userspace" not in [s["action"] for s in doc["steps"]]
+    assert (loaded(node), in_use(node)) == (OLD, old.sha256) and cuda_ok(node, OLD).ok

@@ -161,6 +161,19 @@ def test_the_toolkits_refresh_owns_the_spec(tmp_path, so_cache):
     assert not any("NVIDIA_CTK_DRIVER_ROOT" in n for n in cdi.refresh(Root(host), _opts()).notes)
 
 
+def test_the_toolkit_pointed_at_a_driver_root_link_finds_what_driverd_finds(tmp_path, so_cache):
+    """/run/nvidia/driver a link to the tree (driverd's link to userspace.root/current, here to
+    /usr/local/nvidia): the toolkit's NVIDIA_CTK_DRIVER_ROOT=/run/nvidia/driver is the same driver root, and
+    the one named when the toolkit looks elsewhere (it survives the next switch, the tree's name does not)."""
+    host = device_host(tmp_path, so_cache)
+    (host / "run/nvidia").mkdir(parents=True, exist_ok=True)
+    os.symlink("../../usr/local/nvidia", host / "run/nvidia/driver")
+    toolkit(host)
+    assert any("NVIDIA_CTK_DRIVER_ROOT=/run/nvidia/driver in" in n for n in cdi.refresh(Root(host), _opts()).notes)
+    toolkit(host, env="NVIDIA_CTK_DRIVER_ROOT=/run/nvidia/driver\n")
+    assert not any("NVIDIA_CTK_DRIVER_ROOT" in n for n in cdi.refresh(Root(host), _opts()).notes)
+
+
 @pytest.mark.parametrize("why", ["masked", "no-nvidia-smi"])
 def test_a_refresh_that_cannot_run_leaves_the_spec_to_driverd(tmp_path, so_cache, why):
     host = device_host(tmp_path, so_cache)
