@@ -148,3 +148,22 @@ def deployed(control_plane, tmp_path_factory):
     from tests.controlplane import apply_deploy
     apply_deploy(control_plane, tmp_path_factory.mktemp("kubectl-home"))
     return control_plane
+
+
+@pytest.fixture(params=["openat2", "walk"])
+def resolver(request, monkeypatch):
+    """Both ways driverd.root resolves a path inside the root: openat2(RESOLVE_IN_ROOT) where the kernel
+    has it, and the O_NOFOLLOW walk (forced: openat2 must then never be called)."""
+    import driverd.root as root_mod
+    if request.param == "openat2":
+        monkeypatch.setattr(root_mod, "OPENAT2", None)
+        if not root_mod.openat2_available():
+            pytest.skip("this kernel has no openat2")
+    else:
+        monkeypatch.setattr(root_mod, "OPENAT2", False)
+
+        def never(*a, **k):
+            raise AssertionError("openat2 used although the walk was forced")
+        monkeypatch.setattr(root_mod, "_openat2", never)
+    return request.param
+

@@ -17,19 +17,9 @@ from driverd.fsutil import atomic_write_json
 from driverd.root import Root
 
 
-@pytest.fixture(params=["openat2", "walk"])
-def mode(request, monkeypatch):
-    if request.param == "openat2":
-        monkeypatch.setattr(root_mod, "OPENAT2", None)
-        if not root_mod.openat2_available():
-            pytest.skip("this kernel has no openat2")
-    else:
-        monkeypatch.setattr(root_mod, "OPENAT2", False)
-
-        def never(*a, **k):
-            raise AssertionError("openat2 used although the walk was forced")
-        monkeypatch.setattr(root_mod, "_openat2", never)
-    return request.param
+@pytest.fixture
+def mode(resolver):
+    return resolver
 
 
 def real_root_tree(tmp_path: Path) -> tuple[Path, Path]:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-import driverd.root as root_mod
 from driverd.errors import PackageError
 from driverd.packages import fetch as fetch_mod
 from driverd.packages import install as inst
@@ -28,17 +27,6 @@ from tests.packages.conftest import REL, snapshot
 
 pytestmark = pytest.mark.real
 WANT = Want("535.261.03", "open", REL, "x86_64")
-
-
-@pytest.fixture(params=["openat2", "walk"])
-def resolver(request, monkeypatch):
-    if request.param == "openat2":
-        monkeypatch.setattr(root_mod, "OPENAT2", None)
-        if not root_mod.openat2_available():
-            pytest.skip("this kernel has no openat2")
-    else:
-        monkeypatch.setattr(root_mod, "OPENAT2", False)
-    return request.param
 
 
 @pytest.fixture(scope="module")
