@@ -39,6 +39,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from driverd.driverfiles import KEY_LIBS
 from driverd.errors import PackageError
 from driverd.packages.manifest import MANIFEST_NAME, FileEntry, malformed, parse_json
 
@@ -52,8 +53,8 @@ SHARE_DIRS = ("share/glvnd/egl_vendor.d", "share/vulkan/icd.d", "share/vulkan/im
               "share/egl/egl_external_platform.d")
 LIB_DIRS = (LIB_DIR, VDPAU_DIR)
 FILE_MODES = (0o644, 0o755)
-# The libraries whose presence makes a user-space usable (driverd.driverfiles.KEY_LIBS): both required.
-KEY_SONAMES = ("libcuda.so.1", "libnvidia-ml.so.1")
+# The libraries whose presence makes a user-space usable: the finder's key libraries, both required.
+KEY_SONAMES = KEY_LIBS
 # The driver's binaries a user-space package carries when its source has them (NVIDIA's installer puts
 # them in /usr/bin; nvidia-ctk gives containers nvidia-smi, nvidia-debugdump, nvidia-persistenced and the
 # MPS pair). nvidia-imex, nv-fabricmanager and nscq ship separately from NVIDIA (docs/architecture.md).

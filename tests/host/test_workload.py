@@ -148,3 +148,23 @@ def test_a_host_managed_driver_that_is_not_workload_ready_is_shown_blocked_not_n
                         "blocked_by": [f"not workload-ready: user-space {OLD} does not match the loaded kernel driver "
                                        f"{NEW} (the driver is left to the host)"]})
     assert f"BLOCKED:\n  - not workload-ready: user-space {OLD}" in text and "nothing to do" not in text
+
+
+@pytest.mark.parametrize("libs", [None, OLD])
+def test_a_loaded_driver_with_a_missing_or_stale_userspace_is_not_converged(tmp_path, libs):
+    """The plan (what detect, plan, apply and the daemon share) is blocked for the loaded driver, with the
+    workload check on; off, the same host is converged."""
+    from driverd import config
+    from driverd.apply.hostplan import plan_for_host
+    from driverd.sim.hosttree import Module
+    write_host(tmp_path, HostSpec(pci=[h100(a, "nvidia") for a in GPUS], nvidia_version_text=nvidia_version_line(NEW, "open"),
+                                  modules=[Module("nvidia", refcount=0, version=NEW)]))
+    if libs:
+        cudastandin.install(tmp_path, libs, GPUS)
+    env = {"DRIVERD_MODULES_KERNEL": "sim", "DRIVERD_DRIVER_MANAGE": "never"}
+    blocked = plan_for_host(Root(tmp_path), config.load(Root(tmp_path), environ={**env, "DRIVERD_VALIDATION_WORKLOAD": "on"})).plan
+    want = (f"no NVIDIA user-space (libcuda.so.1, libnvidia-ml.so.1) found for the loaded driver {NEW}" if libs is None
+            else f"user-space {OLD} does not match the loaded kernel driver {NEW}")
+    assert blocked.verdict == "blocked" and blocked.blocked_by[0].startswith(f"not workload-ready: {want}"), blocked.blocked_by
+    off = plan_for_host(Root(tmp_path), config.load(Root(tmp_path), environ={**env, "DRIVERD_VALIDATION_WORKLOAD": "off"})).plan
+    assert off.verdict == "converged", off.blocked_by
