@@ -29,9 +29,14 @@ class Offer:
     current_sha: str | None    # driverd's user-space in use now (userspace.root/current), None: none
     current_version: str | None
     foreign: str | None        # a user-space driverd did not install, in front of driverd's (its library dir)
+    # driverd's current tree is intact but not active: its loader configuration, PATH links or driver-root
+    # link are missing or changed (after a reboot /run/nvidia/driver is gone: /run is a tmpfs)
+    inactive: bool = False
 
     @property
     def in_place(self) -> bool:
+        if self.inactive:
+            return False
         if self.sha256 is not None:
             return self.current_sha == self.sha256
         return self.current_version == self.version
@@ -96,10 +101,12 @@ def offer(root, cfg, version: str | None, arch: str | None) -> Offer | None:
         return None
     cur = ui.current(root, places)
     foreign = ui.foreign_userspace(root, places)
+    intact = cur is not None and cur.intact
     return Offer(version, arch, str(path) if path else None, _sha(path) if path else None,
                  f"userspace.package ({path})" if path else "packages.repositories",
-                 cur.sha if cur and cur.intact else None, cur.version if cur and cur.intact else None,
-                 foreign.lib_dir if foreign is not None else None)
+                 cur.sha if intact else None, cur.version if intact else None,
+                 foreign.lib_dir if foreign is not None else None,
+                 inactive=intact and cur.version == version and not ui.is_installed(root, cur.sha, places))
 
 
 @dataclass(frozen=True)

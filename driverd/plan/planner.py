@@ -124,6 +124,9 @@ def userspace_steps(offer, version: str, arch: str | None) -> tuple[list[Step], 
         return [], []
     now = f"driverd's user-space is {offer.current_version}" if offer.current_version else \
         "driverd has installed no user-space"
+    if offer.inactive:
+        now = f"driverd's {offer.current_version} user-space is installed but not active (its loader " \
+              "configuration, PATH links or driver-root link are missing or changed)"
     fetch = [] if offer.package else [Step("fetch-userspace", f"{now}; the {version} user-space comes from "
                                            f"{offer.source}", {"driver": version, "arch": arch})]
     params = {"driver": version}

@@ -225,3 +225,24 @@ def test_driverd_rollback_keeps_a_userspace_already_of_the_version_rolled_back_t
     doc = journal(node)
     assert doc["command"] == "rollback" and "restore-userspace" not in [s["action"] for s in doc["steps"]]
     assert (loaded(node), in_use(node)) == (OLD, old.sha256) and cuda_ok(node, OLD).ok
+
+
+def test_after_a_reboot_the_lost_driver_root_link_is_made_again_by_the_next_pass(node, packages):
+    """/run is a tmpfs: after a reboot /run/nvidia/driver (the toolkit's driver root) is gone while driverd's
+    tree, loader configuration and PATH links are still there. plan names it, and the next apply (the daemon's
+    pass runs the same request) makes the link again without switching anything."""
+    old = us_package(node, OLD)
+    configure(node, OLD, packages["old"].parent)
+    assert drv(node, "apply").returncode == 0
+    link = node / "run/nvidia/driver"
+    target = os.readlink(link)
+    link.unlink()
+    r = drv(node, "plan")
+    assert "install-userspace" in r.stdout and "installed but not active" in r.stdout, r.stdout + r.stderr
+    r = drv(node, "apply")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert os.readlink(link) == target and in_use(node) == old.sha256
+    acts = [s["action"] for s in journal(node)["steps"]]
+    assert "unload-modules" not in acts and "install-userspace" in acts, acts
+    r = drv(node, "plan")
+    assert "install-userspace" not in r.stdout, r.stdout
