@@ -27,7 +27,9 @@ def make_context(root, runner, config, kernel_choice: str | None = None, log=Non
     from driverd.kmod.daemons import select_services
     from driverd.kmod.kernel import select_kernel
     kernel = select_kernel(root, runner, kernel_choice or config["modules.kernel"])
-    services = select_services(kernel, config["daemons.mode"])
+    # the daemons come from driverd's user-space tree when it installed one (the driver's version)
+    services = select_services(kernel, config["daemons.mode"],
+                               bin_dirs=(f"{config['userspace.root'].rstrip('/')}/current/bin",))
     from driverd.log import log as default_log
     return StepContext(root, runner, kernel, config, services, log=log or default_log)
 

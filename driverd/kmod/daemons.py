@@ -5,6 +5,12 @@ cannot use NVLink until it has configured the fabric). Three ways to run them, o
 - child processes (driver container, root=/host): started from the host's binaries, pid files under
   <root>/run/driverd/, stopped with SIGTERM;
 - simulated (driverd.sim.services, through driverd.backends): processes in the tree's /proc.
+
+A daemon must be of the driver's version (persistenced talks to the kernel module through
+libnvidia-cfg; fabric manager refuses another driver's): when driverd installed the user-space with
+the modules, its tree's binary is the one started (`bin_dirs`, searched first); the host's otherwise.
+Under systemd that binary runs as a transient unit `driverd-<unit>` (the distribution's unit, where
+one exists, names the host's binary).
 """
 from __future__ import annotations
 
@@ -36,10 +42,24 @@ class DaemonStatus:
 class Services(ABC):
     mode = "abstract"
 
-    def __init__(self, kernel) -> None:
+    def __init__(self, kernel, bin_dirs: tuple[str, ...] = ()) -> None:
         self.kernel = kernel
         self.root = kernel.root
         self.runner = kernel.runner
+        self.bin_dirs = bin_dirs
+
+    def command(self, name: str) -> list[str]:
+        """The daemon's argv: its binary from the first of `bin_dirs` that has it, else the host's."""
+        argv = list(COMMANDS[name])
+        exe = os.path.basename(argv[0])
+        for d in self.bin_dirs:
+            p = f"{d.rstrip('/')}/{exe}"
+            if self.root.is_executable(p):
+                return [p, *argv[1:]]
+        return argv
+
+    def from_userspace(self, name: str) -> bool:
+        return self.command(name)[0] != COMMANDS[name][0]
 
     def pids(self, name: str) -> list[int]:
         comms = DAEMONS[name]
@@ -102,15 +122,29 @@ class SystemdServices(Services):
         return self.runner.run([which("systemctl") or "systemctl", *args], timeout=180, check=check)
 
     def start(self, name: str) -> None:
-        self._ctl("start", UNITS[name])
+        if not self.from_userspace(name):
+            self._ctl("start", UNITS[name])
+            return
+        if self._active(transient_unit(name)):
+            return
+        from driverd.runner import which
+        # both daemons fork once they are up (NVIDIA's own units say Type=forking): systemd waits for that
+        self.runner.run([which("systemd-run") or "systemd-run", f"--unit={transient_unit(name)}", "--collect",
+                         "--property=Type=forking", f"--description=NVIDIA {name} (driverd's driver user-space)",
+                         "--", *self.command(name)], timeout=180)
 
     def stop(self, name: str) -> None:
-        self._ctl("stop", UNITS[name])
+        if self._active(transient_unit(name)):
+            self._ctl("stop", transient_unit(name))
+        if self._active(UNITS[name]) or not self.from_userspace(name):
+            self._ctl("stop", UNITS[name])
+
+    def _active(self, unit: str) -> bool:
+        res = self.runner.run(["systemctl", "is-active", "--quiet", unit], timeout=30, check=False, mutates=False)
+        return res.returncode == 0
 
     def running(self, name: str) -> bool:
-        res = self.runner.run(["systemctl", "is-active", "--quiet", UNITS[name]], timeout=30, check=False,
-                              mutates=False)
-        return res.returncode == 0 or super().running(name)
+        return self._active(UNITS[name]) or self._active(transient_unit(name)) or super().running(name)
 
 
 class ChildServices(Services):
@@ -124,7 +158,7 @@ class ChildServices(Services):
     def start(self, name: str) -> None:
         if self.running(name):
             return
-        argv = list(COMMANDS[name])
+        argv = self.command(name)
         exe = self.root.real(argv[0])
         if not exe.is_file():
             raise ModuleError(f"{name} is not installed on the host", cause=f"{argv[0]} is missing under {self.root.base}",
@@ -144,9 +178,14 @@ class ChildServices(Services):
         self.root.unlink(self._pidfile(name))
 
 
-def select_services(kernel, mode: str = "auto") -> Services:
+def transient_unit(name: str) -> str:
+    return "driverd-" + UNITS[name]
+
+
+def select_services(kernel, mode: str = "auto", bin_dirs: tuple[str, ...] = ()) -> Services:
     """systemd on a host that runs it, child processes in the driver container; a kernel backend
-    with its own services (the simulated one) brings them through driverd.backends."""
+    with its own services (the simulated one) brings them through driverd.backends. `bin_dirs`: where
+    the driver's own binaries are looked for first (driverd's user-space tree)."""
     from driverd import backends
     if mode == "auto":
         if kernel.name in backends.SERVICES:
@@ -160,7 +199,7 @@ def select_services(kernel, mode: str = "auto") -> Services:
         from driverd.errors import ConfigError
         raise ConfigError(f"daemons.mode {mode} is not available in this process",
                           fix="use daemons.mode auto, systemd or child")
-    return factory(kernel)
+    return factory(kernel, bin_dirs)
 
 
 def wanted_daemons(cfg, nvswitches: int) -> list[str]:

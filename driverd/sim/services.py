@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 from driverd.errors import ModuleError
 from driverd.fsutil import atomic_write, atomic_write_json
-from driverd.kmod.daemons import COMMANDS, DAEMONS, FABRICMANAGER, Services
+from driverd.kmod.daemons import DAEMONS, FABRICMANAGER, Services
 from driverd.kmod.mig import GpuMig
 from driverd.sim.kernel import FABRIC, MIG_DIR
 
@@ -29,7 +29,7 @@ class SimServices(Services):
         if name == FABRICMANAGER:
             devs.append("/dev/nvidia-nvswitchctl")
         comm = DAEMONS[name][0]
-        self.kernel.spawn(comm, devs, cmdline=" ".join(COMMANDS[name]))
+        self.kernel.spawn(comm, devs, cmdline=" ".join(self.command(name)))
         if name == FABRICMANAGER:
             atomic_write(self.root.path(FABRIC), "completed\n")
 

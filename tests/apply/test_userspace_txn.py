@@ -246,3 +246,23 @@ def test_after_a_reboot_the_lost_driver_root_link_is_made_again_by_the_next_pass
     assert "unload-modules" not in acts and "install-userspace" in acts, acts
     r = drv(node, "plan")
     assert "install-userspace" not in r.stdout, r.stdout
+
+
+def _persistenced_cmdlines(root) -> list[str]:
+    out = []
+    for p in (root / "proc").iterdir():
+        if p.name.isdigit() and (p / "comm").read_text().strip() == "nvidia-persiste":
+            out.append((p / "cmdline").read_text().split("\0")[0])
+    return out
+
+
+def test_persistenced_is_started_from_the_user_space_of_the_drivers_version(node, packages):
+    us_package(node, OLD), us_package(node, NEW)
+    configure(node, OLD, packages["old"].parent)
+    assert drv(node, "apply").returncode == 0
+    assert _persistenced_cmdlines(node) == ["/var/lib/driverd/driver/current/bin/nvidia-persistenced"]
+    configure(node, NEW, packages["new"].parent)
+    assert drv(node, "apply").returncode == 0
+    # the daemon was stopped with the old driver and started after the switch: one, from the 550 tree
+    assert _persistenced_cmdlines(node) == ["/var/lib/driverd/driver/current/bin/nvidia-persistenced"]
+    assert os.readlink(node / "var/lib/driverd/driver/current") == NEW
