@@ -74,6 +74,12 @@ class NodeAgent:
             self._labels_checked = False
             self.wake.set()
 
+    def relabel(self) -> None:
+        """The daemon's own reconcile changed what is loaded (a joining node's first driver, a driver
+        loaded back after a reboot): the labels and GPUDriverReady follow at once."""
+        self._labels_checked = False
+        self.wake.set()
+
     # -- loop ---------------------------------------------------------------------------------------
     def _changed(self, kind: str, obj: dict) -> None:
         self.wake.set()

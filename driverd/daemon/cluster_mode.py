@@ -1,14 +1,17 @@
 """The daemon inside a cluster: it runs this node's rollout agent and is a candidate coordinator
-(driverd.cluster), and it lets rollouts — not the config file — decide which driver the node runs
-once the node has taken part in one:
+(driverd.cluster), and once cluster mode is on it never changes the node's driver outside admission:
 
 - while the node is in a rollout (admitted … done) the wanted driver is the rollout's target;
 - after a failed upgrade it is the driver that ran when it failed (`driverd.io/pinned-driver`: what
   the rollback restored, or the new driver when it loaded but the node did not become Ready);
-- otherwise (never in a rollout, or given back by an abort) it is `driver.version` from the config.
+- otherwise it is the driver the host has (loaded, or last converged to before a reboot): a changed
+  desired driver — its pool's, or `driver.version` of the configuration — waits for a rollout;
+- only a joining node (no driver loaded, none ever converged to, none installed) installs its
+  desired driver directly (driverd/cluster/desired.py says why that is safe).
 
-So the daemon's periodic reconcile never undoes a rollout, nor races one into a downgrade. The
-Kubernetes client is imported only here, and only when cluster mode is on.
+So the daemon's periodic reconcile never undoes a rollout, nor races one into a downgrade, nor
+re-converges the fleet when the ConfigMap is edited. The Kubernetes client is imported only here,
+and only when cluster mode is on.
 """
 from __future__ import annotations
 
@@ -46,6 +49,8 @@ class ClusterMode:
         self.kube = Kube(target)
         self.agent = NodeAgent(self.kube, self.node, make_context=make_context, cfg=cfg, log=log)
         self.coordinator = Coordinator(self.kube, self.node, ns, rollouts=self.agent.rollouts, log=log)
+        self.log = log
+        self._said_behind = ""
         self.threads = [threading.Thread(target=self.agent.run, name="cluster-agent", daemon=True),
                         threading.Thread(target=self.coordinator.run, name="cluster-coordinator", daemon=True)]
         log(f"driverd: cluster mode: node {self.node}, API {self.kube.host}, Lease {ns}/driverd-rollout")
@@ -59,26 +64,52 @@ class ClusterMode:
         """A re-read configuration reaches the agent's next transaction."""
         self.agent.cfg = cfg
 
-    def pin(self, cfg):
-        """The configuration the daemon's own reconciles use: driver.version as rollouts left it
-        (the state table's `pin`: the rollout's target while it runs and after it is done; after a
-        failure what ran then — the rollback's driver, or a new one that loaded but left the node
-        NotReady — which only an admitted retry or a new rollout changes)."""
+    def keep(self, cfg):
+        """(the configuration this pass reconciles to, why it holds instead): the driver as rollouts
+        left it, the one the host has, or — joining — its desired one (cluster/desired.py)."""
         from driverd.apply.preflight import driver_config
-        from driverd.cluster import model as m
-        from driverd.cluster import states
+        from driverd.cluster import desired as dz
         node = self.agent.nodes.get(self.node)
-        if node is None:
-            return cfg
-        ann = node["metadata"].get("annotations") or {}
-        state = states.node_state(ann.get(m.A_STATE))
-        if state is None or state.pin is None:
-            return cfg
-        version, flavor = m.split_driver(ann.get(m.A_TARGET) if state.pin == states.PIN_TARGET
-                                         else ann.get(m.A_PINNED) or ann.get(m.A_PREVIOUS))
-        if not version:
-            return cfg
-        return driver_config(cfg, version, flavor, source=f"node {self.node}'s rollout record ({state.name})")
+        ann = ((node or {}).get("metadata") or {}).get("annotations") or {}
+        k = dz.pinned(ann)
+        if k is None:
+            want = self.desired(cfg, node) if node is not None else dz.Desired(
+                None, "", "the cluster", why=f"node {self.node} is not known to the API server yet (or not read yet)")
+            k = dz.keep(ann, self.have(cfg), want)
+        if k.hold:
+            return cfg, k.hold
+        if k.behind and k.behind != self._said_behind:
+            self._said_behind = k.behind
+            self.log(f"driverd: node {self.node} keeps its driver {k.version}: {k.source}")
+        if not k.version:
+            return cfg, ""
+        return driver_config(cfg, k.version, k.flavor, source=f"node {self.node}: {k.source}"), ""
+
+    def have(self, cfg) -> dict | None:
+        """The driver the host has: loaded, last converged to, or installed (desired.present)."""
+        from driverd.apply import lastdriver
+        from driverd.apply import steps as st
+        from driverd.cluster import desired as dz
+        sctx = self.agent.make_context(cfg)
+        loaded = st.loaded(sctx)
+        if loaded:
+            return dz.present(loaded, None, None)
+        return dz.present(None, lastdriver.read(sctx.root, cfg["state.dir"]), st.installed(sctx))
+
+    def desired(self, cfg, node: dict):
+        """The driver the cluster declares for this node: `driver.version` of its configuration."""
+        from driverd.cluster import desired as dz
+        version = cfg["driver.version"]
+        return dz.Desired(version or None, cfg["driver.flavor"] or "auto", "configuration",
+                          why="" if version else "the configuration names no driver.version")
+
+    def converged(self, cfg, loaded: dict) -> None:
+        """A pass converged with `loaded`: the host now has a driver driverd manages (lastdriver)."""
+        from driverd.apply import lastdriver
+        try:
+            lastdriver.write(self.agent.make_context(cfg).root, cfg["state.dir"], loaded)
+        except OSError as e:         # the record only decides a later joining install; say it, go on
+            self.log(f"driverd: cannot record the converged driver: {e}")
 
     def busy(self) -> bool:
         """The node is mid-upgrade: the agent's transaction owns the host; the daemon waits."""
@@ -105,11 +136,18 @@ class PinnedReconciler:
 
         from driverd.apply.reconcile import Result
         self.cluster.use(cfg)
+        now = time.time()
         if self.cluster.busy():
-            now = time.time()
             return Result("blocked", "the node is being upgraded by a DriverRollout (see `kubectl driverd nodes`)",
                           failure="rollout", started=now, finished=now)
-        res = self.inner.reconcile(self.cluster.pin(cfg))
+        kept, hold = self.cluster.keep(cfg)
+        if hold:
+            return Result("blocked", hold, failure="cluster", started=now, finished=now)
+        res = self.inner.reconcile(kept)
+        if res.converged and res.loaded:
+            self.cluster.converged(cfg, res.loaded)
+            if res.changed:
+                self.cluster.agent.relabel()
         if res.workload is not None:            # GPUDriverReady follows it without waiting for a Node event
             self.cluster.agent.set_workload(bool(res.workload.get("ok")), res.reason if not res.converged else "")
         return res

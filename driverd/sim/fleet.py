@@ -126,8 +126,9 @@ class Fleet:
     def node_name(i: int) -> str:
         return f"gpu-{i:04d}"
 
-    def _template(self, root: Path) -> None:
-        """One host on driver OLD, converged through the real transaction path; every node is a copy."""
+    def _template(self, root: Path, converge: bool = True) -> None:
+        """One host on driver OLD, converged through the real transaction path; every node is a copy.
+        Without `converge`: a host driverd has never run on (no driver, no journal) — a joining node."""
         from driverd.apply import lifecycle as lc
         from driverd.config import load
         from driverd.root import Root
@@ -140,12 +141,46 @@ class Fleet:
         write_host(root, spec)
         (root / "etc/driverd").mkdir(parents=True, exist_ok=True)
         (root / "etc/driverd/config.toml").write_text(CONFIG.format(version=OLD, repo=self.repo))
+        if not converge:
+            return
         r = Root(str(root))
         cfg = load(r, None, environ={})
         sctx = lc.make_context(r, Runner(), cfg, "sim", log=_quiet)
         out = lc.transact(sctx, lc.apply_request(cfg))
         if out["state"] not in ("done", "nothing-to-do"):
             raise RuntimeError(f"the template host did not converge: {out}")
+
+    def join(self, name: str, labels: dict | None = None, *, start: bool = True) -> SimNode:
+        """A node that joins the cluster (autoscaling, a replaced machine): a new host driverd never ran
+        on — no driver loaded, none installed — registered as a Ready Node with `labels`, without GPU
+        pods (nothing can run on its GPUs yet); its agent and coordinator candidate start unless
+        `start` is false."""
+        root = self.work / "nodes" / name
+        if not root.exists():
+            self._template(root, converge=False)
+        self.nodes[name] = sn = SimNode(name, root)
+        self._node_object(name, labels or {})
+        if start:
+            self.start_node(name)
+        return sn
+
+    def _node_object(self, name: str, labels: dict) -> None:
+        from driverd.cluster.kube import node_path
+        k = self.admin
+        _ensure(k, node_path(), {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "nvidia.com/gpu.present": "true",
+                                                  "feature.node.kubernetes.io/pci-10de.present": "true", **labels}},
+            "spec": {}})
+        # what the kubelet reports (a create drops status: it is written through the subresource)
+        k.patch(node_path(name) + "/status", {"status": {
+            "conditions": [_ready_condition(True)],
+            "nodeInfo": {"kernelVersion": RELEASE, "kubeletVersion": "v1.31.0", "machineID": "", "systemUUID": "",
+                         "bootID": "", "osImage": "", "containerRuntimeVersion": "", "kubeProxyVersion": "",
+                         "operatingSystem": "linux", "architecture": "amd64"},
+            "capacity": {"nvidia.com/gpu": "8", "cpu": "64", "memory": "512Gi", "pods": "110"},
+            "allocatable": {"nvidia.com/gpu": "8", "cpu": "64", "memory": "512Gi", "pods": "110"}}},
+            kind="strategic")
 
     def _api_objects(self) -> dict[tuple[str, str], str]:
         """Namespaces, the CRD, Nodes (their status as a kubelet reports it), the GPU pods with their
@@ -163,20 +198,7 @@ class Fleet:
                     {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": ns}})
         uids: dict[tuple[str, str], str] = {}
         for name in self.nodes:
-            _ensure(k, node_path(), {
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "nvidia.com/gpu.present": "true",
-                                                      "feature.node.kubernetes.io/pci-10de.present": "true"}},
-                "spec": {}})
-            # what the kubelet reports (a create drops status: it is written through the subresource)
-            k.patch(node_path(name) + "/status", {"status": {
-                "conditions": [_ready_condition(True)],
-                "nodeInfo": {"kernelVersion": RELEASE, "kubeletVersion": "v1.31.0", "machineID": "", "systemUUID": "",
-                             "bootID": "", "osImage": "", "containerRuntimeVersion": "", "kubeProxyVersion": "",
-                             "operatingSystem": "linux", "architecture": "amd64"},
-                "capacity": {"nvidia.com/gpu": "8", "cpu": "64", "memory": "512Gi", "pods": "110"},
-                "allocatable": {"nvidia.com/gpu": "8", "cpu": "64", "memory": "512Gi", "pods": "110"}}},
-                kind="strategic")
+            self._node_object(name, {})
             for j in range(self.gpu_pods):
                 pod = f"train-{name}-{j}"
                 rs = _ensure(k, f"/apis/apps/v1/namespaces/{GPU_NS}/replicasets", {

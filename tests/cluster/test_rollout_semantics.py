@@ -305,7 +305,7 @@ def test_a_node_that_fails_after_loading_the_new_driver_stays_on_it(cluster):
     # the daemon's own reconcile keeps what runs: no downgrade outside admission
     stub = SimpleNamespace(node="gpu-0000", agent=SimpleNamespace(nodes=SimpleNamespace(get=lambda name: node)))
     cfg = f.nodes["gpu-0000"].cfg
-    assert ClusterMode.pin(stub, cfg)["driver.version"] == NEW
+    assert ClusterMode.keep(stub, cfg)[0]["driver.version"] == NEW
 
 
 # -- 13: undo ----------------------------------------------------------------------------------------------------

@@ -159,6 +159,7 @@ def test_free_states_answer_preflights(state):
 
 
 def test_cluster_mode_pins_from_the_table(tmp_path):
+    from driverd.cluster import desired as dz
     from driverd.config import load
     from driverd.daemon.cluster_mode import ClusterMode
     from driverd.root import Root
@@ -167,16 +168,20 @@ def test_cluster_mode_pins_from_the_table(tmp_path):
         def __init__(self, node):
             self.nodes = {"n1": node}
     base = load(Root(str(tmp_path)), None, environ={})
+    host = {"version": "535.9", "flavor": "open"}        # what the host has (loaded, or last converged to)
     for state, ann, want in [
             (states.EVICTING, {m.A_TARGET: "550.1/open"}, ("550.1", "open")),
             (states.DONE, {m.A_TARGET: "550.1/auto"}, ("550.1", base["driver.flavor"])),
             (states.FAILED, {m.A_PINNED: "535.2/proprietary", m.A_PREVIOUS: "1.0/open"}, ("535.2", "proprietary")),
             (states.FAILED, {m.A_PREVIOUS: "535.3/open"}, ("535.3", "open")),
-            (states.IDLE, {m.A_TARGET: "9.9/open"}, (base["driver.version"], base["driver.flavor"])),
-            ("made-up", {m.A_TARGET: "9.9/open"}, (base["driver.version"], base["driver.flavor"]))]:
+            # free and pinned by no record: the driver the host has, never the configuration's
+            (states.IDLE, {m.A_TARGET: "9.9/open"}, ("535.9", "open")),
+            ("made-up", {m.A_TARGET: "9.9/open"}, ("535.9", "open"))]:
         cm = ClusterMode.__new__(ClusterMode)
-        cm.node = "n1"
+        cm.node, cm.log, cm._said_behind = "n1", lambda msg: None, ""
         cm.agent = _Agent({"metadata": {"name": "n1", "annotations": {m.A_STATE: state, **ann}}})
-        got = cm.pin(base)
-        assert (got["driver.version"], got["driver.flavor"]) == want, state
+        cm.have = lambda cfg: dict(host)
+        cm.desired = lambda cfg, node: dz.Desired("570.1", "auto", "configuration")
+        got, hold = cm.keep(base)
+        assert not hold and (got["driver.version"], got["driver.flavor"]) == want, state
         assert cm.busy() == (state in states.ACTIVE)

@@ -1,0 +1,108 @@
+"""`driverd daemon` in cluster mode never changes a working driver outside admission (issue 33): an
+edit of the configuration's driver.version (the ConfigMap) leaves a node that has a driver on it, a
+rebooted node loads back what it ran, and only a joining node — no driver, none ever converged to —
+installs its desired driver directly. Real daemons against the real control plane, node-bound tokens,
+deploy/'s admission policies."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+from driverd.cluster import model as m
+from driverd.cluster.kube import Kube, Target, node_path
+from driverd.sim.fleet import NEW, OLD, Fleet
+from tests.controlplane import reset
+
+CLUSTER = '[cluster]\nkubeconfig = "/etc/driverd/kubeconfig"\nnode_name = "{node}"\n' \
+          '[daemon]\ninterval_s = 1\nretry_min_s = 1\nretry_max_s = 1\nconfig_check_s = 1\n'
+
+
+def cluster_config(f: Fleet, node: str) -> None:
+    root = f.nodes[node].root
+    shutil.copy(f.node_kubeconfig(node), root / "etc/driverd/kubeconfig")
+    p = root / "etc/driverd/config.toml"
+    p.write_text(p.read_text() + CLUSTER.format(node=node))
+
+
+def set_version(f: Fleet, node: str, version: str) -> None:
+    """The ConfigMap edited: the node's config file replaced (a new inode, as the kubelet swaps it)."""
+    p = f.nodes[node].root / "etc/driverd/config.toml"
+    text = p.read_text()
+    old = text.split('version = "', 1)[1].split('"', 1)[0]
+    tmp = p.with_suffix(".new")
+    tmp.write_text(text.replace(f'version = "{old}"', f'version = "{version}"', 1))
+    os.replace(tmp, p)
+
+
+def loaded(f: Fleet, node: str) -> str:
+    p = f.nodes[node].root / "proc/driver/nvidia/version"
+    return p.read_text() if p.exists() else ""
+
+
+def wait(pred, timeout: float, what) -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < end, what() if callable(what) else what
+        time.sleep(0.2)
+
+
+def test_a_configmap_edit_does_not_reconverge_a_node_outside_a_rollout(tmp_path, daemons, deployed):
+    reset(deployed)
+    f = Fleet(tmp_path / "fleet", 1, server=deployed).build()
+    try:
+        cluster_config(f, "gpu-0000")
+        d = daemons(f.nodes["gpu-0000"].root)
+        k = Kube(Target(kubeconfig=f.kubeconfig))
+        wait(lambda: (k.get(node_path("gpu-0000"))["metadata"].get("labels") or {}).get(m.L_VERSION) == OLD, 30,
+             lambda: d.log)
+        mark = len(d.lines)
+        set_version(f, "gpu-0000", NEW)
+        d.wait_log(rf"keeps its driver {OLD}: the driver this node has \(configuration wants {NEW}", 30, start=mark)
+        mark = len(d.lines)
+        d.wait_log(r"reconcile|converged", 20, start=mark)
+        time.sleep(3)                                  # several passes later
+        assert OLD in loaded(f, "gpu-0000") and NEW not in loaded(f, "gpu-0000"), d.log
+        v = m.NodeView.from_node(k.get(node_path("gpu-0000")))
+        assert v.driver == OLD and v.state == m.IDLE and not v.unschedulable
+        rc, _ = d.stop()
+        assert rc == 0
+    finally:
+        f.stop()
+
+
+def test_only_a_joining_node_installs_its_desired_driver_and_a_reboot_keeps_it(tmp_path, daemons, deployed):
+    reset(deployed)
+    f = Fleet(tmp_path / "fleet", 1, server=deployed).build()
+    try:
+        f.join("gpu-0100", start=False)                   # a new machine: no driver, driverd never ran here
+        assert loaded(f, "gpu-0100") == ""
+        cluster_config(f, "gpu-0100")
+        set_version(f, "gpu-0100", NEW)
+        d = daemons(f.nodes["gpu-0100"].root)
+        k = Kube(Target(kubeconfig=f.kubeconfig))
+        wait(lambda: m.NodeView.from_node(k.get(node_path("gpu-0100"))).driver == NEW, 60, lambda: d.log)
+        assert NEW in loaded(f, "gpu-0100")
+        assert (f.nodes["gpu-0100"].root / "var/lib/driverd/node-driver.json").exists()
+        labels = k.get(node_path("gpu-0100"))["metadata"]["labels"]
+        assert labels.get(m.L_READY) == "true"
+        rc, _ = d.stop()
+        assert rc == 0
+        # the machine reboots (nothing loaded) while its desired driver changed: it loads back what it ran
+        from driverd.apply import lifecycle as lc
+        from driverd.config import load
+        from driverd.root import Root
+        from driverd.runner import Runner
+        r = Root(str(f.nodes["gpu-0100"].root))
+        lc.make_context(r, Runner(), load(r, None, environ={}), "sim").kernel.reboot()
+        assert loaded(f, "gpu-0100") == ""
+        set_version(f, "gpu-0100", OLD)
+        d = daemons(f.nodes["gpu-0100"].root)
+        wait(lambda: NEW in loaded(f, "gpu-0100"), 60, lambda: d.log)
+        d.wait_log(rf"keeps its driver {NEW}", 30)
+        time.sleep(2)
+        assert NEW in loaded(f, "gpu-0100") and OLD not in loaded(f, "gpu-0100"), d.log
+        rc, _ = d.stop()
+        assert rc == 0
+    finally:
+        f.stop()
