@@ -373,17 +373,19 @@ def apply_deploy(cp: ControlPlane, home: Path, overlay: str = "container-mode") 
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "driverd-operator"},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "gpu-admins"}]})
     # the CRD serves once Established; the policy holds once its binding is loaded (checked by the tests)
-    end = time.monotonic() + 30
-    while time.monotonic() < end:
-        crd = cp.api("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/driverrollouts.driverd.io")
-        if any(c["type"] == "Established" and c["status"] == "True" for c in (crd.get("status") or {}).get("conditions", [])):
-            break
-        time.sleep(0.2)
+    for plural in ("driverrollouts", "driverpools"):
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            crd = cp.api("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.driverd.io")
+            if any(c["type"] == "Established" and c["status"] == "True"
+                   for c in (crd.get("status") or {}).get("conditions", [])):
+                break
+            time.sleep(0.2)
     return r
 
 
 def reset(cp: ControlPlane) -> None:
-    """Between tests on the session's control plane: no rollouts, nodes, GPU pods and their
+    """Between tests on the session's control plane: no pools, rollouts, nodes, GPU pods and their
     ReplicaSets, PDBs, device-plugin DaemonSet, Lease or Events of an earlier test (the deploy/
     objects stay). Finalizers nobody will remove any more (a rollout's, once its daemons are gone; a
     test's pod held Terminating) are dropped first."""
@@ -398,7 +400,7 @@ def reset(cp: ControlPlane) -> None:
                 except urllib.error.HTTPError as e:
                     if e.code != 404:
                         raise
-    for path in ("/apis/driverd.io/v1alpha1/driverrollouts", "/api/v1/nodes",
+    for path in ("/apis/driverd.io/v1alpha1/driverpools", "/apis/driverd.io/v1alpha1/driverrollouts", "/api/v1/nodes",
                  "/apis/apps/v1/namespaces/gpu-jobs/replicasets", "/api/v1/namespaces/gpu-jobs/pods",
                  "/apis/policy/v1/namespaces/gpu-jobs/poddisruptionbudgets",
                  "/apis/apps/v1/namespaces/gpu-operator/daemonsets", "/api/v1/namespaces/gpu-operator/pods",
@@ -412,7 +414,8 @@ def reset(cp: ControlPlane) -> None:
     end = time.monotonic() + 30
     while time.monotonic() < end:
         if not _items(cp, "/api/v1/nodes") and not _items(cp, "/apis/driverd.io/v1alpha1/driverrollouts") \
-                and not _items(cp, "/api/v1/namespaces/gpu-jobs/pods"):
+                and not _items(cp, "/api/v1/namespaces/gpu-jobs/pods") \
+                and not _items(cp, "/apis/driverd.io/v1alpha1/driverpools"):
             return
         time.sleep(0.2)
     raise AssertionError("the control plane did not empty between tests")

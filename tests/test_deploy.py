@@ -41,10 +41,15 @@ NODE_NEEDS = [
     ("apps", "daemonsets", "get", "cluster"),
 ] + [
     ("driverd.io", "driverrollouts/status", "patch", "cluster"),
+    ("driverd.io", "driverrollouts", "create", "cluster"),
+    ("driverd.io", "driverpools", "list", "cluster"),
+    ("driverd.io", "driverpools", "watch", "cluster"),
+    ("driverd.io", "driverpools/status", "patch", "cluster"),
 ] + [
     ("coordination.k8s.io", "leases", v, "ns") for v in ("get", "create", "update", "list", "watch")
 ]
 OPERATOR_NEEDS = [("driverd.io", "driverrollouts", v) for v in ("create", "get", "list", "watch", "patch", "delete")] \
+    + [("driverd.io", "driverpools", v) for v in ("create", "get", "list", "watch", "patch", "update", "delete")] \
     + [("", "nodes", v) for v in ("get", "list", "watch", "patch")] + [("", "events", "list")]
 
 
@@ -250,6 +255,9 @@ def test_code_calls_are_listed():
              r"rollout_path\([^)]*status=True": ("driverd.io", "driverrollouts/status", "patch"),
              r"kube\.patch\(node_path": ("", "nodes", "patch"),
              r"kube\.patch\(rollout_path\(md": ("driverd.io", "driverrollouts", "patch"),
+             r"kube\.create\(rollout_path\(\)": ("driverd.io", "driverrollouts", "create"),
+             r"pool_path\(\)": ("driverd.io", "driverpools", "watch"),
+             r"pool_path\([^)]*status=True": ("driverd.io", "driverpools/status", "patch"),
              r"/daemonsets/": ("apps", "daemonsets", "get"),
              r"node_path\([^)]*\) \+ \"/status\"": ("", "nodes/status", "patch")}
     for pattern, need in signs.items():
@@ -272,8 +280,20 @@ def test_no_reference_to_the_old_manifest():
 
 
 def test_the_packaged_crd_is_the_deployed_one():
-    """driverd/data/crd-driverrollout.yaml is package data (an installed wheel has no deploy/): the same
-    bytes as deploy/base's, which kustomize can only read from inside its own directory."""
-    packaged = REPO / "driverd/data/crd-driverrollout.yaml"
-    assert packaged.read_bytes() == (DEPLOY / "base/crd-driverrollout.yaml").read_bytes(), \
-        "copy deploy/base/crd-driverrollout.yaml to driverd/data/ (or the other way round)"
+    """driverd/data/crd-*.yaml are package data (an installed wheel has no deploy/): the same bytes as
+    deploy/base's, which kustomize can only read from inside its own directory."""
+    for name in ("crd-driverrollout.yaml", "crd-driverpool.yaml"):
+        packaged = REPO / "driverd/data" / name
+        assert packaged.read_bytes() == (DEPLOY / "base" / name).read_bytes(), \
+            f"copy deploy/base/{name} to driverd/data/ (or the other way round)"
+
+
+def test_a_pools_spec_is_a_rollouts_spec():
+    """A DriverPool's spec is read with the rollout model (cluster/pools.py): one schema for both, field
+    for field, defaults and validations included; a pool must name its nodeSelector."""
+    def spec(name):
+        doc = yaml.safe_load((DEPLOY / "base" / name).read_text())
+        return doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    pool, rollout = spec("crd-driverpool.yaml"), spec("crd-driverrollout.yaml")
+    assert pool["properties"] == rollout["properties"]
+    assert pool["required"] == ["driver", "nodeSelector"] and rollout["required"] == ["driver"]

@@ -157,20 +157,24 @@ def _configure_logs(args, ctx=None) -> None:
 
 
 def kubectl_main(argv: list[str] | None = None) -> int:
-    """`kubectl driverd ...`: the cluster commands only (rollout, node, nodes). A kubectl plugin acts
-    on the cluster the kubeconfig names, never on the workstation it runs on."""
+    """`kubectl driverd ...`: the cluster commands only (rollout, pools, pool, node, nodes). A kubectl
+    plugin acts on the cluster the kubeconfig names, never on the workstation it runs on."""
     args = list(sys.argv[1:] if argv is None else argv)
+    commands = ("rollout", "pools", "pool", "node", "nodes")
     if args in ([], ["-h"], ["--help"]):
-        print("usage: kubectl driverd {rollout,node,nodes} ...\n\n"
+        print("usage: kubectl driverd {rollout,pools,pool,node,nodes} ...\n\n"
               "Rolling NVIDIA driver upgrades across the cluster (the same commands as `driverd cluster`):\n"
+              "  rollout start --pool P --driver V        set a DriverPool's driver (the pool's next rollout)\n"
               "  rollout start|status|pause|resume|abort   create and follow a DriverRollout\n"
+              "  rollout undo NAME                        a pool's rollout: the pool's previous driver\n"
+              "  pools / pool status NAME                 per pool: desired driver, nodes on it, behind and why\n"
               "  node retry|skip|unskip NODE              per-node control\n"
               "  nodes                                    driver, flavour, state, reason, since per node\n"
               "cluster access: --kubeconfig, --context (as kubectl); output: -o table|json|yaml\n"
               "see `kubectl driverd rollout start --help`")
         return 0 if args else EXIT_USAGE
-    if args[0] not in ("rollout", "node", "nodes"):
+    if args[0] not in commands:
         print(f"kubectl driverd: unknown command {args[0]!r}: kubectl driverd acts on the cluster "
-              f"(rollout, node, nodes); host commands are `driverd {args[0]}` on the node", file=sys.stderr)
+              f"({', '.join(commands)}); host commands are `driverd {args[0]}` on the node", file=sys.stderr)
         return EXIT_USAGE
     return main(["cluster", *args])

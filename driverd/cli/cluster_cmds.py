@@ -55,26 +55,35 @@ def register_kubectl(sub, common) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     r = sub.add_parser("rollout", formatter_class=fmt, help="start, watch, pause, resume or abort a rollout")
     rsub = r.add_subparsers(dest="rollout_command", metavar="COMMAND")
-    p = rsub.add_parser("start", parents=[common], formatter_class=fmt, help="create a DriverRollout",
-                        description="Create a DriverRollout: the selected nodes move to driver V, at most "
-                        "--max-parallel at a time and never more than --max-unavailable unavailable. Every node's "
-                        "daemon first answers a preflight (package for its kernel, signer, GPU support, reboot); "
-                        "nothing starts while one would fail (or those are left out with --preflight Exclude).\n\n"
-                        "example:\n  kubectl driverd rollout start --driver 570.195.03 --selector pool=a100 "
-                        "--max-parallel 5 --max-unavailable 10% --canary 1")
+    p = rsub.add_parser("start", parents=[common], formatter_class=fmt, help="set a pool's driver, or create a "
+                        "DriverRollout for nodes in no pool",
+                        description="With --pool: the DriverPool's desired driver becomes V (the policy flags given "
+                        "become its policy; with --selector a missing pool is created): the coordinator rolls the "
+                        "pool's nodes to it in the pool's next DriverRollout, and nodes that join the pool later "
+                        "install it. Without --pool: a DriverRollout for nodes in no pool (a selector that reaches a "
+                        "pool's nodes is refused): the selected nodes move to driver V, at most --max-parallel at a "
+                        "time and never more than --max-unavailable unavailable. Either way every node's daemon "
+                        "first answers a preflight (package for its kernel, signer, GPU support, reboot); nothing "
+                        "starts while one would fail (or those are left out with --preflight Exclude).\n\n"
+                        "examples:\n  kubectl driverd rollout start --pool a100 --driver 570.195.03 --max-parallel 5\n"
+                        "  kubectl driverd rollout start --pool h100 --selector gpu=h100 --driver 570.195.03 --canary 1\n"
+                        "  kubectl driverd rollout start --driver 570.195.03 --selector zone=lab --max-unavailable 10%")
     p.add_argument("--driver", required=True, metavar="V", help="driver version, e.g. 570.195.03")
-    p.add_argument("--flavor", default="auto", choices=("auto", "open", "proprietary"))
+    p.add_argument("--pool", metavar="NAME", help="set this DriverPool's driver (created with --selector if missing)")
+    p.add_argument("--flavor", default=None, choices=("auto", "open", "proprietary"),
+                   help="default: auto (a pool keeps its own)")
     p.add_argument("--selector", "-l", default="", metavar="LABELS", help="node label selector (kubectl syntax)")
-    p.add_argument("--max-parallel", type=int, default=1, metavar="N")
-    p.add_argument("--max-unavailable", default="1", metavar="N|P%", help="a number >= 1 or a percentage "
-                   "1%%..100%% of the target nodes (rounded down, at least 1)")
-    p.add_argument("--canary", type=int, default=0, metavar="N", help="upgrade N nodes first, then pause")
+    # policy flags default to None: for a pool only the flags given change its policy
+    p.add_argument("--max-parallel", type=int, default=None, metavar="N", help="default 1")
+    p.add_argument("--max-unavailable", default=None, metavar="N|P%", help="a number >= 1 or a percentage "
+                   "1%%..100%% of the target nodes (rounded down, at least 1; default 1)")
+    p.add_argument("--canary", type=int, default=None, metavar="N", help="upgrade N nodes first, then pause")
     p.add_argument("--canary-soak", type=int, default=None, metavar="SECONDS",
                    help="continue after the canary nodes have run this long instead of pausing")
-    p.add_argument("--failure-budget", type=int, default=0, metavar="N", help="failed nodes tolerated before "
+    p.add_argument("--failure-budget", type=int, default=None, metavar="N", help="failed nodes tolerated before "
                    "the rollout pauses (default 0: the first failure pauses it)")
-    p.add_argument("--preflight", default="Refuse", choices=("Refuse", "Exclude"))
-    p.add_argument("--drain-timeout", type=int, default=600, metavar="SECONDS")
+    p.add_argument("--preflight", default=None, choices=("Refuse", "Exclude"), help="default Refuse")
+    p.add_argument("--drain-timeout", type=int, default=None, metavar="SECONDS", help="default 600")
     p.add_argument("--force", action="store_true", help="delete GPU pods whose eviction is still refused after "
                    "the drain timeout (default: the node fails, naming the PodDisruptionBudget)")
     p.add_argument("--delete-emptydir-data", action="store_true")
@@ -101,9 +110,11 @@ def register_kubectl(sub, common) -> None:
         p.set_defaults(handler=cmd_verb, verb=verb)
     p = rsub.add_parser("undo", parents=[common], formatter_class=fmt,
                         help="roll the nodes a rollout upgraded back to the driver each ran before",
-                        description="Create a rollout back to each node's previous driver (driverd.io/previous-"
-                        "driver on the nodes NAME upgraded): one rollout per previous driver, selecting those nodes "
-                        "by kubernetes.io/hostname, with NAME's pace (maxParallel, maxUnavailable, drain).")
+                        description="A DriverPool's rollout: the pool's driver goes back to the one before that "
+                        "revision (the coordinator rolls it out under the pool's policy). Any other rollout: create "
+                        "a rollout back to each node's previous driver (driverd.io/previous-driver on the nodes NAME "
+                        "upgraded): one rollout per previous driver, selecting those nodes by kubernetes.io/hostname, "
+                        "with NAME's pace (maxParallel, maxUnavailable, drain).")
     p.add_argument("name", help="the rollout to undo")
     _kube_args(p)
     p.set_defaults(handler=cmd_undo)
@@ -115,6 +126,8 @@ def register_kubectl(sub, common) -> None:
         p.add_argument("node")
         _kube_args(p)
         p.set_defaults(handler=cmd_node, verb=verb)
+    from driverd.cli import pool_cmds
+    pool_cmds.register(sub, common, _kube_args)
     p = sub.add_parser("nodes", parents=[common], help="driver, flavour, state, reason and since, per node")
     p.add_argument("--selector", "-l", default="", metavar="LABELS")
     _kube_args(p)
@@ -151,13 +164,20 @@ def cmd_start(ctx, args) -> int:
         labels, exprs = m.selector_string(args.selector)
     except ValueError as e:
         raise UsageError(f"--selector: {e}", fix="use kubectl's syntax, e.g. pool=a100,zone in (a,b)") from None
-    mu: int | str = args.max_unavailable
+    mu: int | str = args.max_unavailable if args.max_unavailable is not None else "1"
     if isinstance(mu, str) and mu.isdigit():
         mu = int(mu)
+    if args.pool:
+        from driverd.cli import pool_cmds
+        if args.name:
+            raise UsageError("--name names a rollout; a pool's rollouts are named <pool>-<revision>",
+                             fix="leave --name out with --pool")
+        return pool_cmds.start(_kube(args), args, labels, exprs, mu)
     name = args.name or "driver-" + args.driver.replace(".", "-")
-    spec = {"driver": args.driver, "flavor": args.flavor, "maxParallel": args.max_parallel, "maxUnavailable": mu,
-            "canary": args.canary, "failureBudget": args.failure_budget, "preflight": args.preflight,
-            "drain": {"timeoutSeconds": args.drain_timeout, "force": args.force,
+    spec = {"driver": args.driver, "flavor": args.flavor or "auto", "maxParallel": _or(args.max_parallel, 1),
+            "maxUnavailable": mu, "canary": _or(args.canary, 0), "failureBudget": _or(args.failure_budget, 0),
+            "preflight": args.preflight or "Refuse",
+            "drain": {"timeoutSeconds": _or(args.drain_timeout, 600), "force": args.force,
                       "deleteEmptyDirData": args.delete_emptydir_data}}
     if labels or exprs:
         spec["nodeSelector"] = {k: v for k, v in (("matchLabels", labels), ("matchExpressions", list(exprs))) if v}
@@ -171,6 +191,8 @@ def cmd_start(ctx, args) -> int:
     except m.SpecError as e:
         raise UsageError(f"invalid rollout: {e}", fix="see `kubectl driverd rollout start --help`") from None
     kube = _kube(args)
+    from driverd.cli import pool_cmds
+    pool_cmds.refuse_pool_members(kube, obj)
     try:
         created = kube.create(rollout_path(), obj)
         _warn_if_no_targets(kube, m.Rollout.from_object(created), args.selector)
@@ -185,9 +207,13 @@ def cmd_start(ctx, args) -> int:
             raise UsageError(f"the API server rejected the rollout: {e.api_message}", fix="fix the named field") from None
         raise
     _print(args, created, f"driverrollout.driverd.io/{name} created: driver {args.driver} on "
-           f"{args.selector or 'every node'} (max {args.max_parallel} at a time, max unavailable {mu}); "
+           f"{args.selector or 'every node'} (max {spec['maxParallel']} at a time, max unavailable {mu}); "
            f"follow it with: kubectl driverd rollout status {name} --watch")
     return 0
+
+
+def _or(value, default):
+    return default if value is None else value
 
 
 def _warn_if_no_targets(kube, r, selector: str) -> None:
@@ -349,6 +375,10 @@ def cmd_undo(ctx, args) -> int:
     from driverd.errors import UsageError
     kube = _kube(args)
     obj = _pick(kube, args.name)
+    from driverd.cluster import pools as pl
+    if pl.owner(obj) is not None:
+        from driverd.cli import pool_cmds
+        return pool_cmds.undo(kube, args, obj)
     try:
         r = m.Rollout.from_object(obj)
     except m.SpecError as e:

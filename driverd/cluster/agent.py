@@ -26,6 +26,7 @@ from collections.abc import Callable
 from driverd.apply.preflight import driver_config, preflight
 from driverd.cluster import events
 from driverd.cluster import model as m
+from driverd.cluster import pools as pl
 from driverd.cluster import states
 from driverd.cluster.drain import DrainPlan, plan_drain
 from driverd.cluster.gpuusers import PodUse, host_users
@@ -38,6 +39,7 @@ from driverd.cluster.kube import (
     now_rfc3339,
     parse_time,
     pods_path,
+    pool_path,
     rollout_path,
 )
 
@@ -59,6 +61,10 @@ class NodeAgent:
         self.nodes = Informer(kube, node_path(), fields=f"metadata.name={node}", name=f"node/{node}",
                               on_change=self._changed, log=log)
         self.rollouts = Informer(kube, rollout_path(), name="rollouts", on_change=self._rollout_changed, log=log)
+        # DriverPools: which rollouts may take this node, and a joining node's driver (cluster/pools.py);
+        # a cluster without the DriverPool CRD has no pools
+        self.pools = Informer(kube, pool_path(), name="pools", on_change=self._rollout_changed, log=log,
+                              missing_ok=True)
         self._rollout_seen: dict[str, tuple] = {}
         self._drain_round: tuple[str, int] = ("", 0)     # (the evicting state's since, rounds so far)
         self._labels_checked = False
@@ -98,6 +104,7 @@ class NodeAgent:
     def start(self) -> NodeAgent:
         self.nodes.start()
         self.rollouts.start()
+        self.pools.start()
         return self
 
     def close(self) -> None:
@@ -105,11 +112,16 @@ class NodeAgent:
         self.wake.set()
         self.nodes.close()
         self.rollouts.close()
+        self.pools.close()
+
+    def pool_list(self) -> list[pl.Pool]:
+        return pl.read(self.pools.snapshot())[0]
 
     def run(self) -> None:
         self.start()
         self.nodes.synced.wait(30)
         self.rollouts.synced.wait(30)
+        self.pools.synced.wait(30)
         while not self.stop.is_set():
             self.wake.clear()
             try:
@@ -165,6 +177,9 @@ class NodeAgent:
             if obj["metadata"].get("deletionTimestamp"):
                 return self._give_back(node, v, "Aborted", f"rollout {name} was deleted before the driver was "
                                        "touched (deleting a rollout aborts it)")
+            if m.ended(obj) and (obj.get("status") or {}).get("phase") == pl.SUPERSEDED:
+                return self._give_back(node, v, pl.SUPERSEDED, f"rollout {name} was superseded by its pool's next "
+                                       "revision before the driver was touched")
         return getattr(self, state.handler)(node, v, r)
 
     def _unknown_state(self, node: dict, v: m.NodeView) -> float | None:
@@ -229,8 +244,9 @@ class NodeAgent:
                 r = m.Rollout.from_object(obj)
             except m.SpecError:
                 continue
-            # an ended rollout (for its current spec) or one being deleted holds no node
-            if m.ended(obj) or r.deleting or not r.selects(v.labels):
+            # an ended rollout (for its current spec) or one being deleted holds no node; a pool's rollout
+            # takes its pool's members only, any other rollout nodes in no pool
+            if m.ended(obj) or r.deleting or not pl.takes(obj, v.labels, self.pool_list()):
                 continue
             if (v.preflight or {}).get("rollout") == r.key:
                 return None
@@ -307,10 +323,15 @@ class NodeAgent:
         except m.SpecError as e:
             return f"DriverRollout {name} cannot be carried out: {e.one_line()}"
         # (an aborted or deleted one is given back by tick(), like every node it holds)
-        if m.ended(obj) and (md.get("annotations") or {}).get(m.A_ABORT) != "true" and not md.get("deletionTimestamp"):
+        if m.ended(obj) and (md.get("annotations") or {}).get(m.A_ABORT) != "true" and not md.get("deletionTimestamp") \
+                and (obj.get("status") or {}).get("phase") != pl.SUPERSEDED:
             return f"rollout {name} has ended ({(obj.get('status') or {}).get('phase')})"
         if not r.selects(v.labels):
             return f"rollout {name} does not select this node"
+        if not pl.takes(obj, v.labels, self.pool_list()):
+            own = pl.owner(obj)
+            return (f"the node is not a member of pool {own[0]} alone, whose rollout {name} is" if own else
+                    f"the node belongs to a DriverPool: only its pool's rollouts take it, not {name}")
         if v.target != r.target:
             return f"rollout {name} installs {r.target}, not {v.target or '(no target)'}"
         pre = v.preflight or {}

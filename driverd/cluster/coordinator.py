@@ -31,6 +31,8 @@ from driverd.cluster.kube import (
     rollout_path,
 )
 from driverd.cluster.lease import LEASE_NAME, Lease
+from driverd.cluster.poolkeeper import PoolKeeper
+from driverd.cluster.pools import SUPERSEDED
 
 COALESCE_S = 0.02
 
@@ -38,9 +40,13 @@ COALESCE_S = 0.02
 class Coordinator:
     def __init__(self, kube: Kube, identity: str, namespace: str, *, rollouts: Informer,
                  log: Callable[[str], None], clock: Callable[[], float] = time.time,
-                 status_interval_s: float = 1.0, lease_s: int = 15) -> None:
+                 status_interval_s: float = 1.0, lease_s: int = 15, pools: Informer | None = None) -> None:
         self.kube, self.identity, self.ns, self.log, self.clock = kube, identity, namespace, log, clock
         self.rollouts = rollouts
+        # DriverPools (cluster/poolkeeper.py): each pool's rollouts, its status, which nodes a rollout takes
+        self.pool_keeper = PoolKeeper(kube, identity, pools=pools, rollouts=rollouts, write_rollout_status=self._status,
+                                      log=log, clock=clock, status_interval_s=status_interval_s) \
+            if pools is not None else None
         self.status_interval_s = status_interval_s
         self.lease = Lease(kube, namespace, identity, duration_s=lease_s)
         self.wake = threading.Event()
@@ -118,6 +124,10 @@ class Coordinator:
         assert self.nodes is not None
         wait = 30.0
         views = self._views()
+        if self.pool_keeper is not None:
+            self.pool_keeper.act(views)
+            if self.pool_keeper.again:
+                wait = self.status_interval_s
         held: dict[str, str] = {}          # node -> the older rollout (not ended) that holds it
         for v in views:
             if v.active and v.rollout:
@@ -130,7 +140,7 @@ class Coordinator:
                 continue
             if m.FINALIZER not in (md.get("finalizers") or []):
                 self._add_finalizer(obj)
-            if (obj.get("status") or {}).get("phase") == "Completed" and \
+            if (obj.get("status") or {}).get("phase") in ("Completed", SUPERSEDED) and \
                     (obj.get("status") or {}).get("observedGeneration") == obj["metadata"].get("generation"):
                 continue
             try:
@@ -150,14 +160,16 @@ class Coordinator:
                     if (obj.get("status") or {}).get("observedGeneration") == r.generation else None
                 since = prev or self.clock()
                 self._seen_gen[name] = (r.generation, since)
+            # a pool's rollout takes its pool's members only, any other rollout nodes in no pool
+            targets = self.pool_keeper.targets(obj, views) if self.pool_keeper is not None else views
             mine_active = {v.name for v in views if v.active and v.in_rollout(r)}
-            d = decide(r, views, now=self.clock(), started=since,
+            d = decide(r, targets, now=self.clock(), started=since,
                        canary_approved=ann.get(A_CANARY_APPROVED) == "true",
                        held={k: w for k, w in held.items() if k not in mine_active})
             if not m.ended(dict(obj, status=d.status(r))):
                 # a rollout that has not ended holds the nodes it selects for the rollouts after it
                 # (their daemons answer the oldest one's preflight first)
-                for v in views:
+                for v in targets:
                     if r.selects(v.labels):
                         held.setdefault(v.name, f"rollout {r.name}: {d.phase}")
             for node_name in d.admit:

@@ -12,15 +12,19 @@ from collections.abc import Callable
 from driverd.cluster.kube import ClusterError, Kube, KubeError
 
 WATCH_TIMEOUT_S = 290       # the server ends a watch after this; we resume from the last resourceVersion
+MISSING_RETRY_S = 30        # a resource not served (missing_ok): list again after this
 
 
 class Informer:
     def __init__(self, kube: Kube, path: str, *, labels: str | None = None, fields: str | None = None,
                  on_change: Callable[[str, dict], None] | None = None, name: str = "informer",
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, missing_ok: bool = False) -> None:
+        """missing_ok: a resource the server does not serve (404: a CRD not installed) is an empty,
+        synced cache, listed again every MISSING_RETRY_S until it is served."""
         self.kube, self.path, self.labels, self.fields = kube, path, labels, fields
         self.on_change = on_change or (lambda kind, obj: None)
         self.name, self.log = name, log or (lambda m: None)
+        self.missing_ok = missing_ok
         self.items: dict[str, dict] = {}
         self.synced = threading.Event()
         self.stop = threading.Event()
@@ -92,6 +96,9 @@ class Informer:
                 if e.status == 410:
                     self._rv = None           # too old: list again
                     continue
+                if e.status == 404 and self.missing_ok:
+                    self._missing()
+                    continue
                 self.log(f"{self.name}: {e.one_line()}")
                 self._sleep(delay)
                 delay = min(delay * 2, 10.0)
@@ -99,6 +106,18 @@ class Informer:
                 self.log(f"{self.name}: {e.one_line()}")
                 self._sleep(delay)
                 delay = min(delay * 2, 10.0)
+
+    def _missing(self) -> None:
+        with self._lock:
+            gone, self.items = list(self.items.values()), {}
+        self._rv = None
+        first = not self.synced.is_set()
+        self.synced.set()
+        for o in gone:
+            self.on_change("DELETED", o)
+        if first or gone:
+            self.on_change("SYNC", {})
+        self.stop.wait(MISSING_RETRY_S)
 
     def _sleep(self, s: float) -> None:
         self.stop.wait(s * (0.5 + random.random()))

@@ -25,6 +25,7 @@ from driverd.redact import redact_obj
 
 GROUP, VERSION = "driverd.io", "v1alpha1"
 ROLLOUTS = f"/apis/{GROUP}/{VERSION}/driverrollouts"
+POOLS = f"/apis/{GROUP}/{VERSION}/driverpools"
 RETRY_STATUS = (429, 500, 502, 503, 504)
 
 
@@ -326,6 +327,10 @@ def pods_path(namespace: str | None = None, name: str | None = None) -> str:
 
 def rollout_path(name: str | None = None, status: bool = False) -> str:
     return ROLLOUTS + (f"/{quote(name, safe='')}" if name else "") + ("/status" if status else "")
+
+
+def pool_path(name: str | None = None, status: bool = False) -> str:
+    return POOLS + (f"/{quote(name, safe='')}" if name else "") + ("/status" if status else "")
 
 
 def lease_path(namespace: str, name: str | None = None) -> str:

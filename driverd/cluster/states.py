@@ -84,5 +84,7 @@ PHASES: dict[str, Phase] = {p.name: p for p in (
     Phase("Refused", True, False, True),
     Phase("Aborted", True, True, False),
     Phase("Invalid", True, False, True),
+    # a DriverPool's rollout whose driver the pool no longer wants (cluster/pools.py): the next revision replaces it
+    Phase("Superseded", True, True, False),
 )}
 ENDED = tuple(p.name for p in PHASES.values() if p.ended)

@@ -48,7 +48,8 @@ class ClusterMode:
         ns = namespace or os.environ.get("POD_NAMESPACE") or cfg["cluster.namespace"]
         self.kube = Kube(target)
         self.agent = NodeAgent(self.kube, self.node, make_context=make_context, cfg=cfg, log=log)
-        self.coordinator = Coordinator(self.kube, self.node, ns, rollouts=self.agent.rollouts, log=log)
+        self.coordinator = Coordinator(self.kube, self.node, ns, rollouts=self.agent.rollouts, pools=self.agent.pools,
+                                       log=log)
         self.log = log
         self._said_behind = ""
         self.threads = [threading.Thread(target=self.agent.run, name="cluster-agent", daemon=True),
@@ -78,9 +79,11 @@ class ClusterMode:
             k = dz.keep(ann, self.have(cfg), want)
         if k.hold:
             return cfg, k.hold
-        if k.behind and k.behind != self._said_behind:
-            self._said_behind = k.behind
-            self.log(f"driverd: node {self.node} keeps its driver {k.version}: {k.source}")
+        said = f"{k.version}:{k.behind}:{k.joining}"
+        if (k.behind or k.joining) and said != self._said_behind:      # said once per decision, not every pass
+            self._said_behind = said
+            self.log(f"driverd: node {self.node} installs {k.version} at once, {k.source}" if k.joining else
+                     f"driverd: node {self.node} keeps its driver {k.version}: {k.source}")
         if not k.version:
             return cfg, ""
         return driver_config(cfg, k.version, k.flavor, source=f"node {self.node}: {k.source}"), ""
@@ -97,11 +100,14 @@ class ClusterMode:
         return dz.present(None, lastdriver.read(sctx.root, cfg["state.dir"]), st.installed(sctx))
 
     def desired(self, cfg, node: dict):
-        """The driver the cluster declares for this node: `driver.version` of its configuration."""
+        """The driver the cluster declares for this node: its DriverPool's; in no pool, `driver.version`
+        of its configuration (cluster/pools.py). Unknown until the pools have been read."""
         from driverd.cluster import desired as dz
-        version = cfg["driver.version"]
-        return dz.Desired(version or None, cfg["driver.flavor"] or "auto", "configuration",
-                          why="" if version else "the configuration names no driver.version")
+        from driverd.cluster import pools as pl
+        if not self.agent.pools.synced.is_set():
+            return dz.Desired(None, "", "the cluster", why="the DriverPools are not read yet")
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        return pl.desired_for(labels, self.agent.pool_list(), cfg["driver.version"], cfg["driver.flavor"] or "auto")
 
     def converged(self, cfg, loaded: dict) -> None:
         """A pass converged with `loaded`: the host now has a driver driverd manages (lastdriver)."""

@@ -190,8 +190,9 @@ class Fleet:
         namespaces = (GPU_NS, "driverd", "default") + ((PLUGIN_NS,) if self.device_plugin else ())
         for ns in namespaces:
             _ensure(k, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-        _ensure(k, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", _crd())
-        _wait_crd(k)
+        for crd in ("driverrollouts", "driverpools"):
+            _ensure(k, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", _crd(crd))
+            _wait_crd(k, crd)
         for ns in (GPU_NS, PLUGIN_NS) if self.device_plugin else (GPU_NS,):
             # the pods' account (a cluster's ServiceAccount controller creates it; made here so as not to wait)
             _ensure(k, f"/api/v1/namespaces/{ns}/serviceaccounts",
@@ -339,8 +340,8 @@ class Fleet:
         def make_context(cfg, _root=root):
             return lc.make_context(_root, Runner(), cfg, "sim", log=_quiet)
         sn.agent = NodeAgent(sn.kube, name, make_context=make_context, cfg=sn.cfg, log=self.log)
-        sn.coordinator = Coordinator(sn.kube, name, "driverd", rollouts=sn.agent.rollouts, log=self.log,
-                                     lease_s=self.lease_s)
+        sn.coordinator = Coordinator(sn.kube, name, "driverd", rollouts=sn.agent.rollouts, pools=sn.agent.pools,
+                                     log=self.log, lease_s=self.lease_s)
         sn.threads = [threading.Thread(target=sn.agent.run, name=f"agent-{name}", daemon=True),
                       threading.Thread(target=sn.coordinator.run, name=f"coord-{name}", daemon=True)]
         for t in sn.threads:
@@ -604,21 +605,21 @@ def _ensure(kube, collection: str, obj: dict) -> dict:
             raise
 
 
-def _wait_crd(kube, timeout: float = 30) -> None:
-    """The DriverRollout CRD serves once Established."""
+def _wait_crd(kube, plural: str = "driverrollouts", timeout: float = 30) -> None:
+    """A driverd CRD serves once Established."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        crd = kube.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/driverrollouts.driverd.io")
+        crd = kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.driverd.io")
         if any(c.get("type") == "Established" and c.get("status") == "True"
                for c in (crd.get("status") or {}).get("conditions") or []):
             return
         time.sleep(0.1)
 
 
-def _crd() -> dict:
-    # Package data (the same bytes as deploy/base/crd-driverrollout.yaml, kept so by tests/test_deploy.py):
+def _crd(plural: str = "driverrollouts") -> dict:
+    # Package data (the same bytes as deploy/base/crd-<kind>.yaml, kept so by tests/test_deploy.py):
     # an installed wheel has no deploy/ directory.
     from importlib import resources
 
     import yaml
-    return yaml.safe_load(resources.files("driverd.data").joinpath("crd-driverrollout.yaml").read_text())
+    return yaml.safe_load(resources.files("driverd.data").joinpath(f"crd-{plural[:-1]}.yaml").read_text())

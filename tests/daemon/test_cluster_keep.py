@@ -106,3 +106,38 @@ def test_only_a_joining_node_installs_its_desired_driver_and_a_reboot_keeps_it(t
         assert rc == 0
     finally:
         f.stop()
+
+
+def test_a_node_joining_a_pool_converges_to_the_pools_driver_before_it_is_ready(tmp_path, daemons, deployed):
+    """A DriverPool wants NEW; the configuration (the ConfigMap) still says OLD. A machine that joins with
+    the pool's label installs NEW — not OLD, and with no rollout needed — and is labelled ready on it."""
+    from driverd.cluster import pools as pl
+    from driverd.cluster.kube import pool_path, rollout_path
+    reset(deployed)
+    f = Fleet(tmp_path / "fleet", 1, server=deployed).build()
+    try:
+        f.start()                                          # gpu-0000: in no pool, on OLD
+        k = Kube(Target(kubeconfig=f.kubeconfig))
+        k.create(pool_path(), {"apiVersion": pl.API_VERSION, "kind": pl.KIND, "metadata": {"name": "h100"},
+                               "spec": {"driver": NEW, "nodeSelector": {"matchLabels": {"pool": "h100"}}}})
+        f.join("gpu-0100", {"pool": "h100"}, start=False)
+        cluster_config(f, "gpu-0100")                       # its configuration says OLD
+        seen_ready: list[str] = []
+
+        def on_new() -> bool:
+            labels = k.get(node_path("gpu-0100"))["metadata"].get("labels") or {}
+            if labels.get(m.L_READY) == "true":
+                seen_ready.append(labels.get(m.L_VERSION, ""))
+            return labels.get(m.L_VERSION) == NEW and labels.get(m.L_READY) == "true"
+        d = daemons(f.nodes["gpu-0100"].root)
+        wait(on_new, 60, lambda: d.log)
+        assert NEW in loaded(f, "gpu-0100") and set(seen_ready) == {NEW}, seen_ready   # never ready on another
+        assert f"node gpu-0100 installs {NEW} at once, joining: pool h100's driver" in d.log, d.log
+        wait(lambda: ((k.get(pool_path("h100")).get("status") or {}).get("nodes") or {}).get("current") == 1, 30,
+             lambda: k.get(pool_path("h100")).get("status"))
+        assert k.list(rollout_path())["items"] == []        # a joining node needs no rollout
+        assert m.NodeView.from_node(k.get(node_path("gpu-0000"))).driver == OLD     # in no pool: untouched
+        rc, _ = d.stop()
+        assert rc == 0
+    finally:
+        f.stop()
