@@ -127,7 +127,7 @@ def register_kubectl(sub, common) -> None:
         _kube_args(p)
         p.set_defaults(handler=cmd_node, verb=verb)
     from driverd.cli import pool_cmds
-    pool_cmds.register(sub, common, _kube_args)
+    pool_cmds.register(sub, common, _kube_args, _kube, _print)
     p = sub.add_parser("nodes", parents=[common], help="driver, flavour, state, reason and since, per node")
     p.add_argument("--selector", "-l", default="", metavar="LABELS")
     _kube_args(p)
@@ -172,7 +172,7 @@ def cmd_start(ctx, args) -> int:
         if args.name:
             raise UsageError("--name names a rollout; a pool's rollouts are named <pool>-<revision>",
                              fix="leave --name out with --pool")
-        return pool_cmds.start(_kube(args), args, labels, exprs, mu)
+        return pool_cmds.start(_kube(args), args, labels, exprs, mu, _print)
     name = args.name or "driver-" + args.driver.replace(".", "-")
     spec = {"driver": args.driver, "flavor": args.flavor or "auto", "maxParallel": _or(args.max_parallel, 1),
             "maxUnavailable": mu, "canary": _or(args.canary, 0), "failureBudget": _or(args.failure_budget, 0),
@@ -378,7 +378,7 @@ def cmd_undo(ctx, args) -> int:
     from driverd.cluster import pools as pl
     if pl.owner(obj) is not None:
         from driverd.cli import pool_cmds
-        return pool_cmds.undo(kube, args, obj)
+        return pool_cmds.undo(kube, args, obj, _print)
     try:
         r = m.Rollout.from_object(obj)
     except m.SpecError as e:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import time
 
 
-def register(sub, common, kube_args) -> None:
+def register(sub, common, kube_args, kube_of, emit) -> None:
+    """kube_args adds the cluster-access flags, kube_of(args) is the client, emit(args, data, human)
+    prints: cluster_cmds' (passed in, not imported: it imports this module)."""
     p = sub.add_parser("pools", parents=[common], help="per DriverPool: desired driver, nodes on it, nodes behind "
                        "and why; and the nodes in no pool",
                        description="Every DriverPool: its desired driver, how many of its nodes run it, each node "
@@ -16,7 +18,7 @@ def register(sub, common, kube_args) -> None:
                        "skipped, NotReady, also selected by another pool), its current rollout and its conditions; "
                        "then the nodes in no pool.")
     kube_args(p)
-    p.set_defaults(handler=cmd_pools)
+    p.set_defaults(handler=cmd_pools, kube_of=kube_of, emit=emit)
     g = sub.add_parser("pool", help="one DriverPool's nodes")
     gsub = g.add_subparsers(dest="pool_command", metavar="COMMAND")
     p = gsub.add_parser("status", parents=[common], help="a pool's nodes: driver, state, and why each is behind",
@@ -24,7 +26,7 @@ def register(sub, common, kube_args) -> None:
                         "node it selects with the driver it runs and, when that is not the pool's, why.")
     p.add_argument("name")
     kube_args(p)
-    p.set_defaults(handler=cmd_pool_status)
+    p.set_defaults(handler=cmd_pool_status, kube_of=kube_of, emit=emit)
 
 
 def _now() -> str:
@@ -94,17 +96,16 @@ def _read(kube) -> tuple[list[dict], list[dict], list[dict]]:
 
 
 def cmd_pools(ctx, args) -> int:
-    from driverd.cli.cluster_cmds import _kube, _print
-    d = pools_doc(*_read(_kube(args)))
-    _print(args, d, _human_pools)
+    d = pools_doc(*_read(args.kube_of(args)))
+    args.emit(args, d, _human_pools)
     return 0
 
 
 def cmd_pool_status(ctx, args) -> int:
-    from driverd.cli.cluster_cmds import _kube, _print
     from driverd.cli.output import table
     from driverd.errors import UsageError
-    pools, nodes, rollouts = _read(_kube(args))
+    _print = args.emit
+    pools, nodes, rollouts = _read(args.kube_of(args))
     d = pools_doc([p for p in pools if p["metadata"]["name"] == args.name], nodes, rollouts)
     if not d["pools"]:
         raise UsageError(f"no DriverPool named {args.name}", fix="list them with `kubectl driverd pools`")
@@ -133,11 +134,10 @@ POLICY_FLAGS = (("max_parallel", "maxParallel"), ("max_unavailable", "maxUnavail
                 ("preflight", "preflight"))
 
 
-def start(kube, args, labels: dict, exprs: tuple, mu) -> int:
+def start(kube, args, labels: dict, exprs: tuple, mu, _print) -> int:
     """`rollout start --pool NAME --driver V`: the pool's desired driver becomes V (and the policy flags
     given become its policy); the coordinator starts the pool's next rollout. With --selector and no
     such pool, the pool is created."""
-    from driverd.cli.cluster_cmds import _print
     from driverd.cluster import pools as pl
     from driverd.cluster.kube import KubeError, pool_path
     from driverd.errors import UsageError
@@ -233,11 +233,10 @@ def refuse_pool_members(kube, rollout_obj: dict) -> None:
                          f"--pool {sorted(hit)[0]} --driver {r.driver} (or narrow --selector to nodes in no pool)")
 
 
-def undo(kube, args, obj: dict) -> int:
+def undo(kube, args, obj: dict, _print) -> int:
     """`rollout undo` of a pool's rollout: the pool's driver goes back to what it was before that
     revision — the driver of the pool's latest earlier revision that installed another one, else the
     driver the revision's nodes ran before (driverd.io/previous-driver, when they agree)."""
-    from driverd.cli.cluster_cmds import _print
     from driverd.cluster import model as m
     from driverd.cluster import pools as pl
     from driverd.cluster.kube import node_path, pool_path, rollout_path

@@ -378,6 +378,7 @@ def test_the_agent_acts_only_on_an_admission_a_live_rollout_made(change, why):
     obj = _rollout_obj(**change.get("obj", {}))
     agent = NodeAgent.__new__(NodeAgent)
     agent.rollouts = type("Rollouts", (), {"get": staticmethod(lambda name: obj if name == "r" else None)})()
+    agent.pools = type("Pools", (), {"snapshot": staticmethod(lambda: [])})()      # no DriverPools
     key = change.get("rollout", "r/u1/2")
     pre = change.get("preflight", {"rollout": "r/u1/2", "ok": True})
     ann = {m.A_STATE: m.ADMITTED, m.A_ROLLOUT: key, m.A_TARGET: change.get("target", f"{NEW}/open"),

@@ -10,7 +10,7 @@ import urllib.error
 
 import pytest
 
-from driverd.sim.fleet import GPU_NS, NEW, PLUGIN_NS, Fleet
+from driverd.sim.fleet import GPU_NS, NEW, OLD, PLUGIN_NS, Fleet
 from tests.controlplane import reset
 from tests.test_deploy import NODE_NEEDS
 
@@ -99,6 +99,13 @@ def test_every_call_of_a_rollout_is_allowed_and_listed(control_plane, fleet):
                   == "Completed", 120), (k.get("/apis/driverd.io/v1alpha1/driverrollouts/r").get("status"),
                                          [(n["metadata"]["name"], n["metadata"].get("annotations"))
                                           for n in k.list("/api/v1/nodes")["items"]])
+    # a DriverPool over one node, on another driver: the coordinator writes its status and creates its
+    # first revision (a DriverRollout the pool owns), which takes the node back to OLD
+    k.create("/apis/driverd.io/v1alpha1/driverpools", {
+        "apiVersion": "driverd.io/v1alpha1", "kind": "DriverPool", "metadata": {"name": "p"},
+        "spec": {"driver": OLD, "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": "gpu-0001"}}}})
+    assert f.wait(lambda: ((k.get("/apis/driverd.io/v1alpha1/driverpools/p").get("status") or {}).get("nodes") or {})
+                  .get("current") == 1, 120), k.get("/apis/driverd.io/v1alpha1/driverpools/p").get("status")
     f.stop()
     events = control_plane.audited(SA_USER)[before:]
     assert events

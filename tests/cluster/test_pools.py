@@ -194,3 +194,28 @@ def test_overlapping_pools_are_refused_naming_both_and_their_nodes_left_alone(cl
     wait_pool(f, "z", lambda st: st["nodes"]["current"] == 1, timeout=180)
     assert {v.driver for v in views(f).values()} == {NEW}
     assert sorted(o["metadata"]["name"] for o in k.list(rollout_path())["items"]) == ["a-1", "z-1"]
+
+
+def test_a_pool_changed_back_mid_rollout_supersedes_its_revision_and_gives_the_nodes_back(cluster):
+    srv, make = cluster
+    f = make(2)
+    for n in f.nodes:
+        label(f, n, {"pool": "a"})
+    f.pdb_never("gpu-0000")                 # holds the first node in evicting until the test is done
+    started(f)
+    k = kube(f)
+    k.create(pool_path(), pool("a", NEW, {"pool": "a"}, drain={"timeoutSeconds": 120}))
+    assert f.wait(lambda: views(f)["gpu-0000"].state == m.EVICTING, 60), views(f)
+    assert views(f)["gpu-0000"].unschedulable
+    # the operator changes their mind: the pool goes back to the driver its nodes run
+    k.patch(pool_path("a"), {"spec": {"driver": OLD}})
+    ro = wait_phase(f, "a-1", (pl.SUPERSEDED,), timeout=60)
+    assert ro["status"]["reason"] == "PoolChanged" and f"now wants driver {OLD}" in ro["status"]["message"]
+    assert f.wait(lambda: views(f)["gpu-0000"].state == m.IDLE, 60), views(f)
+    v = views(f)["gpu-0000"]
+    assert v.reason == pl.SUPERSEDED and not v.unschedulable and v.driver == OLD
+    st = wait_pool(f, "a", lambda st: st["nodes"]["current"] == 2)["status"]
+    assert cond(st, "Converged")["status"] == "True"
+    time.sleep(2)
+    assert [o["metadata"]["name"] for o in owned_rollouts(f, "a")] == ["a-1"]     # nothing to roll: no a-2
+    assert {v.driver for v in views(f).values()} == {OLD}

@@ -21,6 +21,7 @@ def _agent(plans: list[DrainPlan], answers: dict):
     a = NodeAgent.__new__(NodeAgent)
     a.node, a.cfg, a.make_context, a.events, a.log = "n1", None, None, False, lambda msg: None
     a.rollouts = SimpleNamespace(snapshot=lambda: [ROLLOUT])
+    a.pools = SimpleNamespace(snapshot=lambda: [])          # no DriverPools
     a.nodes = SimpleNamespace(get=lambda name: node, put=lambda obj: None)
     a.patches = []
     a.kube = SimpleNamespace(patch=lambda path, body: a.patches.append(body) or node)

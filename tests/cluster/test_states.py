@@ -113,12 +113,14 @@ def test_no_state_outside_the_table():
 
 
 def test_every_phase_the_coordinator_writes_is_in_the_phase_table():
-    text = (REPO / "driverd/cluster/admission.py").read_text() + (REPO / "driverd/cluster/coordinator.py").read_text()
+    text = "".join((REPO / "driverd/cluster" / f).read_text() for f in ("admission.py", "coordinator.py", "poolkeeper.py"))
     written = set(re.findall(r'"phase": "(\w+)"', text)) | set(re.findall(r'Decision\("(\w+)"', text))
     written |= set(re.findall(r'd\.phase(?:, d\.\w+)*(?:, d\.\w+)? = "(\w+)"', text))
     written |= set(re.findall(r'"(\w+)" if \w+ else "(\w+)"', text)[0])
+    from driverd.cluster.pools import SUPERSEDED
+    written |= {SUPERSEDED} if re.search(r'"phase": pl\.SUPERSEDED', text) else set()
     assert written and written <= set(states.PHASES), written - set(states.PHASES)
-    assert set(states.ENDED) == {"Completed", "Failed", "Refused", "Aborted", "Invalid"}
+    assert set(states.ENDED) == {"Completed", "Failed", "Refused", "Aborted", "Invalid", "Superseded"}
 
 
 @pytest.mark.parametrize("phase,reason,status_rc,wait_rc", [
