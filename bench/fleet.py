@@ -82,8 +82,8 @@ def main(argv=None) -> int:
 FAILING = ("pdb-never", "reload-fails", "no-controller", "two-pdbs", "stuck-terminating")
 # What driverd's daemons call (the metric's `resource` label); the controller-manager's own traffic
 # (PodDisruptionBudget status, its informers) falls mostly outside.
-DRIVERD_RESOURCES = {"nodes", "pods", "events", "leases", "driverrollouts", "runtimeclasses", "resourceclaims",
-                     "daemonsets"}
+DRIVERD_RESOURCES = {"nodes", "pods", "events", "leases", "driverrollouts", "driverpools", "runtimeclasses",
+                     "resourceclaims", "daemonsets"}
 SA_USER = "system:serviceaccount:driverd:driverd"
 
 

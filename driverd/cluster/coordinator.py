@@ -125,7 +125,8 @@ class Coordinator:
         wait = 30.0
         views = self._views()
         if self.pool_keeper is not None:
-            self.pool_keeper.act(views)
+            if not self.pool_keeper.act(views):
+                return 1.0            # the DriverPools are not read yet: which rollout takes which node is unknown
             if self.pool_keeper.again:
                 wait = self.status_interval_s
         held: dict[str, str] = {}          # node -> the older rollout (not ended) that holds it

@@ -31,8 +31,12 @@ class PoolKeeper:
         self._refused: set[str] = set()          # rollout names whose creation the API refused (said once)
         self.again = False                        # a status write was held back: look again soon
 
-    def act(self, views: list[m.NodeView]) -> None:
+    def act(self, views: list[m.NodeView]) -> bool:
+        """One pass over the pools; False while the DriverPools are not read yet (then which rollout
+        may take which node is not known, and the coordinator admits nothing)."""
         self.again = False
+        if not self.pools.synced.is_set():
+            return False
         now = now_rfc3339(self.clock())
         objs = self.pools.snapshot()
         good, bad = pl.read(objs)
@@ -52,6 +56,7 @@ class PoolKeeper:
             if plan.create is not None:
                 self._create(pool, plan.create)
             self._status(pool.obj, plan.status)
+        return True
 
     def targets(self, rollout: dict, views: list[m.NodeView]) -> list[m.NodeView]:
         """The nodes `rollout` may take, given the pools (pools.takes), and those it is upgrading now
