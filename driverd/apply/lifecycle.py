@@ -313,6 +313,7 @@ def status(ctx) -> dict:
                         for n, m in ctx.kernel.modules().items() if n.startswith("nvidia") or n == "nouveau"},
             "holders": h.to_json(),
             "daemons": {d: ctx.services.running(d) for d in ("nvidia-persistenced", "nv-fabricmanager")},
+            "userspace": userspace_in_use(ctx),
             "last_run": None if doc is None else {
                 "run_id": doc["run_id"], "command": doc["command"], "state": doc["state"],
                 "unfinished": doc["state"] in UNFINISHED, "failure": doc.get("failure"),
@@ -323,6 +324,17 @@ def status(ctx) -> dict:
             "wanted": wanted(ctx, inst),
             "activity": activity(holder, doc, rec, ctx),
             "daemon": daemon_state(ctx)}
+
+
+def userspace_in_use(ctx) -> dict | None:
+    """driverd's user-space `current` points to (None: driverd installed none)."""
+    from driverd.packages import userspace_install as ui
+    places = ui.Places.from_config(ctx.config)
+    cur = ui.current(ctx.root, places)
+    if cur is None:
+        return None
+    return {"version": cur.version, "sha256": cur.sha, "intact": cur.intact, "tree": places.tree(cur.name),
+            "active": ui.is_installed(ctx.root, cur.sha, places) if cur.intact else False}
 
 
 _WANTED_KEYS = ("driver.version", "driver.flavor", "modules.parameters", "modules.load_drm", "modules.load_peermem",

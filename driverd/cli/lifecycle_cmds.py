@@ -220,6 +220,10 @@ def render_status(s: dict) -> str:
     lines = render_wanted(s["wanted"]) if s.get("wanted") else []
     lines += [f"loaded     {lo['version']} ({lo['flavor']})" if lo else "loaded     no NVIDIA driver",
               f"installed  {ins['version']} ({ins['flavor']})" if ins else "installed  none"]
+    us = s.get("userspace")
+    if us:
+        lines.append(f"userspace  {us['version']} in {us['tree']}" + ("" if us["intact"] else " (NOT INTACT)")
+                     + ("" if us["active"] or not us["intact"] else " (installed, not active: the next apply makes it so)"))
     for n, m in s["modules"].items():
         lines.append(f"  {n:<16} refcount {m['refcount']}  holders {','.join(m['holders']) or '-'}")
     lines.append("daemons    " + ", ".join(f"{d} {'running' if r else 'stopped'}" for d, r in s["daemons"].items()))

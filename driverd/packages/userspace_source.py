@@ -121,6 +121,8 @@ def fetch(root, cfg, version: str, arch: str, runner=None) -> Fetched:
     copied or downloaded into the cache and checked against the index (size, then sha256)."""
     from driverd.packages import fetch as f
     from driverd.packages.archive import check_file, sha256_file
+    from driverd.root import Root
+    root = root if isinstance(root, Root) else Root(str(root))
     from driverd.packages.sign import node_path
     path = local_package(root, cfg, version, arch)
     if path is not None:
@@ -131,9 +133,8 @@ def fetch(root, cfg, version: str, arch: str, runner=None) -> Fetched:
     creds = f.Credentials(node_path(root, cfg["packages.netrc"]), node_path(root, cfg["packages.auth_header_file"]))
     for url in repos:
         if not f._is_file_repo(url) and session is None:
-            from urllib.parse import urlsplit
-            session = f._session(creds.load({(urlsplit(u).hostname or "").lower() for u in repos
-                                             if not f._is_file_repo(u)}))
+            # the repositories' exact origins, like the kernel package's fetch: credentials go nowhere else
+            session = f._session(creds.load({o for u in repos if not f._is_file_repo(u) for o in [f.origin(u)] if o}))
         try:
             idx = f.read_index(url, public_key=node_path(root, cfg["packages.index_public_key"]), runner=runner,
                                session=session, insecure=cfg["packages.insecure"], root=root,
@@ -147,19 +148,21 @@ def fetch(root, cfg, version: str, arch: str, runner=None) -> Fetched:
         if entry is None:
             looked.append(f"{f.redact(url)} (its index lists {len(idx.userspace)} user-space packages, not this one)")
             continue
-        cdir = f.cache_dir(root, cfg["packages.cache_dir"])
-        cdir.mkdir(parents=True, exist_ok=True)
-        dest = cdir / f.cache_name(entry)
-        if not dest.exists():
+        # host paths through the root's confined writers, like the kernel-module package's fetch
+        cdir = f.cache_hostdir(cfg["packages.cache_dir"])
+        root.makedirs(cdir)
+        dest = f"{cdir}/{f.cache_name(entry)}"
+        if not root.lexists(dest):
             if f._is_file_repo(url):
-                f._copy_file(url, entry, dest)
+                f._copy_file(url, entry, root, dest)
             else:
-                f.download(url, entry, dest, session)
+                f.download(url, entry, dest, session, root=root)
         try:
-            check_file(dest, entry.sha256, entry.size)
+            check_file(root.real(dest), entry.sha256, entry.size)
         except PackageError as e:
-            dest.unlink(missing_ok=True)         # never keep a bad package in the cache
+            root.unlink(dest)                    # never keep a bad package in the cache
             raise PackageError(f"{e.message} (from {f.redact(url)})", cause=e.cause, fix=e.fix) from None
+        dest = root.real(dest)
         return Fetched(str(dest), entry.sha256, f.redact(url))
     where = "; ".join(looked) if looked else "no repositories configured (packages.repositories)"
     raise PackageError(f"no user-space package {us.package_basename(version, arch)} found in: {where}",

@@ -266,3 +266,21 @@ def test_persistenced_is_started_from_the_user_space_of_the_drivers_version(node
     # the daemon was stopped with the old driver and started after the switch: one, from the 550 tree
     assert _persistenced_cmdlines(node) == ["/var/lib/driverd/driver/current/bin/nvidia-persistenced"]
     assert os.readlink(node / "var/lib/driverd/driver/current") == NEW
+
+
+def test_after_a_failed_upgrade_rolled_back_driverd_rollback_goes_to_the_driver_before_not_the_failed_one(node, packages):
+    """535 -> 550 (both halves), then 550.127.08 fails to load and is rolled back to 550: the failed run must not
+    become "previous". `driverd rollback` then goes to 535, both halves — not into the package that just failed."""
+    old, new = us_package(node, OLD), us_package(node, NEW)
+    us_package(node, "550.127.08")
+    configure(node, OLD, packages["old"].parent)
+    assert drv(node, "apply").returncode == 0
+    configure(node, NEW, packages["new"].parent)
+    assert drv(node, "apply").returncode == 0
+    r = drv(node, "reload", "--package", str(packages["broken"]))
+    assert r.returncode == 3 and "rolled back to 550.127.05" in r.stderr, r.stdout + r.stderr
+    assert (loaded(node), in_use(node)) == (NEW, new.sha256)
+    r = drv(node, "rollback")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (loaded(node), in_use(node)) == (OLD, old.sha256)
+    assert cuda_ok(node, OLD).ok
