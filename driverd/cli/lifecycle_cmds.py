@@ -98,7 +98,12 @@ def register(sub, common) -> None:
     p.add_argument("--kubeconfig", metavar="FILE",
                    help="a THROWAWAY test cluster's admin kubeconfig for the rollout stage: it creates simulated "
                    "Node objects, GPU pods and a DriverRollout there (without it the stage is skipped)")
-    p.set_defaults(handler=cmd_demo)
+    # The demo makes its own sandbox host and configuration: a --root or --config would be ignored.
+    p.set_defaults(handler=cmd_demo, refused_common={
+        "--root": ("the demo builds its own simulated host in its sandbox and never reads or changes another",
+                   "drop --root; --workdir DIR says where the sandbox goes"),
+        "--config": ("the demo writes its own configuration into its sandbox",
+                     "drop --config; --workdir DIR says where the sandbox goes")})
 
 
 def cmd_run(ctx, args) -> int:
