@@ -11,10 +11,9 @@ from typing import Callable
 
 from driverd.apply import lifecycle as lc
 from driverd.apply import steps as st
-from driverd.apply.hostplan import plan_for_host
+from driverd.apply.hostplan import verdict_for_host
 from driverd.apply.lock import LockHeld
 from driverd.apply import fingerprint as fpr
-from driverd.apply.drift import parameter_drift, running_parameters
 from driverd.errors import ConfigError, DriverdError, PlanError, UsageError
 
 LOCK_WAIT_S = 3600.0      # the daemon waits for another driverd (a boot-time apply, an operator) this long
@@ -112,8 +111,10 @@ class Reconciler:
         if res.gpus == 0:
             res.state, res.reason = "converged", "no NVIDIA GPU on this host: nothing to provision"
             return
-        # The host as it is now, judged by the same function as `driverd plan` and `apply --dry-run`.
-        p = plan_for_host(sctx.root, cfg).plan
+        # The host as it is now, judged by the same function as `driverd status` (its plan is `driverd plan`'s
+        # and `apply --dry-run`'s).
+        verdict = verdict_for_host(sctx, cfg)
+        p = verdict.plan
         if p.verdict != "converged":
             left = p.blocked_by or p.reboot_reasons or tuple(f"{s.action} ({s.reason})" for s in p.changes)
             _fail(res, "blocked" if p.blocked_by else "failed",
@@ -125,9 +126,7 @@ class Reconciler:
             self._say_once(res, f"the driver is left to {p.driver_managed_by}: {p.flavor_reason}")
         inst = st.installed(sctx)
         fp = fpr.fingerprint(cfg, sctx.kernel.release, inst["sha256"] if inst else None)
-        recorded = fpr.recorded_parameters(fpr.read(sctx.root, cfg), st.loaded(sctx), sctx.kernel.release)
-        drift = [] if left_alone else \
-            parameter_drift(running_parameters(sctx.kernel), cfg["modules.parameters"], recorded)
+        drift = list(verdict.drift)
         if drift and (fp, tuple(drift)) in self._reloaded_for:
             res.warnings.append("module parameters still differ after a reload (the kernel shows them differently): "
                                 + "; ".join(drift))

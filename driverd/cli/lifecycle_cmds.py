@@ -178,7 +178,14 @@ def render_wanted(w: dict) -> list[str]:
     lines = [f"wanted     {w['driver']} ({fl}) from {src}",
              f"           runtimes {','.join(c['runtime.runtimes'])} handler {c['runtime.handler']}"
              + (f"; parameters {params}" if params else "")]
-    lines += ["  DIFFERS: " + d for d in w["differs"]] or ["  in sync: the host runs what the configuration wants"]
+    if w.get("in_sync"):
+        lines.append("  in sync: the host runs what the configuration wants"
+                     + (f" (the driver is left to {w['left_to']})" if w.get("left_to") else ""))
+        return lines
+    lines += ["  DIFFERS: " + d for d in w["differs"]]
+    if w.get("plan"):
+        lines.append(f"  plan:    {', '.join(w['plan'])} (`driverd plan` says why; `driverd apply` or the "
+                     "daemon's next pass does it)")
     return lines
 
 
