@@ -68,11 +68,13 @@ def verdict_for_host(sctx, cfg, *, facts: Facts | None = None) -> HostVerdict:
     to another package manager: driverd never reloads it)."""
     from driverd.apply import fingerprint as fpr
     from driverd.apply.drift import parameter_drift, running_parameters
-    from driverd.apply.steps import loaded
+    from driverd.host.modules import parse_nvidia_version
     p = plan_for_host(sctx.root, cfg, facts=facts).plan
     drift: list[str] = []
     if p.driver_managed_by is None:
-        recorded = fpr.recorded_parameters(fpr.read(sctx.root, cfg), loaded(sctx), sctx.kernel.release)
+        ver, flav, _ = parse_nvidia_version(sctx.root.read_text("/proc/driver/nvidia/version"))
+        loaded = None if ver is None else {"version": ver, "flavor": flav}      # as apply.steps.loaded says it
+        recorded = fpr.recorded_parameters(fpr.read(sctx.root, cfg), loaded, sctx.kernel.release)
         drift = parameter_drift(running_parameters(sctx.kernel), cfg["modules.parameters"], recorded)
     return HostVerdict(p, tuple(drift))
 
