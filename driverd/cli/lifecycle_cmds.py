@@ -218,6 +218,12 @@ def render_daemon(d: dict | None) -> list[str]:
         head = f"daemon     {who} stopped {_ago(d.get('updated_at'))}"
     else:
         head = f"daemon     {who}, {'ready' if d.get('ready') else 'not ready'}"
+    dg = lr.get("degraded") if not d.get("stopped") else None
+    if dg:
+        run = dg["running"]
+        head += f", DEGRADED: running {run['version']} ({run['flavor']}), validated; wanted {dg.get('wanted')}: " \
+            f"{dg.get('why')}"
+        lr = {}                          # the reason was just said
     if lr:
         head += f"; last reconcile {lr.get('state')} {_ago(lr.get('finished_at'))}: {lr.get('reason')}"
     import time
