@@ -174,6 +174,20 @@ def env_name(key: str) -> str:
 _ENV_TO_KEY = {env_name(k): k for k in SCHEMA}
 # Environment variables that are not configuration keys but share the prefix.
 _ENV_NOT_KEYS = {"DRIVERD_ROOT", "DRIVERD_CONFIG", "DRIVERD_LOG_LEVEL", "DRIVERD_DEBUG"}
+# The kubelet gives every pod variables for each Service of its namespace (unless the pod sets
+# enableServiceLinks: false), named by kubernetes' pkg/kubelet/envvars: the Service's name (a DNS-1035
+# label) upper-cased with '-' as '_', then _SERVICE_HOST, _SERVICE_PORT, _SERVICE_PORT_<port name> (an
+# IANA service name: letters, digits, single '-', at least one letter), _PORT, and per port
+# _PORT_<number>_<TCP|UDP|SCTP>[_PROTO|_PORT|_ADDR]. A Service `driverd` or `driverd-metrics` makes
+# DRIVERD_* ones; they describe the cluster, not driverd's configuration.
+_SERVICE_LINK = re.compile(
+    r"DRIVERD(?:_[A-Z0-9_]*[A-Z0-9])?_(?:SERVICE_HOST|SERVICE_PORT(?:_(?=[A-Z0-9_]*[A-Z])[A-Z0-9]+(?:_[A-Z0-9]+)*)?"
+    r"|PORT(?:_[1-9][0-9]{0,4}_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)?)")
+
+
+def is_service_link(name: str) -> bool:
+    """Whether `name` is one of the variables the kubelet makes for a Service named driverd[-...]."""
+    return _SERVICE_LINK.fullmatch(name) is not None
 
 
 @dataclass
@@ -334,6 +348,8 @@ def load(root, path: str | None = None, environ: Mapping[str, str] | None = None
         if not name.startswith("DRIVERD_") or name in _ENV_NOT_KEYS:
             continue
         key = _ENV_TO_KEY.get(name)
+        if key is None and is_service_link(name):
+            continue
         if key is None:
             raise ConfigError(f"unknown environment variable {name}", cause="it is not a driverd setting",
                               fix="unset it or use one of: " + ", ".join(sorted(_ENV_TO_KEY)))

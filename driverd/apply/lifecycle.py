@@ -20,7 +20,7 @@ from driverd.apply.lock import HostLock
 from driverd.apply.step import StepContext
 from driverd.apply import steps as st
 from driverd.plan import steplists as sl
-from driverd.errors import EXIT_REBOOT, ConfigError, ModuleError, PackageError, PlanError, UsageError
+from driverd.errors import EXIT_REBOOT, ConfigError, DriverdError, ModuleError, PackageError, PlanError, UsageError
 
 
 def make_context(root, runner, config, kernel_choice: str | None = None, log=None) -> StepContext:
@@ -343,8 +343,11 @@ _WANTED_KEYS = ("driver.version", "driver.flavor", "modules.parameters", "module
 
 
 def wanted(ctx, inst: dict | None = None) -> dict:
-    """What the configuration says this host should run, next to what it runs: `differs` lists
-    each difference in one line (empty: the host is as configured, as far as status can see)."""
+    """What the configuration says this host should run, next to what it runs. Whether the host is in
+    sync is `hostplan.verdict_for_host`'s answer - the plan `driverd plan` shows and every daemon pass
+    acts on, with the parameter drift a pass reloads for - so the three never disagree; `differs`
+    says why not in lines (what is loaded or installed instead, else each step the plan would take,
+    a block, a reboot, a parameter), `plan` lists the plan's steps."""
     cfg = ctx.config
     version, requested = cfg["driver.version"], cfg["driver.flavor"]
     flavor, why = (requested if requested != "auto" else None), None
@@ -357,30 +360,35 @@ def wanted(ctx, inst: dict | None = None) -> dict:
             flavor, why = d.flavor, d.reason
         except Exception as e:             # a reader: an undecidable flavour is reported, not raised
             why = f"cannot decide: {getattr(e, 'message', None) or e}"
+    out = {"driver": version, "flavor": requested, "flavor_decided": flavor, "flavor_reason": why,
+           "config": {k: cfg[k] for k in _WANTED_KEYS},
+           "sources": {k: cfg.sources.get(k, "default") for k in _WANTED_KEYS if k in cfg.sources},
+           "config_path": cfg.path, "differs": [], "in_sync": None, "verdict": None, "plan": [], "left_to": None}
+    if not version:
+        return out
+    from driverd.apply.hostplan import verdict_for_host
+    try:
+        v = verdict_for_host(ctx, cfg)
+    except DriverdError as e:              # e.g. no flavour serves every GPU: the plan is blocked
+        out.update(verdict="blocked", in_sync=False, differs=[f"blocked: {e.one_line()}"])
+        return out
+    out.update(verdict=v.verdict, in_sync=v.in_sync, plan=[s.action for s in v.plan.changes],
+               left_to=v.plan.driver_managed_by)
+    if v.in_sync:
+        return out
     lo = st.loaded(ctx)
-    differs: list[str] = []
-    if version:
+    summary: list[str] = []
+    if v.plan.driver_managed_by is None:
         if lo is None:
-            differs.append(f"driver {version} is wanted, none is loaded")
+            summary.append(f"driver {version} is wanted, none is loaded")
         elif lo["version"] != version:
-            differs.append(f"driver {version} is wanted, {lo['version']} is loaded")
+            summary.append(f"driver {version} is wanted, {lo['version']} is loaded")
         elif flavor and lo.get("flavor") and lo["flavor"] != flavor:
-            differs.append(f"flavour {flavor} is wanted, {lo['flavor']} is loaded")
+            summary.append(f"flavour {flavor} is wanted, {lo['flavor']} is loaded")
         if inst is not None and inst.get("version") != version:
-            differs.append(f"installed package is {inst.get('version')} ({inst.get('flavor')}), not {version}")
-    if lo is not None and cfg["modules.parameters"]:
-        try:
-            from driverd.apply import fingerprint as fpr
-            from driverd.apply.drift import parameter_drift, running_parameters
-            recorded = fpr.recorded_parameters(fpr.read(ctx.root, cfg), lo, ctx.kernel.release)
-            differs += parameter_drift(running_parameters(ctx.kernel), cfg["modules.parameters"], recorded)
-        except Exception:
-            pass
-    return {"driver": version, "flavor": requested, "flavor_decided": flavor, "flavor_reason": why,
-            "config": {k: cfg[k] for k in _WANTED_KEYS},
-            "sources": {k: cfg.sources.get(k, "default") for k in _WANTED_KEYS if k in cfg.sources},
-            "config_path": cfg.path, "differs": differs,
-            "in_sync": None if not version else not differs}
+            summary.append(f"installed package is {inst.get('version')} ({inst.get('flavor')}), not {version}")
+    out["differs"] = summary + v.reasons() + ([] if summary else v.steps())
+    return out
 
 
 def activity(holder: dict | None, doc: dict | None, reboot: dict | None, ctx) -> dict:

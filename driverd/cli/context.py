@@ -44,6 +44,10 @@ class Context:
 
     @classmethod
     def from_args(cls, args) -> "Context":
+        # a common option this command would ignore (refused_common: option -> (cause, fix))
+        for opt, (cause, fix) in getattr(args, "refused_common", {}).items():
+            if getattr(args, opt.lstrip("-").replace("-", "_"), None) is not None:
+                raise UsageError(f"driverd {args.command} does not take {opt}", cause=cause, fix=fix)
         # container-entrypoint defaults to /host (the driver container's mount of the host root)
         root = args.root or os.environ.get("DRIVERD_ROOT") or getattr(args, "default_root", None) or "/"
         check_root(root, getattr(args, "command", None))

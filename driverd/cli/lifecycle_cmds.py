@@ -98,7 +98,12 @@ def register(sub, common) -> None:
     p.add_argument("--kubeconfig", metavar="FILE",
                    help="a THROWAWAY test cluster's admin kubeconfig for the rollout stage: it creates simulated "
                    "Node objects, GPU pods and a DriverRollout there (without it the stage is skipped)")
-    p.set_defaults(handler=cmd_demo)
+    # The demo makes its own sandbox host and configuration: a --root or --config would be ignored.
+    p.set_defaults(handler=cmd_demo, refused_common={
+        "--root": ("the demo builds its own simulated host in its sandbox and never reads or changes another",
+                   "drop --root; --workdir DIR says where the sandbox goes"),
+        "--config": ("the demo writes its own configuration into its sandbox",
+                     "drop --config; --workdir DIR says where the sandbox goes")})
 
 
 def cmd_run(ctx, args) -> int:
@@ -173,7 +178,14 @@ def render_wanted(w: dict) -> list[str]:
     lines = [f"wanted     {w['driver']} ({fl}) from {src}",
              f"           runtimes {','.join(c['runtime.runtimes'])} handler {c['runtime.handler']}"
              + (f"; parameters {params}" if params else "")]
-    lines += ["  DIFFERS: " + d for d in w["differs"]] or ["  in sync: the host runs what the configuration wants"]
+    if w.get("in_sync"):
+        lines.append("  in sync: the host runs what the configuration wants"
+                     + (f" (the driver is left to {w['left_to']})" if w.get("left_to") else ""))
+        return lines
+    lines += ["  DIFFERS: " + d for d in w["differs"]]
+    if w.get("plan"):
+        lines.append(f"  plan:    {', '.join(w['plan'])} (`driverd plan` says why; `driverd apply` or the "
+                     "daemon's next pass does it)")
     return lines
 
 
@@ -206,6 +218,12 @@ def render_daemon(d: dict | None) -> list[str]:
         head = f"daemon     {who} stopped {_ago(d.get('updated_at'))}"
     else:
         head = f"daemon     {who}, {'ready' if d.get('ready') else 'not ready'}"
+    dg = lr.get("degraded") if not d.get("stopped") else None
+    if dg:
+        run = dg["running"]
+        head += f", DEGRADED: running {run['version']} ({run['flavor']}), validated; wanted {dg.get('wanted')}: " \
+            f"{dg.get('why')}"
+        lr = {}                          # the reason was just said
     if lr:
         head += f"; last reconcile {lr.get('state')} {_ago(lr.get('finished_at'))}: {lr.get('reason')}"
     import time

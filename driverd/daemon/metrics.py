@@ -1,9 +1,12 @@
 """Prometheus metrics of the daemon. The only module that imports prometheus_client; it is loaded by
 the daemon commands alone, so host-only commands (detect, plan) never pay for it.
 
-driverd_driver_info{version,flavor,kernel}          1 for the driver the last converge validated
+driverd_driver_info{version,flavor,kernel}          1 for the driver the last converge (or degraded pass) validated
 driverd_state{driverd_state=...}                    the daemon's current state (one of health.STATES)
 driverd_ready                                       1 when /readyz answers 200
+driverd_degraded                                    1 when the last reconcile did not converge but the driver that
+                                                    runs validated (ready on it; /readyz and STATUS= say what was
+                                                    wanted and why it could not be had), else 0
 driverd_workload_ready                              1 when the last workload check passed (CUDA context and memory
                                                     round trip on every GPU with the containers' libraries), 0 when
                                                     it failed; absent before the first check
@@ -44,11 +47,13 @@ class Metrics:
         disable_created_metrics()          # no *_created series: they only double the scrape
         r = self.registry = CollectorRegistry()
         ProcessCollector(registry=r)
-        self.driver = Gauge("driverd_driver_info", "The driver the last converged reconcile validated",
+        self.driver = Gauge("driverd_driver_info", "The driver the last converged (or degraded) reconcile validated",
                             ["version", "flavor", "kernel"], registry=r)
         self.state = Enum("driverd_state", "What the daemon is doing or found", states=list(STATES), registry=r)
         self.ready = Gauge("driverd_ready", "1 when the host is converged and the driver validated (/readyz 200)",
                            registry=r)
+        self.degraded = Gauge("driverd_degraded", "1 when the last reconcile did not converge but the running driver "
+                              "validated: ready on it, not on the configured one (/readyz says why)", registry=r)
         self.workload_ready = Gauge("driverd_workload_ready", "1 when the last workload check passed (NVML and the "
                                     "loaded module agree, CUDA works on every GPU), 0 when it failed", registry=r)
         self.workload_seconds = Histogram("driverd_workload_check_duration_seconds", "Wall time of the workload "
@@ -82,6 +87,7 @@ class Metrics:
         self.build_failures = Counter("driverd_package_build_failures", "Failed local package builds by reason",
                                       ["reason"], registry=r)
         self.state.state("starting")
+        self.degraded.set(0)
 
     def package_event(self, event: str, f: dict) -> None:
         """driverd.observe subscriber: fetches and builds, wherever in the daemon they happen."""
@@ -129,6 +135,11 @@ class Metrics:
             self.driver.clear()
             if result.loaded:
                 self.driver.labels(result.loaded["version"], result.loaded["flavor"], result.kernel or "").set(1)
+        elif getattr(result, "degraded", None):
+            run = result.degraded["running"]
+            self.driver.clear()
+            self.driver.labels(run["version"], run["flavor"], result.kernel or "").set(1)
+        self.degraded.set(0 if result.converged or getattr(result, "degraded", None) is None else 1)
         self.set_state(result.state)
 
     def render(self) -> bytes:
