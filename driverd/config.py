@@ -21,6 +21,11 @@ from driverd.runtime.model import HANDLER_NAME
 CONFIG_PATH = "/etc/driverd/config.toml"
 VERSION_RE = re.compile(r"^\d{3}(\.\d{1,3}){1,2}$")
 LISTEN_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$")
+# What driverd.packages.fetch can read: http(s) with a host, file:// (no host but localhost: the path is
+# read on this machine) or an absolute directory. Anything else (ftp://, a typo like htps://) would only
+# fail at the first fetch, far from the line that says it.
+REPO_URL_RE = re.compile(r"^(?:https?://[^/?#\s]+(?:[/?#].*)?|file://(?:localhost)?/.*|/.*)$", re.IGNORECASE)
+REPO_URL_HINT = "a repository URL: https://HOST/PATH, http://HOST/PATH, file:///PATH or an absolute directory"
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,7 @@ class Key:
     help: str
     # for str, and for each element of list; a function when a registry decides (the runtimes)
     allowed: tuple[str, ...] | Callable[[], tuple[str, ...]] = ()
-    pattern: re.Pattern | None = None
+    pattern: re.Pattern | None = None           # for str, and for each element of list
     pattern_hint: str = ""
 
     def choices(self) -> tuple[str, ...]:
@@ -69,7 +74,8 @@ SCHEMA: dict[str, Key] = {
     "signing.cert": Key("str", None, "certificate (DER or PEM) matching signing.key (a host path, under --root)"),
     "signing.trusted_certs": Key("list", [], "certificates (PEM or DER, host paths under --root) the operator "
                                  "declares the kernel trusts, for hosts whose keyrings cannot be read"),
-    "packages.repositories": Key("list", [], "package repositories (https://, http://, file://)"),
+    "packages.repositories": Key("list", [], "package repositories (https://, http://, file://)",
+                                 pattern=REPO_URL_RE, pattern_hint=REPO_URL_HINT),
     "packages.cache_dir": Key("str", "/var/cache/driverd", "download cache, under the root"),
     "packages.cache_max_mb": Key("int", 4096, "size bound of the download cache in MiB"),
     "packages.build_fallback": Key("bool", True, "build locally when no repository holds the package"),
@@ -237,6 +243,8 @@ def _coerce(key: str, value: Any, where: str) -> Any:
         for v in value:
             if allowed and v not in allowed:
                 raise _fail(key, v, where, "one of " + ", ".join(allowed))
+            if spec.pattern and not spec.pattern.match(v):
+                raise _fail(key, v, where, spec.pattern_hint)
         return list(value)
     if spec.type == "params":
         if not isinstance(value, dict):

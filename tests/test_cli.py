@@ -10,6 +10,7 @@ from driverd.sim.hosttree import HostSpec, Pci, h100, write_host
 
 H200 = "h200-ubuntu-fc-580-open.tar.gz"     # captured on a real H200 host, open driver 580 loaded
 NOGPU = "debian12-nogpu.tar.gz"             # captured on a Debian 12 VM without a GPU
+A_REPO = {"DRIVERD_PACKAGES_REPOSITORIES": "file:///srv/driverd"}   # somewhere a package may come from
 
 
 def test_detect_json_contract_on_real_gpu_host(unpack_host):
@@ -39,7 +40,7 @@ def test_plan_on_real_gpu_host_upgrade_needs_reboot_and_checks_signers_after_the
     root = unpack_host(H200)
     # the host's own driver (loaded, not on disk, no package record) is replaced only on request
     res = run_cli("plan", "--root", str(root), "--driver", "590.48.01", "--json",
-                  env={"DRIVERD_DRIVER_MANAGE": "always"})
+                  env={"DRIVERD_DRIVER_MANAGE": "always", **A_REPO})
     assert res.returncode == 0, res.stderr
     p = json.loads(res.stdout)
     assert p["flavor"] == "open" and p["reboot_required"] is True and p["blocked_by"] == []
@@ -76,7 +77,7 @@ def test_no_gpu_host(unpack_host):
 
 def test_human_plan_and_help(tmp_path):
     write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
-    res = run_cli("plan", "--root", str(tmp_path), "--driver", "570.195.03", check=True)
+    res = run_cli("plan", "--root", str(tmp_path), "--driver", "570.195.03", check=True, env=A_REPO)
     assert "fetch-package" in res.stdout and "flavour:" in res.stdout
     assert "exit codes" in run_cli("--help").stdout
     assert "--root" in run_cli("plan", "--help").stdout
@@ -193,3 +194,44 @@ def test_kubectl_plugin_through_real_kubectl(tmp_path):
                                                      "driver": "535.261.03", "state": "idle"}
     finally:
         srv.stop()
+
+
+def test_plan_is_blocked_when_nothing_can_provide_the_package(tmp_path):
+    """Issue 32: with no repository and no source, `plan` listed fetch-package and exited 0; `apply` then
+    failed at it and claimed a validated rollback. The plan is blocked (one line: why, fix) and apply
+    refuses before anything is journalled."""
+    root = tmp_path / "h"
+    write_host(root, HostSpec(pci=[h100("0000:1b:00.0")]))
+    res = run_cli("plan", "--root", str(root), "--driver", "570.195.03", "--json")
+    assert res.returncode == 3, res.stderr
+    p = json.loads(res.stdout)
+    assert p["verdict"] == "blocked" and len(p["blocked_by"]) == 1
+    [why] = p["blocked_by"]
+    assert why.startswith("nothing can provide the 570.195.03 (open) package for kernel 6.1.0-47-cloud-amd64: no "
+                          "repository is configured (packages.repositories) and no local build: packages.source is "
+                          "not set") and "; fix: set packages.repositories" in why and "\n" not in why
+    res = run_cli("apply", "--root", str(root), "--driver", "570.195.03")
+    assert res.returncode == 3
+    [line] = res.stderr.splitlines()
+    assert line.startswith("driverd: error: the plan is blocked: nothing can provide the 570.195.03 (open) package")
+    assert line.count("fix: ") == 1 and "rolled back" not in line and "validated" not in line
+    assert not (root / "var/lib/driverd/journal.json").exists()
+    # a source without the kernel's headers cannot build either; a configured repository may have it
+    (root / "usr/src/nvidia").mkdir(parents=True)
+    p = json.loads(run_cli("plan", "--root", str(root), "--driver", "570.195.03", "--json",
+                           env={"DRIVERD_PACKAGES_SOURCE": "/usr/src/nvidia"}).stdout)
+    assert "no local build: kernel headers for 6.1.0-47-cloud-amd64 not found" in p["blocked_by"][0]
+    p = json.loads(run_cli("plan", "--root", str(root), "--driver", "570.195.03", "--json", env=A_REPO).stdout)
+    assert p["blocked_by"] == [] and "fetch-package" in [s["action"] for s in p["steps"]]
+
+
+def test_capture_into_a_missing_directory_is_one_line(tmp_path):
+    """`capture-host --out /nonexistent/dir/x` ended in an "unexpected error" line after reading the host."""
+    write_host(tmp_path / "h", HostSpec(pci=[h100("0000:1b:00.0")]))
+    for out, words in ((tmp_path / "nope/dir/x.tar.gz", f"directory {tmp_path / 'nope/dir'} does not exist"),
+                       (tmp_path, "it is a directory")):
+        res = run_cli("debug", "capture-host", "--root", str(tmp_path / "h"), "--out", str(out))
+        assert res.returncode == 2
+        [line] = res.stderr.splitlines()
+        assert line.startswith(f"driverd: error: cannot write --out {out}: {words}") and "unexpected" not in line
+

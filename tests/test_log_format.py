@@ -59,8 +59,9 @@ def test_errors_and_warnings_are_events(host, packages, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
     r = drv(bad, "detect", "--log-format", "json")
-    warn = [e for e in _events(r.stderr) if e["level"] == "warning"]
-    assert warn and "holds no host" in warn[0]["msg"] and not warn[0]["msg"].startswith("driverd")
+    (ev,) = [e for e in _events(r.stderr) if e["level"] == "error"]
+    assert r.returncode == 2 and "is not a host's root" in ev["msg"] and ev["exit_code"] == 2
+
 
 
 def test_daemon_logs_json_with_state_and_reason(host, packages, daemons):

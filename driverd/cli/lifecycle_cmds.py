@@ -131,6 +131,17 @@ def render_outcome(o: dict) -> str:
     if f:
         lines.append(f"first finished the interrupted {f['command']} run {f['run_id']}: {f['state']}")
     head = f"{o['command']}: {o['state']}" + (f" (resumed {o['resumed']}x)" if o["resumed"] else "")
+    rb = o.get("rolled_back_run")
+    if o["state"] == "rolled-back" and o.get("steps") is not None:
+        from driverd.apply.lifecycle import rolled_back_words
+        step = (o.get("failure") or {}).get("step")
+        head = f"{o['command']}: failed" + (f" at {step}" if step else "") + f"; {rolled_back_words(o)}"
+        if rb:
+            head = f"rollback: the interrupted {rb['command']} run {rb['run_id']}: {rolled_back_words(o)}"
+    elif o["state"] == "done" and o["command"] == "rollback":
+        lo, ins = o["loaded"], o["installed"]
+        head = ("rollback: done: restored " + (f"{ins['version']} ({ins['flavor']})" if ins else "no package")
+                + (f", loaded {lo['version']} ({lo['flavor']}) and validated" if lo else ""))
     if o["state"] == "nothing-to-do":
         head = f"{o['command']}: nothing to do, the host is already as requested (no journal written)"
     lines.append(head)

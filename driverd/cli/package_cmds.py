@@ -390,11 +390,25 @@ def cmd_repo_index(ctx, args) -> int:
     return EXIT_OK
 
 
+def repo_arg(url: str) -> str:
+    """--repo URL, checked as packages.repositories is (one rule: driverd.config's); a relative directory
+    is made absolute, the way a shell user means it."""
+    from driverd.config import REPO_URL_HINT, REPO_URL_RE
+    if "://" not in url:
+        url = os.path.abspath(url)
+    if not REPO_URL_RE.match(url):
+        scheme = url.split("://", 1)[0]
+        raise UsageError(f"--repo {url}: driverd cannot fetch over {scheme}://",
+                         cause="repositories are read over https://, http:// or file://",
+                         fix=f"pass {REPO_URL_HINT}")
+    return url
+
+
 def cmd_fetch(ctx, args) -> int:
     from driverd.packages.fetch import fetch_configured, want_for_host
     cfg = ctx.config.with_overrides({"driver.version": args.driver, "driver.flavor": args.flavor})
+    repos = [repo_arg(u) for u in args.repo] if args.repo else cfg["packages.repositories"]
     want = want_for_host(ctx.root, cfg, args.kernel, args.arch)
-    repos = args.repo or cfg["packages.repositories"]
     res = fetch_configured(ctx.root, cfg, want, repos, runner=ctx.runner, allow_build=not args.no_build,
                            verify_files=not args.install)
     out = res.to_json()
