@@ -235,3 +235,71 @@ def test_capture_into_a_missing_directory_is_one_line(tmp_path):
         [line] = res.stderr.splitlines()
         assert line.startswith(f"driverd: error: cannot write --out {out}: {words}") and "unexpected" not in line
 
+
+def _options() -> list[tuple[str, list[str]]]:
+    """(command path, option strings) of every option of every command."""
+    import argparse
+    from driverd.cli import build_parser
+    out = []
+
+    def walk(p, path):
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sp in a.choices.items():
+                    walk(sp, f"{path} {name}".strip())
+            elif a.option_strings:
+                out.append((path, list(a.option_strings), a))
+    walk(build_parser(), "")
+    return out
+
+
+def test_one_vocabulary_every_spelling_of_a_concept_is_accepted_everywhere():
+    """Issue 32: --flavour (the docs' word) was refused while --flavor worked; --workdir (demo) and
+    --work-dir (build) were two spellings of one thing; --kernel meant a release in build and real|sim in
+    apply. Every option named one way accepts the other, and real|sim is --kernel-backend."""
+    opts = _options()
+    flavor = [(c, o) for c, o, _ in opts if "--flavor" in o]
+    assert {c for c, _ in flavor} >= {"plan", "apply", "build", "fetch", "prepare-kernel", "cluster rollout start"}
+    assert all("--flavour" in o for _, o in flavor), flavor
+    work = [(c, o) for c, o, _ in opts if "--work-dir" in o or "--workdir" in o]
+    assert {c for c, _ in work} == {"build", "build-matrix", "demo"}
+    assert all({"--work-dir", "--workdir"} <= set(o) for _, o in work), work
+    backends = [(c, a) for c, o, a in opts if a.choices and "sim" in a.choices]
+    assert {c for c, _ in backends} >= {"load", "unload", "reload", "rollback", "apply", "status"}
+    for c, a in backends:      # real|sim is --kernel-backend; --kernel is only its hidden, deprecated spelling
+        assert a.option_strings == ["--kernel-backend"] or (a.option_strings == ["--kernel"] and a.help == "==SUPPRESS==")
+    releases = [c for c, o, a in opts if "--kernel" in o and not a.choices]
+    assert set(releases) == {"build", "fetch", "install", "rollback-install"}
+    forces = {c: a for c, o, a in opts if "--force" in o}
+    assert set(forces) == {"build", "cluster rollout start"} and forces["build"].help == "==SUPPRESS=="
+
+
+def test_old_spellings_work_and_warn_once(tmp_path):
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
+    res = run_cli("plan", "--root", str(tmp_path), "--driver", "570.195.03", "--flavour", "open", "--json", env=A_REPO)
+    assert res.returncode == 0 and json.loads(res.stdout)["flavor"] == "open" and res.stderr == ""
+    res = run_cli("status", "--root", str(tmp_path), "--kernel", "sim", "--json")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.strip() == ("driverd: warning: --kernel is deprecated for real|sim (--kernel names a kernel "
+                                  "release in build, fetch and install): use --kernel-backend")
+    res = run_cli("status", "--root", str(tmp_path), "--kernel-backend", "sim", "--json")
+    assert res.returncode == 0 and res.stderr == ""
+    from driverd.cli import build_parser
+    a = build_parser("build").parse_args(["build", "--source", "s", "--kernel", "6.1.0-47-cloud-amd64", "--flavour",
+                                          "open", "--out", "o", "--force", "--workdir", "w"])
+    assert (a.rebuild, a.flavor, a.work_dir, a.kernel) == (True, "open", "w", "6.1.0-47-cloud-amd64")
+    assert a.deprecated == ["driverd: warning: --force is deprecated: use --rebuild"]
+    a = build_parser("build").parse_args(["build", "--source", "s", "--kernel", "r", "--flavor", "open", "--out", "o"])
+    assert a.rebuild is False and not getattr(a, "deprecated", None)
+
+
+def test_a_missing_kubeconfig_is_bad_input(tmp_path):
+    """It exited 3 where README's table says bad usage or configuration is 2."""
+    res = run_cli("cluster", "nodes", "--kubeconfig", str(tmp_path / "nonexistent"))
+    assert res.returncode == 2
+    [line] = res.stderr.splitlines()
+    assert f"no kubeconfig at {tmp_path / 'nonexistent'}" in line
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\ncurrent-context: x\nusers: []\n")
+    bad.chmod(0o600)
+    assert run_cli("cluster", "nodes", "--kubeconfig", str(bad)).returncode == 2

@@ -1,6 +1,6 @@
 """What every command gets: the host root, the validated configuration, output mode, the runner.
 This is also the composition root: the one place that decides to bring in the simulated backends
-(driverd.sim) — only when asked for: --kernel sim or modules.kernel = "sim"."""
+(driverd.sim) — only when asked for: --kernel-backend sim or modules.kernel = "sim"."""
 from __future__ import annotations
 
 import os
@@ -51,7 +51,7 @@ class Context:
 
 
 def wants_sim(choice: str | None) -> bool:
-    """Only an explicit --kernel sim / modules.kernel = "sim" brings in the simulated backends."""
+    """Only an explicit --kernel-backend sim / modules.kernel = "sim" brings in the simulated backends."""
     return choice == "sim"
 
 
