@@ -59,8 +59,11 @@ def test_errors_and_warnings_are_events(host, packages, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
     r = drv(bad, "detect", "--log-format", "json")
+    (ev,) = [e for e in _events(r.stderr) if e["level"] == "error"]
+    assert r.returncode == 2 and "is not a host's root" in ev["msg"] and ev["exit_code"] == 2
+    r = drv(host, "status", "--kernel", "sim", "--log-format", "json")      # a deprecated spelling: a warning
     warn = [e for e in _events(r.stderr) if e["level"] == "warning"]
-    assert warn and "holds no host" in warn[0]["msg"] and not warn[0]["msg"].startswith("driverd")
+    assert warn and "--kernel is deprecated" in warn[0]["msg"] and not warn[0]["msg"].startswith("driverd")
 
 
 def test_daemon_logs_json_with_state_and_reason(host, packages, daemons):

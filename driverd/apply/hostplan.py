@@ -1,5 +1,6 @@
 """The one place a host's plan is made: facts read under the root, the desired state from the
-configuration, the signer preflight's verdict, `driverd.plan.plan`. `driverd plan`, `apply` (and its
+configuration, the signer preflight's verdict, whether any repository or local build can provide a
+package, `driverd.plan.plan`. `driverd plan`, `apply` (and its
 --dry-run), every pass of the daemon and the cluster agent's preflight call this, so they cannot
 disagree about a host: the same facts and configuration give the same plan, and the same plan gives
 the same verdict (converged, steps to take, blocked, reboot first)."""
@@ -28,10 +29,12 @@ def plan_for_host(root, cfg, *, facts: Facts | None = None, nvml: bool = False) 
     if facts is None:
         facts = collect(root, nvml=nvml, handler=cfg["runtime.handler"], binary=cfg["runtime.binary"],
                         driver_root=cfg["validation.driver_root"])
+    from driverd.packages.fetch import unavailable
     from driverd.packages.userspace_source import offer
     return HostPlan(facts, plan(facts, Desired.from_config(cfg), for_plan(root, facts, cfg),
                                 userspace=workload_applies(root, cfg),
-                                us_offer=offer(root, cfg, cfg["driver.version"], facts.kernel.arch)))
+                                us_offer=offer(root, cfg, cfg["driver.version"], facts.kernel.arch),
+                                no_package=unavailable(root, cfg, facts.kernel.release)))
 
 
 @dataclass(frozen=True)

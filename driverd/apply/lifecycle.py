@@ -155,6 +155,9 @@ def apply_request(cfg) -> Request:
         from driverd.apply.hostplan import plan_for_host
         p = plan_for_host(ctx.root, cfg).plan
         if p.blocked_by:
+            why, _, fix = p.blocked_by[0].rpartition("; fix: ") if len(p.blocked_by) == 1 else ("", "", "")
+            if why:         # one reason that names its own fix: one line, one fix
+                raise PlanError("the plan is blocked: " + why, fix=fix)
             raise PlanError("the plan is blocked: " + "; ".join(p.blocked_by), fix="see `driverd plan`")
         rec = reboot_record(ctx)
         if p.reboot_required:
@@ -224,7 +227,9 @@ def _transact_locked(ctx, ex: Executor, req: Request) -> dict:
     finished = None
     if pending is not None:
         if req.command == "rollback":
-            return outcome(ex.rollback_now(pending, "rollback requested"), ctx, ex)
+            out = outcome(ex.rollback_now(pending, "rollback requested"), ctx, ex)
+            out["rolled_back_run"] = {"run_id": pending["run_id"], "command": pending["command"]}
+            return out
         doc = ex.resume(pending)
         finished = summary(doc)
         same = doc["command"] == req.command and (doc.get("meta") or {}).get("request") == req.identity
@@ -275,19 +280,43 @@ def raise_for(out: dict) -> int:
     finish; a run that did not finish `done` raises (exit 3) with what failed and where it ended."""
     if out["state"] in ("done", "nothing-to-do"):
         return EXIT_REBOOT if out.get("reboot_required") else 0
+    if out["state"] == "rolled-back" and out.get("rolled_back_run"):
+        return 0                # `driverd rollback` of an interrupted run: rolled back is what was asked
     f = out.get("failure") or {}
     err = f.get("error") or {}
     where = f" at {f['step']}" if f.get("step") else ""
-    back = out.get("loaded")
     if out["state"] == "rolled-back":
-        msg = (f"{out['command']} failed{where}: {err.get('error')}; rolled back to "
-               + (f"{back['version']} ({back['flavor']}), validated" if back else "the state before the run"))
+        msg = f"{out['command']} failed{where}: {err.get('error')}; {rolled_back_words(out)}"
     else:
         rf = (out.get("rollback_failure") or {}).get("error") or {}
         msg = f"{out['command']} failed{where}: {err.get('error')}; ROLLBACK FAILED: {rf.get('error')}"
     raise ModuleError(msg, cause=err.get("cause"), fix=err.get("fix") if out["state"] == "rolled-back" else
                       "the host has no validated driver: see the journal and the kernel log; driverd rollback retries",
                       details=out)
+
+
+def _changed(steps: list[dict]) -> list[str]:
+    """The steps of a journal list that did change the host (done, and not only recording or checking)."""
+    from driverd.plan.actions import ACTIONS
+    return [s["action"] for s in steps if s["status"] == "done" and not ACTIONS[s["action"]].read_only]
+
+
+def nothing_changed(out: dict) -> bool:
+    """A run that failed before any step changed the host (and whose rollback found nothing to put
+    back): it must not claim a rollback, let alone a validated one."""
+    return not _changed(out["steps"]) and not _changed(out.get("rollback") or [])
+
+
+def rolled_back_words(out: dict) -> str:
+    """What the rollback of a failed run did, as much as it did: nothing changed; back to the driver
+    a validation proved; or the run's own changes undone (no validation ran: the driver was not touched)."""
+    if nothing_changed(out):
+        return "nothing was changed"
+    back = out.get("loaded")
+    if back and any(s["action"] == "validate" and s["status"] == "done" for s in out.get("rollback") or []):
+        return f"rolled back to {back['version']} ({back['flavor']}), validated"
+    done = _changed(out["steps"])
+    return "rolled back to the state before the run" + (f" ({', '.join(done)} undone)" if done else "")
 
 
 # -- status (a reader: no lock) ---------------------------------------------------------------------

@@ -675,6 +675,19 @@ class _RuntimeStep(StepImpl):
             return False
         return not rep.files_changed
 
+    def preflight(self, ctx, params):
+        """A runtime configuration driverd cannot parse is bad input (exit 2), refused before the run
+        starts: nothing is journalled, nothing changed, no driver rollback to report."""
+        from driverd.errors import EXIT_USAGE, DriverdError
+        from driverd.runner import Runner
+        try:
+            self._fn()(ctx.root, params["runtime"], runtime_options(ctx, params, True), Runner(dry_run=True))
+        except DriverdError as e:
+            if e.exit_code == EXIT_USAGE:
+                raise
+        except Exception:
+            pass                        # do() meets it again, inside the run, where it is journalled
+
     def preimage(self, ctx, params):
         return _runtime_files(ctx, params, self.verb)
 

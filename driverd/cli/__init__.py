@@ -116,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ctx = Context.from_args(args)
         _configure_logs(args, ctx)
+        from driverd.log import log
+        for w in getattr(args, "deprecated", None) or ():      # an old spelling (driverd.cli.options)
+            log(w, "warning")
         return int(args.handler(ctx, args) or 0)
     except DriverdError as e:
         return error(bool(getattr(args, "json", False)), e)

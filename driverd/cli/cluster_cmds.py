@@ -8,6 +8,8 @@ import json
 import sys
 import time
 
+from driverd.cli.options import add_flavor
+
 KUBECTL_EPILOG = """\
 examples:
   kubectl driverd rollout start --driver 570.195.03 --max-parallel 10 --max-unavailable 5%
@@ -63,7 +65,7 @@ def register_kubectl(sub, common) -> None:
                         "example:\n  kubectl driverd rollout start --driver 570.195.03 --selector pool=a100 "
                         "--max-parallel 5 --max-unavailable 10% --canary 1")
     p.add_argument("--driver", required=True, metavar="V", help="driver version, e.g. 570.195.03")
-    p.add_argument("--flavor", default="auto", choices=("auto", "open", "proprietary"))
+    add_flavor(p, default="auto")
     p.add_argument("--selector", "-l", default="", metavar="LABELS", help="node label selector (kubectl syntax)")
     p.add_argument("--max-parallel", type=int, default=1, metavar="N")
     p.add_argument("--max-unavailable", default="1", metavar="N|P%", help="a number >= 1 or a percentage "

@@ -64,7 +64,7 @@ def prepare_workdir(path: str | None) -> Path:
     except Untrusted as u:
         raise refuse(u.problem, u.fix) from None
     except OSError as e:
-        raise refuse(e.strerror or str(e), "pass a new directory, e.g. --workdir /tmp/driverd-demo") from None
+        raise refuse(e.strerror or str(e), "pass a new directory, e.g. --work-dir /tmp/driverd-demo") from None
     if missing:
         for name in missing:
             real = os.path.join(real, name)

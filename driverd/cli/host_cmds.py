@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from driverd.cli.options import add_flavor
 from driverd.cli.output import emit, table, yesno
 from driverd.errors import EXIT_BLOCKED, EXIT_OK
 
@@ -21,7 +22,7 @@ def register(sub, common) -> None:
                        "satisfied are left out. A plan that cannot run says so: blocked_by (exit 3) or "
                        "reboot_required.")
     p.add_argument("--driver", metavar="VERSION", help="driver version, e.g. 535.261.03 (default: driver.version)")
-    p.add_argument("--flavor", choices=("auto", "open", "proprietary"), help="kernel-module flavour (default: driver.flavor)")
+    add_flavor(p, help="kernel-module flavour (default: driver.flavor)")
     p.set_defaults(handler=cmd_plan)
 
     p = sub.add_parser("gpus", parents=[common], help="look GPUs up in driverd's table: branches and flavours per NVIDIA",
@@ -38,8 +39,11 @@ def register(sub, common) -> None:
 
     p = sub.add_parser("config", parents=[common], help="show the effective configuration and where each value comes from",
                        description="Load and validate <root>/etc/driverd/config.toml plus DRIVERD_* environment "
-                       "overrides; print every key with its value and source.")
-    p.add_argument("--keys", action="store_true", help="list every key, its environment variable and help")
+                       "overrides; print the effective configuration as TOML driverd would load (every key with its "
+                       "value and, as a comment, its source; unset keys commented out; the first line says which "
+                       "file was read or that it is absent). --json: the same as an object.")
+    p.add_argument("--keys", action="store_true", help="list every key, the environment variable that sets it (and "
+                   "how: lists comma-separated; module parameters only in the file) and its help")
     p.set_defaults(handler=cmd_config)
 
     dbg = sub.add_parser("debug", help="tools for bug reports and fixtures")
@@ -286,14 +290,18 @@ def _other_warnings(p: dict) -> list[str]:
 def cmd_config(ctx, args) -> int:
     from driverd import config as config_mod
     if args.keys:
-        rows = [[k, config_mod.env_name(k), s.help + (f" [{'|'.join(s.choices())}]" if s.choices() else "")]
+        def env(k: str) -> str:
+            if not config_mod.env_settable(k):
+                return "(" + config_mod.env_syntax(k) + ")"
+            return config_mod.env_name(k) + (" (comma-separated)" if config_mod.SCHEMA[k].type == "list" else "")
+        rows = [[k, env(k), s.help + (f" [{'|'.join(s.choices())}]" if s.choices() else "")]
                 for k, s in config_mod.SCHEMA.items()]
-        emit(ctx.json, {k: {"env": config_mod.env_name(k), "help": s.help, "allowed": list(s.choices()),
+        emit(ctx.json, {k: {"env": config_mod.env_name(k) if config_mod.env_settable(k) else None,
+                            "env_syntax": config_mod.env_syntax(k), "help": s.help, "allowed": list(s.choices()),
                             "default": s.default} for k, s in config_mod.SCHEMA.items()}, lambda _: table(rows, ""))
         return EXIT_OK
     cfg = ctx.config
-    emit(ctx.json, {"path": cfg.path, "values": cfg.to_json()},
-         lambda d: f"config {d['path']}\n" + table([[k, repr(v["value"]), v["source"]] for k, v in d["values"].items()]))
+    emit(ctx.json, {"path": cfg.path, "read": bool(cfg.found), "values": cfg.to_json()}, lambda _: cfg.to_toml())
     return EXIT_OK
 
 

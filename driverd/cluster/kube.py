@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from driverd.errors import ClusterError, DriverdError
+from driverd.errors import EXIT_USAGE, ClusterError, DriverdError
 from driverd.redact import redact_obj
 
 GROUP, VERSION = "driverd.io", "v1alpha1"
@@ -84,7 +84,8 @@ def _configuration(t: Target):
         raise
     except Exception as e:      # the loaders raise ConfigException, TypeError, FileNotFoundError ...
         raise ClusterError(f"no usable Kubernetes credentials: {e}",
-                           fix=f"pass --kubeconfig FILE (tried {where}) or run inside the cluster") from None
+                           fix=f"pass --kubeconfig FILE (tried {where}) or run inside the cluster",
+                           exit_code=EXIT_USAGE) from None
     return cfg
 
 
@@ -104,7 +105,8 @@ def _kubeconfig(t: Target, where: str):
     merged = KubeConfigMerger(":".join(paths)).config
     if merged is None:
         raise ClusterError(f"no usable Kubernetes credentials: no kubeconfig at {where}",
-                           fix=f"pass --kubeconfig FILE (tried {where}) or run inside the cluster")
+                           fix=f"pass --kubeconfig FILE (tried {where}) or run inside the cluster",
+                           exit_code=EXIT_USAGE)
     try:
         name = t.context or merged["current-context"]
         ctx = merged["contexts"].get_with_name(name)["context"]
@@ -114,7 +116,7 @@ def _kubeconfig(t: Target, where: str):
         cluster = merged["clusters"].get_with_name(ctx["cluster"])["cluster"]
     except ConfigException as e:
         raise ClusterError(f"no usable Kubernetes credentials: {e}",
-                           fix=f"fix the kubeconfig {where} or pass --context") from None
+                           fix=f"fix the kubeconfig {where} or pass --context", exit_code=EXIT_USAGE) from None
     source = (user.path if user is not None else None) or paths[0]
     if user is not None and not t.allow_exec:
         for key, kind, why in _RUNS_OR_SENDS:

@@ -205,7 +205,7 @@ class RealKernel(Kernel):
         if not self.live:
             raise ConfigError(f"root {self.root.base} is not the live host; the real kernel cannot change it",
                               cause="its /proc is not this machine's /proc",
-                              fix="use --kernel sim for a simulated tree, --dry-run to see the steps, or run on "
+                              fix="use --kernel-backend sim for a simulated tree, --dry-run to see the steps, or run on "
                                   "the host (root / or /host)")
 
     def _tool(self, name: str) -> str:
@@ -363,7 +363,7 @@ def select_kernel(root: Root, runner, choice: str | None = None) -> Kernel:
     choice = choice or "auto"
     if choice not in KERNELS:
         raise ConfigError(f"unknown kernel {choice!r}", cause="the kernel boundary is real or sim",
-                          fix="use --kernel real|sim|auto")
+                          fix="use --kernel-backend real|sim|auto (modules.kernel)")
     if choice == "auto":
         choice = "real"
     if choice == "real":

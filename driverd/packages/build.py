@@ -413,18 +413,29 @@ def _compiler(hdr: Headers) -> str | None:
 
 # -- fetch's fallback ---------------------------------------------------------------------------
 
-def local_builder(root: Root, cfg, want, runner: Runner):
-    """(builder, None) when this host can build `want` itself, else (None, the reason it cannot)."""
+def cannot_build(root: Root, cfg, release: str) -> str | None:
+    """Why this host cannot build a package for `release` itself, from what is cheap to see (the
+    source is set and exists, the kernel's headers are installed); None: it may. The source's driver
+    version is judged by local_builder, when a build is about to happen."""
     source = cfg["packages.source"]
     if not source:
-        return None, "packages.source is not set (no driver source to build from)"
-    src_path = str(root.real(source)) if not root.is_slash else source
-    if not os.path.exists(src_path):
-        return None, f"driver source {source} does not exist"
+        return "packages.source is not set (no driver source to build from)"
+    if not os.path.exists(str(root.real(source)) if not root.is_slash else source):
+        return f"driver source {source} does not exist"
     try:
-        find_headers(root, want.kernel_release)
+        find_headers(root, release)
     except PackageError as e:
-        return None, e.message
+        return e.message
+    return None
+
+
+def local_builder(root: Root, cfg, want, runner: Runner):
+    """(builder, None) when this host can build `want` itself, else (None, the reason it cannot)."""
+    why = cannot_build(root, cfg, want.kernel_release)
+    if why:
+        return None, why
+    source = cfg["packages.source"]
+    src_path = str(root.real(source)) if not root.is_slash else source
     work = root.real(f"{cfg['packages.cache_dir']}/build")       # resolved inside the root, link by link
     v = peek_version(src_path, work)
     from driverd.packages.sign import node_path

@@ -128,7 +128,7 @@ def fetch(root, cfg, version: str, arch: str, runner=None) -> Fetched:
     if path is not None:
         return Fetched(str(path), sha256_file(path), f"userspace.package ({path})")
     repos = list(cfg["packages.repositories"])
-    looked: list[str] = []
+    looked: list[f.Looked] = []
     session = None
     creds = f.Credentials(node_path(root, cfg["packages.netrc"]), node_path(root, cfg["packages.auth_header_file"]))
     for url in repos:
@@ -142,11 +142,13 @@ def fetch(root, cfg, version: str, arch: str, runner=None) -> Fetched:
         except PackageError as e:
             if isinstance(e, f.trust.IndexRefused):
                 raise
-            looked.append(f"{f.redact(url)} ({e.message})")
+            looked.append(f.Looked(f.redact(url), "unreachable" if isinstance(e, f.Unreachable) else "unusable",
+                                   e.message))
             continue
         entry = idx.find_userspace(version, arch)
         if entry is None:
-            looked.append(f"{f.redact(url)} (its index lists {len(idx.userspace)} user-space packages, not this one)")
+            looked.append(f.Looked(f.redact(url), "missing",
+                                   f"its index lists {len(idx.userspace)} user-space packages, not this one"))
             continue
         # host paths through the root's confined writers, like the kernel-module package's fetch
         cdir = f.cache_hostdir(cfg["packages.cache_dir"])
@@ -164,8 +166,7 @@ def fetch(root, cfg, version: str, arch: str, runner=None) -> Fetched:
             raise PackageError(f"{e.message} (from {f.redact(url)})", cause=e.cause, fix=e.fix) from None
         dest = root.real(dest)
         return Fetched(str(dest), entry.sha256, f.redact(url))
-    where = "; ".join(looked) if looked else "no repositories configured (packages.repositories)"
-    raise PackageError(f"no user-space package {us.package_basename(version, arch)} found in: {where}",
-                       cause="neither userspace.package nor a repository's index has this version's user-space",
-                       fix=f"driverd build-userspace the {version} user-space into the repository and run "
-                           "`driverd repo index REPO`, or set userspace.package")
+    # a repository that did not answer is said as such, not as one without the user-space
+    raise f.not_found(us.package_basename(version, arch), looked, None,
+                      f"driverd build-userspace the {version} user-space into the repository and run `driverd repo "
+                      "index REPO`, or set userspace.package", what="user-space package")
