@@ -162,3 +162,36 @@ def test_invalid_abort_delete_and_undo(deployed, make):
     assert log.moves(made[0]["rollout"]) == ["Progressing", "Completed"]
     assert refusals(deployed, f.audit_from) == []
     log.close()
+
+
+def test_no_targets_refused_then_excluded_and_paused_for_a_node_not_ready(deployed, make):
+    """Completed/NoTargets; (Preflight →) Refused → the spec edited to preflight=Exclude →
+    Progressing → Paused/NodesNotReady (the one node left is NotReady past the bound) → Ready again →
+    Completed, the refusing node excluded."""
+    f = make(4)
+    cfg = f.nodes["gpu-0003"].root / "etc/driverd/config.toml"
+    (f.work / "empty-repo").mkdir()
+    (f.work / "empty-repo/index.json").write_text('{"format": 1, "packages": []}')
+    cfg.write_text(cfg.read_text().replace(str(f.repo), str(f.work / "empty-repo")))
+    start_with_coordinator(f, COORD)
+    log = PhaseLog(f)
+    rc, out, err = cli(f, "rollout", "start", "--driver", NEW, "--name", "none", "-l", "pool=nothing")
+    assert rc == 0 and "no node matches" in err
+    assert wait_phase(f, "none", ("Completed",))["status"]["reason"] == "NoTargets"
+    f.set_ready("gpu-0002", False, since=time.time() - 120)
+    targets = ["gpu-0001", "gpu-0002", "gpu-0003"]
+    f.admin.create(rollout_path(), rollout("r", nodeSelector=hosts(*targets), notReadyTimeoutSeconds=30))
+    ro = wait_phase(f, "r", ("Refused",), timeout=60)
+    assert [p["node"] for p in ro["status"]["preflightFailures"]] == ["gpu-0003"]
+    f.admin.patch(rollout_path("r"), {"spec": {"preflight": "Exclude"}})
+    ro = wait_phase(f, "r", ("Paused",), timeout=90)
+    assert ro["status"]["reason"] == "NodesNotReady" and [n["node"] for n in ro["status"]["notReadyNodes"]] == \
+        ["gpu-0002"], ro["status"]
+    assert views(f)["gpu-0001"].driver == NEW and views(f)["gpu-0002"].state == m.IDLE
+    f.set_ready("gpu-0002", True)
+    ro = wait_phase(f, "r", ("Completed",), timeout=90)
+    assert ro["status"]["nodes"]["excluded"] == 1 and ro["status"]["nodes"]["done"] == 2, ro["status"]
+    assert [views(f)[n].driver for n in targets] == [NEW, NEW, OLD]
+    assert log.moves("r") == ["Refused", "Progressing", "Paused", "Progressing", "Completed"], log.history("r")
+    assert refusals(deployed, f.audit_from) == []
+    log.close()
