@@ -203,6 +203,13 @@ def decide(r: Rollout, nodes: list[NodeView], *, now: float, started: float, can
                 if left > 0:
                     d.reason, d.message = "CanarySoak", f"canary done; soaking {left:.0f}s more before the rest"
                     return d
+    if waiting:
+        # an edited spec is a new generation: nobody goes before every target node answered it, so the
+        # order (canary, then by name) holds after an edit too
+        d.reason = "WaitingForPreflight"
+        d.message = (f"waiting for {len(waiting)} node(s) to answer the preflight of generation {r.generation}: "
+                     + ", ".join(waiting[:5]))
+        return d
     for n in candidates:
         if budget <= 0:
             break

@@ -240,3 +240,15 @@ def test_a_paused_rollout_says_paused_while_its_nodes_answer_the_edited_spec():
     nodes = [node("a", state=m.DONE), node("b")]            # both answered generation 1 only
     d = decide(r, nodes, now=0, started=0)
     assert (d.phase, d.reason) == ("Paused", "PausedBySpec") and d.admit == []
+
+
+def test_after_an_edit_nobody_goes_before_every_node_answered_the_new_generation():
+    """The order holds after a spec edit too: a node that answered the new generation first is not
+    admitted ahead of one earlier in the order that has not answered yet."""
+    r = m.Rollout.from_object({"metadata": {"name": "r", "generation": 2},
+                               "spec": {"driver": "550.127.05", "maxParallel": 1, "maxUnavailable": 1}})
+    done = node("a", state=m.DONE)
+    d = decide(r, [done, node("b"), node("c", rollout_key="r/2")], now=0, started=0)
+    assert d.admit == [] and (d.phase, d.reason) == ("Progressing", "WaitingForPreflight") and "b" in d.message
+    d = decide(r, [done, node("b", rollout_key="r/2"), node("c", rollout_key="r/2")], now=0, started=0)
+    assert d.admit == ["b"]
