@@ -218,7 +218,7 @@ class NodeAgent:
     def _preflight(self, v: m.NodeView) -> float | None:
         """Answer the preflight of the oldest unfinished rollout that selects this node, once per
         rollout generation: can this node take the target, and does it need to?"""
-        for obj in sorted(self.rollouts.snapshot(), key=lambda o: o["metadata"].get("creationTimestamp", "")):
+        for obj in sorted(self.rollouts.snapshot(), key=m.oldest_first):
             try:
                 r = m.Rollout.from_object(obj)
             except m.SpecError:
@@ -302,7 +302,13 @@ class NodeAgent:
             return f"DriverRollout {name} cannot be carried out: {e.one_line()}"
         # (an aborted or deleted one is given back by tick(), like every node it holds)
         if m.ended(obj) and (md.get("annotations") or {}).get(m.A_ABORT) != "true" and not md.get("deletionTimestamp"):
-            return f"rollout {name} has ended ({(obj.get('status') or {}).get('phase')})"
+            # an operator's retry reopens an ended rollout: the coordinator writes its status before
+            # the admission, but our watch of the rollouts may show it after our watch of the Node
+            fresh = self.kube.find(rollout_path(name))
+            if fresh is not None:
+                self.rollouts.put(fresh)
+            if fresh is None or m.ended(fresh):
+                return f"rollout {name} has ended ({((fresh or obj).get('status') or {}).get('phase')})"
         if not r.selects(v.labels):
             return f"rollout {name} does not select this node"
         if v.target != r.target:
