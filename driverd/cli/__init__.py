@@ -119,9 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.handler(ctx, args) or 0)
     except DriverdError as e:
         return error(bool(getattr(args, "json", False)), e)
-    except KeyboardInterrupt:
-        print("driverd: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        from driverd.cli.interrupt import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
+        term = isinstance(e, Terminated)
+        print(f"driverd: {'terminated' if term else 'interrupted'}", file=sys.stderr)
+        return EXIT_TERMINATED if term else EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
     except Exception as e:  # a bug: say so on one line, with where to look
