@@ -14,15 +14,19 @@ from driverd.errors import EXIT_UNEXPECTED, EXIT_USAGE, DriverdError
 
 # Each module defines register(sub, common) and handlers taking (ctx, args) -> int.
 COMMAND_MODULES = ("driverd.cli.host_cmds", "driverd.cli.package_cmds", "driverd.cli.lifecycle_cmds",
-                   "driverd.cli.runtime_cmds", "driverd.cli.daemon_cmds", "driverd.cli.cluster_cmds")
+                   "driverd.cli.runtime_cmds", "driverd.cli.daemon_cmds", "driverd.cli.cluster_cmds",
+                   "driverd.cli.completion")
 
 EPILOG = """\
 exit codes: 0 done or nothing to do, 1 unexpected failure, 2 bad usage or configuration,
             3 blocked by a precondition or another driverd holding the host lock (the message says which),
-            4 done what is safe, a reboot is required to finish (apply)
+            4 done what is safe, a reboot is required to finish (apply), 130/143 interrupted (Ctrl-C, SIGTERM)
 every command takes --root DIR (default /, the driver container uses /host) and --json.
 start with:  driverd detect            what is on this host
              driverd plan --driver V   what driverd would do to reach driver V, and why
+more:        driverd --version         which driverd this is
+             driverd COMMAND --help    a command's options and examples (also: man driverd)
+             driverd completion bash   TAB completion: source <(driverd completion bash)
 """
 
 
@@ -80,7 +84,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         description="driverd takes a bare NVIDIA GPU host to workload-ready and keeps it there: it reads the "
                     "host, decides the driver flavour, fetches or builds a package for the exact kernel, "
                     "loads it safely and configures the container runtimes.")
-    parser.add_argument("--version", action="version", version=f"driverd {__version__}")
+    parser.add_argument("--version", action="version", version=f"driverd {__version__}",
+                        help="print driverd's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     common = common_parser(suppress=True)
     target = _OnlyCommand(sub, only) if only else sub
@@ -180,7 +185,8 @@ def kubectl_parser() -> argparse.ArgumentParser:
                     "as `driverd cluster` on a node).\n"
                     "cluster access as kubectl: --kubeconfig, --context, -n; output: -o table|wide|json|yaml|name;\n"
                     "`rollout start --dry-run=client -o yaml` prints the DriverRollout for a GitOps repository.")
-    parser.add_argument("--version", action="version", version=f"{KUBECTL_PROG} (driverd {__version__})")
+    parser.add_argument("--version", action="version", version=f"{KUBECTL_PROG} (driverd {__version__})",
+                        help="print the plugin's (driverd's) version and exit")
     sub = parser.add_subparsers(dest="cluster_command", metavar="COMMAND")
     cluster_cmds.register_kubectl(sub, common_parser(suppress=True))
     # what the common options default to where a command does not take them from the command line

@@ -491,8 +491,11 @@ def cmd_agent(ctx, args) -> int:
     from driverd.cluster.kube import Target
     from driverd.daemon.cluster_mode import ClusterMode
 
+    from driverd import log as logs
+    logs.configure(mode="cluster-agent", timestamps=not logs.stderr_is_journal())   # a long-running process
+
     def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
+        logs.log(msg)
     target = Target(kubeconfig=args.kubeconfig, context=args.context) if args.kubeconfig or args.context else None
     cm = ClusterMode(ctx.config, ctx.root, lambda c: ctx.step_context(c), log, target=target, node=args.node,
                      namespace=args.namespace)
