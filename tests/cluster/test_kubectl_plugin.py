@@ -5,8 +5,6 @@ DriverRollout for GitOps that the real kube-apiserver accepts under deploy/'s CR
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
 import subprocess
 import sys
