@@ -303,3 +303,71 @@ def test_a_missing_kubeconfig_is_bad_input(tmp_path):
     bad.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\ncurrent-context: x\nusers: []\n")
     bad.chmod(0o600)
     assert run_cli("cluster", "nodes", "--kubeconfig", str(bad)).returncode == 2
+
+
+# -- issue 32, item 9: what the smaller outputs say ------------------------------------------------
+
+def test_plan_lists_daemons_apart_from_modules(tmp_path):
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
+    out = run_cli("plan", "--root", str(tmp_path), "--driver", "570.195.03", check=True).stdout.splitlines()
+    mods = next(ln for ln in out if ln.startswith("modules: "))
+    assert "persistenced" not in mods and mods.startswith("modules: nvidia")
+    assert "daemons: nvidia-persistenced" in out
+
+
+def test_identical_gpus_are_one_block(tmp_path):
+    addrs = [f"0000:{b:02x}:00.0" for b in (0x18, 0x28, 0x38, 0x48, 0x58, 0x68, 0x78, 0x88)]
+    l40s = Pci("0000:c3:00.0", "0x10de", "0x26b9", "0x030200")
+    write_host(tmp_path, HostSpec(pci=[h100(a) for a in addrs] + [l40s]))
+    out = run_cli("gpus", "--root", str(tmp_path), check=True).stdout.splitlines()
+    heads = [ln for ln in out if not ln.startswith(" ")]
+    assert len(heads) == 2, out
+    assert heads[0].startswith("8 × 0x2330 subsystem 10de:16c1  NVIDIA H100 80GB HBM3  (Hopper")
+    assert out[1] == "  at:           " + ", ".join(addrs)
+    assert heads[1].startswith("0000:c3:00.0  0x26b9")
+    js = run_cli("gpus", "--root", str(tmp_path), "--json", check=True).stdout
+    assert [g["pci_address"] for g in json.loads(js)["gpus"]] == addrs + ["0000:c3:00.0"]    # JSON: one per GPU
+
+
+def test_status_leaves_an_unknown_refcount_out(tmp_path):
+    from driverd.sim.hosttree import Module, nvidia_version_line
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0", "nvidia")], module_unload=False,
+                                  modules=[Module("nvidia", 5000000, 2, ("nvidia_uvm",), version="570.195.03"),
+                                           Module("nvidia_uvm", 100000, 0)],
+                                  nvidia_version_text=nvidia_version_line("570.195.03", "open")))
+    r = run_cli("status", "--root", str(tmp_path))
+    assert "None" not in r.stdout, r.stdout
+    line = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("nvidia "))
+    assert "refcount" not in line and "holders nvidia_uvm" in line
+
+
+def test_version_is_in_the_help_and_true():
+    from importlib.metadata import version
+    top = run_cli("--help").stdout
+    assert "--version" in top and "print driverd's version and exit" in top and "driverd completion bash" in top
+    assert run_cli("--version").stdout.strip() == f"driverd {version('driverd')}"
+
+
+def test_bash_completion_from_the_parser(tmp_path):
+    """The generated script, sourced by bash, completes commands, subcommands, options and their values."""
+    import shutil
+    bash = shutil.which("bash")
+    script = run_cli("completion", "bash", check=True).stdout
+    (tmp_path / "c.bash").write_text(script)
+    (tmp_path / "out").mkdir()
+    cases = [(["driverd", "bu"], "build build-userspace build-matrix"),
+             (["driverd", "--root", "/x", "pl"], "plan"),
+             (["driverd", "cluster", "rollout", "s"], "start status"),
+             (["driverd", "build", "--fl"], "--flavor"),
+             (["driverd", "build", "--flavor", ""], "open proprietary"),
+             (["driverd", "--log-format", ""], "text json"),
+             (["driverd", "runtime", "configure", "--runtime", "c"], "containerd crio"),
+             (["driverd", "build", "--out", str(tmp_path / "ou")], str(tmp_path / "out")),
+             (["driverd", "completion", ""], "bash")]
+    lines = [f"source {tmp_path / 'c.bash'}"]
+    for words, _ in cases:
+        arr = " ".join("'" + w + "'" for w in words)
+        lines.append(f"COMP_WORDS=({arr}); COMP_CWORD={len(words) - 1}; _driverd; echo \"${{COMPREPLY[*]}}\"")
+    r = subprocess.run([bash, "--norc", "-c", "\n".join(lines)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.splitlines() == [want for _, want in cases]

@@ -290,9 +290,10 @@ def raise_for(out: dict) -> int:
     else:
         rf = (out.get("rollback_failure") or {}).get("error") or {}
         msg = f"{out['command']} failed{where}: {err.get('error')}; ROLLBACK FAILED: {rf.get('error')}"
+    kernel_log = (err.get("details") or {}).get("kernel_log")
     raise ModuleError(msg, cause=err.get("cause"), fix=err.get("fix") if out["state"] == "rolled-back" else
                       "the host has no validated driver: see the journal and the kernel log; driverd rollback retries",
-                      details=out)
+                      details={**out, "kernel_log": kernel_log} if kernel_log else out)
 
 
 def _changed(steps: list[dict]) -> list[str]:

@@ -616,7 +616,7 @@ class Validate(StepImpl):
             from driverd.kmod.kernel import NVRM_RE
             words = [ln for ln in ctx.kernel.log_since(ctx.doc.get("log_mark", 0)) if NVRM_RE.search(ln)][-6:]
             raise ModuleError("validation failed: " + "; ".join(v.problems),
-                              cause="kernel log: " + (" | ".join(words) if words else "(no NVRM lines)"),
+                              cause="the kernel log's NVRM lines follow" if words else "the kernel logged no NVRM line",
                               fix=(v.fix or "see the problems above and the kernel log")
                               + ("; the run rolls back to the last-known-good driver" if ctx.doc else ""),
                               details={"validation": v.to_json(), "kernel_log": words})

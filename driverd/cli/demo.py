@@ -101,7 +101,16 @@ def _mark(wd: Path) -> None:
 
 
 def run_demo(workdir: str | None, as_json: bool = False, kubeconfig: str | None = None) -> int:
+    """The demo; Ctrl-C or SIGTERM stops it where it is (exit 130 / 143), its processes stopped (the
+    stage's own clean-up, the cluster stage's node daemons) and the sandbox kept as it was left."""
+    from driverd.cli.interrupt import terminate_as_interrupt
+    with terminate_as_interrupt():
+        return _run_demo(workdir, as_json, kubeconfig)
+
+
+def _run_demo(workdir: str | None, as_json: bool, kubeconfig: str | None) -> int:
     from driverd.cli import main
+    from driverd.cli.interrupt import EXIT_INTERRUPTED, EXIT_TERMINATED
     from driverd.sim.scenario import dgx_spec, make_host, make_packages, make_userspace_packages
     t0 = time.monotonic()
     wd = prepare_workdir(workdir)
@@ -153,6 +162,10 @@ def run_demo(workdir: str | None, as_json: bool = False, kubeconfig: str | None 
     for i, (title, argv) in enumerate(stages, 1):
         _say(f"\n== {i}. {title}\n$ driverd {' '.join(a if len(a) < 60 else '...' + a[-40:] for a in argv)}")
         rc = main(argv + (["--json"] if as_json else []))
+        if rc in (EXIT_INTERRUPTED, EXIT_TERMINATED):      # the stage's command was stopped: so is the demo
+            _say(f"demo: stopped at stage {i} ({argv[0]}); the sandbox stays in {wd} as it was left "
+                 f"(`driverd status --root {root}` shows it; a run it cut short is finished by the next command)")
+            return rc
         expect_fail = argv[0] == "reload"
         if (rc != 0) != expect_fail:
             _say(f"demo: stage {i} exited {rc} unexpectedly")

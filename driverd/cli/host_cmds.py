@@ -195,13 +195,24 @@ def _table_source() -> dict:
 def render_gpus(doc: dict) -> str:
     if not doc["gpus"]:
         return "no NVIDIA GPU on this host (pass device ids to look them up)"
-    lines = []
+    import json
+    # identical GPUs (same id, subsystem and verdicts: all but the address) are one block: a DGX's eight
+    # H100s are "8 × 2330 … at 0000:18:00.0, …", not eight copies
+    groups: dict[str, list[dict]] = {}
     for g in doc["gpus"]:
-        where = f"{g['pci_address']}  " if g.get("pci_address") else ""
+        groups.setdefault(json.dumps({k: v for k, v in g.items() if k != "pci_address"}, sort_keys=True), []).append(g)
+    lines = []
+    for same in groups.values():
+        g = same[0]
+        addrs = [x["pci_address"] for x in same if x.get("pci_address")]
+        many = len(same) > 1
+        where = f"{len(same)} × " if many else (f"{addrs[0]}  " if addrs else "")
         sub = f" subsystem {g['subsystem']}" if g.get("subsystem") else ""
+        at = [f"  at:           {', '.join(addrs)}"] if many and addrs else []
         if not g["known"]:
             inf = g["inference"]
             lines.append(f"{where}{g['device_id']}{sub}  not in driverd's GPU table")
+            lines.extend(at)
             if inf:
                 lines.append(f"  inferred:     {inf['flavor_class']}"
                              + (f" (legacy {inf['legacy_branch']})" if inf["legacy_branch"] else "")
@@ -213,6 +224,7 @@ def render_gpus(doc: dict) -> str:
             continue
         lines.append(f"{where}{g['device_id']}{sub}  {g['name']}  ({g['architecture']}"
                      + (f" {g['chip']}" if g["chip"] else "") + ")")
+        lines.extend(at)
         lines.append(f"  flavours:     {g['flavor_class']}" + (f" ({g['class_from']})" if g.get("class_from") else ""))
         if g["legacy_branch"]:
             n = g["legacy_branch"].split(".")[0]
@@ -262,7 +274,9 @@ def render_plan(p: dict) -> str:
     for i, s in enumerate(p["steps"], 1):
         lines.append(f"{i:2}. {s['action']:<20} {s['reason']}")
     if p["modules"]:
-        lines.append(f"modules: {', '.join(p['modules'])}" + (" and nvidia-persistenced" if p["persistence"] else ""))
+        lines.append(f"modules: {', '.join(p['modules'])}")
+    if p["persistence"]:            # a daemon, not a module: a line of its own
+        lines.append("daemons: nvidia-persistenced")
     sig = p.get("signatures")
     if sig:
         lines.append(f"signatures: {sig['status']}: {sig['summary']}"

@@ -251,8 +251,9 @@ def render_status(s: dict) -> str:
     if us:
         lines.append(f"userspace  {us['version']} in {us['tree']}" + ("" if us["intact"] else " (NOT INTACT)")
                      + ("" if us["active"] or not us["intact"] else " (installed, not active: the next apply makes it so)"))
-    for n, m in s["modules"].items():
-        lines.append(f"  {n:<16} refcount {m['refcount']}  holders {','.join(m['holders']) or '-'}")
+    for n, m in s["modules"].items():      # a refcount the kernel does not show (built in, no unload) is left out
+        lines.append(f"  {n:<16} " + (f"refcount {m['refcount']}  " if m["refcount"] is not None else "")
+                     + f"holders {','.join(m['holders']) or '-'}")
     lines.append("daemons    " + ", ".join(f"{d} {'running' if r else 'stopped'}" for d, r in s["daemons"].items()))
     for p in s["holders"]["processes"]:
         lines.append(f"gpu user   pid {p['pid']} {p['cmdline'] or p['comm']}" + (f" pod {p['pod'] or p['pod_uid']}" if p["pod"] or p["pod_uid"] else ""))

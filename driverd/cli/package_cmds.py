@@ -287,15 +287,24 @@ def cmd_rollback(ctx, args) -> int:
 
 
 def cmd_build(ctx, args) -> int:
-    from driverd.cli.output import log
+    from driverd.cli.interrupt import terminate_as_interrupt
     from driverd.packages.build import build
+    from driverd.packages.buildprogress import Reporter, clock
     cfg = ctx.config
     from driverd.packages.sign import signing_pair
     key, cert = signing_pair(cfg, args.sign_key, args.sign_cert)
     work = args.work_dir or str(ctx.root.real(f"{cfg['packages.cache_dir']}/build"))
-    res = build(source=args.source, kernel=args.kernel, flavor=args.flavor, out=args.out, headers=args.headers,
-                sign_key=key, sign_cert=cert, jobs=args.jobs, work_dir=work, strip=not args.no_strip,
-                force=args.rebuild, root=ctx.root, runner=ctx.runner, log=None if ctx.json else log)
+    progress = Reporter()           # stderr: a script reading --json's stdout still sees progress in its log
+    try:
+        with terminate_as_interrupt():
+            res = build(source=args.source, kernel=args.kernel, flavor=args.flavor, out=args.out,
+                        headers=args.headers, sign_key=key, sign_cert=cert, jobs=args.jobs, work_dir=work,
+                        strip=not args.no_strip, force=args.rebuild, root=ctx.root, runner=ctx.runner,
+                        progress=progress)
+    finally:
+        progress.close()
+    from driverd.cli.output import log
+    log(f"{'served from ' + args.out if res.cached else 'built'} in {clock(res.seconds)}")
     emit(ctx.json, res.to_json(), lambda r: r["package"])
     return EXIT_OK
 
@@ -361,12 +370,14 @@ def cmd_build_matrix(ctx, args) -> int:
     work = args.work_dir or str(ctx.root.real(f"{ctx.config['packages.cache_dir']}/build"))
     from driverd.packages.sign import signing_pair
     key, cert = signing_pair(ctx.config, args.sign_key, args.sign_cert)
-    results = mx.run(m, out, jobs=args.jobs, make_jobs=args.make_jobs, work_dir=work, only=args.only,
-                     dry_run=args.dry_run, install_headers=args.install_headers,
-                     sign_key=key, sign_cert=cert,
-                     root=ctx.root, runner=ctx.runner,
-                     progress=None, cell_ids=_cell_list(args.cells), only_index=args.only_index,
-                     index=not args.no_index)
+    from driverd.cli.interrupt import terminate_as_interrupt
+    with terminate_as_interrupt():
+        results = mx.run(m, out, jobs=args.jobs, make_jobs=args.make_jobs, work_dir=work, only=args.only,
+                         dry_run=args.dry_run, install_headers=args.install_headers,
+                         sign_key=key, sign_cert=cert,
+                         root=ctx.root, runner=ctx.runner,
+                         progress=None, cell_ids=_cell_list(args.cells), only_index=args.only_index,
+                         index=not args.no_index)
     counts = {s: sum(1 for r in results if r.status == s) for s in ("built", "skipped", "failed", "would-build")}
     data = {"matrix": str(m.path), "repository": out, **counts, "cells": [r.to_json() for r in results]}
     emit(ctx.json, data, lambda d: f"{d['built']} built, {d['skipped']} skipped, {d['failed']} failed"

@@ -2,7 +2,9 @@
 the daemon commands alone, so host-only commands (detect, plan) never pay for it.
 
 driverd_driver_info{version,flavor,kernel}          1 for the driver the last converge (or degraded pass) validated
-driverd_state{driverd_state=...}                    the daemon's current state (one of health.STATES)
+driverd_state{state=...}                            1 for the daemon's current state, 0 for the other states
+                                                    (health.STATES); prometheus_client's Enum would name the label
+                                                    after the metric (driverd_state{driverd_state=...})
 driverd_ready                                       1 when /readyz answers 200
 driverd_degraded                                    1 when the last reconcile did not converge but the driver that
                                                     runs validated (ready on it; /readyz and STATUS= say what was
@@ -29,7 +31,7 @@ plus the process collector (process_resident_memory_bytes, process_cpu_seconds_t
 """
 from __future__ import annotations
 
-from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Enum, Gauge, Histogram,
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                ProcessCollector, disable_created_metrics, generate_latest)
 
 from driverd.daemon.health import STATES
@@ -49,7 +51,8 @@ class Metrics:
         ProcessCollector(registry=r)
         self.driver = Gauge("driverd_driver_info", "The driver the last converged (or degraded) reconcile validated",
                             ["version", "flavor", "kernel"], registry=r)
-        self.state = Enum("driverd_state", "What the daemon is doing or found", states=list(STATES), registry=r)
+        self.state = Gauge("driverd_state", "What the daemon is doing or found: 1 for the current state",
+                           ["state"], registry=r)
         self.ready = Gauge("driverd_ready", "1 when the host is converged and the driver validated (/readyz 200)",
                            registry=r)
         self.degraded = Gauge("driverd_degraded", "1 when the last reconcile did not converge but the running driver "
@@ -86,7 +89,7 @@ class Metrics:
                                        ["result"], buckets=_BUILD_BUCKETS, registry=r)
         self.build_failures = Counter("driverd_package_build_failures", "Failed local package builds by reason",
                                       ["reason"], registry=r)
-        self.state.state("starting")
+        self.set_state("starting")
         self.degraded.set(0)
 
     def package_event(self, event: str, f: dict) -> None:
@@ -102,7 +105,9 @@ class Metrics:
                 self.build_failures.labels(f.get("reason") or "unexpected").inc()
 
     def set_state(self, state: str) -> None:
-        self.state.state(state if state in STATES else "error")
+        state = state if state in STATES else "error"
+        for s in STATES:            # every state a series, as an enum: `driverd_state{state="blocked"} == 1`
+            self.state.labels(s).set(1 if s == state else 0)
 
     def set_ready(self, ready: bool) -> None:
         self.ready.set(1 if ready else 0)

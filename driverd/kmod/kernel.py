@@ -45,7 +45,9 @@ def kernel_error(verb: str, name: str, reason: str, log: list[str], fix: str, **
     """A failed insert/remove, carrying the kernel's own words (the NVRM / module lines of its log)."""
     # The lines since the attempt started; on a busy real host keep the ones about the driver.
     words = ([ln for ln in log if NVRM_RE.search(ln) or name in ln or "module" in ln] if len(log) > 8 else log)[-8:]
-    cause = reason + (" — kernel log: " + " | ".join(words) if words else "")
+    # the kernel's lines stay lines (details["kernel_log"]: printed under the error, a list in JSON),
+    # not " | "-joined into one error line hundreds of characters long
+    cause = f"{reason}; the kernel log's lines about it follow" if words else reason
     return ModuleError(f"could not {verb} {name}: {reason}", cause=cause, fix=fix,
                        details={"module": name, "reason": reason, "kernel_log": words, **details})
 

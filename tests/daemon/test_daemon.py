@@ -31,7 +31,7 @@ def test_daemon_converges_follows_a_config_change_and_stops_on_sigterm(host, pac
     assert code == 200 and OLD in body and body.startswith("ready: ")
     assert d.metric("driverd_driver_info", version=OLD, flavor="open", kernel=RELEASE) == 1
     assert d.metric("driverd_ready") == 1
-    assert d.metric("driverd_state", driverd_state="converged") == 1
+    assert d.metric("driverd_state", state="converged") == 1
     assert d.metric("driverd_reconciles_total", result="converged") == 1
     assert d.metric("driverd_transaction_duration_seconds_count", command="apply", state="done") == 1
     assert d.metric("driverd_step_duration_seconds_count", action="load-modules", status="done") == 1
@@ -110,7 +110,7 @@ def test_a_blocked_plan_is_reported_and_retried_never_a_crash(host, packages, da
     assert code == 200 and body.startswith(f"ready: degraded: driver {OLD} (open) loaded and validated, not the "
                                            f"wanted {NEW} (retrying): blocked: ") and f"pid {pid}" in body, body
     assert body.count("\n") == 1
-    assert d.metric("driverd_ready") == 1 and d.metric("driverd_state", driverd_state="blocked") == 1
+    assert d.metric("driverd_ready") == 1 and d.metric("driverd_state", state="blocked") == 1
     assert d.metric("driverd_degraded") == 1
     d.wait_log(rf"not converged: blocked: .*pid {pid}", 10, start=len(d.lines))    # retried, still alive
     assert d.metric("driverd_reconcile_failures_total", reason="blocked") >= 2

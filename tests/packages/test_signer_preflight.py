@@ -209,7 +209,7 @@ def test_simulated_kernel_refuses_like_the_real_one(world, tmp_path, kmod_tools,
     k = SimKernel(root)
     with pytest.raises(ModuleError) as e:
         k.load("nvidia")
-    assert "Key was rejected by service" in e.value.message and log in (e.value.cause or "")
+    assert "Key was rejected by service" in e.value.message and log in "\n".join(e.value.details["kernel_log"])
     assert "nvidia" not in k.modules()
 
 
