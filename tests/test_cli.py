@@ -298,7 +298,7 @@ def test_a_missing_kubeconfig_is_bad_input(tmp_path):
     res = run_cli("cluster", "nodes", "--kubeconfig", str(tmp_path / "nonexistent"))
     assert res.returncode == 2
     [line] = res.stderr.splitlines()
-    assert f"no kubeconfig at {tmp_path / 'nonexistent'}" in line
+    assert f"kubeconfig {tmp_path / 'nonexistent'} does not exist" in line
     bad = tmp_path / "kubeconfig"
     bad.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\ncurrent-context: x\nusers: []\n")
     bad.chmod(0o600)
@@ -309,7 +309,7 @@ def test_a_missing_kubeconfig_is_bad_input(tmp_path):
 
 def test_plan_lists_daemons_apart_from_modules(tmp_path):
     write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
-    out = run_cli("plan", "--root", str(tmp_path), "--driver", "570.195.03", check=True).stdout.splitlines()
+    out = run_cli("plan", "--root", str(tmp_path), "--driver", "570.195.03", check=True, env=A_REPO).stdout.splitlines()
     mods = next(ln for ln in out if ln.startswith("modules: "))
     assert "persistenced" not in mods and mods.startswith("modules: nvidia")
     assert "daemons: nvidia-persistenced" in out
@@ -358,7 +358,7 @@ def test_bash_completion_from_the_parser(tmp_path):
     cases = [(["driverd", "bu"], "build build-userspace build-matrix"),
              (["driverd", "--root", "/x", "pl"], "plan"),
              (["driverd", "cluster", "rollout", "s"], "start status"),
-             (["driverd", "build", "--fl"], "--flavor"),
+             (["driverd", "build", "--fl"], "--flavor --flavour"),        # the alias completes too
              (["driverd", "build", "--flavor", ""], "open proprietary"),
              (["driverd", "--log-format", ""], "text json"),
              (["driverd", "runtime", "configure", "--runtime", "c"], "containerd crio"),

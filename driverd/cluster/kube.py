@@ -103,12 +103,12 @@ def _missing_kubeconfig(t: Target, where: str, paths: list[str]) -> ClusterError
     if t.kubeconfig and missing:
         return ClusterError(f"kubeconfig {missing[0]} does not exist",
                             fix="pass --kubeconfig the path of an existing kubeconfig (the one kubectl uses is "
-                                "$KUBECONFIG or ~/.kube/config)")
+                                "$KUBECONFIG or ~/.kube/config)", exit_code=EXIT_USAGE)
     if paths and len(missing) == len(paths):
         named = "$KUBECONFIG names " + ", ".join(missing) if os.environ.get("KUBECONFIG") else f"{missing[0]}"
         return ClusterError(f"no kubeconfig: {named}, which does not exist",
                             fix="pass --kubeconfig FILE or set KUBECONFIG to an existing kubeconfig, or run "
-                                "inside the cluster")
+                                "inside the cluster", exit_code=EXIT_USAGE)
     return None
 
 
