@@ -140,20 +140,27 @@ def fetch(root, cfg, version: str, arch: str, runner=None) -> Fetched:
         if entry is None:
             looked.append(f"{f.redact(url)} (its index lists {len(idx.userspace)} user-space packages, not this one)")
             continue
-        cdir = f.cache_dir(root, cfg["packages.cache_dir"])
-        cdir.mkdir(parents=True, exist_ok=True)
-        dest = cdir / f.cache_name(entry)
-        if not dest.exists():
-            if f._is_file_repo(url):
-                f._copy_file(url, entry, dest)
-            else:
-                f.download(url, entry, dest, session)
+        # the cache as the kernel packages' fetch writes it: host paths, every write confined to the root
+        cdir = f.cache_hostdir(cfg["packages.cache_dir"])
+        root.makedirs(cdir)                 # only now: a refused index writes nothing
+        dest = f"{cdir}/{f.cache_name(entry)}"
+        if root.lexists(dest):
+            try:
+                check_file(root.real(dest), entry.sha256, entry.size)
+                root.utime(dest)
+                return Fetched(str(root.real(dest)), entry.sha256, f.redact(url))
+            except PackageError:
+                root.unlink(dest)           # a damaged cache entry: fetched again
+        if f._is_file_repo(url):
+            f._copy_file(url, entry, root, dest)
+        else:
+            f.download(url, entry, dest, session, root=root)
         try:
-            check_file(dest, entry.sha256, entry.size)
+            check_file(root.real(dest), entry.sha256, entry.size)
         except PackageError as e:
-            dest.unlink(missing_ok=True)         # never keep a bad package in the cache
+            root.unlink(dest)               # never keep a bad package in the cache
             raise PackageError(f"{e.message} (from {f.redact(url)})", cause=e.cause, fix=e.fix) from None
-        return Fetched(str(dest), entry.sha256, f.redact(url))
+        return Fetched(str(root.real(dest)), entry.sha256, f.redact(url))
     where = "; ".join(looked) if looked else "no repositories configured (packages.repositories)"
     raise PackageError(f"no user-space package {us.package_basename(version, arch)} found in: {where}",
                        cause="neither userspace.package nor a repository's index has this version's user-space",
