@@ -150,22 +150,27 @@ def fetch(root, cfg, version: str, arch: str, runner=None) -> Fetched:
             looked.append(f.Looked(f.redact(url), "missing",
                                    f"its index lists {len(idx.userspace)} user-space packages, not this one"))
             continue
-        # host paths through the root's confined writers, like the kernel-module package's fetch
+        # the cache as the kernel packages' fetch writes it: host paths, every write confined to the root
         cdir = f.cache_hostdir(cfg["packages.cache_dir"])
-        root.makedirs(cdir)
+        root.makedirs(cdir)                 # only now: a refused index writes nothing
         dest = f"{cdir}/{f.cache_name(entry)}"
-        if not root.lexists(dest):
-            if f._is_file_repo(url):
-                f._copy_file(url, entry, root, dest)
-            else:
-                f.download(url, entry, dest, session, root=root)
+        if root.lexists(dest):
+            try:
+                check_file(root.real(dest), entry.sha256, entry.size)
+                root.utime(dest)
+                return Fetched(str(root.real(dest)), entry.sha256, f.redact(url))
+            except PackageError:
+                root.unlink(dest)           # a damaged cache entry: fetched again
+        if f._is_file_repo(url):
+            f._copy_file(url, entry, root, dest)
+        else:
+            f.download(url, entry, dest, session, root=root)
         try:
             check_file(root.real(dest), entry.sha256, entry.size)
         except PackageError as e:
-            root.unlink(dest)                    # never keep a bad package in the cache
+            root.unlink(dest)               # never keep a bad package in the cache
             raise PackageError(f"{e.message} (from {f.redact(url)})", cause=e.cause, fix=e.fix) from None
-        dest = root.real(dest)
-        return Fetched(str(dest), entry.sha256, f.redact(url))
+        return Fetched(str(root.real(dest)), entry.sha256, f.redact(url))
     # a repository that did not answer is said as such, not as one without the user-space
     raise f.not_found(us.package_basename(version, arch), looked, None,
                       f"driverd build-userspace the {version} user-space into the repository and run `driverd repo "
