@@ -19,6 +19,7 @@ from collections.abc import Callable
 from driverd.cluster import events
 from driverd.cluster import model as m
 from driverd.cluster.admission import A_CANARY_APPROVED, decide
+from driverd.cluster.fleet_status import FleetStatus
 from driverd.cluster.informer import Informer
 from driverd.cluster.states import PHASES
 from driverd.cluster.kube import (
@@ -52,6 +53,7 @@ class Coordinator:
         self._seen_gen: dict[str, tuple[int, float]] = {}      # rollout -> (generation, first seen)
         self.admitted = 0
         self._view_cache: dict[tuple, m.NodeView] = {}
+        self.fleet = FleetStatus()        # the last pass's numbers, for the daemon's /metrics
 
     def close(self) -> None:
         self.stop.set()
@@ -84,6 +86,7 @@ class Coordinator:
                         self.log(f"driverd cluster: {self.identity} lost the Lease")
                         self.nodes.close()
                         self.nodes = None
+                        self.fleet.clear()
                 if self.lease.holding() and self.nodes is not None:
                     wait = self.act()
                     self.wake.wait(min(wait, max(0.05, renew_at - time.monotonic())))
@@ -118,6 +121,7 @@ class Coordinator:
         assert self.nodes is not None
         wait = 30.0
         views = self._views()
+        decided: dict[str, dict] = {}      # rollout -> the status this pass decided (fleet metrics)
         held: dict[str, str] = {}          # node -> the older rollout (not ended) that holds it
         for v in views:
             if v.active and v.rollout:
@@ -162,11 +166,12 @@ class Coordinator:
                         held.setdefault(v.name, f"rollout {r.name}: {d.phase}")
             for node_name in d.admit:
                 self._admit(r, node_name, obj)
-            st = d.status(r)
+            st = decided[name] = d.status(r)
             st["generationSince"] = now_rfc3339(since)
             self._status(obj, st)
             if d.phase in ("Preflight", "Progressing"):
                 wait = min(wait, 5.0)
+        self.fleet.publish(self.rollouts.snapshot(), decided)
         return wait
 
     def _views(self) -> list[m.NodeView]:
