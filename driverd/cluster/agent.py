@@ -419,7 +419,10 @@ class NodeAgent:
                               f"so nothing would recreate them ({', '.join(u.ref for u in plan.no_controller[:5])}); "
                               "kubectl drain refuses them too: set spec.drain.force=true to delete them anyway")
         users = plan.evict + (plan.no_controller if r.drain_force else [])
-        if not users and not plan.with_label and not plan.held:
+        # the pods of a component paused last (the DRA kubelet plugin) are not waited for before its pause
+        late = set(oc.to_pause(node["metadata"].get("labels") or {}, oc.LATE))
+        leaving = [u for u in plan.with_label if plan.leaves_by.get(u.uid) not in late]
+        if not users and not leaving and not plan.held:
             # the DRA kubelet plugin goes last: the pods that left needed it to release their claims
             paused = self._pause_components(node, oc.LATE)
             if paused is not None:
@@ -452,10 +455,10 @@ class NodeAgent:
         stuck += [(u, f"its DaemonSet has not removed it yet ({plan.leaves_by[u.uid]}={oc.PAUSED})"
                    if u.uid in plan.leaves_by else
                    "its DaemonSet has not removed it yet (the node lost the driver-ready label at the cordon)")
-                  for u in plan.with_label]
+                  for u in leaving]
         stuck += [(u, f"opts out of the drain ({oc.SKIP_DRAIN}=true) and {u.why}: waiting for it to end")
                   for u in plan.held]
-        if plan.held and not users and not plan.with_label:
+        if plan.held and not users and not leaving:
             self._say(node, v, "WaitingForPods", f"drained but for {len(plan.held)} GPU pod(s) that opt out of the "
                       f"drain ({oc.SKIP_DRAIN}=true): {', '.join(f'{u.ref} ({u.why})' for u in plan.held[:5])}; the "
                       f"driver is not unloaded while they run: waiting up to spec.drain.timeoutSeconds="
@@ -512,8 +515,8 @@ class NodeAgent:
                      "to leave the node" + ("" if stage == oc.EARLY else " (the DRA kubelet plugin goes last)"),
                      ann=ann, labels=labels, precondition=True)
         except KubeError as e:
-            if e.conflict:
-                return 0
+            if e.conflict:        # our view of the node is behind: its watch event wakes us
+                return EVICT_FIRST_S
             raise
         return EVICT_FIRST_S
 

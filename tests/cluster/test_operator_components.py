@@ -188,6 +188,7 @@ class LabelHistory:
     def __init__(self, f, node: str) -> None:
         from driverd.cluster.informer import Informer
         self.seen: dict[str, list[str | None]] = {}
+        self.changes: list[tuple[str, str | None]] = []          # in the order the watch delivered them
         self.informer = Informer(kube(f), node_path(), fields=f"metadata.name={node}", name="history",
                                  on_change=self._changed)
 
@@ -197,10 +198,11 @@ class LabelHistory:
             if not node:
                 return
         labels = (node.get("metadata") or {}).get("labels") or {}
-        for k in (DP, DCGM, GFD):
+        for k in (DP, DCGM, GFD, DRA):
             vals = self.seen.setdefault(k, [])
             if not vals or vals[-1] != labels.get(k):
                 vals.append(labels.get(k))
+                self.changes.append((k, labels.get(k)))
 
     def __enter__(self) -> LabelHistory:
         self.informer.start()
@@ -237,11 +239,14 @@ def _with_operator(cluster, n: int = 1, deploy: dict | None = None, daemonsets: 
 
 
 def test_operator_components_are_paused_during_the_upgrade_and_come_back(cluster, daemonset_controller):
-    f = _with_operator(cluster)
+    f = _with_operator(cluster, deploy={"device-plugin": "true", "dcgm-exporter": "true",
+                                        "gpu-feature-discovery": "false", "dra-driver": "true"})
+    operator(f, (("dra-driver", "nvidia-dra-driver-kubelet-plugin"),))
     node = "gpu-0000"
     with Binder(f):
-        assert f.wait(lambda: set(operator_pods(f, node)) == {"nvidia-device-plugin-daemonset",
-                                                              "nvidia-dcgm-exporter"}, 60), operator_pods(f, node)
+        assert f.wait(lambda: set(operator_pods(f, node)) == {"nvidia-device-plugin-daemonset", "nvidia-dcgm-exporter",
+                                                              "nvidia-dra-driver-kubelet-plugin"}, 60), \
+            operator_pods(f, node)
         before = operator_pods(f, node)
         started(f)
         with LabelHistory(f, node) as h:
@@ -256,10 +261,14 @@ def test_operator_components_are_paused_during_the_upgrade_and_come_back(cluster
     assert all(after[app] != before[app] for app in before), "the DaemonSet controller never removed its pods"
     assert h.seen[DP] == ["true", oc.PAUSED, "true"] and h.seen[DCGM] == ["true", oc.PAUSED, "true"], h.seen
     assert h.seen[GFD] == ["false"], h.seen                     # an operator's false is never touched
+    # the DRA kubelet plugin is paused last, after the others and the GPU pods had gone
+    assert h.seen[DRA] == ["true", oc.PAUSED, "true"], h.seen
+    order = [k for k, val in h.changes if val == oc.PAUSED]
+    assert order[-1] == DRA and set(order) == {DP, DCGM, DRA}, h.changes
     assert oc.A_PAUSED not in _ann(f, node)
     v = views(f)[node]
-    assert v.state == m.DONE and v.driver == NEW and "GPU Operator components back: dcgm-exporter, device-plugin" \
-        in v.message
+    assert v.state == m.DONE and v.driver == NEW, v.message
+    assert "GPU Operator components back: dcgm-exporter, device-plugin, dra-driver" in v.message
     reasons = [e["reason"] for e in kube(f).list("/api/v1/namespaces/default/events")["items"]
                if e["involvedObject"]["name"] == node]
     assert "PausedOperatorComponents" in reasons
