@@ -4,8 +4,9 @@ user the drain must take off the node first. The Operator's own answer, k8s-driv
 through node labels, and driverd does the same with the same labels and values, so either tool
 leaves a node the other understands.
 
-What NVIDIA does (k8s-driver-manager, cmd/driver-manager/main.go at 0c04c81; gpu-operator's
-DaemonSets select `nvidia.com/gpu.deploy.<component>: "true"`):
+What NVIDIA does (NVIDIA/k8s-driver-manager cmd/driver-manager/main.go at 0c04c81 and
+internal/kubernetes/client.go at 0914515; gpu-operator's DaemonSets select
+`nvidia.com/gpu.deploy.<component>: "true"`):
 - before the driver goes it reads each `nvidia.com/gpu.deploy.<component>` label of the node and
   sets `true` to `paused-for-driver-upgrade` (`maybeSetPaused`): the component's DaemonSet no longer
   selects the node and its controller deletes the pod; `false` and absent labels are left alone;
@@ -24,8 +25,8 @@ done, failed or given back — and no other value is ever written: a label an op
 (or changed in the meantime) is left as it is. Only label values of `true` are paused.
 
 Pods that opt out of the drain: gpu-operator's upgrade controller drains with the pod selector
-`nvidia.com/gpu-driver-upgrade-drain.skip!=true` (controllers/upgrade_controller.go,
-`UpgradeSkipDrainLabelSelector`), so a pod labelled `nvidia.com/gpu-driver-upgrade-drain.skip=true`
+`nvidia.com/gpu-driver-upgrade-drain.skip!=true` (NVIDIA/gpu-operator controllers/upgrade_controller.go at
+06faaf0, `UpgradeSkipDrainLabelSelector`), so a pod labelled `nvidia.com/gpu-driver-upgrade-drain.skip=true`
 is never evicted by it. driverd gives the label the same meaning (drain.py); see there for what
 happens when such a pod uses the GPU.
 """
