@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from driverd.cluster import events
 from driverd.cluster import model as m
 from driverd.cluster.admission import A_CANARY_APPROVED, REFUSED_RETRY_S, decide, reopened
+from driverd.cluster.fleet_status import FleetStatus
 from driverd.cluster.informer import Informer
 from driverd.cluster.states import PHASES
 from driverd.cluster.kube import (
@@ -63,6 +64,7 @@ class Coordinator:
         self._view_cache: dict[tuple, m.NodeView] = {}
         self._refused: dict[tuple[str, str], _Refusal] = {}   # (rollout ident, node) -> the API's refusal
         self._decided_on: dict[str, dict] = {}                # node -> the Node object this pass decided on
+        self.fleet = FleetStatus()        # the last pass's numbers, for the daemon's /metrics
 
     def close(self) -> None:
         self.stop.set()
@@ -95,6 +97,7 @@ class Coordinator:
                         self.log(f"driverd cluster: {self.identity} lost the Lease")
                         self.nodes.close()
                         self.nodes = None
+                        self.fleet.clear()
                 if self.lease.holding() and self.nodes is not None:
                     wait = self.act()
                     self.wake.wait(min(wait, max(0.05, renew_at - time.monotonic())))
@@ -132,21 +135,23 @@ class Coordinator:
         assert self.nodes is not None
         wait = 30.0
         views = self._views()
+        decided: dict[str, dict] = {}      # rollout -> the status this pass decided (fleet metrics)
         held: dict[str, str] = {}          # node -> the older rollout (not ended) that holds it
         for v in views:
             if v.active and v.rollout:
                 held[v.name] = f"rollout {v.rollout.split('/')[0]}: {v.state}"
         for obj in sorted(self.rollouts.snapshot(), key=m.oldest_first):
             try:
-                wait = min(wait, self._act_on(obj, views, held))
+                wait = min(wait, self._act_on(obj, views, held, decided))
             except KubeError as e:
                 if _not_holder(e):
                     raise
                 self.log(f"driverd cluster: rollout {obj['metadata'].get('name')}: {e.one_line()}")
                 wait = min(wait, 2.0)
+        self.fleet.publish(self.rollouts.snapshot(), decided)
         return wait
 
-    def _act_on(self, obj: dict, views: list[m.NodeView], held: dict[str, str]) -> float:
+    def _act_on(self, obj: dict, views: list[m.NodeView], held: dict[str, str], decided: dict[str, dict]) -> float:
         name = obj["metadata"]["name"]
         md = obj["metadata"]
         if md.get("deletionTimestamp"):
@@ -192,7 +197,7 @@ class Coordinator:
                     held.setdefault(v.name, f"rollout {r.name}: {d.phase}")
         for key in [k for k in self._refused if k[0] == r.ident and k[1] not in d.pending]:
             del self._refused[key]          # admitted, skipped, no longer selected: nothing refused
-        st = d.status(r)
+        st = decided[name] = d.status(r)
         st["generationSince"] = now_rfc3339(since)
         st["conditions"] = self._conditions(r)
         if why and d.admit:

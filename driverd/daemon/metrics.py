@@ -28,11 +28,20 @@ driverd_package_fetch_failures_total{reason}        not-found, index, download, 
 driverd_package_build_duration_seconds{result}      local builds (fetch's fallback): built, cached, failed
 driverd_package_build_failures_total{reason}        headers, source, compile, toolchain, sign, pack, ...
 plus the process collector (process_resident_memory_bytes, process_cpu_seconds_total, ...).
+
+In cluster mode, the fleet as the coordinator sees it (driverd/cluster/fleet_status.py), at scrape time:
+driverd_coordinator                                 1 on the daemon holding the rollout Lease (the one whose
+                                                    numbers below count), 0 on the others
+driverd_rollout_nodes{rollout,state}                target nodes of each rollout by state: upgrading, done,
+                                                    failed, pending, skipped, excluded, not_ready (holder only)
+driverd_rollout_target_nodes{rollout}               nodes the rollout's nodeSelector selects (holder only)
+driverd_rollout_phase{rollout,phase}                1 for the rollout's phase, 0 for every other (holder only)
 """
 from __future__ import annotations
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                ProcessCollector, disable_created_metrics, generate_latest)
+from prometheus_client.core import GaugeMetricFamily
 
 from driverd.daemon.health import STATES
 
@@ -147,5 +156,43 @@ class Metrics:
         self.degraded.set(0 if result.converged or getattr(result, "degraded", None) is None else 1)
         self.set_state(result.state)
 
+    def watch_fleet(self, snapshot) -> None:
+        """Cluster mode: the coordinator's fleet numbers (`snapshot()`: fleet_status.Snapshot), read at
+        every scrape, so they are never older than the coordinator's last pass."""
+        self.registry.register(_FleetCollector(snapshot))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _FleetCollector:
+    def __init__(self, snapshot) -> None:
+        self.snapshot = snapshot
+
+    def describe(self):
+        return self._families()
+
+    def collect(self):
+        snap = self.snapshot()
+        coordinator, nodes, total, phase = self._families()
+        coordinator.add_metric([], 1 if snap.coordinator else 0)
+        if snap.coordinator:
+            from driverd.cluster.fleet_status import PHASES, STATES
+            for c in snap.rollouts:
+                for state in STATES.values():
+                    nodes.add_metric([c.rollout, state], c.nodes.get(state, 0))
+                total.add_metric([c.rollout], c.total)
+                for p in PHASES + (() if c.phase in PHASES else (c.phase,)):
+                    phase.add_metric([c.rollout, p], 1 if p == c.phase else 0)
+        return [coordinator, nodes, total, phase]
+
+    @staticmethod
+    def _families():
+        return [GaugeMetricFamily("driverd_coordinator", "1 on the daemon holding the rollout Lease: its "
+                                  "driverd_rollout_* numbers are the fleet's"),
+                GaugeMetricFamily("driverd_rollout_nodes", "Target nodes of a DriverRollout by state, as the "
+                                  "coordinator's last admission pass counted them", labels=["rollout", "state"]),
+                GaugeMetricFamily("driverd_rollout_target_nodes", "Nodes a DriverRollout's nodeSelector selects",
+                                  labels=["rollout"]),
+                GaugeMetricFamily("driverd_rollout_phase", "1 for a DriverRollout's current phase, 0 for the others",
+                                  labels=["rollout", "phase"])]
