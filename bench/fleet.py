@@ -70,7 +70,7 @@ def main(argv=None) -> int:
                     "a node (lower: the rollout pauses)")
     ap.add_argument("--no-device-plugin", dest="device_plugin", action="store_false")
     ap.add_argument("--timeout", type=float, default=1800)
-    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--work-dir", "--workdir", dest="workdir", default=None)   # driverd's spelling, and the old one
     ap.add_argument("--apiserver", choices=("real", "loopback"), default="real")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)

@@ -21,6 +21,11 @@ from driverd.runtime.model import HANDLER_NAME
 CONFIG_PATH = "/etc/driverd/config.toml"
 VERSION_RE = re.compile(r"^\d{3}(\.\d{1,3}){1,2}$")
 LISTEN_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$")
+# What driverd.packages.fetch can read: http(s) with a host, file:// (no host but localhost: the path is
+# read on this machine) or an absolute directory. Anything else (ftp://, a typo like htps://) would only
+# fail at the first fetch, far from the line that says it.
+REPO_URL_RE = re.compile(r"^(?:https?://[^/?#\s]+(?:[/?#].*)?|file://(?:localhost)?/.*|/.*)$", re.IGNORECASE)
+REPO_URL_HINT = "a repository URL: https://HOST/PATH, http://HOST/PATH, file:///PATH or an absolute directory"
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,7 @@ class Key:
     help: str
     # for str, and for each element of list; a function when a registry decides (the runtimes)
     allowed: tuple[str, ...] | Callable[[], tuple[str, ...]] = ()
-    pattern: re.Pattern | None = None
+    pattern: re.Pattern | None = None           # for str, and for each element of list
     pattern_hint: str = ""
 
     def choices(self) -> tuple[str, ...]:
@@ -62,14 +67,15 @@ SCHEMA: dict[str, Key] = {
                                  ("refuse", "terminate")),
     "modules.terminate_grace_s": Key("int", 30, "seconds between SIGTERM and SIGKILL when terminating"),
     "modules.kernel": Key("str", "real", "kernel boundary: real (kmod tools), sim (simulated kernel in a host "
-                          "tree: tests, demo; only ever used when asked for here or by --kernel sim); auto is "
+                          "tree: tests, demo; only ever used when asked for here or by --kernel-backend sim); auto is "
                           "the same as real", ("auto", "real", "sim")),
     "signing.key": Key("str", None, "private key used to sign modules built on this host (a host path, under "
                        "--root)"),
     "signing.cert": Key("str", None, "certificate (DER or PEM) matching signing.key (a host path, under --root)"),
     "signing.trusted_certs": Key("list", [], "certificates (PEM or DER, host paths under --root) the operator "
                                  "declares the kernel trusts, for hosts whose keyrings cannot be read"),
-    "packages.repositories": Key("list", [], "package repositories (https://, http://, file://)"),
+    "packages.repositories": Key("list", [], "package repositories (https://, http://, file://)",
+                                 pattern=REPO_URL_RE, pattern_hint=REPO_URL_HINT),
     "packages.cache_dir": Key("str", "/var/cache/driverd", "download cache, under the root"),
     "packages.cache_max_mb": Key("int", 4096, "size bound of the download cache in MiB"),
     "packages.build_fallback": Key("bool", True, "build locally when no repository holds the package"),
@@ -171,9 +177,34 @@ def env_name(key: str) -> str:
     return "DRIVERD_" + key.replace(".", "_").upper()
 
 
+def env_settable(key: str) -> bool:
+    """Whether DRIVERD_<SECTION>_<KEY> can set `key`: not the tables of module parameters (file only)."""
+    return SCHEMA[key].type != "params"
+
+
+def env_syntax(key: str) -> str:
+    """How the environment spells a value of `key` (load() reads it so)."""
+    return {"list": "comma-separated", "bool": "true|false (1|0, yes|no, on|off)",
+            "params": "file only: [modules.parameters.<module>]"}.get(SCHEMA[key].type, "")
+
+
 _ENV_TO_KEY = {env_name(k): k for k in SCHEMA}
 # Environment variables that are not configuration keys but share the prefix.
 _ENV_NOT_KEYS = {"DRIVERD_ROOT", "DRIVERD_CONFIG", "DRIVERD_LOG_LEVEL", "DRIVERD_DEBUG"}
+# The kubelet gives every pod variables for each Service of its namespace (unless the pod sets
+# enableServiceLinks: false), named by kubernetes' pkg/kubelet/envvars: the Service's name (a DNS-1035
+# label) upper-cased with '-' as '_', then _SERVICE_HOST, _SERVICE_PORT, _SERVICE_PORT_<port name> (an
+# IANA service name: letters, digits, single '-', at least one letter), _PORT, and per port
+# _PORT_<number>_<TCP|UDP|SCTP>[_PROTO|_PORT|_ADDR]. A Service `driverd` or `driverd-metrics` makes
+# DRIVERD_* ones; they describe the cluster, not driverd's configuration.
+_SERVICE_LINK = re.compile(
+    r"DRIVERD(?:_[A-Z0-9_]*[A-Z0-9])?_(?:SERVICE_HOST|SERVICE_PORT(?:_(?=[A-Z0-9_]*[A-Z])[A-Z0-9]+(?:_[A-Z0-9]+)*)?"
+    r"|PORT(?:_[1-9][0-9]{0,4}_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)?)")
+
+
+def is_service_link(name: str) -> bool:
+    """Whether `name` is one of the variables the kubelet makes for a Service named driverd[-...]."""
+    return _SERVICE_LINK.fullmatch(name) is not None
 
 
 @dataclass
@@ -181,6 +212,7 @@ class Config:
     values: dict[str, Any]
     sources: dict[str, str] = field(default_factory=dict)
     path: str | None = None
+    found: bool | None = None           # whether `path` was there and read (None: not loaded from a file)
 
     def __getitem__(self, key: str) -> Any:
         if key not in SCHEMA:
@@ -199,10 +231,58 @@ class Config:
                 continue
             values[k] = _coerce(k, v, source)
             sources[k] = source
-        return Config(values, sources, self.path)
+        return Config(values, sources, self.path, self.found)
 
     def to_json(self) -> dict:
         return {k: {"value": self[k], "source": self.sources.get(k, "default")} for k in SCHEMA}
+
+    def to_toml(self) -> str:
+        """The effective configuration as a config file driverd would load to the same values: every
+        key, where its value comes from as a comment, unset keys commented out; the first line says
+        which file was read, or that it is absent."""
+        state = "read" if self.found else "absent: defaults and the environment only"
+        lines = [f"# driverd configuration: {self.path or CONFIG_PATH} ({state})",
+                 "# the effective value of every key and where it comes from; unset keys are comments"]
+        sections: dict[str, list[str]] = {}
+        for key in SCHEMA:
+            sections.setdefault(key.split(".", 1)[0], []).append(key)
+        for section, keys in sections.items():
+            lines += ["", f"[{section}]"]
+            tables = []
+            for key in keys:
+                name, v, src = key.split(".", 1)[1], self[key], self.sources.get(key, "default")
+                if SCHEMA[key].type == "params":
+                    tables += [(f"[{key}.{_toml_key(m)}]", f"# {src}", *(f"{_toml_key(p)} = {_toml_value(x)}"
+                                                                       for p, x in ps.items())) for m, ps in v.items()]
+                    if not v:
+                        lines.append(f"# [{key}.<module>] none set ({src})")
+                elif v is None:
+                    lines.append(f"# {name} = (unset, {src})")
+                else:
+                    lines.append(f"{name} = {_toml_value(v)}".ljust(40) + f" # {src}")
+            for t in tables:
+                lines += ["", *t]
+        return "\n".join(lines) + "\n"
+
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _toml_key(k: str) -> str:
+    return k if _BARE_KEY.match(k) else _toml_value(k)
+
+
+def _toml_value(v: Any) -> str:
+    """A TOML value for what the schema holds (str, bool, int, list of str): JSON's string escapes are
+    TOML's basic-string escapes."""
+    import json
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return json.dumps(str(v), ensure_ascii=False)
 
 
 def _fail(key: str, found: Any, where: str, allowed: str) -> ConfigError:
@@ -237,6 +317,8 @@ def _coerce(key: str, value: Any, where: str) -> Any:
         for v in value:
             if allowed and v not in allowed:
                 raise _fail(key, v, where, "one of " + ", ".join(allowed))
+            if spec.pattern and not spec.pattern.match(v):
+                raise _fail(key, v, where, spec.pattern_hint)
         return list(value)
     if spec.type == "params":
         if not isinstance(value, dict):
@@ -281,8 +363,10 @@ def _flatten(doc: dict, where: str) -> dict[str, Any]:
             key = f"{section}.{k}"
             if key not in SCHEMA:
                 known = [s.split(".", 1)[1] for s in SCHEMA if s.startswith(section + ".")]
+                import difflib
+                near = difflib.get_close_matches(k, known, 1)       # flavour -> flavor
                 raise ConfigError(f"unknown key {key} in {where}", cause=f"[{section}] has no key {k!r}",
-                                  fix="use one of: " + ", ".join(known))
+                                  fix=(f"did you mean {near[0]}? " if near else "") + "use one of: " + ", ".join(known))
             flat[key] = v
     return flat
 
@@ -334,6 +418,8 @@ def load(root, path: str | None = None, environ: Mapping[str, str] | None = None
         if not name.startswith("DRIVERD_") or name in _ENV_NOT_KEYS:
             continue
         key = _ENV_TO_KEY.get(name)
+        if key is None and is_service_link(name):
+            continue
         if key is None:
             raise ConfigError(f"unknown environment variable {name}", cause="it is not a driverd setting",
                               fix="unset it or use one of: " + ", ".join(sorted(_ENV_TO_KEY)))
@@ -342,4 +428,4 @@ def load(root, path: str | None = None, environ: Mapping[str, str] | None = None
                               fix="set [modules.parameters.<module>] in the config file")
         values[key] = _coerce(key, v, f"environment {name}")
         sources[key] = f"env {name}"
-    return Config(values, sources, shown)
+    return Config(values, sources, shown, found=raw is not None)

@@ -296,3 +296,28 @@ def trusted_file(path: str | os.PathLike, what: str, *, shown: str | None = None
             raise ConfigError(f"refusing {what} {shown}: it is writable by {_writers(st.st_mode)} (mode "
                               f"{stat.S_IMODE(st.st_mode):04o}){there}", cause=cause, fix=f"chmod go-w {real}")
     return Path(real)
+
+
+def writable_dir(path: str | os.PathLike) -> str | None:
+    """None when `path` is a directory this process can create files in (made, with its parents, when
+    missing), else why not, in words. Tried with a real file: access() says yes to root on a read-only
+    file system."""
+    p = os.fspath(path)
+    try:
+        os.makedirs(p, exist_ok=True)
+    except FileExistsError:
+        return "it is not a directory"
+    except OSError as e:
+        return f"cannot create it: {e.strerror}"
+    if not os.path.isdir(p):
+        return "it is not a directory"
+    probe = os.path.join(p, _temp_name("driverd-write-test"))
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600))
+    except OSError as e:
+        return f"cannot write to it: {e.strerror}"
+    try:
+        os.unlink(probe)
+    except OSError:
+        pass
+    return None

@@ -1,7 +1,10 @@
 """driverd's logs: one event a line on stderr, as text (the default) or as JSON objects
 (`--log-format json`, `log.format`, $DRIVERD_LOG_FORMAT).
 
-Text is what a person reads (the message alone, as driverd always printed it). JSON is one object
+Text is what a person reads: the message alone for a command, the time first for the daemon's
+modes (`configure(timestamps=True)`: a log file or `kubectl logs` has no other), except where stderr
+is the journal, which stamps every line itself ($JOURNAL_STREAM names it); an error's kernel log
+lines (`kernel_log`) follow its line, indented, one each. JSON is one object
 per line for log collectors: `time` (RFC 3339, UTC, milliseconds), `level` (info, warning, error),
 `msg`, then fields: what the call passed (`reason`, `state`, ...), what the code running it bound
 with `fields(...)` (the executor binds `step`, `run_id` and `command` around each step), and the
@@ -27,17 +30,22 @@ FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error")
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"format": "text", "pinned": False, "static": {}, "stream": None}
+_state: dict[str, Any] = {"format": "text", "pinned": False, "static": {}, "stream": None, "timestamps": False}
+# fields whose list of lines text prints under the message, indented, instead of leaving them out
+_TEXT_LINES = ("kernel_log",)
 _bound: ContextVar[dict] = ContextVar("driverd_log_fields", default={})
 # "driverd: warning: x", "driverd daemon: x", "warning: x", "  ! step failed: x"
 _PREFIX = re.compile(r"^driverd(?: (?P<component>[a-z][a-z-]*))?: ")
 _LEVEL_PREFIX = re.compile(r"^(?P<level>warning|error): ")
 
 
-def configure(fmt: str | None = None, *, pin: bool = False, stream: TextIO | None = None, **static: Any) -> None:
+def configure(fmt: str | None = None, *, pin: bool = False, stream: TextIO | None = None,
+              timestamps: bool | None = None, **static: Any) -> None:
     """Set the format (a pinned one - from the command line - is kept when the configuration names
-    another) and process-wide fields (None removes one)."""
+    another), whether text lines start with the time, and process-wide fields (None removes one)."""
     with _lock:
+        if timestamps is not None:
+            _state["timestamps"] = timestamps
         if fmt is not None and fmt in FORMATS and (pin or not _state["pinned"]):
             _state["format"] = fmt
             _state["pinned"] = _state["pinned"] or pin
@@ -53,7 +61,7 @@ def configure(fmt: str | None = None, *, pin: bool = False, stream: TextIO | Non
 def reset() -> None:
     """Back to the defaults (tests, and a CLI main() called twice in one process)."""
     with _lock:
-        _state.update(format="text", pinned=False, static={}, stream=None)
+        _state.update(format="text", pinned=False, static={}, stream=None, timestamps=False)
 
 
 def format() -> str:          # noqa: A001  (the module's vocabulary: log.format)
@@ -68,6 +76,18 @@ def fields(**kw: Any) -> Iterator[None]:
         yield
     finally:
         _bound.reset(token)
+
+
+def stderr_is_journal() -> bool:
+    """Whether stderr is systemd's journal stream (systemd.exec(5): $JOURNAL_STREAM is "DEV:INODE" of
+    the stream it connected; a process that inherited the variable but writes elsewhere does not match)."""
+    import os
+    want = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        st = os.fstat(2)
+    except OSError:
+        return False
+    return want == f"{st.st_dev}:{st.st_ino}"
 
 
 def _now() -> str:
@@ -111,7 +131,11 @@ def log(msg: str, level: str | None = None, **kw: Any) -> None:
         if _state["format"] == "json":
             line = json.dumps(record(msg, level, **kw), default=str, ensure_ascii=False)
         else:
-            line = msg
+            line = (_now() + " " + msg) if _state["timestamps"] else msg
+            for name in _TEXT_LINES:
+                extra = kw.get(name, _bound.get().get(name))
+                if isinstance(extra, (list, tuple)):
+                    line += "".join("\n    " + " ".join(str(x).splitlines()) for x in extra)
         line = redact(line)             # stderr is the systemd journal / container log: no URL credentials
         with _lock:
             stream.write(line + "\n")

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from driverd.errors import CommandError
 
@@ -42,10 +43,28 @@ class Runner:
     dry_run: bool = False
     env: dict[str, str] | None = None
     history: list[Result] = field(default_factory=list)
+    # commands running now (from any thread), so that cancel() can stop them all
+    _live: dict = field(default_factory=dict, repr=False)
+    _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        """Stop every command this runner is running (a build-matrix interrupted while cells compile in
+        worker threads: the signal reaches the main thread only) and refuse new ones."""
+        self._cancelled.set()
+        for proc, group in list(self._live.values()):
+            _stop(proc, group)
 
     def run(self, argv: Sequence[str | os.PathLike], *, timeout: float = 120, check: bool = True,
             input: str | bytes | None = None, cwd: str | os.PathLike | None = None,
-            env: dict[str, str] | None = None, mutates: bool = True) -> Result:
+            env: dict[str, str] | None = None, mutates: bool = True,
+            on_line: Callable[[str], None] | None = None, group: bool = False) -> Result:
+        """`on_line` is called with each line of the command's stdout as it comes (its output is still
+        captured). `group` runs the command in a process group of its own (make and the compilers it
+        starts) so that a timeout or an interruption stops all of them, not only the first."""
         args = tuple(os.fspath(a) for a in argv)
         if not args:
             raise ValueError("empty argv")
@@ -53,6 +72,9 @@ class Runner:
             res = Result(args, 0, "", "", 0.0, dry_run=True)
             self.history.append(res)
             return res
+        if self._cancelled.is_set():
+            raise CommandError(f"{os.path.basename(args[0])} not started: interrupted",
+                               cause="the command was interrupted", fix="run it again")
         import sh
 
         run_env = None
@@ -68,6 +90,17 @@ class Runner:
             kwargs["_cwd"] = os.fspath(cwd)
         if run_env is not None:
             kwargs["_env"] = run_env
+        lines: list[str] = []
+        if on_line is not None:
+            def out(line: str) -> None:
+                lines.append(line)
+                try:
+                    on_line(line.rstrip("\n"))
+                except Exception:          # progress must never break the command it reports on
+                    pass
+            kwargs.update(_out=out, _out_bufsize=1)
+        if group:
+            kwargs.update(_new_group=True, _preexec_fn=_die_with_parent())
         start = time.monotonic()
         fired = threading.Event()
         try:
@@ -75,12 +108,20 @@ class Runner:
             # wait every 100 ms (and its _timeout= watcher costs ~100 ms per command), which
             # dominated package installs. A timer kills the command instead; waitpid returns at once.
             proc = sh.Command(exe)(*args[1:], **kwargs)
-            timer = threading.Timer(timeout, lambda: (fired.set(), _kill(proc)))
+            key = object()
+            self._live[key] = (proc, group)
+            timer = threading.Timer(timeout, lambda: (fired.set(), _stop(proc, group, grace=0)))
             timer.start()
             try:
                 proc.wait()
+            except BaseException:
+                # Interrupted while waiting (Ctrl-C, or SIGTERM turned into an exception): the command
+                # must not outlive us, nor keep writing into a tree the caller is about to remove.
+                _stop(proc, group)
+                raise
             finally:
                 timer.cancel()
+                self._live.pop(key, None)
             if fired.is_set():
                 raise CommandError(f"{' '.join(args[:3])} timed out after {timeout:g}s",
                                    cause="the command did not finish in time",
@@ -89,7 +130,7 @@ class Runner:
         except OSError as e:
             raise CommandError(f"cannot run {args[0]}: {e.strerror}", cause=str(e),
                                fix=f"check that {args[0]} is an executable") from None
-        out = _text(proc.stdout)
+        out = "".join(lines) if on_line is not None else _text(proc.stdout)
         err = _text(proc.stderr)
         res = Result(args, rc, out, err, time.monotonic() - start)
         self.history.append(res)
@@ -104,11 +145,76 @@ class Runner:
 _ALL_EXITS = list(range(-64, 256))
 
 
-def _kill(proc) -> None:
+def _die_with_parent() -> Callable[[], None] | None:
+    """A pre-exec function for the child: SIGTERM when driverd dies, even by SIGKILL (prctl
+    PR_SET_PDEATHSIG), so that a command in a group of its own is never left running. ctypes is
+    loaded here, only for such commands."""
     try:
-        proc.kill()
-    except OSError:   # already gone
-        pass
+        import ctypes
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGTERM)         # 1: PR_SET_PDEATHSIG
+
+
+def _stop(proc, group: bool, grace: float = 3.0) -> None:
+    """End a command: SIGTERM (make then removes its half-written targets and stops its jobs), SIGKILL
+    after `grace` seconds; to its whole process group when it has one. Waits until it is gone."""
+    pid = proc.pid
+
+    def send(sig: int) -> None:
+        try:
+            if group:
+                os.killpg(pid, sig)     # pgid == pid: still valid while any member lives
+            else:
+                os.kill(pid, sig)
+        except OSError:                 # already gone
+            pass
+    if grace > 0:
+        send(signal.SIGTERM)
+        end = time.monotonic() + grace
+        while time.monotonic() < end and _alive(pid, group):
+            time.sleep(0.05)
+    send(signal.SIGKILL)
+    end = time.monotonic() + 10
+    while time.monotonic() < end and _alive(pid, group):
+        time.sleep(0.02)
+
+
+def _alive(pid: int, group: bool) -> bool:
+    """Whether the process (or any member of its group) still runs; zombies do not count."""
+    if not group:
+        return _state(pid) not in (None, "Z")
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return True
+    for n in names:
+        if n.isdigit():
+            st = _stat(int(n))
+            if st is not None and st[2] == str(pid) and st[0] != "Z":
+                return True
+    return False
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name: state, ppid, pgrp, ..."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _state(pid: int) -> str | None:
+    st = _stat(pid)
+    return st[0] if st else None
 
 
 def _text(v) -> str:

@@ -18,7 +18,7 @@ from driverd import safetar
 driverd.sim.install_backends()
 # ...and they ask for the simulated kernel explicitly (driverd never infers it from a host tree): every
 # command run in this process or in a child (the helpers keep this one DRIVERD_ variable) gets
-# modules.kernel = "sim". A test about the real kernel says so: --kernel real, or KERNEL_ENV_REAL.
+# modules.kernel = "sim". A test about the real kernel says so: --kernel-backend real, or KERNEL_ENV_REAL.
 KERNEL_ENV = "DRIVERD_MODULES_KERNEL"
 KERNEL_ENV_REAL = {KERNEL_ENV: "real"}
 os.environ[KERNEL_ENV] = "sim"

@@ -10,6 +10,7 @@ from driverd.sim.hosttree import HostSpec, Pci, h100, write_host
 
 H200 = "h200-ubuntu-fc-580-open.tar.gz"     # captured on a real H200 host, open driver 580 loaded
 NOGPU = "debian12-nogpu.tar.gz"             # captured on a Debian 12 VM without a GPU
+A_REPO = {"DRIVERD_PACKAGES_REPOSITORIES": "file:///srv/driverd"}   # somewhere a package may come from
 
 
 def test_detect_json_contract_on_real_gpu_host(unpack_host):
@@ -39,7 +40,7 @@ def test_plan_on_real_gpu_host_upgrade_needs_reboot_and_checks_signers_after_the
     root = unpack_host(H200)
     # the host's own driver (loaded, not on disk, no package record) is replaced only on request
     res = run_cli("plan", "--root", str(root), "--driver", "590.48.01", "--json",
-                  env={"DRIVERD_DRIVER_MANAGE": "always"})
+                  env={"DRIVERD_DRIVER_MANAGE": "always", **A_REPO})
     assert res.returncode == 0, res.stderr
     p = json.loads(res.stdout)
     assert p["flavor"] == "open" and p["reboot_required"] is True and p["blocked_by"] == []
@@ -76,7 +77,7 @@ def test_no_gpu_host(unpack_host):
 
 def test_human_plan_and_help(tmp_path):
     write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
-    res = run_cli("plan", "--root", str(tmp_path), "--driver", "570.195.03", check=True)
+    res = run_cli("plan", "--root", str(tmp_path), "--driver", "570.195.03", check=True, env=A_REPO)
     assert "fetch-package" in res.stdout and "flavour:" in res.stdout
     assert "exit codes" in run_cli("--help").stdout
     assert "--root" in run_cli("plan", "--help").stdout
@@ -193,3 +194,180 @@ def test_kubectl_plugin_through_real_kubectl(tmp_path):
                                                      "driver": "535.261.03", "state": "idle"}
     finally:
         srv.stop()
+
+
+def test_plan_is_blocked_when_nothing_can_provide_the_package(tmp_path):
+    """Issue 32: with no repository and no source, `plan` listed fetch-package and exited 0; `apply` then
+    failed at it and claimed a validated rollback. The plan is blocked (one line: why, fix) and apply
+    refuses before anything is journalled."""
+    root = tmp_path / "h"
+    write_host(root, HostSpec(pci=[h100("0000:1b:00.0")]))
+    res = run_cli("plan", "--root", str(root), "--driver", "570.195.03", "--json")
+    assert res.returncode == 3, res.stderr
+    p = json.loads(res.stdout)
+    assert p["verdict"] == "blocked" and len(p["blocked_by"]) == 1
+    [why] = p["blocked_by"]
+    assert why.startswith("nothing can provide the 570.195.03 (open) package for kernel 6.1.0-47-cloud-amd64: no "
+                          "repository is configured (packages.repositories) and no local build: packages.source is "
+                          "not set") and "; fix: set packages.repositories" in why and "\n" not in why
+    res = run_cli("apply", "--root", str(root), "--driver", "570.195.03")
+    assert res.returncode == 3
+    [line] = res.stderr.splitlines()
+    assert line.startswith("driverd: error: the plan is blocked: nothing can provide the 570.195.03 (open) package")
+    assert line.count("fix: ") == 1 and "rolled back" not in line and "validated" not in line
+    assert not (root / "var/lib/driverd/journal.json").exists()
+    # a source without the kernel's headers cannot build either; a configured repository may have it
+    (root / "usr/src/nvidia").mkdir(parents=True)
+    p = json.loads(run_cli("plan", "--root", str(root), "--driver", "570.195.03", "--json",
+                           env={"DRIVERD_PACKAGES_SOURCE": "/usr/src/nvidia"}).stdout)
+    assert "no local build: kernel headers for 6.1.0-47-cloud-amd64 not found" in p["blocked_by"][0]
+    p = json.loads(run_cli("plan", "--root", str(root), "--driver", "570.195.03", "--json", env=A_REPO).stdout)
+    assert p["blocked_by"] == [] and "fetch-package" in [s["action"] for s in p["steps"]]
+
+
+def test_capture_into_a_missing_directory_is_one_line(tmp_path):
+    """`capture-host --out /nonexistent/dir/x` ended in an "unexpected error" line after reading the host."""
+    write_host(tmp_path / "h", HostSpec(pci=[h100("0000:1b:00.0")]))
+    for out, words in ((tmp_path / "nope/dir/x.tar.gz", f"directory {tmp_path / 'nope/dir'} does not exist"),
+                       (tmp_path, "it is a directory")):
+        res = run_cli("debug", "capture-host", "--root", str(tmp_path / "h"), "--out", str(out))
+        assert res.returncode == 2
+        [line] = res.stderr.splitlines()
+        assert line.startswith(f"driverd: error: cannot write --out {out}: {words}") and "unexpected" not in line
+
+
+def _options() -> list[tuple[str, list[str]]]:
+    """(command path, option strings) of every option of every command."""
+    import argparse
+    from driverd.cli import build_parser
+    out = []
+
+    def walk(p, path):
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sp in a.choices.items():
+                    walk(sp, f"{path} {name}".strip())
+            elif a.option_strings:
+                out.append((path, list(a.option_strings), a))
+    walk(build_parser(), "")
+    return out
+
+
+def test_one_vocabulary_every_spelling_of_a_concept_is_accepted_everywhere():
+    """Issue 32: --flavour (the docs' word) was refused while --flavor worked; --workdir (demo) and
+    --work-dir (build) were two spellings of one thing; --kernel meant a release in build and real|sim in
+    apply. Every option named one way accepts the other, and real|sim is --kernel-backend."""
+    opts = _options()
+    flavor = [(c, o) for c, o, _ in opts if "--flavor" in o]
+    assert {c for c, _ in flavor} >= {"plan", "apply", "build", "fetch", "prepare-kernel", "cluster rollout start"}
+    assert all("--flavour" in o for _, o in flavor), flavor
+    work = [(c, o) for c, o, _ in opts if "--work-dir" in o or "--workdir" in o]
+    assert {c for c, _ in work} == {"build", "build-matrix", "demo"}
+    assert all({"--work-dir", "--workdir"} <= set(o) for _, o in work), work
+    backends = [(c, a) for c, o, a in opts if a.choices and "sim" in a.choices]
+    assert {c for c, _ in backends} >= {"load", "unload", "reload", "rollback", "apply", "status"}
+    for c, a in backends:      # real|sim is --kernel-backend; --kernel is only its hidden, deprecated spelling
+        assert a.option_strings == ["--kernel-backend"] or (a.option_strings == ["--kernel"] and a.help == "==SUPPRESS==")
+    releases = [c for c, o, a in opts if "--kernel" in o and not a.choices]
+    assert set(releases) == {"build", "fetch", "install", "rollback-install"}
+    forces = {c: a for c, o, a in opts if "--force" in o}
+    assert set(forces) == {"build", "cluster rollout start"} and forces["build"].help == "==SUPPRESS=="
+
+
+def test_old_spellings_work_and_warn_once(tmp_path):
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
+    res = run_cli("plan", "--root", str(tmp_path), "--driver", "570.195.03", "--flavour", "open", "--json", env=A_REPO)
+    assert res.returncode == 0 and json.loads(res.stdout)["flavor"] == "open" and res.stderr == ""
+    res = run_cli("status", "--root", str(tmp_path), "--kernel", "sim", "--json")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.strip() == ("driverd: warning: --kernel is deprecated for real|sim (--kernel names a kernel "
+                                  "release in build, fetch and install): use --kernel-backend")
+    res = run_cli("status", "--root", str(tmp_path), "--kernel-backend", "sim", "--json")
+    assert res.returncode == 0 and res.stderr == ""
+    from driverd.cli import build_parser
+    a = build_parser("build").parse_args(["build", "--source", "s", "--kernel", "6.1.0-47-cloud-amd64", "--flavour",
+                                          "open", "--out", "o", "--force", "--workdir", "w"])
+    assert (a.rebuild, a.flavor, a.work_dir, a.kernel) == (True, "open", "w", "6.1.0-47-cloud-amd64")
+    assert a.deprecated == ["driverd: warning: --force is deprecated: use --rebuild"]
+    a = build_parser("build").parse_args(["build", "--source", "s", "--kernel", "r", "--flavor", "open", "--out", "o"])
+    assert a.rebuild is False and not getattr(a, "deprecated", None)
+
+
+def test_a_missing_kubeconfig_is_bad_input(tmp_path):
+    """It exited 3 where README's table says bad usage or configuration is 2."""
+    res = run_cli("cluster", "nodes", "--kubeconfig", str(tmp_path / "nonexistent"))
+    assert res.returncode == 2
+    [line] = res.stderr.splitlines()
+    assert f"kubeconfig {tmp_path / 'nonexistent'} does not exist" in line
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\ncurrent-context: x\nusers: []\n")
+    bad.chmod(0o600)
+    assert run_cli("cluster", "nodes", "--kubeconfig", str(bad)).returncode == 2
+
+
+# -- issue 32, item 9: what the smaller outputs say ------------------------------------------------
+
+def test_plan_lists_daemons_apart_from_modules(tmp_path):
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
+    out = run_cli("plan", "--root", str(tmp_path), "--driver", "570.195.03", check=True, env=A_REPO).stdout.splitlines()
+    mods = next(ln for ln in out if ln.startswith("modules: "))
+    assert "persistenced" not in mods and mods.startswith("modules: nvidia")
+    assert "daemons: nvidia-persistenced" in out
+
+
+def test_identical_gpus_are_one_block(tmp_path):
+    addrs = [f"0000:{b:02x}:00.0" for b in (0x18, 0x28, 0x38, 0x48, 0x58, 0x68, 0x78, 0x88)]
+    l40s = Pci("0000:c3:00.0", "0x10de", "0x26b9", "0x030200")
+    write_host(tmp_path, HostSpec(pci=[h100(a) for a in addrs] + [l40s]))
+    out = run_cli("gpus", "--root", str(tmp_path), check=True).stdout.splitlines()
+    heads = [ln for ln in out if not ln.startswith(" ")]
+    assert len(heads) == 2, out
+    assert heads[0].startswith("8 × 0x2330 subsystem 10de:16c1  NVIDIA H100 80GB HBM3  (Hopper")
+    assert out[1] == "  at:           " + ", ".join(addrs)
+    assert heads[1].startswith("0000:c3:00.0  0x26b9")
+    js = run_cli("gpus", "--root", str(tmp_path), "--json", check=True).stdout
+    assert [g["pci_address"] for g in json.loads(js)["gpus"]] == addrs + ["0000:c3:00.0"]    # JSON: one per GPU
+
+
+def test_status_leaves_an_unknown_refcount_out(tmp_path):
+    from driverd.sim.hosttree import Module, nvidia_version_line
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0", "nvidia")], module_unload=False,
+                                  modules=[Module("nvidia", 5000000, 2, ("nvidia_uvm",), version="570.195.03"),
+                                           Module("nvidia_uvm", 100000, 0)],
+                                  nvidia_version_text=nvidia_version_line("570.195.03", "open")))
+    r = run_cli("status", "--root", str(tmp_path))
+    assert "None" not in r.stdout, r.stdout
+    line = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("nvidia "))
+    assert "refcount" not in line and "holders nvidia_uvm" in line
+
+
+def test_version_is_in_the_help_and_true():
+    from importlib.metadata import version
+    top = run_cli("--help").stdout
+    assert "--version" in top and "print driverd's version and exit" in top and "driverd completion bash" in top
+    assert run_cli("--version").stdout.strip() == f"driverd {version('driverd')}"
+
+
+def test_bash_completion_from_the_parser(tmp_path):
+    """The generated script, sourced by bash, completes commands, subcommands, options and their values."""
+    import shutil
+    bash = shutil.which("bash")
+    script = run_cli("completion", "bash", check=True).stdout
+    (tmp_path / "c.bash").write_text(script)
+    (tmp_path / "out").mkdir()
+    cases = [(["driverd", "bu"], "build build-userspace build-matrix"),
+             (["driverd", "--root", "/x", "pl"], "plan"),
+             (["driverd", "cluster", "rollout", "s"], "start status"),
+             (["driverd", "build", "--fl"], "--flavor --flavour"),        # the alias completes too
+             (["driverd", "build", "--flavor", ""], "open proprietary"),
+             (["driverd", "--log-format", ""], "text json"),
+             (["driverd", "runtime", "configure", "--runtime", "c"], "containerd crio"),
+             (["driverd", "build", "--out", str(tmp_path / "ou")], str(tmp_path / "out")),
+             (["driverd", "completion", ""], "bash")]
+    lines = [f"source {tmp_path / 'c.bash'}"]
+    for words, _ in cases:
+        arr = " ".join("'" + w + "'" for w in words)
+        lines.append(f"COMP_WORDS=({arr}); COMP_CWORD={len(words) - 1}; _driverd; echo \"${{COMPREPLY[*]}}\"")
+    r = subprocess.run([bash, "--norc", "-c", "\n".join(lines)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.splitlines() == [want for _, want in cases]

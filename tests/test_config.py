@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from driverd import config
@@ -62,3 +64,58 @@ def test_readme_documents_every_key():
     readme = (REPO / "README.md").read_text()
     missing = [k for k in config.SCHEMA if k not in readme and not (k.startswith("signing.") and "signing.key / signing.cert" in readme)]
     assert not missing, f"README.md does not mention {missing}"
+
+
+def test_config_prints_toml_driverd_loads_back_and_says_which_file(tmp_path):
+    """Issue 32: `driverd config` printed Python values (None, True, 'auto') and did not say that the file
+    was absent. It prints TOML (unset keys as comments) that loads back to the same values."""
+    import tomllib
+    from tests.conftest import run_cli
+    root = tmp_path / "h"
+    (root / "etc").mkdir(parents=True)
+    r = run_cli("config", "--root", str(root))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == f"# driverd configuration: {root}/etc/driverd/config.toml (absent: defaults " \
+                                       "and the environment only)"
+    doc = tomllib.loads(r.stdout)
+    assert doc["driver"] == {"flavor": "auto", "manage": "auto"} and doc["packages"]["build_fallback"] is True
+    assert "# version = (unset, default)" in r.stdout and "None" not in r.stdout and "True" not in r.stdout
+    (root / "etc/driverd").mkdir()
+    (root / "etc/driverd/config.toml").write_text(
+        '[driver]\nversion = "550.127.05"\n[modules.parameters.nvidia]\nNVreg_EnableGpuFirmware = 1\n'
+        '[modules.parameters.nvidia_uvm]\n"odd key" = "a \\"quoted\\" value"\n'
+        '[packages]\nrepositories = ["file:///srv/driverd"]\n')
+    r = run_cli("config", "--root", str(root), env={"DRIVERD_RUNTIME_CDI": "yes"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].endswith("/etc/driverd/config.toml (read)")
+    assert 'version = "550.127.05"' in r.stdout and "cdi = true" in r.stdout and "# env DRIVERD_RUNTIME_CDI" in r.stdout
+    printed = tmp_path / "printed.toml"
+    printed.write_text(r.stdout)
+    again = config.load(Root(root), str(printed), environ={})
+    first = config.load(Root(root), environ={"DRIVERD_RUNTIME_CDI": "yes", "DRIVERD_MODULES_KERNEL": "sim"})  # run_cli keeps the kernel choice
+    assert {k: again[k] for k in config.SCHEMA} == {k: first[k] for k in config.SCHEMA}
+    j = json.loads(run_cli("config", "--root", str(root), "--json").stdout)
+    assert j["read"] is True and j["values"]["driver.version"] == {"value": "550.127.05", "source": j["path"]}
+
+
+def test_config_keys_says_which_keys_the_environment_can_set_and_how(tmp_path):
+    from tests.conftest import run_cli
+    r = run_cli("config", "--root", str(tmp_path), "--keys")
+    rows = {ln.split()[0]: ln for ln in r.stdout.splitlines()}
+    assert "DRIVERD_MODULES_PARAMETERS" not in r.stdout
+    assert "(file only: [modules.parameters.<module>])" in rows["modules.parameters"]
+    assert "DRIVERD_PACKAGES_REPOSITORIES (comma-separated)" in rows["packages.repositories"]
+    j = json.loads(run_cli("config", "--root", str(tmp_path), "--keys", "--json").stdout)
+    assert j["modules.parameters"]["env"] is None and j["driver.version"]["env"] == "DRIVERD_DRIVER_VERSION"
+    # every key it says the environment sets, the environment does set
+    for key, row in j.items():
+        if row["env"]:
+            assert config.env_name(key) == row["env"]
+    with pytest.raises(ConfigError, match="cannot be set from the environment"):
+        config.load(Root(tmp_path), environ={"DRIVERD_MODULES_PARAMETERS": "x"})
+
+
+def test_a_misspelt_key_gets_a_suggestion(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        config.load(write(tmp_path, '[driver]\nflavour = "open"\n'), environ={})
+    assert "fix: did you mean flavor? use one of: version, flavor, manage" in e.value.one_line()

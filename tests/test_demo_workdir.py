@@ -108,3 +108,22 @@ def test_a_non_empty_directory_the_demo_did_not_make_is_refused(tmp_path):
     (home / "thesis.tex").write_text("years of work\n")
     _refused(home, "it is not empty and the demo did not make it", "pass a new or empty directory")
     assert sorted(p.name for p in home.iterdir()) == ["thesis.tex"]
+
+
+@pytest.mark.parametrize("option", ["--root", "--config"])
+def test_demo_refuses_a_root_or_config_it_would_ignore(tmp_path, option):
+    """issue 32: `driverd demo --root DIR` was accepted and ignored - the demo builds its own sandbox
+    host and configuration, so a --root (or --config) that seems to point it at a host is refused
+    before anything is made: one line, exit 2, nothing written under the workdir or DIR."""
+    target = tmp_path / "target"
+    target.mkdir()
+    arg = str(target if option == "--root" else target / "config.toml")
+    for argv in (("demo", option, arg, "--workdir", str(tmp_path / "wd")),
+                 (option, arg, "demo", "--workdir", str(tmp_path / "wd"))):
+        r = run_cli(*argv)
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"demo does not take {option}" in lines[0] and "--workdir" in lines[0], r.stderr
+        assert not (tmp_path / "wd").exists() and list(target.iterdir()) == []
+    r = run_cli("demo", "--root", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "demo does not take --root" in r.stderr, r.stderr

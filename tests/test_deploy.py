@@ -159,6 +159,7 @@ def test_the_daemonset(tmp_path, overlay):
     ds = _by(objs, "DaemonSet")["driverd"]
     pod = ds["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == SA and pod["hostPID"] is True
+    assert pod["enableServiceLinks"] is False       # issue 32: no DRIVERD_SERVICE_HOST from a Service `driverd`
     assert pod["nodeSelector"] == {"feature.node.kubernetes.io/pci-10de.present": "true"}
     (c,) = pod["containers"]
     assert c["image"] == "driverd:0.1.0" and c["command"] == ["driverd"]

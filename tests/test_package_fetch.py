@@ -248,3 +248,61 @@ def test_local_build_fallback_decision(tmp_path):
     assert b is not None and why is None
     b, why = local_builder(root, cfg(source="/usr/src/nv"), Want("550.127.05", "open", REL, "x86_64"), Runner())
     assert b is None and why == "packages.source /usr/src/nv is driver 535.261.03, not 550.127.05"
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed): connecting is refused."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_repository_is_a_connection_failure_not_a_missing_package(host, repo, capsys):
+    """Issue 32: a refused connection was reported as "no repository holds a package for this kernel … fix:
+    build it". It names the URL, the error in words and the fix for a connection; each retry is said."""
+    from driverd.packages.fetch import Unreachable
+    url = f"http://127.0.0.1:{_closed_port()}/"
+    with pytest.raises(Unreachable) as ei:
+        fetch(host, WANT, [url], attempts=2, no_build_reason="packages.source is not set")
+    line = ei.value.one_line()
+    assert line.startswith(f"cannot reach the package repository: {url} (")
+    assert "connection refused" in line and "HTTPConnectionPool" not in line and "NewConnectionError" not in line
+    assert "build it" not in line and "no repository holds" not in line
+    assert "check the URL" in line and "HTTPS_PROXY" in line
+    err = capsys.readouterr().err
+    assert f"GET {url}index.json: connection refused; retrying in" in err and "(attempt 2 of 2)" in err
+    # one answering repository without the package, one unreachable: both said, the build fix kept
+    with pytest.raises(PackageError) as ei:
+        fetch(host, Want("580.82.07", "open", REL, "x86_64"), [url, f"file://{repo}"], attempts=1)
+    line = ei.value.one_line()
+    assert not isinstance(ei.value, Unreachable)
+    assert f"{url} (GET {url}index.json failed after 1 attempt: connection refused)" in line
+    assert f"file://{repo} (index lists 3 packages, not this one)" in line
+    assert "1 of 2 could not be read" in line and "build it" in line and f"check {url}" in line
+
+
+def test_repository_urls_driverd_cannot_fetch_are_refused_in_one_line(host, tmp_path):
+    """`--repo ftp://…` ended in an "unexpected error" traceback line and the config accepted ftp:// and
+    typos: both are refused naming the value, where it came from and what is allowed."""
+    for bad in ("ftp://mirror/driverd", "htps://repo.example/driverd"):
+        r = run_cli("fetch", "--root", host.base, "--driver", "535.261.03", "--flavor", "open", "--repo", bad)
+        assert r.returncode == 2, r.stderr
+        [line] = r.stderr.splitlines()
+        assert line.startswith(f"driverd: error: --repo {bad}: driverd cannot fetch over ") and "unexpected" not in line
+        assert "https://HOST/PATH, http://HOST/PATH, file:///PATH or an absolute directory" in line
+    cfg = Path(host.base) / "etc/driverd/config.toml"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    for bad in ("ftp://mirror/driverd", "htps://x", "file://server/share", "relative/dir"):
+        cfg.write_text(f'[packages]\nrepositories = ["file:///srv/driverd", "{bad}"]\n')
+        r = run_cli("config", "--root", host.base)
+        assert r.returncode == 2
+        [line] = r.stderr.splitlines()
+        assert f"invalid value '{bad}' for packages.repositories in {cfg}" in line and "https://HOST/PATH" in line
+    cfg.write_text('[packages]\nrepositories = ["https://u:p@repo.example:8443/d", "http://10.0.0.1/d", '
+                   '"file:///srv/driverd", "file://localhost/srv/d", "/srv/driverd"]\n')
+    assert run_cli("config", "--root", host.base).returncode == 0
+    # a relative --repo directory is the shell user's: made absolute, then read
+    r = run_cli("fetch", "--root", host.base, "--driver", "999.1.1", "--flavor", "open", "--repo",
+                os.path.relpath(tmp_path), "--no-build")
+    assert r.returncode == 3 and f"cannot read the package repository: {tmp_path} (" in r.stderr

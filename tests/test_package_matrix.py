@@ -109,6 +109,34 @@ def test_progress_bar_on_a_terminal():
     assert "[############............] 1/2 built 1" in s.getvalue() and "\r\033[K" in s.getvalue()
 
 
+def test_progress_shows_what_each_running_cell_does():
+    """The bar carries the running cells' phases and compile counts (issue 32); without a terminal each
+    phase is one line."""
+    from driverd.packages.buildprogress import Status
+    a = mx.Cell("535.261.03", "open", "6.1.0-47-cloud-amd64", "x86_64", "/src", "debian")
+    b = mx.Cell("535.261.03", "open", "6.1.0-50-cloud-amd64", "x86_64", "/src", "debian")
+    s = io.StringIO()
+    p = mx.Progress(2, stream=s, tty=True)
+    p.start(a)
+    p.start(b)
+    p.cell(a).status(Status(a.id, "compile", 75.0, 57, 193))
+    p.cell(b).status(Status(b.id, "conftest", 20.0, 12, None))
+    last = s.getvalue().rsplit("\r\033[K", 1)[1]
+    assert last.startswith("[........................] 0/2 built 0 skipped 0 failed 0 ")
+    assert "| open-6.1.0-47-cloud-amd64-x86_64: compiling 57/193 objects" in last
+    assert "; open-6.1.0-50-cloud-amd64-x86_64: running conftest (12 tests)" in last
+    p.finish(mx.CellResult(a, "built", package="/r/p.tar.zst", seconds=80))
+    last = s.getvalue().rsplit("\r\033[K", 1)[1]
+    assert "1/2 built 1" in last and "compiling" not in last.split("\n")[-1]
+    s = io.StringIO()
+    p = mx.Progress(1, stream=s, tty=False)
+    p.cell(a).status(Status(a.id, "compile", 75.0, 1, 193))
+    p.cell(a).status(Status(a.id, "compile", 76.0, 2, 193))          # the same phase: no new line
+    p.cell(a).status(Status(a.id, "link", 130.0, 0, 5))
+    assert s.getvalue() == (f"[0/1] compile {a.id}: compiling 1/193 objects (1m15s)\n"
+                            f"[0/1] link    {a.id}: linking 0/5 modules (2m10s)\n")
+
+
 def test_first_compiler_error_is_one_line():
     log = ("  CC [M]  /w/nvidia/nv.o\n/w/nvidia/nv-pci.c: In function 'nv_resize_pcie_bars':\n"
            "/w/nvidia/nv-pci.c:220:9: warning: unused variable 'x'\n"

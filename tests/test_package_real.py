@@ -68,6 +68,20 @@ def test_matrix_builds_good_cell_and_reports_failing_cell(real):
     assert [(p["kernel_release"], p["flavor"]) for p in idx["packages"]] == [(GOOD, "open")]
 
 
+def test_matrix_reports_the_real_compiles_phases_and_counts(real):
+    """Issue 32: the phases of the real NVIDIA build, and the compile's count of objects against those
+    NVIDIA's Kbuild files name (an estimate: a Makefile may filter a file out)."""
+    from driverd.packages import buildprogress as bp
+    cell = f"535.261.03-open-{GOOD}-x86_64"
+    said = [ln.split()[1] for ln in real["result"].stderr.splitlines() if f" {cell}: " in ln]
+    assert said == ["copy", "make", "conftest", "compile", "link", "strip", "sign", "pack", "built"], said
+    compiled = len([ln for ln in Path(real["work"] / "logs" / f"{cell}.log").read_text().splitlines()
+                    if ln.startswith("  CC [M]  ")])
+    (tree,) = [p.parent for p in (real["work"] / "sources").glob("*/modules/nvidia-open-kernel/Kbuild")]
+    exp = bp.expected(tree)
+    assert exp.modules == 5 and abs(exp.objects - compiled) <= max(2, compiled // 50), (exp, compiled)
+
+
 def test_compiled_package_manifest(real):
     pkg = next(real["repo"].glob("*.tar.zst"))
     m = read_manifest(pkg)

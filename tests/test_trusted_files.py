@@ -167,6 +167,7 @@ def test_a_world_writable_config_toml_is_refused_not_used(tmp_path):
 @as_root
 def test_a_config_owned_by_nobody_is_refused_by_every_command(tmp_path):
     cfgp = _file(tmp_path / "etc/driverd/config.toml", '[driver]\nversion = "550.127.05"\n')
+    _file(tmp_path / "etc/os-release", "ID=debian\n")           # a host root (plan reads the host)
     os.chown(cfgp, NOBODY, NOBODY)
     for argv in (["config", "--root", str(tmp_path)], ["plan", "--root", str(tmp_path)],
                  ["config", "--config", str(cfgp)]):

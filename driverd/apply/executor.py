@@ -176,7 +176,8 @@ class Executor:
             err = error_record(e)
             s["status"] = "failed"
             s["error"] = err
-            with logs.fields(level="error", status="failed", reason=err.get("error")):
+            kernel_log = (err.get("details") or {}).get("kernel_log") or None
+            with logs.fields(level="error", status="failed", reason=err.get("error"), kernel_log=kernel_log):
                 self.ctx.log(f"  ! {impl.describe(params)} failed: "
                              + (e.one_line() if isinstance(e, DriverdError) else err["error"]))
             key = "failure" if doc["state"] == "running" else "rollback_failure"

@@ -1,5 +1,6 @@
 """The one place a host's plan is made: facts read under the root, the desired state from the
-configuration, the signer preflight's verdict, `driverd.plan.plan`. `driverd plan`, `apply` (and its
+configuration, the signer preflight's verdict, whether any repository or local build can provide a
+package, `driverd.plan.plan`. `driverd plan`, `apply` (and its
 --dry-run), every pass of the daemon and the cluster agent's preflight call this, so they cannot
 disagree about a host: the same facts and configuration give the same plan, and the same plan gives
 the same verdict (converged, steps to take, blocked, reboot first)."""
@@ -28,10 +29,57 @@ def plan_for_host(root, cfg, *, facts: Facts | None = None, nvml: bool = False) 
     if facts is None:
         facts = collect(root, nvml=nvml, handler=cfg["runtime.handler"], binary=cfg["runtime.binary"],
                         driver_root=cfg["validation.driver_root"])
+    from driverd.packages.fetch import unavailable
     from driverd.packages.userspace_source import offer
     return HostPlan(facts, plan(facts, Desired.from_config(cfg), for_plan(root, facts, cfg),
                                 userspace=workload_applies(root, cfg),
-                                us_offer=offer(root, cfg, cfg["driver.version"], facts.kernel.arch)))
+                                us_offer=offer(root, cfg, cfg["driver.version"], facts.kernel.arch),
+                                no_package=unavailable(root, cfg, facts.kernel.release)))
+
+
+@dataclass(frozen=True)
+class HostVerdict:
+    """The host against its configuration, as `driverd status` and every daemon pass judge it: the
+    plan, and the module parameters the running driver has otherwise (the plan compares versions and
+    flavours; a reload applies changed parameters)."""
+    plan: Plan
+    drift: tuple[str, ...] = ()
+
+    @property
+    def verdict(self) -> str:
+        """The plan's verdict (blocked | reboot-required | steps | converged), or "drift" for a converged
+        plan whose driver runs with other parameters than configured."""
+        v = self.plan.verdict
+        return "drift" if v == "converged" and self.drift else v
+
+    @property
+    def in_sync(self) -> bool:
+        return self.verdict == "converged"
+
+    def reasons(self) -> list[str]:
+        """What keeps the host from being in sync that a list of steps does not say."""
+        p = self.plan
+        return [f"blocked: {b}" for b in p.blocked_by] + [f"reboot required: {r}" for r in p.reboot_reasons] \
+            + list(self.drift)
+
+    def steps(self) -> list[str]:
+        return [f"{s.action}: {s.reason}" for s in self.plan.changes]
+
+
+def verdict_for_host(sctx, cfg, *, facts: Facts | None = None) -> HostVerdict:
+    """plan_for_host, and the parameter drift of the driver it leaves running (none for a driver left
+    to another package manager: driverd never reloads it)."""
+    from driverd.apply import fingerprint as fpr
+    from driverd.apply.drift import parameter_drift, running_parameters
+    from driverd.host.modules import parse_nvidia_version
+    p = plan_for_host(sctx.root, cfg, facts=facts).plan
+    drift: list[str] = []
+    if p.driver_managed_by is None:
+        ver, flav, _ = parse_nvidia_version(sctx.root.read_text("/proc/driver/nvidia/version"))
+        loaded = None if ver is None else {"version": ver, "flavor": flav}      # as apply.steps.loaded says it
+        recorded = fpr.recorded_parameters(fpr.read(sctx.root, cfg), loaded, sctx.kernel.release)
+        drift = parameter_drift(running_parameters(sctx.kernel), cfg["modules.parameters"], recorded)
+    return HostVerdict(p, tuple(drift))
 
 
 def workload_applies(root, cfg, kernel: str | None = None) -> bool:

@@ -20,7 +20,7 @@ from driverd.apply.lock import HostLock
 from driverd.apply.step import StepContext
 from driverd.apply import steps as st
 from driverd.plan import steplists as sl
-from driverd.errors import EXIT_REBOOT, ConfigError, ModuleError, PackageError, PlanError, UsageError
+from driverd.errors import EXIT_REBOOT, ConfigError, DriverdError, ModuleError, PackageError, PlanError, UsageError
 
 
 def make_context(root, runner, config, kernel_choice: str | None = None, log=None) -> StepContext:
@@ -155,6 +155,9 @@ def apply_request(cfg) -> Request:
         from driverd.apply.hostplan import plan_for_host
         p = plan_for_host(ctx.root, cfg).plan
         if p.blocked_by:
+            why, _, fix = p.blocked_by[0].rpartition("; fix: ") if len(p.blocked_by) == 1 else ("", "", "")
+            if why:         # one reason that names its own fix: one line, one fix
+                raise PlanError("the plan is blocked: " + why, fix=fix)
             raise PlanError("the plan is blocked: " + "; ".join(p.blocked_by), fix="see `driverd plan`")
         rec = reboot_record(ctx)
         if p.reboot_required:
@@ -224,7 +227,9 @@ def _transact_locked(ctx, ex: Executor, req: Request) -> dict:
     finished = None
     if pending is not None:
         if req.command == "rollback":
-            return outcome(ex.rollback_now(pending, "rollback requested"), ctx, ex)
+            out = outcome(ex.rollback_now(pending, "rollback requested"), ctx, ex)
+            out["rolled_back_run"] = {"run_id": pending["run_id"], "command": pending["command"]}
+            return out
         doc = ex.resume(pending)
         finished = summary(doc)
         same = doc["command"] == req.command and (doc.get("meta") or {}).get("request") == req.identity
@@ -275,19 +280,44 @@ def raise_for(out: dict) -> int:
     finish; a run that did not finish `done` raises (exit 3) with what failed and where it ended."""
     if out["state"] in ("done", "nothing-to-do"):
         return EXIT_REBOOT if out.get("reboot_required") else 0
+    if out["state"] == "rolled-back" and out.get("rolled_back_run"):
+        return 0                # `driverd rollback` of an interrupted run: rolled back is what was asked
     f = out.get("failure") or {}
     err = f.get("error") or {}
     where = f" at {f['step']}" if f.get("step") else ""
-    back = out.get("loaded")
     if out["state"] == "rolled-back":
-        msg = (f"{out['command']} failed{where}: {err.get('error')}; rolled back to "
-               + (f"{back['version']} ({back['flavor']}), validated" if back else "the state before the run"))
+        msg = f"{out['command']} failed{where}: {err.get('error')}; {rolled_back_words(out)}"
     else:
         rf = (out.get("rollback_failure") or {}).get("error") or {}
         msg = f"{out['command']} failed{where}: {err.get('error')}; ROLLBACK FAILED: {rf.get('error')}"
+    kernel_log = (err.get("details") or {}).get("kernel_log")
     raise ModuleError(msg, cause=err.get("cause"), fix=err.get("fix") if out["state"] == "rolled-back" else
                       "the host has no validated driver: see the journal and the kernel log; driverd rollback retries",
-                      details=out)
+                      details={**out, "kernel_log": kernel_log} if kernel_log else out)
+
+
+def _changed(steps: list[dict]) -> list[str]:
+    """The steps of a journal list that did change the host (done, and not only recording or checking)."""
+    from driverd.plan.actions import ACTIONS
+    return [s["action"] for s in steps if s["status"] == "done" and not ACTIONS[s["action"]].read_only]
+
+
+def nothing_changed(out: dict) -> bool:
+    """A run that failed before any step changed the host (and whose rollback found nothing to put
+    back): it must not claim a rollback, let alone a validated one."""
+    return not _changed(out["steps"]) and not _changed(out.get("rollback") or [])
+
+
+def rolled_back_words(out: dict) -> str:
+    """What the rollback of a failed run did, as much as it did: nothing changed; back to the driver
+    a validation proved; or the run's own changes undone (no validation ran: the driver was not touched)."""
+    if nothing_changed(out):
+        return "nothing was changed"
+    back = out.get("loaded")
+    if back and any(s["action"] == "validate" and s["status"] == "done" for s in out.get("rollback") or []):
+        return f"rolled back to {back['version']} ({back['flavor']}), validated"
+    done = _changed(out["steps"])
+    return "rolled back to the state before the run" + (f" ({', '.join(done)} undone)" if done else "")
 
 
 # -- status (a reader: no lock) ---------------------------------------------------------------------
@@ -313,6 +343,7 @@ def status(ctx) -> dict:
                         for n, m in ctx.kernel.modules().items() if n.startswith("nvidia") or n == "nouveau"},
             "holders": h.to_json(),
             "daemons": {d: ctx.services.running(d) for d in ("nvidia-persistenced", "nv-fabricmanager")},
+            "userspace": userspace_in_use(ctx),
             "last_run": None if doc is None else {
                 "run_id": doc["run_id"], "command": doc["command"], "state": doc["state"],
                 "unfinished": doc["state"] in UNFINISHED, "failure": doc.get("failure"),
@@ -325,14 +356,28 @@ def status(ctx) -> dict:
             "daemon": daemon_state(ctx)}
 
 
+def userspace_in_use(ctx) -> dict | None:
+    """driverd's user-space `current` points to (None: driverd installed none)."""
+    from driverd.packages import userspace_install as ui
+    places = ui.Places.from_config(ctx.config)
+    cur = ui.current(ctx.root, places)
+    if cur is None:
+        return None
+    return {"version": cur.version, "sha256": cur.sha, "intact": cur.intact, "tree": places.tree(cur.name),
+            "active": ui.is_installed(ctx.root, cur.sha, places) if cur.intact else False}
+
+
 _WANTED_KEYS = ("driver.version", "driver.flavor", "modules.parameters", "modules.load_drm", "modules.load_peermem",
                 "runtime.runtimes", "runtime.handler", "runtime.cdi", "daemons.persistenced", "daemons.fabricmanager",
                 "daemons.mode")
 
 
 def wanted(ctx, inst: dict | None = None) -> dict:
-    """What the configuration says this host should run, next to what it runs: `differs` lists
-    each difference in one line (empty: the host is as configured, as far as status can see)."""
+    """What the configuration says this host should run, next to what it runs. Whether the host is in
+    sync is `hostplan.verdict_for_host`'s answer - the plan `driverd plan` shows and every daemon pass
+    acts on, with the parameter drift a pass reloads for - so the three never disagree; `differs`
+    says why not in lines (what is loaded or installed instead, else each step the plan would take,
+    a block, a reboot, a parameter), `plan` lists the plan's steps."""
     cfg = ctx.config
     version, requested = cfg["driver.version"], cfg["driver.flavor"]
     flavor, why = (requested if requested != "auto" else None), None
@@ -345,30 +390,35 @@ def wanted(ctx, inst: dict | None = None) -> dict:
             flavor, why = d.flavor, d.reason
         except Exception as e:             # a reader: an undecidable flavour is reported, not raised
             why = f"cannot decide: {getattr(e, 'message', None) or e}"
+    out = {"driver": version, "flavor": requested, "flavor_decided": flavor, "flavor_reason": why,
+           "config": {k: cfg[k] for k in _WANTED_KEYS},
+           "sources": {k: cfg.sources.get(k, "default") for k in _WANTED_KEYS if k in cfg.sources},
+           "config_path": cfg.path, "differs": [], "in_sync": None, "verdict": None, "plan": [], "left_to": None}
+    if not version:
+        return out
+    from driverd.apply.hostplan import verdict_for_host
+    try:
+        v = verdict_for_host(ctx, cfg)
+    except DriverdError as e:              # e.g. no flavour serves every GPU: the plan is blocked
+        out.update(verdict="blocked", in_sync=False, differs=[f"blocked: {e.one_line()}"])
+        return out
+    out.update(verdict=v.verdict, in_sync=v.in_sync, plan=[s.action for s in v.plan.changes],
+               left_to=v.plan.driver_managed_by)
+    if v.in_sync:
+        return out
     lo = st.loaded(ctx)
-    differs: list[str] = []
-    if version:
+    summary: list[str] = []
+    if v.plan.driver_managed_by is None:
         if lo is None:
-            differs.append(f"driver {version} is wanted, none is loaded")
+            summary.append(f"driver {version} is wanted, none is loaded")
         elif lo["version"] != version:
-            differs.append(f"driver {version} is wanted, {lo['version']} is loaded")
+            summary.append(f"driver {version} is wanted, {lo['version']} is loaded")
         elif flavor and lo.get("flavor") and lo["flavor"] != flavor:
-            differs.append(f"flavour {flavor} is wanted, {lo['flavor']} is loaded")
+            summary.append(f"flavour {flavor} is wanted, {lo['flavor']} is loaded")
         if inst is not None and inst.get("version") != version:
-            differs.append(f"installed package is {inst.get('version')} ({inst.get('flavor')}), not {version}")
-    if lo is not None and cfg["modules.parameters"]:
-        try:
-            from driverd.apply import fingerprint as fpr
-            from driverd.apply.drift import parameter_drift, running_parameters
-            recorded = fpr.recorded_parameters(fpr.read(ctx.root, cfg), lo, ctx.kernel.release)
-            differs += parameter_drift(running_parameters(ctx.kernel), cfg["modules.parameters"], recorded)
-        except Exception:
-            pass
-    return {"driver": version, "flavor": requested, "flavor_decided": flavor, "flavor_reason": why,
-            "config": {k: cfg[k] for k in _WANTED_KEYS},
-            "sources": {k: cfg.sources.get(k, "default") for k in _WANTED_KEYS if k in cfg.sources},
-            "config_path": cfg.path, "differs": differs,
-            "in_sync": None if not version else not differs}
+            summary.append(f"installed package is {inst.get('version')} ({inst.get('flavor')}), not {version}")
+    out["differs"] = summary + v.reasons() + ([] if summary else v.steps())
+    return out
 
 
 def activity(holder: dict | None, doc: dict | None, reboot: dict | None, ctx) -> dict:

@@ -89,22 +89,27 @@ def package_source(sctx, cfg, driver: str, flavor: str | None) -> str:
     from driverd.packages.build import local_builder
     from driverd.packages.fetch import Want, read_index
     from driverd.packages.sign import node_path
+    from driverd.redact import redact
     release, arch = sctx.kernel.release, _arch(sctx)
     # the node's key, a host path under the root, refused when others can change it (not skipped below)
     public_key = node_path(sctx.root, cfg["packages.index_public_key"], "packages.index_public_key")
+    unread: list[str] = []          # a repository that did not answer is not one without the package
     for url in cfg["packages.repositories"]:
         try:
             idx = read_index(url, public_key=public_key, runner=sctx.runner)
-        except DriverdError:
+        except DriverdError as e:
+            unread.append(f"{redact(url)}: {e.message}")
             continue
         if idx.find(driver, flavor or "", release, arch):
             return f"package {driver}/{flavor} for {release} in {url}"
+    where = "in any repository" if not unread else \
+        f"in the repositories that answered (could not read {'; '.join(unread)})"
     if cfg["packages.build_fallback"]:
         builder, why = local_builder(sctx.root, cfg, Want(driver, flavor or "", release, arch), sctx.runner)
         if builder is not None:
             return f"no repository has {driver}/{flavor} for {release}: it will be built on the node"
-        return f"none: no package {driver}/{flavor} for kernel {release} in any repository, and no local build: {why}"
-    return f"none: no package {driver}/{flavor} for kernel {release} in any repository (packages.build_fallback is off)"
+        return f"none: no package {driver}/{flavor} for kernel {release} {where}, and no local build: {why}"
+    return f"none: no package {driver}/{flavor} for kernel {release} {where} (packages.build_fallback is off)"
 
 
 def _arch(sctx) -> str:

@@ -11,10 +11,9 @@ from typing import Callable
 
 from driverd.apply import lifecycle as lc
 from driverd.apply import steps as st
-from driverd.apply.hostplan import plan_for_host
+from driverd.apply.hostplan import verdict_for_host
 from driverd.apply.lock import LockHeld
 from driverd.apply import fingerprint as fpr
-from driverd.apply.drift import parameter_drift, running_parameters
 from driverd.errors import ConfigError, DriverdError, PlanError, UsageError
 
 LOCK_WAIT_S = 3600.0      # the daemon waits for another driverd (a boot-time apply, an operator) this long
@@ -37,6 +36,10 @@ class Result:
     fingerprint: str | None = None
     workload: dict | None = None   # the last workload check of this driver (driverd.host.workload), fresh or kept
     workload_ran: bool = False     # this pass made the check (CUDA calls), rather than keeping the last verdict
+    # A pass that did not converge on a host whose running driver still validates (and is workload-ready
+    # where the check applies): {"running": {version, flavor}, "wanted": driver.version, "why": reason}.
+    # The node works, on another driver than the configuration wants or with something else left undone.
+    degraded: dict | None = None
 
     @property
     def converged(self) -> bool:
@@ -61,8 +64,10 @@ class Reconciler:
 
     def reconcile(self, cfg) -> Result:
         res = Result("error", "", started=time.time())
+        sctx = None
         try:
-            self._reconcile(self.make_context(cfg), cfg, res)
+            sctx = self.make_context(cfg)
+            self._reconcile(sctx, cfg, res)
         except PlanError as e:
             _fail(res, "blocked", e.one_line(), "blocked")
         except LockHeld as e:
@@ -77,8 +82,45 @@ class Reconciler:
             # the plan's file-only half of the check, or a transaction's validation, said why: that is this
             # pass's workload verdict, and the next pass checks again
             res.workload, self._workload = {"ok": False, "problems": [res.reason]}, None
+        if not res.converged and sctx is not None and res.state != "config-error":
+            try:
+                self._judge_running(sctx, cfg, res)
+            except Exception as e:               # never a crash: the node is then simply not degraded-ready
+                res.warnings.append(f"cannot validate the running driver: {e.__class__.__name__}: {e}")
         res.finished = time.time()
         return res
+
+    def _judge_running(self, sctx, cfg, res: Result) -> None:
+        """The wanted state was not reached (not fetched, an upgrade rolled back, blocked, a reboot away):
+        does the driver that runs still work? Validated as a transaction ends - this host's modules,
+        persistence, the workload check (unless a passing one of this same driver is kept) - it makes the
+        node degraded, not down. No driver, or one that fails, leaves it not ready."""
+        loaded = st.loaded(sctx)
+        if loaded is None or (res.workload is not None and not res.workload.get("ok")):
+            return                               # nothing runs, or this pass just found it unfit
+        inst = st.installed(sctx)
+        judged = ((loaded["version"], loaded["flavor"]), inst["sha256"] if inst else None, sctx.kernel.release,
+                  fpr.fingerprint(cfg, sctx.kernel.release, inst["sha256"] if inst else None))
+        keep = self._workload_kept(judged, res.changed, cfg)
+        params: dict = {"expect": [loaded["version"], loaded["flavor"]]}
+        if keep is not None:
+            params["workload"] = False
+        try:
+            out = st.REGISTRY["validate"].do(sctx, params)
+        except DriverdError as e:
+            self._workload = None
+            wl = ((e.details or {}).get("validation") or {}).get("workload")
+            if wl is not None:
+                res.workload, res.workload_ran = wl, True
+            res.warnings.append(f"the running driver {loaded['version']} ({loaded['flavor']}) does not validate "
+                                f"either: {e.one_line()}")
+            return
+        if keep is not None:
+            res.workload = keep
+        elif isinstance(out, dict) and out.get("workload"):
+            res.workload, res.workload_ran = out["workload"], True
+            self._workload = (judged, time.monotonic(), out["workload"])
+        res.degraded = {"running": loaded, "wanted": cfg["driver.version"], "why": f"{res.state}: {res.reason}"}
 
     def _transact(self, sctx, req, res: Result) -> dict | None:
         """Run a request; a run that did not end done/nothing-to-do is recorded in `res` (None back)."""
@@ -112,8 +154,10 @@ class Reconciler:
         if res.gpus == 0:
             res.state, res.reason = "converged", "no NVIDIA GPU on this host: nothing to provision"
             return
-        # The host as it is now, judged by the same function as `driverd plan` and `apply --dry-run`.
-        p = plan_for_host(sctx.root, cfg).plan
+        # The host as it is now, judged by the same function as `driverd status` (its plan is `driverd plan`'s
+        # and `apply --dry-run`'s).
+        verdict = verdict_for_host(sctx, cfg)
+        p = verdict.plan
         if p.verdict != "converged":
             left = p.blocked_by or p.reboot_reasons or tuple(f"{s.action} ({s.reason})" for s in p.changes)
             _fail(res, "blocked" if p.blocked_by else "failed",
@@ -125,9 +169,7 @@ class Reconciler:
             self._say_once(res, f"the driver is left to {p.driver_managed_by}: {p.flavor_reason}")
         inst = st.installed(sctx)
         fp = fpr.fingerprint(cfg, sctx.kernel.release, inst["sha256"] if inst else None)
-        recorded = fpr.recorded_parameters(fpr.read(sctx.root, cfg), st.loaded(sctx), sctx.kernel.release)
-        drift = [] if left_alone else \
-            parameter_drift(running_parameters(sctx.kernel), cfg["modules.parameters"], recorded)
+        drift = list(verdict.drift)
         if drift and (fp, tuple(drift)) in self._reloaded_for:
             res.warnings.append("module parameters still differ after a reload (the kernel shows them differently): "
                                 + "; ".join(drift))

@@ -22,7 +22,8 @@ def write(root, *, mode: str, result=None, next_in_s: float | None = None, stopp
     if result is not None:
         doc["last_reconcile"] = {"state": result.state, "reason": result.reason, "failure": result.failure,
                                  "started_at": result.started, "finished_at": result.finished,
-                                 "runs": [d.get("run_id") for d in result.runs], "loaded": result.loaded}
+                                 "runs": [d.get("run_id") for d in result.runs], "loaded": result.loaded,
+                                 "degraded": getattr(result, "degraded", None)}
     else:
         old = read(root)
         doc["last_reconcile"] = (old or {}).get("last_reconcile")

@@ -64,6 +64,15 @@ def _restore_files_steps(entry: dict, restart: list[str] | None = None, reason: 
              "reason": reason or f"undo {entry['action']}: put back the files as they were before it"}]
 
 
+def previous_records(ctx) -> dict:
+    """What `driverd rollback` would go back to now (the kernel package's and the user-space's previous
+    records): a failed run's rollback puts them back, so its failed package never becomes "previous"."""
+    from driverd.packages import install as pi
+    from driverd.packages import userspace_install as ui
+    return {"package": pi.previous_record(ctx.root, ctx.kernel.release, ctx.config["state.dir"]),
+            "userspace": ui.previous_record(ctx.root, places(ctx))}
+
+
 class Snapshot(StepImpl):
     """Record the last-known-good state before anything changes: the loaded driver, its modules and
     the parameters they are running with, the installed package, running daemons, MIG layout, the
@@ -81,7 +90,7 @@ class Snapshot(StepImpl):
                "installed": installed(ctx),
                "daemons": [d for d in (dmn.PERSISTENCED, dmn.FABRICMANAGER) if ctx.services.running(d)],
                "mig": mig.record(ctx.kernel) if now else None,
-               "userspace": userspace_now(ctx)}
+               "userspace": userspace_now(ctx), "previous": previous_records(ctx)}
         ctx.doc["lkg"] = lkg
         ctx.doc["log_mark"] = ctx.kernel.log_mark()
         return {"lkg": lkg}
@@ -221,9 +230,12 @@ class RestorePackage(StepImpl):
         return is_installed(ctx.root, _release(ctx, params), params.get("sha256"), ctx.config["state.dir"])
 
     def do(self, ctx, params):
-        from driverd.packages.install import restore
-        return restore(ctx.root, _release(ctx, params), params.get("sha256"), ctx.runner,
-                       state_dir=ctx.config["state.dir"], kernel_tools=ctx.kernel).to_json()
+        from driverd.packages.install import put_previous_record, restore
+        out = restore(ctx.root, _release(ctx, params), params.get("sha256"), ctx.runner,
+                      state_dir=ctx.config["state.dir"], kernel_tools=ctx.kernel).to_json()
+        if "previous" in params:
+            put_previous_record(ctx.root, _release(ctx, params), params["previous"], ctx.config["state.dir"])
+        return out
 
     def describe(self, params):
         sha = params.get("sha256")
@@ -345,8 +357,11 @@ class RestoreUserspace(StepImpl):
         return is_installed(ctx.root, params.get("sha256"), places(ctx))
 
     def do(self, ctx, params):
-        from driverd.packages.userspace_install import restore
-        return restore(ctx.root, params.get("sha256"), ctx.runner, places=places(ctx)).to_json()
+        from driverd.packages.userspace_install import put_previous_record, restore
+        out = restore(ctx.root, params.get("sha256"), ctx.runner, places=places(ctx)).to_json()
+        if "previous" in params:
+            put_previous_record(ctx.root, params["previous"], places(ctx))
+        return out
 
     def describe(self, params):
         sha = params.get("sha256")
@@ -601,7 +616,7 @@ class Validate(StepImpl):
             from driverd.kmod.kernel import NVRM_RE
             words = [ln for ln in ctx.kernel.log_since(ctx.doc.get("log_mark", 0)) if NVRM_RE.search(ln)][-6:]
             raise ModuleError("validation failed: " + "; ".join(v.problems),
-                              cause="kernel log: " + (" | ".join(words) if words else "(no NVRM lines)"),
+                              cause="the kernel log's NVRM lines follow" if words else "the kernel logged no NVRM line",
                               fix=(v.fix or "see the problems above and the kernel log")
                               + ("; the run rolls back to the last-known-good driver" if ctx.doc else ""),
                               details={"validation": v.to_json(), "kernel_log": words})
@@ -659,6 +674,19 @@ class _RuntimeStep(StepImpl):
         except Exception:
             return False
         return not rep.files_changed
+
+    def preflight(self, ctx, params):
+        """A runtime configuration driverd cannot parse is bad input (exit 2), refused before the run
+        starts: nothing is journalled, nothing changed, no driver rollback to report."""
+        from driverd.errors import EXIT_USAGE, DriverdError
+        from driverd.runner import Runner
+        try:
+            self._fn()(ctx.root, params["runtime"], runtime_options(ctx, params, True), Runner(dry_run=True))
+        except DriverdError as e:
+            if e.exit_code == EXIT_USAGE:
+                raise
+        except Exception:
+            pass                        # do() meets it again, inside the run, where it is journalled
 
     def preimage(self, ctx, params):
         return _runtime_files(ctx, params, self.verb)
@@ -804,7 +832,7 @@ def converge(lkg: dict | None, touched: set, ctx: StepContext) -> list[dict]:
         # start what the run stopped, and prove it.
         if PACKAGE in touched:
             inst = lkg.get("installed")
-            steps.append({"action": "restore-package", "params": {"sha256": inst["sha256"] if inst else None}})
+            steps.append(_restore_package(lkg))
         steps += _restore_userspace(lkg, touched)
         expect = [now["version"], now["flavor"]]
         return steps + [{"action": "restore-mig", "params": {}},
@@ -818,8 +846,7 @@ def converge(lkg: dict | None, touched: set, ctx: StepContext) -> list[dict]:
     if lkg is None:
         return steps
     if PACKAGE in touched:
-        inst = lkg.get("installed")
-        steps.append({"action": "restore-package", "params": {"sha256": inst["sha256"] if inst else None}})
+        steps.append(_restore_package(lkg))
     steps += _restore_userspace(lkg, touched)
     if MODULES in touched and now:
         expect = [now["version"], now["flavor"]]
@@ -836,12 +863,23 @@ def converge(lkg: dict | None, touched: set, ctx: StepContext) -> list[dict]:
     return steps
 
 
+def _restore_package(lkg: dict) -> dict:
+    inst = lkg.get("installed")
+    params = {"sha256": inst["sha256"] if inst else None}
+    if "previous" in lkg:
+        params["previous"] = lkg["previous"]["package"]
+    return {"action": "restore-package", "params": params}
+
+
 def _restore_userspace(lkg: dict, touched: set) -> list[dict]:
     """The user-space the snapshot recorded, back with the modules (before they load and their daemons start,
     so persistenced comes from the same version)."""
     if USERSPACE not in touched or "userspace" not in lkg:
         return []
-    return [{"action": "restore-userspace", "params": {"sha256": (lkg["userspace"] or {}).get("sha256")}}]
+    params = {"sha256": (lkg["userspace"] or {}).get("sha256")}
+    if "previous" in lkg:
+        params["previous"] = lkg["previous"]["userspace"]
+    return [{"action": "restore-userspace", "params": params}]
 
 
 def _driver_is_lkg(ctx, lkg: dict) -> bool:

@@ -14,15 +14,19 @@ from driverd.errors import EXIT_UNEXPECTED, EXIT_USAGE, DriverdError
 
 # Each module defines register(sub, common) and handlers taking (ctx, args) -> int.
 COMMAND_MODULES = ("driverd.cli.host_cmds", "driverd.cli.package_cmds", "driverd.cli.lifecycle_cmds",
-                   "driverd.cli.runtime_cmds", "driverd.cli.daemon_cmds", "driverd.cli.cluster_cmds")
+                   "driverd.cli.runtime_cmds", "driverd.cli.daemon_cmds", "driverd.cli.cluster_cmds",
+                   "driverd.cli.completion")
 
 EPILOG = """\
 exit codes: 0 done or nothing to do, 1 unexpected failure, 2 bad usage or configuration,
             3 blocked by a precondition or another driverd holding the host lock (the message says which),
-            4 done what is safe, a reboot is required to finish (apply)
+            4 done what is safe, a reboot is required to finish (apply), 130/143 interrupted (Ctrl-C, SIGTERM)
 every command takes --root DIR (default /, the driver container uses /host) and --json.
 start with:  driverd detect            what is on this host
              driverd plan --driver V   what driverd would do to reach driver V, and why
+more:        driverd --version         which driverd this is
+             driverd COMMAND --help    a command's options and examples (also: man driverd)
+             driverd completion bash   TAB completion: source <(driverd completion bash)
 """
 
 
@@ -80,7 +84,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         description="driverd takes a bare NVIDIA GPU host to workload-ready and keeps it there: it reads the "
                     "host, decides the driver flavour, fetches or builds a package for the exact kernel, "
                     "loads it safely and configures the container runtimes.")
-    parser.add_argument("--version", action="version", version=f"driverd {__version__}")
+    parser.add_argument("--version", action="version", version=f"driverd {__version__}",
+                        help="print driverd's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     common = common_parser(suppress=True)
     target = _OnlyCommand(sub, only) if only else sub
@@ -91,7 +96,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def _escaping_streams() -> None:
     # Host trees may hold names that are not valid UTF-8 (Python keeps them as surrogates):
     # print them escaped rather than die with UnicodeEncodeError half-way through the output.
     for stream in (sys.stdout, sys.stderr):
@@ -100,14 +105,23 @@ def main(argv: list[str] | None = None) -> int:
                 stream.reconfigure(errors="backslashreplace")
             except (ValueError, OSError):
                 pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    _escaping_streams()
     words = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(command_name(words))
+    return _run(build_parser(command_name(words)), words)
+
+
+def _run(parser: argparse.ArgumentParser, words: list[str]) -> int:
+    """Parse `words` and run the command's handler: errors as one line and their exit code."""
     try:
         args = parser.parse_args(words)
     except SystemExit as e:   # argparse already printed the usage error
         return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
     if not getattr(args, "handler", None):
-        parser.print_help()
+        # a group without its verb (`rollout`, `node`): that group's help, not the whole program's
+        (getattr(args, "help_of", None) or parser).print_help()
         return EXIT_USAGE
     from driverd.cli.context import Context
     from driverd.cli.output import error
@@ -116,12 +130,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ctx = Context.from_args(args)
         _configure_logs(args, ctx)
+        from driverd.log import log
+        for w in getattr(args, "deprecated", None) or ():      # an old spelling (driverd.cli.options)
+            log(w, "warning")
         return int(args.handler(ctx, args) or 0)
     except DriverdError as e:
         return error(bool(getattr(args, "json", False)), e)
-    except KeyboardInterrupt:
-        print("driverd: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        from driverd.cli.interrupt import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
+        term = isinstance(e, Terminated)
+        print(f"driverd: {'terminated' if term else 'interrupted'}", file=sys.stderr)
+        return EXIT_TERMINATED if term else EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
     except Exception as e:  # a bug: say so on one line, with where to look
@@ -156,25 +175,46 @@ def _configure_logs(args, ctx=None) -> None:
     log.configure(node=node)
 
 
+KUBECTL_PROG = "kubectl driverd"
+
+
+def kubectl_parser() -> argparse.ArgumentParser:
+    """The plugin's own parser, named as kubectl users call it: its usage lines and help say
+    `kubectl driverd rollout start …`, not `driverd cluster rollout start …`."""
+    from driverd.cli import cluster_cmds
+    parser = argparse.ArgumentParser(
+        prog=KUBECTL_PROG, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=cluster_cmds.KUBECTL_EPILOG,
+        description="Rolling NVIDIA driver upgrades across the cluster the kubeconfig names (the same commands\n"
+                    "as `driverd cluster` on a node).\n"
+                    "cluster access as kubectl: --kubeconfig, --context, -n; output: -o table|wide|json|yaml|name;\n"
+                    "`rollout start --dry-run=client -o yaml` prints the DriverRollout for a GitOps repository.")
+    parser.add_argument("--version", action="version", version=f"{KUBECTL_PROG} (driverd {__version__})",
+                        help="print the plugin's (driverd's) version and exit")
+    sub = parser.add_subparsers(dest="cluster_command", metavar="COMMAND")
+    cluster_cmds.register_kubectl(sub, common_parser(suppress=True))
+    # what the common options default to where a command does not take them from the command line
+    parser.set_defaults(command="cluster", root=None, json=False, config=None, log_format=None)
+    return parser
+
+
 def kubectl_main(argv: list[str] | None = None) -> int:
     """`kubectl driverd ...`: the cluster commands only (rollout, pools, pool, node, nodes). A kubectl
     plugin acts on the cluster the kubeconfig names, never on the workstation it runs on."""
+    from driverd.cli.cluster_cmds import VALUED_FLAGS
+    _escaping_streams()
     args = list(sys.argv[1:] if argv is None else argv)
+    # kubectl's flags before the command (`kubectl driverd -n driverd nodes`) go after it
+    lead: list[str] = []
+    while args and args[0].startswith("-") and args[0] not in ("-h", "--help", "--version"):
+        lead.append(args.pop(0))
+        if lead[-1] in VALUED_FLAGS and args:
+            lead.append(args.pop(0))
+    if not args:
+        kubectl_parser().print_help()
+        return EXIT_USAGE
     commands = ("rollout", "pools", "pool", "node", "nodes")
-    if args in ([], ["-h"], ["--help"]):
-        print("usage: kubectl driverd {rollout,pools,pool,node,nodes} ...\n\n"
-              "Rolling NVIDIA driver upgrades across the cluster (the same commands as `driverd cluster`):\n"
-              "  rollout start --pool P --driver V        set a DriverPool's driver (the pool's next rollout)\n"
-              "  rollout start|status|pause|resume|abort   create and follow a DriverRollout\n"
-              "  rollout undo NAME                        a pool's rollout: the pool's previous driver\n"
-              "  pools / pool status NAME                 per pool: desired driver, nodes on it, behind and why\n"
-              "  node retry|skip|unskip NODE              per-node control\n"
-              "  nodes                                    driver, flavour, state, reason, since per node\n"
-              "cluster access: --kubeconfig, --context (as kubectl); output: -o table|json|yaml\n"
-              "see `kubectl driverd rollout start --help`")
-        return 0 if args else EXIT_USAGE
-    if args[0] not in commands:
-        print(f"kubectl driverd: unknown command {args[0]!r}: kubectl driverd acts on the cluster "
+    if args[0] not in (*commands, "-h", "--help", "--version"):
+        print(f"{KUBECTL_PROG}: unknown command {args[0]!r}: {KUBECTL_PROG} acts on the cluster "
               f"({', '.join(commands)}); host commands are `driverd {args[0]}` on the node", file=sys.stderr)
         return EXIT_USAGE
-    return main(["cluster", *args])
+    return _run(kubectl_parser(), args + lead)

@@ -8,6 +8,8 @@ import json
 import sys
 import time
 
+from driverd.cli.options import add_flavor
+
 KUBECTL_EPILOG = """\
 examples:
   kubectl driverd rollout start --driver 570.195.03 --max-parallel 10 --max-unavailable 5%
@@ -19,13 +21,23 @@ time through a Lease; every state has a reason on the Node (driverd.io/state, dr
 """
 
 
-def _kube_args(p: argparse.ArgumentParser) -> None:
+OUTPUTS = ("table", "wide", "json", "yaml", "name")
+# kubectl's own flags that take a value, which kubectl users put before the command too
+# (`kubectl driverd -n driverd nodes`): kubectl_main moves them after it
+VALUED_FLAGS = ("-n", "--namespace", "--kubeconfig", "--context", "-o", "--output", "-l", "--selector")
+
+
+def _kube_args(p: argparse.ArgumentParser, namespace: bool = True) -> None:
     g = p.add_argument_group("cluster access (as kubectl)")
     g.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or "
                    "the pod's service account in a cluster)")
     g.add_argument("--context", metavar="NAME", help="kubeconfig context to use")
-    g.add_argument("-o", "--output", choices=("table", "json", "yaml"), default=None,
-                   help="output format (--json is -o json)")
+    if namespace:
+        g.add_argument("-n", "--namespace", metavar="NS", help="accepted as kubectl accepts it; DriverRollouts and "
+                       "Nodes are cluster-scoped, so it selects nothing here (kubectl ignores it for them too)")
+    g.add_argument("-o", "--output", choices=OUTPUTS, default=None, metavar="FORMAT",
+                   help="table (default), wide (more columns), json, yaml, name (KIND/NAME per line); "
+                        "--json is -o json")
 
 
 def register(sub, common) -> None:
@@ -36,6 +48,7 @@ def register(sub, common) -> None:
                        "which driver the selected nodes should run and how fast; the driverd daemon on each node "
                        "drains, upgrades through its node transaction (rolled back on failure), validates and "
                        "uncordons, recording every state with its reason on the Node.")
+    c.set_defaults(help_of=c)
     csub = c.add_subparsers(dest="cluster_command", metavar="COMMAND")
     register_kubectl(csub, common)
     p = csub.add_parser("agent", parents=[common], formatter_class=fmt,
@@ -45,15 +58,16 @@ def register(sub, common) -> None:
                         "The host is --root (/ on a host, /host in the driver container). Stops on SIGTERM.")
     p.add_argument("--node", metavar="NAME", help="this node's name (default: cluster.node_name, $NODE_NAME, "
                    "the host name)")
-    p.add_argument("--namespace", metavar="NS", default=None, help="namespace of the coordination Lease "
+    p.add_argument("-n", "--namespace", metavar="NS", default=None, help="namespace of the coordination Lease "
                    "(default: $POD_NAMESPACE or driverd)")
-    _kube_args(p)
+    _kube_args(p, namespace=False)
     p.set_defaults(handler=cmd_agent)
 
 
 def register_kubectl(sub, common) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     r = sub.add_parser("rollout", formatter_class=fmt, help="start, watch, pause, resume or abort a rollout")
+    r.set_defaults(help_of=r)
     rsub = r.add_subparsers(dest="rollout_command", metavar="COMMAND")
     p = rsub.add_parser("start", parents=[common], formatter_class=fmt, help="set a pool's driver, or create a "
                         "DriverRollout for nodes in no pool",
@@ -70,8 +84,7 @@ def register_kubectl(sub, common) -> None:
                         "  kubectl driverd rollout start --driver 570.195.03 --selector zone=lab --max-unavailable 10%")
     p.add_argument("--driver", required=True, metavar="V", help="driver version, e.g. 570.195.03")
     p.add_argument("--pool", metavar="NAME", help="set this DriverPool's driver (created with --selector if missing)")
-    p.add_argument("--flavor", default=None, choices=("auto", "open", "proprietary"),
-                   help="default: auto (a pool keeps its own)")
+    add_flavor(p, default=None, help="default: auto (a pool keeps its own)")
     p.add_argument("--selector", "-l", default="", metavar="LABELS", help="node label selector (kubectl syntax)")
     # policy flags default to None: for a pool only the flags given change its policy
     p.add_argument("--max-parallel", type=int, default=None, metavar="N", help="default 1")
@@ -89,6 +102,10 @@ def register_kubectl(sub, common) -> None:
     p.add_argument("--delete-emptydir-data", action="store_true")
     p.add_argument("--wait-for-jobs", default="", metavar="LABELS", help="pods to let finish before evicting")
     p.add_argument("--name", help="rollout name (default: driver-<version>)")
+    p.add_argument("--dry-run", nargs="?", const="client", default="none", choices=("none", "client", "server"),
+                   help="client: print the DriverRollout that would be created (with -o yaml: the manifest, for "
+                        "GitOps) without contacting the cluster; server: have the API server validate it without "
+                        "storing it (as kubectl's --dry-run)")
     _kube_args(p)
     p.set_defaults(handler=cmd_start)
     p = rsub.add_parser("status", parents=[common], formatter_class=fmt, help="a rollout's nodes and summary",
@@ -119,6 +136,7 @@ def register_kubectl(sub, common) -> None:
     _kube_args(p)
     p.set_defaults(handler=cmd_undo)
     n = sub.add_parser("node", help="retry or skip one node")
+    n.set_defaults(help_of=n)
     nsub = n.add_subparsers(dest="node_command", metavar="COMMAND")
     for verb, what in (("retry", "admit a failed node again"), ("skip", "leave a node out of rollouts"),
                        ("unskip", "let a skipped node take part again")):
@@ -135,23 +153,35 @@ def register_kubectl(sub, common) -> None:
 
 
 def _kube(args):
+    """A person's command: a cluster that cannot be reached is said at once, in one line (kubectl answers
+    a refused connection in well under a second); only "try later" answers are retried."""
     from driverd.cluster.kube import Kube, Target
-    return Kube(Target(kubeconfig=args.kubeconfig, context=args.context), retry_for_s=20)
+    return Kube(Target(kubeconfig=args.kubeconfig, context=args.context), retry_for_s=20, fail_fast=True,
+                connect_timeout_s=5)
 
 
 def _fmt(args) -> str:
     return args.output or ("json" if getattr(args, "json", False) else "table")
 
 
-def _print(args, data, human) -> None:
+def _print(args, data, human, *, wide=None, names: list[str] | None = None) -> None:
+    """-o: json, yaml, name (`names`, KIND/NAME lines), wide (`wide`, else the table), table (`human`)."""
     f = _fmt(args)
     if f == "json":
         print(json.dumps(data, indent=2, sort_keys=True, default=str))
     elif f == "yaml":
         import yaml
         print(yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip())
+    elif f == "name" and names is not None:
+        if names:
+            print("\n".join(names))
     else:
-        print(human(data) if callable(human) else human)
+        h = wide if f == "wide" and wide is not None else human
+        print(h(data) if callable(h) else h)
+
+
+def _rollout_name(name: str) -> str:
+    return f"driverrollout.driverd.io/{name}"
 
 
 def cmd_start(ctx, args) -> int:
@@ -190,11 +220,17 @@ def cmd_start(ctx, args) -> int:
         m.Rollout.from_object(dict(obj, metadata={"name": name, "generation": 1}))
     except m.SpecError as e:
         raise UsageError(f"invalid rollout: {e}", fix="see `kubectl driverd rollout start --help`") from None
+    if args.dry_run == "client":        # the manifest, for a GitOps repository: no cluster needed
+        _print(args, obj, f"{_rollout_name(name)} created (dry run)", names=[_rollout_name(name)])
+        return 0
     kube = _kube(args)
     from driverd.cli import pool_cmds
     pool_cmds.refuse_pool_members(kube, obj)
     try:
-        created = kube.create(rollout_path(), obj)
+        created = kube.create(rollout_path(), obj, dry_run=args.dry_run == "server")
+        if args.dry_run == "server":
+            _print(args, created, f"{_rollout_name(name)} created (server dry run)", names=[_rollout_name(name)])
+            return 0
         _warn_if_no_targets(kube, m.Rollout.from_object(created), args.selector)
     except KubeError as e:
         if e.status == 409:
@@ -206,9 +242,9 @@ def cmd_start(ctx, args) -> int:
         if e.status == 422:
             raise UsageError(f"the API server rejected the rollout: {e.api_message}", fix="fix the named field") from None
         raise
-    _print(args, created, f"driverrollout.driverd.io/{name} created: driver {args.driver} on "
+    _print(args, created, f"{_rollout_name(name)} created: driver {args.driver} on "
            f"{args.selector or 'every node'} (max {spec['maxParallel']} at a time, max unavailable {mu}); "
-           f"follow it with: kubectl driverd rollout status {name} --watch")
+           f"follow it with: kubectl driverd rollout status {name} --watch", names=[_rollout_name(name)])
     return 0
 
 
@@ -261,17 +297,23 @@ def status_doc(rollout: dict, nodes: list[dict]) -> dict:
                       for v in views]}
 
 
-def _human_status(d: dict) -> str:
+def _human_status(d: dict, wide: bool = False) -> str:
     from driverd.cli.output import table
     from driverd.cluster.states import FAILED
     c = d["counts"]
     head = (f"rollout {d['rollout']}: driver {d['driver']} ({d['flavor']}) — {d['phase']}"
             + (f" ({d['reason']})" if d["reason"] and d["reason"] != d["phase"] else "")
             + (f"\n  {d['message']}" if d["message"] else ""))
-    rows = [["NODE", "STATE", "DRIVER", "FLAVOR", "REASON", "SINCE"]]
-    rows += [[n["node"], n["state"], n["driver"] or "-", n["flavor"] or "-",
-              (n["reason"] + (": " + n["message"] if n["state"] == FAILED and n["message"] else ""))[:100] or "-",
-              n["since"] or "-"] for n in d["nodes"]]
+    if wide:        # the whole message, and what -o table leaves out
+        rows = [["NODE", "STATE", "DRIVER", "FLAVOR", "REASON", "SINCE", "ATTEMPT", "CORDONED", "MESSAGE"]]
+        rows += [[n["node"], n["state"], n["driver"] or "-", n["flavor"] or "-", n["reason"] or "-",
+                  n["since"] or "-", str(n["attempt"] or "-"), "yes" if n["cordonedByUs"] else "no",
+                  " ".join((n["message"] or "-").split())] for n in d["nodes"]]
+    else:
+        rows = [["NODE", "STATE", "DRIVER", "FLAVOR", "REASON", "SINCE"]]
+        rows += [[n["node"], n["state"], n["driver"] or "-", n["flavor"] or "-",
+                  (n["reason"] + (": " + n["message"] if n["state"] == FAILED and n["message"] else ""))[:100] or "-",
+                  n["since"] or "-"] for n in d["nodes"]]
     summary = (f"  {c.get('done', 0)}/{c.get('total', len(d['nodes']))} done, {c.get('upgrading', 0)} upgrading, "
                f"{c.get('pending', 0)} pending, {c.get('failed', 0)} failed"
                + (f", {c.get('skipped')} skipped" if c.get("skipped") else "")
@@ -295,7 +337,8 @@ def cmd_status(ctx, args) -> int:
     obj = _pick(kube, args.name)
     if not args.watch:
         d = status_doc(obj, kube.list(node_path()).get("items") or [])
-        _print(args, d, _human_status)
+        _print(args, d, _human_status, wide=lambda x: _human_status(x, wide=True),
+               names=[_rollout_name(d["rollout"])])
         return _exit(d)
     return _watch_status(kube, args, obj["metadata"]["name"])
 
@@ -323,10 +366,13 @@ def _watch_status(kube, args, name: str) -> int:
             d = status_doc(obj, nodes.snapshot())
             if json.dumps(d, sort_keys=True) != last:
                 last = json.dumps(d, sort_keys=True)
-                if _fmt(args) == "table":
-                    print(time.strftime("%H:%M:%S ") + _human_status(d) + "\n", flush=True)
+                f = _fmt(args)
+                if f in ("table", "wide"):
+                    print(time.strftime("%H:%M:%S ") + _human_status(d, wide=f == "wide") + "\n", flush=True)
+                elif f == "name":
+                    print(f"{_rollout_name(name)} {d['phase']}", flush=True)
                 else:
-                    print(json.dumps(d, sort_keys=True) if _fmt(args) == "json" else "---\n" + _yaml(d), flush=True)
+                    print(json.dumps(d, sort_keys=True) if f == "json" else "---\n" + _yaml(d), flush=True)
             if d["phase"] in ENDED and (obj.get("status") or {}).get("observedGeneration") == \
                     obj["metadata"].get("generation"):
                 return _exit(d, ended_only=True)
@@ -354,16 +400,16 @@ def cmd_verb(ctx, args) -> int:
     name = obj["metadata"]["name"]
     if args.verb == "delete":
         kube.delete(rollout_path(name))
-        _print(args, {"deleted": name}, f"driverrollout.driverd.io/{name} deleted: no more nodes are admitted; "
-               "nodes not yet unloading are given back, then the resource goes")
+        _print(args, {"deleted": name}, f"{_rollout_name(name)} deleted: no more nodes are admitted; "
+               "nodes not yet unloading are given back, then the resource goes", names=[_rollout_name(name)])
         return 0
     patch = {"pause": {"spec": {"paused": True}},
              "resume": {"spec": {"paused": False}, "metadata": {"annotations": {A_CANARY_APPROVED: "true"}}},
              "abort": {"spec": {"paused": True}, "metadata": {"annotations": {A_ABORT: "true"}}}}[args.verb]
     new = kube.patch(rollout_path(name), patch)
-    _print(args, new, f"driverrollout.driverd.io/{name} {args.verb}d" if args.verb != "abort" else
-           f"driverrollout.driverd.io/{name} aborted: no more nodes are admitted; nodes not yet unloading are "
-           "given back")
+    _print(args, new, f"{_rollout_name(name)} {args.verb}d" if args.verb != "abort" else
+           f"{_rollout_name(name)} aborted: no more nodes are admitted; nodes not yet unloading are "
+           "given back", names=[_rollout_name(name)])
     return 0
 
 
@@ -417,8 +463,8 @@ def cmd_undo(ctx, args) -> int:
             raise
         made.append({"rollout": name, "driver": prev, "nodes": sorted(hosts)})
     _print(args, {"created": made}, "\n".join(
-        f"driverrollout.driverd.io/{d['rollout']} created: back to {d['driver']} on {len(d['nodes'])} node(s)"
-        for d in made))
+        f"{_rollout_name(d['rollout'])} created: back to {d['driver']} on {len(d['nodes'])} node(s)"
+        for d in made), names=[_rollout_name(d["rollout"]) for d in made])
     return 0
 
 
@@ -443,7 +489,7 @@ def cmd_node(ctx, args) -> int:
         if e.not_found:
             raise UsageError(f"no node named {args.node}", fix="kubectl driverd nodes") from None
         raise
-    _print(args, new, f"node/{args.node} {args.verb} requested")
+    _print(args, new, f"node/{args.node} {args.verb} requested", names=[f"node/{args.node}"])
     return 0
 
 
@@ -460,7 +506,12 @@ def cmd_nodes(ctx, args) -> int:
     rows = [["NODE", "DRIVER", "FLAVOR", "STATE", "REASON", "SINCE"]] + [
         [d["node"], d["driver"] or "-", d["flavor"] or "-", d["state"] + (" (skip)" if d["skip"] else ""),
          d["reason"] or "-", d["since"] or "-"] for d in data]
-    _print(args, {"nodes": data}, table(rows))
+    wide = [["NODE", "DRIVER", "FLAVOR", "STATE", "REASON", "SINCE", "ROLLOUT", "READY", "SCHEDULABLE", "MESSAGE"]] + [
+        [d["node"], d["driver"] or "-", d["flavor"] or "-", d["state"] + (" (skip)" if d["skip"] else ""),
+         d["reason"] or "-", d["since"] or "-", d["rollout"] or "-",
+         {True: "True", False: "False"}.get(d["ready"], "Unknown"), "no" if d["unschedulable"] else "yes",
+         " ".join((d["message"] or "-").split())] for d in data]
+    _print(args, {"nodes": data}, table(rows), wide=table(wide), names=[f"node/{d['node']}" for d in data])
     return 0
 
 
@@ -471,8 +522,11 @@ def cmd_agent(ctx, args) -> int:
     from driverd.cluster.kube import Target
     from driverd.daemon.cluster_mode import ClusterMode
 
+    from driverd import log as logs
+    logs.configure(mode="cluster-agent", timestamps=not logs.stderr_is_journal())   # a long-running process
+
     def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
+        logs.log(msg)
     target = Target(kubeconfig=args.kubeconfig, context=args.context) if args.kubeconfig or args.context else None
     cm = ClusterMode(ctx.config, ctx.root, lambda c: ctx.step_context(c), log, target=target, node=args.node,
                      namespace=args.namespace)

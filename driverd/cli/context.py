@@ -1,6 +1,6 @@
 """What every command gets: the host root, the validated configuration, output mode, the runner.
 This is also the composition root: the one place that decides to bring in the simulated backends
-(driverd.sim) — only when asked for: --kernel sim or modules.kernel = "sim"."""
+(driverd.sim) — only when asked for: --kernel-backend sim or modules.kernel = "sim"."""
 from __future__ import annotations
 
 import os
@@ -44,6 +44,10 @@ class Context:
 
     @classmethod
     def from_args(cls, args) -> "Context":
+        # a common option this command would ignore (refused_common: option -> (cause, fix))
+        for opt, (cause, fix) in getattr(args, "refused_common", {}).items():
+            if getattr(args, opt.lstrip("-").replace("-", "_"), None) is not None:
+                raise UsageError(f"driverd {args.command} does not take {opt}", cause=cause, fix=fix)
         # container-entrypoint defaults to /host (the driver container's mount of the host root)
         root = args.root or os.environ.get("DRIVERD_ROOT") or getattr(args, "default_root", None) or "/"
         check_root(root, getattr(args, "command", None))
@@ -51,23 +55,43 @@ class Context:
 
 
 def wants_sim(choice: str | None) -> bool:
-    """Only an explicit --kernel sim / modules.kernel = "sim" brings in the simulated backends."""
+    """Only an explicit --kernel-backend sim / modules.kernel = "sim" brings in the simulated backends."""
     return choice == "sim"
 
 
+# What every host root has and a directory that merely holds host trees has not: the kernel's views (a
+# live host, the driver container's /host, a captured or simulated tree all carry proc/ and sys/) and the
+# OS's identity (etc/os-release, or usr/lib/os-release it links to).
+ROOT_MARKERS = ("proc", "sys", "etc/os-release", "usr/lib/os-release")
+_FIX_ROOT = "pass the directory holding the host's root file system (/ on a host, /host in the driver container)"
+
+
+def looks_like_root(path: str) -> bool:
+    return any(os.path.lexists(os.path.join(path, m)) for m in ROOT_MARKERS)
+
+
 def check_root(path: str, command: str | None) -> None:
-    """A --root that is not a directory is bad usage (exit 2); one that holds no host at all gets a
-    warning naming what is missing, since every fact read under it would be 'absent'."""
+    """A --root that is not a directory, or (for the commands that read the host) one with none of what
+    a host root has, is bad usage (exit 2): every fact read under it would be "absent", and a plan of
+    "no NVIDIA GPU on this host" is wrong, not empty. The fix names a directory below that looks like a
+    root (--root one level too high)."""
     if not os.path.exists(path):
-        raise UsageError(f"--root {path} does not exist", fix="pass the directory holding the host's root file "
-                         "system (/ on a host, /host in the driver container)")
+        raise UsageError(f"--root {path} does not exist", fix=_FIX_ROOT)
     if not os.path.isdir(path):
-        raise UsageError(f"--root {path} is not a directory", fix="pass the directory holding the host's root file "
-                         "system (/ on a host, /host in the driver container)")
-    if os.path.abspath(path) == "/" or command not in _HOST_COMMANDS:
+        raise UsageError(f"--root {path} is not a directory", fix=_FIX_ROOT)
+    if os.path.abspath(path) == "/" or command not in _HOST_COMMANDS or looks_like_root(path):
         return
-    missing = [p for p in ("proc", "sys", "etc/os-release") if not os.path.lexists(os.path.join(path, p))]
-    if len(missing) == 3:
-        from driverd.log import log
-        log(f"driverd: warning: --root {path} holds no host: {', '.join(missing)} missing; facts read under it "
-            "will be empty")
+    below = []
+    try:
+        with os.scandir(path) as it:
+            for i, e in enumerate(it):
+                if i >= 1000:
+                    break
+                if e.is_dir(follow_symlinks=False) and looks_like_root(e.path):
+                    below.append(e.path)
+    except OSError:
+        pass
+    raise UsageError(f"--root {path} is not a host's root: it has no proc, sys or etc/os-release",
+                     fix=(f"pass --root {sorted(below)[0]}, which looks like one" if len(below) == 1 else
+                          f"pass one of the directories below it that look like one: {', '.join(sorted(below)[:5])}"
+                          if below else _FIX_ROOT))

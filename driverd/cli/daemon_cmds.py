@@ -43,6 +43,7 @@ def cmd_serve(ctx, args) -> int:
         cfg = config_mod.load(ctx.root, ctx.config_path)
         log.configure(cfg["log.format"])          # a re-read config may switch it (--log-format pins it)
         return cfg
-    log.configure(mode=args.mode)
+    # a long-running process's lines carry their time, unless the journal stamps them already
+    log.configure(mode=args.mode, timestamps=not log.stderr_is_journal())
     return serve(mode=args.mode, root=ctx.root, config_path=ctx.config_path, load_config=load_config,
                  make_context=lambda cfg: ctx.step_context(cfg), listen=args.listen)

@@ -1,8 +1,11 @@
 """`driverd demo`: the whole product on a simulated DGX-class host in well under a minute, no GPU.
 
-detect -> plan -> apply (fetch, verify, install, load, validate) -> status, then an upgrade to a
-package whose GSP firmware is missing: the load fails with the kernel's NVRM lines and the host
-rolls back to the last-known-good driver, validated.
+detect -> plan -> apply (fetch, verify, install, load, validate) -> status, an upgrade to 550.127.05
+that switches both halves of the driver (kernel modules and user-space) in one transaction, then an
+upgrade to a package whose GSP firmware is missing: the load fails with the kernel's NVRM lines and the
+host rolls back to the last-known-good driver, validated; `driverd rollback` goes back to 535, both halves.
+The user-space half needs root (its install runs `ldconfig -r`, which chroots): without it the demo
+shows the kernel half alone and says so.
 """
 from __future__ import annotations
 
@@ -23,6 +26,11 @@ restart = "none"
 cdi = true
 [modules]
 kernel = "sim"        # the sandbox's kernel is simulated; driverd uses it only when told so
+"""
+UPGRADE = "550.127.05"
+# the driver's user-space from the same repository (its index lists the "userspace" packages)
+USERSPACE = """[userspace]
+fetch = true
 """
 
 
@@ -56,7 +64,7 @@ def prepare_workdir(path: str | None) -> Path:
     except Untrusted as u:
         raise refuse(u.problem, u.fix) from None
     except OSError as e:
-        raise refuse(e.strerror or str(e), "pass a new directory, e.g. --workdir /tmp/driverd-demo") from None
+        raise refuse(e.strerror or str(e), "pass a new directory, e.g. --work-dir /tmp/driverd-demo") from None
     if missing:
         for name in missing:
             real = os.path.join(real, name)
@@ -93,8 +101,17 @@ def _mark(wd: Path) -> None:
 
 
 def run_demo(workdir: str | None, as_json: bool = False, kubeconfig: str | None = None) -> int:
+    """The demo; Ctrl-C or SIGTERM stops it where it is (exit 130 / 143), its processes stopped (the
+    stage's own clean-up, the cluster stage's node daemons) and the sandbox kept as it was left."""
+    from driverd.cli.interrupt import terminate_as_interrupt
+    with terminate_as_interrupt():
+        return _run_demo(workdir, as_json, kubeconfig)
+
+
+def _run_demo(workdir: str | None, as_json: bool, kubeconfig: str | None) -> int:
     from driverd.cli import main
-    from driverd.sim.scenario import dgx_spec, make_host, make_packages
+    from driverd.cli.interrupt import EXIT_INTERRUPTED, EXIT_TERMINATED
+    from driverd.sim.scenario import dgx_spec, make_host, make_packages, make_userspace_packages
     t0 = time.monotonic()
     wd = prepare_workdir(workdir)
     root, repo = wd / "host", wd / "repo"
@@ -109,15 +126,20 @@ def run_demo(workdir: str | None, as_json: bool = False, kubeconfig: str | None 
     from driverd.sim.scenario import make_index_key
     key, pub = make_index_key(wd / "keys")
     if not marker.exists():
-        _say("   building the package repository (fake but real ELF modules) ...")
+        _say("   building the package repository (fake but real ELF modules and user-space libraries) ...")
         pk = make_packages(repo, sign_key=key)
+        make_userspace_packages(repo)
         marker.write_text("\n".join(f"{k} {v}" for k, v in pk.items()) + "\n")
-    else:                   # a fresh serial and expiry for the index (signed, so the node checks both)
-        write_index(repo, sign_key=str(key), verify=False)
-        write_index(repo / "broken", sign_key=str(key), verify=False)
+    # a fresh serial and expiry for the index (signed, so the node checks both)
+    write_index(repo, sign_key=str(key), verify=False)
+    write_index(repo / "broken", sign_key=str(key), verify=False)
     pk = dict(ln.split(" ", 1) for ln in marker.read_text().splitlines())
     (root / "etc/driverd").mkdir(parents=True, exist_ok=True)
-    (root / "etc/driverd/config.toml").write_text(CONFIG.format(repo=repo))
+    both = os.geteuid() == 0
+    (root / "etc/driverd/config.toml").write_text(CONFIG.format(repo=repo) + (USERSPACE if both else ""))
+    if not both:
+        _say("   (not root: the user-space half is left out — its install runs `ldconfig -r`, which chroots; "
+             "run the demo as root to see both halves switch)")
     # the node's key paths are host paths: the public key lives in the host tree
     (root / "etc/driverd/repo-index.pub").write_bytes(pub.read_bytes())
     _say(f"   repository index signed with {key.name}; the node checks it against /etc/driverd/repo-index.pub")
@@ -128,12 +150,22 @@ def run_demo(workdir: str | None, as_json: bool = False, kubeconfig: str | None 
               ("plan: what driverd will do, and why", ["plan", "--root", r]),
               ("apply: fetch -> verify -> install -> load -> validate (journaled step by step)", ["apply", "--root", r]),
               ("status", ["status", "--root", r]),
+              ("upgrade to 550.127.05: " + ("both halves — kernel modules and user-space — in one transaction"
+                                            if both else "the kernel modules"),
+               ["apply", "--root", r, "--driver", UPGRADE]),
               ("upgrade to 550.127.08, whose package lacks its GSP firmware: the load fails, driverd rolls back",
                ["reload", "--root", r, "--package", pk["broken"]]),
-              ("status after the rollback", ["status", "--root", r])]
+              ("status after the rollback", ["status", "--root", r]),
+              ("driverd rollback: back to the previous driver, 535.261.03" + (", both halves" if both else ""),
+               ["rollback", "--root", r]),
+              ("status", ["status", "--root", r])]
     for i, (title, argv) in enumerate(stages, 1):
         _say(f"\n== {i}. {title}\n$ driverd {' '.join(a if len(a) < 60 else '...' + a[-40:] for a in argv)}")
         rc = main(argv + (["--json"] if as_json else []))
+        if rc in (EXIT_INTERRUPTED, EXIT_TERMINATED):      # the stage's command was stopped: so is the demo
+            _say(f"demo: stopped at stage {i} ({argv[0]}); the sandbox stays in {wd} as it was left "
+                 f"(`driverd status --root {root}` shows it; a run it cut short is finished by the next command)")
+            return rc
         expect_fail = argv[0] == "reload"
         if (rc != 0) != expect_fail:
             _say(f"demo: stage {i} exited {rc} unexpectedly")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from driverd.cli.options import add_flavor
 from driverd.cli.output import emit, table, yesno
 from driverd.errors import EXIT_BLOCKED, EXIT_OK
 
@@ -21,7 +22,7 @@ def register(sub, common) -> None:
                        "satisfied are left out. A plan that cannot run says so: blocked_by (exit 3) or "
                        "reboot_required.")
     p.add_argument("--driver", metavar="VERSION", help="driver version, e.g. 535.261.03 (default: driver.version)")
-    p.add_argument("--flavor", choices=("auto", "open", "proprietary"), help="kernel-module flavour (default: driver.flavor)")
+    add_flavor(p, help="kernel-module flavour (default: driver.flavor)")
     p.set_defaults(handler=cmd_plan)
 
     p = sub.add_parser("gpus", parents=[common], help="look GPUs up in driverd's table: branches and flavours per NVIDIA",
@@ -38,8 +39,11 @@ def register(sub, common) -> None:
 
     p = sub.add_parser("config", parents=[common], help="show the effective configuration and where each value comes from",
                        description="Load and validate <root>/etc/driverd/config.toml plus DRIVERD_* environment "
-                       "overrides; print every key with its value and source.")
-    p.add_argument("--keys", action="store_true", help="list every key, its environment variable and help")
+                       "overrides; print the effective configuration as TOML driverd would load (every key with its "
+                       "value and, as a comment, its source; unset keys commented out; the first line says which "
+                       "file was read or that it is absent). --json: the same as an object.")
+    p.add_argument("--keys", action="store_true", help="list every key, the environment variable that sets it (and "
+                   "how: lists comma-separated; module parameters only in the file) and its help")
     p.set_defaults(handler=cmd_config)
 
     dbg = sub.add_parser("debug", help="tools for bug reports and fixtures")
@@ -191,13 +195,24 @@ def _table_source() -> dict:
 def render_gpus(doc: dict) -> str:
     if not doc["gpus"]:
         return "no NVIDIA GPU on this host (pass device ids to look them up)"
-    lines = []
+    import json
+    # identical GPUs (same id, subsystem and verdicts: all but the address) are one block: a DGX's eight
+    # H100s are "8 × 2330 … at 0000:18:00.0, …", not eight copies
+    groups: dict[str, list[dict]] = {}
     for g in doc["gpus"]:
-        where = f"{g['pci_address']}  " if g.get("pci_address") else ""
+        groups.setdefault(json.dumps({k: v for k, v in g.items() if k != "pci_address"}, sort_keys=True), []).append(g)
+    lines = []
+    for same in groups.values():
+        g = same[0]
+        addrs = [x["pci_address"] for x in same if x.get("pci_address")]
+        many = len(same) > 1
+        where = f"{len(same)} × " if many else (f"{addrs[0]}  " if addrs else "")
         sub = f" subsystem {g['subsystem']}" if g.get("subsystem") else ""
+        at = [f"  at:           {', '.join(addrs)}"] if many and addrs else []
         if not g["known"]:
             inf = g["inference"]
             lines.append(f"{where}{g['device_id']}{sub}  not in driverd's GPU table")
+            lines.extend(at)
             if inf:
                 lines.append(f"  inferred:     {inf['flavor_class']}"
                              + (f" (legacy {inf['legacy_branch']})" if inf["legacy_branch"] else "")
@@ -209,6 +224,7 @@ def render_gpus(doc: dict) -> str:
             continue
         lines.append(f"{where}{g['device_id']}{sub}  {g['name']}  ({g['architecture']}"
                      + (f" {g['chip']}" if g["chip"] else "") + ")")
+        lines.extend(at)
         lines.append(f"  flavours:     {g['flavor_class']}" + (f" ({g['class_from']})" if g.get("class_from") else ""))
         if g["legacy_branch"]:
             n = g["legacy_branch"].split(".")[0]
@@ -258,7 +274,9 @@ def render_plan(p: dict) -> str:
     for i, s in enumerate(p["steps"], 1):
         lines.append(f"{i:2}. {s['action']:<20} {s['reason']}")
     if p["modules"]:
-        lines.append(f"modules: {', '.join(p['modules'])}" + (" and nvidia-persistenced" if p["persistence"] else ""))
+        lines.append(f"modules: {', '.join(p['modules'])}")
+    if p["persistence"]:            # a daemon, not a module: a line of its own
+        lines.append("daemons: nvidia-persistenced")
     sig = p.get("signatures")
     if sig:
         lines.append(f"signatures: {sig['status']}: {sig['summary']}"
@@ -286,14 +304,18 @@ def _other_warnings(p: dict) -> list[str]:
 def cmd_config(ctx, args) -> int:
     from driverd import config as config_mod
     if args.keys:
-        rows = [[k, config_mod.env_name(k), s.help + (f" [{'|'.join(s.choices())}]" if s.choices() else "")]
+        def env(k: str) -> str:
+            if not config_mod.env_settable(k):
+                return "(" + config_mod.env_syntax(k) + ")"
+            return config_mod.env_name(k) + (" (comma-separated)" if config_mod.SCHEMA[k].type == "list" else "")
+        rows = [[k, env(k), s.help + (f" [{'|'.join(s.choices())}]" if s.choices() else "")]
                 for k, s in config_mod.SCHEMA.items()]
-        emit(ctx.json, {k: {"env": config_mod.env_name(k), "help": s.help, "allowed": list(s.choices()),
+        emit(ctx.json, {k: {"env": config_mod.env_name(k) if config_mod.env_settable(k) else None,
+                            "env_syntax": config_mod.env_syntax(k), "help": s.help, "allowed": list(s.choices()),
                             "default": s.default} for k, s in config_mod.SCHEMA.items()}, lambda _: table(rows, ""))
         return EXIT_OK
     cfg = ctx.config
-    emit(ctx.json, {"path": cfg.path, "values": cfg.to_json()},
-         lambda d: f"config {d['path']}\n" + table([[k, repr(v["value"]), v["source"]] for k, v in d["values"].items()]))
+    emit(ctx.json, {"path": cfg.path, "read": bool(cfg.found), "values": cfg.to_json()}, lambda _: cfg.to_toml())
     return EXIT_OK
 
 

@@ -2,16 +2,14 @@
 runs them; this module parses and renders)."""
 from __future__ import annotations
 
+from driverd.cli.options import add_flavor, add_kernel_backend, add_work_dir
 from driverd.cli.output import emit
 from driverd.errors import EXIT_OK
-
-KERNEL_HELP = ("kernel boundary: real (kmod tools; the default, also auto) or sim (the simulated kernel of a host tree: "
-               "used only when asked for here or by modules.kernel)")
 
 
 def _common(p) -> None:
     p.add_argument("--dry-run", action="store_true", help="print what would run; change nothing")
-    p.add_argument("--kernel", choices=("auto", "real", "sim"), help=KERNEL_HELP)
+    add_kernel_backend(p)
     add_wait(p)
 
 
@@ -74,7 +72,7 @@ def register(sub, common) -> None:
                        "example:\n  driverd apply --driver 535.261.03")
     _common(p)
     p.add_argument("--driver", metavar="VERSION", help="driver version (default: driver.version)")
-    p.add_argument("--flavor", choices=("auto", "open", "proprietary"))
+    add_flavor(p, help="kernel-module flavour (default: driver.flavor)")
     p.set_defaults(handler=cmd_run, kind="apply")
 
     p = sub.add_parser("status", parents=[common], formatter_class=fmt, help="loaded/installed driver and the last run's journal",
@@ -84,7 +82,7 @@ def register(sub, common) -> None:
                        "holding the host lock and the step its run is at, an interrupted run, a pending reboot); "
                        "the daemon's last reconcile when `driverd daemon` or the driver container runs; and how "
                        "the last run ended. Takes no lock and changes nothing.\n\nexample:\n  driverd status --json")
-    p.add_argument("--kernel", choices=("auto", "real", "sim"), help=KERNEL_HELP)
+    add_kernel_backend(p)
     p.set_defaults(handler=cmd_status)
 
     p = sub.add_parser("demo", parents=[common], formatter_class=fmt, help="a full provisioning run on a simulated 8-GPU host",
@@ -93,12 +91,17 @@ def register(sub, common) -> None:
                        "fetch, verify, install, load, validate, status, and an upgrade with a forced failure that "
                        "rolls back. No GPU needed. With --kubeconfig, a rolling upgrade across four simulated GPU "
                        "nodes follows, on the Kubernetes API server that kubeconfig names.\n\nexample:\n"
-                       "  driverd demo --workdir /tmp/driverd-demo")
-    p.add_argument("--workdir", metavar="DIR", help="where the sandbox goes (default: a new temp directory)")
+                       "  driverd demo --work-dir /tmp/driverd-demo")
+    add_work_dir(p, "where the sandbox goes (default: a new temp directory; --workdir is the same)")
     p.add_argument("--kubeconfig", metavar="FILE",
                    help="a THROWAWAY test cluster's admin kubeconfig for the rollout stage: it creates simulated "
                    "Node objects, GPU pods and a DriverRollout there (without it the stage is skipped)")
-    p.set_defaults(handler=cmd_demo)
+    # The demo makes its own sandbox host and configuration: a --root or --config would be ignored.
+    p.set_defaults(handler=cmd_demo, refused_common={
+        "--root": ("the demo builds its own simulated host in its sandbox and never reads or changes another",
+                   "drop --root; --workdir DIR says where the sandbox goes"),
+        "--config": ("the demo writes its own configuration into its sandbox",
+                     "drop --config; --workdir DIR says where the sandbox goes")})
 
 
 def cmd_run(ctx, args) -> int:
@@ -106,7 +109,7 @@ def cmd_run(ctx, args) -> int:
     cfg = ctx.config
     if args.kind == "apply":
         cfg = cfg.with_overrides({"driver.version": args.driver, "driver.flavor": args.flavor})
-    sctx = ctx.step_context(cfg, args.kernel)
+    sctx = ctx.step_context(cfg, args.kernel_backend)
     req = lc.lifecycle_request(args.kind, package=getattr(args, "package", None),
                                terminate=getattr(args, "terminate", False), cfg=cfg,
                                userspace=getattr(args, "userspace", None))
@@ -131,6 +134,17 @@ def render_outcome(o: dict) -> str:
     if f:
         lines.append(f"first finished the interrupted {f['command']} run {f['run_id']}: {f['state']}")
     head = f"{o['command']}: {o['state']}" + (f" (resumed {o['resumed']}x)" if o["resumed"] else "")
+    rb = o.get("rolled_back_run")
+    if o["state"] == "rolled-back" and o.get("steps") is not None:
+        from driverd.apply.lifecycle import rolled_back_words
+        step = (o.get("failure") or {}).get("step")
+        head = f"{o['command']}: failed" + (f" at {step}" if step else "") + f"; {rolled_back_words(o)}"
+        if rb:
+            head = f"rollback: the interrupted {rb['command']} run {rb['run_id']}: {rolled_back_words(o)}"
+    elif o["state"] == "done" and o["command"] == "rollback":
+        lo, ins = o["loaded"], o["installed"]
+        head = ("rollback: done: restored " + (f"{ins['version']} ({ins['flavor']})" if ins else "no package")
+                + (f", loaded {lo['version']} ({lo['flavor']}) and validated" if lo else ""))
     if o["state"] == "nothing-to-do":
         head = f"{o['command']}: nothing to do, the host is already as requested (no journal written)"
     lines.append(head)
@@ -149,7 +163,7 @@ def render_outcome(o: dict) -> str:
 
 def cmd_status(ctx, args) -> int:
     from driverd.apply import lifecycle as lc
-    out = lc.status(ctx.step_context(ctx.config, args.kernel))
+    out = lc.status(ctx.step_context(ctx.config, args.kernel_backend))
     emit(ctx.json, out, render_status)
     return EXIT_OK
 
@@ -173,7 +187,14 @@ def render_wanted(w: dict) -> list[str]:
     lines = [f"wanted     {w['driver']} ({fl}) from {src}",
              f"           runtimes {','.join(c['runtime.runtimes'])} handler {c['runtime.handler']}"
              + (f"; parameters {params}" if params else "")]
-    lines += ["  DIFFERS: " + d for d in w["differs"]] or ["  in sync: the host runs what the configuration wants"]
+    if w.get("in_sync"):
+        lines.append("  in sync: the host runs what the configuration wants"
+                     + (f" (the driver is left to {w['left_to']})" if w.get("left_to") else ""))
+        return lines
+    lines += ["  DIFFERS: " + d for d in w["differs"]]
+    if w.get("plan"):
+        lines.append(f"  plan:    {', '.join(w['plan'])} (`driverd plan` says why; `driverd apply` or the "
+                     "daemon's next pass does it)")
     return lines
 
 
@@ -206,6 +227,12 @@ def render_daemon(d: dict | None) -> list[str]:
         head = f"daemon     {who} stopped {_ago(d.get('updated_at'))}"
     else:
         head = f"daemon     {who}, {'ready' if d.get('ready') else 'not ready'}"
+    dg = lr.get("degraded") if not d.get("stopped") else None
+    if dg:
+        run = dg["running"]
+        head += f", DEGRADED: running {run['version']} ({run['flavor']}), validated; wanted {dg.get('wanted')}: " \
+            f"{dg.get('why')}"
+        lr = {}                          # the reason was just said
     if lr:
         head += f"; last reconcile {lr.get('state')} {_ago(lr.get('finished_at'))}: {lr.get('reason')}"
     import time
@@ -220,8 +247,13 @@ def render_status(s: dict) -> str:
     lines = render_wanted(s["wanted"]) if s.get("wanted") else []
     lines += [f"loaded     {lo['version']} ({lo['flavor']})" if lo else "loaded     no NVIDIA driver",
               f"installed  {ins['version']} ({ins['flavor']})" if ins else "installed  none"]
-    for n, m in s["modules"].items():
-        lines.append(f"  {n:<16} refcount {m['refcount']}  holders {','.join(m['holders']) or '-'}")
+    us = s.get("userspace")
+    if us:
+        lines.append(f"userspace  {us['version']} in {us['tree']}" + ("" if us["intact"] else " (NOT INTACT)")
+                     + ("" if us["active"] or not us["intact"] else " (installed, not active: the next apply makes it so)"))
+    for n, m in s["modules"].items():      # a refcount the kernel does not show (built in, no unload) is left out
+        lines.append(f"  {n:<16} " + (f"refcount {m['refcount']}  " if m["refcount"] is not None else "")
+                     + f"holders {','.join(m['holders']) or '-'}")
     lines.append("daemons    " + ", ".join(f"{d} {'running' if r else 'stopped'}" for d, r in s["daemons"].items()))
     for p in s["holders"]["processes"]:
         lines.append(f"gpu user   pid {p['pid']} {p['cmdline'] or p['comm']}" + (f" pod {p['pod'] or p['pod_uid']}" if p["pod"] or p["pod_uid"] else ""))
@@ -248,4 +280,4 @@ def render_status(s: dict) -> str:
 
 def cmd_demo(ctx, args) -> int:
     from driverd.cli.demo import run_demo
-    return run_demo(args.workdir, as_json=ctx.json, kubeconfig=args.kubeconfig)
+    return run_demo(args.work_dir, as_json=ctx.json, kubeconfig=args.kubeconfig)

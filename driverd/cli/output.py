@@ -24,8 +24,9 @@ def error(as_json: bool, err: DriverdError) -> int:
         json.dump(err.to_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     from driverd import log as logs
+    kernel_log = err.details.get("kernel_log")
     logs.log(f"driverd: error: {err.one_line()}", "error", error=err.message, cause=err.cause, fix=err.fix,
-             exit_code=err.exit_code)
+             exit_code=err.exit_code, kernel_log=kernel_log if isinstance(kernel_log, list) and kernel_log else None)
     return err.exit_code
 
 

@@ -7,6 +7,7 @@ import os
 
 from driverd import distro
 from driverd.cli.lifecycle_cmds import add_wait
+from driverd.cli.options import add_flavor, add_rebuild, add_work_dir
 from driverd.cli.output import emit
 from driverd.errors import EXIT_OK, UsageError
 
@@ -31,17 +32,17 @@ def register(sub, common) -> None:
     p.add_argument("--kernel", required=True, metavar="RELEASE", help="kernel release, e.g. 6.1.0-47-cloud-amd64")
     p.add_argument("--headers", metavar="DIR", help="kernel headers (default: <root>/lib/modules/RELEASE/build, "
                    f"then {', '.join(distro.DEFAULT.headers_for('RELEASE'))})")
-    p.add_argument("--flavor", required=True, choices=("open", "proprietary"), help="kernel-module flavour")
+    add_flavor(p, required=True, choices=("open", "proprietary"), help="kernel-module flavour")
     p.add_argument("--sign-key", metavar="KEY", help="private key for sign-file: a path on this machine (the build "
                    "host), never under --root (default: signing.key, read the same way)")
     p.add_argument("--sign-cert", metavar="CERT", help="certificate for sign-file, a path on this machine; enrol it "
                    "on the nodes (docs/signing.md: mokutil --import) (default: signing.cert)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory (or repository) to write the package to")
     p.add_argument("--jobs", "-j", type=int, metavar="N", help="make -jN (default: number of CPUs)")
-    p.add_argument("--work-dir", metavar="DIR", help="where sources are unpacked and built "
-                   "(default: <cache_dir>/build); extracted sources are reused")
+    add_work_dir(p, "where sources are unpacked and built (default: <cache_dir>/build); extracted sources are "
+                 "reused")
     p.add_argument("--no-strip", action="store_true", help="keep debug info in the modules (10x larger)")
-    p.add_argument("--force", action="store_true", help="build even when --out already holds the package")
+    add_rebuild(p)
     p.set_defaults(handler=cmd_build)
 
     p = sub.add_parser(
@@ -88,7 +89,7 @@ def register(sub, common) -> None:
     p.add_argument("--out", metavar="DIR", help="repository directory (default: the matrix's `repository`)")
     p.add_argument("--jobs", type=int, default=None, metavar="N", help="cells built at once (default: matrix or 1)")
     p.add_argument("--make-jobs", type=int, default=None, metavar="N", help="make -jN inside each cell")
-    p.add_argument("--work-dir", metavar="DIR", help="build directory (default: <cache_dir>/build)")
+    add_work_dir(p, "build directory (default: <cache_dir>/build)")
     p.add_argument("--only", action="append", metavar="GLOB", help="only cells whose id matches (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="print what would be built; build nothing")
     p.add_argument("--sign-key", metavar="KEY", help="sign every module (default: signing.key)")
@@ -154,8 +155,7 @@ def register(sub, common) -> None:
         epilog="examples:\n  driverd fetch --driver 535.261.03 --flavor open --repo https://repo.example/driverd\n"
                "  driverd fetch --root /host --driver 535.261.03 --repo file:///mnt/usb/driverd --json")
     p.add_argument("--driver", metavar="VERSION", help="driver version (default: driver.version)")
-    p.add_argument("--flavor", choices=("auto", "open", "proprietary"), help="flavour (default: driver.flavor; "
-                   "auto decides from the GPUs)")
+    add_flavor(p, help="flavour (default: driver.flavor; auto decides from the GPUs)")
     p.add_argument("--repo", action="append", metavar="URL", help="repository URL (repeatable; default: "
                    "packages.repositories)")
     p.add_argument("--kernel", metavar="RELEASE", help="kernel release (default: the running kernel)")
@@ -205,7 +205,7 @@ def register(sub, common) -> None:
                "  driverd prepare-kernel 6.1.0-50-cloud-amd64 --no-build   # fail fast when no repository has it")
     p.add_argument("release", metavar="RELEASE", help="the kernel release, as in /lib/modules/RELEASE")
     p.add_argument("--driver", metavar="VERSION", help="driver version (default: driver.version)")
-    p.add_argument("--flavor", choices=("auto", "open", "proprietary"), help="flavour (default: driver.flavor)")
+    add_flavor(p, help="flavour (default: driver.flavor)")
     p.add_argument("--arch", metavar="ARCH", help="architecture (default: the running kernel's)")
     p.add_argument("--no-build", action="store_true", help="never fall back to a local build")
     p.add_argument("--dry-run", action="store_true", help="say what would be done; change nothing")
@@ -287,15 +287,24 @@ def cmd_rollback(ctx, args) -> int:
 
 
 def cmd_build(ctx, args) -> int:
-    from driverd.cli.output import log
+    from driverd.cli.interrupt import terminate_as_interrupt
     from driverd.packages.build import build
+    from driverd.packages.buildprogress import Reporter, clock
     cfg = ctx.config
     from driverd.packages.sign import signing_pair
     key, cert = signing_pair(cfg, args.sign_key, args.sign_cert)
     work = args.work_dir or str(ctx.root.real(f"{cfg['packages.cache_dir']}/build"))
-    res = build(source=args.source, kernel=args.kernel, flavor=args.flavor, out=args.out, headers=args.headers,
-                sign_key=key, sign_cert=cert, jobs=args.jobs, work_dir=work, strip=not args.no_strip,
-                force=args.force, root=ctx.root, runner=ctx.runner, log=None if ctx.json else log)
+    progress = Reporter()           # stderr: a script reading --json's stdout still sees progress in its log
+    try:
+        with terminate_as_interrupt():
+            res = build(source=args.source, kernel=args.kernel, flavor=args.flavor, out=args.out,
+                        headers=args.headers, sign_key=key, sign_cert=cert, jobs=args.jobs, work_dir=work,
+                        strip=not args.no_strip, force=args.rebuild, root=ctx.root, runner=ctx.runner,
+                        progress=progress)
+    finally:
+        progress.close()
+    from driverd.cli.output import log
+    log(f"{'served from ' + args.out if res.cached else 'built'} in {clock(res.seconds)}")
     emit(ctx.json, res.to_json(), lambda r: r["package"])
     return EXIT_OK
 
@@ -361,12 +370,14 @@ def cmd_build_matrix(ctx, args) -> int:
     work = args.work_dir or str(ctx.root.real(f"{ctx.config['packages.cache_dir']}/build"))
     from driverd.packages.sign import signing_pair
     key, cert = signing_pair(ctx.config, args.sign_key, args.sign_cert)
-    results = mx.run(m, out, jobs=args.jobs, make_jobs=args.make_jobs, work_dir=work, only=args.only,
-                     dry_run=args.dry_run, install_headers=args.install_headers,
-                     sign_key=key, sign_cert=cert,
-                     root=ctx.root, runner=ctx.runner,
-                     progress=None, cell_ids=_cell_list(args.cells), only_index=args.only_index,
-                     index=not args.no_index)
+    from driverd.cli.interrupt import terminate_as_interrupt
+    with terminate_as_interrupt():
+        results = mx.run(m, out, jobs=args.jobs, make_jobs=args.make_jobs, work_dir=work, only=args.only,
+                         dry_run=args.dry_run, install_headers=args.install_headers,
+                         sign_key=key, sign_cert=cert,
+                         root=ctx.root, runner=ctx.runner,
+                         progress=None, cell_ids=_cell_list(args.cells), only_index=args.only_index,
+                         index=not args.no_index)
     counts = {s: sum(1 for r in results if r.status == s) for s in ("built", "skipped", "failed", "would-build")}
     data = {"matrix": str(m.path), "repository": out, **counts, "cells": [r.to_json() for r in results]}
     emit(ctx.json, data, lambda d: f"{d['built']} built, {d['skipped']} skipped, {d['failed']} failed"
@@ -390,11 +401,25 @@ def cmd_repo_index(ctx, args) -> int:
     return EXIT_OK
 
 
+def repo_arg(url: str) -> str:
+    """--repo URL, checked as packages.repositories is (one rule: driverd.config's); a relative directory
+    is made absolute, the way a shell user means it."""
+    from driverd.config import REPO_URL_HINT, REPO_URL_RE
+    if "://" not in url:
+        url = os.path.abspath(url)
+    if not REPO_URL_RE.match(url):
+        scheme = url.split("://", 1)[0]
+        raise UsageError(f"--repo {url}: driverd cannot fetch over {scheme}://",
+                         cause="repositories are read over https://, http:// or file://",
+                         fix=f"pass {REPO_URL_HINT}")
+    return url
+
+
 def cmd_fetch(ctx, args) -> int:
     from driverd.packages.fetch import fetch_configured, want_for_host
     cfg = ctx.config.with_overrides({"driver.version": args.driver, "driver.flavor": args.flavor})
+    repos = [repo_arg(u) for u in args.repo] if args.repo else cfg["packages.repositories"]
     want = want_for_host(ctx.root, cfg, args.kernel, args.arch)
-    repos = args.repo or cfg["packages.repositories"]
     res = fetch_configured(ctx.root, cfg, want, repos, runner=ctx.runner, allow_build=not args.no_build,
                            verify_files=not args.install)
     out = res.to_json()

@@ -165,6 +165,9 @@ def start(kube, args, labels: dict, exprs: tuple, mu, _print) -> int:
             spec["waitForJobs"] = {"podSelector": args.wait_for_jobs}
         obj = {"apiVersion": pl.API_VERSION, "kind": pl.KIND, "metadata": {"name": args.pool}, "spec": spec}
         _valid(obj)
+        if getattr(args, "dry_run", None):
+            _print(args, obj, f"driverpool.driverd.io/{args.pool} created (dry run)")
+            return 0
         new = kube.create(pool_path(), obj)
         _print(args, new, f"driverpool.driverd.io/{args.pool} created: driver {args.driver} on {args.selector}; "
                f"the coordinator rolls its nodes to it under the pool's policy; follow it with: kubectl driverd "
@@ -183,6 +186,9 @@ def start(kube, args, labels: dict, exprs: tuple, mu, _print) -> int:
         patch["waitForJobs"] = {"podSelector": args.wait_for_jobs}
     merged = dict(cur, spec={**spec, **patch})
     _valid(merged)
+    if getattr(args, "dry_run", None):
+        _print(args, merged, f"driverpool.driverd.io/{args.pool} configured (dry run): driver {args.driver}")
+        return 0
     new = kube.patch(pool_path(args.pool), {"metadata": {"resourceVersion": cur["metadata"]["resourceVersion"]},
                                              "spec": patch})
     was = spec.get("driver")

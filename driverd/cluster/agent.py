@@ -26,6 +26,7 @@ from collections.abc import Callable
 from driverd.apply.preflight import driver_config, preflight
 from driverd.cluster import events
 from driverd.cluster import model as m
+from driverd.cluster import operator_components as oc
 from driverd.cluster import pools as pl
 from driverd.cluster import states
 from driverd.cluster.drain import DrainPlan, plan_drain
@@ -163,6 +164,8 @@ class NodeAgent:
         if state is None:
             return self._unknown_state(node, v)
         if state.free:
+            if oc.A_PAUSED in (node["metadata"].get("annotations") or {}):
+                return self._restore_components(node)
             return self._preflight(v)
         name = (v.rollout or "").split("/")[0]
         r, obj = self.rollout(name)
@@ -239,7 +242,7 @@ class NodeAgent:
     def _preflight(self, v: m.NodeView) -> float | None:
         """Answer the preflight of the oldest unfinished rollout that selects this node, once per
         rollout generation: can this node take the target, and does it need to?"""
-        for obj in sorted(self.rollouts.snapshot(), key=lambda o: o["metadata"].get("creationTimestamp", "")):
+        for obj in sorted(self.rollouts.snapshot(), key=m.oldest_first):
             try:
                 r = m.Rollout.from_object(obj)
             except m.SpecError:
@@ -325,7 +328,13 @@ class NodeAgent:
         # (an aborted or deleted one is given back by tick(), like every node it holds)
         if m.ended(obj) and (md.get("annotations") or {}).get(m.A_ABORT) != "true" and not md.get("deletionTimestamp") \
                 and (obj.get("status") or {}).get("phase") != pl.SUPERSEDED:
-            return f"rollout {name} has ended ({(obj.get('status') or {}).get('phase')})"
+            # an operator's retry reopens an ended rollout: the coordinator writes its status before
+            # the admission, but our watch of the rollouts may show it after our watch of the Node
+            fresh = self.kube.find(rollout_path(name))
+            if fresh is not None:
+                self.rollouts.put(fresh)
+            if fresh is None or m.ended(fresh):
+                return f"rollout {name} has ended ({((fresh or obj).get('status') or {}).get('phase')})"
         if not r.selects(v.labels):
             return f"rollout {name} does not select this node"
         if not pl.takes(obj, v.labels, self.pool_list()):
@@ -416,8 +425,10 @@ class NodeAgent:
         self._empty_dir = {p["metadata"]["uid"] for p in pods
                            if any("emptyDir" in vol for vol in (p.get("spec") or {}).get("volumes") or [])}
         self._deleting_since = {p["metadata"]["uid"]: p["metadata"].get("deletionTimestamp") for p in pods}
+        md = (self.nodes.get(self.node) or {}).get("metadata") or {}
         return plan_drain(self.kube, pods, _host_users(self.make_context, self.cfg), drain_selector_uids=extra,
-                          force=r.drain_force, selector=r.drain_selector)
+                          force=r.drain_force, selector=r.drain_selector,
+                          operator_labels=oc.leaving(md.get("labels") or {}, md.get("annotations")))
 
     def _backoff(self, v: m.NodeView) -> float:
         """The wait before the next eviction round: doubles from EVICT_FIRST_S up to EVICT_RETRY_S
@@ -432,13 +443,23 @@ class NodeAgent:
         PodDisruptionBudget (429), any other refusal of the API (e.g. 500 for a pod under two
         budgets), a pod stuck Terminating, a DaemonSet pod its controller has not removed yet.
         Rounds back off; at the timeout the node fails naming each pod and the API's words."""
+        paused = self._pause_components(node, oc.EARLY)
+        if paused is not None:
+            return paused
         plan = self._drain_plan(r)
         if plan.no_controller and not r.drain_force:
             return self._fail(node, v, "EvictionRefused", f"{len(plan.no_controller)} GPU pod(s) have no controller, "
                               f"so nothing would recreate them ({', '.join(u.ref for u in plan.no_controller[:5])}); "
                               "kubectl drain refuses them too: set spec.drain.force=true to delete them anyway")
         users = plan.evict + (plan.no_controller if r.drain_force else [])
-        if not users and not plan.with_label:
+        # the pods of a component paused last (the DRA kubelet plugin) are not waited for before its pause
+        late = set(oc.to_pause(node["metadata"].get("labels") or {}, oc.LATE))
+        leaving = [u for u in plan.with_label if plan.leaves_by.get(u.uid) not in late]
+        if not users and not leaving and not plan.held:
+            # the DRA kubelet plugin goes last: the pods that left needed it to release their claims
+            paused = self._pause_components(node, oc.LATE)
+            if paused is not None:
+                return paused
             self._to(node, m.UNLOADING, "Unloading", f"no GPU pods left; node transaction to driver {r.driver}: "
                      "unload → install → load → validate")
             return 0
@@ -464,8 +485,17 @@ class NodeAgent:
                               f"{e.api_message}"))
             except ClusterError as e:
                 stuck.append((u, e.one_line()))
-        stuck += [(u, "its DaemonSet has not removed it yet (the node lost the driver-ready label at the cordon)")
-                  for u in plan.with_label]
+        stuck += [(u, f"its DaemonSet has not removed it yet ({plan.leaves_by[u.uid]}={oc.PAUSED})"
+                   if u.uid in plan.leaves_by else
+                   "its DaemonSet has not removed it yet (the node lost the driver-ready label at the cordon)")
+                  for u in leaving]
+        stuck += [(u, f"opts out of the drain ({oc.SKIP_DRAIN}=true) and {u.why}: waiting for it to end")
+                  for u in plan.held]
+        if plan.held and not users and not leaving:
+            self._say(node, v, "WaitingForPods", f"drained but for {len(plan.held)} GPU pod(s) that opt out of the "
+                      f"drain ({oc.SKIP_DRAIN}=true): {', '.join(f'{u.ref} ({u.why})' for u in plan.held[:5])}; the "
+                      f"driver is not unloaded while they run: waiting up to spec.drain.timeoutSeconds="
+                      f"{r.drain_timeout_s} for them to end")
         if not stuck:
             return EVICT_FIRST_S     # evicted: look again shortly for pods still terminating
         left = r.drain_timeout_s - self._elapsed(v)
@@ -473,7 +503,7 @@ class NodeAgent:
             return min(self._backoff(v), left + 0.1)
         words = "; ".join(f"{u.ref} ({why})" for u, why in stuck[:5]) + \
             (f" and {len(stuck) - 5} more" if len(stuck) > 5 else "")
-        forced = [u for u, _ in stuck if u not in plan.with_label and not u.terminating]
+        forced = [u for u, _ in stuck if u not in plan.with_label and u not in plan.held and not u.terminating]
         if r.drain_force and forced:
             for u in forced:
                 try:
@@ -486,7 +516,56 @@ class NodeAgent:
             return 1.0
         return self._fail(node, v, "EvictionBlocked", f"pods still on the node after spec.drain.timeoutSeconds="
                           f"{r.drain_timeout_s}: {words}; fix: relax the PodDisruptionBudget, move the workload, "
-                          "remove what keeps the pod Terminating, or set spec.drain.force")
+                          "remove what keeps the pod Terminating, or set spec.drain.force" +
+                          (f" (a pod labelled {oc.SKIP_DRAIN}=true is never evicted: let it end or remove the label)"
+                           if plan.held else ""))
+
+    def _say(self, node: dict, v: m.NodeView, reason: str, message: str) -> None:
+        """What a wait is waiting for, on the Node (reason and message; the state and since stay, so
+        the wait's deadline does not move), once per change, with an Event."""
+        if (v.reason, v.message) == (reason, message[:1000]):
+            return
+        new = self.kube.patch(node_path(self.node), {"metadata": {"annotations": {
+            m.A_REASON: reason, m.A_MESSAGE: message[:1000]}}})
+        self.nodes.put(new)
+        self.log(f"driverd cluster: node {self.node}: {v.state}: {reason}: {message}")
+        if self.events:
+            self.event(new, reason, message)
+
+    # -- the GPU Operator's components (operator_components.py) ------------------------------------------
+    def _pause_components(self, node: dict, stage: str) -> float | None:
+        """Pause the node's `true` components of `stage` (their DaemonSets' pods leave) and record them,
+        in one patch that keeps the node evicting (the drain's clock starts again: their pods are
+        waited for like the GPU pods); None when there is nothing to pause."""
+        md = node["metadata"]
+        labels, ann = oc.pause(md.get("labels") or {}, md.get("annotations"), stage)
+        if not labels:
+            return None
+        try:
+            # with the resourceVersion read: an operator's `false` written meanwhile is never overwritten
+            self._to(node, m.EVICTING, "PausedOperatorComponents", f"GPU Operator components paused for the upgrade "
+                     f"({oc.names(labels)}: {oc.DEPLOY_PREFIX}<component>={oc.PAUSED}); waiting for their pods "
+                     "to leave the node" + ("" if stage == oc.EARLY else " (the DRA kubelet plugin goes last)"),
+                     ann=ann, labels=labels, precondition=True)
+        except KubeError as e:
+            if e.conflict:        # our view of the node is behind: its watch event wakes us
+                return EVICT_FIRST_S
+            raise
+        return EVICT_FIRST_S
+
+    def _restore_components(self, node: dict) -> float:
+        """A free node that still records paused components (its upgrade ended without restoring them:
+        the record was edited by hand, or left by another version): they come back now."""
+        labels, ann, keys = oc.restore(node["metadata"].get("labels") or {}, node["metadata"].get("annotations"))
+        patch = {"metadata": {"annotations": ann, "labels": labels}}
+        new = self.kube.patch(node_path(self.node), patch)
+        self.nodes.put(new)
+        message = (f"GPU Operator components back: {oc.names(keys)}" if keys else
+                   "no paused GPU Operator component left to restore") + " (their pause outlived the upgrade)"
+        self.log(f"driverd cluster: node {self.node}: {message}")
+        if self.events and keys:
+            self.event(new, "RestoredOperatorComponents", message)
+        return 0
 
     # -- the node transaction ---------------------------------------------------------------------------
     def _transact(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
@@ -532,10 +611,11 @@ class NodeAgent:
             return self._fail(node, v, "ValidationFailed", f"the node runs {loaded['version'] if loaded else 'no driver'}"
                               f", not {r.driver}")
         spec = {"unschedulable": None} if v.cordoned_by_us else None
+        back, back_ann, said = _restored(node)
         self._to(node, m.DONE, "Upgraded", f"driver {loaded['version']} ({loaded['flavor']}) validated"
-                 + ("; uncordoned" if v.cordoned_by_us else "; left cordoned: it was cordoned before driverd"),
-                 ann={m.A_CORDONED: None}, spec=spec,
-                 labels={m.L_VERSION: loaded["version"], m.L_FLAVOR: loaded["flavor"], m.L_READY: "true"})
+                 + ("; uncordoned" if v.cordoned_by_us else "; left cordoned: it was cordoned before driverd") + said,
+                 ann={m.A_CORDONED: None, **back_ann}, spec=spec,
+                 labels={m.L_VERSION: loaded["version"], m.L_FLAVOR: loaded["flavor"], m.L_READY: "true", **back})
         self.condition(True, "DriverValidated", f"driver {loaded['version']} ({loaded['flavor']}) loaded and validated")
         return None
 
@@ -550,18 +630,29 @@ class NodeAgent:
                   m.L_FLAVOR: loaded["flavor"] if loaded else None, m.L_READY: "true" if loaded else None}
         spec = {"unschedulable": None} if v.cordoned_by_us else None
         pinned = f"{loaded['version']}/{loaded['flavor']}" if loaded else None
-        self._to(node, m.FAILED, reason, message + ("; uncordoned" if v.cordoned_by_us else ""),
-                 ann={m.A_CORDONED: None, m.A_PINNED: pinned}, spec=spec, labels=labels, warning=True)
+        back, back_ann, said = _restored(node)
+        self._to(node, m.FAILED, reason, message + ("; uncordoned" if v.cordoned_by_us else "") + said,
+                 ann={m.A_CORDONED: None, m.A_PINNED: pinned, **back_ann}, spec=spec, labels={**labels, **back},
+                 warning=True)
         self.condition(bool(loaded), reason, (f"the upgrade failed; driver {loaded['version']} runs: " if loaded
                                               else "the upgrade failed and no driver is loaded: ") + message)
         return None
 
     def _give_back(self, node: dict, v: m.NodeView, reason: str, message: str) -> float | None:
         spec = {"unschedulable": None} if v.cordoned_by_us else None
-        self._to(node, m.IDLE, reason, message + ("; uncordoned" if v.cordoned_by_us else ""),
-                 ann={m.A_CORDONED: None}, spec=spec, labels={m.L_READY: "true"})
+        back, back_ann, said = _restored(node)
+        self._to(node, m.IDLE, reason, message + ("; uncordoned" if v.cordoned_by_us else "") + said,
+                 ann={m.A_CORDONED: None, **back_ann}, spec=spec, labels={m.L_READY: "true", **back})
         self.condition(True, reason, message)
         return None
+
+
+def _restored(node: dict) -> tuple[dict, dict, str]:
+    """What ends the pause of the GPU Operator's components, for the patch that ends the node's
+    upgrade (done, failed, given back): labels, annotations, and words for the message."""
+    md = node.get("metadata") or {}
+    back, back_ann, keys = oc.restore(md.get("labels") or {}, md.get("annotations"))
+    return back, back_ann, (f"; GPU Operator components back: {oc.names(keys)}" if keys else "")
 
 
 def _refs(pods: list[dict]) -> str:

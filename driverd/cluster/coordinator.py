@@ -15,10 +15,12 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from driverd.cluster import events
 from driverd.cluster import model as m
-from driverd.cluster.admission import A_CANARY_APPROVED, decide
+from driverd.cluster.admission import A_CANARY_APPROVED, REFUSED_RETRY_S, decide, reopened
+from driverd.cluster.fleet_status import FleetStatus
 from driverd.cluster.informer import Informer
 from driverd.cluster.states import PHASES
 from driverd.cluster.kube import (
@@ -30,17 +32,25 @@ from driverd.cluster.kube import (
     parse_time,
     rollout_path,
 )
-from driverd.cluster.lease import LEASE_NAME, Lease
+from driverd.cluster.lease import LEASE_DURATION_S, LEASE_NAME, Lease
 from driverd.cluster.poolkeeper import PoolKeeper
 from driverd.cluster.pools import SUPERSEDED
 
 COALESCE_S = 0.02
 
 
+@dataclass
+class _Refusal:
+    rv: str            # the node's resourceVersion when the API refused its admission
+    at: float          # when (monotonic), for REFUSED_RETRY_S
+    message: str       # the API's words
+    since: str         # when this refusal (these words) was first seen (RFC 3339)
+
+
 class Coordinator:
     def __init__(self, kube: Kube, identity: str, namespace: str, *, rollouts: Informer,
                  log: Callable[[str], None], clock: Callable[[], float] = time.time,
-                 status_interval_s: float = 1.0, lease_s: int = 15, pools: Informer | None = None) -> None:
+                 status_interval_s: float = 1.0, lease_s: int = LEASE_DURATION_S, pools: Informer | None = None) -> None:
         self.kube, self.identity, self.ns, self.log, self.clock = kube, identity, namespace, log, clock
         self.rollouts = rollouts
         # DriverPools (cluster/poolkeeper.py): each pool's rollouts, its status, which nodes a rollout takes
@@ -58,6 +68,9 @@ class Coordinator:
         self._seen_gen: dict[str, tuple[int, float]] = {}      # rollout -> (generation, first seen)
         self.admitted = 0
         self._view_cache: dict[tuple, m.NodeView] = {}
+        self._refused: dict[tuple[str, str], _Refusal] = {}   # (rollout ident, node) -> the API's refusal
+        self._decided_on: dict[str, dict] = {}                # node -> the Node object this pass decided on
+        self.fleet = FleetStatus()        # the last pass's numbers, for the daemon's /metrics
 
     def close(self) -> None:
         self.stop.set()
@@ -90,6 +103,7 @@ class Coordinator:
                         self.log(f"driverd cluster: {self.identity} lost the Lease")
                         self.nodes.close()
                         self.nodes = None
+                        self.fleet.clear()
                 if self.lease.holding() and self.nodes is not None:
                     wait = self.act()
                     self.wake.wait(min(wait, max(0.05, renew_at - time.monotonic())))
@@ -101,7 +115,7 @@ class Coordinator:
                 self.log(f"driverd cluster coordinator: {e.one_line()}")
                 # refused as no holder (the API server's cache of the Lease behind ours, or the Lease
                 # taken by another daemon): look again soon; the next renewal tells which
-                self.wake.wait(0.5 if e.status == 403 and "driverd-coordinator-scope" in e.api_message else 2.0)
+                self.wake.wait(0.5 if _not_holder(e) else 2.0)
             except Exception as e:  # never die: say it and retry
                 self.log(f"driverd cluster coordinator: {e.__class__.__name__}: {e}")
                 self.wake.wait(2.0)
@@ -120,7 +134,10 @@ class Coordinator:
 
     # -- one pass as the holder -----------------------------------------------------------------
     def act(self) -> float:
-        """Admit what may be admitted for every rollout; the seconds until we must look again."""
+        """Admit what may be admitted for every rollout; the seconds until we must look again. A
+        write the API refuses or fails for one rollout is that rollout's (recorded on it, tried again
+        later), never the end of the pass for the rollouts after it — unless the refusal says this
+        daemon no longer holds the Lease, which ends every write."""
         assert self.nodes is not None
         wait = 30.0
         views = self._views()
@@ -129,76 +146,110 @@ class Coordinator:
                 return 1.0            # the DriverPools are not read yet: which rollout takes which node is unknown
             if self.pool_keeper.again:
                 wait = self.status_interval_s
+        decided: dict[str, dict] = {}      # rollout -> the status this pass decided (fleet metrics)
         held: dict[str, str] = {}          # node -> the older rollout (not ended) that holds it
         for v in views:
             if v.active and v.rollout:
                 held[v.name] = f"rollout {v.rollout.split('/')[0]}: {v.state}"
-        for obj in sorted(self.rollouts.snapshot(), key=lambda o: o["metadata"].get("creationTimestamp", "")):
-            name = obj["metadata"]["name"]
-            md = obj["metadata"]
-            if md.get("deletionTimestamp"):
-                self._deleted(obj, views)
-                continue
-            if m.FINALIZER not in (md.get("finalizers") or []):
-                self._add_finalizer(obj)
-            if (obj.get("status") or {}).get("phase") in ("Completed", SUPERSEDED) and \
-                    (obj.get("status") or {}).get("observedGeneration") == obj["metadata"].get("generation"):
-                continue
+        for obj in sorted(self.rollouts.snapshot(), key=m.oldest_first):
             try:
-                r = m.Rollout.from_object(obj)
-            except m.SpecError as e:
-                self._status(obj, {"phase": "Invalid", "reason": "InvalidSpec", "message": str(e),
-                                   "observedGeneration": obj["metadata"].get("generation")})
-                continue
-            ann = obj["metadata"].get("annotations") or {}
-            if ann.get(m.A_ABORT) == "true":
-                self._status(obj, {"phase": "Aborted", "reason": "Aborted", "message": "aborted by an operator; "
-                                   "nodes not yet unloading were given back", "observedGeneration": r.generation})
-                continue
-            gen, since = self._seen_gen.get(name, (None, 0.0))
-            if gen != r.generation:
-                prev = parse_time((obj.get("status") or {}).get("generationSince")) \
-                    if (obj.get("status") or {}).get("observedGeneration") == r.generation else None
-                since = prev or self.clock()
-                self._seen_gen[name] = (r.generation, since)
-            # a pool's rollout takes its pool's members only, any other rollout nodes in no pool
-            targets = self.pool_keeper.targets(obj, views) if self.pool_keeper is not None else views
-            mine_active = {v.name for v in views if v.active and v.in_rollout(r)}
-            d = decide(r, targets, now=self.clock(), started=since,
-                       canary_approved=ann.get(A_CANARY_APPROVED) == "true",
-                       held={k: w for k, w in held.items() if k not in mine_active})
-            if not m.ended(dict(obj, status=d.status(r))):
-                # a rollout that has not ended holds the nodes it selects for the rollouts after it
-                # (their daemons answer the oldest one's preflight first)
-                for v in targets:
-                    if r.selects(v.labels):
-                        held.setdefault(v.name, f"rollout {r.name}: {d.phase}")
-            for node_name in d.admit:
-                self._admit(r, node_name, obj)
-            st = d.status(r)
-            st["generationSince"] = now_rfc3339(since)
-            self._status(obj, st)
-            if d.phase in ("Preflight", "Progressing"):
-                wait = min(wait, 5.0)
+                wait = min(wait, self._act_on(obj, views, held, decided))
+            except KubeError as e:
+                if _not_holder(e):
+                    raise
+                self.log(f"driverd cluster: rollout {obj['metadata'].get('name')}: {e.one_line()}")
+                wait = min(wait, 2.0)
+        self.fleet.publish(self.rollouts.snapshot(), decided)
         return wait
+
+    def _act_on(self, obj: dict, views: list[m.NodeView], held: dict[str, str], decided: dict[str, dict]) -> float:
+        name = obj["metadata"]["name"]
+        md = obj["metadata"]
+        if md.get("deletionTimestamp"):
+            self._deleted(obj, views)
+            return 30.0
+        if m.FINALIZER not in (md.get("finalizers") or []):
+            self._add_finalizer(obj)
+        try:
+            r = m.Rollout.from_object(obj)
+        except m.SpecError as e:
+            self._status(obj, {"phase": "Invalid", "reason": "InvalidSpec", "message": str(e),
+                               "observedGeneration": obj["metadata"].get("generation")})
+            return 30.0
+        why = None
+        if m.ended(obj) and (obj.get("status") or {}).get("phase") == SUPERSEDED:
+            return 30.0                     # its pool's next revision replaced it: no verb reopens it
+        if m.ended(obj):
+            # terminal for this spec, holding no node, until an operator's verb reopens it
+            why = reopened(r, obj.get("status") or {}, views)
+            if why is None:
+                return 30.0
+            self.log(f"driverd cluster: rollout {name} ({(obj.get('status') or {}).get('phase')}) reopened by {why}")
+            self._seen_gen[name] = (r.generation, self.clock())     # its preflight deadline starts again
+        ann = obj["metadata"].get("annotations") or {}
+        if ann.get(m.A_ABORT) == "true":
+            self._status(obj, {"phase": "Aborted", "reason": "Aborted", "message": "aborted by an operator; "
+                               "nodes not yet unloading were given back", "observedGeneration": r.generation})
+            return 30.0
+        gen, since = self._seen_gen.get(name, (None, 0.0))
+        if gen != r.generation:
+            prev = parse_time((obj.get("status") or {}).get("generationSince")) \
+                if (obj.get("status") or {}).get("observedGeneration") == r.generation else None
+            since = prev or self.clock()
+            self._seen_gen[name] = (r.generation, since)
+        # a pool's rollout takes its pool's members only, any other rollout nodes in no pool
+        targets = self.pool_keeper.targets(obj, views) if self.pool_keeper is not None else views
+        mine_active = {v.name for v in views if v.active and v.in_rollout(r)}
+        d = decide(r, targets, now=self.clock(), started=since,
+                   canary_approved=ann.get(A_CANARY_APPROVED) == "true",
+                   held={k: w for k, w in held.items() if k not in mine_active},
+                   refused=self._refusals(r))
+        if not m.ended(dict(obj, status=d.status(r))):
+            # a rollout that has not ended holds the nodes it selects for the rollouts after it
+            # (their daemons answer the oldest one's preflight first)
+            for v in targets:
+                if r.selects(v.labels):
+                    held.setdefault(v.name, f"rollout {r.name}: {d.phase}")
+        for key in [k for k in self._refused if k[0] == r.ident and k[1] not in d.pending]:
+            del self._refused[key]          # admitted, skipped, no longer selected: nothing refused
+        st = decided[name] = d.status(r)
+        st["generationSince"] = now_rfc3339(since)
+        st["conditions"] = self._conditions(r)
+        if why and d.admit:
+            # not ended any more before its nodes see the admission (their daemons refuse an
+            # admission into a rollout that has ended)
+            self._status(obj, st)
+        refused_now = False
+        for node_name in d.admit:
+            refused_now |= self._admit(r, node_name, obj) == "refused"
+        if refused_now:
+            self.wake.set()                 # the status says so on the next pass, decided without that node
+        else:
+            self._status(obj, st)
+        return 5.0 if d.phase in ("Preflight", "Progressing") else 30.0
 
     def _views(self) -> list[m.NodeView]:
         """Every node's view, reparsed only for nodes whose resourceVersion changed (a fleet's
         coordinator looks at all nodes after every change of any of them)."""
         assert self.nodes is not None
-        out, cache = [], {}
+        out, cache, seen = [], {}, {}
         for n in self.nodes.snapshot():
             md = n.get("metadata") or {}
             key = (md.get("name"), md.get("resourceVersion"))
             v = self._view_cache.get(key) or m.NodeView.from_node(n)
             cache[key] = v
+            seen[v.name] = n
             out.append(v)
-        self._view_cache = cache
+        self._view_cache, self._decided_on = cache, seen
         return out
 
-    def _admit(self, r: m.Rollout, name: str, obj: dict) -> None:
+    def _admit(self, r: m.Rollout, name: str, obj: dict) -> str:
+        """Write the admission: "admitted", "conflict" (the node changed: decided again) or
+        "refused" (the API said no for this node: recorded on the rollout, tried again later)."""
         assert self.nodes is not None
-        node = self.nodes.get(name) or {}
+        # the Node as the decision saw it: its resourceVersion makes the write fail (409) if the node
+        # changed since, so an admission is never written over a state the decision did not see
+        node = self._decided_on.get(name) or {}
         v = m.NodeView.from_node(node)
         prev = f"{v.driver}/{v.flavor}" if v.driver else ""
         message = f"admitted by {self.identity} to upgrade to {r.driver} (rollout {r.name})"
@@ -214,13 +265,56 @@ class Coordinator:
         except KubeError as e:
             if e.conflict:        # the node changed since we looked: decide again with the new view
                 self.wake.set()
-                return
+                return "conflict"
+            if e.status in (400, 403, 422) and not _not_holder(e):
+                self._record_refusal(r, name, node, e, obj)
+                return "refused"
             raise
+        self._refused.pop((r.ident, name), None)
         events.record(self.kube, {"apiVersion": "v1", "kind": "Node", "name": name,
                                   "uid": new["metadata"].get("uid")}, "Admitted", message, warning=False,
                       instance=self.identity, log=self.log, now=self.clock())
         self.admitted += 1
         self.log(f"driverd cluster: rollout {r.name}: admitted {name}")
+        return "admitted"
+
+    # -- admissions the API refused ---------------------------------------------------------------
+    def _record_refusal(self, r: m.Rollout, name: str, node: dict, e: KubeError, obj: dict) -> None:
+        """Remember the refusal (the node is not tried again until it changes or REFUSED_RETRY_S
+        pass) and say it once on the rollout: a Warning Event with the API's words; the rollout's
+        status carries it as the condition AdmissionRefused while it lasts."""
+        words = f"{e.status} {e.reason}: {e.api_message}".strip()[:600]
+        before = self._refused.get((r.ident, name))
+        self._refused[(r.ident, name)] = _Refusal(
+            rv=(node.get("metadata") or {}).get("resourceVersion", ""), at=time.monotonic(), message=words,
+            since=before.since if before and before.message == words else now_rfc3339(self.clock()))
+        self.log(f"driverd cluster: rollout {r.name}: the API refused the admission of {name}: {words}")
+        if before is None or before.message != words:
+            md = obj["metadata"]
+            events.record(self.kube, {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
+                                      "name": md["name"], "uid": md.get("uid")}, "AdmissionRefused",
+                          f"the API server refused the admission of node {name}: {words}", warning=True,
+                          instance=self.identity, log=self.log, now=self.clock())
+
+    def _refusals(self, r: m.Rollout) -> dict[str, str]:
+        """The refused admissions of this rollout not to try again yet: the node has not changed
+        since, and REFUSED_RETRY_S have not passed."""
+        out = {}
+        for (ident, name), rf in self._refused.items():
+            v = self.nodes.get(name) if self.nodes else None
+            rv = ((v or {}).get("metadata") or {}).get("resourceVersion")
+            if ident == r.ident and rv == rf.rv and time.monotonic() - rf.at < REFUSED_RETRY_S:
+                out[name] = rf.message
+        return out
+
+    def _conditions(self, r: m.Rollout) -> list[dict]:
+        mine = sorted((name, rf) for (ident, name), rf in self._refused.items() if ident == r.ident)
+        if not mine:
+            return []
+        return [{"type": "AdmissionRefused", "status": "True", "reason": "AdmissionRefused",
+                 "lastTransitionTime": min(rf.since for _, rf in mine),
+                 "message": "the API server refused the admission of " + "; ".join(
+                     f"{name}: {rf.message}" for name, rf in mine[:5])[:1000]}]
 
     def _add_finalizer(self, obj: dict) -> None:
         md = obj["metadata"]
@@ -285,6 +379,11 @@ class Coordinator:
         events.record(self.kube, involved, status.get("reason") or "Progressing", status.get("message") or "",
                       warning=getattr(PHASES.get(status.get("phase") or ""), "warning", False),
                       instance=self.identity, log=self.log, now=self.clock())
+
+
+def _not_holder(e: KubeError) -> bool:
+    """deploy/'s driverd-coordinator-scope refused: the API server does not see us holding the Lease."""
+    return e.status == 403 and "driverd-coordinator-scope" in e.api_message
 
 
 def _same(a: dict, b: dict) -> bool:

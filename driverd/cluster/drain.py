@@ -8,14 +8,26 @@ the `evicting` state carries it out, so the two cannot disagree.
   `kubectl drain` refuses it for the same reason);
 - a DaemonSet pod is never evicted (its controller would put it back at once); it leaves when its
   DaemonSet selects nodes by `driverd.io/driver-ready` (nodeSelector or required node affinity),
-  which driverd removes at the cordon; otherwise it stays;
-- a static (mirror) pod stays.
+  which driverd removes at the cordon, or when it is a GPU Operator component whose
+  `nvidia.com/gpu.deploy.<component>` label driverd pauses (cluster/operator_components.py: those
+  pods leave whether or not they are GPU users, as k8s-driver-manager waits for all of them);
+  otherwise it stays;
+- a static (mirror) pod stays;
+- a pod labelled `nvidia.com/gpu-driver-upgrade-drain.skip=true` is never evicted nor deleted, not even
+  with spec.drain.force: the label means what it means to gpu-operator's upgrade controller, whose
+  drain selects `nvidia.com/gpu-driver-upgrade-drain.skip!=true`. Such a pod that uses the GPU is
+  `held`: the preflight names it as a pod that stays when one of its processes holds the GPU, and
+  the `evicting` state does not go on to unload the driver while it is on the node — it waits for it
+  to finish or be removed by its owner, saying so, for at most spec.drain.timeoutSeconds, then fails
+  the node (EvictionBlocked) with the driver untouched. A skip pod that is no GPU user (the
+  Operator itself, monitoring) is simply left alone.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from driverd.cluster import model as m
+from driverd.cluster import operator_components as oc
 from driverd.cluster.gpuusers import PodUse, classify
 from driverd.cluster.kube import Kube, KubeError
 
@@ -26,6 +38,8 @@ class DrainPlan:
     no_controller: list[PodUse] = field(default_factory=list)  # evicted only with spec.drain.force
     with_label: list[PodUse] = field(default_factory=list)     # DaemonSet pods that leave with the label
     staying: dict[str, str] = field(default_factory=dict)      # pod uid -> "ns/name: why it stays"
+    held: list[PodUse] = field(default_factory=list)           # GPU users that opt out of the drain: waited for
+    leaves_by: dict[str, str] = field(default_factory=dict)    # uid of a with_label pod -> the label it leaves by
     force: bool = False
 
     @property
@@ -60,10 +74,12 @@ def has_controller(pod: dict) -> bool:
 
 
 def plan_drain(kube: Kube, pods: list[dict], host_pod_uids: dict[str, str], *, drain_selector_uids: set[str],
-               force: bool, selector: str = "") -> DrainPlan:
+               force: bool, selector: str = "", operator_labels: set[str] = frozenset()) -> DrainPlan:
     """`pods`: the node's pods; `host_pod_uids`: pod UID -> why (a process of it holds the GPU);
-    `drain_selector_uids`: the pods matching spec.drain.podSelector."""
-    users = {u.uid: u for u in classify(kube, pods, host_pod_uids)}
+    `drain_selector_uids`: the pods matching spec.drain.podSelector; `operator_labels`: the GPU
+    Operator's component labels whose pods leave the node (operator_components.leaving)."""
+    gpu = {u.uid: u for u in classify(kube, pods, host_pod_uids)}
+    users = dict(gpu)
     for p in pods:
         md = p.get("metadata") or {}
         if md.get("uid") in drain_selector_uids and md.get("uid") not in users \
@@ -75,6 +91,20 @@ def plan_drain(kube: Kube, pods: list[dict], host_pod_uids: dict[str, str], *, d
     by_uid = {(p.get("metadata") or {}).get("uid"): p for p in pods}
     out = DrainPlan(force=force)
     ds_cache: dict[tuple, dict | None] = {}
+    if operator_labels:
+        # the Operator's components leave with their paused labels, GPU users or not (k8s-driver-manager
+        # waits for every one of them); their pods carry the DaemonSet's nodeSelector
+        for p in pods:
+            md = p.get("metadata") or {}
+            if md.get("uid") in users or _daemonset(p) is None or \
+                    (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            label = oc.selects(p.get("spec") or {}, operator_labels)
+            if label:
+                u = PodUse(md.get("namespace", ""), md.get("name", ""), md["uid"], f"GPU Operator component "
+                           f"{oc.short(label)}", True, False, terminating=bool(md.get("deletionTimestamp")))
+                out.with_label.append(u)
+                out.leaves_by[u.uid] = label
     for uid, u in users.items():
         pod = by_uid.get(uid) or {}
         if u.mirror:
@@ -88,11 +118,24 @@ def plan_drain(kube: Kube, pods: list[dict], host_pod_uids: dict[str, str], *, d
                 except KubeError:
                     ds_cache[key] = None
             ds = ds_cache[key]
-            if ds is not None and _selects_ready_label(ds):
+            label = oc.selects(pod.get("spec") or {}, operator_labels) or (
+                oc.selects(((ds or {}).get("spec") or {}).get("template", {}).get("spec") or {}, operator_labels)
+                if operator_labels else None)
+            if label:
+                out.with_label.append(u)
+                out.leaves_by[uid] = label
+            elif ds is not None and _selects_ready_label(ds):
                 out.with_label.append(u)
             else:
                 out.staying[uid] = (f"{u.ref}: DaemonSet {ref.get('name')} does not select nodes by "
                                     f"{m.L_READY}=true, so its pods stay on the node during the upgrade")
+        elif oc.skips_drain(pod):
+            if uid in gpu:
+                out.held.append(u)
+                out.staying[uid] = (f"{u.ref}: opts out of the drain ({oc.SKIP_DRAIN}=true), so it is not evicted, "
+                                    f"and {u.why}: the driver is not unloaded while it runs")
+            else:
+                out.staying[uid] = f"{u.ref}: opts out of the drain ({oc.SKIP_DRAIN}=true), so it is not evicted"
         elif not u.controller:
             out.no_controller.append(u)
             if not force:

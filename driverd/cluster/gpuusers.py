@@ -12,8 +12,10 @@
 DaemonSet pods are not evicted (the controller would recreate them on the cordoned node at once):
 GPU DaemonSets (device plugin, DCGM exporter, …) are expected to select nodes labelled
 `driverd.io/driver-ready=true`; driverd removes that label when it cordons and sets it again after
-validation, so their controller takes them off and brings them back. One that still holds the GPU
-when the driver is unloaded is named by the unload's in-use check.
+validation, so their controller takes them off and brings them back. The GPU Operator's DaemonSets
+select their own `nvidia.com/gpu.deploy.<component>` labels instead, which driverd pauses the way
+NVIDIA's k8s-driver-manager does (operator_components.py). One that still holds the GPU when the
+driver is unloaded is named by the unload's in-use check.
 """
 from __future__ import annotations
 

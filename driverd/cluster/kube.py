@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from driverd.errors import ClusterError, DriverdError
+from driverd.errors import EXIT_USAGE, ClusterError, DriverdError
 from driverd.redact import redact_obj
 
 GROUP, VERSION = "driverd.io", "v1alpha1"
@@ -47,7 +47,13 @@ class KubeError(ClusterError):
 
 
 class Unreachable(ClusterError):
-    pass
+    """No answer from the API server. `connect` says whether it failed before a connection was made
+    (refused, a name that does not resolve, TLS refused, connect timeout): a command run by a person
+    says so at once, as kubectl does; a daemon retries those too (the API server may be restarting)."""
+
+    def __init__(self, message: str, *, connect: bool = False, **kw) -> None:
+        super().__init__(message, **kw)
+        self.connect = connect
 
 
 @dataclass
@@ -77,16 +83,34 @@ def _configuration(t: Target):
     try:
         if t.in_cluster or (t.in_cluster is None and in_pod):
             config.load_incluster_config(client_configuration=cfg)
+            cfg.driverd_source = "the pod's service account"
         else:
             merged = _kubeconfig(t, where)
             config.load_kube_config_from_dict(merged, context=t.context, client_configuration=cfg,
                                               persist_config=False)
+            cfg.driverd_source = f"context {t.context or merged['current-context']} in {where}"
     except DriverdError:
         raise
     except Exception as e:      # the loaders raise ConfigException, TypeError, FileNotFoundError ...
         raise ClusterError(f"no usable Kubernetes credentials: {e}",
-                           fix=f"pass --kubeconfig FILE (tried {where}) or run inside the cluster") from None
+                           fix=f"pass --kubeconfig FILE (tried {where}) or run inside the cluster",
+                           exit_code=EXIT_USAGE) from None
     return cfg
+
+
+def _missing_kubeconfig(t: Target, where: str, paths: list[str]) -> ClusterError | None:
+    """A kubeconfig that is not there, said as such (not as "pass --kubeconfig FILE" to someone who did)."""
+    missing = [p for p in paths if not os.path.exists(p)]
+    if t.kubeconfig and missing:
+        return ClusterError(f"kubeconfig {missing[0]} does not exist",
+                            fix="pass --kubeconfig the path of an existing kubeconfig (the one kubectl uses is "
+                                "$KUBECONFIG or ~/.kube/config)", exit_code=EXIT_USAGE)
+    if paths and len(missing) == len(paths):
+        named = "$KUBECONFIG names " + ", ".join(missing) if os.environ.get("KUBECONFIG") else f"{missing[0]}"
+        return ClusterError(f"no kubeconfig: {named}, which does not exist",
+                            fix="pass --kubeconfig FILE or set KUBECONFIG to an existing kubeconfig, or run "
+                                "inside the cluster", exit_code=EXIT_USAGE)
+    return None
 
 
 def _kubeconfig(t: Target, where: str):
@@ -100,12 +124,16 @@ def _kubeconfig(t: Target, where: str):
     from driverd.errors import ConfigError
     from driverd.fsutil import trusted_file
     paths = [os.path.expanduser(p) for p in where.split(":") if p]
+    missing = _missing_kubeconfig(t, where, paths)
+    if missing is not None:
+        raise missing
     for p in paths:
-        trusted_file(p, "kubeconfig", missing_ok=True)          # a missing one: the client says so below
+        trusted_file(p, "kubeconfig", missing_ok=True)          # a missing one of several is skipped, as kubectl does
     merged = KubeConfigMerger(":".join(paths)).config
     if merged is None:
         raise ClusterError(f"no usable Kubernetes credentials: no kubeconfig at {where}",
-                           fix=f"pass --kubeconfig FILE (tried {where}) or run inside the cluster")
+                           fix=f"pass --kubeconfig FILE (tried {where}) or run inside the cluster",
+                           exit_code=EXIT_USAGE)
     try:
         name = t.context or merged["current-context"]
         ctx = merged["contexts"].get_with_name(name)["context"]
@@ -115,7 +143,7 @@ def _kubeconfig(t: Target, where: str):
         cluster = merged["clusters"].get_with_name(ctx["cluster"])["cluster"]
     except ConfigException as e:
         raise ClusterError(f"no usable Kubernetes credentials: {e}",
-                           fix=f"fix the kubeconfig {where} or pass --context") from None
+                           fix=f"fix the kubeconfig {where} or pass --context", exit_code=EXIT_USAGE) from None
     source = (user.path if user is not None else None) or paths[0]
     if user is not None and not t.allow_exec:
         for key, kind, why in _RUNS_OR_SENDS:
@@ -147,9 +175,14 @@ def _kubeconfig(t: Target, where: str):
 class Kube:
     """A thin REST client over the official client's ApiClient. Thread-safe (urllib3 pools)."""
 
-    def __init__(self, target: Target | None = None, *, retry_for_s: float = 60.0, configuration=None) -> None:
+    def __init__(self, target: Target | None = None, *, retry_for_s: float = 60.0, configuration=None,
+                 fail_fast: bool = False, connect_timeout_s: float | None = None) -> None:
+        """`fail_fast` (a person's command): a connection that cannot be made (refused, unresolvable,
+        TLS, `connect_timeout_s`) is reported at once; only answers that say "later" (5xx, 429) and
+        connections broken mid-request are retried within `retry_for_s`."""
         from kubernetes import client
         self.target = target or Target()
+        self.fail_fast, self.connect_timeout_s = fail_fast, connect_timeout_s
         self.configuration = configuration or _configuration(self.target)
         self.configuration.retries = False           # ours, below; the pool's own would hide 5xx/429
         self.api = client.ApiClient(self.configuration)
@@ -179,11 +212,17 @@ class Kube:
                                                       body=body, auth_settings=["BearerToken"])
         with self._count:
             self.requests += 1
+        if self.connect_timeout_s is not None and isinstance(timeout, (int, float)):
+            timeout = (self.connect_timeout_s, timeout)
         try:
             resp = self.api.call_api(m, url, header_params=hdrs, body=b, _request_timeout=timeout)
         except Exception as e:                      # urllib3 MaxRetryError, ProtocolError, timeouts ...
-            raise Unreachable(f"cannot reach the Kubernetes API at {self.host}: {_short(e)}",
-                              fix="check the API server and the kubeconfig's server address") from None
+            why, connect = _unreachable_why(e)
+            source = getattr(self.configuration, "driverd_source", None)
+            raise Unreachable(f"cannot reach the Kubernetes API at {self.host}: {why}", connect=connect,
+                              fix="check that the API server runs at that address"
+                                  + (f" (the server of {source})" if source else "")
+                                  + ", or choose another cluster with --kubeconfig FILE or --context NAME") from None
         if stream and 200 <= resp.status < 300:
             return resp.response
         data = resp.read()
@@ -206,6 +245,8 @@ class Kube:
         )
 
         def retryable(e: BaseException) -> bool:
+            if self.fail_fast and isinstance(e, Unreachable) and e.connect:
+                return False
             return _retryable(e) and (retry_429 or not (isinstance(e, KubeError) and e.status == 429))
         for attempt in Retrying(retry=retry_if_exception(retryable), stop=stop_after_delay(self.retry_for_s),
                                 wait=wait_random_exponential(multiplier=0.2, max=5), reraise=True):
@@ -228,8 +269,11 @@ class Kube:
     def list(self, path: str, *, labels: str | None = None, fields: str | None = None) -> dict:
         return self.request("GET", path, query={"labelSelector": labels or None, "fieldSelector": fields or None})
 
-    def create(self, path: str, obj: dict, *, retry_429: bool = True, retry: bool = True) -> dict:
-        return self.request("POST", path, body=obj, retry_429=retry_429, retry=retry)
+    def create(self, path: str, obj: dict, *, retry_429: bool = True, retry: bool = True,
+               dry_run: bool = False) -> dict:
+        """dry_run: the API server validates and defaults the object and answers it, storing nothing."""
+        return self.request("POST", path, body=obj, retry_429=retry_429, retry=retry,
+                            query={"dryRun": "All"} if dry_run else None)
 
     def replace(self, path: str, obj: dict) -> dict:
         return self.request("PUT", path, body=obj)
@@ -307,6 +351,29 @@ def _error(status: int, data: bytes) -> KubeError:
         body = {}
     return KubeError(status, body.get("reason") or "Error", body.get("message") or data[:200].decode(errors="replace"),
                      body)
+
+
+def _unreachable_why(e: BaseException) -> tuple[str, bool]:
+    """What went wrong with a request that got no answer, in words, and whether no connection was
+    made at all. From the exception and its causes (urllib3 wraps the socket's errors)."""
+    import socket
+    import ssl
+    chain: list[BaseException] = []
+    x: BaseException | None = e
+    while x is not None and x not in chain and len(chain) < 10:
+        chain.append(x)
+        x = getattr(x, "reason", None) if isinstance(getattr(x, "reason", None), BaseException) else \
+            (x.__cause__ or x.__context__)
+    names = {c.__class__.__name__ for c in chain}
+    if any(isinstance(c, ConnectionRefusedError) for c in chain):
+        return "connection refused (nothing listens there)", True
+    if any(isinstance(c, socket.gaierror) for c in chain) or "NameResolutionError" in names:
+        return "the server's host name does not resolve", True
+    if any(isinstance(c, ssl.SSLError) for c in chain) or "SSLError" in names:
+        return f"TLS failed: {_short(chain[-1])}", True
+    if "ConnectTimeoutError" in names:
+        return "connecting timed out", True
+    return _short(e), False
 
 
 def _short(e: BaseException) -> str:

@@ -15,11 +15,12 @@ import time
 from driverd.cluster.kube import Kube, KubeError, lease_path, micro_time
 
 LEASE_NAME = "driverd-rollout"
+LEASE_DURATION_S = 15           # the product's: a dead holder is replaced after this (deploy/'s policy allows 1..60)
 
 
 class Lease:
     def __init__(self, kube: Kube, namespace: str, identity: str, *, name: str = LEASE_NAME,
-                 duration_s: int = 15) -> None:
+                 duration_s: int = LEASE_DURATION_S) -> None:
         self.kube, self.ns, self.identity, self.name, self.duration_s = kube, namespace, identity, name, duration_s
         self.held_until = 0.0           # local clock: until when we may act as the holder
         self.last: dict | None = None    # the Lease as last seen

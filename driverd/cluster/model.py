@@ -59,6 +59,14 @@ def ended(obj: dict) -> bool:
     return st.get("phase") in ENDED and st.get("observedGeneration") == md.get("generation")
 
 
+def oldest_first(obj: dict) -> tuple[str, str]:
+    """The order rollouts are taken in, by the coordinator and by every node's daemon alike: by
+    creation, and by name among those created in the same second (the API's timestamps have no
+    finer grain) — so that both agree which of two rollouts is the older one."""
+    md = obj.get("metadata") or {}
+    return md.get("creationTimestamp") or "", md.get("name") or ""
+
+
 class SpecError(ClusterError, ValueError):
     """A rollout field the schema let through but that cannot be carried out; names the field. A
     ClusterError (driverd's own error type, one line) and, as before, a ValueError."""

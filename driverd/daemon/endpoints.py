@@ -1,6 +1,6 @@
 """HTTP on --listen / daemon.listen: /metrics (Prometheus text format), /healthz (200 while the
-process serves), /readyz (200 only when the host is converged and the driver validated, else 503
-with a one-line reason).
+process serves), /readyz (200 only when the host is converged and the driver validated, or degraded -
+a validated driver runs, not the wanted one - else 503; a one-line reason either way).
 
 driverd runs as root on every node and this port is reachable from the pod network, so the
 listener is built not to be exhausted by its clients (issue 21):

@@ -1,8 +1,10 @@
 """What the daemon knows about the host between reconciles, for /readyz, /metrics and STATUS=.
 
-Ready means: the last reconcile converged, and the driver it validated is still the one the kernel
-reports (a cheap read of /proc/driver/nvidia/version on every probe, so an unload by hand or an
-upgrade in progress shows at once)."""
+Ready means: the last reconcile converged - or did not, but the driver that runs validated
+(degraded: the node works, not on what the configuration wants, and the daemon keeps trying) - and
+the driver it validated is still the one the kernel reports (a cheap read of
+/proc/driver/nvidia/version on every probe, so an unload by hand or an upgrade in progress shows at
+once). A host with no validated driver is never ready."""
 from __future__ import annotations
 
 import threading
@@ -23,6 +25,7 @@ class Health:
         self.reason = "the first reconcile has not finished"
         self.converged = False
         self.loaded: dict | None = None
+        self.degraded: dict | None = None        # reconcile.Result.degraded of the last pass
         self.since = time.time()
         self.last = None                         # the last reconcile.Result
         self.config_problem: str | None = None
@@ -37,13 +40,15 @@ class Health:
             self.last = result
             self.state, self.reason = result.state, result.reason
             self.converged = result.converged
-            self.loaded = result.loaded if result.converged else None
+            self.degraded = None if result.converged else getattr(result, "degraded", None)
+            self.loaded = result.loaded if result.converged else (self.degraded or {}).get("running")
             self.since = result.finished or time.time()
 
     def converged_at_start(self, loaded: dict, reason: str) -> None:
         """The container's fast path: the host already is what the configuration asks."""
         with self._lock:
             self.state, self.reason, self.converged, self.loaded = "converged", reason, True, loaded
+            self.degraded = None
             self.fast_path = reason
             self.since = time.time()
 
@@ -51,6 +56,7 @@ class Health:
         """A state reached without a reconcile (a configuration that cannot be loaded at start)."""
         with self._lock:
             self.state, self.reason, self.converged, self.loaded = state, reason, False, None
+            self.degraded = None
 
     def set_config_problem(self, problem: str | None) -> None:
         with self._lock:
@@ -59,6 +65,7 @@ class Health:
     def stopping(self) -> None:
         with self._lock:
             self.state, self.reason, self.converged = "stopping", "the daemon is stopping", False
+            self.degraded = None
 
     def readiness(self) -> tuple[bool, str]:
         """(ready, one line saying why or why not)."""
@@ -67,8 +74,9 @@ class Health:
 
     def _readiness(self) -> tuple[bool, str]:
         with self._lock:
-            state, reason, converged, loaded = self.state, self.reason, self.converged, self.loaded
-        if not converged:
+            state, reason, converged, loaded, degraded = (self.state, self.reason, self.converged, self.loaded,
+                                                          self.degraded)
+        if not converged and degraded is None:
             return False, f"{state}: {reason}"
         if loaded is None:
             return False, reason
@@ -81,11 +89,23 @@ class Health:
         if (now["version"], now["flavor"]) != (loaded["version"], loaded["flavor"]):
             return False, (f"the kernel reports {now['version']} ({now['flavor']}); the last reconcile validated "
                            f"{loaded['version']} ({loaded['flavor']})")
+        if degraded is not None:
+            return True, _degraded_line(degraded)
         return True, f"driver {loaded['version']} ({loaded['flavor']}) loaded and validated; last reconcile converged"
 
     def status_line(self) -> str:
         with self._lock:
-            line = f"{self.state}: {self.reason}"
+            line = _degraded_line(self.degraded) if self.degraded and self.state != "reconciling" else \
+                f"{self.state}: {self.reason}"
             if self.config_problem:
                 line += f" (config not reloaded: {self.config_problem})"
         return redact(" ".join(line.split()))[:400]
+
+
+def _degraded_line(d: dict) -> str:
+    """degraded: what runs and is validated, what the configuration wants, why the last pass did not get it."""
+    run = d["running"]
+    head = f"degraded: driver {run['version']} ({run['flavor']}) loaded and validated"
+    if d.get("wanted") and d["wanted"] != run["version"]:
+        return f"{head}, not the wanted {d['wanted']} (retrying): {d['why']}"
+    return f"{head}; the last reconcile did not converge (retrying): {d['why']}"

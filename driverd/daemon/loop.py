@@ -189,6 +189,15 @@ class DaemonLoop:
                 self.due = now + delay
                 self.log(f"driverd {self.name}: not converged: {res.state}: {res.reason} ({took}); "
                          f"retrying in {delay:.0f}s", "warning", failure=res.failure, retry_in_s=round(delay), **fields)
+                if res.degraded is not None and ready:
+                    run = res.degraded["running"]
+                    self.log(f"driverd {self.name}: degraded: driver {run['version']} ({run['flavor']}) runs and is "
+                             f"validated; the node is ready on it while the daemon retries", "warning",
+                             degraded=res.degraded)
+                    if not self._ready_sent:
+                        # systemd orders containerd and kubelet after this unit: a node whose driver works
+                        # must not wait for TimeoutStartSec because the wanted one cannot be had
+                        self._ready()
                 self.notifier.status(f"{self.health.status_line()}; retry in {delay:.0f}s")
             if self._again:
                 self._again = False

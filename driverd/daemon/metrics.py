@@ -1,9 +1,14 @@
 """Prometheus metrics of the daemon. The only module that imports prometheus_client; it is loaded by
 the daemon commands alone, so host-only commands (detect, plan) never pay for it.
 
-driverd_driver_info{version,flavor,kernel}          1 for the driver the last converge validated
-driverd_state{driverd_state=...}                    the daemon's current state (one of health.STATES)
+driverd_driver_info{version,flavor,kernel}          1 for the driver the last converge (or degraded pass) validated
+driverd_state{state=...}                            1 for the daemon's current state, 0 for the other states
+                                                    (health.STATES); prometheus_client's Enum would name the label
+                                                    after the metric (driverd_state{driverd_state=...})
 driverd_ready                                       1 when /readyz answers 200
+driverd_degraded                                    1 when the last reconcile did not converge but the driver that
+                                                    runs validated (ready on it; /readyz and STATUS= say what was
+                                                    wanted and why it could not be had), else 0
 driverd_workload_ready                              1 when the last workload check passed (CUDA context and memory
                                                     round trip on every GPU with the containers' libraries), 0 when
                                                     it failed; absent before the first check
@@ -23,11 +28,20 @@ driverd_package_fetch_failures_total{reason}        not-found, index, download, 
 driverd_package_build_duration_seconds{result}      local builds (fetch's fallback): built, cached, failed
 driverd_package_build_failures_total{reason}        headers, source, compile, toolchain, sign, pack, ...
 plus the process collector (process_resident_memory_bytes, process_cpu_seconds_total, ...).
+
+In cluster mode, the fleet as the coordinator sees it (driverd/cluster/fleet_status.py), at scrape time:
+driverd_coordinator                                 1 on the daemon holding the rollout Lease (the one whose
+                                                    numbers below count), 0 on the others
+driverd_rollout_nodes{rollout,state}                target nodes of each rollout by state: upgrading, done,
+                                                    failed, pending, skipped, excluded, not_ready (holder only)
+driverd_rollout_target_nodes{rollout}               nodes the rollout's nodeSelector selects (holder only)
+driverd_rollout_phase{rollout,phase}                1 for the rollout's phase, 0 for every other (holder only)
 """
 from __future__ import annotations
 
-from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Enum, Gauge, Histogram,
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                ProcessCollector, disable_created_metrics, generate_latest)
+from prometheus_client.core import GaugeMetricFamily
 
 from driverd.daemon.health import STATES
 
@@ -44,11 +58,14 @@ class Metrics:
         disable_created_metrics()          # no *_created series: they only double the scrape
         r = self.registry = CollectorRegistry()
         ProcessCollector(registry=r)
-        self.driver = Gauge("driverd_driver_info", "The driver the last converged reconcile validated",
+        self.driver = Gauge("driverd_driver_info", "The driver the last converged (or degraded) reconcile validated",
                             ["version", "flavor", "kernel"], registry=r)
-        self.state = Enum("driverd_state", "What the daemon is doing or found", states=list(STATES), registry=r)
+        self.state = Gauge("driverd_state", "What the daemon is doing or found: 1 for the current state",
+                           ["state"], registry=r)
         self.ready = Gauge("driverd_ready", "1 when the host is converged and the driver validated (/readyz 200)",
                            registry=r)
+        self.degraded = Gauge("driverd_degraded", "1 when the last reconcile did not converge but the running driver "
+                              "validated: ready on it, not on the configured one (/readyz says why)", registry=r)
         self.workload_ready = Gauge("driverd_workload_ready", "1 when the last workload check passed (NVML and the "
                                     "loaded module agree, CUDA works on every GPU), 0 when it failed", registry=r)
         self.workload_seconds = Histogram("driverd_workload_check_duration_seconds", "Wall time of the workload "
@@ -81,7 +98,8 @@ class Metrics:
                                        ["result"], buckets=_BUILD_BUCKETS, registry=r)
         self.build_failures = Counter("driverd_package_build_failures", "Failed local package builds by reason",
                                       ["reason"], registry=r)
-        self.state.state("starting")
+        self.set_state("starting")
+        self.degraded.set(0)
 
     def package_event(self, event: str, f: dict) -> None:
         """driverd.observe subscriber: fetches and builds, wherever in the daemon they happen."""
@@ -96,7 +114,9 @@ class Metrics:
                 self.build_failures.labels(f.get("reason") or "unexpected").inc()
 
     def set_state(self, state: str) -> None:
-        self.state.state(state if state in STATES else "error")
+        state = state if state in STATES else "error"
+        for s in STATES:            # every state a series, as an enum: `driverd_state{state="blocked"} == 1`
+            self.state.labels(s).set(1 if s == state else 0)
 
     def set_ready(self, ready: bool) -> None:
         self.ready.set(1 if ready else 0)
@@ -129,7 +149,50 @@ class Metrics:
             self.driver.clear()
             if result.loaded:
                 self.driver.labels(result.loaded["version"], result.loaded["flavor"], result.kernel or "").set(1)
+        elif getattr(result, "degraded", None):
+            run = result.degraded["running"]
+            self.driver.clear()
+            self.driver.labels(run["version"], run["flavor"], result.kernel or "").set(1)
+        self.degraded.set(0 if result.converged or getattr(result, "degraded", None) is None else 1)
         self.set_state(result.state)
+
+    def watch_fleet(self, snapshot) -> None:
+        """Cluster mode: the coordinator's fleet numbers (`snapshot()`: fleet_status.Snapshot), read at
+        every scrape, so they are never older than the coordinator's last pass."""
+        self.registry.register(_FleetCollector(snapshot))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _FleetCollector:
+    def __init__(self, snapshot) -> None:
+        self.snapshot = snapshot
+
+    def describe(self):
+        return self._families()
+
+    def collect(self):
+        snap = self.snapshot()
+        coordinator, nodes, total, phase = self._families()
+        coordinator.add_metric([], 1 if snap.coordinator else 0)
+        if snap.coordinator:
+            from driverd.cluster.fleet_status import PHASES, STATES
+            for c in snap.rollouts:
+                for state in STATES.values():
+                    nodes.add_metric([c.rollout, state], c.nodes.get(state, 0))
+                total.add_metric([c.rollout], c.total)
+                for p in PHASES + (() if c.phase in PHASES else (c.phase,)):
+                    phase.add_metric([c.rollout, p], 1 if p == c.phase else 0)
+        return [coordinator, nodes, total, phase]
+
+    @staticmethod
+    def _families():
+        return [GaugeMetricFamily("driverd_coordinator", "1 on the daemon holding the rollout Lease: its "
+                                  "driverd_rollout_* numbers are the fleet's"),
+                GaugeMetricFamily("driverd_rollout_nodes", "Target nodes of a DriverRollout by state, as the "
+                                  "coordinator's last admission pass counted them", labels=["rollout", "state"]),
+                GaugeMetricFamily("driverd_rollout_target_nodes", "Nodes a DriverRollout's nodeSelector selects",
+                                  labels=["rollout"]),
+                GaugeMetricFamily("driverd_rollout_phase", "1 for a DriverRollout's current phase, 0 for the others",
+                                  labels=["rollout", "phase"])]

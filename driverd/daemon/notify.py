@@ -1,6 +1,6 @@
 """systemd's notification protocol (sd_notify(3)), written out: newline-separated KEY=VALUE
 datagrams on the AF_UNIX socket named by $NOTIFY_SOCKET (a path, or '@name' in the abstract
-namespace). READY=1 once converged, STATUS=<one line> as the daemon works, WATCHDOG=1 every
+namespace). READY=1 once converged or degraded, STATUS=<one line> as the daemon works, WATCHDOG=1 every
 $WATCHDOG_USEC/2, STOPPING=1 on the way out. Without $NOTIFY_SOCKET every call does nothing."""
 from __future__ import annotations
 

@@ -273,10 +273,27 @@ def _resolved(root: Root, hostpath: str) -> str:
         return hostpath
 
 
+def _check_out(out: str) -> None:
+    """--out names a file in an existing directory this process may write: said before the host is
+    read, in one line, rather than as a traceback after it."""
+    from driverd.errors import UsageError
+    d = os.path.dirname(os.path.abspath(out))
+    fix = "pass a file in an existing, writable directory, e.g. --out /tmp/host.tar.gz"
+    if os.path.isdir(out):
+        raise UsageError(f"cannot write --out {out}: it is a directory", fix="name the file: " + fix)
+    if not os.path.isdir(d):
+        raise UsageError(f"cannot write --out {out}: directory {d} does not exist", fix=fix)
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write --out {out}: directory {d} is not writable", fix=fix)
+
+
 def capture(root: Root, out: str) -> dict:
+    from driverd.errors import UsageError
     from driverd.host import collect
     from driverd.host.nvml import CAPTURE_PATH
     from driverd.runtime.base import CAPTURED_VERSIONS
+
+    _check_out(out)
 
     rec = Root(root.base, record=True)
     facts = collect(rec, nvml=True)
@@ -289,7 +306,11 @@ def capture(root: Root, out: str) -> dict:
     packed: set[str] = set()
     # The bundle is written 0600 from its first byte (created so, and narrowed if it existed): it
     # holds the host's configuration, redacted or not.
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise UsageError(f"cannot write --out {out}: {e.strerror}",
+                         fix="pass a file in an existing, writable directory") from None
     os.fchmod(fd, 0o600)
     with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
         for hp in paths:

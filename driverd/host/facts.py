@@ -125,7 +125,7 @@ class DriverFacts:
 @dataclass(frozen=True)
 class GpuUser:
     pid: int
-    comm: str
+    comm: str                       # its name: /proc/PID/comm, completed when the kernel cut it (processes.process_name)
     cmdline: str
     devices: tuple[str, ...]
     container_id: str | None = None

@@ -37,6 +37,24 @@ def container_of(cgroup_text: str) -> tuple[str | None, str | None]:
     return ctr, pod
 
 
+TASK_COMM_LEN = 16         # the kernel keeps a process's name in 16 bytes, NUL included: 15 characters
+
+
+def process_name(root: Root, pid: int) -> str | None:
+    """A process's name: /proc/PID/comm, and when the kernel cut that at 15 characters the full one,
+    from argv[0] (its base name) or else /proc/PID/exe, if that starts with the cut name (a process
+    that rewrote its argv, "postgres: writer", keeps its comm)."""
+    comm = root.read_first_line(f"/proc/{pid}/comm")
+    if comm is None or len(comm) < TASK_COMM_LEN - 1:
+        return comm
+    argv0 = (root.read_text(f"/proc/{pid}/cmdline") or "").split("\0", 1)[0]
+    exe = root.readlink(f"/proc/{pid}/exe") or ""
+    for cand in (argv0.split(" ", 1)[0].rsplit("/", 1)[-1], exe.removesuffix(" (deleted)").rsplit("/", 1)[-1]):
+        if len(cand) > len(comm) and cand.startswith(comm):
+            return cand
+    return comm
+
+
 def gpu_users(root: Root) -> list[GpuUser]:
     users = []
     for pid in pids(root):
@@ -47,7 +65,7 @@ def gpu_users(root: Root) -> list[GpuUser]:
                 devs.add(target)
         if not devs:
             continue
-        comm = root.read_first_line(f"/proc/{pid}/comm") or "?"
+        comm = process_name(root, pid) or "?"
         cmd = (root.read_text(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip()
         ctr, pod = container_of(root.read_text(f"/proc/{pid}/cgroup") or "")
         users.append(GpuUser(pid, comm, cmd, tuple(sorted(devs)), ctr, pod))

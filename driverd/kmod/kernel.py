@@ -45,7 +45,9 @@ def kernel_error(verb: str, name: str, reason: str, log: list[str], fix: str, **
     """A failed insert/remove, carrying the kernel's own words (the NVRM / module lines of its log)."""
     # The lines since the attempt started; on a busy real host keep the ones about the driver.
     words = ([ln for ln in log if NVRM_RE.search(ln) or name in ln or "module" in ln] if len(log) > 8 else log)[-8:]
-    cause = reason + (" — kernel log: " + " | ".join(words) if words else "")
+    # the kernel's lines stay lines (details["kernel_log"]: printed under the error, a list in JSON),
+    # not " | "-joined into one error line hundreds of characters long
+    cause = f"{reason}; the kernel log's lines about it follow" if words else reason
     return ModuleError(f"could not {verb} {name}: {reason}", cause=cause, fix=fix,
                        details={"module": name, "reason": reason, "kernel_log": words, **details})
 
@@ -205,7 +207,7 @@ class RealKernel(Kernel):
         if not self.live:
             raise ConfigError(f"root {self.root.base} is not the live host; the real kernel cannot change it",
                               cause="its /proc is not this machine's /proc",
-                              fix="use --kernel sim for a simulated tree, --dry-run to see the steps, or run on "
+                              fix="use --kernel-backend sim for a simulated tree, --dry-run to see the steps, or run on "
                                   "the host (root / or /host)")
 
     def _tool(self, name: str) -> str:
@@ -363,7 +365,7 @@ def select_kernel(root: Root, runner, choice: str | None = None) -> Kernel:
     choice = choice or "auto"
     if choice not in KERNELS:
         raise ConfigError(f"unknown kernel {choice!r}", cause="the kernel boundary is real or sim",
-                          fix="use --kernel real|sim|auto")
+                          fix="use --kernel-backend real|sim|auto (modules.kernel)")
     if choice == "auto":
         choice = "real"
     if choice == "real":

@@ -26,13 +26,12 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 
 from driverd import safetar
 from driverd.errors import PackageError, UsageError
-from driverd.fsutil import atomic_write_json
+from driverd.fsutil import atomic_write_json, writable_dir
 from driverd.packages.archive import SUFFIX, PackageRef, read_manifest, sha256_file
-from driverd.packages import buildhost
+from driverd.packages import buildhost, buildprogress
 from driverd.packages.assemble import PackageSpec, assemble
 from driverd.packages.manifest import Provenance, package_basename
 from driverd.root import Root
@@ -276,14 +275,26 @@ def _failure_reason(e: BaseException) -> str:
     return "io" if isinstance(e, OSError) else "unexpected"
 
 
+def check_out(out: str | os.PathLike) -> None:
+    """The output directory can take a package: checked before minutes of compiling, not after."""
+    why = writable_dir(out)
+    if why is not None:
+        raise UsageError(f"output directory {out}: {why}", cause="the package is written there",
+                         fix="pass --out a directory you can write to")
+
+
 def _build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os.PathLike,
           headers: str | None = None, sign_key: str | None = None, sign_cert: str | None = None,
           jobs: int | None = None, work_dir: str | os.PathLike = "/var/cache/driverd/build", strip: bool = True,
           force: bool = False, root: Root | None = None, runner: Runner | None = None,
-          log: Callable[[str], None] | None = None) -> BuildResult:
+          progress: buildprogress.Sink | None = None) -> BuildResult:
     t0 = time.monotonic()
     root, runner = root or Root("/"), runner or Runner()
-    out, work = Path(out), _mk(Path(work_dir))
+    prog = progress or buildprogress.Sink()
+    label = [f"{flavor}-{kernel}"]           # the cell's id once the source's version is known
+
+    def phase(name: str, done: int | None = None, total: int | None = None) -> None:
+        prog.status(buildprogress.Status(label[0], name, time.monotonic() - t0, done, total))
     if flavor not in ("open", "proprietary"):
         raise UsageError(f"invalid flavor {flavor!r}", fix="pass --flavor open or --flavor proprietary")
     if bool(sign_key) != bool(sign_cert):
@@ -291,6 +302,7 @@ def _build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os
     for p in (sign_key, sign_cert):
         if p and not os.path.isfile(p):
             raise UsageError(f"signing file {p} does not exist", fix="pass an existing key and certificate")
+    out, work = Path(out), _mk(Path(work_dir))
     hdr = find_headers(root, kernel, headers)
     arch = _arch(hdr)
     # Served from the output directory when it already holds this cell (the cheap path: no extraction).
@@ -301,8 +313,11 @@ def _build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os
             m = read_manifest(hit)
             sha = re.search(r"\.([0-9a-f]{64})\.tar\.zst$", hit.name).group(1)
             return BuildResult(PackageRef(hit, sha, hit.stat().st_size, m), True, time.monotonic() - t0)
+    check_out(out)      # served from a read-only --out above; a compile needs to write there
     phases: dict[str, float] = {}
     tp = time.monotonic()
+    if Path(source).is_file():
+        phase("extract")
     src = prepare_source(source, work)
     phases["extract"] = time.monotonic() - tp
     _check_flavor(src, flavor)
@@ -312,12 +327,12 @@ def _build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os
             m = read_manifest(hit)
             return BuildResult(PackageRef(hit, sha256_file(hit), hit.stat().st_size, m), True, time.monotonic() - t0)
     cell = f"{src.version}-{flavor}-{kernel}-{arch}"
+    label[0] = cell
     logs = _mk(work / "logs")
     log_path = logs / f"{cell}.log"
     tree = Path(tempfile.mkdtemp(prefix=f"{cell}.", dir=_mk(work / "cells")))
     try:
-        if log:
-            log(f"{cell}: copying sources")
+        phase("copy")
         tp = time.monotonic()
         shutil.copytree(src.tree, tree, symlinks=True, dirs_exist_ok=True)
         phases["copy"] = time.monotonic() - tp
@@ -327,10 +342,16 @@ def _build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os
         jobs = jobs or os.cpu_count() or 1
         argv = [make, f"-j{jobs}", "modules", f"SYSSRC={hdr.source}", f"SYSOUT={hdr.output}",
                 f"KERNEL_UNAME={kernel}"]
-        if log:
-            log(f"{cell}: {' '.join(argv[1:])}")
+        prog.message(f"{cell}: make {' '.join(argv[1:])}")
+        kb = buildprogress.Kbuild(buildprogress.expected(tree))
+        phase("make")
+
+        def line(ln: str) -> None:
+            if kb.feed(ln):
+                phase(kb.phase, *kb.counts())
         tp = time.monotonic()
-        res = runner.run(argv, cwd=tree, timeout=3600, check=False, env={"LC_ALL": "C"})
+        # its own process group: an interrupted build stops make and every compiler it started
+        res = runner.run(argv, cwd=tree, timeout=3600, check=False, env={"LC_ALL": "C"}, on_line=line, group=True)
         phases["make"] = time.monotonic() - tp
         log_path.write_text(f"$ {' '.join(argv)}\n{res.stdout}\n{res.stderr}")
         if not res.ok:
@@ -343,17 +364,20 @@ def _build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os
             raise BuildFailed(f"build of {cell} produced no modules", cause=f"log {log_path}", fix="see the log")
         tp = time.monotonic()
         if strip:
-            for m in mods:
+            for i, m in enumerate(mods):
+                phase("strip", i, len(mods))
                 runner.run(["strip", "--strip-debug", str(m)], timeout=300)
         phases["strip"] = time.monotonic() - tp
         tp = time.monotonic()
         if sign_key:
             sf = _sign_file(hdr, root)
             algo = hdr.config.get("CONFIG_MODULE_SIG_HASH", "sha256")
-            for m in mods:
+            for i, m in enumerate(mods):
+                phase("sign", i, len(mods))
                 runner.run([sf, algo, sign_key, sign_cert, str(m)], timeout=300)
         phases["sign"] = time.monotonic() - tp
         tp = time.monotonic()
+        phase("pack")
         firmware = _firmware(src, flavor)
         prov = Provenance(source_sha256=src.sha256, source=src.origin, compiler=_compiler(hdr),
                           built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -413,18 +437,29 @@ def _compiler(hdr: Headers) -> str | None:
 
 # -- fetch's fallback ---------------------------------------------------------------------------
 
-def local_builder(root: Root, cfg, want, runner: Runner):
-    """(builder, None) when this host can build `want` itself, else (None, the reason it cannot)."""
+def cannot_build(root: Root, cfg, release: str) -> str | None:
+    """Why this host cannot build a package for `release` itself, from what is cheap to see (the
+    source is set and exists, the kernel's headers are installed); None: it may. The source's driver
+    version is judged by local_builder, when a build is about to happen."""
     source = cfg["packages.source"]
     if not source:
-        return None, "packages.source is not set (no driver source to build from)"
-    src_path = str(root.real(source)) if not root.is_slash else source
-    if not os.path.exists(src_path):
-        return None, f"driver source {source} does not exist"
+        return "packages.source is not set (no driver source to build from)"
+    if not os.path.exists(str(root.real(source)) if not root.is_slash else source):
+        return f"driver source {source} does not exist"
     try:
-        find_headers(root, want.kernel_release)
+        find_headers(root, release)
     except PackageError as e:
-        return None, e.message
+        return e.message
+    return None
+
+
+def local_builder(root: Root, cfg, want, runner: Runner):
+    """(builder, None) when this host can build `want` itself, else (None, the reason it cannot)."""
+    why = cannot_build(root, cfg, want.kernel_release)
+    if why:
+        return None, why
+    source = cfg["packages.source"]
+    src_path = str(root.real(source)) if not root.is_slash else source
     work = root.real(f"{cfg['packages.cache_dir']}/build")       # resolved inside the root, link by link
     v = peek_version(src_path, work)
     from driverd.packages.sign import node_path

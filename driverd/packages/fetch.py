@@ -79,6 +79,45 @@ class _Fatal(Exception):
     """A failure retrying cannot fix (404, sha mismatch after a full download...)."""
 
 
+class Unreachable(PackageError):
+    """The repository did not answer (connection refused, a name that does not resolve, TLS, timeouts,
+    5xx until the attempts ran out): unlike "reachable, but no package for this kernel", whether it
+    holds the package is unknown, and the fix is the URL, the network or the proxy, not a build."""
+
+
+def in_words(e: BaseException) -> str:
+    """What went wrong on the wire, in words: the OS, resolver or TLS error under requests' and
+    urllib3's wrappers (ConnectionError > MaxRetryError > NewConnectionError > ConnectionRefusedError),
+    not their reprs."""
+    import socket
+    import ssl
+
+    import requests
+    if isinstance(e, requests.exceptions.ConnectTimeout):
+        return f"no connection within {CONNECT_TIMEOUT:.0f} s (connect timeout)"
+    if isinstance(e, requests.exceptions.ReadTimeout):
+        return f"the server sent nothing for {READ_TIMEOUT:.0f} s (read timeout)"
+    proxy = "the proxy failed: " if isinstance(e, requests.exceptions.ProxyError) else ""
+    seen: set[int] = set()
+    todo: list[BaseException] = [e]
+    while todo:
+        x = todo.pop(0)
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, socket.gaierror):
+            return f"{proxy}the host name does not resolve ({x.strerror or x})"
+        if isinstance(x, ssl.SSLCertVerificationError):
+            return f"{proxy}TLS: the server's certificate is not trusted ({x.verify_message or x.reason})"
+        if isinstance(x, ssl.SSLError):
+            return f"{proxy}TLS failed ({x.reason or x})"
+        if isinstance(x, OSError) and x.errno is not None and x.strerror:
+            return proxy + x.strerror[0].lower() + x.strerror[1:]
+        todo += [a for a in x.args if isinstance(a, BaseException)]
+        todo += [v for v in (getattr(x, "reason", None), x.__cause__, x.__context__) if isinstance(v, BaseException)]
+    return proxy + " ".join(str(e).split())
+
+
 def _is_file_repo(url: str) -> bool:
     return url.startswith("file://") or "://" not in url
 
@@ -222,18 +261,29 @@ def _retrying(fn: Callable[[], object], what: str, attempts: int = ATTEMPTS):
     import requests
     from tenacity import (RetryError, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter,
                           Retrying)
+    from driverd.log import log
     transient = (_Retryable, requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+
+    def say(state) -> None:
+        # The backoff takes seconds: say what failed instead of staying silent until the last attempt.
+        words = in_words(state.outcome.exception())
+        log(f"driverd: warning: {redact(what)}: {words}; retrying in {state.next_action.sleep:.1f} s "
+            f"(attempt {state.attempt_number + 1} of {attempts})", "warning", reason=words)
     try:
         for attempt in Retrying(stop=stop_after_attempt(attempts), reraise=False,
                                 wait=wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2),
-                                retry=retry_if_exception_type(transient)):
+                                retry=retry_if_exception_type(transient), before_sleep=say):
             with attempt:
                 return fn()
     except RetryError as e:
-        last = e.last_attempt.exception()
-        raise PackageError(f"{what} failed after {attempts} attempts: {last}",
-                           cause="the repository is unreachable or keeps failing",
-                           fix="check the network, proxy settings (HTTPS_PROXY) and the repository URL") from None
+        words = in_words(e.last_attempt.exception())
+        raise Unreachable(f"{what} failed after {attempts} attempt{'' if attempts == 1 else 's'}: {words}",
+                          cause="the repository did not answer, or kept failing",
+                          fix="check the repository URL, that its server is up, the network and the proxy settings "
+                              "(HTTPS_PROXY, NO_PROXY)") from None
+    except requests.RequestException as e:      # not retried: a URL requests cannot fetch at all
+        raise PackageError(f"{what} failed: {in_words(e)}", cause="the repository URL cannot be fetched",
+                           fix="use an https://, http:// or file:// repository URL") from None
 
 
 class _Deadline:
@@ -321,7 +371,8 @@ def _read_small_file(path: Path, limit: int, what: str) -> bytes:
 
 
 def read_index(url: str, *, public_key: str | None = None, runner: Runner | None = None, session=None,
-               insecure: bool = False, root: Root | None = None, state_dir: str | None = None, now=None) -> Index:
+               insecure: bool = False, root: Root | None = None, state_dir: str | None = None, now=None,
+               attempts: int = ATTEMPTS) -> Index:
     """The repository's index, authentic and fresh (driverd.packages.trust): signed with
     `public_key` when one is given, else only from file:// or with `insecure`; a signed index is
     refused when expired or older than the serial this node recorded under `state_dir` (then
@@ -338,10 +389,10 @@ def read_index(url: str, *, public_key: str | None = None, runner: Runner | None
     else:
         session = session or _session()
         data = _retrying(lambda: _bounded_get(session, where, MAX_INDEX_BYTES, INDEX_DEADLINE_S, "index"),
-                         f"GET {where}")
+                         f"GET {where}", attempts)
         sig = _retrying(lambda: _bounded_get(session, _join(url, SIG_NAME), MAX_SIG_BYTES, INDEX_DEADLINE_S,
                                              "signature", required=False),
-                        f"GET {_join(url, SIG_NAME)}") if public_key else None
+                        f"GET {_join(url, SIG_NAME)}", attempts) if public_key else None
     if public_key:
         verify_signature(data, sig, public_key, where, runner)
     else:
@@ -571,7 +622,7 @@ def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache
     stage = _stage if _stage is not None else {}
     stage["at"] = "io"
     cdir = cache_hostdir(cache)
-    looked: list[str] = []
+    looked: list[Looked] = []
     session = None
     for url in repos:
         stage["at"] = "index"
@@ -581,15 +632,15 @@ def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache
             session = _session((credentials or Credentials()).load(origins))
         try:
             idx = read_index(url, public_key=public_key, runner=runner, session=session, insecure=insecure,
-                             root=root, state_dir=state_dir)
+                             root=root, state_dir=state_dir, attempts=attempts)
         except PackageError as e:
             if isinstance(e, trust.IndexRefused) or "listed twice" in e.message:
                 raise                       # a tampered, stale or inconsistent index is never skipped silently
-            looked.append(f"{redact(url)} ({e.message})")
+            looked.append(Looked(redact(url), "unreachable" if isinstance(e, Unreachable) else "unusable", e.message))
             continue
         entry = idx.find(want.driver, want.flavor, want.kernel_release, want.arch)
         if entry is None:
-            looked.append(f"{redact(url)} (index lists {len(idx.packages)} packages, not this one)")
+            looked.append(Looked(redact(url), "missing", f"index lists {len(idx.packages)} packages, not this one"))
             continue
         root.makedirs(cdir)                 # only now: a refused index writes nothing
         dest = f"{cdir}/{cache_name(entry)}"
@@ -597,7 +648,7 @@ def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache
             try:
                 path = _verify_into_cache(root, dest, entry, "cache", verify_files)
                 root.utime(dest)
-                return FetchResult(path, entry.sha256, redact(url), cached=True, looked_in=looked)
+                return FetchResult(path, entry.sha256, redact(url), cached=True, looked_in=[str(x) for x in looked])
             except PackageError:
                 pass                        # damaged cache entry: removed, fetch it again
         n = 1
@@ -609,7 +660,7 @@ def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache
         stage["at"] = "verify"
         path = _verify_into_cache(root, dest, entry, _join(url, entry.path), verify_files)
         prune_cache(root, cdir, cache_max_mb << 20, keep=cache_name(entry))
-        return FetchResult(path, entry.sha256, redact(url), attempts=n, looked_in=looked)
+        return FetchResult(path, entry.sha256, redact(url), attempts=n, looked_in=[str(x) for x in looked])
     if builder is not None:
         stage["at"] = "build"
         # The build writes into the cache directory as resolved inside the root (a path for the
@@ -622,14 +673,54 @@ def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache
                                cause="the cache directory changed while the package was built",
                                fix="check who replaces packages.cache_dir; run again")
         prune_cache(root, cdir, cache_max_mb << 20, keep=built.name)
-        return FetchResult(built, sha256_file(built), "local-build", looked_in=looked)
-    stage["at"] = "not-found"
-    where = "; ".join(looked) if looked else "no repositories configured (packages.repositories / --repo)"
-    raise PackageError(f"no package {want.name} found in: {where}",
-                       cause="no repository holds a package for this kernel"
-                             + (f", and a local build is not possible: {no_build_reason}" if no_build_reason else ""),
-                       fix=f"build it: driverd build --kernel {want.kernel_release} --flavor {want.flavor} "
-                           f"--source SRC --out REPO, then driverd repo index REPO")
+        return FetchResult(built, sha256_file(built), "local-build", looked_in=[str(x) for x in looked])
+    stage["at"] = "not-found" if any(x.kind == "missing" for x in looked) or not looked else "index"
+    raise not_found(want.name, looked, no_build_reason,
+                    f"build it: driverd build --kernel {want.kernel_release} --flavor {want.flavor} --source SRC "
+                    "--out REPO, then driverd repo index REPO")
+
+
+@dataclass(frozen=True)
+class Looked:
+    """One repository asked for a package: `kind` unreachable (no answer: network, TLS, proxy), unusable
+    (it answered, but has no index driverd can read) or missing (its index does not list the package)."""
+    url: str
+    kind: str
+    words: str
+
+    def __str__(self) -> str:
+        return f"{self.url} ({self.words})"
+
+
+def not_found(name: str, looked: list[Looked], no_build_reason: str | None, build_fix: str,
+              what: str = "package") -> PackageError:
+    """The error for a package no repository gave: "reachable, but not there" (build it) is kept apart
+    from "could not ask" (the URL, the network, the proxy), so a connection failure is never reported
+    as a missing package."""
+    nobuild = f"; a local build is not possible: {no_build_reason}" if no_build_reason else ""
+    if not looked:
+        return PackageError(f"no {what} {name}: no repositories configured (packages.repositories / --repo)",
+                            cause="there is nowhere to fetch it from" + nobuild,
+                            fix=f"set packages.repositories (or pass --repo URL), or {build_fix}")
+    where = "; ".join(map(str, looked))
+    failed = [x for x in looked if x.kind != "missing"]
+    urls = ", ".join(x.url for x in failed)
+    if len(failed) == len(looked):
+        one = len(failed) == 1
+        if all(x.kind == "unreachable" for x in failed):
+            return Unreachable(f"cannot reach the package repositor{'y' if one else 'ies'}: {where}",
+                               cause=f"no repository answered, so whether one holds {name} is unknown" + nobuild,
+                               fix=f"check the URL{'' if one else 's'} ({urls}), that the server is up, the network "
+                                   "and the proxy settings (HTTPS_PROXY, NO_PROXY)")
+        return PackageError(f"cannot read the package repositor{'y' if one else 'ies'}: {where}",
+                            cause=f"no repository index could be read, so whether one holds {name} is unknown"
+                                  + nobuild,
+                            fix=f"check the URL{'' if one else 's'} ({urls}): a repository is a directory with the "
+                                "index.json that `driverd repo index DIR` writes; check the network and proxy")
+    return PackageError(f"no {what} {name} found in: {where}",
+                        cause="no repository that answered holds a package for this kernel"
+                              + (f" ({len(failed)} of {len(looked)} could not be read)" if failed else "") + nobuild,
+                        fix=build_fix + (f"; check {urls}" if failed else ""))
 
 
 def sha256_of(path: str | os.PathLike) -> str:
@@ -652,6 +743,20 @@ def fetch_configured(root: Root, cfg, want: Want, repos: list[str] | None = None
                  public_key=node_path(root, cfg["packages.index_public_key"]), runner=runner, builder=builder,
                  no_build_reason=reason, verify_files=verify_files, insecure=cfg["packages.insecure"],
                  state_dir=cfg["state.dir"], credentials=creds)
+
+
+def unavailable(root: Root, cfg, release: str | None) -> str | None:
+    """Why no package for `release` can come from anywhere — no repository is configured and this host
+    cannot build it (packages.build_fallback, packages.source, the kernel's headers) — or None when a
+    fetch may succeed. The plan is blocked on it rather than fail at fetch-package."""
+    if cfg["packages.repositories"] or not release:
+        return None
+    if not cfg["packages.build_fallback"]:
+        why = "packages.build_fallback = false"
+    else:
+        from driverd.packages.build import cannot_build
+        why = cannot_build(root, cfg, release)
+    return None if why is None else f"no repository is configured (packages.repositories) and no local build: {why}"
 
 
 def want_for_host(root: Root, cfg, kernel: str | None = None, arch: str | None = None) -> Want:

@@ -322,6 +322,26 @@ def previous_sha(root: Root | str | os.PathLike, release: str,
 
 
 @_os_errors
+def previous_record(root: Root | str | os.PathLike, release: str, state_dir: str = DEFAULT_STATE_DIR) -> dict | None:
+    """The previous record as it is (None: absent), for a run's snapshot to put back when it rolls back."""
+    ctx = _Ctx(_root(root), release, Runner(), state_dir)
+    return _read_json(ctx.root, ctx.prev_rec_hp)
+
+
+@_os_errors
+def put_previous_record(root: Root | str | os.PathLike, release: str, rec: dict | None,
+                        state_dir: str = DEFAULT_STATE_DIR) -> None:
+    """Make the previous record `rec` again (None: none). A failed run's rollback does this after its
+    restore: the package the run failed with must not become what `driverd rollback` goes back to."""
+    ctx = _Ctx(_root(root), release, Runner(), state_dir)
+    if rec is None:
+        ctx.root.unlink(ctx.prev_rec_hp)
+    else:
+        ctx.root.makedirs(ctx.prev_dir_hp)
+        ctx.root.atomic_write_json(ctx.prev_rec_hp, rec)
+
+
+@_os_errors
 def is_installed(root: Root | str | os.PathLike, release: str, sha256: str | None,
                  state_dir: str = DEFAULT_STATE_DIR) -> bool:
     """The package `sha256` (None: no driverd package) is installed for `release`, complete: its

@@ -56,7 +56,7 @@ class Matrix:
 @dataclass
 class CellResult:
     cell: Cell
-    status: str                  # built | skipped | failed | would-build
+    status: str                  # built | skipped | failed | would-build | interrupted
     reason: str = ""
     package: str | None = None
     sha256: str | None = None
@@ -106,7 +106,9 @@ def load(path: str | os.PathLike) -> Matrix:
 
 
 class Progress:
-    """A redrawn bar on a terminal; one line per event otherwise (CI logs)."""
+    """A redrawn bar on a terminal: cells done/total, and what each running cell is doing (its phase,
+    objects compiled of those expected); one line per event otherwise (CI logs), a cell's phases
+    included."""
 
     def __init__(self, total: int, stream: TextIO = sys.stderr, tty: bool | None = None, enabled: bool = True):
         self.total, self.stream, self.enabled = total, stream, enabled
@@ -115,6 +117,26 @@ class Progress:
         self.running: set[str] = set()
         self.lock = threading.Lock()
         self.t0 = time.monotonic()
+        self.phases: dict[str, object] = {}          # cell id -> its last buildprogress.Status
+        self.drawn = 0.0
+
+    def cell(self, cell: Cell) -> "_CellProgress":
+        """What one cell's build reports to (driverd.packages.build's progress)."""
+        return _CellProgress(self, cell.id)
+
+    def _status(self, cell_id: str, st) -> None:
+        with self.lock:
+            old = self.phases.get(cell_id)
+            self.phases[cell_id] = st
+            if self.tty and not self._json():
+                now = time.monotonic()
+                if now - self.drawn >= 0.2 or old is None or old.phase != st.phase:
+                    self._write("\r\033[K" + self._bar())
+                    self.drawn = now
+            elif old is None or old.phase != st.phase:
+                from driverd.packages.buildprogress import Reporter
+                self._emit(f"{st.phase:<7} {Reporter.line(st)}", cell=cell_id, status=st.phase,
+                           elapsed_s=round(st.elapsed, 1))
 
     def start(self, cell: Cell) -> None:
         with self.lock:
@@ -124,6 +146,7 @@ class Progress:
     def finish(self, r: CellResult) -> None:
         with self.lock:
             self.running.discard(r.cell.id)
+            self.phases.pop(r.cell.id, None)
             self.done[r.status] = self.done.get(r.status, 0) + 1
             detail = r.reason if r.status != "built" else f"{r.package} ({r.seconds:.0f}s)"
             self._emit(f"{r.status:<7} {r.cell.id}" + (f": {detail}" if detail else ""), cell=r.cell.id,
@@ -137,21 +160,52 @@ class Progress:
         if log.format() == "json" and self.stream is sys.stderr:
             log.log(line, progress=f"{n}/{self.total}", **fields)
         elif self.tty:
-            width = 24
-            fill = int(width * n / max(self.total, 1))
-            bar = f"[{'#' * fill}{'.' * (width - fill)}] {n}/{self.total} " \
-                  f"built {self.done['built']} skipped {self.done['skipped']} failed {self.done['failed']} " \
-                  f"{time.monotonic() - self.t0:.0f}s"
-            self.stream.write("\r\033[K" + line + "\n" + bar)
+            self.stream.write("\r\033[K" + line + "\n" + self._bar())
         else:
             self.stream.write(f"[{n}/{self.total}] {line}\n")
         self.stream.flush()
+
+    def _bar(self) -> str:
+        from driverd.packages.buildprogress import clock
+        n = sum(self.done.values())
+        width = 24
+        fill = int(width * n / max(self.total, 1))
+        bar = f"[{'#' * fill}{'.' * (width - fill)}] {n}/{self.total} " \
+              f"built {self.done['built']} skipped {self.done['skipped']} failed {self.done['failed']} " \
+              f"{clock(time.monotonic() - self.t0)}"
+        running = [f"{st.cell.split('-', 1)[-1]}: {st.text()}" for st in self.phases.values()]
+        return bar + ("  | " + "; ".join(running) if running else "")
+
+    def _json(self) -> bool:
+        from driverd import log
+        return log.format() == "json" and self.stream is sys.stderr
+
+    def _write(self, s: str) -> None:
+        if self.enabled:
+            self.stream.write(s)
+            self.stream.flush()
 
     def close(self) -> None:
         from driverd import log
         if self.enabled and self.tty and not (log.format() == "json" and self.stream is sys.stderr):
             self.stream.write("\n")
             self.stream.flush()
+
+
+class _CellProgress:
+    """One cell's build reporting into the matrix's bar (driverd.packages.buildprogress.Sink)."""
+
+    def __init__(self, matrix_progress: Progress, cell_id: str) -> None:
+        self.p, self.cell_id = matrix_progress, cell_id
+
+    def status(self, st) -> None:
+        self.p._status(self.cell_id, st)
+
+    def message(self, text: str) -> None:
+        pass            # the make command line of every cell would drown the bar; it is in the cell's log
+
+    def close(self) -> None:
+        pass
 
 
 def select(matrix: Matrix, only: list[str] | None = None, cell_ids: list[str] | None = None,
@@ -193,11 +247,11 @@ def run(matrix: Matrix, out: str | os.PathLike, *, jobs: int | None = None, make
         only_index: int | None = None, index: bool = True) -> list[CellResult]:
     """Build the selected cells (see select()). index=False leaves the repository index alone: a
     Job's pods each build one cell into a shared directory, and one indexer runs after them."""
-    from driverd.packages.build import build, existing, find_headers
+    from driverd.packages.build import build, check_out, existing, find_headers
     from driverd.packages.repo import write_index
     root, runner = root or Root("/"), runner or Runner()
     outp = Path(out)
-    outp.mkdir(parents=True, exist_ok=True)
+    check_out(outp)         # before any cell compiles, not once per cell after it did
     cells = select(matrix, only, cell_ids, only_index)
     if not cells:
         raise UsageError(f"no cell of {matrix.path} matches {only}", fix="check --only")
@@ -227,11 +281,14 @@ def run(matrix: Matrix, out: str | os.PathLike, *, jobs: int | None = None, make
                 else:
                     raise
             res = build_fn(source=cell.source, kernel=cell.release, flavor=cell.flavor, out=outp, jobs=mj,
-                           work_dir=work_dir, sign_key=sign_key, sign_cert=sign_cert, root=root, runner=runner)
+                           work_dir=work_dir, sign_key=sign_key, sign_cert=sign_cert, root=root, runner=runner,
+                           progress=progress.cell(cell))
             r = CellResult(cell, "skipped" if res.cached else "built",
                            "already in the repository" if res.cached else "", str(res.package.path),
                            res.package.sha256, time.monotonic() - t0, res.log)
         except DriverdError as e:
+            if runner.cancelled:        # stopped by an interruption, not a failure of the cell: say nothing
+                return CellResult(cell, "interrupted", "interrupted", seconds=time.monotonic() - t0)
             hint = matrix.headers_hint(cell) if "headers" in e.message else ""
             reason = e.message + (f" (get them with: {hint})" if hint else "")
             r = CellResult(cell, "failed", reason, seconds=time.monotonic() - t0, log=e.details.get("log"))
@@ -245,8 +302,16 @@ def run(matrix: Matrix, out: str | os.PathLike, *, jobs: int | None = None, make
         if n == 1:
             results = [one(c) for c in cells]
         else:
-            with ThreadPoolExecutor(max_workers=n) as ex:
+            ex = ThreadPoolExecutor(max_workers=n)
+            try:
                 results = list(ex.map(one, cells))
+            except BaseException:
+                # Ctrl-C or SIGTERM reaches this thread only: stop the compiles the workers wait for
+                # (each worker's build then removes its own tree) before waiting for the workers.
+                runner.cancel()
+                ex.shutdown(wait=True, cancel_futures=True)
+                raise
+            ex.shutdown(wait=True)
     finally:
         progress.close()
     if not index or dry_run:

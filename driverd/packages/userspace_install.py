@@ -253,6 +253,21 @@ def installed_sha256(root: Root | str | os.PathLike, places: Places = Places()) 
     return t.sha if t and t.intact else None
 
 
+def previous_record(root: Root | str | os.PathLike, places: Places = Places()) -> dict | None:
+    """The previous record as it is (None: absent), for a run's snapshot to put back when it rolls back."""
+    return _read_json(_root(root), places.previous)
+
+
+def put_previous_record(root: Root | str | os.PathLike, rec: dict | None, places: Places = Places()) -> None:
+    """Make the previous record `rec` again (None: none): a failed run's rollback, after its restore."""
+    root = _root(root)
+    if rec is None:
+        root.unlink(places.previous)
+    else:
+        root.makedirs(places.previous.rpartition("/")[0])
+        root.atomic_write_json(places.previous, rec)
+
+
 def previous_sha(root: Root | str | os.PathLike, places: Places = Places()) -> tuple[bool, str | None]:
     """(known, sha256) of what the last install/restore replaced (sha None: no user-space then)."""
     rec = _read_json(_root(root), places.previous)

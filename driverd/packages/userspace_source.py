@@ -121,19 +121,20 @@ def fetch(root, cfg, version: str, arch: str, runner=None) -> Fetched:
     copied or downloaded into the cache and checked against the index (size, then sha256)."""
     from driverd.packages import fetch as f
     from driverd.packages.archive import check_file, sha256_file
+    from driverd.root import Root
+    root = root if isinstance(root, Root) else Root(str(root))
     from driverd.packages.sign import node_path
     path = local_package(root, cfg, version, arch)
     if path is not None:
         return Fetched(str(path), sha256_file(path), f"userspace.package ({path})")
     repos = list(cfg["packages.repositories"])
-    looked: list[str] = []
+    looked: list[f.Looked] = []
     session = None
     creds = f.Credentials(node_path(root, cfg["packages.netrc"]), node_path(root, cfg["packages.auth_header_file"]))
     for url in repos:
         if not f._is_file_repo(url) and session is None:
-            from urllib.parse import urlsplit
-            session = f._session(creds.load({(urlsplit(u).hostname or "").lower() for u in repos
-                                             if not f._is_file_repo(u)}))
+            # the repositories' exact origins, like the kernel package's fetch: credentials go nowhere else
+            session = f._session(creds.load({o for u in repos if not f._is_file_repo(u) for o in [f.origin(u)] if o}))
         try:
             idx = f.read_index(url, public_key=node_path(root, cfg["packages.index_public_key"]), runner=runner,
                                session=session, insecure=cfg["packages.insecure"], root=root,
@@ -141,28 +142,36 @@ def fetch(root, cfg, version: str, arch: str, runner=None) -> Fetched:
         except PackageError as e:
             if isinstance(e, f.trust.IndexRefused):
                 raise
-            looked.append(f"{f.redact(url)} ({e.message})")
+            looked.append(f.Looked(f.redact(url), "unreachable" if isinstance(e, f.Unreachable) else "unusable",
+                                   e.message))
             continue
         entry = idx.find_userspace(version, arch)
         if entry is None:
-            looked.append(f"{f.redact(url)} (its index lists {len(idx.userspace)} user-space packages, not this one)")
+            looked.append(f.Looked(f.redact(url), "missing",
+                                   f"its index lists {len(idx.userspace)} user-space packages, not this one"))
             continue
-        cdir = f.cache_dir(root, cfg["packages.cache_dir"])
-        cdir.mkdir(parents=True, exist_ok=True)
-        dest = cdir / f.cache_name(entry)
-        if not dest.exists():
-            if f._is_file_repo(url):
-                f._copy_file(url, entry, dest)
-            else:
-                f.download(url, entry, dest, session)
+        # the cache as the kernel packages' fetch writes it: host paths, every write confined to the root
+        cdir = f.cache_hostdir(cfg["packages.cache_dir"])
+        root.makedirs(cdir)                 # only now: a refused index writes nothing
+        dest = f"{cdir}/{f.cache_name(entry)}"
+        if root.lexists(dest):
+            try:
+                check_file(root.real(dest), entry.sha256, entry.size)
+                root.utime(dest)
+                return Fetched(str(root.real(dest)), entry.sha256, f.redact(url))
+            except PackageError:
+                root.unlink(dest)           # a damaged cache entry: fetched again
+        if f._is_file_repo(url):
+            f._copy_file(url, entry, root, dest)
+        else:
+            f.download(url, entry, dest, session, root=root)
         try:
-            check_file(dest, entry.sha256, entry.size)
+            check_file(root.real(dest), entry.sha256, entry.size)
         except PackageError as e:
-            dest.unlink(missing_ok=True)         # never keep a bad package in the cache
+            root.unlink(dest)               # never keep a bad package in the cache
             raise PackageError(f"{e.message} (from {f.redact(url)})", cause=e.cause, fix=e.fix) from None
-        return Fetched(str(dest), entry.sha256, f.redact(url))
-    where = "; ".join(looked) if looked else "no repositories configured (packages.repositories)"
-    raise PackageError(f"no user-space package {us.package_basename(version, arch)} found in: {where}",
-                       cause="neither userspace.package nor a repository's index has this version's user-space",
-                       fix=f"driverd build-userspace the {version} user-space into the repository and run "
-                           "`driverd repo index REPO`, or set userspace.package")
+        return Fetched(str(root.real(dest)), entry.sha256, f.redact(url))
+    # a repository that did not answer is said as such, not as one without the user-space
+    raise f.not_found(us.package_basename(version, arch), looked, None,
+                      f"driverd build-userspace the {version} user-space into the repository and run `driverd repo "
+                      "index REPO`, or set userspace.package", what="user-space package")

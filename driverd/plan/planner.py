@@ -136,13 +136,16 @@ def userspace_steps(offer, version: str, arch: str | None) -> tuple[list[Step], 
                         "before the validation", params)]
 
 
-def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, us_offer=None) -> Plan:
+def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, us_offer=None,
+         no_package: str | None = None) -> Plan:
     """`signers`: the signer preflight's verdict on the package that would be loaded
     (driverd.packages.signers.SignerVerdict, computed from its files and the kernel's keyrings), or
     None when nobody looked. Only a verdict that the kernel would refuse blocks the plan.
     `userspace`: judge the driver's user-space (`userspace_blocks`) — where the workload check applies.
     `us_offer`: the user-space package of the wanted version this node can switch to
-    (driverd.packages.userspace_source.Offer): its install goes into the same transaction as the modules."""
+    (driverd.packages.userspace_source.Offer): its install goes into the same transaction as the modules.
+    `no_package`: why no repository or local build can provide a package (driverd.packages.fetch.unavailable),
+    None when one may: a plan that needs to fetch one is then blocked instead of failing at fetch-package."""
     if not facts.gpus:
         return Plan(desired.driver_version, None, "no NVIDIA GPU on this host", facts.kernel.release, (),
                     warnings=facts.warnings)
@@ -194,6 +197,10 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
     if not installed and not want_loaded:
         steps.append(Step("fetch-package", f"no driverd package for {version} ({flavor}) is installed for kernel "
                           f"{k.release}", {"driver": version, "flavor": flavor, "kernel": k.release, "arch": k.arch}))
+        if no_package:
+            blocked.append(f"nothing can provide the {version} ({flavor}) package for kernel {k.release}: {no_package}; "
+                           "fix: set packages.repositories to a repository that holds it (driverd build, driverd repo "
+                           "index), or packages.source to the driver's source with the kernel's headers installed")
     if signers is not None and signers.blocks and not want_loaded:
         blocked.append("the kernel enforces module signatures (" + "; ".join(k.signature_enforcement_sources)
                        + ") and would refuse the package: " + signers.summary

@@ -13,7 +13,7 @@ import re
 import shlex
 import tomllib
 
-from driverd.errors import RuntimeConfigError
+from driverd.errors import EXIT_USAGE, RuntimeConfigError
 from driverd.root import Root
 from driverd.runtime import adopt, tomldoc
 from driverd.runtime.base import Runtime, dig, read_toml, version_tuple
@@ -61,7 +61,8 @@ def _load(root: Root, path: str) -> dict:
         m = re.search(r"\(at line (\d+), column (\d+)\)", str(e))
         where = f" (line {m.group(1)}, column {m.group(2)})" if m else ""
         raise RuntimeConfigError(f"{path} is not valid TOML{where}", cause=str(e),
-                                 fix=f"fix {path}; CRI-O would refuse it too; driverd wrote nothing") from None
+                                 fix=f"fix {path}; CRI-O would refuse it too; driverd wrote nothing",
+                                 exit_code=EXIT_USAGE) from None
 
 
 def _merge(a: dict, b: dict) -> dict:

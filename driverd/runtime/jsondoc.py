@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from driverd.errors import RuntimeConfigError
+from driverd.errors import EXIT_USAGE, RuntimeConfigError
 from driverd.runtime.model import Change
 
 
@@ -17,9 +17,11 @@ def parse(text: str, path: str) -> dict:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise RuntimeConfigError(f"{path} is not valid JSON (line {e.lineno}, column {e.colno})", cause=e.msg,
-                                 fix=f"fix the syntax at {path}:{e.lineno}:{e.colno}; driverd wrote nothing") from None
+                                 fix=f"fix the syntax at {path}:{e.lineno}:{e.colno}; driverd wrote nothing",
+                                 exit_code=EXIT_USAGE) from None
     if not isinstance(doc, dict):
-        raise RuntimeConfigError(f"{path} is not a JSON object", fix="daemon.json must be an object {...}")
+        raise RuntimeConfigError(f"{path} is not a JSON object", fix="daemon.json must be an object {...}",
+                                 exit_code=EXIT_USAGE)
     return doc
 
 

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     import tomlkit
     from tomlkit.items import Table
 
-from driverd.errors import RuntimeConfigError
+from driverd.errors import EXIT_USAGE, RuntimeConfigError
 from driverd.runtime.model import Change
 
 MISSING = object()
@@ -24,10 +24,11 @@ def parse(text: str, path: str) -> tomlkit.TOMLDocument:
     except ParseError as e:
         raise RuntimeConfigError(
             f"{path} is not valid TOML (line {e.line}, column {e.col})", cause=str(e).split(" at line")[0],
-            fix=f"fix the syntax at {path}:{e.line}:{e.col}; driverd wrote nothing") from None
+            fix=f"fix the syntax at {path}:{e.line}:{e.col}; driverd wrote nothing", exit_code=EXIT_USAGE) from None
     except TOMLKitError as e:           # a key defined twice (KeyAlreadyPresent) and friends (found by fuzzing)
         raise RuntimeConfigError(f"{path} is not valid TOML: {' '.join(str(e).split())}",
-                                 fix=f"fix {path} (each key once per table); driverd wrote nothing") from None
+                                 fix=f"fix {path} (each key once per table); driverd wrote nothing",
+                                 exit_code=EXIT_USAGE) from None
 
 
 def plain(value: Any) -> Any:

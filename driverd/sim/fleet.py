@@ -72,10 +72,12 @@ class SimNode:
 
 class Fleet:
     def __init__(self, workdir: str | os.PathLike, nodes: int, *, server, log=_quiet, gpu_pods: int = 1,
-                 lease_s: int = 15, kubeconfig: str | None = None, module_unload: bool = True,
+                 lease_s: int | None = None, kubeconfig: str | None = None, module_unload: bool = True,
                  gpu_processes: bool = True, device_plugin: bool = False, first: int = 0) -> None:
         self.work = Path(workdir)
-        self.n, self.srv, self.log, self.gpu_pods, self.lease_s = nodes, server, log, gpu_pods, lease_s
+        from driverd.cluster.lease import LEASE_DURATION_S
+        self.n, self.srv, self.log, self.gpu_pods = nodes, server, log, gpu_pods
+        self.lease_s = LEASE_DURATION_S if lease_s is None else lease_s    # None: the product's default
         self.first = first                         # node names start at gpu-<first> (fleets side by side)
         self.module_unload = module_unload         # False: a kernel built without CONFIG_MODULE_UNLOAD
         self.kubeconfig = kubeconfig or str(self.work / "kubeconfig")
@@ -313,6 +315,18 @@ class Fleet:
         """The node's repository serves a NEW package without its GSP firmware: the load fails."""
         p = self.nodes[name].root / "etc/driverd/config.toml"
         p.write_text(CONFIG.format(version=OLD, repo=self.bad_repo))
+
+    def reload_works(self, name: str) -> None:
+        """Undo `reload_fails`: the node's repository serves NEW with its firmware again, and its daemon
+        re-reads its configuration (as the daemon does when the file changes)."""
+        from driverd.config import load
+        from driverd.root import Root
+        p = self.nodes[name].root / "etc/driverd/config.toml"
+        p.write_text(CONFIG.format(version=OLD, repo=self.repo))
+        sn = self.nodes[name]
+        if sn.agent is not None:
+            sn.cfg = load(Root(str(sn.root)), None, environ={})
+            sn.agent.cfg = sn.cfg
 
     def set_ready(self, name: str, ready: bool, since: float | None = None) -> None:
         """The node's Ready condition (what the kubelet / node lifecycle controller write), changed

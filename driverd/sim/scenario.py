@@ -21,7 +21,9 @@ def dgx_spec(gpus: int = 8, nvswitches: int = 4, nic: bool = True, nouveau: bool
     if nouveau:
         mods.append(Module("nouveau", 2400000, 1 if nouveau_in_use else 0, (), ""))
     return HostSpec(release=RELEASE, pci=pci, modules=mods, hostname="dgx-h100-01",
-                    files={"/etc/containerd/config.toml": CONTAINERD_CONFIG, "/usr/bin/containerd": ""})
+                    files={"/etc/containerd/config.toml": CONTAINERD_CONFIG, "/usr/bin/containerd": "",
+                           # as Debian and Ubuntu ship it: the loader reads the drop-ins driverd's user-space uses
+                           "/etc/ld.so.conf": "include /etc/ld.so.conf.d/*.conf\n"})
 
 
 def make_host(root: str | os.PathLike, spec: HostSpec | None = None) -> Path:
@@ -41,6 +43,21 @@ def make_index_key(directory: str | os.PathLike) -> tuple[Path, Path]:
                        capture_output=True, timeout=60)
         os.chmod(key, 0o600)
     return key, pub
+
+
+def make_userspace_packages(out: str | os.PathLike, versions: tuple[str, ...] = ("535.261.03", "550.127.05"),
+                            arch: str = "x86_64") -> dict[str, Path]:
+    """The user-space half of those drivers (driverd.sim.fakelib's miniature, real ELF sonames), packed by
+    the same builder as NVIDIA's files (build-userspace --from-run-dir) into `out`: version -> package."""
+    import tempfile
+    from driverd.packages.userspace_build import build_from_run_dir
+    from driverd.sim.fakelib import run_dir
+    out = Path(out)
+    made = {}
+    with tempfile.TemporaryDirectory(prefix="driverd-sim-userspace.") as t:
+        for v in versions:
+            made[v] = build_from_run_dir(run_dir(t, v, arch), out).ref.path
+    return made
 
 
 def make_packages(out: str | os.PathLike, release: str = RELEASE, sign_key: str | os.PathLike | None = None

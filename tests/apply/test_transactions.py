@@ -199,7 +199,30 @@ def test_bad_roots_are_usage_errors(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     r = drv(empty, "detect")
-    assert r.returncode == 0 and "holds no host: proc, sys, etc/os-release missing" in r.stderr
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"driverd: error: --root {empty} is not a host's root: it has no proc, sys or etc/os-release; fix: pass the "
+        "directory holding the host's root file system (/ on a host, /host in the driver container)")
+
+
+def test_a_root_one_level_too_high_is_refused_naming_the_root_below(tmp_path):
+    """`plan --root` one level too high exited 0 with "no NVIDIA GPU on this host" and kernel None (issue 32)."""
+    from driverd.sim.hosttree import HostSpec, h100, write_host
+    write_host(tmp_path / "host", HostSpec(pci=[h100("0000:1b:00.0")]))
+    (tmp_path / "notes").mkdir()
+    for cmd in (("plan", "--driver", "535.261.03"), ("detect",), ("status",)):
+        r = drv(tmp_path, *cmd)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert r.stdout == "" and r.stderr.strip() == (
+            f"driverd: error: --root {tmp_path} is not a host's root: it has no proc, sys or etc/os-release; "
+            f"fix: pass --root {tmp_path / 'host'}, which looks like one")
+    # what a host root has is enough, whichever of it: os-release only (/proc not mounted), proc and sys only
+    osr = tmp_path / "osr"
+    (osr / "usr/lib").mkdir(parents=True)
+    (osr / "usr/lib/os-release").write_text("ID=debian\n")
+    (osr / "etc").mkdir()
+    (osr / "etc/os-release").symlink_to("../usr/lib/os-release")
+    assert drv(osr, "detect").returncode == 0
+    assert drv(tmp_path / "host", "plan", "--driver", "535.261.03").returncode in (0, 3)
 
 
 # -- reboot as an outcome ----------------------------------------------------------------------------
@@ -280,3 +303,62 @@ def test_a_refused_unload_keeps_the_working_driver_and_says_so(loaded_host):
         assert k.is_loaded("nvidia") and k.alive(pid)
     finally:
         k.signal(pid, 9)
+
+
+# -- what a failed or rolled-back run says (issue 32) ---------------------------------------------------
+
+def test_a_requested_rollback_of_an_interrupted_run_succeeds_and_says_what_it_restored(loaded_host, packages):
+    """`driverd rollback` after a killed reload exited 3 with "error: reload failed: rollback requested":
+    a rollback that was asked for and worked exits 0 and names the driver it went back to."""
+    trace = loaded_host.parent / "trace"
+    drv(loaded_host, "reload", "--package", str(packages["new"]), faults={"FAULTS_TRACE": trace, "FAULTS_UNDER": loaded_host})
+    n = next(int(ln.split()[0]) for ln in trace.read_text().splitlines() if "kernel unload nvidia" in ln)
+    assert drv(loaded_host, "reload", "--package", str(packages["old"])).returncode == 0      # back on 535
+    r = drv(loaded_host, "reload", "--package", str(packages["new"]), faults={"FAULTS_KILL_AFTER": n,
+                                                                            "FAULTS_UNDER": loaded_host})
+    assert r.returncode < 0 and journal(loaded_host)["state"] == "running"      # killed after the unload
+    run_id = journal(loaded_host)["run_id"]
+    r = drv(loaded_host, "rollback")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "error" not in r.stderr and "rollback requested" not in r.stdout + r.stderr
+    assert f"rollback: the interrupted reload run {run_id}: rolled back to {OLD[0]} ({OLD[1]}), validated" in r.stdout
+    assert journal(loaded_host)["state"] == "rolled-back" and status(loaded_host)["loaded"]["version"] == OLD[0]
+    r = drv(loaded_host, "rollback", "--json")       # nothing pending now: back to the previous package
+    assert r.returncode in (0, 3) and "rollback requested" not in r.stdout + r.stderr
+
+
+def test_a_run_that_failed_before_changing_anything_does_not_claim_a_rollback(loaded_host):
+    """An apply whose fetch fails first thing said "rolled back to 535.261.03 (open), validated": nothing
+    had changed and no validation ran. It says so; a run that undid a change says what it undid."""
+    write_config(loaded_host, '[packages]\nrepositories = ["file:///nonexistent/driverd"]\n')
+    r = drv(loaded_host, "apply", "--driver", "550.127.05", "--flavor", "open")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "apply: failed at fetch-package; rolled back to the state before the run (blacklist-nouveau undone)" in r.stdout
+    assert "validated" not in r.stdout + r.stderr.splitlines()[-1]
+    # nouveau blacklisted already (by hand): the fetch is the first step that would change anything
+    (loaded_host / "etc/modprobe.d/blacklist-nouveau.conf").write_text("blacklist nouveau\noptions nouveau modeset=0\n")
+    before = tree_files(loaded_host / "etc")
+    r = drv(loaded_host, "apply", "--driver", "550.127.05", "--flavor", "open")
+    assert r.returncode == 3
+    assert "apply: failed at fetch-package; nothing was changed" in r.stdout
+    line = r.stderr.splitlines()[-1]
+    assert line.startswith("driverd: error: apply failed at fetch-package: cannot read the package repository: "
+                           "file:///nonexistent/driverd (") and "; nothing was changed;" in line
+    assert "rolled back" not in line and "validated" not in line
+    assert tree_files(loaded_host / "etc") == before
+
+
+def test_runtime_configure_on_a_broken_containerd_toml_is_bad_input_and_changes_nothing(loaded_host):
+    """It reported a driver rollback ("rolled back to 535.261.03 (open), validated", exit 3): the file, the
+    line and column and the TOML error, nothing written, exit 2 — refused before any run is journalled."""
+    cfg = loaded_host / "etc/containerd/config.toml"
+    cfg.write_text('version = 2\n[plugins\n')
+    before, run_id = tree_files(loaded_host), journal(loaded_host)["run_id"]
+    for extra in ((), ("--dry-run",)):
+        r = drv(loaded_host, "runtime", "configure", "--runtime", "containerd", "--restart", "none", *extra)
+        assert r.returncode == 2, r.stdout + r.stderr
+        [line] = r.stderr.splitlines()
+        assert line.startswith("driverd: error: /etc/containerd/config.toml is not valid TOML (line 2, column ")
+        assert "cause: " in line and "driverd wrote nothing" in line
+        assert "rolled back" not in line and "validated" not in line and "Traceback" not in line
+    assert tree_files(loaded_host) == before and journal(loaded_host)["run_id"] == run_id

@@ -4,6 +4,8 @@ check runs with the new libraries (tests/cudastandin's stand-ins packed as user-
 the loaded module's version like NVIDIA's), and a failed validation rolls both halves back to the last-known-good."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 
@@ -15,6 +17,7 @@ from driverd.packages.userspace_build import build_from_run_dir
 from driverd.root import Root
 from tests import cudastandin
 from tests.apply.conftest import drv, journal, kernel_of
+from tests.conftest import run_cli
 from tests.packages import usfake
 
 OLD, NEW = "535.261.03", "550.127.05"
@@ -266,3 +269,105 @@ def test_persistenced_is_started_from_the_user_space_of_the_drivers_version(node
     # the daemon was stopped with the old driver and started after the switch: one, from the 550 tree
     assert _persistenced_cmdlines(node) == ["/var/lib/driverd/driver/current/bin/nvidia-persistenced"]
     assert os.readlink(node / "var/lib/driverd/driver/current") == NEW
+
+
+def test_after_a_failed_upgrade_rolled_back_driverd_rollback_goes_to_the_driver_before_not_the_failed_one(node, packages):
+    """535 -> 550 (both halves), then 550.127.08 fails to load and is rolled back to 550: the failed run must not
+    become "previous". `driverd rollback` then goes to 535, both halves — not into the package that just failed."""
+    old, new = us_package(node, OLD), us_package(node, NEW)
+    us_package(node, "550.127.08")
+    configure(node, OLD, packages["old"].parent)
+    assert drv(node, "apply").returncode == 0
+    configure(node, NEW, packages["new"].parent)
+    assert drv(node, "apply").returncode == 0
+    r = drv(node, "reload", "--package", str(packages["broken"]))
+    assert r.returncode == 3 and "rolled back to 550.127.05" in r.stderr, r.stdout + r.stderr
+    assert (loaded(node), in_use(node)) == (NEW, new.sha256)
+    r = drv(node, "rollback")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (loaded(node), in_use(node)) == (OLD, old.sha256)
+    assert cuda_ok(node, OLD).ok
+
+
+def _fetch_repo(node, packages, tmp_path, version: str) -> tuple[object, str]:
+    """A file:// repository holding the kernel package of `version` and its user-space package, indexed by
+    `driverd repo index` as an operator does; the node is configured with userspace.fetch and no
+    userspace.package. Returns (the user-space package's ref, the repository)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copy(packages["old" if version == OLD else "new"], repo)
+    ref = us_package(node, version)
+    shutil.move(ref.path, repo / os.path.basename(ref.path))
+    shutil.rmtree(node / USDIR.lstrip("/"))
+    r = run_cli("repo", "index", str(repo), "--json", check=True)
+    assert json.loads(r.stdout)["userspace_packages"] == 1, r.stdout
+    configure(node, version, repo)
+    cfg = node / "etc/driverd/config.toml"
+    cfg.write_text(cfg.read_text().replace(f'package = "{USDIR}"', "fetch = true"))
+    return ref, str(repo)
+
+
+def _cached_userspace(node) -> list[str]:
+    d = node / "var/cache/driverd"
+    return sorted(p.name for p in d.rglob("driverd-userspace-*")) if d.is_dir() else []
+
+
+def test_userspace_fetch_takes_the_package_the_repository_index_lists(node, packages, tmp_path):
+    ref, repo = _fetch_repo(node, packages, tmp_path, OLD)
+    r = drv(node, "plan")
+    assert "fetch-userspace" in r.stdout and "packages.repositories" in r.stdout, r.stdout + r.stderr
+    r = drv(node, "apply")
+    assert r.returncode == 0, r.stderr
+    doc = journal(node)
+    acts = [s["action"] for s in doc["steps"]]
+    assert doc["state"] == "done"
+    assert acts.index("fetch-userspace") < acts.index("install-userspace") < acts.index("load-modules"), acts
+    got = next(s for s in doc["steps"] if s["action"] == "fetch-userspace")["result"]
+    assert got["sha256"] == ref.sha256 and got["source"] == f"file://{repo}", got
+    assert _cached_userspace(node) == [os.path.basename(ref.path)]
+    assert (loaded(node), in_use(node)) == (OLD, ref.sha256)
+    assert cuda_ok(node, OLD).ok
+
+
+def test_a_repository_entry_whose_sha256_does_not_match_is_refused_and_nothing_installed(node, packages, tmp_path):
+    ref, repo = _fetch_repo(node, packages, tmp_path, OLD)
+    index = os.path.join(repo, "index.json")
+    doc = json.loads(open(index).read())
+    e = doc["userspace"][0]
+    e["sha256"] = ("0" if e["sha256"][0] != "0" else "1") + e["sha256"][1:]      # same size, another sha256
+    with open(index, "w") as f:
+        json.dump(doc, f)
+    r = drv(node, "apply")
+    assert r.returncode == 3, r.stdout + r.stderr
+    # (the lines above it are the run's progress: what was done and undone)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("driverd: error:")]
+    assert len(errors) == 1 and "apply failed at fetch-userspace" in errors[0], r.stderr
+    assert f"has sha256 {ref.sha256}, expected {e['sha256']} (from file://{repo})" in errors[0], errors[0]
+    assert "fix:" in errors[0]
+    doc = journal(node)
+    assert doc["failure"]["step"] == "fetch-userspace", doc["failure"]
+    # nothing of it kept or installed, and the driver not loaded
+    assert _cached_userspace(node) == []
+    assert in_use(node) is None and not (node / "var/lib/driverd/driver").exists()
+    assert not (node / "etc/ld.so.conf.d/00-driverd-nvidia.conf").exists()
+    assert "nvidia" not in kernel_of(node).modules()
+
+
+def test_userspace_fetch_reuses_its_cache_and_replaces_a_damaged_entry(node, packages, tmp_path):
+    from driverd.config import load
+    from driverd.packages.userspace_source import fetch
+    ref, repo = _fetch_repo(node, packages, tmp_path, OLD)
+    root = Root(node)
+    cfg = load(root, None, {})
+    first = fetch(root, cfg, OLD, "x86_64")
+    cached = node / "var/cache/driverd/packages" / os.path.basename(ref.path)
+    assert (first.package, first.sha256) == (str(cached), ref.sha256)
+    os.unlink(os.path.join(repo, os.path.basename(ref.path)))          # a cache hit reads no repository file
+    assert fetch(root, cfg, OLD, "x86_64").package == str(cached)
+    shutil.copy(cached, tmp_path / "good")
+    with open(cached, "r+b") as f:                                      # damaged in the cache: fetched again
+        f.seek(100)
+        f.write(b"\0" * 16)
+    shutil.copy(tmp_path / "good", os.path.join(repo, os.path.basename(ref.path)))
+    again = fetch(root, cfg, OLD, "x86_64")
+    assert again.sha256 == ref.sha256 and hashlib.sha256(cached.read_bytes()).hexdigest() == ref.sha256

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from driverd.cluster import model as m
-from driverd.cluster.admission import PREFLIGHT_DEADLINE_S, decide
+from driverd.cluster.admission import PREFLIGHT_DEADLINE_S, decide, reopened
+from driverd.cluster.kube import parse_time
 
 
 def rollout(**spec) -> m.Rollout:
@@ -19,7 +20,7 @@ def rollout(**spec) -> m.Rollout:
 
 
 def node(name, *, state=None, ready=True, cordoned=False, pre=True, needed=True, labels=None, skip=False,
-         retry=None, rollout_key="r/1", since=None) -> m.NodeView:
+         retry=None, rollout_key="r/1", since=None, ready_since="") -> m.NodeView:
     ann = {}
     if state:
         ann.update({m.A_STATE: state, m.A_ROLLOUT: rollout_key})
@@ -34,7 +35,8 @@ def node(name, *, state=None, ready=True, cordoned=False, pre=True, needed=True,
         ann[m.A_RETRY] = retry
     return m.NodeView.from_node({"metadata": {"name": name, "annotations": ann, "labels": labels or {}},
                                  "spec": {"unschedulable": cordoned},
-                                 "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}})
+                                 "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                                                            "lastTransitionTime": ready_since}]}})
 
 
 def test_admits_in_name_order_up_to_max_parallel():
@@ -89,6 +91,72 @@ def test_failure_budget_pauses_with_the_reason():
     assert ok.admit == ["c"]
     retried = decide(rollout(failureBudget=0), [node("a", state=m.FAILED, retry="now"), node("c")], now=0, started=0)
     assert retried.admit == ["a", "c"]
+
+
+LONG_AGO = "2026-01-01T00:00:00Z"
+LATER = parse_time(LONG_AGO) + 3600         # an hour after it: past any notReadyTimeoutSeconds used here
+
+
+def test_any_node_not_upgrading_that_is_not_ready_past_the_bound_leaves_the_budget():
+    """Issue 33: a failed node that stays NotReady held maxUnavailable for ever (`1/1 unavailable, 1
+    failed`, healthy nodes idle); it leaves the count as a pending one does, and still counts as failed."""
+    r = rollout(maxParallel=1, maxUnavailable=1, failureBudget=1, notReadyTimeoutSeconds=60)
+    nodes = [node("a", state=m.FAILED, ready=False, ready_since=LONG_AGO), node("b"), node("c")]
+    d = decide(r, nodes, now=LATER, started=LATER)
+    assert d.admit == ["b"] and d.counts["failed"] == 1 and d.unavailable == 1
+    assert [n["node"] for n in d.not_ready] == ["a"] and "a" in d.message
+    # within the bound it still counts (and holds the one slot)
+    soon = decide(r, nodes, now=parse_time(LONG_AGO) + 30, started=LATER)
+    assert soon.admit == [] and soon.unavailable == 1 and soon.not_ready == []
+    # a done node or a skipped one NotReady for good is gone as well; one being upgraded is not
+    others = [node("d", state=m.DONE, ready=False, ready_since=LONG_AGO),
+              node("s", skip=True, ready=False, ready_since=LONG_AGO), node("b")]
+    assert decide(r, others, now=LATER, started=LATER).admit == ["b"]
+    upgrading = [node("u", state=m.VALIDATING, ready=False, ready_since=LONG_AGO), node("b")]
+    u = decide(rollout(maxParallel=2, maxUnavailable=1, notReadyTimeoutSeconds=60), upgrading, now=LATER, started=LATER)
+    assert u.admit == [] and u.unavailable == 1 and u.not_ready == []
+    # the failure budget still counts the gone failed node
+    spent = decide(rollout(failureBudget=0, notReadyTimeoutSeconds=60), nodes, now=LATER, started=LATER)
+    assert spent.phase == "Paused" and spent.reason == "FailureBudgetSpent" and spent.admit == []
+    # everything else done: the rollout ends Failed naming the failed node, not Paused/NodesNotReady
+    end = decide(r, [nodes[0], node("b", state=m.DONE), node("c", state=m.DONE)], now=LATER, started=LATER)
+    assert (end.phase, end.reason) == ("Failed", "NodesFailed")
+    # only a pending node gone: Paused/NodesNotReady, as before
+    left = decide(r, [node("p", ready=False, ready_since=LONG_AGO), node("b", state=m.DONE)], now=LATER, started=LATER)
+    assert (left.phase, left.reason) == ("Paused", "NodesNotReady") and "p" in left.message
+
+
+def test_only_free_nodes_and_no_refused_ones_are_admitted():
+    """What deploy/'s policy lets the coordinator write: an admission from idle, done or failed. A
+    state this driverd does not know is not admitted (its own daemon fails it); a node whose
+    admission the API refused is not admitted again until the coordinator tries it again."""
+    d = decide(rollout(), [node("a", state="upgrading-v2"), node("b")], now=0, started=0)
+    assert d.admit == ["b"]
+    only = decide(rollout(), [node("a", state="upgrading-v2")], now=0, started=0)
+    assert only.admit == [] and only.phase == "Progressing" and "upgrading-v2" in only.message
+    refused = decide(rollout(), [node("a"), node("b")], now=0, started=0, refused={"a": "403 Forbidden: no"})
+    assert refused.admit == ["b"] and refused.refused == {"a": "403 Forbidden: no"}
+    assert "refused the admission of 1 node(s): a: 403 Forbidden: no" in refused.message
+    alone = decide(rollout(), [node("a")], now=0, started=0, refused={"a": "403 Forbidden: no"})
+    assert alone.admit == [] and alone.phase == "Progressing" and "a: 403 Forbidden: no" in alone.message
+
+
+def test_an_ended_rollout_is_reopened_only_by_an_operators_verb_on_its_nodes():
+    """Issue 33: a Refused rollout came back to life when its nodes answered a later rollout's
+    preflight. Ended is terminal: only `node skip` of a node that refused it (Refused) or `node retry`
+    of a node it left failed (Failed) reopens it."""
+    r = rollout()
+    refused = {"phase": "Refused", "preflightFailures": [{"node": "a", "reason": "no package"}]}
+    answered_elsewhere = [node("a", pre=False), node("b", rollout_key="later/1"), node("c", rollout_key="later/1")]
+    assert reopened(r, refused, answered_elsewhere) is None
+    assert reopened(r, refused, [node("a", pre=False, skip=True), node("b")]) == "node skip a"
+    assert reopened(r, refused, [node("a", pre=False), node("b", skip=True)]) is None     # not a blocker
+    failed = {"phase": "Failed"}
+    assert reopened(r, failed, [node("a", state=m.FAILED), node("b", state=m.DONE)]) is None
+    assert reopened(r, failed, [node("a", state=m.FAILED, retry="now")]) == "node retry a"
+    assert reopened(r, failed, [node("a", state=m.FAILED, retry="now", rollout_key="other/1")]) is None
+    for phase in ("Completed", "Aborted", "Invalid"):
+        assert reopened(r, {"phase": phase}, [node("a", state=m.FAILED, retry="now", skip=True)]) is None
 
 
 def test_canary_goes_alone_then_pauses_until_approved():
@@ -162,3 +230,25 @@ def test_limits_hold_through_a_whole_rollout(n, par, mu, down, cordoned, fail):
     assert order == sorted(order)
     never = {f"n{i:02d}" for i in down}
     assert not never & set(order)
+
+
+def test_a_paused_rollout_says_paused_while_its_nodes_answer_the_edited_spec():
+    """`rollout pause` is a spec edit (a new generation): while the nodes answer its preflight the
+    rollout is Paused, not Progressing "waiting for node preflight answers"."""
+    r = m.Rollout.from_object({"metadata": {"name": "r", "generation": 2},
+                               "spec": {"driver": "550.127.05", "paused": True}})
+    nodes = [node("a", state=m.DONE), node("b")]            # both answered generation 1 only
+    d = decide(r, nodes, now=0, started=0)
+    assert (d.phase, d.reason) == ("Paused", "PausedBySpec") and d.admit == []
+
+
+def test_after_an_edit_nobody_goes_before_every_node_answered_the_new_generation():
+    """The order holds after a spec edit too: a node that answered the new generation first is not
+    admitted ahead of one earlier in the order that has not answered yet."""
+    r = m.Rollout.from_object({"metadata": {"name": "r", "generation": 2},
+                               "spec": {"driver": "550.127.05", "maxParallel": 1, "maxUnavailable": 1}})
+    done = node("a", state=m.DONE)
+    d = decide(r, [done, node("b"), node("c", rollout_key="r/2")], now=0, started=0)
+    assert d.admit == [] and (d.phase, d.reason) == ("Progressing", "WaitingForPreflight") and "b" in d.message
+    d = decide(r, [done, node("b", rollout_key="r/2"), node("c", rollout_key="r/2")], now=0, started=0)
+    assert d.admit == ["b"]

@@ -372,12 +372,19 @@ def _rollout_obj(**kw) -> dict:
     ({"preflight": None}, "preflight answer for r/u1/2 is missing"),
     ({"preflight": {"rollout": "r/u1/1", "ok": True}}, "is missing"),
     ({"preflight": {"rollout": "r/u1/2", "ok": False}}, "is a refusal"),
+    # the node's watch of the rollouts still shows it ended; the API says an operator's retry reopened it
+    ({"obj": {"status": {"phase": "Failed", "observedGeneration": 2}},
+      "fresh": {"status": {"phase": "Progressing", "observedGeneration": 2}}}, None),
+    ({"obj": {"status": {"phase": "Failed", "observedGeneration": 2}}}, "has ended (Failed)"),
 ])
 def test_the_agent_acts_only_on_an_admission_a_live_rollout_made(change, why):
     from driverd.cluster.agent import NodeAgent
     obj = _rollout_obj(**change.get("obj", {}))
+    fresh = _rollout_obj(**change["fresh"]) if "fresh" in change else obj
     agent = NodeAgent.__new__(NodeAgent)
-    agent.rollouts = type("Rollouts", (), {"get": staticmethod(lambda name: obj if name == "r" else None)})()
+    agent.rollouts = type("Rollouts", (), {"get": staticmethod(lambda name: obj if name == "r" else None),
+                                           "put": staticmethod(lambda o: None)})()
+    agent.kube = type("Kube", (), {"find": staticmethod(lambda path: fresh if path.endswith("/r") else None)})()
     agent.pools = type("Pools", (), {"snapshot": staticmethod(lambda: [])})()      # no DriverPools
     key = change.get("rollout", "r/u1/2")
     pre = change.get("preflight", {"rollout": "r/u1/2", "ok": True})

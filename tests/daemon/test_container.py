@@ -69,3 +69,18 @@ def test_unload_on_exit_unloads_through_a_journalled_request(host, packages, dae
     last = journal_runs(host)[-1]
     assert last["command"] == "unload" and last["state"] == "done"
     assert not any(_daemon_pids(host).values())
+
+
+def test_service_link_variables_do_not_stop_the_driver_container(host, packages, daemons):
+    """issue 32: a Service named driverd-metrics in the pod's namespace gave the container
+    DRIVERD_METRICS_SERVICE_HOST, DRIVERD_METRICS_PORT_9477_TCP_ADDR, ...; the configuration refused them as
+    unknown and the pod never became ready."""
+    from tests.test_config_service_links import service_links
+    write_config(host, OLD, packages["old"].parent)
+    env = {"DRIVERD_ROOT": str(host), **service_links("driverd", [("metrics", 9477, "TCP")]),
+           **service_links("driverd-metrics", [("http-metrics", 9477, "TCP")])}
+    d = daemons(host, "container-entrypoint", env=env, root_arg=False)
+    d.wait_notify("READY=1", 60)
+    assert "unknown environment variable" not in d.log and "cannot be used" not in d.log
+    assert d.get("/readyz")[0] == 200
+    assert d.stop()[0] == 0

@@ -31,7 +31,7 @@ def test_daemon_converges_follows_a_config_change_and_stops_on_sigterm(host, pac
     assert code == 200 and OLD in body and body.startswith("ready: ")
     assert d.metric("driverd_driver_info", version=OLD, flavor="open", kernel=RELEASE) == 1
     assert d.metric("driverd_ready") == 1
-    assert d.metric("driverd_state", driverd_state="converged") == 1
+    assert d.metric("driverd_state", state="converged") == 1
     assert d.metric("driverd_reconciles_total", result="converged") == 1
     assert d.metric("driverd_transaction_duration_seconds_count", command="apply", state="done") == 1
     assert d.metric("driverd_step_duration_seconds_count", action="load-modules", status="done") == 1
@@ -105,20 +105,23 @@ def test_a_blocked_plan_is_reported_and_retried_never_a_crash(host, packages, da
     n = len(d.lines)
     write_config(host, NEW, repo)
     d.wait_log(rf"not converged: blocked: .*the GPU is in use by pid {pid} \(python3\).*retrying in", 30, start=n)
+    # OLD still runs, validated: the node stays ready on it, degraded (issue 32), saying what blocks NEW
     code, body = d.get("/readyz")
-    assert code == 503 and body.startswith("not ready: blocked: ") and f"pid {pid}" in body
+    assert code == 200 and body.startswith(f"ready: degraded: driver {OLD} (open) loaded and validated, not the "
+                                           f"wanted {NEW} (retrying): blocked: ") and f"pid {pid}" in body, body
     assert body.count("\n") == 1
-    assert d.metric("driverd_ready") == 0 and d.metric("driverd_state", driverd_state="blocked") == 1
+    assert d.metric("driverd_ready") == 1 and d.metric("driverd_state", state="blocked") == 1
+    assert d.metric("driverd_degraded") == 1
     d.wait_log(rf"not converged: blocked: .*pid {pid}", 10, start=len(d.lines))    # retried, still alive
     assert d.metric("driverd_reconcile_failures_total", reason="blocked") >= 2
-    _, status = d.wait_notify("STATUS=blocked", 10)
+    _, status = d.wait_notify("STATUS=degraded", 10)
     assert f"pid {pid}" in status and "retry in" in status
     assert len(journal_runs(host)) == runs                          # a blocked plan writes no journal
     assert d.proc.poll() is None
 
     kernel_of(host).signal(pid, signal.SIGKILL)                    # the job ends
     d.wait_log(r"converged: driver 550\.127\.05", 30)
-    assert d.get("/readyz")[0] == 200
+    assert d.get("/readyz")[0] == 200 and d.metric("driverd_degraded") == 0
     rc, _ = d.stop()
     assert rc == 0
 
@@ -132,8 +135,10 @@ def test_a_failed_upgrade_rolls_back_and_is_reported(host, packages, daemons):
     write_config(host, "550.127.08", broken.parent)
     d.wait_log(r"not converged: failed: apply failed at .*rolled back to 535\.261\.03 \(open\), validated.*"
                r"retrying in 2s", 60, start=n)
-    code, body = d.get("/readyz")
-    assert code == 503 and body.startswith("not ready: failed: apply failed at ") and body.count("\n") == 1
+    code, body = d.get("/readyz")                   # back on OLD, validated: ready, degraded (issue 32)
+    assert code == 200 and body.startswith(f"ready: degraded: driver {OLD} (open) loaded and validated, not the "
+                                           "wanted 550.127.08 (retrying): failed: apply failed at ") and \
+        body.count("\n") == 1, body
     assert d.metric("driverd_reconcile_failures_total", reason="rolled-back") >= 1
     assert d.metric("driverd_transaction_duration_seconds_count", command="apply", state="rolled-back") >= 1
     assert d.metric("driverd_driver_info", version=OLD, flavor="open", kernel=RELEASE) == 1   # last converge

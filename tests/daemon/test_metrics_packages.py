@@ -106,7 +106,7 @@ def test_observe_events_from_fetch_and_build(host, packages, tmp_path):
         fetch(Root(host), want, [f"file://{packages['new'].parent}"])
         fetch(Root(host), want, [f"file://{packages['new'].parent}"])
         try:
-            fetch(Root(host), Want("560.35.03", "open", RELEASE, "x86_64"), [f"file://{tmp_path}/nowhere"])
+            fetch(Root(host), Want("560.35.03", "open", RELEASE, "x86_64"), [f"file://{packages['new'].parent}"])
         except PackageError:
             pass
         try:

@@ -103,3 +103,25 @@ def test_readiness_needs_a_converge_and_the_same_driver_still_loaded():
     assert h.readiness() == (False, "the NVIDIA driver is not loaded (the last reconcile validated 535.261.03)")
     h.update(Result("blocked", "the plan is blocked: x", "blocked"))
     assert h.readiness() == (False, "blocked: the plan is blocked: x")
+
+
+def test_metrics_exposition_parses_and_names_the_state_label_state():
+    """The Prometheus text format, read back by prometheus_client's own parser: driverd_state has one series
+    per state under the label `state` (issue 32: it was driverd_state{driverd_state=...}), 1 for the
+    current one; no metric repeats its name as a label."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from driverd.daemon.health import STATES
+    from driverd.daemon.metrics import Metrics
+    m = Metrics()
+    m.set_state("blocked")
+    fams = {f.name: f for f in text_string_to_metric_families(m.render().decode())}
+    state = fams["driverd_state"]
+    assert {s.labels["state"]: s.value for s in state.samples} == {s: (1.0 if s == "blocked" else 0.0) for s in STATES}
+    assert all(set(s.labels) == {"state"} for s in state.samples)
+    for f in fams.values():
+        for s in f.samples:
+            assert f.name not in s.labels and s.name not in s.labels, (f.name, s.labels)
+    m.set_state("no-such-state")
+    fams = {f.name: f for f in text_string_to_metric_families(m.render().decode())}
+    assert [s.labels["state"] for s in fams["driverd_state"].samples if s.value == 1] == ["error"]

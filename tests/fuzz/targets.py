@@ -399,10 +399,23 @@ def t_kmsg(lines: list[str]) -> None:
     """Kernel log lines quoted into a load failure, and /proc/driver/nvidia/version."""
     from driverd.host.modules import parse_nvidia_version
     from driverd.kmod.kernel import kernel_error
+    import io
+
+    from driverd import log
     e = kernel_error("load", "nvidia", "Invalid argument", lines, "see dmesg")
     line = e.one_line()
     if len(line.splitlines()) != 1:
         raise Finding(f"kernel_error renders as {len(line.splitlines())} lines: {line[:200]!r}")
+    # in a text log, the error is one line and each quoted kernel line one more (issue 32)
+    buf = io.StringIO()
+    log.reset()
+    try:
+        log.configure(stream=buf)
+        log.log("driverd: error: " + line, "error", kernel_log=e.details["kernel_log"])
+    finally:
+        log.reset()
+    if len(buf.getvalue().splitlines()) != 1 + len(e.details["kernel_log"]):
+        raise Finding(f"{len(e.details['kernel_log'])} kernel lines render as {buf.getvalue()[:300]!r}")
     contract(lambda: parse_nvidia_version("\n".join(lines)))
 
 

@@ -38,3 +38,24 @@ def test_gpu_users_and_daemons(tmp_path):
     assert users[100].devices == ("/dev/nvidia0", "/dev/nvidiactl") and users[100].cmdline == "python3 train.py"
     assert f.daemon("nvidia-persistenced").pids == (300,)
     assert not f.daemon("nv-fabricmanager").running
+
+
+def test_names_the_kernel_cut_at_15_characters_are_read_whole(tmp_path):
+    """/proc/PID/comm holds 15 characters (TASK_COMM_LEN): `nvidia-persiste`. The whole name comes from
+    argv[0] or /proc/PID/exe when it starts with the cut one; a process that rewrote its argv keeps comm."""
+    import os
+    write_host(tmp_path, HostSpec(
+        pci=[h100("0000:1b:00.0", "nvidia")], modules=[Module("nvidia", refcount=4)],
+        nvidia_version_text=nvidia_version_line("570.195.03", "open"), procs=[
+        Proc(300, "nvidia-persistenced", ("/dev/nvidiactl",), cmdline="/usr/bin/nvidia-persistenced --verbose"),
+        Proc(301, "nv-fabricmanager", ("/dev/nvidia-nvswitchctl",), cmdline=" "),       # empty argv: exe says
+        Proc(302, "a-training-worker", ("/dev/nvidia0",), cmdline="renamed: worker 3"),  # argv rewritten
+        Proc(303, "python3", ("/dev/nvidia1",), cmdline="python3 train.py")]))
+    os.symlink("/opt/nvidia/bin/nv-fabricmanager", tmp_path / "proc/301/exe")
+    (tmp_path / "proc/301/cmdline").write_bytes(b"")
+    from driverd.host.processes import gpu_users
+    names = {u.pid: u.comm for u in gpu_users(Root(tmp_path))}
+    assert (tmp_path / "proc/300/comm").read_text() == "nvidia-persiste\n"          # what the kernel shows
+    assert names == {300: "nvidia-persistenced", 301: "nv-fabricmanager", 302: "a-training-work", 303: "python3"}
+    r = __import__("tests.conftest", fromlist=["run_cli"]).run_cli("detect", "--root", str(tmp_path))
+    assert "gpu user    pid 300 nvidia-persistenced" in r.stdout and "nvidia-persiste " not in r.stdout

@@ -1,4 +1,5 @@
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -19,13 +20,24 @@ def test_demo_runs_end_to_end(tmp_path):
     out = r.stdout + r.stderr
     assert "kmod" not in out
     stages = [ln.split(". ", 1)[0] for ln in r.stdout.splitlines() if ln.startswith("== ") and ". " in ln]
-    assert stages == [f"== {i}" for i in range(1, 8)], stages      # detect .. status, the cluster rollout
-    assert "apply: done" in out and "reload: rolled-back" in out and "RmFetchGspRmImages" in out
+    assert stages == [f"== {i}" for i in range(1, 11)], stages     # detect .. rollback, status, the cluster rollout
+    assert "apply: done" in out and "RmFetchGspRmImages" in out
+    assert "reload: failed at load-modules; rolled back to 550.127.05 (open), validated" in out
+    assert "rollback: done" in out
     assert r.stdout.rstrip().splitlines()[-1].startswith("== done in")
     st = run_cli("status", "--root", str(tmp_path / "demo/host"), "--json")
     import json
     s = json.loads(st.stdout)
-    assert s["loaded"] == {"version": "535.261.03", "flavor": "open"} and s["last_run"]["state"] == "rolled-back"
+    # 535 -> 550.127.05 -> 550.127.08 failed and rolled back -> `driverd rollback`: 535 again, not the failed one
+    assert s["loaded"] == {"version": "535.261.03", "flavor": "open"} and s["last_run"]["command"] == "rollback"
+    assert s["last_run"]["state"] == "done"
+    if os.geteuid() == 0:       # both halves: the user-space switched with the modules, there and back
+        assert s["userspace"]["version"] == "535.261.03" and s["userspace"]["active"], s["userspace"]
+        assert "switch the driver's user-space to 550.127.05" in out
+        cache = (tmp_path / "demo/host/etc/ld.so.cache").read_bytes()
+        assert b"/var/lib/driverd/driver/current/lib64/libcuda.so.1" in cache
+    else:
+        assert s["userspace"] is None and "the user-space half is left out" in out
     # the plan's configure-runtime step went through driverd.runtime: handler added, CDI spec written
     d = json.loads(run_cli("detect", "--root", str(tmp_path / "demo/host"), "--json", "--no-nvml").stdout)
     [ctd] = [x for x in d["runtimes"] if x["name"] == "containerd"]
@@ -52,7 +64,7 @@ def test_detect_and_plan_of_a_captured_host_without_kmod(tmp_path, unpack_host):
     assert drv["loaded"] and drv["version"] == "580.159.04" and drv["modules"][0]["name"] == "nvidia"
     # the host's own driver is replaced only on request (driver.manage = always); that plan needs a package
     p = run_without_kmod([*_driverd().split(), "plan", "--root", root, "--driver", "580.95.05", "--json"], tmp_path,
-                         env={"DRIVERD_DRIVER_MANAGE": "always"})
+                         env={"DRIVERD_DRIVER_MANAGE": "always", "DRIVERD_PACKAGES_REPOSITORIES": "file:///srv/driverd"})
     assert p.returncode == 0, p.stderr
     assert [s["action"] for s in json.loads(p.stdout)["steps"]][:3] == ["blacklist-nouveau", "fetch-package",
                                                                          "install-package"]

@@ -262,3 +262,28 @@ def test_nothing_sent_to_the_kubernetes_api_carries_url_credentials(tmp_path):
         srv.stop()
     for doc in (node, event):
         assert SECRET not in doc and "GET https://mirror.example/repo/index.json: HTTP 401" in doc
+
+
+def test_the_user_space_fetch_sends_netrc_credentials_to_the_repository(tmp_path):
+    """userspace.fetch reads the same repositories with the same credentials (packages.netrc): the index is
+    read authenticated, and the answer is about the user-space package, not a 401."""
+    from driverd.config import load
+    from driverd.packages import userspace_source
+    seen: list = []
+    basic = "Basic " + base64.b64encode(f"robot:{SECRET}".encode()).decode()
+    srv, url = _auth_server("127.0.0.1", basic, seen)
+    root = tmp_path / "root"
+    (root / "etc/driverd").mkdir(parents=True)
+    (root / "etc/driverd/netrc").write_text(f"machine 127.0.0.1 login robot password {SECRET}\n")
+    os.chmod(root / "etc/driverd/netrc", 0o600)
+    (root / "etc/driverd/config.toml").write_text(
+        f'[packages]\nrepositories = ["{url}"]\ninsecure = true\nnetrc = "/etc/driverd/netrc"\n[userspace]\nfetch = true\n')
+    try:
+        cfg = load(Root(str(root)), None, environ={})
+        with pytest.raises(PackageError) as e:
+            userspace_source.fetch(Root(str(root)), cfg, "550.163.01", "x86_64")
+    finally:
+        srv.shutdown()
+    assert seen and seen[-1][2].get("Authorization") == basic, seen
+    line = e.value.one_line()
+    assert "its index lists 0 user-space packages" in line and SECRET not in line, line

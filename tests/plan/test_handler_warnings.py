@@ -7,10 +7,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.runtime.conftest import PEER, RT, gpu_host, install_binary
 
 BIN = "/usr/bin/nvidia-container-runtime"
 CFG = "/etc/containerd/config.toml"
+
+
+@pytest.fixture(autouse=True)
+def _a_repository(monkeypatch):
+    """A repository is configured: a plan that fetches is not blocked on "nothing can provide it"."""
+    monkeypatch.setenv("DRIVERD_PACKAGES_REPOSITORIES", "file:///srv/driverd")
 
 
 def _text(path: Path) -> str:

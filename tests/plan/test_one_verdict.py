@@ -1,5 +1,5 @@
-"""`driverd plan`, `driverd apply --dry-run` and the daemon's reconcile pass reach the same verdict for
-the same host, because one function (driverd.apply.hostplan.plan_for_host) decides for all three.
+"""`driverd plan`, `driverd apply --dry-run`, `driverd status` and the daemon's reconcile pass reach the
+same verdict for the same host, because one function (driverd.apply.hostplan.plan_for_host) decides for all.
 Checked over every kind of host tree the tests have: the captured live hosts (real kernel boundary,
 read-only trees) and simulated hosts in each state (fresh, converged, blocked, host-managed)."""
 from __future__ import annotations
@@ -71,9 +71,19 @@ def _reconcile_verdict(root: Path, kernel: str) -> tuple[str, object]:
     return ("steps" if res.runs else "converged"), res
 
 
+def _status_verdict(root: Path, env: dict) -> str:
+    r = run_cli("--root", str(root), "--json", "status", env=env)
+    assert r.returncode == 0, r.stderr
+    w = json.loads(r.stdout)["wanted"]
+    assert w["in_sync"] is (w["verdict"] == "converged"), w
+    return w["verdict"]
+
+
 def _all_three(root: Path, kernel: str) -> tuple[str, str, str, object]:
+    """plan's, apply --dry-run's and the daemon's pass's verdicts; status's (issue 32) must be plan's."""
     env = _sim_env(kernel)
     p, d = _plan_verdict(root, env), _dry_run_verdict(root, env)
+    assert _status_verdict(root, env) == p
     r, res = _reconcile_verdict(root, kernel)
     return p, d, r, res
 

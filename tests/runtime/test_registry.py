@@ -63,6 +63,12 @@ class Podman(Runtime):
         return [FileEdit(path, new, root.read_bytes(path), "owned")]
 
 
+@pytest.fixture(autouse=True)
+def _a_repository(monkeypatch):
+    """A repository is configured: a plan that fetches is not blocked on "nothing can provide it"."""
+    monkeypatch.setenv("DRIVERD_PACKAGES_REPOSITORIES", "file:///srv/driverd")
+
+
 @pytest.fixture
 def podman(monkeypatch):
     monkeypatch.setitem(registry.REGISTRY, "podman", Podman())

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -147,7 +148,7 @@ class Guest:
         blacklisted; the real modprobe then refuses to load nouveau for an NVIDIA GPU's alias."""
         load = sh("modprobe", "nouveau")
         before = self.kernel_view()
-        self.config("535.261.03", {"nvidia": {"NVreg_EnableMSI": 0, "NVreg_ResmanDebugLevel": 3,
+        self.config(self.spec["versions"]["535"], {"nvidia": {"NVreg_EnableMSI": 0, "NVreg_ResmanDebugLevel": 3,
                                               "NVreg_RegistryDwords": "RMStandin=1"}})
         apply = self.driverd("apply", "--json")
         after = self.state()
@@ -164,14 +165,14 @@ class Guest:
         """Reload to 550 whose nvidia init fails (NVreg_StandinFailInit=1 from the configuration): the
         kernel refuses the load, driverd rolls back to 535 with the parameters it was RUNNING with."""
         before = self.kernel_view()
-        self.config("550.127.05", {"nvidia": {"NVreg_EnableMSI": 0, "NVreg_ResmanDebugLevel": 3,
-                                              "NVreg_StandinFailInit": 1}})
+        self.config(self.spec["versions"]["550"], {"nvidia": {"NVreg_EnableMSI": 0, "NVreg_ResmanDebugLevel": 3,
+                                                              "NVreg_StandinFailInit": 1}})
         r = self.driverd("reload", "--package", self.spec["packages"]["550"], "--json")
         return {"before": before, "reload": r, "after": self.state()}
 
     def s_reload(self) -> dict:
         """Reload 535 -> 550 with new parameters (validated against the 550 module files first)."""
-        self.config("550.127.05", {"nvidia": {"NVreg_EnableMSI": 1, "NVreg_ResmanDebugLevel": 5}})
+        self.config(self.spec["versions"]["550"], {"nvidia": {"NVreg_EnableMSI": 1, "NVreg_ResmanDebugLevel": 5}})
         bad = self._bad_parameter()
         r = self.driverd("reload", "--package", self.spec["packages"]["550"], "--json")
         return {"bad_parameter": bad, "reload": r, "after": self.state(), "status": self.driverd("status", "--json")}
@@ -299,10 +300,65 @@ class Guest:
         out["debian_signed"] = {"preflight": dv, "modprobe_rc": r["rc"], "stderr": r["stderr"].strip()}
         sh("rmmod", "dummy")
         # Through driverd itself: apply with the untrusted-signer package refuses before loading.
-        self.config("535.261.03")
+        self.config(self.spec["versions"]["535"])
         out["apply"] = self.driverd("apply", "--json")
         out["after"] = self.kernel_view()
         return out
+
+    def s_userspace_switch(self) -> dict:
+        """Both halves of one driver (issue 31) with NVIDIA's real user-space (Debian's .debs, packed on the host
+        by `driverd build-userspace`): apply 535 (stand-in modules + real user-space 535), switch to 550 in one
+        transaction, `driverd rollback` to 535. After each, what the guest's own tools see (userspace_view)."""
+        us = f'[userspace]\npackage = "{self.spec["userspace_dir"]}"\n'
+        old, new = self.spec["versions"]["535"], self.spec["versions"]["550"]
+        out: dict = {"meminfo_before": _meminfo()}
+        for label, version, argv in (("apply_535", old, ("apply", "--json")), ("apply_550", new, ("apply", "--json")),
+                                     ("rollback", new, ("rollback", "--json"))):
+            self.config(version, extra=us)
+            out[label] = {"run": self.driverd(*argv, timeout=900), "state": self.state(),
+                          "userspace": self.userspace_view(), "status": self.driverd("status", "--json"),
+                          "meminfo": _meminfo()}
+        out["detect"] = self.driverd("detect", "--json")
+        return out
+
+    def userspace_view(self) -> dict:
+        """The user-space as the guest's own tools see it: the real ldconfig's cache (-p), the sonames readelf
+        reads in the tree userspace.root/current names, the PATH and driver-root links, and NVIDIA's nvidia-smi
+        run through the PATH link (with the loader's own account of which libnvidia-ml it opened)."""
+        root = "/var/lib/driverd/driver"
+        tree = os.path.realpath(os.path.join(root, "current"))
+        ldp = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=120)   # whole: sh() keeps a tail
+        cache = {}
+        for ln in ldp.stdout.splitlines():
+            name, sep, path = ln.strip().partition(" => ")
+            if sep and ("nvidia" in name or "libcuda" in name):
+                cache[name.split()[0]] = {"path": path, "real": os.path.realpath(path)}
+        lib64 = os.path.join(tree, "lib64")
+        sonames, links = {}, {}
+        for f in sorted(os.listdir(lib64)) if os.path.isdir(lib64) else []:
+            p = os.path.join(lib64, f)
+            if os.path.islink(p):
+                links[f] = os.readlink(p)
+                continue
+            r = sh("readelf", "-d", p)
+            m = re.search(r"\(SONAME\)\s+Library soname: \[([^\]]+)\]", r["stdout"])
+            sonames[f] = m.group(1) if m else f"<readelf rc {r['rc']}: {r['stderr'].strip()[:200]}>"
+        smi = "/usr/local/bin/nvidia-smi"
+        run = sh(smi, "--version", timeout=300) if os.path.lexists(smi) else None
+        traced = sh(smi, "--version", timeout=300, env={"LD_DEBUG": "libs"}) if os.path.lexists(smi) else None
+        loaded = [ln.split("calling init: ", 1)[1].strip() for ln in (traced or {}).get("stderr", "").splitlines()
+                  if "calling init: " in ln and "libnvidia-ml" in ln]
+        link = "/run/nvidia/driver"
+        return {"current": _readlink(os.path.join(root, "current")), "tree": tree,
+                "trees": sorted(os.listdir(root)) if os.path.isdir(root) else [],
+                "tree_bytes": _tree_bytes(root),
+                "ldconfig_rc": ldp.returncode, "ld_cache": cache,
+                "ld_conf": _read("/etc/ld.so.conf.d/00-driverd-nvidia.conf"),
+                "sonames": sonames, "links": links,
+                "bin_link": _readlink(smi), "bin_real": os.path.realpath(smi),
+                "nvidia_smi": run, "nvidia_smi_libnvidia_ml": loaded,
+                "driver_link": _readlink(link), "driver_link_real": os.path.realpath(link),
+                "manifest": json.loads(_read(os.path.join(tree, "manifest.json")) or "null")}
 
 
 def dmesg_since(mark: float | None) -> tuple[list[str], float]:
@@ -326,6 +382,31 @@ def _set_policy_terminate() -> None:
     text = text.replace("[modules]\n", '[modules]\nunload_policy = "terminate"\n', 1)
     with open("/etc/driverd/config.toml", "w") as f:
         f.write(text)
+
+
+def _readlink(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def _tree_bytes(path: str) -> int:
+    n = 0
+    for d, _dirs, files in os.walk(path):
+        for f in files:
+            st = os.lstat(os.path.join(d, f))
+            n += st.st_size if not os.path.islink(os.path.join(d, f)) else 0
+    return n
+
+
+def _meminfo() -> dict:
+    out = {}
+    for ln in (_read("/proc/meminfo") or "").splitlines():
+        k, _, v = ln.partition(":")
+        if k in ("MemTotal", "MemAvailable", "Shmem"):
+            out[k] = v.strip()
+    return out
 
 
 def _read(path: str) -> str | None:

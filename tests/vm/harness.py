@@ -1,5 +1,6 @@
 """The VM harness (tests only, never in the wheel): builds the stand-in driver modules with driverd's own
-build path, packs and signs them as driverd packages in a local repository, and boots Debian's real
+build path, packs and signs them as driverd packages in a local repository, packs NVIDIA's real user-space
+of the same versions from Debian's .debs (`driverd build-userspace --from-debs`), and boots Debian's real
 kernel under QEMU (TCG) with virtme-ng to run tests/vm/guest.py. One boot serves a group of scenarios.
 
 Where the engine lives (installed by .ci/install-components, outside the repository, keyed by version):
@@ -31,7 +32,9 @@ CI_DIR = CI_PREFIX
 KERNEL_DIR = CI_DIR / f"kernel-{RELEASE}"
 VMLINUZ = KERNEL_DIR / "boot" / f"vmlinuz-{RELEASE}"
 HEADERS = Path(f"/usr/src/linux-headers-{RELEASE}")
-OLD, NEW = "535.261.03", "550.127.05"
+# The stand-ins carry the versions of NVIDIA's real user-space beside them (Debian's bookworm 535.261.03 and sid
+# 550.163.01): driverd pairs a driver's two halves by the exact version (userspace_source.local_package).
+OLD, NEW = "535.261.03", "550.163.01"
 
 
 def find_vng() -> str | None:
@@ -96,7 +99,7 @@ def build_package(base: Path, version: str, out: Path, *, release: str = RELEASE
 class Packages:
     repo: Path                   # the repository the guest's driverd fetches from (file://)
     old: Path                    # stand-in 535.261.03, signed by the test key
-    new: Path                    # stand-in 550.127.05, signed by the test key
+    new: Path                    # stand-in 550.163.01, signed by the test key
     unsigned: Path               # stand-in 535.261.03, unsigned (for the signature group)
     other_kernel_ko: Path        # nvidia.ko built for another kernel (vermagic)
     signer: object
@@ -128,6 +131,55 @@ def extract_module(package: Path, dest: Path, name: str) -> Path:
             if ti.isreg() and ti.name.endswith(f"/{name}.ko"):
                 (dest / f"{name}.ko").write_bytes(tar.extractfile(ti).read())
     return dest / f"{name}.ko"
+
+
+# -- the real user-space ---------------------------------------------------------------------------
+# NVIDIA's user-space as Debian ships it (.ci/install-components downloads the .debs of both versions into
+# PREFIX/nvidia-userspace/<version>/ with their SHA256SUMS). The guest gets a named subset: compute and utility
+# (libcuda, its PTX JIT, NVML, nvidia-smi, nvidia-persistenced), ~55 MB unpacked per version instead of
+# ~355 MB. The whole set does not fit twice in the guest's 1 GiB (its /var is an overlay in guest memory),
+# and every byte is hashed under TCG on install and verification; the graphics, video and firmware .debs
+# go through the same code paths on host trees (tests/packages/test_userspace_real.py).
+USERSPACE_DEBS = ("libcuda1", "libnvidia-ml1", "libnvidia-ptxjitcompiler1", "nvidia-smi", "nvidia-persistenced")
+USERSPACE_DIR = CI_DIR / "nvidia-userspace"
+
+
+def missing_userspace() -> list[str]:
+    out = []
+    for v in (OLD, NEW):
+        d = USERSPACE_DIR / v
+        names = (d / "SHA256SUMS").read_text().split() if (d / "SHA256SUMS").is_file() else []
+        for p in USERSPACE_DEBS:
+            if not any(n.startswith(f"{p}_") and n.endswith(".deb") and (d / n).is_file() for n in names):
+                out.append(f"{d}/{p}_*.deb")
+    return out
+
+
+def build_userspace(base: Path) -> tuple[Path, dict[str, Path], float]:
+    """The user-space packages of OLD and NEW, made as a user makes them: the chosen .debs of one version
+    in a directory (checked against the SHA256SUMS apt's verified download wrote), then `driverd
+    build-userspace --from-debs DIR --out OUT`. Returns (OUT, {version: package}, seconds)."""
+    import hashlib
+    t0 = time.monotonic()
+    out = base / "userspace"
+    pkgs = {}
+    for v in (OLD, NEW):
+        src = USERSPACE_DIR / v
+        sums = dict(reversed(ln.split()) for ln in (src / "SHA256SUMS").read_text().splitlines() if ln.strip())
+        debs = base / f"debs-{v}"
+        debs.mkdir(parents=True)
+        for name, sha in sums.items():
+            if name.split("_")[0] in USERSPACE_DEBS:
+                data = (src / name).read_bytes()
+                assert hashlib.sha256(data).hexdigest() == sha, f"{src / name} does not match its SHA256SUMS"
+                (debs / name).write_bytes(data)
+        r = driverd_cli("build-userspace", "--from-debs", str(debs), "--out", str(out), "--json")
+        if r.returncode != 0:
+            raise AssertionError(f"driverd build-userspace {v} failed: {r.stderr[-3000:]}")
+        doc = json.loads(r.stdout)
+        assert doc["driver"] == v, doc
+        pkgs[v] = Path(doc["package"])
+    return out, pkgs, time.monotonic() - t0
 
 
 # -- booting ----------------------------------------------------------------------------------------
@@ -228,7 +280,9 @@ def _module_subset(modroot: Path) -> None:
     subprocess.run(["depmod", "-b", str(modroot), RELEASE], check=True, capture_output=True, timeout=120)
 
 
-def runtime_image(base: Path) -> Path:
+def runtime_image(base: Path, extra: dict[str, Path] | None = None) -> Path:
+    """`extra`: directories copied onto the image as RT_MOUNT/<name> (read from the guest's page cache,
+    not over 9p)."""
     import sysconfig
     stage = base / "rt-stage"
     shutil.rmtree(stage, ignore_errors=True)
@@ -251,6 +305,8 @@ def runtime_image(base: Path) -> Path:
     for f in ("guest.py", "preflight.py"):
         shutil.copy2(Path(__file__).parent / f, stage / f)
     _module_subset(stage / "modroot")
+    for name, src in (extra or {}).items():
+        shutil.copytree(src, stage / name)
     img = base / "rt.img"
     img.unlink(missing_ok=True)
     size = sum(p.stat().st_size for p in stage.rglob("*") if p.is_file() and not p.is_symlink())

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import missing_component
 from tests.vm import harness as h
 
-pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # (parameter type, name on the stand-in nvidia, values): the kernel parses each (kernel/params.c).
 PARAM_CASES = [
@@ -42,19 +42,27 @@ def vm(tmp_path_factory):
     base = tmp_path_factory.mktemp("vm")
     t0 = time.monotonic()
     pk = h.build_all(base)
-    image = h.runtime_image(base)
+    # the real user-space packages, when .ci/install-components fetched Debian's .debs (not with --only vm)
+    us_missing = h.missing_userspace()
+    us_dir, us_pkgs, us_s = h.build_userspace(base) if not us_missing else (None, {}, 0.0)
+    t1 = time.monotonic()
+    image = h.runtime_image(base, {"userspace": us_dir} if us_dir else None)
+    image_s = time.monotonic() - t1
     prep = time.monotonic() - t0
-    spec = {"scenarios": SCENARIOS, "repo": str(pk.repo), "packages": {"535": str(pk.old), "550": str(pk.new)},
+    scenarios = SCENARIOS + (["userspace_switch"] if us_dir else [])
+    spec = {"scenarios": scenarios, "repo": str(pk.repo), "packages": {"535": str(pk.old), "550": str(pk.new)},
+            "versions": {"535": h.OLD, "550": h.NEW}, "userspace_dir": f"{h.RT_MOUNT}/userspace",
             "param_cases": PARAM_CASES, "other_kernel_module": str(pk.other_kernel_ko)}
-    b = h.boot(spec, base / "out", h.image_copy(image, base / "boot1.img"), timeout=1200)
+    b = h.boot(spec, base / "out", h.image_copy(image, base / "boot1.img"), timeout=1800)
     times = {n: r.get("seconds") for n, r in b.results.items()}
-    print(f"\nVM group: packages {pk.seconds:.0f}s, preparation {prep:.0f}s, boot+run {b.seconds:.0f}s "
+    print(f"\nVM group: packages {pk.seconds:.0f}s, user-space packages {us_s:.0f}s, runtime image {image_s:.0f}s "
+          f"({image.stat().st_blocks * 512 >> 20} MiB), preparation {prep:.0f}s, boot+run {b.seconds:.0f}s "
           f"(kernel up to first scenario {b.boot_seconds}s), scenarios {times}")
-    missing = [s for s in SCENARIOS if s not in b.results]
+    missing = [s for s in scenarios if s not in b.results]
     assert not missing, f"guest did not finish {missing} (rc {b.rc}); console tail:\n{b.console[-3000:]}"
     for name, r in b.results.items():
         assert "error" not in r, f"{name}: {r['error']}"
-    return {"boot": b, "packages": pk, "base": base, "image": image}
+    return {"boot": b, "packages": pk, "base": base, "image": image, "userspace": us_pkgs, "us_missing": us_missing}
 
 
 def _mods(view: dict) -> dict:
@@ -109,7 +117,7 @@ def test_failing_reload_rolls_back_with_the_parameters_the_kernel_ran(vm):
     assert rl["rc"] == 3, rl["stderr"]
     # the kernel's own words reach the operator: modprobe's errno text and the NVRM lines
     assert "No such device" in rl["stderr"] and "init failure requested" in rl["stderr"], rl["stderr"][-2000:]
-    assert any("NVRM: driverd stand-in 550.127.05: init failure requested" in ln for ln in r["dmesg"])
+    assert any(f"NVRM: driverd stand-in {h.NEW}: init failure requested" in ln for ln in r["dmesg"])
     after = _mods(r["after"]["kernel"])
     assert after["nvidia"]["version"] == h.OLD and "535.261.03" in r["after"]["kernel"]["nvidia_version"]
     # read back from /sys/module/nvidia/parameters: the values 535 was RUNNING with, not the config's
@@ -159,6 +167,127 @@ def test_a_refused_unload_is_not_reported_as_a_failed_rollback(vm):
     """The working driver is kept and validated (steps.converge: the kernel still runs the LKG driver)."""
     ref = vm["boot"].results["holder"]["refused"]
     assert "ROLLBACK FAILED" not in ref["stderr"], ref["stderr"][-1500:]
+
+
+# -- both halves of the driver, with NVIDIA's real user-space (issue 31) -----------------------------------
+# The stand-in modules carry 535.261.03 and 550.163.01; the user-space beside them is NVIDIA's real one, built on
+# this machine from Debian's .debs by `driverd build-userspace --from-debs` (h.USERSPACE_DEBS: why a subset).
+ROOT = "/var/lib/driverd/driver"
+KEY_LIBS = {"libcuda": "libcuda.so.1", "libnvidia-ml": "libnvidia-ml.so.1",
+            "libnvidia-ptxjitcompiler": "libnvidia-ptxjitcompiler.so.1"}
+
+
+def _switch(vm) -> dict:
+    r = vm["boot"].results.get("userspace_switch")
+    if r is None:
+        missing_component("NVIDIA's user-space .debs: " + ", ".join(vm["us_missing"])
+                          + " (bash .ci/install-components fetches them)")
+    return r
+
+
+def _steps(phase: dict) -> list[str]:
+    return [s["action"] for s in phase["state"]["journal"]["steps"]]
+
+
+def _both_halves_are(phase: dict, version: str, package) -> None:
+    """The kernel runs `version`'s stand-in and every reader of the user-space in the guest finds `version`'s
+    real files in userspace.root/<version>: the loader's cache, readelf, the PATH and driver-root links."""
+    k = phase["state"]["kernel"]
+    assert {m: k["modules"][m]["version"] for m in ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")} == \
+        dict.fromkeys(("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"), version), k["modules"]
+    assert f"  {version}  " in k["nvidia_version"], k["nvidia_version"]
+    u = phase["userspace"]
+    tree = f"{ROOT}/{version}"
+    assert (u["current"], u["tree"]) == (version, tree), u
+    m = u["manifest"]
+    assert (m["kind"], m["driver"]["version"], m["provenance"]["source"]) == ("userspace", version, "debian"), m
+    assert {i["name"] for i in m["provenance"]["inputs"]} == set(h.USERSPACE_DEBS), m["provenance"]
+    # the real ldconfig's cache: the sonames resolve through `current` into this version's tree, and only there
+    assert u["ldconfig_rc"] == 0 and u["ld_conf"].splitlines()[-1] == f"{ROOT}/current/lib64", u["ld_conf"]
+    for lib, soname in KEY_LIBS.items():
+        assert u["ld_cache"][soname] == {"path": f"{ROOT}/current/lib64/{soname}",
+                                         "real": f"{tree}/lib64/{lib}.so.{version}"}, u["ld_cache"]
+    assert all(e["real"].startswith(f"{tree}/") for e in u["ld_cache"].values()), u["ld_cache"]
+    # readelf's sonames of the installed files are the manifest's, the files carry the version in their names
+    want = {f"{lib}.so.{version}": soname for lib, soname in KEY_LIBS.items()}
+    assert u["sonames"] == want, u["sonames"]
+    assert {lib["path"].rpartition("/")[2]: lib["soname"] for lib in m["libraries"]} == want
+    assert {n: u["links"][n] for n in want.values()} == {s: f for f, s in want.items()}, u["links"]
+    assert u["tree_bytes"] > 40 << 20, u["tree_bytes"]           # the real libraries (libcuda alone ~30 MB)
+    # nvidia-smi on PATH is the tree's, and the loader gave it the tree's libnvidia-ml
+    assert (u["bin_link"], u["bin_real"]) == (f"{ROOT}/current/bin/nvidia-smi", f"{tree}/bin/nvidia-smi"), u
+    assert u["nvidia_smi_libnvidia_ml"] == [f"{ROOT}/current/lib64/libnvidia-ml.so.1"], u["nvidia_smi_libnvidia_ml"]
+    # the GPU Operator's driver root
+    assert u["driver_link_real"] == tree and u["driver_link"].endswith("/current"), u
+    st = phase["status"]
+    assert st["rc"] == 0, st["stderr"]
+    assert st["json"]["loaded"]["version"] == version, st["json"]["loaded"]
+    assert (st["json"]["installed"] or {}).get("version") == version, st["json"]["installed"]
+    assert package.name.startswith(f"driverd-userspace-{version}-x86_64.")
+
+
+def _nvidia_smi_says(phase: dict, version: str) -> None:
+    """NVIDIA's nvidia-smi with the libnvidia-ml the loader gave it, against the stand-in module: its device
+    files open (on a machine without them nvidia-smi says "couldn't communicate with the NVIDIA driver", rc 9)
+    but it answers no RM ioctl, so NVML's version handshake fails — and nvidia-smi names the library's version."""
+    r = phase["userspace"]["nvidia_smi"]
+    assert r is not None
+    assert (r["rc"], r["stdout"].splitlines()) == (18, ["Failed to initialize NVML: Driver/library version mismatch",
+                                                        f"NVML library version: {version.rsplit('.', 1)[0]}"]), r
+
+
+def _sha(path) -> str:
+    from driverd.packages.archive import sha256_file
+    return sha256_file(path)
+
+
+def test_apply_installs_the_real_535_user_space_with_the_535_modules(vm):
+    r = _switch(vm)
+    a = r["apply_535"]
+    assert a["run"]["rc"] == 0, a["run"]["stderr"]
+    steps = _steps(a)
+    assert a["state"]["journal"]["state"] == "done"
+    assert steps.index("install-userspace") < steps.index("load-modules") < steps.index("validate"), steps
+    _both_halves_are(a, h.OLD, vm["userspace"][h.OLD])
+    _nvidia_smi_says(a, h.OLD)
+
+
+def test_apply_550_switches_both_halves_in_one_transaction(vm):
+    r = _switch(vm)
+    a = r["apply_550"]
+    assert a["run"]["rc"] == 0, a["run"]["stderr"]
+    j = a["state"]["journal"]
+    steps = _steps(a)
+    assert j["state"] == "done"
+    assert steps.index("unload-modules") < steps.index("install-userspace") < steps.index("load-modules") \
+        < steps.index("validate"), steps
+    # the last-known-good the transaction would restore: 535's modules and 535's user-space package
+    old_sha = _sha(vm["userspace"][h.OLD])
+    assert j["lkg"]["userspace"] == {"sha256": old_sha, "version": h.OLD}, j["lkg"]
+    _both_halves_are(a, h.NEW, vm["userspace"][h.NEW])
+    _nvidia_smi_says(a, h.NEW)
+    assert sorted(a["userspace"]["trees"]) == sorted([h.OLD, h.NEW, "current"]), a["userspace"]["trees"]
+
+
+def test_rollback_returns_both_halves_to_535(vm):
+    r = _switch(vm)
+    rb = r["rollback"]
+    assert rb["run"]["rc"] == 0, rb["run"]["stderr"]
+    j = rb["state"]["journal"]
+    assert j["state"] == "done" and j["command"] == "rollback", j["state"]
+    steps = _steps(rb)
+    assert steps.index("unload-modules") < steps.index("restore-previous-package") < steps.index("restore-userspace") \
+        < steps.index("load-modules") < steps.index("validate"), steps
+    params = {s["action"]: s["params"] for s in j["steps"]}
+    assert params["restore-previous-package"]["target_sha256"] == _sha(vm["packages"].old)
+    assert params["restore-userspace"]["sha256"] == _sha(vm["userspace"][h.OLD])
+    _both_halves_are(rb, h.OLD, vm["userspace"][h.OLD])
+    _nvidia_smi_says(rb, h.OLD)
+    # what detect reads afterwards: driverd's user-space of the loaded version, nothing foreign in front of it
+    d = r["detect"]
+    assert d["rc"] == 0, d["stderr"]
+    us = d["json"]["userspace"]
+    assert us["version"] == h.OLD and us["problems"] == [], us
 
 
 # -- the simulated kernel's claims, checked against the real one ------------------------------------
@@ -327,7 +456,7 @@ def test_sim_unknown_symbol_log_line(vm, sim):
 def vm_sig(vm):
     pk, base = vm["packages"], vm["base"]
     spec = {"scenarios": ["setup", "signatures"], "repo": str(pk.repo),
-            "packages": {"535": str(pk.old), "550": str(pk.new)},
+            "packages": {"535": str(pk.old), "550": str(pk.new)}, "versions": {"535": h.OLD, "550": h.NEW},
             "sig_packages": {"unsigned": str(pk.unsigned), "test-key": str(pk.old)}}
     b = h.boot(spec, base / "out-sig", h.image_copy(vm["image"], base / "boot2.img"), append="module.sig_enforce=1", timeout=900)
     print(f"\nVM signature group: boot+run {b.seconds:.0f}s, scenarios "

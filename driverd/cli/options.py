@@ -1,0 +1,57 @@
+"""The command line's shared vocabulary: one spelling per concept, the other spellings people type kept
+as aliases (issue 32). An alias that changed meaning warns on stderr for one release; an alias that
+is merely another spelling (--flavour, --workdir) is accepted silently.
+
+  --flavor / --flavour           the kernel-module flavour, in every command that takes one
+  --kernel RELEASE               a kernel release (build, fetch, install, rollback-install)
+  --kernel-backend real|sim      the kernel driverd drives (load, unload, reload, rollback, apply,
+                                 status); --kernel real|sim there is the deprecated spelling
+  --work-dir / --workdir         a working directory (build, build-matrix, demo)
+  --rebuild                      build even when --out holds the package (build); --force there is the
+                                 deprecated spelling. `rollout start --force` keeps kubectl drain's
+                                 meaning: delete the pods whose eviction is refused
+"""
+from __future__ import annotations
+
+import argparse
+
+FLAVORS = ("auto", "open", "proprietary")
+BACKENDS = ("auto", "real", "sim")
+BACKEND_HELP = ("kernel boundary: real (kmod tools; the default, also auto) or sim (the simulated kernel of a host "
+                "tree: used only when asked for here or by modules.kernel)")
+
+
+class Deprecated(argparse.Action):
+    """An old spelling: stores into the new option's dest and leaves a warning for main() to log (once
+    the log format is known), naming the new spelling."""
+
+    def __init__(self, option_strings, dest, *, new: str, why: str = "", **kw) -> None:
+        self.new, self.why = new, why
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, True if self.nargs == 0 else values)
+        warnings = list(getattr(namespace, "deprecated", None) or [])
+        warnings.append(f"driverd: warning: {option_string} is deprecated{self.why}: use {self.new}")
+        namespace.deprecated = warnings
+
+
+def add_flavor(p, *, choices: tuple[str, ...] = FLAVORS, help: str | None = None, **kw) -> None:
+    p.add_argument("--flavor", "--flavour", dest="flavor", choices=choices, help=help, **kw)
+
+
+def add_kernel_backend(p) -> None:
+    p.add_argument("--kernel-backend", dest="kernel_backend", choices=BACKENDS, help=BACKEND_HELP)
+    p.add_argument("--kernel", dest="kernel_backend", choices=BACKENDS, action=Deprecated, new="--kernel-backend",
+                   why=" for real|sim (--kernel names a kernel release in build, fetch and install)",
+                   help=argparse.SUPPRESS)
+
+
+def add_work_dir(p, help: str) -> None:
+    p.add_argument("--work-dir", "--workdir", dest="work_dir", metavar="DIR", help=help)
+
+
+def add_rebuild(p) -> None:
+    p.add_argument("--rebuild", action="store_true", help="build even when --out already holds the package")
+    p.add_argument("--force", dest="rebuild", nargs=0, action=Deprecated, new="--rebuild", default=False,
+                   help=argparse.SUPPRESS)

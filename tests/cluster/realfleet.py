@@ -1,0 +1,151 @@
+"""A fleet on the real control plane as a cluster runs it: every daemon with its node-bound token,
+deploy/'s admission policies applied, the product's DEFAULT Lease duration, and the coordinator on a
+node chosen by the test (started first, so it takes the Lease and keeps it: with the default Lease
+it never wanders onto the node a test acts on, as a 3 s test Lease lets it). Plus what the tests read
+back: the rollout's phase history (a watch of the rollout, every (phase, reason) it took) and the
+refusals kube-apiserver sent driverd's ServiceAccount (its audit log)."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from driverd.cluster import model as m
+from driverd.cluster.informer import Informer
+from driverd.cluster.kube import Kube, Target, lease_path, rollout_path
+from driverd.cluster.lease import LEASE_DURATION_S, LEASE_NAME
+from driverd.sim.fleet import NEW, OLD, Fleet
+
+API = "driverd.io/v1alpha1"
+SA_USER = "system:serviceaccount:driverd:driverd"
+
+
+def rollout(name: str, **spec) -> dict:
+    return {"apiVersion": API, "kind": "DriverRollout", "metadata": {"name": name}, "spec": {"driver": NEW, **spec}}
+
+
+def hosts(*names: str) -> dict:
+    return {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": list(names)}]}
+
+
+def holder(f: Fleet) -> str | None:
+    return ((f.admin.find(lease_path("driverd", LEASE_NAME)) or {}).get("spec") or {}).get("holderIdentity")
+
+
+def start_with_coordinator(f: Fleet, coordinator: str) -> Fleet:
+    """Start the fleet's daemons, `coordinator`'s first: it creates the Lease (a fresh control plane
+    has none) and renews it every third of the default duration, so it coordinates the whole test."""
+    assert f.lease_s == LEASE_DURATION_S, "the product's default Lease, not a short test Lease"
+    f._start_sim()
+    f.start_node(coordinator)
+    assert f.wait(lambda: holder(f) == coordinator, 30), f"{coordinator} did not take the Lease: {holder(f)}"
+    for name in f.nodes:
+        if name != coordinator:
+            f.start_node(name)
+    assert f.wait(lambda: all(v.driver == OLD for v in views(f).values()), 60), "daemons did not label their nodes"
+    return f
+
+
+def views(f: Fleet) -> dict[str, m.NodeView]:
+    return {n["metadata"]["name"]: m.NodeView.from_node(n) for n in f.admin.list("/api/v1/nodes")["items"]}
+
+
+class PhaseLog:
+    """Every (phase, reason) a rollout's status took, in order, from a watch of the rollouts."""
+
+    def __init__(self, f: Fleet) -> None:
+        self.seen: dict[str, list[tuple[str, str]]] = {}
+        self.lock = threading.Lock()
+        self.inf = Informer(Kube(Target(kubeconfig=f.kubeconfig)), rollout_path(), name="phase-log",
+                            on_change=self._changed).start()
+        self.inf.synced.wait(30)
+
+    def _changed(self, kind: str, obj: dict) -> None:
+        if kind in ("SYNC", "DELETED"):
+            return
+        st = obj.get("status") or {}
+        if not st.get("phase"):
+            return
+        with self.lock:
+            h = self.seen.setdefault(obj["metadata"]["name"], [])
+            cur = (st["phase"], st.get("reason") or "")
+            if not h or h[-1] != cur:
+                h.append(cur)
+
+    def phases(self, name: str) -> list[str]:
+        """The phases in order, consecutive repeats (another reason) folded."""
+        with self.lock:
+            out: list[str] = []
+            for p, _ in self.seen.get(name, []):
+                if not out or out[-1] != p:
+                    out.append(p)
+            return out
+
+    def moves(self, name: str) -> list[str]:
+        """The phases without `Preflight` (which the first status skips when every node has answered
+        before the coordinator's first pass), consecutive repeats folded."""
+        out: list[str] = []
+        for p in self.phases(name):
+            if p != "Preflight" and (not out or out[-1] != p):
+                out.append(p)
+        return out
+
+    def history(self, name: str) -> list[tuple[str, str]]:
+        with self.lock:
+            return list(self.seen.get(name, []))
+
+    def close(self) -> None:
+        self.inf.close()
+
+
+def wait_phase(f: Fleet, name: str, phases, timeout: float = 120) -> dict:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        ro = f.admin.get(rollout_path(name))
+        st = ro.get("status") or {}
+        if st.get("phase") in phases and st.get("observedGeneration") == ro["metadata"]["generation"]:
+            return ro
+        time.sleep(0.2)
+    raise AssertionError(f"rollout {name} never reached {phases}: {f.admin.get(rollout_path(name)).get('status')}; "
+                         "nodes: " + "; ".join(f"{n}: {v.state} {v.reason} {v.message[:200]}"
+                                               for n, v in views(f).items()))
+
+
+def audit_mark(cp) -> int:
+    """Where the control plane's audit log stands now (it is the session's: earlier tests wrote to it)."""
+    return len(cp.audit_log.read_bytes()) if cp.audit_log.exists() else 0
+
+
+def refusals(cp, since: int) -> list[str]:
+    """Every request of driverd's ServiceAccount kube-apiserver answered 403 after the audit log stood
+    at `since` (audit_mark), as `VERB URI: message`."""
+    out = []
+    events: dict[str, dict] = {}
+    with open(cp.audit_log, "rb") as fh:
+        fh.seek(since)
+        for line in fh.read().decode().splitlines():
+            ev = json.loads(line)
+            if ev.get("user", {}).get("username") == SA_USER and ev.get("stage") == "ResponseComplete":
+                events[ev["auditID"]] = ev
+    for ev in events.values():
+        st = ev.get("responseStatus") or {}
+        if st.get("code") == 403:
+            out.append(f"{ev.get('verb')} {ev.get('requestURI')}: {st.get('message', '')}")
+    return out
+
+
+def node_events(f: Fleet, node: str, reason: str) -> list[dict]:
+    return [e for e in f.admin.list("/api/v1/namespaces/default/events")["items"]
+            if e["involvedObject"].get("name") == node and e["involvedObject"].get("kind") == "Node"
+            and e.get("reason") == reason]
+
+
+def rollout_events(f: Fleet, name: str, reason: str | None = None) -> list[dict]:
+    evs = [e for e in f.admin.list("/api/v1/namespaces/default/events")["items"]
+           if e["involvedObject"].get("name") == name and e["involvedObject"].get("kind") == "DriverRollout"
+           and (reason is None or e.get("reason") == reason)]
+    return sorted(evs, key=lambda e: (e.get("firstTimestamp") or "", e["metadata"].get("resourceVersion", "")))
+
+
+def dump(obj) -> str:
+    return json.dumps(obj, indent=1, default=str)[:3000]
