@@ -289,6 +289,14 @@ def test_the_packaged_crd_is_the_deployed_one():
             f"copy deploy/base/{name} to driverd/data/ (or the other way round)"
 
 
+def test_the_pool_crd_is_generated_from_the_rollout_crd():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gen_pool_crd", REPO / "tools/gen_pool_crd.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert (DEPLOY / "base/crd-driverpool.yaml").read_text() == gen.render(), "run tools/gen_pool_crd.py"
+
+
 def test_a_pools_spec_is_a_rollouts_spec():
     """A DriverPool's spec is read with the rollout model (cluster/pools.py): one schema for both, field
     for field, defaults and validations included; a pool must name its nodeSelector."""
@@ -296,5 +304,5 @@ def test_a_pools_spec_is_a_rollouts_spec():
         doc = yaml.safe_load((DEPLOY / "base" / name).read_text())
         return doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     pool, rollout = spec("crd-driverpool.yaml"), spec("crd-driverrollout.yaml")
-    assert pool["properties"] == rollout["properties"]
+    assert pool["properties"] == rollout["properties"], "run tools/gen_pool_crd.py"
     assert pool["required"] == ["driver", "nodeSelector"] and rollout["required"] == ["driver"]

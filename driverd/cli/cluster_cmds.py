@@ -202,7 +202,7 @@ def cmd_start(ctx, args) -> int:
         if args.name:
             raise UsageError("--name names a rollout; a pool's rollouts are named <pool>-<revision>",
                              fix="leave --name out with --pool")
-        return pool_cmds.start(_kube(args), args, labels, exprs, mu, _print)
+        return pool_cmds.start(lambda: _kube(args), args, labels, exprs, mu, _print)
     name = args.name or "driver-" + args.driver.replace(".", "-")
     spec = {"driver": args.driver, "flavor": args.flavor or "auto", "maxParallel": _or(args.max_parallel, 1),
             "maxUnavailable": mu, "canary": _or(args.canary, 0), "failureBudget": _or(args.failure_budget, 0),

@@ -134,10 +134,11 @@ POLICY_FLAGS = (("max_parallel", "maxParallel"), ("max_unavailable", "maxUnavail
                 ("preflight", "preflight"))
 
 
-def start(kube, args, labels: dict, exprs: tuple, mu, _print) -> int:
+def start(kube_of, args, labels: dict, exprs: tuple, mu, _print) -> int:
     """`rollout start --pool NAME --driver V`: the pool's desired driver becomes V (and the policy flags
     given become its policy); the coordinator starts the pool's next rollout. With --selector and no
-    such pool, the pool is created."""
+    such pool, the pool is created. `--dry-run=client` contacts no cluster: it prints the pool as
+    --selector and the flags make it (for a GitOps repository)."""
     from driverd.cluster import pools as pl
     from driverd.cluster.kube import KubeError, pool_path
     from driverd.errors import UsageError
@@ -147,8 +148,14 @@ def start(kube, args, labels: dict, exprs: tuple, mu, _print) -> int:
     drain = {k: v for k, v in (("timeoutSeconds", args.drain_timeout), ("force", args.force or None),
                                ("deleteEmptyDirData", args.delete_emptydir_data or None)) if v is not None}
     selector = {k: v for k, v in (("matchLabels", labels), ("matchExpressions", list(exprs))) if v}
+    dry = getattr(args, "dry_run", "none") or "none"        # none | client | server (as kubectl's --dry-run)
+    client_only = dry == "client"
+    if client_only and not args.selector:
+        raise UsageError("--dry-run=client prints a new pool: it needs --selector (the pool's nodes)",
+                         fix="add --selector LABELS, or use --dry-run=server for an existing pool")
+    kube = None if client_only else kube_of()
     try:
-        cur = kube.find(pool_path(args.pool))
+        cur = None if kube is None else kube.find(pool_path(args.pool))
     except KubeError as e:
         if e.status == 404:
             raise UsageError("the DriverPool resource is not installed in this cluster",
@@ -165,8 +172,9 @@ def start(kube, args, labels: dict, exprs: tuple, mu, _print) -> int:
             spec["waitForJobs"] = {"podSelector": args.wait_for_jobs}
         obj = {"apiVersion": pl.API_VERSION, "kind": pl.KIND, "metadata": {"name": args.pool}, "spec": spec}
         _valid(obj)
-        if getattr(args, "dry_run", None):
-            _print(args, obj, f"driverpool.driverd.io/{args.pool} created (dry run)")
+        if dry != "none":           # server: the API server validates and defaults it, storing nothing
+            shown = obj if kube is None else kube.create(pool_path(), obj, dry_run=True)
+            _print(args, shown, f"driverpool.driverd.io/{args.pool} created ({dry} dry run)")
             return 0
         new = kube.create(pool_path(), obj)
         _print(args, new, f"driverpool.driverd.io/{args.pool} created: driver {args.driver} on {args.selector}; "
@@ -186,8 +194,8 @@ def start(kube, args, labels: dict, exprs: tuple, mu, _print) -> int:
         patch["waitForJobs"] = {"podSelector": args.wait_for_jobs}
     merged = dict(cur, spec={**spec, **patch})
     _valid(merged)
-    if getattr(args, "dry_run", None):
-        _print(args, merged, f"driverpool.driverd.io/{args.pool} configured (dry run): driver {args.driver}")
+    if dry != "none":
+        _print(args, merged, f"driverpool.driverd.io/{args.pool} configured ({dry} dry run): driver {args.driver}")
         return 0
     new = kube.patch(pool_path(args.pool), {"metadata": {"resourceVersion": cur["metadata"]["resourceVersion"]},
                                              "spec": patch})

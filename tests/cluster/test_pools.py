@@ -131,7 +131,7 @@ def test_changing_a_pools_driver_rolls_it_out_under_the_pools_policy(cluster):
     started(f)
     # the pool is created on the driver its nodes run: nothing moves
     rc, out, err = cli(f, "rollout", "start", "--pool", "a", "--selector", "pool=a", "--driver", OLD)
-    assert rc == 0 and "driverpool.driverd.io/a created" in out, err
+    assert rc == 0 and "driverpool.driverd.io/a created: driver" in out, err
     wait_pool(f, "a", lambda st: cond(st, "Converged").get("status") == "True" and st["nodes"]["current"] == 3)
     assert owned_rollouts(f, "a") == []
     # a rollout of its own over a pool's nodes would fight the pool: refused, naming the pool
@@ -219,3 +219,32 @@ def test_a_pool_changed_back_mid_rollout_supersedes_its_revision_and_gives_the_n
     time.sleep(2)
     assert [o["metadata"]["name"] for o in owned_rollouts(f, "a")] == ["a-1"]     # nothing to roll: no a-2
     assert {v.driver for v in views(f).values()} == {OLD}
+
+
+def test_the_pool_example_and_dry_run_manifests_pass_the_real_crd_schema(deployed, tmp_path):
+    """deploy/examples/driverpool.yaml and what `rollout start --pool … --dry-run=client -o yaml` prints
+    (no cluster contacted): accepted by kube-apiserver under deploy/'s CRD, nothing pruned."""
+    import yaml
+
+    from tests.conftest import REPO
+    example = (REPO / "deploy/examples/driverpool.yaml").read_text()
+    p = pl.Pool.from_object(dict(yaml.safe_load(example), metadata={"name": "h100", "generation": 1}))
+    assert (p.version, p.spec.max_unavailable, p.spec.canary) == ("570.195.03", "10%", 1)
+    env = dict(os.environ, PATH=f"{REPO}/.venv/bin:{os.environ['PATH']}", KUBECONFIG="/nonexistent")
+    dry = subprocess.run([f"{REPO}/.venv/bin/kubectl-driverd", "rollout", "start", "--pool", "h100", "--selector",
+                          "gpu=h100", "--driver", NEW, "--max-parallel", "3", "--dry-run=client", "-o", "yaml"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    kenv = deployed.kubectl_env(tmp_path)
+    for doc in (example, dry.stdout):
+        out = subprocess.run([KUBECTL, "create", "--dry-run=server", "--validate=strict", "-o", "json", "-f", "-"],
+                             input=doc, capture_output=True, text=True, env=kenv, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert kept(yaml.safe_load(doc)["spec"], json.loads(out.stdout)["spec"])     # nothing pruned
+
+
+def kept(sent, stored) -> bool:
+    """Everything sent is in what the server stored (which may add defaults, also in nested objects)."""
+    if isinstance(sent, dict):
+        return isinstance(stored, dict) and all(k in stored and kept(v, stored[k]) for k, v in sent.items())
+    return sent == stored
