@@ -99,27 +99,16 @@ class Reconciler:
         if loaded is None or (res.workload is not None and not res.workload.get("ok")):
             return                               # nothing runs, or this pass just found it unfit
         inst = st.installed(sctx)
-        judged = ((loaded["version"], loaded["flavor"]), inst["sha256"] if inst else None, sctx.kernel.release,
-                  fpr.fingerprint(cfg, sctx.kernel.release, inst["sha256"] if inst else None))
-        keep = self._workload_kept(judged, res.changed, cfg)
-        params: dict = {"expect": [loaded["version"], loaded["flavor"]]}
-        if keep is not None:
-            params["workload"] = False
+        fp = fpr.fingerprint(cfg, sctx.kernel.release, inst["sha256"] if inst else None)
         try:
-            out = st.REGISTRY["validate"].do(sctx, params)
+            self._validate(sctx, cfg, {"expect": [loaded["version"], loaded["flavor"]]}, loaded, inst, fp, res)
         except DriverdError as e:
-            self._workload = None
             wl = ((e.details or {}).get("validation") or {}).get("workload")
             if wl is not None:
                 res.workload, res.workload_ran = wl, True
             res.warnings.append(f"the running driver {loaded['version']} ({loaded['flavor']}) does not validate "
                                 f"either: {e.one_line()}")
             return
-        if keep is not None:
-            res.workload = keep
-        elif isinstance(out, dict) and out.get("workload"):
-            res.workload, res.workload_ran = out["workload"], True
-            self._workload = (judged, time.monotonic(), out["workload"])
         res.degraded = {"running": loaded, "wanted": cfg["driver.version"], "why": f"{res.state}: {res.reason}"}
 
     def _transact(self, sctx, req, res: Result) -> dict | None:
@@ -185,26 +174,13 @@ class Reconciler:
             self._reloaded_for.add((fp, tuple(drift)))
             if self._transact(sctx, lc.lifecycle_request("reload"), res) is None:
                 return
-        params = p.validation()
-        now_loaded = st.loaded(sctx)
-        judged = (now_loaded and (now_loaded["version"], now_loaded["flavor"]), inst["sha256"] if inst else None,
-                  sctx.kernel.release, fp)
-        keep = self._workload_kept(judged, res.changed, cfg)
-        if keep is not None:
-            params["workload"] = False
         try:
-            out = st.REGISTRY["validate"].do(sctx, params)
+            self._validate(sctx, cfg, p.validation(), st.loaded(sctx), inst, fp, res)
         except DriverdError as e:
-            self._workload = None
             res.workload = ((e.details or {}).get("validation") or {}).get("workload")
             res.workload_ran = res.workload is not None
             _fail(res, "failed", e.one_line(), "validation")
             return
-        if keep is not None:
-            res.workload = keep
-        elif isinstance(out, dict) and out.get("workload"):
-            res.workload, res.workload_ran = out["workload"], True
-            self._workload = (judged, time.monotonic(), out["workload"])
         loaded = st.loaded(sctx)
         want = cfg["driver.version"]
         if loaded is None or (want and loaded["version"] != want and not left_alone):
@@ -240,6 +216,26 @@ class Reconciler:
             return
         if rep.files_changed:
             self.log(f"driverd daemon: CDI spec {', '.join(rep.files_changed)} written: " + "; ".join(rep.notes))
+
+    def _validate(self, sctx, cfg, params: dict, loaded: dict | None, inst: dict | None, fp: str, res: Result) -> None:
+        """The validate step on the driver that runs, its workload check kept from the last passing one of this
+        same driver, package, kernel and configuration (see _workload_kept); the verdict goes into `res`. A
+        failing validation raises (and forgets the kept check)."""
+        judged = (loaded and (loaded["version"], loaded["flavor"]), inst["sha256"] if inst else None,
+                  sctx.kernel.release, fp)
+        keep = self._workload_kept(judged, res.changed, cfg)
+        if keep is not None:
+            params["workload"] = False
+        try:
+            out = st.REGISTRY["validate"].do(sctx, params)
+        except DriverdError:
+            self._workload = None
+            raise
+        if keep is not None:
+            res.workload = keep
+        elif isinstance(out, dict) and out.get("workload"):
+            res.workload, res.workload_ran = out["workload"], True
+            self._workload = (judged, time.monotonic(), out["workload"])
 
     def _workload_kept(self, judged: tuple, changed: bool, cfg) -> dict | None:
         """The last passing workload check when it still holds for this pass, else None (check again)."""

@@ -10,11 +10,14 @@ import json
 import threading
 import time
 
+import pytest
+
 from driverd.cluster import model as m
 from driverd.cluster.informer import Informer
 from driverd.cluster.kube import Kube, Target, lease_path, rollout_path
 from driverd.cluster.lease import LEASE_DURATION_S, LEASE_NAME
 from driverd.sim.fleet import NEW, OLD, Fleet
+from tests.controlplane import reset
 
 API = "driverd.io/v1alpha1"
 SA_USER = "system:serviceaccount:driverd:driverd"
@@ -149,3 +152,21 @@ def rollout_events(f: Fleet, name: str, reason: str | None = None) -> list[dict]
 
 def dump(obj) -> str:
     return json.dumps(obj, indent=1, default=str)[:3000]
+
+
+@pytest.fixture
+def make(deployed, tmp_path):
+    """make(n, **kw) -> a built Fleet of n simulated nodes on the deployed control plane (the default Lease),
+    its audit mark and operator kubeconfig set; every fleet made is stopped after the test."""
+    reset(deployed)
+    made: list[Fleet] = []
+
+    def build(n: int, **kw) -> Fleet:
+        f = Fleet(tmp_path / f"fleet{len(made)}", n, server=deployed, **kw).build()   # the default Lease
+        f.audit_from = audit_mark(deployed)
+        f.operator_kubeconfig = deployed.operator_kubeconfig(str(tmp_path / "operator.kubeconfig"))
+        made.append(f)
+        return f
+    yield build
+    for f in made:
+        f.stop()

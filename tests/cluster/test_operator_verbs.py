@@ -15,8 +15,8 @@ import pytest
 from driverd.cluster import model as m
 from driverd.cluster.kube import rollout_path
 from driverd.sim.fleet import NEW, OLD, Fleet
-from tests.cluster.realfleet import (
-    audit_mark,
+from tests.cluster.realfleet import (  # noqa: F401 (make: a fixture)
+    make,
     PhaseLog,
     hosts,
     node_events,
@@ -27,26 +27,11 @@ from tests.cluster.realfleet import (
     wait_phase,
 )
 from tests.cluster.test_rollout import cli
-from tests.controlplane import reset
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 COORD = "gpu-0000"
 
 
-@pytest.fixture
-def make(deployed, tmp_path):
-    reset(deployed)
-    made: list[Fleet] = []
-
-    def build(n: int, **kw) -> Fleet:
-        f = Fleet(tmp_path / f"fleet{len(made)}", n, server=deployed, **kw).build()   # the default Lease
-        f.audit_from = audit_mark(deployed)
-        f.operator_kubeconfig = deployed.operator_kubeconfig(str(tmp_path / "operator.kubeconfig"))
-        made.append(f)
-        return f
-    yield build
-    for f in made:
-        f.stop()
 
 
 def _ok(f: Fleet, *argv) -> str:

@@ -17,8 +17,8 @@ import pytest
 from driverd.cluster import model as m
 from driverd.cluster.kube import node_path, rollout_path
 from driverd.sim.fleet import NEW, OLD, Fleet
-from tests.cluster.realfleet import (
-    audit_mark,
+from tests.cluster.realfleet import (  # noqa: F401 (make: a fixture)
+    make,
     PhaseLog,
     hosts,
     refusals,
@@ -28,26 +28,11 @@ from tests.cluster.realfleet import (
     views,
     wait_phase,
 )
-from tests.controlplane import reset
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 COORD = "gpu-0000"
 
 
-@pytest.fixture
-def make(deployed, tmp_path):
-    reset(deployed)
-    made: list[Fleet] = []
-
-    def build(n: int, **kw) -> Fleet:
-        f = Fleet(tmp_path / f"fleet{len(made)}", n, server=deployed, **kw).build()   # the default Lease
-        f.audit_from = audit_mark(deployed)
-        f.operator_kubeconfig = deployed.operator_kubeconfig(str(tmp_path / "operator.kubeconfig"))
-        made.append(f)
-        return f
-    yield build
-    for f in made:
-        f.stop()
 
 
 def test_a_failed_node_that_stays_not_ready_leaves_the_budget_and_still_counts_as_failed(make):
