@@ -76,6 +76,16 @@ def unpack_host(tmp_path):
     return _unpack
 
 
+def stop_process(p: subprocess.Popen, grace: float = 15) -> None:
+    """SIGTERM, `grace` seconds to exit, then SIGKILL: how the tests stop the real components they started."""
+    p.terminate()
+    try:
+        p.wait(grace)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(5)
+
+
 def run_cli(*args: str, env: dict | None = None, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the installed console script `driverd` (falls back to python -m driverd outside a venv)."""
     exe = Path(sys.executable).parent / "driverd"

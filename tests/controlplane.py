@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.conftest import REPO, missing_component
+from tests.conftest import REPO, missing_component, stop_process
 
 ADMIN_TOKEN = "driverd-test-admin-token"
 # A person running `kubectl driverd`: group gpu-admins, bound to deploy/'s driverd-operator ClusterRole
@@ -175,12 +175,7 @@ class ControlPlane:
         for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
             p = self.procs.get(name)
             if p and p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(5)
+                stop_process(p)
 
     # -- access --------------------------------------------------------------------------------
     def ssl_context(self) -> ssl.SSLContext:

@@ -27,6 +27,7 @@ from driverd.cluster import operator_components as oc
 from driverd.cluster.kube import Kube, KubeError, Target, node_path, pods_path, rollout_path
 from driverd.sim.fleet import GPU_NS, NEW, OLD
 from tests.cluster.test_rollout import cluster, kube, started, views, wait_phase  # noqa: F401 (fixture)
+from tests.conftest import stop_process
 
 OPERATOR_NS = "gpu-operator"
 DP, DCGM, GFD, DRA = (oc.DEPLOY_PREFIX + c for c in ("device-plugin", "dcgm-exporter", "gpu-feature-discovery",
@@ -88,12 +89,7 @@ def daemonset_controller(deployed):
                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     log.close()
     yield p
-    p.terminate()
-    try:
-        p.wait(15)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait(5)
+    stop_process(p)
     # deploy/'s own driverd DaemonSet got pods on the test nodes meanwhile (never bound: no scheduler)
     deployed.api("DELETE", "/api/v1/namespaces/driverd/pods",
                  {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})

@@ -183,3 +183,15 @@ def journal_runs(root) -> list[dict]:
     if (base / "journal.json").exists():
         runs.append(json.loads((base / "journal.json").read_text()))
     return runs
+
+
+def cluster_node(fleet, node: str, extra: str = "") -> Path:
+    """A simulated node's host tree configured for cluster mode as deploy/ does it: the node-bound token's
+    kubeconfig at /etc/driverd/kubeconfig, [cluster] naming the node, and daemon timers of a second
+    (`extra`: more [daemon] keys). Returns the node's root."""
+    root = fleet.nodes[node].root
+    shutil.copy(fleet.node_kubeconfig(node), root / "etc/driverd/kubeconfig")
+    p = root / "etc/driverd/config.toml"
+    p.write_text(p.read_text() + f'[cluster]\nkubeconfig = "/etc/driverd/kubeconfig"\nnode_name = "{node}"\n'
+                 f'[daemon]\ninterval_s = 1\nretry_min_s = 1\nretry_max_s = 1\n{extra}')
+    return root

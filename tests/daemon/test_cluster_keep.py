@@ -6,23 +6,14 @@ deploy/'s admission policies."""
 from __future__ import annotations
 
 import os
-import shutil
 import time
 
 from driverd.cluster import model as m
 from driverd.cluster.kube import Kube, Target, node_path
 from driverd.sim.fleet import NEW, OLD, Fleet
 from tests.controlplane import reset
+from tests.daemon.conftest import cluster_node
 
-CLUSTER = '[cluster]\nkubeconfig = "/etc/driverd/kubeconfig"\nnode_name = "{node}"\n' \
-          '[daemon]\ninterval_s = 1\nretry_min_s = 1\nretry_max_s = 1\nconfig_check_s = 1\n'
-
-
-def cluster_config(f: Fleet, node: str) -> None:
-    root = f.nodes[node].root
-    shutil.copy(f.node_kubeconfig(node), root / "etc/driverd/kubeconfig")
-    p = root / "etc/driverd/config.toml"
-    p.write_text(p.read_text() + CLUSTER.format(node=node))
 
 
 def set_version(f: Fleet, node: str, version: str) -> None:
@@ -51,7 +42,7 @@ def test_a_configmap_edit_does_not_reconverge_a_node_outside_a_rollout(tmp_path,
     reset(deployed)
     f = Fleet(tmp_path / "fleet", 1, server=deployed).build()
     try:
-        cluster_config(f, "gpu-0000")
+        cluster_node(f, "gpu-0000", "config_check_s = 1\n")
         d = daemons(f.nodes["gpu-0000"].root)
         k = Kube(Target(kubeconfig=f.kubeconfig))
         wait(lambda: (k.get(node_path("gpu-0000"))["metadata"].get("labels") or {}).get(m.L_VERSION) == OLD, 30,
@@ -77,7 +68,7 @@ def test_only_a_joining_node_installs_its_desired_driver_and_a_reboot_keeps_it(t
     try:
         f.join("gpu-0100", start=False)                   # a new machine: no driver, driverd never ran here
         assert loaded(f, "gpu-0100") == ""
-        cluster_config(f, "gpu-0100")
+        cluster_node(f, "gpu-0100", "config_check_s = 1\n")
         set_version(f, "gpu-0100", NEW)
         d = daemons(f.nodes["gpu-0100"].root)
         k = Kube(Target(kubeconfig=f.kubeconfig))
@@ -121,7 +112,7 @@ def test_a_node_joining_a_pool_converges_to_the_pools_driver_before_it_is_ready(
         k.create(pool_path(), {"apiVersion": pl.API_VERSION, "kind": pl.KIND, "metadata": {"name": "h100"},
                                "spec": {"driver": NEW, "nodeSelector": {"matchLabels": {"pool": "h100"}}}})
         f.join("gpu-0100", {"pool": "h100"}, start=False)
-        cluster_config(f, "gpu-0100")                       # its configuration says OLD
+        cluster_node(f, "gpu-0100", "config_check_s = 1\n")                       # its configuration says OLD
         seen_ready: list[str] = []
 
         def on_new() -> bool:

@@ -11,18 +11,14 @@ from driverd.cluster import model as m
 from driverd.cluster.kube import Kube, Target, node_path, rollout_path
 from driverd.sim.fleet import NEW, OLD, Fleet
 from tests.controlplane import reset
+from tests.daemon.conftest import cluster_node
 
 
 def test_daemon_takes_part_in_a_rollout_and_keeps_its_result(tmp_path, daemons, deployed):
     reset(deployed)
     f = Fleet(tmp_path / "fleet", 1, server=deployed).build()
     try:
-        root = f.nodes["gpu-0000"].root
-        # the host's kubeconfig: a token of deploy/'s ServiceAccount bound to its Node
-        shutil.copy(f.node_kubeconfig("gpu-0000"), root / "etc/driverd/kubeconfig")
-        cfgp = root / "etc/driverd/config.toml"
-        cfgp.write_text(cfgp.read_text() + '[cluster]\nkubeconfig = "/etc/driverd/kubeconfig"\nnode_name = "gpu-0000"\n'
-                        '[daemon]\ninterval_s = 1\nretry_min_s = 1\nretry_max_s = 1\n')
+        root = cluster_node(f, "gpu-0000")        # the node-bound token of deploy/'s ServiceAccount
         d = daemons(root)
         d.wait_log(r"cluster mode: node gpu-0000", 30)
         k = Kube(Target(kubeconfig=f.kubeconfig))

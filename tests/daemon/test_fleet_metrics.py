@@ -3,7 +3,6 @@ its phase, on the /metrics of the daemon holding the rollout Lease, read back wi
 own parser of the text format."""
 from __future__ import annotations
 
-import shutil
 import time
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,6 +13,7 @@ from driverd.cluster.kube import Kube, Target, node_path, rollout_path
 from driverd.daemon.metrics import Metrics
 from driverd.sim.fleet import NEW, OLD, Fleet
 from tests.controlplane import reset
+from tests.daemon.conftest import cluster_node
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -96,11 +96,7 @@ def test_the_daemon_serves_the_fleet_on_metrics(tmp_path, daemons, deployed):
     reset(deployed)
     f = Fleet(tmp_path / "fleet", 1, server=deployed).build()
     try:
-        root = f.nodes["gpu-0000"].root
-        shutil.copy(f.node_kubeconfig("gpu-0000"), root / "etc/driverd/kubeconfig")
-        cfgp = root / "etc/driverd/config.toml"
-        cfgp.write_text(cfgp.read_text() + '[cluster]\nkubeconfig = "/etc/driverd/kubeconfig"\nnode_name = "gpu-0000"\n'
-                        '[daemon]\ninterval_s = 1\nretry_min_s = 1\nretry_max_s = 1\n')
+        root = cluster_node(f, "gpu-0000")        # the node-bound token of deploy/'s ServiceAccount
         d = daemons(root)
         d.wait_log(r"coordinates rollouts", 60)
         k = Kube(Target(kubeconfig=f.kubeconfig))
