@@ -28,7 +28,8 @@ def test_interrupting_a_stage_stops_the_demo(tmp_path, monkeypatch, capsys, how,
     rc = run_demo(str(tmp_path / "wd"))
     out, err = capsys.readouterr()
     assert rc == code
-    assert "as expected" not in out and "== 6." not in out and "== done" not in out
-    assert f"demo: stopped at stage 5 (reload); the sandbox stays in {tmp_path / 'wd'}" in out
+    # the reload is stage 6 (after apply, status and the upgrade that switches both halves)
+    assert "as expected" not in out and "== 7." not in out and "== done" not in out
+    assert f"demo: stopped at stage 6 (reload); the sandbox stays in {tmp_path / 'wd'}" in out
     assert err.strip().splitlines()[-1] == ("driverd: interrupted" if code == 130 else "driverd: terminated")
     assert signal.getsignal(signal.SIGTERM) == before          # the demo's handler is gone again
