@@ -376,7 +376,26 @@ def apply_deploy(cp: ControlPlane, home: Path, overlay: str = "container-mode") 
                    for c in (crd.get("status") or {}).get("conditions", [])):
                 break
             time.sleep(0.2)
+    wait_policies_configured(cp)
     return r
+
+
+def wait_policies_configured(cp: ControlPlane, timeout_s: float = 75.0) -> None:
+    """A ValidatingAdmissionPolicy with a CRD as paramKind refuses every matching request until the
+    apiserver's admission discovers that CRD (its discovery mapper resets every 30 s): wait until a
+    server-side dry run of a DriverRollout creation gets past it, as the tests' raw requests do not retry."""
+    probe = {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "policy-probe"},
+             "spec": {"driver": "550.127.05", "paused": True}}
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            cp.api("POST", "/apis/driverd.io/v1alpha1/driverrollouts?dryRun=All", probe)
+            return
+        except urllib.error.HTTPError as e:
+            body = e.read().decode(errors="replace")
+            if "failed to configure policy" not in body or time.monotonic() > end:
+                raise AssertionError(f"dry-run DriverRollout after apply: {e.code} {body[:500]}") from None
+        time.sleep(0.5)
 
 
 def reset(cp: ControlPlane) -> None:

@@ -99,3 +99,79 @@ def test_the_crd_schema_accepts_and_defaults_good_specs(control_plane, tmp_path,
     r = kubectl(env, "create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(obj))
     spec = json.loads(r.stdout)["spec"]
     assert spec["maxUnavailable"] == good.get("maxUnavailable", 1)
+
+
+@pytest.mark.real
+def test_a_request_refused_by_a_policy_whose_param_crd_is_new_is_retried_not_failed(control_plane, tmp_path):
+    """Right after `kubectl apply -k deploy/...` the apiserver's admission has not discovered the
+    DriverPool CRD yet (its discovery mapper resets every 30 s), so driverd-pool-rollouts refuses every
+    DriverRollout creation with "failed to configure policy". CI met it: 17 tests refused with 422. The
+    client retries that answer; a fresh CRD and policy here reproduce the window on the real apiserver."""
+    import time
+    import urllib.error
+    import uuid
+
+    from driverd.cluster.kube import Kube, Target
+
+    tag = uuid.uuid4().hex[:8]
+    group, kind, plural = "probe.driverd.io", f"Param{tag}", f"param{tag}s"
+    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+           "metadata": {"name": f"{plural}.{group}"},
+           "spec": {"group": group, "scope": "Cluster",
+                    "names": {"plural": plural, "singular": f"param{tag}", "kind": kind},
+                    "versions": [{"name": "v1", "served": True, "storage": True,
+                                  "schema": {"openAPIV3Schema": {"type": "object",
+                                                                 "x-kubernetes-preserve-unknown-fields": True}}}]}}
+    ns = f"probe-{tag}"
+    policy = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+              "metadata": {"name": f"probe-{tag}"},
+              "spec": {"failurePolicy": "Fail", "paramKind": {"apiVersion": f"{group}/v1", "kind": kind},
+                       "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                               "operations": ["CREATE"], "resources": ["configmaps"]}],
+                                            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}},
+                       "validations": [{"expression": "true"}]}}
+    binding = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+               "metadata": {"name": f"probe-{tag}"},
+               "spec": {"policyName": f"probe-{tag}", "validationActions": ["Deny"],
+                        "paramRef": {"selector": {}, "parameterNotFoundAction": "Allow"}}}
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "v"}}
+    cms = f"/api/v1/namespaces/{ns}/configmaps"
+    cp = control_plane
+    cp.api("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    paths = [f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.{group}",
+             f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/probe-{tag}",
+             f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/probe-{tag}",
+             f"/api/v1/namespaces/{ns}"]
+    def refused() -> str:
+        try:
+            cp.api("POST", f"{cms}?dryRun=All", {**cm, "metadata": {"name": "raw"}})
+            return ""
+        except urllib.error.HTTPError as e:
+            return e.read().decode(errors="replace")
+
+    try:
+        # as kubectl apply -k can order it: the policy is compiled before its paramKind's CRD serves
+        cp.api("POST", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies", policy)
+        cp.api("POST", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings", binding)
+        end = time.monotonic() + 15
+        while "failed to configure policy" not in refused():
+            assert time.monotonic() < end, "the policy never refused a request while its paramKind had no CRD"
+            time.sleep(0.2)
+        cp.api("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+        end = time.monotonic() + 30
+        while not any(c["type"] == "Established" and c["status"] == "True"
+                      for c in (cp.api("GET", paths[0]).get("status") or {}).get("conditions", [])):
+            assert time.monotonic() < end, "the probe CRD was never Established"
+            time.sleep(0.2)
+        time.sleep(1.5)                 # the policy is recompiled every second
+        why = refused()
+        if "failed to configure policy" not in why:
+            pytest.skip(f"the apiserver's 30 s discovery reset fell inside this test's window ({why[:200]})")
+        created = Kube(Target(kubeconfig=cp.kubeconfig), retry_for_s=75).create(cms, {**cm, "metadata": {"name": "c"}})
+        assert created["data"] == {"k": "v"}
+    finally:
+        for path in paths:
+            try:
+                cp.api("DELETE", path)
+            except urllib.error.HTTPError:
+                pass

@@ -339,7 +339,17 @@ class Kube:
 
 
 def _retryable(e: BaseException) -> bool:
-    return isinstance(e, Unreachable) or (isinstance(e, KubeError) and e.status in RETRY_STATUS)
+    return isinstance(e, Unreachable) or (isinstance(e, KubeError) and (e.status in RETRY_STATUS
+                                                                         or policy_not_configured(e)))
+
+
+def policy_not_configured(e: KubeError) -> bool:
+    """A ValidatingAdmissionPolicy whose paramKind is a CRD the API server's admission has not
+    discovered yet refuses every matching request ("failed to configure policy: failed to find resource
+    referenced by paramKind"). It is transient: the apiserver resets its discovery mapper every 30 s
+    (k8s.io/apiserver pkg/server/options/admission.go) and recompiles the policy within a second — so
+    right after `kubectl apply -k deploy/...` a DriverRollout creation is retried, not refused."""
+    return e.status == 422 and "failed to configure policy" in e.api_message
 
 
 def _error(status: int, data: bytes) -> KubeError:
