@@ -15,6 +15,34 @@ UNFINISHED = ("running", "rolling-back")
 _REQUIRED = ("run_id", "command", "state", "steps")
 
 
+def step_seconds(entry: dict) -> float | None:
+    """How long a journalled step took: the executor's `seconds` (the attempt that finished it), else
+    (a journal written before it recorded that) finished_at - started_at; None while it has not ended."""
+    if entry.get("seconds") is not None:
+        return float(entry["seconds"])
+    if entry.get("started_at") and entry.get("finished_at"):
+        return max(0.0, entry["finished_at"] - entry["started_at"])
+    return None
+
+
+def run_seconds(doc: dict) -> float | None:
+    """How long a run took, from its start to its end (or, unfinished, its last journal write): wall
+    time, an interruption included."""
+    end = doc.get("finished_at") or doc.get("updated_at")
+    return max(0.0, end - doc["started_at"]) if doc.get("started_at") and end else None
+
+
+def phases(doc: dict) -> dict:
+    """A run's duration and each step's (forward steps, then the rollback's), as status and outcomes show them."""
+    def rows(steps):
+        return [{"action": s["action"], "status": s["status"], "seconds": _r(step_seconds(s))} for s in steps or []]
+    return {"seconds": _r(run_seconds(doc)), "steps": rows(doc.get("steps")), "rollback": rows(doc.get("rollback"))}
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
 class Journal:
     def __init__(self, root, state_dir: str = "/var/lib/driverd", keep: int = 20, log=None) -> None:
         self.root = root
