@@ -44,7 +44,7 @@ def running_parameters(ctx, modules: list[str]) -> dict[str, dict[str, str]]:
     """The parameters the running modules were loaded with, as /sys/module/<m>/parameters shows
     them. NULL strings ("(null)") and empty values are left out: passing them back would set a
     literal string instead of leaving the default."""
-    mods = ctx.kernel.modules()
+    mods = ctx.kernel.modules(modules)
     out = {}
     for m in modules:
         lm = mods.get(m)
@@ -83,7 +83,7 @@ class Snapshot(StepImpl):
         return "lkg" in ctx.doc
 
     def do(self, ctx, params):
-        mods = ctx.kernel.modules()
+        mods = ctx.kernel.loaded_names()
         now = loaded(ctx)
         family = [m for m in reversed(NVIDIA_FAMILY) if m in mods]
         lkg = {"loaded": now, "modules": family, "parameters": running_parameters(ctx, family),
@@ -442,7 +442,7 @@ class UnloadModules(StepImpl):
     action = "unload-modules"
 
     def check(self, ctx, params):
-        mods = ctx.kernel.modules()
+        mods = ctx.kernel.loaded_names()
         return not any(m in mods for m in NVIDIA_FAMILY)
 
     def do(self, ctx, params):
@@ -558,7 +558,7 @@ class LoadModules(StepImpl):
 
     def check(self, ctx, params):
         expect = _expect(ctx, params)
-        mods = ctx.kernel.modules()
+        mods = ctx.kernel.loaded_names()
         ident = loaded(ctx)
         from driverd.kmod.devnodes import wanted_nodes
         nodes_ok = all(ctx.root.path(p).exists() for p, _, _ in wanted_nodes(ctx.root, set(mods)))
@@ -886,7 +886,7 @@ def _driver_is_lkg(ctx, lkg: dict) -> bool:
     """The kernel runs the recorded driver: same version and flavour, every recorded module loaded,
     with the parameters it was running with."""
     try:
-        mods = ctx.kernel.modules()
+        mods = ctx.kernel.loaded_names()
         return (loaded(ctx) == lkg.get("loaded") and all(m in mods for m in lkg.get("modules") or ())
                 and running_parameters(ctx, list(lkg.get("modules") or ())) == (lkg.get("parameters") or {}))
     except Exception:          # cannot tell: take the full way back
