@@ -5,8 +5,8 @@ runs ended. A journal that cannot be read is moved aside with its bytes kept, ne
 from __future__ import annotations
 
 import json
+import os
 import time
-import uuid
 
 from driverd.errors import JournalError
 
@@ -73,7 +73,7 @@ class Journal:
         if not repair:
             raise JournalError(f"{self.hostpath} is damaged: {problem}",
                                fix="the next driverd command that changes the host moves it aside")
-        aside = f"{self.hostpath}.damaged-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:4]}"
+        aside = f"{self.hostpath}.damaged-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
         self.root.atomic_write(aside, raw, 0o600)
         self.root.unlink(self.hostpath)
         msg = (f"the journal {self.hostpath} was damaged ({problem}); its bytes were kept in {aside} and the "
@@ -87,7 +87,7 @@ class Journal:
         self.root.atomic_write_json(self.hostpath, doc, 0o600)
 
     def new(self, command: str, steps: list[dict], meta: dict | None = None) -> dict:
-        return {"schema": SCHEMA, "run_id": time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6],
+        return {"schema": SCHEMA, "run_id": time.strftime("%Y%m%dT%H%M%S") + "-" + os.urandom(3).hex(),
                 "command": command, "state": "running", "started_at": time.time(), "meta": meta or {},
                 "steps": [{"action": s["action"], "params": s.get("params", {}), "reason": s.get("reason", ""),
                            "status": "pending"} for s in steps],
