@@ -201,6 +201,7 @@ def require_changeable(ctx) -> None:
 
 
 def transact(ctx: StepContext, req: Request, *, wait_s: float | None = None, dry_run: bool = False) -> dict:
+    ctx.memo.clear()              # what the last transaction read of the host is not this one's
     ex = executor(ctx)
     if dry_run:       # nothing is done and no journal or lock is written: the steps and whether each is needed
         return ex.preview(req.command, req.build(ctx))

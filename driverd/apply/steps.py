@@ -34,9 +34,19 @@ def loaded(ctx) -> dict | None:
     return None if ver is None else {"version": ver, "flavor": flav}
 
 
+def pci_view(ctx) -> tuple:
+    """(GPUs, NVSwitches, NICs) on the PCI bus, read once per transaction (StepContext.memo): the steps'
+    decisions of one transaction see the same devices (a reload read them five times). The validation
+    reads the bus again: it proves the driver on the host as it is."""
+    got = ctx.memo.get("pci")
+    if got is None:
+        from driverd.host import pci
+        got = ctx.memo["pci"] = pci.classify(ctx.root, pci.scan(ctx.root, []), [])
+    return got
+
+
 def _nics_switches(ctx) -> tuple[int, int]:
-    from driverd.host import pci
-    _, sw, nics = pci.classify(ctx.root, pci.scan(ctx.root, []), [])
+    _, sw, nics = pci_view(ctx)
     return len(nics), len(sw)
 
 
@@ -467,13 +477,13 @@ def _modules(ctx, params) -> list[str]:
     if params.get("modules"):
         return list(params["modules"])
     from driverd.host import modules as host_modules
-    from driverd.host import pci, rdma
+    from driverd.host import rdma
     from driverd.plan import Desired
     from driverd.plan.planner import MODULE_ORDER, decide_modules, display_gpus
     was = set(((ctx.doc or {}).get("lkg") or {}).get("modules") or ())
     loaded = host_modules.loaded_modules(ctx.root)
     running = frozenset(m for m in MODULE_ORDER if m in was or m in loaded) if (was or "nvidia" in loaded) else frozenset()
-    gpus, _, nics = pci.classify(ctx.root, pci.scan(ctx.root, []), [])
+    gpus, _, nics = pci_view(ctx)
     release = ctx.kernel.release
     ident = installed(ctx)
     facts = rdma.read_rdma(ctx.root, release, loaded) if nics else None

@@ -224,8 +224,15 @@ class RealKernel(Kernel):
                                   "the host (root / or /host)")
 
     def _tool(self, name: str) -> str:
-        from driverd.runner import which
-        return which(name) or name
+        """The tool's path on PATH, looked up once per process once found (a reload runs eight)."""
+        got = _TOOLS.get(name)
+        if got is None:
+            from driverd.runner import which
+            got = which(name)
+            if got is None:
+                return name
+            _TOOLS[name] = got
+        return got
 
     def log_mark(self) -> int:
         """Where the kernel log is now: the timestamp (µs) of its last line. Not a count of lines: once
@@ -345,6 +352,7 @@ class RealKernel(Kernel):
         return state not in (["Z"], ["X"])
 
 
+_TOOLS: dict[str, str] = {}
 _STAMP = re.compile(r"^\[\s*(\d+)\.(\d{6})\]")
 
 

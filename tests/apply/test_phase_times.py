@@ -108,3 +108,30 @@ def test_status_of_a_failed_run_names_the_failed_step_and_the_rollbacks_phases(l
     assert [w.split()[0] for w in rb[len("  rollback: "):].split(", ")] == [p["action"] for p in done], rb
     assert all(f"{p['action']} {p['seconds']:.2f}s" in rb for p in done), rb
     assert json.dumps(st)
+
+
+def test_a_reload_reads_the_pci_bus_for_its_decisions_once(loaded_host, monkeypatch):
+    """The steps' decisions of one transaction (which modules, which daemons) read the PCI devices once; the
+    validation reads them again (it proves the driver on the host as it is). A reload read them five times."""
+    from driverd.apply import lifecycle as lc
+    from driverd.config import load
+    from driverd.host import pci
+    from driverd.runner import Runner
+    from driverd.sim import install_backends
+    install_backends()
+    import sys
+    calls = []
+    real_scan = pci.scan
+
+    def counted(*a, **k):           # driverd's reads, not the simulated kernel's rendering of its GPUs
+        if not sys._getframe(1).f_globals["__name__"].startswith("driverd.sim."):
+            calls.append(sys._getframe(1).f_code.co_name)
+        return real_scan(*a, **k)
+    monkeypatch.setattr(pci, "scan", counted)
+    ctx = lc.make_context(Root(loaded_host), Runner(), load(Root(loaded_host), environ={}), "sim")
+    out = lc.transact(ctx, lc.lifecycle_request("reload"))
+    assert out["state"] == "done" and [s["action"] for s in out["steps"]][-1] == "validate"
+    assert len(calls) == 2, len(calls)
+    calls.clear()
+    assert lc.transact(ctx, lc.lifecycle_request("reload"))["state"] == "done"
+    assert len(calls) == 2          # each transaction reads the bus anew
