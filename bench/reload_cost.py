@@ -64,7 +64,7 @@ def report(res: dict) -> dict:
         for s in d["steps"]:
             phases.setdefault(s["action"], []).append(s["seconds"])
     return {"driverd_s": drv, "bare_s": bare, "run_s": inside, "driverd_median": med(drv), "bare_median": med(bare),
-            "ratio": ratio, "target": TARGET, "within": ratio <= TARGET,
+            "ratio": ratio, "target": TARGET, "within": ratio <= TARGET, "ratio_fastest": min(drv) / min(bare),
             "phases_median": {a: med(v) for a, v in phases.items()},
             "outside_run_median": med(d - i for d, i in zip(drv, inside) if i is not None),
             "python_start_median": med(res["python_start"]), "driverd_start_median": med(res["driverd_start"]),
@@ -81,9 +81,12 @@ def print_report(rep: dict, res: dict) -> None:
         print(f"{i:>3}   {d['seconds']:>12.2f}s   {d['run_seconds'] or float('nan'):>14.2f}s   {b['seconds']:>12.2f}s")
     print(f"median driverd reload {rep['driverd_median']:.2f}s, bare {rep['bare_median']:.2f}s: "
           f"ratio {rep['ratio']:.2f}x (target <= {TARGET}x: {'met' if rep['within'] else 'NOT met'})")
+    print(f"fastest of each: driverd {min(rep['driverd_s']):.2f}s, bare {min(rep['bare_s']):.2f}s: ratio "
+          f"{rep['ratio_fastest']:.2f}x (the runs least disturbed by other work on this machine)")
     print("journal phases (median): " + ", ".join(f"{a} {s:.2f}s" for a, s in rep["phases_median"].items()))
     print(f"outside the journal's run (start-up, planning, outcome): median {rep['outside_run_median']:.2f}s; "
-          f"python -c pass {rep['python_start_median']:.2f}s, driverd --version {rep['driverd_start_median']:.2f}s")
+          f"python -c pass {rep['python_start_median']:.2f}s, `driverd reload --help` (imports, parser) "
+          f"{rep['driverd_start_median']:.2f}s")
 
 
 def print_profile(path: Path, top: int = 30) -> None:
