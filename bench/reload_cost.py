@@ -106,6 +106,9 @@ def main() -> int:
     ap.add_argument("--work-dir", type=Path, help="where packages, images and the guest's results go "
                     "(default: a new temporary directory)")
     ap.add_argument("--json", type=Path, help="write every run and the medians to FILE")
+    ap.add_argument("--icount", type=int, metavar="SHIFT", help="run the guest's clock by its instructions "
+                    "(QEMU -icount shift=SHIFT, 2**SHIFT ns each; one vCPU): times in virtual seconds that other "
+                    "work on this machine does not disturb; 3 is ~125 MIPS")
     a = ap.parse_args()
     missing = h.missing_components()
     if missing:
@@ -117,7 +120,11 @@ def main() -> int:
     spec = {"scenarios": ["setup", "nouveau_then_apply", "reload_cost"], "repo": str(p["repo"]),
             "packages": {"535": str(p["old"])}, "versions": {"535": h.OLD, "550": h.NEW},
             "reload_runs": a.runs, "reload_profile": a.profile}
-    b = h.boot(spec, base / "out", h.image_copy(p["image"], base / "boot.img"), timeout=600 + 120 * a.runs)
+    b = h.boot(spec, base / "out", h.image_copy(p["image"], base / "boot.img"), timeout=600 + 120 * a.runs,
+               icount=a.icount)
+    if a.icount is not None:
+        print(f"guest clock: QEMU -icount shift={a.icount} (one vCPU): every time below is virtual, "
+              f"{2 ** a.icount} ns an instruction")
     print(f"package {p['package_s']:.0f}s, runtime image {p['image_s']:.0f}s, boot+run {b.seconds:.0f}s "
           f"(kernel up to the first scenario {b.boot_seconds}s); work dir {base}")
     res = b.results.get("reload_cost")
