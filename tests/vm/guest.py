@@ -241,7 +241,7 @@ class Guest:
             return {"seconds": r["seconds"], "rc": r["rc"], "stderr": r["stderr"][-2000:] if r["rc"] else "",
                     "state": (r.get("json") or {}).get("state"), "run_id": j.get("run_id"),
                     "run_seconds": round(j["finished_at"] - j["started_at"], 3) if j.get("finished_at") else None,
-                    "steps": [{"action": x["action"], "status": x["status"], "seconds": x.get("seconds")}
+                    "steps": [{"action": x["action"], "status": x["status"], "seconds": _step_seconds(x)}
                               for x in j.get("steps") or []], "held": held()}
 
         def one_bare() -> dict:
@@ -447,6 +447,16 @@ class Guest:
                 "nvidia_smi": run, "nvidia_smi_libnvidia_ml": loaded,
                 "driver_link": _readlink(link), "driver_link_real": os.path.realpath(link),
                 "manifest": json.loads(_read(os.path.join(tree, "manifest.json")) or "null")}
+
+
+def _step_seconds(step: dict) -> float | None:
+    """A journal step's duration: driverd's own `seconds`, else (a driverd before it recorded them) its end
+    minus its start."""
+    if step.get("seconds") is not None:
+        return step["seconds"]
+    if step.get("started_at") and step.get("finished_at"):
+        return round(step["finished_at"] - step["started_at"], 3)
+    return None
 
 
 def dmesg_since(mark: float | None) -> tuple[list[str], float]:
