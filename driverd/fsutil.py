@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import stat
 from pathlib import Path
 
@@ -43,7 +42,7 @@ def dump_json(obj: object) -> str:
 
 
 def _temp_name(name: str) -> str:
-    return f".{name[:200]}.{secrets.token_hex(4)}.tmp"
+    return f".{name[:200]}.{os.urandom(4).hex()}.tmp"
 
 
 def atomic_write_at(dir_fd: int, name: str, data: bytes | str, mode: int | None = None) -> None:

@@ -28,7 +28,6 @@ import ctypes
 import errno
 import io
 import os
-import platform
 import shutil
 import stat
 from pathlib import Path
@@ -60,7 +59,7 @@ _libc = None
 
 def _openat2(dirfd: int, path: str, flags: int, resolve: int) -> int:
     global _libc
-    nr = _OPENAT2_NR.get(platform.machine())
+    nr = _OPENAT2_NR.get(os.uname().machine)
     if nr is None:
         raise OSError(errno.ENOSYS, "openat2 is not known on this architecture")
     if _libc is None:
@@ -398,10 +397,9 @@ class Root:
     def mkdtemp(self, parent: str, prefix: str, mode: int = 0o700) -> str:
         """A new directory `<parent>/<prefix><random>` (parent created inside the root) with exactly
         `mode`; its host path."""
-        import secrets
         base = self._norm(os.fspath(parent)).rstrip("/")
         for _ in range(100):
-            hp = f"{base}/{prefix}{secrets.token_hex(6)}"
+            hp = f"{base}/{prefix}{os.urandom(6).hex()}"
             try:
                 self.mkdir(hp, mode)
                 return hp

@@ -119,6 +119,23 @@ def test_host_commands_never_import_kubernetes(tmp_path):
     assert res.returncode == 0, res.stderr
 
 
+def test_one_commands_parser_imports_only_what_its_help_needs():
+    """`driverd reload` (any command but build, build-matrix and runtime) does not import the distributions'
+    and the container runtimes' tables to write other commands' help (issue 34: start-up is part of a
+    reload's cost); the commands whose help names them still do."""
+    code = ("import sys, contextlib, io; from driverd.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try: main(['reload', '--help'])\n"
+            "    except SystemExit: pass\n"
+            "bad = [m for m in sys.modules if m.startswith(('driverd.distro', 'driverd.runtime.registry', 'sqlite3'))]\n"
+            "sys.exit(f'imported {bad}' if bad else 0)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    build = run_cli("build", "--help").stdout
+    assert "/usr/src/linux-headers-RELEASE" in build.replace("\n", "").replace(" ", ""), build
+    assert "(containerd, CRI-O, Docker)" in " ".join(run_cli("--help").stdout.split())
+
+
 def test_capture_roundtrip(tmp_path):
     src = tmp_path / "src"
     write_host(src, HostSpec(pci=[h100("0000:1b:00.0", "nvidia")], sig_enforce=True,

@@ -65,9 +65,10 @@ def parse_nvidia_params(text: str | None) -> dict[str, str]:
     return out
 
 
-def running_parameters(kernel) -> dict[str, dict[str, str]]:
-    """Loaded module -> the parameters it shows (sysfs, plus nvidia's registry keys from procfs)."""
-    out = {name: dict(m.parameters) for name, m in kernel.modules().items()}
+def running_parameters(kernel, names=None) -> dict[str, dict[str, str]]:
+    """Loaded module (of `names`, default all) -> the parameters it shows (sysfs, plus nvidia's registry
+    keys from procfs)."""
+    out = {name: dict(m.parameters) for name, m in kernel.modules(names).items()}
     if "nvidia" in out:
         for k, v in parse_nvidia_params(kernel.root.read_text("/proc/driver/nvidia/params")).items():
             out["nvidia"].setdefault(k, v)

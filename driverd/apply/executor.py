@@ -152,6 +152,7 @@ class Executor:
         impl = self.registry[s["action"]]
         params = s.get("params", {})
         resumed = s["status"] == "running"      # interrupted mid-step: its effect may be this run's own
+        t0 = time.monotonic()
         try:
             s["status"] = "running"
             s.setdefault("started_at", time.time())
@@ -182,9 +183,10 @@ class Executor:
                              + (e.one_line() if isinstance(e, DriverdError) else err["error"]))
             key = "failure" if doc["state"] == "running" else "rollback_failure"
             doc[key] = {"step": s["action"], "error": err}
+            _timed(s, t0)
             self.journal.save(doc)
             return False
-        s["finished_at"] = time.time()
+        _timed(s, t0)
         self.journal.save(doc)
         return True
 
@@ -203,6 +205,13 @@ class Executor:
                             "status": "pending"} for r in rb]
         doc["state"] = "rolling-back"
         self.journal.save(doc)
+
+
+def _timed(s: dict, t0: float) -> None:
+    """The step's end and its duration: `seconds` is this attempt's own (monotonic, preimage, check and
+    do), not finished_at - started_at, which spans an interruption when the step was resumed."""
+    s["finished_at"] = time.time()
+    s["seconds"] = round(time.monotonic() - t0, 3)
 
 
 def _b64(data: bytes | None) -> str | None:

@@ -78,7 +78,8 @@ def verdict_for_host(sctx, cfg, *, facts: Facts | None = None) -> HostVerdict:
         ver, flav, _ = parse_nvidia_version(sctx.root.read_text("/proc/driver/nvidia/version"))
         loaded = None if ver is None else {"version": ver, "flavor": flav}      # as apply.steps.loaded says it
         recorded = fpr.recorded_parameters(fpr.read(sctx.root, cfg), loaded, sctx.kernel.release)
-        drift = parameter_drift(running_parameters(sctx.kernel), cfg["modules.parameters"], recorded)
+        wanted = cfg["modules.parameters"]
+        drift = parameter_drift(running_parameters(sctx.kernel, set(wanted) | set(recorded or {})), wanted, recorded)
     return HostVerdict(p, tuple(drift))
 
 

@@ -5,14 +5,42 @@ runs ended. A journal that cannot be read is moved aside with its bytes kept, ne
 from __future__ import annotations
 
 import json
+import os
 import time
-import uuid
 
 from driverd.errors import JournalError
 
 SCHEMA = 1
 UNFINISHED = ("running", "rolling-back")
 _REQUIRED = ("run_id", "command", "state", "steps")
+
+
+def step_seconds(entry: dict) -> float | None:
+    """How long a journalled step took: the executor's `seconds` (the attempt that finished it), else
+    (a journal written before it recorded that) finished_at - started_at; None while it has not ended."""
+    if entry.get("seconds") is not None:
+        return float(entry["seconds"])
+    if entry.get("started_at") and entry.get("finished_at"):
+        return max(0.0, entry["finished_at"] - entry["started_at"])
+    return None
+
+
+def run_seconds(doc: dict) -> float | None:
+    """How long a run took, from its start to its end (or, unfinished, its last journal write): wall
+    time, an interruption included."""
+    end = doc.get("finished_at") or doc.get("updated_at")
+    return max(0.0, end - doc["started_at"]) if doc.get("started_at") and end else None
+
+
+def phases(doc: dict) -> dict:
+    """A run's duration and each step's (forward steps, then the rollback's), as status and outcomes show them."""
+    def rows(steps):
+        return [{"action": s["action"], "status": s["status"], "seconds": _r(step_seconds(s))} for s in steps or []]
+    return {"seconds": _r(run_seconds(doc)), "steps": rows(doc.get("steps")), "rollback": rows(doc.get("rollback"))}
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
 
 
 class Journal:
@@ -45,7 +73,7 @@ class Journal:
         if not repair:
             raise JournalError(f"{self.hostpath} is damaged: {problem}",
                                fix="the next driverd command that changes the host moves it aside")
-        aside = f"{self.hostpath}.damaged-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:4]}"
+        aside = f"{self.hostpath}.damaged-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
         self.root.atomic_write(aside, raw, 0o600)
         self.root.unlink(self.hostpath)
         msg = (f"the journal {self.hostpath} was damaged ({problem}); its bytes were kept in {aside} and the "
@@ -59,7 +87,7 @@ class Journal:
         self.root.atomic_write_json(self.hostpath, doc, 0o600)
 
     def new(self, command: str, steps: list[dict], meta: dict | None = None) -> dict:
-        return {"schema": SCHEMA, "run_id": time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6],
+        return {"schema": SCHEMA, "run_id": time.strftime("%Y%m%dT%H%M%S") + "-" + os.urandom(3).hex(),
                 "command": command, "state": "running", "started_at": time.time(), "meta": meta or {},
                 "steps": [{"action": s["action"], "params": s.get("params", {}), "reason": s.get("reason", ""),
                            "status": "pending"} for s in steps],

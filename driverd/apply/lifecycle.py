@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from driverd.apply.executor import Executor
-from driverd.apply.journal import UNFINISHED, Journal
+from driverd.apply.journal import UNFINISHED, Journal, phases
 from driverd.apply.lock import HostLock
 from driverd.apply.step import StepContext
 from driverd.apply import steps as st
@@ -201,6 +201,7 @@ def require_changeable(ctx) -> None:
 
 
 def transact(ctx: StepContext, req: Request, *, wait_s: float | None = None, dry_run: bool = False) -> dict:
+    ctx.memo.clear()              # what the last transaction read of the host is not this one's
     ex = executor(ctx)
     if dry_run:       # nothing is done and no journal or lock is written: the steps and whether each is needed
         return ex.preview(req.command, req.build(ctx))
@@ -255,7 +256,7 @@ def nothing_to_do(req: Request, ctx, ex: Executor) -> dict:
     return {"run_id": None, "command": req.command, "state": "nothing-to-do", "resumed": 0,
             "loaded": st.loaded(ctx), "installed": _installed_short(ctx), "failure": None, "rollback_failure": None,
             "warnings": list(ex.journal.warnings), "journal": None, "kernel": ctx.kernel.name,
-            "daemons": ctx.services.mode, "steps": [], "rollback": [], "results": []}
+            "daemons": ctx.services.mode, "seconds": None, "steps": [], "rollback": [], "results": []}
 
 
 def _installed_short(ctx) -> dict | None:
@@ -269,8 +270,7 @@ def outcome(doc: dict, ctx, ex: Executor) -> dict:
             "failure": doc.get("failure"), "rollback_failure": doc.get("rollback_failure"),
             "warnings": doc.get("warnings", []), "journal": ex.journal.hostpath,
             "kernel": ctx.kernel.name, "daemons": ctx.services.mode,
-            "steps": [{"action": s["action"], "status": s["status"]} for s in doc["steps"]],
-            "rollback": [{"action": s["action"], "status": s["status"]} for s in doc.get("rollback", [])],
+            **phases(doc),
             "results": [{"action": s["action"], "result": s.get("result")} for s in doc["steps"]
                         if s.get("result") is not None]}
 
@@ -340,14 +340,15 @@ def status(ctx) -> dict:
     rec = reboot_record(ctx)
     return {"loaded": st.loaded(ctx), "installed": inst,
             "modules": {n: {"refcount": m.refcount, "holders": list(m.holders), "parameters": m.parameters}
-                        for n, m in ctx.kernel.modules().items() if n.startswith("nvidia") or n == "nouveau"},
+                        for n, m in ctx.kernel.modules(sorted(n for n in ctx.kernel.loaded_names()
+                                                              if n.startswith("nvidia") or n == "nouveau")).items()},
             "holders": h.to_json(),
             "daemons": {d: ctx.services.running(d) for d in ("nvidia-persistenced", "nv-fabricmanager")},
             "userspace": userspace_in_use(ctx),
             "last_run": None if doc is None else {
                 "run_id": doc["run_id"], "command": doc["command"], "state": doc["state"],
                 "unfinished": doc["state"] in UNFINISHED, "failure": doc.get("failure"),
-                "warnings": doc.get("warnings", [])},
+                "warnings": doc.get("warnings", []), **phases(doc)},
             "journal_problem": problem, "history": j.history()[-5:],
             "lock_holder": holder,
             "reboot_required": rec, "kernel": ctx.kernel.name,

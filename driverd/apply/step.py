@@ -20,6 +20,9 @@ class StepContext:
     services: Any
     doc: dict = field(default_factory=dict)
     log: Callable[[str], None] = lambda msg: None
+    # what the steps read of the host that a transaction does not change (the PCI devices), read once per
+    # transaction: lifecycle.transact empties it
+    memo: dict = field(default_factory=dict)
 
     def warn(self, msg: str) -> None:
         self.doc.setdefault("warnings", []).append(msg)

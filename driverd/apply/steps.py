@@ -34,9 +34,19 @@ def loaded(ctx) -> dict | None:
     return None if ver is None else {"version": ver, "flavor": flav}
 
 
+def pci_view(ctx) -> tuple:
+    """(GPUs, NVSwitches, NICs) on the PCI bus, read once per transaction (StepContext.memo): the steps'
+    decisions of one transaction see the same devices (a reload read them five times). The validation
+    reads the bus again: it proves the driver on the host as it is."""
+    got = ctx.memo.get("pci")
+    if got is None:
+        from driverd.host import pci
+        got = ctx.memo["pci"] = pci.classify(ctx.root, pci.scan(ctx.root, []), [])
+    return got
+
+
 def _nics_switches(ctx) -> tuple[int, int]:
-    from driverd.host import pci
-    _, sw, nics = pci.classify(ctx.root, pci.scan(ctx.root, []), [])
+    _, sw, nics = pci_view(ctx)
     return len(nics), len(sw)
 
 
@@ -44,7 +54,7 @@ def running_parameters(ctx, modules: list[str]) -> dict[str, dict[str, str]]:
     """The parameters the running modules were loaded with, as /sys/module/<m>/parameters shows
     them. NULL strings ("(null)") and empty values are left out: passing them back would set a
     literal string instead of leaving the default."""
-    mods = ctx.kernel.modules()
+    mods = ctx.kernel.modules(modules)
     out = {}
     for m in modules:
         lm = mods.get(m)
@@ -83,7 +93,7 @@ class Snapshot(StepImpl):
         return "lkg" in ctx.doc
 
     def do(self, ctx, params):
-        mods = ctx.kernel.modules()
+        mods = ctx.kernel.loaded_names()
         now = loaded(ctx)
         family = [m for m in reversed(NVIDIA_FAMILY) if m in mods]
         lkg = {"loaded": now, "modules": family, "parameters": running_parameters(ctx, family),
@@ -442,7 +452,7 @@ class UnloadModules(StepImpl):
     action = "unload-modules"
 
     def check(self, ctx, params):
-        mods = ctx.kernel.modules()
+        mods = ctx.kernel.loaded_names()
         return not any(m in mods for m in NVIDIA_FAMILY)
 
     def do(self, ctx, params):
@@ -467,13 +477,13 @@ def _modules(ctx, params) -> list[str]:
     if params.get("modules"):
         return list(params["modules"])
     from driverd.host import modules as host_modules
-    from driverd.host import pci, rdma
+    from driverd.host import rdma
     from driverd.plan import Desired
     from driverd.plan.planner import MODULE_ORDER, decide_modules, display_gpus
     was = set(((ctx.doc or {}).get("lkg") or {}).get("modules") or ())
     loaded = host_modules.loaded_modules(ctx.root)
     running = frozenset(m for m in MODULE_ORDER if m in was or m in loaded) if (was or "nvidia" in loaded) else frozenset()
-    gpus, _, nics = pci.classify(ctx.root, pci.scan(ctx.root, []), [])
+    gpus, _, nics = pci_view(ctx)
     release = ctx.kernel.release
     ident = installed(ctx)
     facts = rdma.read_rdma(ctx.root, release, loaded) if nics else None
@@ -558,7 +568,7 @@ class LoadModules(StepImpl):
 
     def check(self, ctx, params):
         expect = _expect(ctx, params)
-        mods = ctx.kernel.modules()
+        mods = ctx.kernel.loaded_names()
         ident = loaded(ctx)
         from driverd.kmod.devnodes import wanted_nodes
         nodes_ok = all(ctx.root.path(p).exists() for p, _, _ in wanted_nodes(ctx.root, set(mods)))
@@ -886,7 +896,7 @@ def _driver_is_lkg(ctx, lkg: dict) -> bool:
     """The kernel runs the recorded driver: same version and flavour, every recorded module loaded,
     with the parameters it was running with."""
     try:
-        mods = ctx.kernel.modules()
+        mods = ctx.kernel.loaded_names()
         return (loaded(ctx) == lkg.get("loaded") and all(m in mods for m in lkg.get("modules") or ())
                 and running_parameters(ctx, list(lkg.get("modules") or ())) == (lkg.get("parameters") or {}))
     except Exception:          # cannot tell: take the full way back

@@ -54,6 +54,7 @@ class _Skipped:
 class _OnlyCommand:
     def __init__(self, sub, name: str) -> None:
         self.sub, self.name = sub, name
+        self.only_name = name           # driverd.cli.options.builds reads it
 
     def add_parser(self, name: str, **kw):
         return self.sub.add_parser(name, **kw) if name == self.name else _Skipped()

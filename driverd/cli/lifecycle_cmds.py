@@ -133,7 +133,8 @@ def render_outcome(o: dict) -> str:
     f = o.get("finished_first")
     if f:
         lines.append(f"first finished the interrupted {f['command']} run {f['run_id']}: {f['state']}")
-    head = f"{o['command']}: {o['state']}" + (f" (resumed {o['resumed']}x)" if o["resumed"] else "")
+    took = f" in {o['seconds']:.2f}s" if o.get("seconds") is not None else ""
+    head = f"{o['command']}: {o['state']}{took}" + (f" (resumed {o['resumed']}x)" if o["resumed"] else "")
     rb = o.get("rolled_back_run")
     if o["state"] == "rolled-back" and o.get("steps") is not None:
         from driverd.apply.lifecycle import rolled_back_words
@@ -242,6 +243,21 @@ def render_daemon(d: dict | None) -> list[str]:
     return [head]
 
 
+_MARK = {"skipped": " (in place)", "failed": " FAILED", "running": " running", "pending": None}
+
+
+def render_phases(run: dict) -> list[str]:
+    """A run's steps with their durations on one line (and its rollback's on another): where the time went.
+    Steps not reached are left out; an unfinished step says so."""
+    out = []
+    for label, rows in (("steps", run.get("steps")), ("rollback", run.get("rollback"))):
+        words = [f"{r['action']}" + (f" {r['seconds']:.2f}s" if r.get("seconds") is not None else "")
+                 + (_MARK.get(r["status"]) or "") for r in rows or [] if r["status"] != "pending"]
+        if words:
+            out.append(f"  {label + ':':<9} " + ", ".join(words))
+    return out
+
+
 def render_status(s: dict) -> str:
     lo, ins, lr = s["loaded"], s["installed"], s["last_run"]
     lines = render_wanted(s["wanted"]) if s.get("wanted") else []
@@ -269,7 +285,9 @@ def render_status(s: dict) -> str:
     if s["journal_problem"]:
         lines.append(f"journal    {s['journal_problem']}")
     if lr:
-        lines.append(f"last run   {lr['command']} {lr['state']} ({lr['run_id']})")
+        took = f" in {lr['seconds']:.2f}s" if lr.get("seconds") is not None and not lr["unfinished"] else ""
+        lines.append(f"last run   {lr['command']} {lr['state']}{took} ({lr['run_id']})")
+        lines += render_phases(lr)
         if lr["failure"]:
             lines.append(f"  failure: {lr['failure']['step']}: {lr['failure']['error'].get('error')}")
         if lr["unfinished"] and not h:

@@ -55,3 +55,10 @@ def add_rebuild(p) -> None:
     p.add_argument("--rebuild", action="store_true", help="build even when --out already holds the package")
     p.add_argument("--force", dest="rebuild", nargs=0, action=Deprecated, new="--rebuild", default=False,
                    help=argparse.SUPPRESS)
+
+
+def builds(sub, name: str) -> bool:
+    """Whether `sub` (the subparsers, or the one-command stand-in a run builds) will build command `name`:
+    what only its own help needs (the distributions' table, the runtimes') is then not imported at all."""
+    only = getattr(sub, "only_name", None)
+    return only is None or only == name

@@ -5,16 +5,24 @@ from __future__ import annotations
 import argparse
 import os
 
-from driverd import distro
 from driverd.cli.lifecycle_cmds import add_wait
-from driverd.cli.options import add_flavor, add_rebuild, add_work_dir
+from driverd.cli.options import add_flavor, add_rebuild, add_work_dir, builds
 from driverd.cli.output import emit
 from driverd.errors import EXIT_OK, UsageError
 
 F = argparse.RawDescriptionHelpFormatter
 
 
+def _default_distro(sub, command: str):
+    """The default distribution's commands, for `command`'s help: not imported when another command runs."""
+    if not builds(sub, command):
+        return None
+    from driverd import distro
+    return distro.DEFAULT
+
+
 def register(sub, common) -> None:
+    d = _default_distro(sub, "build")
     p = sub.add_parser(
         "build", parents=[common], formatter_class=F,
         help="compile the NVIDIA kernel modules for one kernel and pack them as a package",
@@ -31,7 +39,7 @@ def register(sub, common) -> None:
     p.add_argument("--source", required=True, metavar="PATH", help="NVIDIA kernel-module source: tarball or tree")
     p.add_argument("--kernel", required=True, metavar="RELEASE", help="kernel release, e.g. 6.1.0-47-cloud-amd64")
     p.add_argument("--headers", metavar="DIR", help="kernel headers (default: <root>/lib/modules/RELEASE/build, "
-                   f"then {', '.join(distro.DEFAULT.headers_for('RELEASE'))})")
+                   f"then {', '.join(d.headers_for('RELEASE')) if d else '...'})")
     add_flavor(p, required=True, choices=("open", "proprietary"), help="kernel-module flavour")
     p.add_argument("--sign-key", metavar="KEY", help="private key for sign-file: a path on this machine (the build "
                    "host), never under --root (default: signing.key, read the same way)")
@@ -70,6 +78,7 @@ def register(sub, common) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="directory (or repository) to write the package to")
     p.set_defaults(handler=cmd_build_userspace)
 
+    d = _default_distro(sub, "build-matrix")
     p = sub.add_parser(
         "build-matrix", parents=[common], formatter_class=F,
         help="build every missing (kernel x flavour x driver) cell of a matrix file",
@@ -95,7 +104,7 @@ def register(sub, common) -> None:
     p.add_argument("--sign-key", metavar="KEY", help="sign every module (default: signing.key)")
     p.add_argument("--sign-cert", metavar="CERT", help="certificate for --sign-key (default: signing.cert)")
     p.add_argument("--install-headers", action="store_true", help="install missing kernel headers with the "
-                   f"matrix's per-distro command (e.g. {distro.DEFAULT.headers_install.format(release='RELEASE')})")
+                   f"matrix's per-distro command (e.g. {d.headers_install.format(release='RELEASE') if d else '...'})")
     p.add_argument("--cells", metavar="FILE", help="build the cells listed in FILE (one id a line, the order "
                    "--only-index counts in); a rendered Job's ConfigMap carries it")
     p.add_argument("--only-index", type=int, metavar="N", help="build only the N-th selected cell (0-based; a "

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from driverd.cli.lifecycle_cmds import add_wait
+from driverd.cli.options import builds
 from driverd.cli.output import emit
 from driverd.errors import EXIT_OK
 
@@ -31,6 +32,8 @@ def _titles(last_join: str, detail: bool = False) -> str:
 
 
 def register(sub, common) -> None:
+    if not builds(sub, "runtime"):
+        return
     from driverd.runtime.registry import names
     rt = sub.add_parser("runtime", help=f"configure container runtimes ({_titles(', ')}) and CDI",
                         description="Add or remove the NVIDIA runtime handler in container runtime configuration.")

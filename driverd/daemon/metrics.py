@@ -43,6 +43,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                ProcessCollector, disable_created_metrics, generate_latest)
 from prometheus_client.core import GaugeMetricFamily
 
+from driverd.apply.journal import run_seconds, step_seconds
 from driverd.daemon.health import STATES
 
 _STEP_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
@@ -133,12 +134,13 @@ class Metrics:
         self.duration.observe(max(0.0, result.finished - result.started))
         self.last_reconcile.set(result.finished)
         for doc in result.runs:
-            end = doc.get("finished_at") or doc.get("updated_at")
-            if doc.get("started_at") and end:
-                self.runs.labels(doc["command"], doc["state"]).observe(max(0.0, end - doc["started_at"]))
+            took = run_seconds(doc)
+            if took is not None:
+                self.runs.labels(doc["command"], doc["state"]).observe(took)
             for s in list(doc.get("steps") or []) + list(doc.get("rollback") or []):
-                if s.get("started_at") and s.get("finished_at"):
-                    self.steps.labels(s["action"], s["status"]).observe(max(0.0, s["finished_at"] - s["started_at"]))
+                took = step_seconds(s)
+                if took is not None:
+                    self.steps.labels(s["action"], s["status"]).observe(took)
         wl = getattr(result, "workload", None)
         if wl is not None:
             self.workload_ready.set(1 if wl.get("ok") else 0)

@@ -11,7 +11,6 @@ yet: a build on such a host gets the default family's hints (docs/architecture.m
 from __future__ import annotations
 
 import os
-import sqlite3
 import struct
 
 from driverd.distro.base import Distro, Owned, canon
@@ -57,6 +56,7 @@ def rpm_owners(root: Root, paths: list[str]) -> tuple[dict[str, tuple[str, str]]
         if root.is_file("/var/lib/rpm/Packages"):
             return {}, "Berkeley-DB rpmdb (/var/lib/rpm/Packages) not parsed"
         return {}, None
+    import sqlite3                  # only where an rpmdb exists: its C library costs every other host's start-up
     want = {canon(p): p for p in paths}
     out: dict[str, tuple[str, str]] = {}
     try:

@@ -52,7 +52,7 @@ def wanted_nodes(root, loaded: set[str]) -> list[tuple[str, int, int]]:
 
 def create_missing(kernel) -> list[str]:
     """Create the nodes that do not exist yet; returns the paths created."""
-    loaded = set(kernel.modules())
+    loaded = kernel.loaded_names()
     made = []
     for path, major, minor in wanted_nodes(kernel.root, loaded):
         if kernel.root.exists(path) or kernel.root.readlink(path) is not None:   # inside the root, as written

@@ -160,7 +160,7 @@ def process_holders(root: Root, exclude: set[int] = frozenset()) -> list[Process
 
 def find_holders(kernel, exclude_pids: set[int] = frozenset()) -> Holders:
     """Everything that keeps the NVIDIA modules from being removed right now."""
-    mods = kernel.modules()
+    mods = kernel.modules(NVIDIA_FAMILY)
     h = Holders()
     family = [m for m in NVIDIA_FAMILY if m in mods]
     for name in family:

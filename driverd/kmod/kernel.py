@@ -2,7 +2,8 @@
 a module's dependencies in it (modprobe --show-depends). One interface, two implementations:
 
 - RealKernel: kmod tools through the Runner (`modprobe [-d ROOT] NAME k=v...`, `rmmod NAME`,
-  `depmod -b ROOT RELEASE`, `modprobe -d ROOT -S RELEASE --show-depends NAME`, `dmesg`), honouring
+  `depmod -b ROOT RELEASE`, `modprobe -d ROOT -S RELEASE --show-depends NAME`, the kernel log from
+  /dev/kmsg (driverd.kmod.kmsg; `dmesg` where it cannot be read)), honouring
   --root the way the driver container needs (root=/host).
 - SimKernel (driverd/sim/kernel.py): keeps /proc/modules, /sys/module/*/{refcnt,holders},
   /proc/driver/nvidia/* and /proc/devices inside a root tree and fails the way the real kernel fails;
@@ -23,9 +24,11 @@ import stat
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from driverd.errors import ConfigError, ModuleError
 from driverd.host.modules import INSTALL_DIR, loaded_modules, read_module
+from driverd.kmod import kmsg
 from driverd.modinfo import ModInfo, module_name, read_modinfo
 from driverd.root import Root
 
@@ -64,17 +67,27 @@ class Kernel(ABC):
         self.release = running_release(root) or ""
 
     # -- inspection (shared: both kernels expose the same procfs/sysfs files) --------------------
-    def modules(self) -> dict[str, LoadedModule]:
+    def modules(self, names: Iterable[str] | None = None) -> dict[str, LoadedModule]:
+        """The loaded modules with their refcount, holders, version and parameters (sysfs) - all of them,
+        or those of `names` that are loaded. Naming them matters: a GPU host runs a hundred modules or
+        more, each several files to read, and a reload asks a dozen times."""
+        rows = loaded_modules(self.root)
+        if names is not None:
+            rows = {n: rows[n] for n in dict.fromkeys(names) if n in rows}
         out = {}
-        for name, row in loaded_modules(self.root).items():
+        for name, row in rows.items():
             mf = read_module(self.root, name, row)
             params = {p: (self.root.read_first_line(f"/sys/module/{name}/parameters/{p}") or "")
                       for p in self.root.listdir(f"/sys/module/{name}/parameters")}
             out[name] = LoadedModule(name, mf.refcount, mf.holders, mf.version, params)
         return out
 
+    def loaded_names(self) -> set[str]:
+        """The names of the loaded modules (/proc/modules alone: the same set modules() has)."""
+        return set(loaded_modules(self.root))
+
     def is_loaded(self, name: str) -> bool:
-        return name in self.modules()
+        return name in self.loaded_names()
 
     def modules_dir(self) -> str:
         return f"/lib/modules/{self.release}"
@@ -211,25 +224,48 @@ class RealKernel(Kernel):
                                   "the host (root / or /host)")
 
     def _tool(self, name: str) -> str:
-        from driverd.runner import which
-        return which(name) or name
+        """The tool's path on PATH, looked up once per process once found (a reload runs eight)."""
+        got = _TOOLS.get(name)
+        if got is None:
+            from driverd.runner import which
+            got = which(name)
+            if got is None:
+                return name
+            _TOOLS[name] = got
+        return got
 
     def log_mark(self) -> int:
         """Where the kernel log is now: the timestamp (µs) of its last line. Not a count of lines: once
         the ring buffer is full (a long-running host, a verbose boot) old lines drop out as new ones
         arrive, and a count would hide exactly the lines of the attempt (seen on Debian's 6.1 in the VM
         tests)."""
-        stamped = _stamped(self._dmesg())
+        stamped = self._log()
         return stamped[-1][0] if stamped else 0
 
     def log_since(self, mark: int) -> list[str]:
-        return [ln for t, ln in _stamped(self._dmesg()) if t > mark]
+        return [ln for t, ln in self._log() if t > mark]
 
-    def _dmesg(self) -> list[str]:
+    def _log(self) -> list[tuple[int, str]]:
         if not self.live:      # this machine's kernel log says nothing about a captured tree
             return []
+        got = kmsg.records()
+        return got if got is not None else _stamped(self._dmesg())
+
+    def _dmesg(self) -> list[str]:
         res = self.runner.run([self._tool("dmesg")], timeout=15, check=False, mutates=False)
         return res.stdout.splitlines() if res.ok else []
+
+    def _attempt(self, verb: str, name: str, argv: list[str], timeout: float, fix) -> None:
+        """Run modprobe/rmmod; a failure carries the kernel's lines logged meanwhile (read from the log's
+        tail only then; a mark by the whole log where /dev/kmsg cannot be read). `fix`: reason -> fix."""
+        with kmsg.Tail() as tail:
+            mark = None if tail.ok else self.log_mark()
+            res = self.runner.run(argv, timeout=timeout, check=False)
+            if res.ok:
+                return
+            reason = _reason(res.stderr or res.stdout)
+            log = tail.lines() if mark is None else self.log_since(mark)
+        raise kernel_error(verb, name, reason, log or [], fix(reason))
 
     def depmod(self, release: str, check: bool = True) -> str:
         # Indexing a module tree is not a change to the running kernel: allowed for a captured tree.
@@ -273,23 +309,15 @@ class RealKernel(Kernel):
         if not self._changes_allowed():
             self.runner.run(self.load_argv(name, params))      # recorded by the dry-run runner
             return
-        mark = self.log_mark()
-        res = self.runner.run(self.load_argv(name, params), timeout=300, check=False)
-        if not res.ok:
-            reason = _reason(res.stderr or res.stdout)
-            raise kernel_error("load", name, reason, self.log_since(mark),
-                               _ERRNO_FIX.get(reason, "see the kernel log (dmesg) for the NVRM lines"))
+        self._attempt("load", name, self.load_argv(name, params), 300,
+                      lambda reason: _ERRNO_FIX.get(reason, "see the kernel log (dmesg) for the NVRM lines"))
 
     def unload(self, name: str) -> None:
         if not self._changes_allowed():
             self.runner.run(self.unload_argv(name))
             return
-        mark = self.log_mark()
-        res = self.runner.run(self.unload_argv(name), timeout=120, check=False)
-        if not res.ok:
-            reason = _reason(res.stderr or res.stdout)
-            raise kernel_error("unload", name, reason, self.log_since(mark),
-                               "stop the processes and modules holding it (driverd unload lists them)")
+        self._attempt("unload", name, self.unload_argv(name), 120,
+                      lambda reason: "stop the processes and modules holding it (driverd unload lists them)")
 
     def mknod(self, hostpath: str, major: int, minor: int) -> None:
         if not self._changes_allowed():
@@ -324,6 +352,7 @@ class RealKernel(Kernel):
         return state not in (["Z"], ["X"])
 
 
+_TOOLS: dict[str, str] = {}
 _STAMP = re.compile(r"^\[\s*(\d+)\.(\d{6})\]")
 
 

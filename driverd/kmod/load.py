@@ -266,7 +266,7 @@ def load(kernel, modules: list[str], params: dict[str, dict[str, str]], expect: 
     rep = LoadReport()
     order = dependency_order(kernel, modules)
     rep.parameters = validate_parameters(kernel, order, params)
-    loaded = kernel.modules()
+    loaded = kernel.modules(order)
     if "nvidia" in loaded:
         ver, flav, _ = parse_nvidia_version(kernel.root.read_text("/proc/driver/nvidia/version"))
         if expect and (ver, flav) != tuple(expect):
@@ -328,7 +328,7 @@ def validate(kernel, version: str | None, flavor: str | None, services=None, per
     missing = sorted(set(expected) - set(visible))
     if ver is not None and missing:
         v.problems.append(f"GPU(s) not visible to the driver: {', '.join(missing)}")
-    loaded = set(kernel.modules())
+    loaded = kernel.loaded_names()
     for m in modules:
         if m not in loaded:
             v.problems.append(f"module {m} is not loaded")

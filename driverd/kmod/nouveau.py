@@ -47,8 +47,7 @@ def unload(kernel) -> NouveauResult:
     nv = read_nouveau(kernel.root, [])
     if not nv.loaded:
         return res
-    mods = kernel.modules()
-    m = mods.get("nouveau")
+    m = kernel.modules(["nouveau"]).get("nouveau")
     in_use = m is not None and ((m.refcount or 0) > 0 or m.holders)
     if in_use:
         res.reboot_required = True

@@ -33,6 +33,19 @@ def unload_order(mods: dict, targets: set[str]) -> list[str]:
     return order
 
 
+def with_holders(kernel, targets) -> dict:
+    """The loaded targets and every module holding them, transitively: all unload_order reads (the
+    other modules of the host are not read)."""
+    mods = kernel.modules(targets)
+    asked = set(targets)
+    while True:
+        more = {h for m in mods.values() for h in m.holders} - asked
+        if not more:
+            return mods
+        asked |= more
+        mods.update(kernel.modules(sorted(more)))
+
+
 @dataclass
 class UnloadReport:
     order: list[str] = field(default_factory=list)
@@ -60,8 +73,7 @@ def terminate(kernel, holders: Holders, grace: float) -> list[str]:
 
 def unload(kernel, policy: str = "refuse", grace: float = 30.0, targets: tuple[str, ...] = NVIDIA_FAMILY) -> UnloadReport:
     rep = UnloadReport()
-    mods = kernel.modules()
-    if not any(t in mods for t in targets):
+    if not set(targets) & kernel.loaded_names():
         return rep
     h = find_holders(kernel)
     rep.holders = h.to_json()
@@ -79,12 +91,12 @@ def unload(kernel, policy: str = "refuse", grace: float = 30.0, targets: tuple[s
                           fix="stop the console/display on the GPU (nvidia_drm fbdev) or reboot",
                           details={"holders": h.to_json()})
     del foreign
-    mods = kernel.modules()
-    rep.order = unload_order(mods, set(targets))
+    rep.order = unload_order(with_holders(kernel, targets), set(targets))
     for m in rep.order:
         kernel.unload(m)
         rep.unloaded.append(m)
-    left = [m for m in rep.order if kernel.is_loaded(m)]
+    still = kernel.loaded_names()
+    left = [m for m in rep.order if m in still]
     if left:
         raise ModuleError(f"modules still loaded after unload: {', '.join(left)}", fix="check dmesg")
     return rep

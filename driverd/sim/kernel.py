@@ -178,9 +178,13 @@ class SimKernel(Kernel):
         return self._kmsg()[mark:]
 
     # -- inspection ------------------------------------------------------------------------------
-    def modules(self) -> dict[str, LoadedModule]:
+    def modules(self, names=None) -> dict[str, LoadedModule]:
         self._render()
-        return super().modules()
+        return super().modules(names)
+
+    def loaded_names(self) -> set[str]:
+        self._render()
+        return super().loaded_names()
 
     def _gpus(self) -> list:
         devs = pci.scan(self.root, [])

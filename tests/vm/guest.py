@@ -29,6 +29,7 @@ import traceback
 GPU_ADDR = "0001:00:00.0"          # the stand-in GPU (a PCI domain no real device of the VM uses)
 PCI = "/sys/bus/pci/devices"
 MODULES = ("nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia")
+PYCACHE = "/tmp/driverd-pycache"
 
 
 def sh(*argv: str, timeout: float = 120, env: dict | None = None) -> dict:
@@ -46,9 +47,14 @@ class Guest:
         self.dmesg_mark: float | None = 0.0
 
     # -- driverd ------------------------------------------------------------------------------------
-    def driverd(self, *args: str, faults: dict | None = None, timeout: float = 300) -> dict:
+    def driverd(self, *args: str, faults: dict | None = None, timeout: float = 300, bytecode: bool = False) -> dict:
+        """`bytecode`: run as an installed driverd runs, from cached bytecode (pip compiles it at install):
+        the cache goes to PYCACHE (the runtime image is read-only), the first such run fills it."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DRIVERD_", "FAULTS_"))}
         env["PYTHONDONTWRITEBYTECODE"] = "1"
+        if bytecode:
+            del env["PYTHONDONTWRITEBYTECODE"]
+            env["PYTHONPYCACHEPREFIX"] = PYCACHE
         if faults:
             env["PYTHONPATH"] = os.pathsep.join([self.spec["faults_dir"], env.get("PYTHONPATH", "")])
             env.update({k: str(v) for k, v in faults.items()})
@@ -209,6 +215,88 @@ class Guest:
                 "rmmod_with_holder": rmmod, "unload_terminate": unload, "holder_exit": rc,
                 "after_unload": after_unload, "load": load, "after": self.state()}
 
+    def s_reload_cost(self) -> dict:
+        """What `driverd reload` of the driver in use costs (the same version and parameters: stop the GPU
+        daemons, unload, load, validate) against the bare `modprobe -r` + `modprobe` of the same modules
+        with the same parameters; alternately, spec["reload_runs"] times each after one untimed run of
+        each (it fills the bytecode cache and the page cache), wall clock in the guest. Also the
+        interpreter's start and driverd's (`--version`), the journal's phases of every reload, and
+        what the kernel holds after every run. Leaves the driver loaded as it found it."""
+        import tomllib
+        runs = int(self.spec.get("reload_runs", 5))
+        before = self.kernel_view()
+        mods = [m for m in reversed(MODULES) if m in before["modules"]]           # load order
+        cfg = tomllib.loads(open("/etc/driverd/config.toml").read())
+        params = (cfg.get("modules") or {}).get("parameters") or {}
+        load = [["modprobe", m] + [f"{k}={v}" for k, v in sorted((params.get(m) or {}).items())] for m in mods]
+        bare = " && ".join(" ".join(a) for a in [["modprobe", "-r", *reversed(mods)]] + load)
+
+        def held() -> dict:
+            return {m: {"version": v["version"], "parameters": v["parameters"]}
+                    for m, v in self.kernel_view()["modules"].items() if m.startswith("nvidia")}
+
+        def one_driverd() -> dict:
+            r = self.driverd("reload", "--json", bytecode=True)
+            j = json.loads(_read("/var/lib/driverd/journal.json") or "null") or {}
+            return {"seconds": r["seconds"], "rc": r["rc"], "stderr": r["stderr"][-2000:] if r["rc"] else "",
+                    "state": (r.get("json") or {}).get("state"), "run_id": j.get("run_id"),
+                    "run_seconds": round(j["finished_at"] - j["started_at"], 3) if j.get("finished_at") else None,
+                    "steps": [{"action": x["action"], "status": x["status"], "seconds": _step_seconds(x)}
+                              for x in j.get("steps") or []], "held": held()}
+
+        def one_bare() -> dict:
+            t0 = time.monotonic()
+            r = sh("sh", "-c", bare)
+            return {"seconds": round(time.monotonic() - t0, 3), "rc": r["rc"], "stderr": r["stderr"][-2000:],
+                    "held": held()}
+
+        def timed(argv: list[str]) -> float:
+            t0 = time.monotonic()
+            subprocess.run(argv, capture_output=True, env={**{k: v for k, v in os.environ.items()
+                                                             if k != "PYTHONDONTWRITEBYTECODE"},
+                                                          "PYTHONPYCACHEPREFIX": PYCACHE}, timeout=300, cwd="/")
+            return round(time.monotonic() - t0, 3)
+
+        out: dict = {"modules": mods, "parameters": params, "bare_command": bare, "held_before": held(),
+                     "warmup": {"driverd": one_driverd(), "bare": one_bare()}, "driverd": [], "bare": []}
+        for _ in range(runs):
+            out["driverd"].append(one_driverd())
+            out["bare"].append(one_bare())
+        out["python_start"] = [timed([self.py, "-c", "pass"]) for _ in range(3)]
+        # the interpreter, driverd's imports and the reload command's parser, nothing run
+        out["driverd_start"] = [timed([self.py, "-m", "driverd", "reload", "--help"]) for _ in range(3)]
+        st = self.driverd("status", bytecode=True)
+        out["status_text"] = st.get("stdout", "")
+        out["status"] = self.driverd("status", "--json", bytecode=True).get("json")
+        if self.spec.get("reload_profile"):
+            # where a reload's time goes: function by function (cProfile's own cost inflates it), and what
+            # its imports cost (-X importtime, one more run)
+            prof = os.path.join(self.out, "reload.prof")
+            env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, "PYTHONPYCACHEPREFIX": PYCACHE}
+            r = subprocess.run([self.py, "-m", "cProfile", "-o", prof, "-m", "driverd", "reload", "--root", "/"],
+                               capture_output=True, text=True, env=env, timeout=600, cwd="/")
+            out["profile"] = {"rc": r.returncode, "path": prof, "stderr": r.stderr[-2000:]}
+            r = subprocess.run([self.py, "-X", "importtime", "-m", "driverd", "reload", "--root", "/"],
+                               capture_output=True, text=True, env=env, timeout=600, cwd="/")
+            out["importtime"] = {"rc": r.returncode, "lines": [ln for ln in r.stderr.splitlines()
+                                                                if ln.startswith("import time:")]}
+        out["kmsg_vs_dmesg"] = self.kmsg_vs_dmesg()
+        out["held_after"] = held()
+        return out
+
+    def kmsg_vs_dmesg(self) -> dict:
+        """The kernel log as driverd reads it from /dev/kmsg (driverd.kmod.kmsg) next to util-linux dmesg's
+        output, read one after the other: the lines both hold must be the same text."""
+        code = ("import json; from driverd.kmod import kmsg; r = kmsg.records(); "
+                "print(json.dumps(None if r is None else [ln for _t, ln in r]))")
+        r = subprocess.run([self.py, "-c", code], capture_output=True, text=True, timeout=300, cwd="/")
+        d = sh("dmesg")
+        try:
+            ours = json.loads(r.stdout)
+        except ValueError:
+            ours = None
+        return {"kmsg": ours, "kmsg_stderr": r.stderr[-2000:], "dmesg": d["stdout"].splitlines(), "dmesg_rc": d["rc"]}
+
     def s_kernel_claims(self) -> dict:
         """The kernel's own words for what the simulated kernel claims, by insmod/rmmod of the installed
         stand-in files directly (driverd is not involved): parameter parsing, unknown parameters,
@@ -359,6 +447,16 @@ class Guest:
                 "nvidia_smi": run, "nvidia_smi_libnvidia_ml": loaded,
                 "driver_link": _readlink(link), "driver_link_real": os.path.realpath(link),
                 "manifest": json.loads(_read(os.path.join(tree, "manifest.json")) or "null")}
+
+
+def _step_seconds(step: dict) -> float | None:
+    """A journal step's duration: driverd's own `seconds`, else (a driverd before it recorded them) its end
+    minus its start."""
+    if step.get("seconds") is not None:
+        return step["seconds"]
+    if step.get("started_at") and step.get("finished_at"):
+        return round(step["finished_at"] - step["started_at"], 3)
+    return None
 
 
 def dmesg_since(mark: float | None) -> tuple[list[str], float]:

@@ -193,9 +193,14 @@ class Boot:
     boot_seconds: float | None      # kernel start -> the guest script's first result (guest uptime)
 
 
-def boot(spec: dict, out: Path, image: Path, *, append: str | None = None, timeout: float = 600) -> Boot:
+def boot(spec: dict, out: Path, image: Path, *, append: str | None = None, timeout: float = 600, cpus: int = 2,
+         icount: int | None = None) -> Boot:
     """Boot the real kernel once and run the scenarios of `spec` in it; results come back in `out`
-    (a --rwdir shared with the guest, the only host directory the guest can write)."""
+    (a --rwdir shared with the guest, the only host directory the guest can write). `icount`: QEMU's
+    `-icount shift=N,sleep=on`: while the guest runs, its clock is the instructions it executed (2**N ns
+    each), not this machine's time, so other work here does not change its timings (bench/reload_cost.py);
+    idle, waiting for a timer or a device, it follows this machine's clock (sleep=off jumps to the next
+    timer and made a 9p read cost minutes). One vCPU: the kernel hangs bringing up a second in this mode."""
     out.mkdir(parents=True, exist_ok=True)
     rt = f"{RT_MOUNT}/py/bin/python{sys.version_info.major}.{sys.version_info.minor}"
     spec = {**spec, "out": str(out), "python": rt, "repo_root": str(REPO), "faults_dir": f"{RT_MOUNT}/faults",
@@ -203,7 +208,9 @@ def boot(spec: dict, out: Path, image: Path, *, append: str | None = None, timeo
     (out / "spec.json").write_text(json.dumps(spec, indent=1))
     vng = find_vng()
     argv = [vng, "--run", str(VMLINUZ), "--user", "root", "--disable-kvm", "--force-9p", "--verbose",
-            "--memory", "1G", "--cpus", "2", "--rwdir", str(out), "--disk", str(image)]
+            "--memory", "1G", "--cpus", str(1 if icount is not None else cpus), "--rwdir", str(out), "--disk", str(image)]
+    if icount is not None:
+        argv += ["--qemu-opts", f"-icount shift={icount},sleep=on"]
     if append:
         argv += ["--append", append]
     # The runtime image is the guest's only virtio disk (/dev/vda); its ext4 driver is a module.

@@ -27,7 +27,8 @@ PARAM_CASES = [
     # a value the kernel takes as true makes the stand-in's init fail (ENODEV): parsed, and true
     ("bool", "NVreg_StandinFailInit", ["N", "0", "off", "no", "false", "2", "of"]),
 ]
-SCENARIOS = ["setup", "nouveau_then_apply", "failing_reload", "reload", "holder", "kernel_claims"]
+SCENARIOS = ["setup", "nouveau_then_apply", "failing_reload", "reload", "holder", "reload_cost", "kernel_claims"]
+RELOAD_RUNS = 3         # each of driverd reload and the bare modprobe; bench/reload_cost.py measures more
 
 
 def _require_engine() -> None:
@@ -52,7 +53,7 @@ def vm(tmp_path_factory):
     scenarios = SCENARIOS + (["userspace_switch"] if us_dir else [])
     spec = {"scenarios": scenarios, "repo": str(pk.repo), "packages": {"535": str(pk.old), "550": str(pk.new)},
             "versions": {"535": h.OLD, "550": h.NEW}, "userspace_dir": f"{h.RT_MOUNT}/userspace",
-            "param_cases": PARAM_CASES, "other_kernel_module": str(pk.other_kernel_ko)}
+            "param_cases": PARAM_CASES, "other_kernel_module": str(pk.other_kernel_ko), "reload_runs": RELOAD_RUNS}
     b = h.boot(spec, base / "out", h.image_copy(image, base / "boot1.img"), timeout=1800)
     times = {n: r.get("seconds") for n, r in b.results.items()}
     print(f"\nVM group: packages {pk.seconds:.0f}s, user-space packages {us_s:.0f}s, runtime image {image_s:.0f}s "
@@ -167,6 +168,57 @@ def test_a_refused_unload_is_not_reported_as_a_failed_rollback(vm):
     """The working driver is kept and validated (steps.converge: the kernel still runs the LKG driver)."""
     ref = vm["boot"].results["holder"]["refused"]
     assert "ROLLBACK FAILED" not in ref["stderr"], ref["stderr"][-1500:]
+
+
+def test_reload_of_the_same_driver_keeps_modules_and_parameters_and_journals_each_phase(vm):
+    """`driverd reload` of the driver in use, and the bare modprobe -r + modprobe beside it (reload_cost;
+    the cost itself is bench/reload_cost.py's to measure, not a test's): after every run the kernel holds
+    the same modules of the same version with the same parameters, and the journal and `driverd status`
+    give each phase its time."""
+    r = vm["boot"].results["reload_cost"]
+    want = r["held_before"]
+    assert set(want) == {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"}, want
+    assert {m: v["version"] for m, v in want.items()} == dict.fromkeys(want, h.NEW)
+    p = want["nvidia"]["parameters"]
+    assert (p["NVreg_EnableMSI"], p["NVreg_ResmanDebugLevel"]) == ("1", "5"), p
+    assert r["bare_command"] == ("modprobe -r nvidia_drm nvidia_modeset nvidia_uvm nvidia && modprobe nvidia "
+                                 "NVreg_EnableMSI=1 NVreg_ResmanDebugLevel=5 && modprobe nvidia_uvm && "
+                                 "modprobe nvidia_modeset && modprobe nvidia_drm")
+    runs = [r["warmup"]["driverd"]] + r["driverd"]
+    assert len(r["driverd"]) == len(r["bare"]) == RELOAD_RUNS
+    for d in runs:
+        assert d["rc"] == 0 and d["state"] == "done", d
+        assert d["held"] == want, d
+        acts = [s["action"] for s in d["steps"]]
+        assert acts.index("stop-gpu-daemons") < acts.index("unload-modules") < acts.index("load-modules") \
+            < acts.index("validate"), acts
+        assert all(isinstance(s["seconds"], float) and s["seconds"] >= 0 for s in d["steps"]), d["steps"]
+        assert d["run_seconds"] >= sum(s["seconds"] for s in d["steps"]) - 0.01, d
+    assert len({d["run_id"] for d in runs}) == len(runs)
+    for b in [r["warmup"]["bare"]] + r["bare"]:
+        assert b["rc"] == 0 and b["held"] == want, b
+    assert r["held_after"] == want
+    last = r["status"]["last_run"]
+    assert (last["command"], last["run_id"]) == ("reload", runs[-1]["run_id"])
+    assert [(s["action"], s["seconds"]) for s in last["steps"]] == [(s["action"], s["seconds"]) for s in runs[-1]["steps"]]
+    lines = r["status_text"].splitlines()
+    head = next(ln for ln in lines if ln.startswith("last run"))
+    assert head.startswith("last run   reload done in "), head
+    steps = lines[lines.index(head) + 1]
+    assert steps.startswith("  steps:    snapshot ") and re.search(r"unload-modules \d+\.\d\ds", steps), steps
+
+
+def test_the_kernel_log_read_from_kmsg_is_dmesgs(vm):
+    """driverd reads the kernel log from /dev/kmsg itself (driverd.kmod.kmsg, no dmesg process per load): its
+    lines are util-linux dmesg's lines, word for word and stamp for stamp."""
+    k = vm["boot"].results["reload_cost"]["kmsg_vs_dmesg"]
+    assert k["kmsg"], k["kmsg_stderr"]
+    assert k["dmesg_rc"] == 0
+    ours = set(k["kmsg"])
+    def stamp(ln: str) -> float:
+        return float(ln[1:ln.index("]")])
+    theirs = [ln for ln in k["dmesg"][-200:] if ln.startswith("[") and stamp(ln) <= stamp(k["kmsg"][-1])]
+    assert len(theirs) > 50 and [ln for ln in theirs if ln not in ours] == [], theirs[-5:]
 
 
 # -- both halves of the driver, with NVIDIA's real user-space (issue 31) -----------------------------------
