@@ -45,7 +45,8 @@ class Runner:
 
     def run(self, argv: Sequence[str | os.PathLike], *, timeout: float = 120, check: bool = True,
             input: str | bytes | None = None, cwd: str | os.PathLike | None = None,
-            env: dict[str, str] | None = None, mutates: bool = True) -> Result:
+            env: dict[str, str | None] | None = None, mutates: bool = True) -> Result:
+        """env: variables added to the command's environment; a None value removes the variable."""
         args = tuple(os.fspath(a) for a in argv)
         if not args:
             raise ValueError("empty argv")
@@ -57,7 +58,8 @@ class Runner:
 
         run_env = None
         if env is not None or self.env is not None:
-            run_env = {**os.environ, **(self.env or {}), **(env or {})}
+            merged = {**os.environ, **(self.env or {}), **(env or {})}
+            run_env = {k: v for k, v in merged.items() if v is not None}
         exe = args[0] if os.sep in args[0] else shutil.which(args[0])
         if exe is None or not os.access(exe, os.X_OK):
             raise CommandError(f"command not found: {args[0]}", cause="it is not installed or not on PATH",
