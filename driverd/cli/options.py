@@ -51,6 +51,18 @@ def add_work_dir(p, help: str) -> None:
     p.add_argument("--work-dir", "--workdir", dest="work_dir", metavar="DIR", help=help)
 
 
+def add_ccache(p) -> None:
+    """The compiler cache of build and build-matrix (config build.ccache, build.ccache_dir)."""
+    p.add_argument("--ccache", choices=("auto", "on", "off"), default=None,
+                   help="compile through ccache: auto (when ccache is installed), on (required: exit 3 without "
+                   "it), off (default: build.ccache, auto). Only a compile whose preprocessed source, options and "
+                   "compiler are the same is served from the cache, and every module is checked after the build "
+                   "(vermagic, version, srcversion)")
+    p.add_argument("--ccache-dir", metavar="DIR", help="the cache directory, a path on this machine; share it "
+                   "between builds (and a Job's pods) to reuse their compiles (default: build.ccache_dir, else "
+                   "<work dir>/ccache)")
+
+
 def add_rebuild(p) -> None:
     p.add_argument("--rebuild", action="store_true", help="build even when --out already holds the package")
     p.add_argument("--force", dest="rebuild", nargs=0, action=Deprecated, new="--rebuild", default=False,
