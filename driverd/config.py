@@ -91,8 +91,8 @@ SCHEMA: dict[str, Key] = {
                              "always accepted unsigned); logged at every use"),
     "build.ccache": Key("str", "auto", "compile `driverd build` / build-matrix (and a node's local build) through "
                         "ccache: auto (when ccache is installed), on (required: a build without it fails, naming the "
-                        "fix), off; a compile is served from the cache only when its preprocessed source, options "
-                        "and compiler match, and every module is checked after the build (--ccache overrides)",
+                        "fix), off; a compile is served from the cache only when its source, options, compiler and "
+                        "every header it read match, and every module is checked after the build (--ccache overrides)",
                         ("auto", "on", "off")),
     "build.ccache_dir": Key("str", None, "the compiler cache directory (a host path, under --root; unset: "
                             "<work dir>/ccache, by default <packages.cache_dir>/build/ccache; --ccache-dir "

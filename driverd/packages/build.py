@@ -346,8 +346,9 @@ def _build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os
             tp = time.monotonic()
             sys_out, sys_src = compiler_cache.kernel_view(hdr.output, hdr.source, cell_dir)
             phases["headers"] = time.monotonic() - tp
-            env.update(compiler_cache.env(ccache, cell_dir))
-            extra = compiler_cache.make_variables(ccache, sys_out)
+            env.update(compiler_cache.env(ccache, cell_dir,
+                                          compiler_cache.tree_identity(hdr.source, hdr.output, tree)))
+            extra = compiler_cache.make_variables(compiler_cache.front(ccache, cell_dir), sys_out)
         argv = [make, f"-j{jobs}", "modules", f"SYSSRC={sys_src}", f"SYSOUT={sys_out}", f"KERNEL_UNAME={kernel}",
                 *extra]
         if log:

@@ -1,25 +1,27 @@
 """The compiler cache of `driverd build` and build-matrix: ccache, shared by every build that names the
 same directory (a build-matrix Job's pods: one volume).
 
-What a cached object may be reused for is ccache's decision, and ccache keys a compile by what decides
-its output: the preprocessed source (every header's text, every -D that changes it), the options that
-are not preprocessor options, and the compiler (ccache's manual, "How ccache works"). A new kernel ABI
-or a new driver point release therefore recompiles exactly the files whose preprocessed text changed —
-which, measured (bench/build_cache.py), is nearly all of them: a stable update of the kernel changes
-headers that every file includes (compiler_types.h, force-included into every compile, sched.h,
-mm.h...), and a driver point release changes nv-linux.h, which every file of nvidia.ko includes. NVIDIA's
-conftest never hits: conftest.sh names each test program after its shell's PID (conftest$$.c), so no
-two compiles of a test are alike. Two things would defeat even the reuse that is possible on a kbuild
-build, and are handled here:
+What a cached object may be reused for is ccache's decision. In the depend mode used here (see env())
+ccache finds a result by the source file, the compiler's options, the compiler itself and the content
+of every header the compiler listed in its dependency file when it stored the result (ccache's manual,
+"How ccache works", "The depend mode"); tree_identity() adds the set of files of every tree the headers
+come from. A new kernel ABI or a new driver point release therefore recompiles every file that reads a
+changed header — which, measured (bench/build_cache.py; docs/testing.md), is nearly all of them: a
+stable update of the kernel changes headers every file includes (compiler_types.h, force-included into
+every compile, sched.h, mm.h...), and a driver point release changes nv-linux.h, which every file of
+nvidia.ko includes. What the cache does give back in full is a rebuild of the same inputs: a retried
+Job pod, --rebuild, a repository rebuilt. NVIDIA's conftest is never cached (see _FRONT).
+
+Two things would defeat even that on a kbuild build, and are handled here:
 
 - absolute paths. Kbuild compiles from the kernel's output tree with absolute paths to the module
-  source and the kernel source (-I, -include, the source file itself, and the line markers of the
-  preprocessed text, which ccache hashes). Every cell builds in its own directory, and the header
-  trees live at per-release paths (/usr/src/linux-headers-6.1.0-47-common, ...-50-common), so no two
-  cells would ever share a compile. kernel_view() lays out a view of the header trees beside the
-  module source inside the cell directory, and ccache's base_dir (the cell directory) makes those
-  paths relative to the compile's working directory: `../../src/nvidia/nv.c`,
-  `../source/include/linux/module.h` — the same in every cell, whatever its directory or release.
+  source and the kernel source (-I, -include, the source file itself, the dependency file). Every
+  cell builds in its own directory, and the header trees live at per-release paths
+  (/usr/src/linux-headers-6.1.0-47-common, ...-50-common), so no two cells would ever share a compile.
+  kernel_view() lays out a view of the header trees beside the module source inside the cell
+  directory, and ccache's base_dir (the cell directory) makes those paths relative to the compile's
+  working directory: `../../src/nvidia/nv.c`, `../source/include/linux/module.h` — the same in every
+  cell, whatever its directory or release.
 - the working directory. Kernel objects are built with -g, and ccache then hashes the working
   directory by default (hash_dir): see env().
 
@@ -28,8 +30,10 @@ tree they were built from (driverd.packages.build: vermagic, version, srcversion
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import shlex
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,9 +91,10 @@ def from_config(root, cfg, work_dir: str | os.PathLike, mode: str | None = None,
                    where="--ccache" if mode else "build.ccache")
 
 
-def env(cache: CompilerCache, cell_dir: Path) -> dict[str, str | None]:
+def env(cache: CompilerCache, cell_dir: Path, namespace: str) -> dict[str, str | None]:
     """The environment of one cell's make: ccache's whole configuration, nothing inherited. Each
-    setting below says which part of ccache's manual (4.7, Debian bookworm's) it rests on."""
+    setting below says which part of ccache's manual (4.7, Debian bookworm's) it rests on.
+    `namespace`: tree_identity() of the trees the compiles read."""
     out: dict[str, str | None] = {k: None for k in os.environ if k.startswith("CCACHE_")}
     out.update({
         "CCACHE_DIR": str(cache.directory),
@@ -111,18 +116,24 @@ def env(cache: CompilerCache, cell_dir: Path) -> dict[str, str | None]:
         # (`strip --strip-debug`) before packing, so the CWD never reaches a package: hash_dir = false,
         # as "Compiling in different directories" prescribes for -g builds.
         "CCACHE_NOHASHDIR": "1",
-        # sloppiness: none (nothing inherited, nothing in the empty config file). The ones kernel
-        # builds are usually given — time_macros, include_file_mtime, include_file_ctime — relax checks
-        # of the direct mode alone ("The direct mode", "Handling of newly created header files"), which
-        # is off below; in the preprocessor mode a __DATE__ is expanded in the text that is hashed (and
-        # kbuild compiles with -Werror=date-time anyway).
-        # direct_mode false: the direct mode looks a result up by the source file and the headers it
-        # read last time, and "header files that were not used, but would have been used if they
-        # existed, are not" checked ("The direct mode"). With the paths made the same in every cell,
-        # that would reach across cells: a kernel release or driver source that adds a header earlier
-        # on the include path, every other input unchanged, would be served the object compiled
-        # without it. The preprocessor mode hashes this build's own preprocessed text instead.
-        "CCACHE_NODIRECT": "1",
+        # sloppiness: none (nothing inherited, nothing in the empty config file). time_macros, often
+        # given to kernel builds, is not needed: kbuild compiles with -Werror=date-time, so no source
+        # that expands __DATE__ or __TIME__ compiles at all. include_file_mtime/ctime would let a header
+        # written while a compile reads it be recorded with the wrong content ("Handling of newly
+        # created header files"); NVIDIA's conftest writes headers during the build.
+        # depend mode: "ccache will not use the preprocessor at all"; a result is found by the source
+        # file, the options and the headers the compiler itself listed in its dependency file (kbuild's
+        # -Wp,-MMD) when it stored the result ("The depend mode"). The preprocessor mode would run the
+        # preprocessor once more for every compile, hit or miss — measured (bench/build_cache.py), a
+        # fifth more CPU on a cold build, a third of a rebuild's. What the depend mode, like the direct
+        # mode, cannot see is a header that "would have been used if it existed" ("The direct mode"):
+        # with the same paths in every cell, a release or source that adds a header earlier on the
+        # include path, everything else the same, would be served the object compiled without it.
+        # CCACHE_NAMESPACE closes that: see tree_identity(). And with -MMD "ccache will ignore changes
+        # in" system headers: a kernel build has one system directory, the compiler's own
+        # (-nostdinc -isystem <gcc>/include), which changes with the compiler (compiler_check below).
+        "CCACHE_DEPEND": "1",
+        "CCACHE_NAMESPACE": namespace,
         # compiler_check content: "Hash the content of the compiler binary". The default (mtime and
         # size) cannot tell two compilers apart in images built with clamped timestamps
         # (SOURCE_DATE_EPOCH), and the cache is shared by pods of whatever image a Job names. (The
@@ -152,8 +163,29 @@ def stats_log(cell_dir: Path) -> Path:
     return cell_dir / "ccache-stats.log"
 
 
-def make_variables(cache: CompilerCache, kernel_build: Path) -> list[str]:
-    """make variables that put ccache in front of the compiler kbuild would use anyway.
+# NVIDIA's conftest.sh names every test program it compiles after its shell's PID (conftest$$.c, with
+# -DKBUILD_BASENAME="#conftest$$"): no two are alike, so none is ever served from the cache, and
+# through ccache each would cost a preprocessor run more (and a cache entry never read). Several hundred
+# of them run in every build; they go to the compiler directly.
+_FRONT = """#!/bin/sh
+# written by driverd: kbuild's compiler, through ccache except NVIDIA's conftest programs
+for a do
+  case "${a##*/}" in conftest[0-9]*.c) exec "$@";; esac
+done
+exec %s "$@"
+"""
+
+
+def front(cache: CompilerCache, cell_dir: Path) -> Path:
+    """The command kbuild puts in front of its compiler (see _FRONT), written into the cell."""
+    p = cell_dir / "ccache-front"
+    p.write_text(_FRONT % shlex.quote(cache.binary))
+    p.chmod(0o755)
+    return p
+
+
+def make_variables(front_cmd: Path, kernel_build: Path) -> list[str]:
+    """make variables that put `front_cmd` (ccache) in front of the compiler kbuild would use anyway.
 
     Debian's header trees choose the kernel's own compiler in `.kernelvariables` (`CC = $(if
     $(DEBIAN_KERNEL_USE_CCACHE),$(CCACHE)) $(CROSS_COMPILE)gcc-12`): that hook is used, so the compiler
@@ -164,8 +196,8 @@ def make_variables(cache: CompilerCache, kernel_build: Path) -> list[str]:
     except OSError:
         kv = ""
     if "DEBIAN_KERNEL_USE_CCACHE" in kv:
-        return ["DEBIAN_KERNEL_USE_CCACHE=1", f"CCACHE={cache.binary}"]
-    return [f"CC={cache.binary} gcc"]
+        return ["DEBIAN_KERNEL_USE_CCACHE=1", f"CCACHE={front_cmd}"]
+    return [f"CC={front_cmd} gcc"]
 
 
 # -- the kernel's header trees at a path that is the same in every cell ----------------------------
@@ -219,6 +251,28 @@ def _repoint(v_out: Path, output: Path, source: Path, v_src: Path) -> None:
     if (output / "source").is_symlink():
         (v_out / "source").unlink()
         (v_out / "source").symlink_to(v_src)
+
+
+def tree_identity(*trees: Path) -> str:
+    """A name for the set of file paths in `trees` (the kernel's source and output trees and the module
+    source: every directory a compile's headers can come from, apart from the compiler's own), used as
+    ccache's namespace. The depend mode checks the content of every header a stored result read, but
+    not that no new file would now be found before one of them; a file added to or removed from any of
+    these trees changes the name, so a result is only ever reused among trees holding the same files.
+    Names only: the content of each header that matters is checked by ccache itself. Files a build
+    generates (NVIDIA's conftest/ headers) are named by its own scripts, in the module's own
+    conftest/ directory, where no installed or shipped file is found."""
+    h = hashlib.sha256()
+    for t in trees:
+        h.update(b"\0tree\0")
+        entries = []
+        for dirpath, dirnames, filenames in os.walk(t):
+            rel = os.path.relpath(dirpath, t)
+            entries += [os.path.join(rel, n) for n in filenames]
+            entries += [os.path.join(rel, n) + "/" for n in dirnames if os.path.islink(os.path.join(dirpath, n))]
+        for e in sorted(entries):
+            h.update(os.fsencode(e) + b"\0")
+    return "driverd-" + h.hexdigest()[:32]
 
 
 # -- what one build got from the cache ------------------------------------------------------------

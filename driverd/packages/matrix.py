@@ -198,7 +198,7 @@ def run(matrix: Matrix, out: str | os.PathLike, *, jobs: int | None = None, make
     """Build the selected cells (see select()). index=False leaves the repository index alone: a
     Job's pods each build one cell into a shared directory, and one indexer runs after them. Every cell
     compiles through `ccache` when given (one cache for all of them: what one cell compiled, the next
-    reuses where the preprocessed source is the same)."""
+    reuses where the source and every header it reads are the same)."""
     from driverd.packages.build import build, existing, find_headers
     from driverd.packages.repo import write_index
     root, runner = root or Root("/"), runner or Runner()

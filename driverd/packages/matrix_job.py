@@ -11,9 +11,10 @@ What is rendered (in this order, one `kubectl apply -f` for all of them):
    runs `driverd build-matrix /etc/driverd/matrix/matrix.toml --cells /etc/driverd/matrix/cells
    --only-index $(JOB_COMPLETION_INDEX) --no-index --out /repo` and so builds exactly line i into the
    shared repository volume. Every pod compiles through ccache into one shared cache volume
-   (`--ccache-volume`, mounted at /ccache; `none`: no cache), so what one pod compiled another reuses
-   where the preprocessed source is the same (driverd.packages.compiler_cache), and a retried pod
-   picks up what its failed attempt compiled. A cell that does not compile (exit 3) fails only its own index
+   (`--ccache-volume`, mounted at /ccache; `none`: no cache), so what one pod compiled another
+   reuses where the source and every header it reads are the same (driverd.packages.compiler_cache),
+   and a retried pod picks up what its failed attempt compiled. A cell that does not compile (exit 3)
+   fails only its own index
    (podFailurePolicy FailIndex, no retry: it would fail the same way); other failures are retried
    (backoffLimitPerIndex); an evicted or preempted pod does not count. Packages are written
    atomically (temporary name, rename), so pods sharing the volume never see each other's halves.

@@ -106,13 +106,47 @@ def test_kernel_view_of_an_output_tree_with_a_source_link_and_of_one_tree(tmp_pa
     assert out == vsrc == one / "kernel/build" and (out / "Makefile").read_text() == "# top\n"
 
 
+def test_tree_identity_names_the_set_of_files_not_their_content(tmp_path):
+    k, m = tmp_path / "kernel", tmp_path / "module"
+    for d in (k / "include/linux", m / "common/inc"):
+        d.mkdir(parents=True)
+    (k / "include/linux/module.h").write_text("a")
+    (m / "nv.c").write_text("b")
+    first = cc.tree_identity(k, m)
+    (k / "include/linux/module.h").write_text("changed")        # ccache checks content itself
+    assert cc.tree_identity(k, m) == first
+    (m / "common/inc/module.h").write_text("")                  # a new file anywhere: another identity
+    assert cc.tree_identity(k, m) != first
+    (m / "common/inc/module.h").unlink()
+    assert cc.tree_identity(k, m) == first
+    assert cc.tree_identity(m, k) != first                      # which tree a file is in counts
+
+
 def test_the_kernels_compiler_is_kept(tmp_path):
-    cache = CompilerCache("/usr/bin/ccache", tmp_path, 100)
+    front = tmp_path / "front"
     (tmp_path / ".kernelvariables").write_text("CCACHE = ccache\nCC = $(if $(DEBIAN_KERNEL_USE_CCACHE),"
                                                "$(CCACHE)) $(CROSS_COMPILE)gcc-12\n")
-    assert cc.make_variables(cache, tmp_path) == ["DEBIAN_KERNEL_USE_CCACHE=1", "CCACHE=/usr/bin/ccache"]
+    assert cc.make_variables(front, tmp_path) == ["DEBIAN_KERNEL_USE_CCACHE=1", f"CCACHE={front}"]
     (tmp_path / ".kernelvariables").unlink()
-    assert cc.make_variables(cache, tmp_path) == ["CC=/usr/bin/ccache gcc"]
+    assert cc.make_variables(front, tmp_path) == [f"CC={front} gcc"]
+
+
+def test_conftest_programs_bypass_the_cache_and_the_rest_go_through_it(tmp_path):
+    """The front command with a stand-in for ccache that records its calls."""
+    log = tmp_path / "calls"
+    fake = tmp_path / "fake ccache"                    # a path that needs quoting
+    fake.write_text(f'#!/bin/sh\necho "ccache $*" >> "{log}"\n')
+    fake.chmod(0o755)
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    front = cc.front(CompilerCache(str(fake), tmp_path / "c", 10), cell)
+    import subprocess
+    subprocess.run([front, "echo", "-c", "-o", "x.o", "x.c"], check=True)
+    direct = subprocess.run([front, "echo", "-c", "conftest12345.c"], check=True, capture_output=True, text=True)
+    subprocess.run([front, "echo", "-c", "/abs/dir/conftest7.c", "-o", "conftest7.o"], check=True)
+    subprocess.run([front, "echo", "-c", "myconftest.c"], check=True)
+    assert log.read_text().splitlines() == ["ccache echo -c -o x.o x.c", "ccache echo -c myconftest.c"]
+    assert direct.stdout == "-c conftest12345.c\n"
 
 
 # -- real builds ----------------------------------------------------------------------------------
