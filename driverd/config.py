@@ -89,6 +89,16 @@ SCHEMA: dict[str, Key] = {
                                      "`Authorization: Bearer TOKEN`"),
     "packages.insecure": Key("bool", False, "accept an unsigned repository index over http(s):// (file:// is "
                              "always accepted unsigned); logged at every use"),
+    "build.ccache": Key("str", "auto", "compile `driverd build` / build-matrix (and a node's local build) through "
+                        "ccache: auto (when ccache is installed), on (required: a build without it fails, naming the "
+                        "fix), off; a compile is served from the cache only when its source, options, compiler and "
+                        "every header it read match, and every module is checked after the build (--ccache overrides)",
+                        ("auto", "on", "off")),
+    "build.ccache_dir": Key("str", None, "the compiler cache directory (a host path, under --root; unset: "
+                            "<work dir>/ccache, by default <packages.cache_dir>/build/ccache; --ccache-dir "
+                            "overrides with a path on this machine)"),
+    "build.ccache_max_mb": Key("int", 4096, "size bound of the compiler cache in MiB (ccache's max_size; one "
+                               "cell of NVIDIA's modules adds about 30 MiB)"),
     "runtime.runtimes": Key("list", ["auto"], "container runtimes to configure", _runtime_choices),
     "runtime.handler": Key("str", "nvidia", "runtime handler name", pattern=HANDLER_NAME,
                            pattern_hint="a lower-case name like nvidia"),

@@ -7,7 +7,7 @@ Events and their fields:
                     reason (on error: not-found, index, download, verify, build, io, unexpected),
                     seconds, package (the file name, on success)
     package.build   result (built | cached | failed), reason (on failure: headers, source, compile,
-                    toolchain, sign, pack, usage, unexpected), seconds, cell
+                    check, toolchain, sign, pack, usage, unexpected), seconds, cell
 
 Standard library only; a subscriber that raises is dropped from that event, never the caller's
 failure.

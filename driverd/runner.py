@@ -60,9 +60,10 @@ class Runner:
 
     def run(self, argv: Sequence[str | os.PathLike], *, timeout: float = 120, check: bool = True,
             input: str | bytes | None = None, cwd: str | os.PathLike | None = None,
-            env: dict[str, str] | None = None, mutates: bool = True,
+            env: dict[str, str | None] | None = None, mutates: bool = True,
             on_line: Callable[[str], None] | None = None, group: bool = False) -> Result:
-        """`on_line` is called with each line of the command's stdout as it comes (its output is still
+        """env: variables added to the command's environment; a None value removes the variable.
+        `on_line` is called with each line of the command's stdout as it comes (its output is still
         captured). `group` runs the command in a process group of its own (make and the compilers it
         starts) so that a timeout or an interruption stops all of them, not only the first."""
         args = tuple(os.fspath(a) for a in argv)
@@ -79,7 +80,8 @@ class Runner:
 
         run_env = None
         if env is not None or self.env is not None:
-            run_env = {**os.environ, **(self.env or {}), **(env or {})}
+            merged = {**os.environ, **(self.env or {}), **(env or {})}
+            run_env = {k: v for k, v in merged.items() if v is not None}
         exe = args[0] if os.sep in args[0] else shutil.which(args[0])
         if exe is None or not os.access(exe, os.X_OK):
             raise CommandError(f"command not found: {args[0]}", cause="it is not installed or not on PATH",

@@ -14,7 +14,8 @@
 #           /opt/driverd/packages and used as the default repository (file://): its index and the
 #           package files the index names (or only each --package NAME), checked against the index's
 #           size and sha256 — nothing else of the directory (images/bake-packages.py).
-# builder : one build-matrix cell's image: the driver container plus the compiler, the kernel's headers
+# builder : one build-matrix cell's image: the driver container plus the compiler, ccache (the Job's pods
+#           compile through a shared cache), the kernel's headers
 #           (linux-headers-RELEASE) and NVIDIA's kernel-module sources (nvidia-open-kernel-source /
 #           nvidia-kernel-source, from Debian's non-free), entrypoint `driverd build`.
 #
@@ -53,7 +54,7 @@ case "$variant" in
   driver) extra="";;
   builder)
     [ -n "$kernel" ] || { echo "build-image: --variant builder needs --kernel RELEASE" >&2; exit 2; }
-    extra=",build-essential,libelf-dev,linux-headers-$kernel,nvidia-open-kernel-source,nvidia-kernel-source";;
+    extra=",build-essential,libelf-dev,ccache,linux-headers-$kernel,nvidia-open-kernel-source,nvidia-kernel-source";;
   *) echo "build-image: --variant is driver or builder, not $variant" >&2; exit 2;;
 esac
 version=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["project"]["version"])')

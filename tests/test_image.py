@@ -210,8 +210,8 @@ def _tiny_source(path: Path) -> Path:
 
 def test_builder_image_builds_a_matrix_cell_as_the_indexed_job_pod_does(builder, tmp_path):
     from driverd.packages.archive import verify_package
-    inp, repo, work = tmp_path / "in", tmp_path / "repo", tmp_path / "work"
-    for d in (inp, repo, work):
+    inp, repo, work, cache = tmp_path / "in", tmp_path / "repo", tmp_path / "work", tmp_path / "ccache"
+    for d in (inp, repo, work, cache):
         d.mkdir()
     _tiny_source(inp / "nv.tar.xz")
     (inp / "matrix.toml").write_text(
@@ -221,8 +221,10 @@ def test_builder_image_builds_a_matrix_cell_as_the_indexed_job_pod_does(builder,
     (inp / "cells").write_text(f"535.261.03-open-{KERNEL}-x86_64\n")
     # The pod's arguments, as driverd.packages.matrix_job renders them (no /host: a build pod has none).
     args = ["/usr/local/bin/driverd", "build-matrix", "/in/matrix.toml", "--cells", "/in/cells", "--only-index", "0",
-            "--no-index", "--out", "/repo", "--work-dir", "/work", "--jobs", "1", "--json"]
-    b = _bundle(builder, tmp_path, None, args, tag=BUILDER_TAG, binds={"/in": inp, "/repo": repo, "/work": work})
+            "--no-index", "--out", "/repo", "--work-dir", "/work", "--jobs", "1", "--ccache", "on",
+            "--ccache-dir", "/ccache", "--json"]
+    b = _bundle(builder, tmp_path, None, args, tag=BUILDER_TAG,
+                binds={"/in": inp, "/repo": repo, "/work": work, "/ccache": cache})
     t0 = time.monotonic()
     r = _runc("run", "-b", str(b), f"build-{os.getpid()}", state=str(tmp_path / "state"), capture_output=True,
               text=True, timeout=600)
@@ -235,6 +237,8 @@ def test_builder_image_builds_a_matrix_cell_as_the_indexed_job_pod_does(builder,
     assert m.kernel_release == KERNEL and m.vermagic.split()[0] == KERNEL
     assert [f.path for f in m.files] == ["modules/nvidia.ko"]
     assert m.provenance.compiler and m.provenance.compiler.startswith("gcc")
+    (cell,) = json.loads(r.stdout)["cells"]
+    assert cell["ccache"]["misses"] > 0 and any(cache.iterdir())     # the image's ccache, into the shared volume
     print(f"\nbuilder image: one cell (small module) built in the container in {took:.1f}s")
 
 

@@ -51,6 +51,18 @@ def add_work_dir(p, help: str) -> None:
     p.add_argument("--work-dir", "--workdir", dest="work_dir", metavar="DIR", help=help)
 
 
+def add_ccache(p) -> None:
+    """The compiler cache of build and build-matrix (config build.ccache, build.ccache_dir)."""
+    p.add_argument("--ccache", choices=("auto", "on", "off"), default=None,
+                   help="compile through ccache: auto (when ccache is installed), on (required: exit 3 without "
+                   "it), off (default: build.ccache, auto). A compile is served from the cache only when its source, "
+                   "options, compiler and every header it read are the same, among header and source trees that "
+                   "hold the same files; every module is checked after the build (vermagic, version, srcversion)")
+    p.add_argument("--ccache-dir", metavar="DIR", help="the cache directory, a path on this machine; share it "
+                   "between builds (and a Job's pods) to reuse their compiles (default: build.ccache_dir, else "
+                   "<work dir>/ccache)")
+
+
 def add_rebuild(p) -> None:
     p.add_argument("--rebuild", action="store_true", help="build even when --out already holds the package")
     p.add_argument("--force", dest="rebuild", nargs=0, action=Deprecated, new="--rebuild", default=False,

@@ -6,7 +6,7 @@ import argparse
 import os
 
 from driverd.cli.lifecycle_cmds import add_wait
-from driverd.cli.options import add_flavor, add_rebuild, add_work_dir, builds
+from driverd.cli.options import add_ccache, add_flavor, add_rebuild, add_work_dir, builds
 from driverd.cli.output import emit
 from driverd.errors import EXIT_OK, UsageError
 
@@ -50,6 +50,7 @@ def register(sub, common) -> None:
     add_work_dir(p, "where sources are unpacked and built (default: <cache_dir>/build); extracted sources are "
                  "reused")
     p.add_argument("--no-strip", action="store_true", help="keep debug info in the modules (10x larger)")
+    add_ccache(p)
     add_rebuild(p)
     p.set_defaults(handler=cmd_build)
 
@@ -99,6 +100,7 @@ def register(sub, common) -> None:
     p.add_argument("--jobs", type=int, default=None, metavar="N", help="cells built at once (default: matrix or 1)")
     p.add_argument("--make-jobs", type=int, default=None, metavar="N", help="make -jN inside each cell")
     add_work_dir(p, "build directory (default: <cache_dir>/build)")
+    add_ccache(p)
     p.add_argument("--only", action="append", metavar="GLOB", help="only cells whose id matches (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="print what would be built; build nothing")
     p.add_argument("--sign-key", metavar="KEY", help="sign every module (default: signing.key)")
@@ -118,6 +120,9 @@ def register(sub, common) -> None:
                    "the kernels' headers or a way to install them (default driverd:builder-0.1.0)")
     g.add_argument("--repo-volume", metavar="SPEC", help="the repository volume the pods share: pvc:CLAIM "
                    "(ReadWriteMany), host:/PATH or nfs:SERVER:/EXPORT (default pvc:driverd-repo)")
+    g.add_argument("--ccache-volume", metavar="SPEC", help="the compiler cache volume the pods share, mounted at "
+                   "/ccache: pvc:CLAIM (ReadWriteMany; deploy/build-matrix/ccache-pvc.yaml makes a 5 GiB one), "
+                   "host:/PATH, nfs:SERVER:/EXPORT, or none (default pvc:driverd-ccache)")
     g.add_argument("--job-name", metavar="NAME", help="name of the Job and ConfigMap (default "
                    "driverd-build-<matrix file name>)")
     g.add_argument("--namespace", metavar="NS", help="namespace of the objects (default: kubectl's)")
@@ -303,13 +308,15 @@ def cmd_build(ctx, args) -> int:
     from driverd.packages.sign import signing_pair
     key, cert = signing_pair(cfg, args.sign_key, args.sign_cert)
     work = args.work_dir or str(ctx.root.real(f"{cfg['packages.cache_dir']}/build"))
+    from driverd.packages.compiler_cache import from_config
+    cache = from_config(ctx.root, cfg, work, args.ccache, args.ccache_dir)
     progress = Reporter()           # stderr: a script reading --json's stdout still sees progress in its log
     try:
         with terminate_as_interrupt():
             res = build(source=args.source, kernel=args.kernel, flavor=args.flavor, out=args.out,
                         headers=args.headers, sign_key=key, sign_cert=cert, jobs=args.jobs, work_dir=work,
                         strip=not args.no_strip, force=args.rebuild, root=ctx.root, runner=ctx.runner,
-                        progress=progress)
+                        progress=progress, ccache=cache)
     finally:
         progress.close()
     from driverd.cli.output import log
@@ -351,6 +358,8 @@ def cmd_render_job(ctx, args, m, out: str | None) -> int:
     cells = mx.select(m, args.only, _cell_list(args.cells))
     todo = cells if args.all_cells or not out else mx.missing(m, out, cells)
     opts = mj.JobOptions(image=args.image or mj.DEFAULT_IMAGE, repo_volume=args.repo_volume or mj.DEFAULT_REPO_VOLUME,
+                         ccache_volume=args.ccache_volume or mj.DEFAULT_CCACHE_VOLUME,
+                         ccache_max_mb=ctx.config["build.ccache_max_mb"],
                          name=args.job_name, namespace=args.namespace, parallelism=args.jobs,
                          make_jobs=args.make_jobs if args.make_jobs is not None else (m.make_jobs or None),
                          sign_secret=args.sign_secret, index_sign_secret=args.index_sign_secret)
@@ -380,15 +389,18 @@ def cmd_build_matrix(ctx, args) -> int:
     from driverd.packages.sign import signing_pair
     key, cert = signing_pair(ctx.config, args.sign_key, args.sign_cert)
     from driverd.cli.interrupt import terminate_as_interrupt
+    from driverd.packages.compiler_cache import from_config
+    cache = None if args.dry_run else from_config(ctx.root, ctx.config, work, args.ccache, args.ccache_dir)
     with terminate_as_interrupt():
         results = mx.run(m, out, jobs=args.jobs, make_jobs=args.make_jobs, work_dir=work, only=args.only,
                          dry_run=args.dry_run, install_headers=args.install_headers,
-                         sign_key=key, sign_cert=cert,
+                         sign_key=key, sign_cert=cert, ccache=cache,
                          root=ctx.root, runner=ctx.runner,
                          progress=None, cell_ids=_cell_list(args.cells), only_index=args.only_index,
                          index=not args.no_index)
     counts = {s: sum(1 for r in results if r.status == s) for s in ("built", "skipped", "failed", "would-build")}
-    data = {"matrix": str(m.path), "repository": out, **counts, "cells": [r.to_json() for r in results]}
+    data = {"matrix": str(m.path), "repository": out, **counts, "ccache": cache.to_json() if cache else None,
+            "cells": [r.to_json() for r in results]}
     emit(ctx.json, data, lambda d: f"{d['built']} built, {d['skipped']} skipped, {d['failed']} failed"
          + (f", {d['would-build']} would be built" if d["would-build"] else "") + f" (repository {d['repository']})")
     return EXIT_BLOCKED if counts["failed"] else EXIT_OK

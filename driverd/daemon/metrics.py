@@ -26,7 +26,7 @@ driverd_package_fetch_duration_seconds{source,result}  package fetches: source c
 driverd_package_cache_hits_total / _misses_total    fetches served from the local cache vs downloaded/built
 driverd_package_fetch_failures_total{reason}        not-found, index, download, verify, build, io, unexpected
 driverd_package_build_duration_seconds{result}      local builds (fetch's fallback): built, cached, failed
-driverd_package_build_failures_total{reason}        headers, source, compile, toolchain, sign, pack, ...
+driverd_package_build_failures_total{reason}        headers, source, compile, check, toolchain, sign, ...
 plus the process collector (process_resident_memory_bytes, process_cpu_seconds_total, ...).
 
 In cluster mode, the fleet as the coordinator sees it (driverd/cluster/fleet_status.py), at scrape time:

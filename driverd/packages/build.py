@@ -13,6 +13,11 @@ kbuild facts this relies on (NVIDIA's top-level Makefile):
   (extracted once per source tarball and reused).
 - Modules are stripped of debug info (`strip --strip-debug`, what INSTALL_MOD_STRIP=1 does) before
   they are signed: signing must come last, it appends the signature to the file.
+- The sources are copied to src/ of a cell directory. With a compiler cache
+  (driverd.packages.compiler_cache) a view of the kernel's header trees sits beside them (kernel/),
+  and make gets SYSSRC/SYSOUT of the view, so every compile sees the same paths in every cell.
+  Cached or not, every module is checked against the tree it was built from before it is packed
+  (check_modules: vermagic, version, srcversion).
 """
 from __future__ import annotations
 
@@ -31,8 +36,10 @@ from driverd import safetar
 from driverd.errors import PackageError, UsageError
 from driverd.fsutil import atomic_write_json, writable_dir
 from driverd.packages.archive import SUFFIX, PackageRef, read_manifest, sha256_file
-from driverd.packages import buildhost, buildprogress
+from driverd.packages import buildhost, buildprogress, compiler_cache
 from driverd.packages.assemble import PackageSpec, assemble
+from driverd.packages.compiler_cache import CompilerCache
+from driverd.packages.modfields import first, module_fields
 from driverd.packages.manifest import Provenance, package_basename
 from driverd.root import Root
 from driverd.runner import Runner, which
@@ -40,6 +47,7 @@ from driverd.runner import Runner, which
 MODULE_NAMES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm", "nvidia-peermem")
 _ERROR_RE = re.compile(r"(?:^|\s)(?:error|fatal error):\s", re.I)
 _VERSION_RE = re.compile(r'NV_VERSION_STRING=\\?"([0-9.]+)\\?"')
+_SRCVERSION_RE = re.compile(r'^MODULE_INFO\(srcversion, "([0-9A-F]+)"\);', re.M)
 BUILD_EXIT = 3
 
 
@@ -49,15 +57,20 @@ class BuildResult:
     cached: bool
     seconds: float
     log: str | None = None
-    phases: dict[str, float] | None = None      # seconds per step: extract, copy, make, strip, sign, pack
+    phases: dict[str, float] | None = None      # seconds per step: extract, copy, headers, make, strip, sign, pack
+    ccache: dict | None = None                  # the compiler cache used: dir, hits, misses, uncacheable
 
     def to_json(self) -> dict:
         return {**self.package.to_json(), "cached": self.cached, "seconds": round(self.seconds, 2), "log": self.log,
-                "phases": {k: round(v, 2) for k, v in (self.phases or {}).items()}}
+                "phases": {k: round(v, 2) for k, v in (self.phases or {}).items()}, "ccache": self.ccache}
 
 
 class BuildFailed(PackageError):
     """The compiler failed: message is the first compiler error, details carry the log path."""
+
+
+class WrongModule(PackageError):
+    """A built module is not what this source and these headers make (check_modules)."""
 
 
 # -- sources ------------------------------------------------------------------------------------
@@ -262,6 +275,8 @@ def _failure_reason(e: BaseException) -> str:
     """A short, bounded label for a failed build (metrics: failures by reason)."""
     if isinstance(e, BuildFailed):
         return "compile"
+    if isinstance(e, WrongModule):
+        return "check"
     if isinstance(e, UsageError):
         return "source" if "source" in e.message else "usage"
     if isinstance(e, PackageError):
@@ -287,7 +302,7 @@ def _build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os
           headers: str | None = None, sign_key: str | None = None, sign_cert: str | None = None,
           jobs: int | None = None, work_dir: str | os.PathLike = "/var/cache/driverd/build", strip: bool = True,
           force: bool = False, root: Root | None = None, runner: Runner | None = None,
-          progress: buildprogress.Sink | None = None) -> BuildResult:
+          progress: buildprogress.Sink | None = None, ccache: CompilerCache | None = None) -> BuildResult:
     t0 = time.monotonic()
     root, runner = root or Root("/"), runner or Runner()
     prog = progress or buildprogress.Sink()
@@ -330,19 +345,29 @@ def _build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os
     label[0] = cell
     logs = _mk(work / "logs")
     log_path = logs / f"{cell}.log"
-    tree = Path(tempfile.mkdtemp(prefix=f"{cell}.", dir=_mk(work / "cells")))
+    cell_dir = Path(tempfile.mkdtemp(prefix=f"{cell}.", dir=_mk(work / "cells")))
+    tree = cell_dir / "src"
     try:
         phase("copy")
         tp = time.monotonic()
-        shutil.copytree(src.tree, tree, symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(src.tree, tree, symlinks=True)
         phases["copy"] = time.monotonic() - tp
         make = which("make")
         if make is None:
             raise PackageError("make is not installed", fix=f"install {buildhost.family(root).build_tools_package}")
         jobs = jobs or os.cpu_count() or 1
-        argv = [make, f"-j{jobs}", "modules", f"SYSSRC={hdr.source}", f"SYSOUT={hdr.output}",
-                f"KERNEL_UNAME={kernel}"]
-        prog.message(f"{cell}: make {' '.join(argv[1:])}")
+        sys_src, sys_out, env, extra = hdr.source, hdr.output, {"LC_ALL": "C"}, []
+        if ccache is not None:
+            tp = time.monotonic()
+            sys_out, sys_src = compiler_cache.kernel_view(hdr.output, hdr.source, cell_dir)
+            phases["headers"] = time.monotonic() - tp
+            env.update(compiler_cache.env(ccache, cell_dir,
+                                          compiler_cache.tree_identity(hdr.source, hdr.output, tree)))
+            extra = compiler_cache.make_variables(compiler_cache.front(ccache, cell_dir), sys_out)
+        argv = [make, f"-j{jobs}", "modules", f"SYSSRC={sys_src}", f"SYSOUT={sys_out}", f"KERNEL_UNAME={kernel}",
+                *extra]
+        prog.message(f"{cell}: make {' '.join(argv[1:])}"
+                     + (f" (compiler cache {ccache.directory})" if ccache else ""))
         kb = buildprogress.Kbuild(buildprogress.expected(tree))
         phase("make")
 
@@ -351,8 +376,13 @@ def _build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os
                 phase(kb.phase, *kb.counts())
         tp = time.monotonic()
         # its own process group: an interrupted build stops make and every compiler it started
-        res = runner.run(argv, cwd=tree, timeout=3600, check=False, env={"LC_ALL": "C"}, on_line=line, group=True)
+        res = runner.run(argv, cwd=tree, timeout=3600, check=False, env=env, on_line=line, group=True)
         phases["make"] = time.monotonic() - tp
+        stats = None
+        if ccache is not None:
+            stats = {"dir": str(ccache.directory), **(compiler_cache.build_stats(cell_dir) or {})}
+            prog.message(f"{cell}: compiler cache: {stats.get('hits', 0)} hits, {stats.get('misses', 0)} misses, "
+                         f"{stats.get('uncacheable', 0)} not cacheable")
         log_path.write_text(f"$ {' '.join(argv)}\n{res.stdout}\n{res.stderr}")
         if not res.ok:
             err = first_compiler_error(res.stdout + "\n" + res.stderr, tree)
@@ -362,6 +392,7 @@ def _build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os
         mods = [tree / f"{n}.ko" for n in MODULE_NAMES if (tree / f"{n}.ko").is_file()]
         if not mods:
             raise BuildFailed(f"build of {cell} produced no modules", cause=f"log {log_path}", fix="see the log")
+        check_modules(tree, mods, kernel, src.version, ccache)
         tp = time.monotonic()
         if strip:
             for i, m in enumerate(mods):
@@ -381,16 +412,46 @@ def _build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os
         firmware = _firmware(src, flavor)
         prov = Provenance(source_sha256=src.sha256, source=src.origin, compiler=_compiler(hdr),
                           built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                          builder=f"driverd build (make -j{jobs}, SYSSRC={hdr.source}, SYSOUT={hdr.output})")
+                          builder=f"driverd build (make -j{jobs}, SYSSRC={hdr.source}, SYSOUT={hdr.output}"
+                                  + (", ccache" if ccache else "") + ")")
         ref = assemble(PackageSpec(src.version, flavor, kernel, arch, prov), mods, firmware, out)
         if force:   # one package per cell in a directory: drop the one this rebuild replaces
             for old in out.glob(f"{package_basename(src.version, flavor, kernel, arch)}.*{SUFFIX}"):
                 if old != ref.path:
                     old.unlink()
         phases["pack"] = time.monotonic() - tp
-        return BuildResult(ref, False, time.monotonic() - t0, str(log_path), phases)
+        return BuildResult(ref, False, time.monotonic() - t0, str(log_path), phases, stats)
     finally:
-        shutil.rmtree(tree, ignore_errors=True)
+        shutil.rmtree(cell_dir, ignore_errors=True)
+
+
+def check_modules(tree: Path, mods: list[Path], kernel: str, version: str,
+                  ccache: CompilerCache | None = None) -> None:
+    """Every built module is what this tree and these headers make, read from the .ko itself: its
+    vermagic names `kernel`, its version (when it declares one) is the source's driver version, and its
+    srcversion is the one modpost computed from this tree's sources in this build (written into
+    <module>.mod.c beside it). Run after every build, cached or not: an object a compiler cache should
+    not have served, or a module left behind by another build, stops the build here."""
+    fix = (f"clear the compiler cache (ccache -C -d {ccache.directory}) and build again, or build with --ccache off"
+           if ccache else "build again with --rebuild")
+    for m in mods:
+        fields = module_fields(m)
+        vermagic, mod_version, srcversion = first(fields, "vermagic"), first(fields, "version"), first(fields, "srcversion")
+        built_for = (vermagic or "").split(" ", 1)[0]
+        if built_for != kernel:
+            raise WrongModule(f"{m.name} was built for kernel {built_for or '(no vermagic)'}, not {kernel}",
+                              cause=f"its vermagic is {vermagic!r}", fix=fix)
+        if mod_version is not None and mod_version != version:
+            raise WrongModule(f"{m.name} is driver {mod_version}, not {version} (the source built)",
+                              cause="its version field names another driver source", fix=fix)
+        try:
+            modc = (m.with_suffix(".mod.c")).read_text(errors="replace")
+        except OSError:
+            continue                     # kbuild without a .mod.c: nothing to compare with
+        want = _SRCVERSION_RE.search(modc)
+        if want and srcversion != want.group(1):
+            raise WrongModule(f"{m.name} has srcversion {srcversion}, but this tree's sources give {want.group(1)}",
+                              cause="the module was not linked from this build's objects", fix=fix)
 
 
 def source_flavor(src: Source) -> str | None:
@@ -468,7 +529,8 @@ def local_builder(root: Root, cfg, want, runner: Runner):
 
     def builder(cache: Path) -> Path:
         res = build(source=src_path, kernel=want.kernel_release, flavor=want.flavor, out=cache, work_dir=work,
-                    sign_key=key, sign_cert=cert, root=root, runner=runner)
+                    sign_key=key, sign_cert=cert, root=root, runner=runner,
+                    ccache=compiler_cache.from_config(root, cfg, work))
         if res.package.manifest.driver_version != want.driver:
             raise PackageError(f"local build made {res.package.manifest.driver_version}, not {want.driver}",
                                cause=f"packages.source {source} is another driver version",

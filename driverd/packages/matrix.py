@@ -15,12 +15,15 @@ import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TYPE_CHECKING, Callable, TextIO
 
 from driverd import distro
 from driverd.errors import DriverdError, UsageError
 from driverd.root import Root
 from driverd.runner import Runner
+
+if TYPE_CHECKING:
+    from driverd.packages.compiler_cache import CompilerCache
 
 _ARCH = {"amd64": "x86_64", "arm64": "aarch64"}
 
@@ -62,12 +65,13 @@ class CellResult:
     sha256: str | None = None
     seconds: float = 0.0
     log: str | None = None
+    ccache: dict | None = None          # this cell's compiler-cache hits and misses (built cells)
 
     def to_json(self) -> dict:
         return {"id": self.cell.id, "driver": self.cell.driver, "flavor": self.cell.flavor,
                 "kernel_release": self.cell.release, "arch": self.cell.arch, "status": self.status,
                 "reason": self.reason, "package": self.package, "sha256": self.sha256,
-                "seconds": round(self.seconds, 2), "log": self.log}
+                "seconds": round(self.seconds, 2), "log": self.log, "ccache": self.ccache}
 
 
 def load(path: str | os.PathLike) -> Matrix:
@@ -242,11 +246,13 @@ def missing(matrix: Matrix, out: str | os.PathLike, cells: list[Cell] | None = N
 def run(matrix: Matrix, out: str | os.PathLike, *, jobs: int | None = None, make_jobs: int | None = None,
         work_dir: str | os.PathLike, only: list[str] | None = None, dry_run: bool = False,
         install_headers: bool = False, sign_key: str | None = None, sign_cert: str | None = None, root: Root | None = None, runner: Runner | None = None,
-        progress: Progress | None = None,
+        progress: Progress | None = None, ccache: CompilerCache | None = None,
         build_fn: Callable[..., object] | None = None, cell_ids: list[str] | None = None,
         only_index: int | None = None, index: bool = True) -> list[CellResult]:
     """Build the selected cells (see select()). index=False leaves the repository index alone: a
-    Job's pods each build one cell into a shared directory, and one indexer runs after them."""
+    Job's pods each build one cell into a shared directory, and one indexer runs after them. Every cell
+    compiles through `ccache` when given (one cache for all of them: what one cell compiled, the next
+    reuses where the source and every header it reads are the same)."""
     from driverd.packages.build import build, check_out, existing, find_headers
     from driverd.packages.repo import write_index
     root, runner = root or Root("/"), runner or Runner()
@@ -282,10 +288,10 @@ def run(matrix: Matrix, out: str | os.PathLike, *, jobs: int | None = None, make
                     raise
             res = build_fn(source=cell.source, kernel=cell.release, flavor=cell.flavor, out=outp, jobs=mj,
                            work_dir=work_dir, sign_key=sign_key, sign_cert=sign_cert, root=root, runner=runner,
-                           progress=progress.cell(cell))
+                           progress=progress.cell(cell), ccache=ccache)
             r = CellResult(cell, "skipped" if res.cached else "built",
                            "already in the repository" if res.cached else "", str(res.package.path),
-                           res.package.sha256, time.monotonic() - t0, res.log)
+                           res.package.sha256, time.monotonic() - t0, res.log, res.ccache)
         except DriverdError as e:
             if runner.cancelled:        # stopped by an interruption, not a failure of the cell: say nothing
                 return CellResult(cell, "interrupted", "interrupted", seconds=time.monotonic() - t0)

@@ -10,7 +10,11 @@ What is rendered (in this order, one `kubectl apply -f` for all of them):
 2. an Indexed Job `<name>` (completionMode: Indexed, completions = number of missing cells): pod i
    runs `driverd build-matrix /etc/driverd/matrix/matrix.toml --cells /etc/driverd/matrix/cells
    --only-index $(JOB_COMPLETION_INDEX) --no-index --out /repo` and so builds exactly line i into the
-   shared repository volume. A cell that does not compile (exit 3) fails only its own index
+   shared repository volume. Every pod compiles through ccache into one shared cache volume
+   (`--ccache-volume`, mounted at /ccache; `none`: no cache), so what one pod compiled another
+   reuses where the source and every header it reads are the same (driverd.packages.compiler_cache),
+   and a retried pod picks up what its failed attempt compiled. A cell that does not compile (exit 3)
+   fails only its own index
    (podFailurePolicy FailIndex, no retry: it would fail the same way); other failures are retried
    (backoffLimitPerIndex); an evicted or preempted pod does not count. Packages are written
    atomically (temporary name, rename), so pods sharing the volume never see each other's halves.
@@ -38,17 +42,24 @@ from driverd.packages.matrix import Cell, Matrix
 MATRIX_MOUNT = "/etc/driverd/matrix"
 REPO_MOUNT = "/repo"
 WORK_MOUNT = "/work"
+CCACHE_MOUNT = "/ccache"
 SIGNING_MOUNT = "/etc/driverd/signing"
 INDEX_KEY_MOUNT = "/etc/driverd/index-key"
 EXIT_CELL_FAILED = 3          # build-matrix: a cell failed (compiler error, missing headers...)
 DEFAULT_IMAGE = "driverd:builder-0.1.0"
 DEFAULT_REPO_VOLUME = "pvc:driverd-repo"
+# deploy/build-matrix/ccache-pvc.yaml: a 5 GiB ReadWriteMany claim for a cache bounded at 4 GiB (one
+# cell of NVIDIA's modules adds about 30 MiB; ccache trims to the bound, the rest is headroom).
+DEFAULT_CCACHE_VOLUME = "pvc:driverd-ccache"
+DEFAULT_CCACHE_MAX_MB = 4096
 
 
 @dataclass
 class JobOptions:
     image: str = DEFAULT_IMAGE
     repo_volume: str = DEFAULT_REPO_VOLUME     # pvc:NAME | host:PATH | nfs:SERVER:PATH
+    ccache_volume: str = DEFAULT_CCACHE_VOLUME  # the same, or none
+    ccache_max_mb: int = DEFAULT_CCACHE_MAX_MB
     name: str | None = None                    # default: driverd-build-<matrix file stem>
     namespace: str | None = None
     parallelism: int | None = None             # default: the matrix's `jobs`
@@ -79,18 +90,29 @@ def job_name(matrix: Matrix, given: str | None = None) -> str:
 
 def repo_volume(spec: str) -> dict:
     """The shared repository volume: pvc:NAME, host:PATH (one node, tests/small sites) or nfs:SERVER:PATH."""
+    return _volume("repo", spec, "--repo-volume", "the volume every build pod writes its package into")
+
+
+def ccache_volume(spec: str) -> dict | None:
+    """The shared compiler cache volume (same forms as the repository's), None for `none`."""
+    if spec == "none":
+        return None
+    return _volume("ccache", spec, "--ccache-volume", "the compiler cache every build pod shares")
+
+
+def _volume(name: str, spec: str, option: str, what: str) -> dict:
     kind, _, rest = spec.partition(":")
     if kind == "pvc" and rest:
-        return {"name": "repo", "persistentVolumeClaim": {"claimName": rest}}
+        return {"name": name, "persistentVolumeClaim": {"claimName": rest}}
     if kind in ("host", "hostPath") and rest.startswith("/"):
-        return {"name": "repo", "hostPath": {"path": rest, "type": "DirectoryOrCreate"}}
+        return {"name": name, "hostPath": {"path": rest, "type": "DirectoryOrCreate"}}
     if kind == "nfs" and ":" in rest:
         server, _, path = rest.partition(":")
         if server and path.startswith("/"):
-            return {"name": "repo", "nfs": {"server": server, "path": path}}
-    raise UsageError(f"--repo-volume {spec!r} is not understood",
-                     cause="it names the volume every build pod writes its package into",
-                     fix="pass pvc:CLAIM (a ReadWriteMany claim), host:/PATH or nfs:SERVER:/EXPORT")
+            return {"name": name, "nfs": {"server": server, "path": path}}
+    raise UsageError(f"{option} {spec!r} is not understood", cause=f"it names {what}",
+                     fix="pass pvc:CLAIM (a ReadWriteMany claim), host:/PATH or nfs:SERVER:/EXPORT"
+                     + (" or none" if name == "ccache" else ""))
 
 
 def render(matrix: Matrix, cells: list[Cell], opts: JobOptions) -> list[dict]:
@@ -119,6 +141,17 @@ def render(matrix: Matrix, cells: list[Cell], opts: JobOptions) -> list[dict]:
         args += ["--make-jobs", str(opts.make_jobs)]
     if opts.install_headers:
         args.append("--install-headers")
+    cache = ccache_volume(opts.ccache_volume)
+    env: list[dict] = []
+    if cache is not None:
+        volumes.append(cache)
+        mounts.append({"name": "ccache", "mountPath": CCACHE_MOUNT})
+        # on, not auto: an image without ccache fails its cells at once (exit 3) instead of building
+        # every one cold unnoticed.
+        args += ["--ccache", "on", "--ccache-dir", CCACHE_MOUNT]
+        env.append({"name": "DRIVERD_BUILD_CCACHE_MAX_MB", "value": str(opts.ccache_max_mb)})
+    else:
+        args += ["--ccache", "off"]
     if opts.sign_secret:
         volumes.append({"name": "signing", "secret": {"secretName": opts.sign_secret, "defaultMode": 0o400}})
         mounts.append({"name": "signing", "mountPath": SIGNING_MOUNT, "readOnly": True})
@@ -130,6 +163,7 @@ def render(matrix: Matrix, cells: list[Cell], opts: JobOptions) -> list[dict]:
             # expanded by the kubelet whatever the cluster version.
             {"name": "JOB_COMPLETION_INDEX",
              "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
+            *env,
         ],
         "resources": {"requests": {"cpu": opts.cpu, "memory": opts.memory}},
         "volumeMounts": mounts,

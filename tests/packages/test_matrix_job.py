@@ -90,6 +90,44 @@ def test_json_output_is_a_list_and_options(repo):
     assert bad.returncode == 2 and "--repo-volume 's3://bucket' is not understood" in bad.stderr
 
 
+def test_the_pods_share_one_compiler_cache_volume(repo):
+    """Every pod compiles through ccache into the one cache volume (on: an image without ccache fails
+    its cells at once), bounded by build.ccache_max_mb; `none` renders no cache at all."""
+    _, job, index = _objects(repo)
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert {"name": "ccache", "persistentVolumeClaim": {"claimName": "driverd-ccache"}} in pod["volumes"]
+    assert {"name": "ccache", "mountPath": "/ccache"} in c["volumeMounts"]
+    assert c["args"][c["args"].index("--ccache"):][:4] == ["--ccache", "on", "--ccache-dir", "/ccache"]
+    assert {"name": "DRIVERD_BUILD_CCACHE_MAX_MB", "value": "4096"} in c["env"]
+    assert "ccache" not in json.dumps(index)                # the indexer compiles nothing
+    _, job, _ = _objects(repo, "--ccache-volume", "host:/var/cache/driverd-ccache", "-o", "yaml")
+    pod = job["spec"]["template"]["spec"]
+    assert {"name": "ccache", "hostPath": {"path": "/var/cache/driverd-ccache", "type": "DirectoryOrCreate"}} \
+        in pod["volumes"]
+    r = run_cli("build-matrix", str(MATRIX), "--out", str(repo), "--render-job", env={"DRIVERD_BUILD_CCACHE_MAX_MB": "900"})
+    assert {"name": "DRIVERD_BUILD_CCACHE_MAX_MB", "value": "900"} in \
+        [d for d in yaml.safe_load_all(r.stdout) if d][1]["spec"]["template"]["spec"]["containers"][0]["env"]
+    r = run_cli("build-matrix", str(MATRIX), "--out", str(repo), "--render-job", "--ccache-volume", "none")
+    assert r.returncode == 0, r.stderr
+    job = [d for d in yaml.safe_load_all(r.stdout) if d][1]
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert not any(v["name"] == "ccache" for v in pod["volumes"]) and "/ccache" not in json.dumps(c)
+    assert c["args"][c["args"].index("--ccache"):][:2] == ["--ccache", "off"]
+    bad = run_cli("build-matrix", str(MATRIX), "--render-job", "--ccache-volume", "emptydir")
+    assert bad.returncode == 2 and "--ccache-volume 'emptydir' is not understood" in bad.stderr
+    assert "or none" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_the_cache_claim_in_deploy_is_the_default_volume():
+    (pvc,) = [d for d in yaml.safe_load_all((REPO / "deploy/build-matrix/ccache-pvc.yaml").read_text()) if d]
+    assert pvc["kind"] == "PersistentVolumeClaim" and f"pvc:{pvc['metadata']['name']}" == mj.DEFAULT_CCACHE_VOLUME
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]          # pods of one Job run on any node at once
+    size = pvc["spec"]["resources"]["requests"]["storage"]
+    assert size.endswith("Gi") and int(size[:-2]) * 1024 > mj.DEFAULT_CCACHE_MAX_MB   # room above the bound
+
+
 def _server_errors(cp, tmp_path, objs: list[dict]) -> str:
     """What kube-apiserver says of the objects (a server-side dry run, unknown fields refused): '' if valid."""
     lst = {"apiVersion": "v1", "kind": "List", "items": objs}
@@ -106,8 +144,11 @@ def _namespace(cp, name: str) -> str:
 @pytest.mark.real
 def test_rendered_objects_match_the_kubernetes_schema(repo, tmp_path, control_plane):
     ns = _namespace(control_plane, "matrix-schema")
-    for objs in (_objects(repo), _objects(repo, "--repo-volume", "host:/srv/driverd-repo", "--sign-secret", "k"),
-                 _objects(tmp_path / "nothing-yet")):
+    pvc = [d for d in yaml.safe_load_all((REPO / "deploy/build-matrix/ccache-pvc.yaml").read_text()) if d]
+    for objs in (_objects(repo) + pvc,
+                 _objects(repo, "--repo-volume", "host:/srv/driverd-repo", "--sign-secret", "k"),
+                 _objects(repo, "--ccache-volume", "nfs:nas.example:/export/ccache"),
+                 _objects(tmp_path / "nothing-yet", "--ccache-volume", "none")):
         for o in objs:
             o["metadata"]["namespace"] = ns
         assert _server_errors(control_plane, tmp_path, objs) == ""
