@@ -382,7 +382,7 @@ def _build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os
         if ccache is not None:
             stats = {"dir": str(ccache.directory), **(compiler_cache.build_stats(cell_dir) or {})}
             prog.message(f"{cell}: compiler cache: {stats.get('hits', 0)} hits, {stats.get('misses', 0)} misses, "
-                         f"{stats.get('uncacheable', 0)} not cacheable")
+                         f"{stats.get('uncacheable', 0)} not cacheable ({buildprogress.clock(time.monotonic() - t0)})")
         log_path.write_text(f"$ {' '.join(argv)}\n{res.stdout}\n{res.stderr}")
         if not res.ok:
             err = first_compiler_error(res.stdout + "\n" + res.stderr, tree)
