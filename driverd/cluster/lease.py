@@ -10,6 +10,7 @@ through a watch on the Lease, not by polling it.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 from driverd.cluster.kube import Kube, KubeError, lease_path, micro_time
@@ -26,6 +27,7 @@ class Lease:
         self.last: dict | None = None    # the Lease as last seen
         self._seen: tuple | None = None  # the holder's record as last observed …
         self._seen_at = 0.0              # … and when we observed it change (local monotonic clock)
+        self._lock = threading.Lock()     # one take-or-renew at a time (the coordinator renews in a thread)
 
     @property
     def path(self) -> str:
@@ -49,6 +51,10 @@ class Lease:
 
     def try_acquire(self) -> bool:
         """Take or renew the Lease; True while we hold it. One GET + at most one write."""
+        with self._lock:
+            return self._try_acquire()
+
+    def _try_acquire(self) -> bool:
         t0 = time.monotonic()
         now = micro_time()
         cur = self.kube.find(self.path)
