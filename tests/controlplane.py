@@ -68,6 +68,11 @@ class ControlPlane:
         self.bin, self.dir = bindir, workdir
         self.procs: dict[str, subprocess.Popen] = {}
         self.args: dict[str, list[str]] = {}
+        # what the stopped lifetimes of a restarted component used: CPU seconds, and the apiserver's
+        # own request count (apiserver_request_total starts again from 0 in a new process)
+        self.retired_cpu: dict[str, float] = {}
+        self.retired_requests: dict[tuple[str, str, str], float] = {}
+        self.restarts = 0
         self.port = 0
         self.url = ""
         self.ca = str(workdir / "certs" / "apiserver.crt")
@@ -135,6 +140,7 @@ class ControlPlane:
         """kube-apiserver stops and starts again on the same port (etcd keeps the state): every watch
         breaks, every client sees connection errors meanwhile."""
         p = self.procs["kube-apiserver"]
+        self._retire("kube-apiserver")
         p.terminate()
         try:
             p.wait(5)
@@ -143,7 +149,28 @@ class ControlPlane:
             p.wait(10)
         time.sleep(down_s)
         self._spawn("kube-apiserver", self.args["kube-apiserver"])
+        self.restarts += 1
         self._wait_ready(120)
+
+    def _retire(self, name: str) -> None:
+        """Keep what a component's process counted before it stops: its CPU from /proc, and for the
+        apiserver its request counter (requests in the last moments before the stop are not in it)."""
+        self.retired_cpu[name] = self.cpu_seconds(name)
+        if name == "kube-apiserver":
+            try:
+                now = self._metrics_now()
+            except (OSError, urllib.error.URLError):
+                return
+            for k, v in now.items():
+                self.retired_requests[k] = self.retired_requests.get(k, 0.0) + v
+
+    def pid(self, name: str) -> int | None:
+        p = self.procs.get(name)
+        return p.pid if p is not None and p.poll() is None else None
+
+    def cpu_seconds(self, name: str) -> float:
+        """CPU seconds (user + system) of component `name` over all its lifetimes, from /proc."""
+        return self.retired_cpu.get(name, 0.0) + proc_cpu_seconds(self.pid(name))
 
     def _spawn(self, name: str, args: list[str]) -> None:
         self.args[name] = args
@@ -262,7 +289,44 @@ class ControlPlane:
         return list(out.values())
 
     def metrics(self) -> dict[tuple[str, str, str], float]:
-        """apiserver_request_total by (verb, resource, subresource): the apiserver's own count."""
+        """apiserver_request_total by (verb, resource, subresource): the apiserver's own count, summed
+        over its lifetimes (a restarted apiserver counts from 0 again)."""
+        out = dict(self.retired_requests)
+        for k, v in self._metrics_now().items():
+            out[k] = out.get(k, 0.0) + v
+        return out
+
+    def audit_mark(self) -> int:
+        """Where the audit log stands now (bytes)."""
+        return self.audit_log.stat().st_size if self.audit_log.exists() else 0
+
+    def audit_requests(self, user: str, since: int = 0, until: int | None = None) -> dict[tuple[str, str, str], int]:
+        """Requests of `user` the apiserver started between two audit_mark()s, by (verb, resource,
+        subresource), from its audit log (which survives a restart of the apiserver). A request is
+        counted where its first event is (a watch opened before `since` and closed after is not)."""
+        seen: set[str] = set()
+        out: dict[tuple[str, str, str], int] = {}
+        if not self.audit_log.exists():
+            return out
+        pos = 0
+        with open(self.audit_log, "rb") as fh:
+            for line in fh:
+                at, pos = pos, pos + len(line)
+                if until is not None and at >= until:
+                    break
+                if user.encode() not in line:
+                    continue
+                ev = json.loads(line)
+                if ev.get("user", {}).get("username") != user or ev["auditID"] in seen:
+                    continue
+                seen.add(ev["auditID"])
+                if at >= since:
+                    o = ev.get("objectRef") or {}
+                    k = (ev.get("verb", ""), o.get("resource", ""), o.get("subresource", ""))
+                    out[k] = out.get(k, 0) + 1
+        return out
+
+    def _metrics_now(self) -> dict[tuple[str, str, str], float]:
         out: dict[tuple[str, str, str], float] = {}
         for line in self.raw("GET", "/metrics").decode().splitlines():
             if not line.startswith("apiserver_request_total{"):
@@ -281,6 +345,19 @@ class ControlPlane:
         env["KUBECONFIG"] = kubeconfig or self.kubeconfig
         env["HOME"] = str(home)              # kubectl's discovery cache stays in the test's directory
         return env
+
+
+def proc_cpu_seconds(pid: int | None) -> float:
+    """CPU seconds (user + system, its threads included) process `pid` has used, from /proc/PID/stat;
+    0 for no process."""
+    if pid is None:
+        return 0.0
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()        # after "(comm)": state is field 3, utime 14, stime 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _split_labels(s: str) -> list[str]:
