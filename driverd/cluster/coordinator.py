@@ -225,8 +225,16 @@ class Coordinator:
             # admission into a rollout that has ended)
             self._status(obj, st)
         refused_now = False
-        for node_name in d.admit:
-            refused_now |= self._admit(r, node_name, obj) == "refused"
+        said: list[tuple[dict, str]] = []
+        try:
+            for node_name in d.admit:
+                refused_now |= self._admit(r, node_name, obj, said) == "refused"
+        finally:
+            # the admissions' Events after all of them: a wave of fifty nodes does not wait for fifty
+            # Event writes to start (an Event is a courtesy, never part of the decision)
+            for involved, message in said:
+                events.record(self.kube, involved, "Admitted", message, warning=False, instance=self.identity,
+                              log=self.log, now=self.clock())
         if refused_now:
             self.wake.set()                 # the status says so on the next pass, decided without that node
         else:
@@ -248,9 +256,10 @@ class Coordinator:
         self._view_cache, self._decided_on = cache, seen
         return out
 
-    def _admit(self, r: m.Rollout, name: str, obj: dict) -> str:
+    def _admit(self, r: m.Rollout, name: str, obj: dict, said: list[tuple[dict, str]]) -> str:
         """Write the admission: "admitted", "conflict" (the node changed: decided again) or
-        "refused" (the API said no for this node: recorded on the rollout, tried again later)."""
+        "refused" (the API said no for this node: recorded on the rollout, tried again later). The
+        Event an admission deserves goes to `said` (involved object, message)."""
         assert self.nodes is not None
         # the Node as the decision saw it: its resourceVersion makes the write fail (409) if the node
         # changed since, so an admission is never written over a state the decision did not see
@@ -276,9 +285,7 @@ class Coordinator:
                 return "refused"
             raise
         self._refused.pop((r.ident, name), None)
-        events.record(self.kube, {"apiVersion": "v1", "kind": "Node", "name": name,
-                                  "uid": new["metadata"].get("uid")}, "Admitted", message, warning=False,
-                      instance=self.identity, log=self.log, now=self.clock())
+        said.append(({"apiVersion": "v1", "kind": "Node", "name": name, "uid": new["metadata"].get("uid")}, message))
         self.admitted += 1
         self.log(f"driverd cluster: rollout {r.name}: admitted {name}")
         return "admitted"
