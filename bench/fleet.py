@@ -348,6 +348,7 @@ def _run(a, backend, faults, rnd, work, ps) -> list[dict]:
             target = NEW if i % 2 == 0 else OLD
             if i:
                 _clear_rollouts(fleet, obs_kube)
+                fleet.workloads_back()          # the drained GPU pods return: the next drain has them too
             r = _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord, outside, faults, role,
                          limit, timed)
             r.update(build_s=round(build_s, 2), start_s=round(start_s, 2), workdir=work)
@@ -430,6 +431,7 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
         max_unavail, over = obs.max_unavail, obs.over
         phases = _phase_medians(obs.entered)
         gap = _slot_gap(sorted(obs.admitted.values()), sorted(obs.done.values()), min(p, limit))
+        wave = sorted(obs.admitted.values())[:min(p, limit)]
     per_node = statistics.median(per) if per else 0.0
     makespan = last - first
     rounds = math.ceil(a.nodes / effective)
@@ -447,6 +449,7 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
         "preflight_s": round(first - t_start, 2),
         "one_node_s": round(one_node, 3), "per_node_median_s": round(per_node, 3),
         "per_state_median_s": phases, "slot_gap_median_s": gap,
+        "first_wave_s": round(wave[-1] - wave[0], 3) if wave else None,
         "makespan_s": round(makespan, 2), "ideal_s": round(ideal, 2),
         "makespan_ratio": round(makespan / ideal, 3) if ideal else None,
         "node_work_s": round(costs.work_s, 3) if timed else None,

@@ -216,19 +216,7 @@ class Fleet:
                 kind="strategic")
             for j in range(self.gpu_pods):
                 pod = f"train-{name}-{j}"
-                rs = _ensure(k, f"/apis/apps/v1/namespaces/{GPU_NS}/replicasets", {
-                    "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": pod, "namespace": GPU_NS},
-                    "spec": {"replicas": 1, "selector": {"matchLabels": {"app": pod}},
-                             "template": {"metadata": {"labels": {"app": pod}},
-                                          "spec": {"containers": [{"name": "main", "image": "train:1"}]}}}})
-                uids[(name, pod)] = self.running_pod(GPU_NS, {
-                    "apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": pod, "namespace": GPU_NS, "labels": {"app": pod},
-                                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": pod,
-                                                      "uid": rs["metadata"]["uid"], "controller": True}]},
-                    "spec": {"nodeName": name, "automountServiceAccountToken": False,
-                             "containers": [{"name": "main", "image": "train:1",
-                                             "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+                uids[(name, pod)] = self._gpu_pod(name, j)
                 _ensure(k, f"/apis/policy/v1/namespaces/{GPU_NS}/poddisruptionbudgets", {
                     "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
                     "metadata": {"name": f"{pod}-pdb", "namespace": GPU_NS},
@@ -241,6 +229,40 @@ class Fleet:
                                       "spec": {"nodeSelector": {"driverd.io/driver-ready": "true"},
                                                "containers": [{"name": "plugin", "image": "device-plugin:1"}]}}}})
         return uids
+
+    def _gpu_pod(self, node: str, j: int) -> str:
+        """The node's j-th GPU pod, a ReplicaSet's, Running (created unless it exists): its uid."""
+        pod = f"train-{node}-{j}"
+        rs = _ensure(self.admin, f"/apis/apps/v1/namespaces/{GPU_NS}/replicasets", {
+            "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": pod, "namespace": GPU_NS},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": pod}},
+                     "template": {"metadata": {"labels": {"app": pod}},
+                                  "spec": {"containers": [{"name": "main", "image": "train:1"}]}}}})
+        return self.running_pod(GPU_NS, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "namespace": GPU_NS, "labels": {"app": pod},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": pod,
+                                              "uid": rs["metadata"]["uid"], "controller": True}]},
+            "spec": {"nodeName": node, "automountServiceAccountToken": False,
+                     "containers": [{"name": "main", "image": "train:1",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+
+    def workloads_back(self, nodes=None) -> int:
+        """Every GPU pod a drain took away comes back on its node, with its process (what the
+        ReplicaSet controller and the scheduler do once the nodes are schedulable again; neither runs
+        here, so an evicted pod stays gone until this). The number of pods made again."""
+        from driverd.cluster.kube import pods_path
+        have = {p["metadata"]["name"] for p in self.admin.list(pods_path(GPU_NS)).get("items") or []
+                if not p["metadata"].get("deletionTimestamp")}
+        made = 0
+        for name in nodes or self.nodes:
+            for j in range(self.gpu_pods):
+                if f"train-{name}-{j}" not in have:
+                    uid = self._gpu_pod(name, j)
+                    if self.gpu_processes:
+                        self._ensure_process(name, uid, "python", "/dev/nvidia0")
+                    made += 1
+        return made
 
     def running_pod(self, namespace: str, pod: dict, kube=None) -> str:
         """Create `pod` (bound to its node) unless it exists, and report it Running and Ready as the

@@ -73,6 +73,8 @@ def test_rollouts_one_after_the_other_on_one_fleet(tmp_path):
         assert r["admissions_over_limit"] == 0 and r["left_cordoned_by_us"] == 0
         assert r["max_unavailable_seen"] <= r["effective_parallel"]
         assert r["admitted_by"] == {r["coordinator"]: 3}
+        # the GPU pods the first drain evicted came back (their controller's part): the second drains them too
+        assert r["api_requests_by_kind"]["create pods/eviction"] == 1.0, r["api_requests_by_kind"]
 
 
 @pytest.mark.slow
