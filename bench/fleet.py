@@ -147,6 +147,7 @@ class Real:
     def mark(self) -> dict:
         cp = self.cp
         return {"audit": cp.audit_mark(), "metrics": sum(cp.metrics().values()), "restarts": cp.restarts,
+                "policies": cp.policy_seconds(),
                 "cpu": {"apiserver": cp.cpu_seconds("kube-apiserver"), "etcd": cp.cpu_seconds("etcd"),
                         "controller_manager": cp.cpu_seconds("kube-controller-manager")}}
 
@@ -167,7 +168,7 @@ class Loopback:
         self.server.restart()
 
     def mark(self) -> dict:
-        return {"audit": None, "metrics": None, "restarts": None, "cpu": {}}
+        return {"audit": None, "metrics": None, "restarts": None, "cpu": {}, "policies": {}}
 
     def counted(self, m0: dict, m1: dict) -> None:
         return None
@@ -349,6 +350,7 @@ def _run(a, backend, faults, rnd, work, ps) -> list[dict]:
             if i:
                 _clear_rollouts(fleet, obs_kube)
                 fleet.workloads_back()          # the drained GPU pods return: the next drain has them too
+                _wait_budgets(fleet, obs_kube)
             r = _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord, outside, faults, role,
                          limit, timed)
             r.update(build_s=round(build_s, 2), start_s=round(start_s, 2), workdir=work)
@@ -467,6 +469,9 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
         "harness_requests_per_node": round(harness / n, 1),
         "apiserver_restarts": None if mark1["restarts"] is None else mark1["restarts"] - mark0["restarts"],
         "cpu_s": cpu, "cpu_ms_per_node": {k: round(v * 1000 / n, 1) for k, v in cpu.items()},
+        # the apiserver's time in deploy/'s admission policies, by operation (its own histogram's sum)
+        "admission_policy_ms_per_node": {k: round((v - mark0["policies"].get(k, 0.0)) * 1000 / n, 1)
+                               for k, v in sorted(mark1["policies"].items())},
         "machine": {"cores": os.cpu_count(), "load_before": cpu0["load"], "load_after": cpu1["load"],
                     "busy_cores": round((cpu1["busy"] - cpu0["busy"]) / wall, 2) if wall > 0 else None,
                     "rollout_wall_s": round(wall, 1)},
@@ -481,6 +486,19 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
                            for f, nd in role.items()},
     }
     return out
+
+
+def _wait_budgets(fleet, kube, timeout: float = 600) -> None:
+    """Every GPU pod's PodDisruptionBudget allows its eviction again: the disruption controller has
+    counted the pods that came back (until then the Eviction API refuses them, and a rollout started
+    now would measure the controller's backlog: seen as a 26 s one-node rollout)."""
+    from driverd.sim.fleet import GPU_NS
+
+    def ready() -> bool:
+        pdbs = kube.list(f"/apis/policy/v1/namespaces/{GPU_NS}/poddisruptionbudgets").get("items") or []
+        return all(((p.get("status") or {}).get("disruptionsAllowed") or 0) >= 1 for p in pdbs)
+    if not fleet.wait(ready, timeout=timeout, step=1.0):
+        raise SystemExit("fleet.py: the GPU pods' PodDisruptionBudgets did not allow evictions again")
 
 
 def _clear_rollouts(fleet, kube) -> None:

@@ -72,6 +72,7 @@ class ControlPlane:
         # own request count (apiserver_request_total starts again from 0 in a new process)
         self.retired_cpu: dict[str, float] = {}
         self.retired_requests: dict[tuple[str, str, str], float] = {}
+        self.retired_policy_s: dict[str, float] = {}
         self.restarts = 0
         self.port = 0
         self.url = ""
@@ -158,11 +159,13 @@ class ControlPlane:
         self.retired_cpu[name] = self.cpu_seconds(name)
         if name == "kube-apiserver":
             try:
-                now = self._metrics_now()
+                now, policies = self._scrape()
             except (OSError, urllib.error.URLError):
                 return
             for k, v in now.items():
                 self.retired_requests[k] = self.retired_requests.get(k, 0.0) + v
+            for k, v in policies.items():
+                self.retired_policy_s[k] = self.retired_policy_s.get(k, 0.0) + v
 
     def pid(self, name: str) -> int | None:
         p = self.procs.get(name)
@@ -292,7 +295,16 @@ class ControlPlane:
         """apiserver_request_total by (verb, resource, subresource): the apiserver's own count, summed
         over its lifetimes (a restarted apiserver counts from 0 again)."""
         out = dict(self.retired_requests)
-        for k, v in self._metrics_now().items():
+        for k, v in self._scrape()[0].items():
+            out[k] = out.get(k, 0.0) + v
+        return out
+
+    def policy_seconds(self) -> dict[str, float]:
+        """Seconds the apiserver spent in its ValidatingAdmissionPolicy admission plugin (every policy
+        of deploy/), by operation (CREATE: evictions, Events, the Lease; UPDATE: Nodes, the Lease,
+        rollouts), from apiserver_admission_controller_admission_duration_seconds, over its lifetimes."""
+        out = dict(self.retired_policy_s)
+        for k, v in self._scrape()[1].items():
             out[k] = out.get(k, 0.0) + v
         return out
 
@@ -326,16 +338,25 @@ class ControlPlane:
                     out[k] = out.get(k, 0) + 1
         return out
 
-    def _metrics_now(self) -> dict[tuple[str, str, str], float]:
+    def _scrape(self) -> tuple[dict[tuple[str, str, str], float], dict[str, float]]:
+        """This apiserver process's apiserver_request_total by (verb, resource, subresource), and its
+        seconds in the ValidatingAdmissionPolicy plugin by operation."""
         out: dict[tuple[str, str, str], float] = {}
+        policies: dict[str, float] = {}
+        check = "apiserver_admission_controller_admission_duration_seconds_sum{"
         for line in self.raw("GET", "/metrics").decode().splitlines():
-            if not line.startswith("apiserver_request_total{"):
-                continue
-            labels, value = line[len("apiserver_request_total{"):].rsplit("} ", 1)
-            kv = dict(part.split("=", 1) for part in _split_labels(labels))
-            key = (kv.get("verb", ""), kv.get("resource", ""), kv.get("subresource", ""))
-            out[key] = out.get(key, 0.0) + float(value)
-        return out
+            if line.startswith("apiserver_request_total{"):
+                labels, value = line[len("apiserver_request_total{"):].rsplit("} ", 1)
+                kv = dict(part.split("=", 1) for part in _split_labels(labels))
+                key = (kv.get("verb", ""), kv.get("resource", ""), kv.get("subresource", ""))
+                out[key] = out.get(key, 0.0) + float(value)
+            elif line.startswith(check):
+                labels, value = line[len(check):].rsplit("} ", 1)
+                kv = dict(part.split("=", 1) for part in _split_labels(labels))
+                if kv.get("name") == "ValidatingAdmissionPolicy":
+                    op = kv.get("operation", "")
+                    policies[op] = policies.get(op, 0.0) + float(value)
+        return out, policies
 
     def apply(self, env: dict, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["kubectl", *args], capture_output=True, text=True, env=env, timeout=120)
