@@ -108,6 +108,8 @@ def main(argv=None) -> int:
     ap.add_argument("--validate-s", type=float, default=VALIDATE_S, help=f"timed hosts: the workload check "
                     f"(default {VALIDATE_S}: 4xH200)")
     ap.add_argument("--preflight-s", type=float, default=0.0, help="timed hosts: a node's preflight (default 0)")
+    ap.add_argument("--namespaces", type=int, default=1, help="spread the GPU pods over this many namespaces "
+                    "(default 1: all in one, the most parameters for deploy/'s eviction policy)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--faults", default="", help="comma list of: apiserver-restart, daemon-kill, pdb-never, "
                     "node-notready, reload-fails, no-controller, two-pdbs, stuck-terminating")
@@ -287,7 +289,7 @@ def _run(a, backend, faults, rnd, work, ps) -> list[dict]:
     # one node more for the one-node rollout, and with timed hosts one for the coordinator's process
     fleet = Fleet(work, a.nodes + (2 if timed else 1), server=backend.server,
                   device_plugin=getattr(a, "device_plugin", True), hosts="timed" if timed else "files",
-                  costs=costs).build()
+                  costs=costs, namespaces=getattr(a, "namespaces", 1)).build()
     build_s = time.monotonic() - t0
     calib = Fleet.node_name(a.nodes)
     coord = Fleet.node_name(a.nodes + 1) if timed else None
@@ -446,6 +448,7 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
     final = Counter(v.state for v in nodes_now)
     out = {
         "nodes": n, "max_parallel": p, "target": target, "hosts": "timed" if timed else "files",
+        "gpu_namespaces": len(fleet.gpu_namespaces),
         "faults": faults, "fault_nodes": role,
         "phase": phase, "completed": phase in ("Completed", "Failed"),
         "preflight_s": round(first - t_start, 2),
@@ -492,10 +495,9 @@ def _wait_budgets(fleet, kube, timeout: float = 600) -> None:
     """Every GPU pod's PodDisruptionBudget allows its eviction again: the disruption controller has
     counted the pods that came back (until then the Eviction API refuses them, and a rollout started
     now would measure the controller's backlog: seen as a 26 s one-node rollout)."""
-    from driverd.sim.fleet import GPU_NS
-
     def ready() -> bool:
-        pdbs = kube.list(f"/apis/policy/v1/namespaces/{GPU_NS}/poddisruptionbudgets").get("items") or []
+        pdbs = [p for ns in fleet.gpu_namespaces
+                for p in kube.list(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets").get("items") or []]
         return all(((p.get("status") or {}).get("disruptionsAllowed") or 0) >= 1 for p in pdbs)
     if not fleet.wait(ready, timeout=timeout, step=1.0):
         raise SystemExit("fleet.py: the GPU pods' PodDisruptionBudgets did not allow evictions again")

@@ -77,11 +77,13 @@ class Fleet:
     def __init__(self, workdir: str | os.PathLike, nodes: int, *, server, log=_quiet, gpu_pods: int = 1,
                  lease_s: int | None = None, kubeconfig: str | None = None, module_unload: bool = True,
                  gpu_processes: bool = True, device_plugin: bool = False, first: int = 0, hosts: str = "files",
-                 costs=None) -> None:
+                 costs=None, namespaces: int = 1) -> None:
         """hosts: "files", every node a simulated host tree (its own root, simulated kernel, journal),
         the node transaction the real one; "timed", every node a driverd.sim.timedhost.TimedHost
         (the node's work is wall-clock time of `costs`, a NodeCosts; no host tree), for fleets of
-        hundreds of nodes whose agents must not spend this machine's CPU on the hosts' work."""
+        hundreds of nodes whose agents must not spend this machine's CPU on the hosts' work.
+        namespaces: the GPU pods' namespaces (GPU_NS for 1; else GPU_NS-0 …, the nodes' pods dealt
+        round-robin): how many pods each eviction's admission policy takes as its parameters."""
         self.work = Path(workdir)
         from driverd.cluster.lease import LEASE_DURATION_S
         self.n, self.srv, self.log, self.gpu_pods = nodes, server, log, gpu_pods
@@ -104,6 +106,7 @@ class Fleet:
         from driverd.sim.timedhost import NodeCosts
         self.costs = costs or NodeCosts()
         self.cfg = None                    # the configuration every timed node's daemon reads
+        self.gpu_namespaces = [GPU_NS] if namespaces <= 1 else [f"{GPU_NS}-{i}" for i in range(namespaces)]
 
     # -- building --------------------------------------------------------------------------------
     def build(self) -> Fleet:
@@ -163,6 +166,12 @@ class Fleet:
     def node_name(i: int) -> str:
         return f"gpu-{i:04d}"
 
+    def gpu_ns(self, node: str) -> str:
+        """The namespace of the node's GPU pods."""
+        if len(self.gpu_namespaces) == 1:
+            return self.gpu_namespaces[0]
+        return self.gpu_namespaces[int(node.rsplit("-", 1)[1]) % len(self.gpu_namespaces)]
+
     def _template(self, root: Path) -> None:
         """One host on driver OLD, converged through the real transaction path; every node is a copy."""
         from driverd.apply import lifecycle as lc
@@ -189,12 +198,12 @@ class Fleet:
         ReplicaSets and PDBs, the device plugin's DaemonSet. Returns {(node, pod): pod uid}."""
         from driverd.cluster.kube import node_path
         k = self.admin
-        namespaces = (GPU_NS, "driverd", "default") + ((PLUGIN_NS,) if self.device_plugin else ())
+        namespaces = (*self.gpu_namespaces, "driverd", "default") + ((PLUGIN_NS,) if self.device_plugin else ())
         for ns in namespaces:
             _ensure(k, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         _ensure(k, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", _crd())
         _wait_crd(k)
-        for ns in (GPU_NS, PLUGIN_NS) if self.device_plugin else (GPU_NS,):
+        for ns in (*self.gpu_namespaces, PLUGIN_NS) if self.device_plugin else self.gpu_namespaces:
             # the pods' account (a cluster's ServiceAccount controller creates it; made here so as not to wait)
             _ensure(k, f"/api/v1/namespaces/{ns}/serviceaccounts",
                     {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": ns}})
@@ -217,9 +226,10 @@ class Fleet:
             for j in range(self.gpu_pods):
                 pod = f"train-{name}-{j}"
                 uids[(name, pod)] = self._gpu_pod(name, j)
-                _ensure(k, f"/apis/policy/v1/namespaces/{GPU_NS}/poddisruptionbudgets", {
+                ns = self.gpu_ns(name)
+                _ensure(k, f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", {
                     "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                    "metadata": {"name": f"{pod}-pdb", "namespace": GPU_NS},
+                    "metadata": {"name": f"{pod}-pdb", "namespace": ns},
                     "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": pod}}}})
         if self.device_plugin:
             _ensure(k, f"/apis/apps/v1/namespaces/{PLUGIN_NS}/daemonsets", {
@@ -232,15 +242,15 @@ class Fleet:
 
     def _gpu_pod(self, node: str, j: int) -> str:
         """The node's j-th GPU pod, a ReplicaSet's, Running (created unless it exists): its uid."""
-        pod = f"train-{node}-{j}"
-        rs = _ensure(self.admin, f"/apis/apps/v1/namespaces/{GPU_NS}/replicasets", {
-            "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": pod, "namespace": GPU_NS},
+        pod, ns = f"train-{node}-{j}", self.gpu_ns(node)
+        rs = _ensure(self.admin, f"/apis/apps/v1/namespaces/{ns}/replicasets", {
+            "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": pod, "namespace": ns},
             "spec": {"replicas": 1, "selector": {"matchLabels": {"app": pod}},
                      "template": {"metadata": {"labels": {"app": pod}},
                                   "spec": {"containers": [{"name": "main", "image": "train:1"}]}}}})
-        return self.running_pod(GPU_NS, {
+        return self.running_pod(ns, {
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod, "namespace": GPU_NS, "labels": {"app": pod},
+            "metadata": {"name": pod, "namespace": ns, "labels": {"app": pod},
                          "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": pod,
                                               "uid": rs["metadata"]["uid"], "controller": True}]},
             "spec": {"nodeName": node, "automountServiceAccountToken": False,
@@ -252,8 +262,8 @@ class Fleet:
         ReplicaSet controller and the scheduler do once the nodes are schedulable again; neither runs
         here, so an evicted pod stays gone until this). The number of pods made again."""
         from driverd.cluster.kube import pods_path
-        have = {p["metadata"]["name"] for p in self.admin.list(pods_path(GPU_NS)).get("items") or []
-                if not p["metadata"].get("deletionTimestamp")}
+        have = {p["metadata"]["name"] for ns in self.gpu_namespaces
+                for p in self.admin.list(pods_path(ns)).get("items") or [] if not p["metadata"].get("deletionTimestamp")}
         made = 0
         for name in nodes or self.nodes:
             for j in range(self.gpu_pods):
@@ -320,7 +330,7 @@ class Fleet:
     def set_pdb(self, name: str, max_unavailable: int) -> None:
         """Let the PDBs guarding the node's GPU pods (one pod each) allow `max_unavailable` disruptions."""
         for j in range(self.gpu_pods):
-            self.admin.patch(f"/apis/policy/v1/namespaces/{GPU_NS}/poddisruptionbudgets/train-{name}-{j}-pdb",
+            self.admin.patch(f"/apis/policy/v1/namespaces/{self.gpu_ns(name)}/poddisruptionbudgets/train-{name}-{j}-pdb",
                              {"spec": {"maxUnavailable": max_unavailable}})
 
     def pdb_never(self, name: str) -> None:
@@ -331,9 +341,10 @@ class Fleet:
         """A GPU pod on the node that nothing would recreate (no ownerReferences), with its process
         unless `process` is false (a pod that holds no device right now)."""
         pod = f"solo-{name}"
-        uid = self.running_pod(GPU_NS, {
+        ns = self.gpu_ns(name)
+        uid = self.running_pod(ns, {
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod, "namespace": GPU_NS, "labels": {"app": pod}},
+            "metadata": {"name": pod, "namespace": ns, "labels": {"app": pod}},
             "spec": {"nodeName": name, "automountServiceAccountToken": False,
                      "containers": [{"name": "main", "image": "notebook:1",
                                      "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
@@ -344,15 +355,16 @@ class Fleet:
     def two_pdbs(self, name: str) -> None:
         """A second PodDisruptionBudget over the node's first GPU pod: the Eviction API answers 500."""
         pod = f"train-{name}-0"
-        _ensure(self.admin, f"/apis/policy/v1/namespaces/{GPU_NS}/poddisruptionbudgets", {
+        ns = self.gpu_ns(name)
+        _ensure(self.admin, f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", {
             "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": {"name": f"{pod}-pdb2", "namespace": GPU_NS},
+            "metadata": {"name": f"{pod}-pdb2", "namespace": ns},
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": pod}}}})
 
     def stuck_terminating(self, name: str) -> None:
         """The node's first GPU pod carries a finalizer nobody removes: once deleted it stays Terminating."""
         from driverd.cluster.kube import pods_path
-        self.admin.patch(pods_path(GPU_NS, f"train-{name}-0"), {"metadata": {"finalizers": [HOLD]}})
+        self.admin.patch(pods_path(self.gpu_ns(name), f"train-{name}-0"), {"metadata": {"finalizers": [HOLD]}})
 
     def reload_fails(self, name: str) -> None:
         """The node's repository serves a NEW package without its GSP firmware: the load fails."""
