@@ -24,13 +24,14 @@ What a node's host does (--hosts):
 - files: every node a simulated host tree with the simulated kernel, the node transaction the real
   one — every node's work is this machine's CPU (what the fleet bench measured before issue 34).
 
-Each node has a GPU pod (a ReplicaSet's, under a PodDisruptionBudget) whose process holds
-/dev/nvidia0 on its host, and a device-plugin DaemonSet pod that follows the driverd.io/driver-ready
-label (--no-device-plugin: none). The kubelets and the DaemonSet controller are played by one
-list + watch each (the harness: its requests are the admin's, not driverd's). An observer with its
-own watch counts unavailable nodes at every change.
+Each node has a GPU pod (a ReplicaSet's, under a PodDisruptionBudget; all in one namespace, or
+dealt over --namespaces) whose process holds /dev/nvidia0 on its host, and a device-plugin
+DaemonSet pod that follows the driverd.io/driver-ready label (--no-device-plugin: none). The
+kubelets and the DaemonSet controller are played by one list + watch each (the harness: its
+requests are the admin's, not driverd's); the drained GPU pods come back between rollouts. An
+observer with its own watch counts unavailable nodes at every change.
 
-  python bench/fleet.py --nodes 1000 --max-parallel 10,50 --max-unavailable 10% --json
+  python bench/fleet.py --nodes 1000 --namespaces 20 --max-parallel 50,10 --json
   python bench/fleet.py --nodes 200 --hosts files --max-parallel 7 --json
   python bench/fleet.py --nodes 12 --max-parallel 3 --max-unavailable 25% --drain-timeout 2 --faults \\
       apiserver-restart,daemon-kill,pdb-never,node-notready,reload-fails,no-controller,two-pdbs,stuck-terminating
@@ -48,7 +49,11 @@ rollouts {"runs": [...]}) with:
   work_round_s         one round of node transactions, no coordination (timed hosts)
   work_ideal_s, makespan_ratio_work  the same with work_round_s: what the coordination costs in all
   per_node_median_s    admitted -> done in the rollout (what contention adds to one_node_s)
+  per_state_median_s   how long nodes stayed in each state (admitted, cordoned, evicting, ...)
+  slot_gap_median_s    a node done -> the next admission (how long a freed slot stays empty)
+  first_wave_s         the first maxParallel admissions, first to last
   preflight_s          the rollout's creation to its first admission
+  admitted_by          who wrote the admissions (driverd.io/admitted-by): the coordinator's process
   api_requests_per_node   driverd's requests during the rollout / N as the apiserver counted them:
                        its audit log's requests of deploy/'s ServiceAccount (every daemon's, the
                        coordinator's included; the log survives an apiserver restart). Loopback: the
@@ -61,6 +66,9 @@ rollouts {"runs": [...]}) with:
   cpu_s, cpu_ms_per_node  CPU from /proc of kube-apiserver (all lifetimes), etcd, the
                        controller-manager, the coordinator's process and this process (the fleet's
                        daemons and the harness) during the rollout
+  admission_policy_ms_per_node  the apiserver's time in deploy/'s ValidatingAdmissionPolicies by
+                       operation (CREATE is mostly the evictions: driverd-node-evictions judges
+                       every pod of the evicted pod's namespace)
   machine              cores, load averages before/after, busy_cores (all of the machine's CPU
                        use over the rollout, other work included, from /proc/stat)
   max_unavailable_seen, admissions_over_limit (nodes admitted while the nodes the rollout had taken
@@ -357,6 +365,8 @@ def _run(a, backend, faults, rnd, work, ps) -> list[dict]:
                          limit, timed)
             r.update(build_s=round(build_s, 2), start_s=round(start_s, 2), workdir=work)
             runs.append(r)
+            print(f"fleet.py: maxParallel {p}: {r['phase']}, makespan {r['makespan_s']} s = {r['makespan_ratio']} x "
+                  f"ideal, {r['api_requests_per_node']} requests per node", file=sys.stderr, flush=True)
             if r["phase"] not in ("Completed", "Failed"):
                 break
     finally:

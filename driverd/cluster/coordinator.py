@@ -123,13 +123,17 @@ class Coordinator:
         self._renewer.start()
 
     def _renew(self) -> None:
-        delay = self.lease.duration_s / 3
-        while not self.stop.wait(delay) and self.lease.holding():
+        """A third of the duration after the last renewal began — at once after one that took longer
+        than that (a busy apiserver): the next renewal. It goes on while the Lease on the server is
+        ours, even past our own hold (the write carries the resourceVersion read: it cannot take back
+        a Lease another daemon took meanwhile); it ends when another daemon holds it."""
+        delay = max(0.0, self.lease.acquired_at + self.lease.duration_s / 3 - time.monotonic())
+        while not self.stop.wait(delay):
             try:
                 if not self.lease.try_acquire():        # another daemon holds it now
                     break
-                delay = self.lease.duration_s / 3
-            except Exception as e:      # the API server restarting: again soon, while our hold lasts
+                delay = max(0.0, self.lease.acquired_at + self.lease.duration_s / 3 - time.monotonic())
+            except Exception as e:      # the API server restarting: again soon
                 self.log(f"driverd cluster coordinator: renewing the Lease: {e.__class__.__name__}: {e}")
                 delay = min(1.0, self.lease.duration_s / 3)
         self.wake.set()                 # the pass loop sees the Lease lost (or the daemon stopping)

@@ -76,3 +76,41 @@ def test_a_pass_longer_than_the_lease_keeps_the_lease(deployed, tmp_path):
         for c, rollouts in made:
             c.close()
             rollouts.close()
+
+
+class SlowRenewals:
+    """A Lease (driverd.cluster.lease.Lease's interface) whose first renewal takes longer than the hold
+    it gives (what a renewal queued behind a thousand daemons' requests took: 5.7 s of a 15 s Lease),
+    and which another daemon holds from the fourth try on."""
+    duration_s = 0.3
+
+    def __init__(self) -> None:
+        self.tries = 0
+        self.acquired_at = time.monotonic()
+        self.held_until = self.acquired_at + 0.2
+
+    def holding(self) -> bool:
+        return time.monotonic() < self.held_until
+
+    def try_acquire(self) -> bool:
+        t0 = time.monotonic()
+        self.tries += 1
+        if self.tries == 1:
+            time.sleep(0.25)
+        if self.tries >= 4:
+            self.held_until = 0.0
+            return False
+        self.acquired_at, self.held_until = t0, t0 + 0.2
+        return True
+
+
+def test_a_renewal_slower_than_the_hold_is_followed_by_the_next_one():
+    """Before: a renewal that took longer than a third of the duration let our own hold lapse before
+    the next one was due, and the renewer stopped there — at 1,000 nodes the coordinator lost the
+    Lease to a daemon of the fleet 15 s later. Now it renews at once, until another daemon holds it."""
+    c = Coordinator.__new__(Coordinator)
+    c.lease, c.stop, c.wake, c.log = SlowRenewals(), threading.Event(), threading.Event(), lambda m: None
+    t = threading.Thread(target=c._renew, daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive() and c.lease.tries == 4 and c.wake.is_set()
