@@ -1,90 +1,140 @@
 #!/usr/bin/env python3
-"""A rolling driver upgrade across a simulated fleet, measured.
+"""A rolling driver upgrade across a simulated fleet: what coordinating it costs.
 
-Every node runs the real node code (cluster agent: state machine, drain through the Eviction API,
-node transaction on its own simulated host tree; and a coordinator candidate in the Lease election)
-against an API server:
+Every node runs the real node code — the cluster agent (state machine, preflight, cordon, drain
+through the Eviction API, state annotations, labels, condition, uncordon) and a coordinator
+candidate in the Lease election — against an API server:
 - --apiserver real (the default): the real control plane of tests/controlplane.py (kube-apiserver,
   etcd, kube-controller-manager with the disruption controller and garbage collector; built by
   .ci/build-control-plane), deploy/ applied, every node daemon with its own node-bound token of
-  deploy/'s ServiceAccount (RBAC and the admission policy judge every call);
-- --apiserver loopback: tests/apiserver, the in-process test server (no TLS, no etcd: faster, for
-  large N on a small machine; its numbers are not a real apiserver's).
-Each node has a GPU pod (a ReplicaSet's, under a
-PodDisruptionBudget) whose process holds /dev/nvidia0 on the host, and a device-plugin DaemonSet pod
-that follows the driverd.io/driver-ready label (--no-device-plugin: none). An observer with its own
-watch counts unavailable nodes at every change.
+  deploy/'s ServiceAccount (RBAC and the admission policies judge every call);
+- --apiserver loopback: tests/apiserver, the in-process test server (no TLS, no etcd; its numbers
+  are not a real apiserver's).
 
-  python bench/fleet.py --nodes 200 --max-parallel 10 --max-unavailable 5% --json
-  python bench/fleet.py --apiserver loopback --nodes 500 --max-parallel 10 --max-unavailable 5% --json
-  python bench/fleet.py --nodes 60 --max-parallel 5 --max-unavailable 10% --faults apiserver-restart,daemon-kill,pdb-never,node-notready,reload-fails,no-controller,two-pdbs,stuck-terminating
+What a node's host does (--hosts):
+- timed (the default): the node's work costs what it costs on a node — wall-clock time, not this
+  machine's CPU (driverd.sim.timedhost): a transaction is --reload-s (the driver's load on the
+  GPUs) + --validate-s (the workload check), the preflight --preflight-s; which driver runs and which
+  pods' processes hold a GPU are a record in memory. The defaults are measured on GPU machines
+  (docs/testing.md): 4.5 s from nvidia.ko's load to 4×H200 initialised (the kernel log; 3.2 s on
+  1×H200), 2.46 s the workload check on 4×H200 (0.91 s on 1×H100). The coordinator runs in a
+  process of its own (a node no rollout selects, started first so it holds the Lease); the other
+  daemons are threads of this process, one Kubernetes client, informers and watches each (nothing
+  shared: each node's requests are its own).
+- files: every node a simulated host tree with the simulated kernel, the node transaction the real
+  one — every node's work is this machine's CPU (what the fleet bench measured before issue 34).
 
-First a one-node rollout on a node of its own (not counted in --nodes) measures the per-node time
-on this machine, in this run; then the rollout of the N nodes. Prints one JSON object (--json) with:
-nodes, one_node_s (admitted -> done of the one-node rollout), makespan_s (first admission to the
-last node done), ideal_s = ceil(N / min(maxParallel, the unavailability limit)) x one_node_s,
-makespan_ratio, per_node_median_s (admitted -> done in the big rollout: what contention costs),
-preflight_s, api_requests_per_node (driverd's requests during the rollout / nodes, as the API server
-counted them: on the real one the growth of `apiserver_request_total` over the resources driverd
-uses, less the harness's own requests (its client-side count); on the loopback one the daemons'
-client-side count), api_requests_per_node_client (the daemons' clients, daemons killed and restarted
-included), api_requests_per_node_audit (real: the audit log's requests of driverd's ServiceAccount), max_unavailable_seen (the observer),
-admissions_over_limit (nodes admitted while the nodes the rollout had taken out — cordoned or being
-upgraded — were already past the limit: the guarantee; a node going NotReady by itself may take
-max_unavailable_seen past the limit),
-limit_unavailable, left_cordoned_by_us, final_states, phase (Paused when the failures exceed
---failure-budget).
+Each node has a GPU pod (a ReplicaSet's, under a PodDisruptionBudget; all in one namespace, or
+dealt over --namespaces) whose process holds /dev/nvidia0 on its host, and a device-plugin
+DaemonSet pod that follows the driverd.io/driver-ready label (--no-device-plugin: none). The
+kubelets and the DaemonSet controller are played by one list + watch each (the harness: its
+requests are the admin's, not driverd's); the drained GPU pods come back between rollouts. An
+observer with its own watch counts unavailable nodes at every change.
 
-Faults: pdb-never, reload-fails, no-controller (a GPU pod nothing would recreate), two-pdbs (the
-Eviction API answers 500), stuck-terminating (a finalizer keeps the evicted pod Terminating) each
-fail their node; apiserver-restart, daemon-kill (mid-drain) and node-notready (an idle node NotReady
-for a while, raising the unavailable count) end done.
+  python bench/fleet.py --nodes 1000 --namespaces 20 --max-parallel 50,10 --json
+  python bench/fleet.py --nodes 200 --hosts files --max-parallel 7 --json
+  python bench/fleet.py --nodes 12 --max-parallel 3 --max-unavailable 25% --drain-timeout 2 --faults \\
+      apiserver-restart,daemon-kill,pdb-never,node-notready,reload-fails,no-controller,two-pdbs,stuck-terminating
+
+--max-parallel takes a list: one rollout after the other on the same fleet (to the new driver, back,
+...), each measured on its own. Per rollout, first a one-node rollout of a node outside --nodes
+measures the per-node time now (admitted -> done: the node's work and its own API path, alone), and
+(timed hosts) one round of node transactions at the rollout's parallelism runs with no API at all;
+then the rollout of the N nodes. Prints one JSON object (--json: on one line; with several
+rollouts {"runs": [...]}) with:
+  makespan_s           first admission to the last node done
+  one_node_s           the one-node rollout's admitted -> done
+  ideal_s              ceil(N / min(maxParallel, the unavailability limit)) x one_node_s
+  makespan_ratio       makespan_s / ideal_s
+  work_round_s         one round of node transactions, no coordination (timed hosts)
+  work_ideal_s, makespan_ratio_work  the same with work_round_s: what the coordination costs in all
+  per_node_median_s    admitted -> done in the rollout (what contention adds to one_node_s)
+  per_state_median_s   how long nodes stayed in each state (admitted, cordoned, evicting, ...)
+  slot_gap_median_s    a node done -> the next admission (how long a freed slot stays empty)
+  first_wave_s         the first maxParallel admissions, first to last
+  preflight_s          the rollout's creation to its first admission
+  admitted_by          who wrote the admissions (driverd.io/admitted-by): the coordinator's process
+  api_requests_per_node   driverd's requests during the rollout / N as the apiserver counted them:
+                       its audit log's requests of deploy/'s ServiceAccount (every daemon's, the
+                       coordinator's included; the log survives an apiserver restart). Loopback: the
+                       daemons' clients' count
+  api_requests_by_kind the same per (verb resource/subresource), the largest
+  api_requests_per_node_client   the daemons' clients' own count (killed and restarted ones included)
+  api_requests_per_node_metrics  apiserver_request_total's growth / N, summed over the apiserver's
+                       lifetimes (every client: the harness and the controller-manager too)
+  apiserver_restarts   restarts during the rollout (the apiserver-restart fault)
+  cpu_s, cpu_ms_per_node  CPU from /proc of kube-apiserver (all lifetimes), etcd, the
+                       controller-manager, the coordinator's process and this process (the fleet's
+                       daemons and the harness) during the rollout
+  admission_policy_ms_per_node  the apiserver's time in deploy/'s ValidatingAdmissionPolicies by
+                       operation (CREATE is mostly the evictions: driverd-node-evictions judges
+                       every pod of the evicted pod's namespace)
+  machine              cores, load averages before/after, busy_cores (all of the machine's CPU
+                       use over the rollout, other work included, from /proc/stat)
+  max_unavailable_seen, admissions_over_limit (nodes admitted while the nodes the rollout had taken
+                       out — cordoned or being upgraded — were already past the limit: the guarantee;
+                       a node going NotReady by itself may take max_unavailable_seen past the limit),
+  limit_unavailable, left_cordoned_by_us, final_states, phase (Paused when the failures exceed
+                       --failure-budget), fault_outcomes.
+
+Faults (with one --max-parallel only): pdb-never, reload-fails, no-controller (a GPU pod nothing
+would recreate), two-pdbs (the Eviction API answers 500), stuck-terminating (a finalizer keeps the
+evicted pod Terminating) each fail their node; apiserver-restart, daemon-kill (mid-drain) and
+node-notready (an idle node NotReady for a while, raising the unavailable count) end done.
 """
 from __future__ import annotations
 
 import argparse
 import json
-from collections import Counter
 import math
 import os
 import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+FAILING = ("pdb-never", "reload-fails", "no-controller", "two-pdbs", "stuck-terminating")
+SA_USER = "system:serviceaccount:driverd:driverd"
+
 
 def main(argv=None) -> int:
+    from driverd.sim.timedhost import RELOAD_S, VALIDATE_S
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=50)
-    ap.add_argument("--max-parallel", type=int, default=10)
-    ap.add_argument("--max-unavailable", default="5%")
+    ap.add_argument("--max-parallel", default="10", help="spec.maxParallel; a comma list: one rollout after "
+                    "the other on the same fleet (default 10)")
+    ap.add_argument("--max-unavailable", default="10%", help="spec.maxUnavailable (default 10%%)")
+    ap.add_argument("--hosts", choices=("timed", "files"), default="timed",
+                    help="timed: a node's work is wall-clock time (default); files: simulated host trees")
+    ap.add_argument("--reload-s", type=float, default=RELOAD_S, help=f"timed hosts: the driver's load on a node "
+                    f"(default {RELOAD_S}: nvidia.ko to 4xH200 initialised, the kernel log)")
+    ap.add_argument("--validate-s", type=float, default=VALIDATE_S, help=f"timed hosts: the workload check "
+                    f"(default {VALIDATE_S}: 4xH200)")
+    ap.add_argument("--preflight-s", type=float, default=0.0, help="timed hosts: a node's preflight (default 0)")
+    ap.add_argument("--namespaces", type=int, default=1, help="spread the GPU pods over this many namespaces "
+                    "(default 1: all in one, the most parameters for deploy/'s eviction policy)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--faults", default="", help="comma list of: apiserver-restart, daemon-kill, pdb-never, "
-                    "node-notready, reload-fails")
+                    "node-notready, reload-fails, no-controller, two-pdbs, stuck-terminating")
     ap.add_argument("--drain-timeout", type=int, default=30, help="seconds (pdb-never, two-pdbs, stuck-terminating "
                     "fail after this)")
     ap.add_argument("--failure-budget", type=int, default=None, help="default: the number of faults that fail "
                     "a node (lower: the rollout pauses)")
     ap.add_argument("--no-device-plugin", dest="device_plugin", action="store_false")
-    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds per rollout")
     ap.add_argument("--work-dir", "--workdir", dest="workdir", default=None)   # driverd's spelling, and the old one
     ap.add_argument("--apiserver", choices=("real", "loopback"), default="real")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     res = run(a)
     print(json.dumps(res, indent=None if a.json else 2, sort_keys=True))
-    return 0 if res["completed"] and res["admissions_over_limit"] == 0 and res["left_cordoned_by_us"] == 0 else 1
-
-
-FAILING = ("pdb-never", "reload-fails", "no-controller", "two-pdbs", "stuck-terminating")
-# What driverd's daemons call (the metric's `resource` label); the controller-manager's own traffic
-# (PodDisruptionBudget status, its informers) falls mostly outside.
-DRIVERD_RESOURCES = {"nodes", "pods", "events", "leases", "driverrollouts", "driverpools", "runtimeclasses",
-                     "resourceclaims", "daemonsets"}
-SA_USER = "system:serviceaccount:driverd:driverd"
+    return 0 if all(r["completed"] and r["admissions_over_limit"] == 0 and r["left_cordoned_by_us"] == 0
+                    for r in res.get("runs", [res])) else 1
 
 
 class Real:
@@ -104,11 +154,16 @@ class Real:
     def restart(self) -> None:
         self.cp.restart_apiserver()
 
-    def counted(self) -> float:
-        return sum(v for (verb, res, sub), v in self.cp.metrics().items() if res in DRIVERD_RESOURCES)
+    def mark(self) -> dict:
+        cp = self.cp
+        return {"audit": cp.audit_mark(), "metrics": sum(cp.metrics().values()), "restarts": cp.restarts,
+                "policies": cp.policy_seconds(),
+                "cpu": {"apiserver": cp.cpu_seconds("kube-apiserver"), "etcd": cp.cpu_seconds("etcd"),
+                        "controller_manager": cp.cpu_seconds("kube-controller-manager")}}
 
-    def audited(self) -> int | None:
-        return len(self.cp.audited(SA_USER))
+    def counted(self, m0: dict, m1: dict) -> dict:
+        """driverd's requests between two marks, as the apiserver's audit log has them."""
+        return self.cp.audit_requests(SA_USER, m0["audit"], m1["audit"])
 
     def stop(self) -> None:
         self.cp.stop()
@@ -122,10 +177,10 @@ class Loopback:
     def restart(self) -> None:
         self.server.restart()
 
-    def counted(self) -> float | None:
-        return None
+    def mark(self) -> dict:
+        return {"audit": None, "metrics": None, "restarts": None, "cpu": {}, "policies": {}}
 
-    def audited(self) -> int | None:
+    def counted(self, m0: dict, m1: dict) -> None:
         return None
 
     def stop(self) -> None:
@@ -138,28 +193,116 @@ def run(a) -> dict:
     bad = [f for f in faults if f not in FAULTS]
     if bad:
         raise SystemExit(f"fleet.py: unknown fault(s) {bad}; known: {', '.join(FAULTS)}")
+    ps = [int(p) for p in str(a.max_parallel).split(",") if p.strip()]
+    if not ps or min(ps) < 1:
+        raise SystemExit(f"fleet.py: --max-parallel {a.max_parallel!r}: one or more numbers >= 1")
+    if faults and len(ps) > 1:
+        raise SystemExit("fleet.py: --faults with one --max-parallel only (a failed node stays failed)")
     rnd = random.Random(a.seed)
+    # Hundreds of daemons' threads share this interpreter: every thread waiting for the interpreter lock
+    # wakes once per switch interval (5 ms by default), so a burst of them (every daemon answering a
+    # preflight, decoding the same watch event) turned into a storm of futex wake-ups that took both
+    # cores (seen at 500 nodes: 169 s of system time in 2.5 min, the preflight never finished). Threads
+    # here give the lock up at every network wait anyway; a longer interval only bounds how long one
+    # computing thread may hold it. (A node's daemon has a handful of threads: no such storm.)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.1)
     work = a.workdir or tempfile.mkdtemp(prefix="driverd-fleet.")
     kind = getattr(a, "apiserver", "real")
-    backend = (Real if kind == "real" else Loopback)(work)
     try:
-        return _run(a, backend, faults, rnd, work) | {"apiserver": kind}
+        backend = (Real if kind == "real" else Loopback)(work)
+        try:
+            runs = _run(a, backend, faults, rnd, work, ps)
+        finally:
+            backend.stop()
     finally:
-        backend.stop()
+        sys.setswitchinterval(interval)
+    for r in runs:
+        r["apiserver"] = kind
+    return runs[0] if len(runs) == 1 else {"runs": runs, "nodes": a.nodes, "apiserver": kind, "workdir": work}
 
 
-def _run(a, backend, faults, rnd, work) -> dict:
-    import threading as th
+class Observer:
+    """The nodes as one more watch sees them: unavailable counts at every change, when each node of
+    the measured rollout was admitted and done, the one-node rollout's times, fault triggers."""
 
+    def __init__(self, calib: str, skip: set[str], limit: int) -> None:
+        self.calib, self.skip, self.limit = calib, skip, limit
+        self.lock = threading.Lock()
+        self.unavailable: dict[str, bool] = {}
+        self.driven: dict[str, bool] = {}
+        self.states: dict[str, str] = {}
+        self.hooks: list = []
+        self.reset(None, None)
+
+    def reset(self, calib_rollout: str | None, rollout: str | None) -> None:
+        with self.lock:
+            self.calib_rollout, self.rollout = calib_rollout, rollout
+            self.max_unavail, self.over = 0, 0
+            self.admitted: dict[str, float] = {}
+            self.done: dict[str, float] = {}
+            self.entered: dict[str, dict[str, float]] = {}     # node -> state -> first seen (this rollout)
+            self.calib_times: dict[str, float] = {}
+
+    def __call__(self, kind: str, obj: dict) -> None:
+        from driverd.cluster import model as m
+        if not obj.get("metadata"):
+            return
+        with self.lock:
+            v = m.NodeView.from_node(obj)
+            ro = (v.rollout or "").split("/")[0]
+            if v.name == self.calib:
+                if ro and ro == self.calib_rollout:
+                    if v.state == m.ADMITTED:
+                        self.calib_times.setdefault("admitted", time.time())
+                    if v.state in (m.DONE, m.FAILED) and "admitted" in self.calib_times:
+                        self.calib_times.setdefault("done", time.time())
+                return
+            if v.name in self.skip:
+                return
+            if kind == "DELETED":
+                self.unavailable.pop(v.name, None)
+                self.driven.pop(v.name, None)
+            else:
+                self.unavailable[v.name] = v.unavailable
+                # what the rollout itself takes out (cordoned or being upgraded); a node NotReady by
+                # itself counts for max_unavailable_seen, and the coordinator stops counting it once it
+                # has been NotReady past spec.notReadyTimeoutSeconds
+                self.driven[v.name] = v.unschedulable or v.active
+            self.max_unavail = max(self.max_unavail, sum(self.unavailable.values()))
+            self.states[v.name] = v.state
+            if self.rollout and ro == self.rollout:
+                self.entered.setdefault(v.name, {}).setdefault(v.state, time.time())
+                if v.state == m.ADMITTED and v.name not in self.admitted:
+                    self.admitted[v.name] = time.time()
+                    if sum(self.driven.values()) > self.limit:
+                        self.over += 1
+                if v.state in (m.DONE, m.FAILED) and v.name in self.admitted:
+                    self.done.setdefault(v.name, time.time())
+            for hook in self.hooks:
+                hook(v)
+
+
+def _run(a, backend, faults, rnd, work, ps) -> list[dict]:
     from driverd.cluster import model as m
     from driverd.cluster.informer import Informer
-    from driverd.cluster.kube import Kube, Target, node_path, parse_time, rollout_path
+    from driverd.cluster.kube import Kube, Target, lease_path, node_path
+    from driverd.cluster.lease import LEASE_NAME
     from driverd.sim.fleet import NEW, OLD, Fleet
+    from driverd.sim.timedhost import NodeCosts
+    timed = getattr(a, "hosts", "timed") == "timed"
+    costs = NodeCosts(getattr(a, "reload_s", NodeCosts.reload_s), getattr(a, "validate_s", NodeCosts.validate_s),
+                      getattr(a, "preflight_s", 0.0))
     t0 = time.monotonic()
-    fleet = Fleet(work, a.nodes + 1, server=backend.server, device_plugin=getattr(a, "device_plugin", True)).build()
+    # one node more for the one-node rollout, and with timed hosts one for the coordinator's process
+    fleet = Fleet(work, a.nodes + (2 if timed else 1), server=backend.server,
+                  device_plugin=getattr(a, "device_plugin", True), hosts="timed" if timed else "files",
+                  costs=costs, namespaces=getattr(a, "namespaces", 1)).build()
     build_s = time.monotonic() - t0
-    calib = Fleet.node_name(a.nodes)          # the one-node rollout's node, outside the measured N
-    names = sorted(n for n in fleet.nodes if n != calib)
+    calib = Fleet.node_name(a.nodes)
+    coord = Fleet.node_name(a.nodes + 1) if timed else None
+    outside = {calib} | ({coord} if coord else set())
+    names = sorted(n for n in fleet.nodes if n not in outside)
     victims = rnd.sample(names, min(len(names), len(faults)))
     role = dict(zip(faults, victims))
     for fault, act in (("pdb-never", fleet.pdb_never), ("reload-fails", fleet.reload_fails),
@@ -170,93 +313,100 @@ def _run(a, backend, faults, rnd, work) -> dict:
         fleet.no_controller(role["no-controller"], process=False)
 
     obs_kube = Kube(Target(kubeconfig=fleet.kubeconfig), retry_for_s=600)
-    limit = _limit(a)
-    lock = th.Lock()
-    seen = {"max_unavail": 0, "admitted": {}, "done": {}, "states": {}, "over": 0}
-    unavailable: dict[str, bool] = {}
-    driven: dict[str, bool] = {}
-
-    def observe(kind, obj):
-        if not obj.get("metadata"):
-            return
-        with lock:
-            v = m.NodeView.from_node(obj)
-            if v.name == calib:
-                if v.state == m.ADMITTED:
-                    seen.setdefault("calib_admitted", time.time())
-                if v.state in (m.DONE, m.FAILED):
-                    seen.setdefault("calib_done", time.time())
-                return
-            if kind == "DELETED":
-                unavailable.pop(v.name, None)
-                driven.pop(v.name, None)
-            else:
-                unavailable[v.name] = v.unavailable
-                # what the rollout itself takes out (cordoned or being upgraded); a node NotReady by
-                # itself counts for max_unavailable_seen, and the coordinator stops counting it once it
-                # has been NotReady past spec.notReadyTimeoutSeconds
-                driven[v.name] = v.unschedulable or v.active
-            now_unavail = sum(unavailable.values())
-            seen["max_unavail"] = max(seen["max_unavail"], now_unavail)
-            seen["states"][v.name] = v.state
-            t = parse_time(v.since)
-            if v.state == m.ADMITTED and t and v.name not in seen["admitted"]:
-                seen["admitted"][v.name] = time.time()
-                if sum(driven.values()) > limit:
-                    seen["over"] += 1
-            if v.state in (m.DONE, m.FAILED) and v.name in seen["admitted"]:
-                seen["done"].setdefault(v.name, time.time())
-            hook(v)
-
+    limit = _limit(a.max_unavailable, a.nodes)
+    obs = Observer(calib, outside - {calib}, limit)
     fired: set = set()
 
     def hook(v):
         if "daemon-kill" in role and v.name == role["daemon-kill"] and v.state == m.EVICTING and "kill" not in fired:
             fired.add("kill")
-            th.Thread(target=lambda: (fleet.kill_node(v.name), time.sleep(1.0), fleet.start_node(v.name)),
-                      daemon=True).start()
-        if "node-notready" in role and seen["admitted"] and "notready" not in fired:
+            threading.Thread(target=lambda: (fleet.kill_node(v.name), time.sleep(1.0), fleet.start_node(v.name)),
+                             daemon=True).start()
+        if "node-notready" in role and obs.admitted and "notready" not in fired:
             # an idle node goes NotReady by itself for a while: the unavailable count rises
             fired.add("notready")
-            th.Thread(target=lambda: (fleet.set_ready(role["node-notready"], False), time.sleep(3.0),
-                                      fleet.set_ready(role["node-notready"], True)), daemon=True).start()
-        if "apiserver-restart" in role and "restart" not in fired and len(seen["done"]) >= max(1, a.nodes // 3):
+            threading.Thread(target=lambda: (fleet.set_ready(role["node-notready"], False), time.sleep(3.0),
+                                             fleet.set_ready(role["node-notready"], True)), daemon=True).start()
+        if "apiserver-restart" in role and "restart" not in fired and len(obs.done) >= max(1, a.nodes // 3):
             fired.add("restart")
-            th.Thread(target=backend.restart, daemon=True).start()
-
-    nodes_inf = Informer(obs_kube, node_path(), on_change=observe, name="observer").start()
+            threading.Thread(target=backend.restart, daemon=True).start()
+    obs.hooks.append(hook)
+    nodes_inf = Informer(obs_kube, node_path(), on_change=obs, name="observer").start()
     nodes_inf.synced.wait(30)
-    fleet.start()
+    t1 = time.monotonic()
+    if coord:
+        # the coordinator's daemon first, in its own process: it takes the Lease and keeps it
+        fleet._start_sim()
+        fleet.spawn_node(coord)
+        holder = lambda: ((obs_kube.find(lease_path("driverd", LEASE_NAME)) or {}).get("spec") or {}  # noqa: E731
+                          ).get("holderIdentity")
+        if not fleet.wait(lambda: holder() == coord, timeout=120, step=0.5):
+            raise SystemExit(f"fleet.py: the coordinator's daemon did not take the Lease (holder {holder()}); "
+                             f"its log: {fleet.work / 'daemons' / (coord + '.log')}")
+    fleet._start_sim()
+    for nd in fleet.nodes:
+        if nd != coord:
+            fleet.start_node(nd)
     # every daemon up: its labels say what it runs
     ok = fleet.wait(lambda: all((n["metadata"].get("labels") or {}).get(m.L_VERSION) == OLD
-                                for n in nodes_inf.snapshot()), timeout=300)
+                                for n in nodes_inf.snapshot()), timeout=max(300, a.nodes), step=1.0)
     if not ok:
         raise SystemExit("fleet.py: the node daemons did not start")
-    # the one-node rollout: the per-node time on this machine, now
-    calib_name = "one-node"
+    start_s = time.monotonic() - t1
+    runs = []
+    try:
+        for i, p in enumerate(ps):
+            target = NEW if i % 2 == 0 else OLD
+            if i:
+                _clear_rollouts(fleet, obs_kube)
+                fleet.workloads_back()          # the drained GPU pods return: the next drain has them too
+                _wait_budgets(fleet, obs_kube)
+            r = _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord, outside, faults, role,
+                         limit, timed)
+            r.update(build_s=round(build_s, 2), start_s=round(start_s, 2), workdir=work)
+            runs.append(r)
+            print(f"fleet.py: maxParallel {p}: {r['phase']}, makespan {r['makespan_s']} s = {r['makespan_ratio']} x "
+                  f"ideal, {r['api_requests_per_node']} requests per node", file=sys.stderr, flush=True)
+            if r["phase"] not in ("Completed", "Failed"):
+                break
+    finally:
+        fleet.stop()
+        nodes_inf.close()
+    return runs
+
+
+def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord, outside, faults, role, limit,
+             timed) -> dict:
+    from driverd.cluster import model as m
+    from driverd.cluster.kube import node_path, rollout_path
+    from tests.controlplane import proc_cpu_seconds
+    calib_name = f"one-node-{i}"
+    name = f"to-{target.replace('.', '-')}-{i}"
+    obs.reset(calib_name, None)
+    # the one-node rollout: the per-node time on this machine, now, with nothing else going on
     obs_kube.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
                                      "metadata": {"name": calib_name},
-                                     "spec": {"driver": NEW, "nodeSelector": {"matchLabels": {
+                                     "spec": {"driver": target, "nodeSelector": {"matchLabels": {
                                          "kubernetes.io/hostname": calib}}, "validation": {"timeoutSeconds": 60}}})
-    if not fleet.wait(lambda: "calib_done" in seen, timeout=300):
+    if not fleet.wait(lambda: "done" in obs.calib_times, timeout=300):
         raise SystemExit("fleet.py: the one-node rollout did not finish")
-    one_node = seen["calib_done"] - seen["calib_admitted"]
-    with lock:
-        seen["max_unavail"] = 0
+    one_node = obs.calib_times["done"] - obs.calib_times["admitted"]
+    effective = min(p, limit)
+    work_round = _work_round(costs, effective, target, fleet) if timed else None
+    obs.reset(calib_name, name)
     time.sleep(1.0)                 # let the start-up writes settle before counting
-    req0, harness0, obs0 = fleet.requests(), fleet.harness_requests(), obs_kube.requests
-    counted0, audited0 = backend.counted(), backend.audited()
     n_fail = sum(1 for f in faults if f in FAILING)
     budget = n_fail if getattr(a, "failure_budget", None) is None else a.failure_budget
-    name = "to-" + NEW.replace(".", "-")
+    mu = int(a.max_unavailable) if str(a.max_unavailable).isdigit() else a.max_unavailable
+    req0, harness0 = fleet.requests(), fleet.harness_requests()
+    mark0, cpu0 = backend.mark(), _cpu(fleet, coord, proc_cpu_seconds)
     obs_kube.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
                                      "metadata": {"name": name},
-                                     "spec": {"driver": NEW, "maxParallel": a.max_parallel,
-                                              "maxUnavailable": int(a.max_unavailable) if a.max_unavailable.isdigit()
-                                              else a.max_unavailable, "failureBudget": budget,
+                                     "spec": {"driver": target, "maxParallel": p, "maxUnavailable": mu,
+                                              "failureBudget": budget,
                                               "nodeSelector": {"matchExpressions": [{
                                                   "key": "kubernetes.io/hostname", "operator": "NotIn",
-                                                  "values": [calib]}]},
+                                                  "values": sorted(outside)}]},
                                               "drain": {"timeoutSeconds": a.drain_timeout},
                                               "validation": {"timeoutSeconds": 60}}})
     t_start = time.time()
@@ -266,10 +416,10 @@ def _run(a, backend, faults, rnd, work) -> dict:
     while time.monotonic() < end:
         if time.monotonic() - last_note > 15:
             last_note = time.monotonic()
-            with lock:
-                states = dict(Counter(seen["states"].values()))
-            print(f"fleet.py: {time.time() - t_start:5.0f}s {states} threads={th.active_count()}", file=sys.stderr,
-                  flush=True)
+            with obs.lock:
+                states = dict(Counter(s for n, s in obs.states.items()))
+            print(f"fleet.py: maxParallel {p}: {time.time() - t_start:5.0f}s {states} threads={threading.active_count()}",
+                  file=sys.stderr, flush=True)
         ro = obs_kube.get(rollout_path(name))
         st = ro.get("status") or {}
         phase = st.get("phase")
@@ -278,53 +428,165 @@ def _run(a, backend, faults, rnd, work) -> dict:
             break
         time.sleep(0.5)
     t_end = time.time()
+    time.sleep(2.5)                 # the spawned daemons report their request counts every 2 s
+    mark1, cpu1 = backend.mark(), _cpu(fleet, coord, proc_cpu_seconds)
     requests = fleet.requests() - req0
-    harness = fleet.harness_requests() - harness0 + obs_kube.requests - obs0
-    counted = backend.counted()
-    counted = None if counted is None else counted - counted0 - harness
-    audited = backend.audited()
-    audited = None if audited is None else audited - audited0
-    nodes_now = [m.NodeView.from_node(n) for n in obs_kube.list(node_path()).get("items") or [] if
-                 n["metadata"]["name"] != calib]
-    fleet.stop()
-    nodes_inf.close()
-    with lock:
-        per = [seen["done"][k] - seen["admitted"][k] for k in seen["done"] if k in seen["admitted"]]
-        first = min(seen["admitted"].values()) if seen["admitted"] else t_end
-        last = max(seen["done"].values()) if seen["done"] else t_end
+    harness = fleet.harness_requests() - harness0
+    counted = backend.counted(mark0, mark1)
+    raw = [n for n in obs_kube.list(node_path()).get("items") or [] if n["metadata"]["name"] not in outside]
+    nodes_now = [m.NodeView.from_node(n) for n in raw]
+    # who wrote each admission of this rollout (the coordinator's identity, driverd.io/admitted-by)
+    admitted_by = Counter((n["metadata"].get("annotations") or {}).get(m.A_ADMITTED_BY) for n, v in zip(raw, nodes_now)
+                          if (v.rollout or "").split("/")[0] == name)
+    with obs.lock:
+        per = [obs.done[k] - obs.admitted[k] for k in obs.done if k in obs.admitted]
+        first = min(obs.admitted.values()) if obs.admitted else t_end
+        last = max(obs.done.values()) if obs.done else t_end
+        max_unavail, over = obs.max_unavail, obs.over
+        phases = _phase_medians(obs.entered)
+        gap = _slot_gap(sorted(obs.admitted.values()), sorted(obs.done.values()), min(p, limit))
+        wave = sorted(obs.admitted.values())[:min(p, limit)]
     per_node = statistics.median(per) if per else 0.0
     makespan = last - first
-    # the rollout can never run more nodes at once than maxParallel nor than the unavailability limit
-    effective = min(a.max_parallel, limit)
-    ideal = math.ceil(a.nodes / effective) * one_node
+    rounds = math.ceil(a.nodes / effective)
+    ideal = rounds * one_node
+    n = a.nodes
+    total = sum(counted.values()) if counted is not None else requests
+    wall = cpu1["wall"] - cpu0["wall"]
+    cpu = {k: round(cpu1[k] - cpu0[k], 2) for k in ("fleet", "coordinator") if k in cpu0 and k in cpu1}
+    cpu.update({k: round(mark1["cpu"][k] - mark0["cpu"][k], 2) for k in mark1["cpu"]})
     final = Counter(v.state for v in nodes_now)
-    return {
-        "nodes": a.nodes, "max_parallel": a.max_parallel, "faults": faults, "fault_nodes": role,
+    out = {
+        "nodes": n, "max_parallel": p, "target": target, "hosts": "timed" if timed else "files",
+        "gpu_namespaces": len(fleet.gpu_namespaces),
+        "faults": faults, "fault_nodes": role,
         "phase": phase, "completed": phase in ("Completed", "Failed"),
-        "build_s": round(build_s, 2), "preflight_s": round(first - t_start, 2),
+        "preflight_s": round(first - t_start, 2),
         "one_node_s": round(one_node, 3), "per_node_median_s": round(per_node, 3),
+        "per_state_median_s": phases, "slot_gap_median_s": gap,
+        "first_wave_s": round(wave[-1] - wave[0], 3) if wave else None,
         "makespan_s": round(makespan, 2), "ideal_s": round(ideal, 2),
         "makespan_ratio": round(makespan / ideal, 3) if ideal else None,
-        "api_requests_per_node": round((requests if counted is None else counted) / a.nodes, 1),
-        "api_requests_per_node_client": round(requests / a.nodes, 1),
-        "api_requests_per_node_audit": None if audited is None else round(audited / a.nodes, 1),
-        "max_unavailable_seen": seen["max_unavail"], "admissions_over_limit": seen["over"],
+        "node_work_s": round(costs.work_s, 3) if timed else None,
+        "work_round_s": None if work_round is None else round(work_round, 3),
+        "work_ideal_s": None if work_round is None else round(rounds * work_round, 2),
+        "makespan_ratio_work": None if not work_round else round(makespan / (rounds * work_round), 3),
+        "api_requests_per_node": round(total / n, 1),
+        "api_requests_counted_by": "audit log" if counted is not None else "clients",
+        "api_requests_by_kind": None if counted is None else {
+            f"{verb} {res}" + (f"/{sub}" if sub else ""): round(c / n, 2)
+            for (verb, res, sub), c in sorted(counted.items(), key=lambda kv: -kv[1])[:12]},
+        "api_requests_per_node_client": round(requests / n, 1),
+        "api_requests_per_node_metrics": None if mark1["metrics"] is None else
+        round((mark1["metrics"] - mark0["metrics"]) / n, 1),
+        "harness_requests_per_node": round(harness / n, 1),
+        "apiserver_restarts": None if mark1["restarts"] is None else mark1["restarts"] - mark0["restarts"],
+        "cpu_s": cpu, "cpu_ms_per_node": {k: round(v * 1000 / n, 1) for k, v in cpu.items()},
+        # the apiserver's time in deploy/'s admission policies, by operation (its own histogram's sum)
+        "admission_policy_ms_per_node": {k: round((v - mark0["policies"].get(k, 0.0)) * 1000 / n, 1)
+                               for k, v in sorted(mark1["policies"].items())},
+        "machine": {"cores": os.cpu_count(), "load_before": cpu0["load"], "load_after": cpu1["load"],
+                    "busy_cores": round((cpu1["busy"] - cpu0["busy"]) / wall, 2) if wall > 0 else None,
+                    "rollout_wall_s": round(wall, 1)},
+        "admitted_by": dict(admitted_by), "coordinator": coord,
+        "max_unavailable_seen": max_unavail, "admissions_over_limit": over,
         "limit_unavailable": limit, "effective_parallel": effective,
         "left_cordoned_by_us": sum(1 for v in nodes_now if v.cordoned_by_us or (v.unschedulable and v.state in
                                                                                    (m.DONE, m.FAILED))),
         "final_states": dict(final),
-        "fault_outcomes": {f: {"node": n, "state": next((v.state for v in nodes_now if v.name == n), None),
-                               "reason": next((f"{v.reason}: {v.message}" for v in nodes_now if v.name == n), None)}
-                           for f, n in role.items()},
-        "workdir": work,
+        "fault_outcomes": {f: {"node": nd, "state": next((v.state for v in nodes_now if v.name == nd), None),
+                               "reason": next((f"{v.reason}: {v.message}" for v in nodes_now if v.name == nd), None)}
+                           for f, nd in role.items()},
     }
+    return out
 
 
-def _limit(a) -> int:
+def _wait_budgets(fleet, kube, timeout: float = 600) -> None:
+    """Every GPU pod's PodDisruptionBudget allows its eviction again: the disruption controller has
+    counted the pods that came back (until then the Eviction API refuses them, and a rollout started
+    now would measure the controller's backlog: seen as a 26 s one-node rollout)."""
+    def ready() -> bool:
+        pdbs = [p for ns in fleet.gpu_namespaces
+                for p in kube.list(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets").get("items") or []]
+        return all(((p.get("status") or {}).get("disruptionsAllowed") or 0) >= 1 for p in pdbs)
+    if not fleet.wait(ready, timeout=timeout, step=1.0):
+        raise SystemExit("fleet.py: the GPU pods' PodDisruptionBudgets did not allow evictions again")
+
+
+def _clear_rollouts(fleet, kube) -> None:
+    """The ended rollouts deleted before the next one (they hold no node, but every coordinator pass
+    and every preflight looks at each): it starts as the first did."""
+    from driverd.cluster.kube import rollout_path
+    for ro in kube.list(rollout_path()).get("items") or []:
+        kube.delete(rollout_path(ro["metadata"]["name"]))
+    if not fleet.wait(lambda: not (kube.list(rollout_path()).get("items") or []), timeout=120, step=0.5):
+        raise SystemExit("fleet.py: the ended rollouts were not deleted")
+
+
+def _phase_medians(entered: dict[str, dict[str, float]]) -> dict[str, float]:
+    """How long the nodes stayed in each state of the upgrade (median over the nodes that went on to
+    a later one), as the observer's watch saw the changes."""
     from driverd.cluster import model as m
-    mu = int(a.max_unavailable) if a.max_unavailable.isdigit() else a.max_unavailable
+    order = [m.ADMITTED, m.CORDONED, m.WAITING, m.EVICTING, m.UNLOADING, m.VALIDATING, m.DONE]
+    out = {}
+    for i, st in enumerate(order[:-1]):
+        spans = []
+        for seen in entered.values():
+            if st in seen:
+                later = [seen[n] for n in order[i + 1:] if n in seen]
+                if later:
+                    spans.append(min(later) - seen[st])
+        if spans:
+            out[st] = round(statistics.median(spans), 3)
+    return out
+
+
+def _slot_gap(admitted: list[float], done: list[float], parallel: int) -> float | None:
+    """The median time a slot stays empty: the k-th admission after the first `parallel` waits for the
+    (k - parallel)-th node to be done."""
+    gaps = [admitted[k] - done[k - parallel] for k in range(parallel, min(len(admitted), len(done) + parallel))]
+    return round(statistics.median(gaps), 3) if gaps else None
+
+
+def _work_round(costs, parallel: int, target: str, fleet) -> float:
+    """One round of `parallel` node transactions at once with no API: timed hosts of their own (the
+    fleet's stay as they are), each changing to `target`."""
+    from driverd.apply.preflight import driver_config
+    from driverd.sim.fleet import NEW, OLD
+    from driverd.sim.scenario import RELEASE
+    from driverd.sim.timedhost import TimedHost
+    cfg = driver_config(fleet.cfg, target, "open", source="bench")
+    hosts = [TimedHost(f"w{j}", costs, loaded=(OLD if target == NEW else NEW, "open"), kernel=RELEASE)
+             for j in range(parallel)]
+    threads = [threading.Thread(target=h.transact, args=(cfg,)) for h in hosts]
+    t = time.monotonic()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return time.monotonic() - t
+
+
+def _cpu(fleet, coord, proc_cpu_seconds) -> dict:
+    """CPU seconds of this process and the coordinator's, the machine's busy CPU (all of it, from
+    /proc/stat, in seconds), the load averages, the wall clock."""
+    with open("/proc/stat") as fh:
+        cpu = [int(x) for x in fh.readline().split()[1:]]
+    idle = cpu[3] + cpu[4]
+    out = {"fleet": proc_cpu_seconds(os.getpid()), "wall": time.monotonic(),
+           "busy": (sum(cpu[:8]) - idle) / os.sysconf("SC_CLK_TCK"),
+           "load": [round(x, 2) for x in os.getloadavg()]}
+    sn = fleet.nodes.get(coord) if coord else None
+    if sn is not None and sn.proc is not None:
+        out["coordinator"] = proc_cpu_seconds(sn.proc.pid)
+    return out
+
+
+def _limit(max_unavailable, nodes: int) -> int:
+    from driverd.cluster import model as m
+    mu = int(max_unavailable) if str(max_unavailable).isdigit() else max_unavailable
     return m.Rollout.from_object({"metadata": {"name": "x"}, "spec": {"driver": "1.0", "maxUnavailable": mu}}
-                                 ).unavailable_limit(a.nodes)
+                                 ).unavailable_limit(nodes)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,12 @@ class ControlPlane:
         self.bin, self.dir = bindir, workdir
         self.procs: dict[str, subprocess.Popen] = {}
         self.args: dict[str, list[str]] = {}
+        # what the stopped lifetimes of a restarted component used: CPU seconds, and the apiserver's
+        # own request count (apiserver_request_total starts again from 0 in a new process)
+        self.retired_cpu: dict[str, float] = {}
+        self.retired_requests: dict[tuple[str, str, str], float] = {}
+        self.retired_policy_s: dict[str, float] = {}
+        self.restarts = 0
         self.port = 0
         self.url = ""
         self.ca = str(workdir / "certs" / "apiserver.crt")
@@ -135,6 +141,7 @@ class ControlPlane:
         """kube-apiserver stops and starts again on the same port (etcd keeps the state): every watch
         breaks, every client sees connection errors meanwhile."""
         p = self.procs["kube-apiserver"]
+        self._retire("kube-apiserver")
         p.terminate()
         try:
             p.wait(5)
@@ -143,7 +150,30 @@ class ControlPlane:
             p.wait(10)
         time.sleep(down_s)
         self._spawn("kube-apiserver", self.args["kube-apiserver"])
+        self.restarts += 1
         self._wait_ready(120)
+
+    def _retire(self, name: str) -> None:
+        """Keep what a component's process counted before it stops: its CPU from /proc, and for the
+        apiserver its request counter (requests in the last moments before the stop are not in it)."""
+        self.retired_cpu[name] = self.cpu_seconds(name)
+        if name == "kube-apiserver":
+            try:
+                now, policies = self._scrape()
+            except (OSError, urllib.error.URLError):
+                return
+            for k, v in now.items():
+                self.retired_requests[k] = self.retired_requests.get(k, 0.0) + v
+            for k, v in policies.items():
+                self.retired_policy_s[k] = self.retired_policy_s.get(k, 0.0) + v
+
+    def pid(self, name: str) -> int | None:
+        p = self.procs.get(name)
+        return p.pid if p is not None and p.poll() is None else None
+
+    def cpu_seconds(self, name: str) -> float:
+        """CPU seconds (user + system) of component `name` over all its lifetimes, from /proc."""
+        return self.retired_cpu.get(name, 0.0) + proc_cpu_seconds(self.pid(name))
 
     def _spawn(self, name: str, args: list[str]) -> None:
         self.args[name] = args
@@ -257,16 +287,71 @@ class ControlPlane:
         return list(out.values())
 
     def metrics(self) -> dict[tuple[str, str, str], float]:
-        """apiserver_request_total by (verb, resource, subresource): the apiserver's own count."""
-        out: dict[tuple[str, str, str], float] = {}
-        for line in self.raw("GET", "/metrics").decode().splitlines():
-            if not line.startswith("apiserver_request_total{"):
-                continue
-            labels, value = line[len("apiserver_request_total{"):].rsplit("} ", 1)
-            kv = dict(part.split("=", 1) for part in _split_labels(labels))
-            key = (kv.get("verb", ""), kv.get("resource", ""), kv.get("subresource", ""))
-            out[key] = out.get(key, 0.0) + float(value)
+        """apiserver_request_total by (verb, resource, subresource): the apiserver's own count, summed
+        over its lifetimes (a restarted apiserver counts from 0 again)."""
+        out = dict(self.retired_requests)
+        for k, v in self._scrape()[0].items():
+            out[k] = out.get(k, 0.0) + v
         return out
+
+    def policy_seconds(self) -> dict[str, float]:
+        """Seconds the apiserver spent in its ValidatingAdmissionPolicy admission plugin (every policy
+        of deploy/), by operation (CREATE: evictions, Events, the Lease; UPDATE: Nodes, the Lease,
+        rollouts), from apiserver_admission_controller_admission_duration_seconds, over its lifetimes."""
+        out = dict(self.retired_policy_s)
+        for k, v in self._scrape()[1].items():
+            out[k] = out.get(k, 0.0) + v
+        return out
+
+    def audit_mark(self) -> int:
+        """Where the audit log stands now (bytes)."""
+        return self.audit_log.stat().st_size if self.audit_log.exists() else 0
+
+    def audit_requests(self, user: str, since: int = 0, until: int | None = None) -> dict[tuple[str, str, str], int]:
+        """Requests of `user` the apiserver started between two audit_mark()s, by (verb, resource,
+        subresource), from its audit log (which survives a restart of the apiserver). A request is
+        counted where its first event is (a watch opened before `since` and closed after is not)."""
+        seen: set[str] = set()
+        out: dict[tuple[str, str, str], int] = {}
+        if not self.audit_log.exists():
+            return out
+        pos = 0
+        with open(self.audit_log, "rb") as fh:
+            for line in fh:
+                at, pos = pos, pos + len(line)
+                if until is not None and at >= until:
+                    break
+                if user.encode() not in line:
+                    continue
+                ev = json.loads(line)
+                if ev.get("user", {}).get("username") != user or ev["auditID"] in seen:
+                    continue
+                seen.add(ev["auditID"])
+                if at >= since:
+                    o = ev.get("objectRef") or {}
+                    k = (ev.get("verb", ""), o.get("resource", ""), o.get("subresource", ""))
+                    out[k] = out.get(k, 0) + 1
+        return out
+
+    def _scrape(self) -> tuple[dict[tuple[str, str, str], float], dict[str, float]]:
+        """This apiserver process's apiserver_request_total by (verb, resource, subresource), and its
+        seconds in the ValidatingAdmissionPolicy plugin by operation."""
+        out: dict[tuple[str, str, str], float] = {}
+        policies: dict[str, float] = {}
+        check = "apiserver_admission_controller_admission_duration_seconds_sum{"
+        for line in self.raw("GET", "/metrics").decode().splitlines():
+            if line.startswith("apiserver_request_total{"):
+                labels, value = line[len("apiserver_request_total{"):].rsplit("} ", 1)
+                kv = dict(part.split("=", 1) for part in _split_labels(labels))
+                key = (kv.get("verb", ""), kv.get("resource", ""), kv.get("subresource", ""))
+                out[key] = out.get(key, 0.0) + float(value)
+            elif line.startswith(check):
+                labels, value = line[len(check):].rsplit("} ", 1)
+                kv = dict(part.split("=", 1) for part in _split_labels(labels))
+                if kv.get("name") == "ValidatingAdmissionPolicy":
+                    op = kv.get("operation", "")
+                    policies[op] = policies.get(op, 0.0) + float(value)
+        return out, policies
 
     def apply(self, env: dict, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["kubectl", *args], capture_output=True, text=True, env=env, timeout=120)
@@ -276,6 +361,19 @@ class ControlPlane:
         env["KUBECONFIG"] = kubeconfig or self.kubeconfig
         env["HOME"] = str(home)              # kubectl's discovery cache stays in the test's directory
         return env
+
+
+def proc_cpu_seconds(pid: int | None) -> float:
+    """CPU seconds (user + system, its threads included) process `pid` has used, from /proc/PID/stat;
+    0 for no process."""
+    if pid is None:
+        return 0.0
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()        # after "(comm)": state is field 3, utime 14, stime 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _split_labels(s: str) -> list[str]:

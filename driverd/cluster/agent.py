@@ -23,15 +23,16 @@ import threading
 import time
 from collections.abc import Callable
 
-from driverd.apply.preflight import driver_config, preflight
+from driverd.apply.preflight import driver_config
 from driverd.cluster import events
 from driverd.cluster import model as m
 from driverd.cluster import operator_components as oc
 from driverd.cluster import pools as pl
 from driverd.cluster import states
 from driverd.cluster.drain import DrainPlan, plan_drain
-from driverd.cluster.gpuusers import PodUse, host_users
+from driverd.cluster.gpuusers import PodUse
 from driverd.cluster.informer import Informer
+from driverd.cluster.nodehost import LocalHost, NodeHost
 from driverd.cluster.kube import (
     ClusterError,
     Kube,
@@ -51,11 +52,17 @@ EVICT_FIRST_S = 0.25         # the first wait; doubled after every round that le
 
 
 class NodeAgent:
-    def __init__(self, kube: Kube, node: str, *, make_context: Callable, cfg, log: Callable[[str], None],
-                 reconciler=None, events: bool = True, clock: Callable[[], float] = time.time) -> None:
-        from driverd.apply.reconcile import Reconciler
-        self.kube, self.node, self.make_context, self.cfg, self.log = kube, node, make_context, cfg, log
-        self.reconciler = reconciler or Reconciler(make_context, log)
+    def __init__(self, kube: Kube, node: str, *, cfg, log: Callable[[str], None], make_context: Callable | None = None,
+                 reconciler=None, host: NodeHost | None = None, events: bool = True,
+                 clock: Callable[[], float] = time.time) -> None:
+        """`host`: the machine under the agent (default: this one, through `make_context` and the
+        reconcile pass)."""
+        self.kube, self.node, self.cfg, self.log = kube, node, cfg, log
+        if host is None:
+            from driverd.apply.reconcile import Reconciler
+            assert make_context is not None, "NodeAgent needs a host or a make_context"
+            host = LocalHost(make_context, reconciler or Reconciler(make_context, log))
+        self.host = host
         self.events, self.clock = events, clock
         self.wake = threading.Event()
         self.stop = threading.Event()
@@ -259,8 +266,8 @@ class NodeAgent:
             except ClusterError as e:
                 self.log(f"driverd cluster: preflight of {r.name}: cannot list the node's pods: {e.one_line()}")
                 return 5.0
-            answer = preflight(self.make_context, self.cfg, r.key, r.driver, r.flavor,
-                               leaving=plan.leaving, staying=plan.staying)
+            answer = self.host.preflight(self.cfg, r.key, r.driver, r.flavor,
+                                         leaving=plan.leaving, staying=plan.staying)
             if not answer["ok"]:
                 # The pods were listed before the host's GPU users were read: a pod that started in
                 # between (a DaemonSet pod coming back, say) holds the GPU but is in no list, so it
@@ -270,8 +277,8 @@ class NodeAgent:
                 except ClusterError:
                     again = plan
                 if (again.leaving, again.staying) != (plan.leaving, plan.staying):
-                    answer = preflight(self.make_context, self.cfg, r.key, r.driver, r.flavor,
-                                       leaving=again.leaving, staying=again.staying)
+                    answer = self.host.preflight(self.cfg, r.key, r.driver, r.flavor,
+                                                 leaving=again.leaving, staying=again.staying)
             patch = {"metadata": {"annotations": {m.A_PREFLIGHT: json.dumps(answer, sort_keys=True)}}}
             self.nodes.put(self.kube.patch(node_path(self.node), patch))
             if not answer["ok"] and self.events:
@@ -281,7 +288,7 @@ class NodeAgent:
 
     def _sync_labels(self, node: dict, v: m.NodeView) -> None:
         """Node labels say what is loaded (and whether it is validated), from the host's facts."""
-        loaded = _loaded(self.make_context, self.cfg)
+        loaded = self.host.loaded(self.cfg)
         wl = self.workload
         usable = bool(loaded) and (wl is None or wl[0])
         want = {m.L_VERSION: loaded["version"] if loaded else None, m.L_FLAVOR: loaded["flavor"] if loaded else None}
@@ -358,7 +365,7 @@ class NodeAgent:
         writer = (f"admitted by {by} (driverd.io/admitted-by, which the admission policy holds to the writer's "
                   "own token)" if by else "not written by a live rollout's coordinator (no driverd.io/admitted-by)")
         last = _writer(node, m.A_STATE)
-        loaded = _loaded(self.make_context, self.cfg)
+        loaded = self.host.loaded(self.cfg)
         pinned = f"{loaded['version']}/{loaded['flavor']}" if loaded else None
         message = (f"admission to {v.target or '(no target)'} for rollout {v.rollout or '(none)'} not acted on: {why}; "
                    f"{writer}" + (f"; managedFields: {last}" if last else "") +
@@ -426,7 +433,7 @@ class NodeAgent:
                            if any("emptyDir" in vol for vol in (p.get("spec") or {}).get("volumes") or [])}
         self._deleting_since = {p["metadata"]["uid"]: p["metadata"].get("deletionTimestamp") for p in pods}
         md = (self.nodes.get(self.node) or {}).get("metadata") or {}
-        return plan_drain(self.kube, pods, _host_users(self.make_context, self.cfg), drain_selector_uids=extra,
+        return plan_drain(self.kube, pods, self.host.gpu_users(self.cfg), drain_selector_uids=extra,
                           force=r.drain_force, selector=r.drain_selector,
                           operator_labels=oc.leaving(md.get("labels") or {}, md.get("annotations")))
 
@@ -569,18 +576,16 @@ class NodeAgent:
 
     # -- the node transaction ---------------------------------------------------------------------------
     def _transact(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
-        from driverd.apply import steps as st
         cfg = driver_config(self.cfg, r.driver, r.flavor, source=f"rollout {r.key}")
-        res = self.reconciler.reconcile(cfg)
+        res = self.host.transact(cfg)
         node, v = self.view()
         if res.converged:
             self._to(node, m.VALIDATING, "Validating", f"driver {res.loaded['version']} ({res.loaded['flavor']}) "
                      "loaded and validated on the host; waiting for the node to be Ready")
             return 0
         if res.state == "reboot-required":
-            sctx = self.make_context(cfg)
             self._to(node, m.REBOOT, "RebootRequired", res.reason + " (the reboot sentinel /var/run/reboot-required "
-                     "is set for the cluster's reboot coordinator, e.g. kured)", ann={A_BOOT: st.boot_id(sctx) or ""},
+                     "is set for the cluster's reboot coordinator, e.g. kured)", ann={A_BOOT: self.host.boot_id(cfg)},
                      warning=True)
             return None
         reason = {"rolled-back": "RolledBack", "rollback-failed": "RollbackFailed", "blocked": "TransactionBlocked",
@@ -588,9 +593,8 @@ class NodeAgent:
         return self._fail(node, v, reason, res.reason)
 
     def _after_reboot(self, node: dict, v: m.NodeView, r: m.Rollout) -> float | None:
-        from driverd.apply import steps as st
         before = (node["metadata"].get("annotations") or {}).get(A_BOOT) or ""
-        now = st.boot_id(self.make_context(self.cfg)) or ""
+        now = self.host.boot_id(self.cfg)
         if before == now and (now or self._reboot_checked):
             return None          # not rebooted yet: the reboot coordinator's turn
         # a new boot, or no boot id to tell (then the transaction says whether a reboot is still due,
@@ -606,7 +610,7 @@ class NodeAgent:
                 return min(5.0, r.validation_timeout_s - self._elapsed(v) + 0.1)
             return self._fail(node, v, "NodeNotReady", f"the driver is loaded but the node was not Ready within "
                               f"{r.validation_timeout_s}s (kubelet not posting Ready)")
-        loaded = _loaded(self.make_context, self.cfg)
+        loaded = self.host.loaded(self.cfg)
         if loaded is None or loaded["version"] != r.driver:
             return self._fail(node, v, "ValidationFailed", f"the node runs {loaded['version'] if loaded else 'no driver'}"
                               f", not {r.driver}")
@@ -625,7 +629,7 @@ class NodeAgent:
         that runs *now* (driverd.io/pinned-driver): after a rollback that is the previous one, after
         a driver that loaded but left the node NotReady it is the new one — changing it again is a
         decision for an admitted retry or a new rollout, never for the periodic reconcile."""
-        loaded = _loaded(self.make_context, self.cfg)
+        loaded = self.host.loaded(self.cfg)
         labels = {m.L_VERSION: loaded["version"] if loaded else None,
                   m.L_FLAVOR: loaded["flavor"] if loaded else None, m.L_READY: "true" if loaded else None}
         spec = {"unschedulable": None} if v.cordoned_by_us else None
@@ -676,13 +680,3 @@ def _writer(node: dict, annotation: str) -> str:
             return f"{annotation} last written by manager {e.get('manager')!r} ({e.get('operation')}" + \
                 (f" of {e['subresource']}" if e.get("subresource") else "") + f", {e.get('time')})"
     return ""
-
-
-def _loaded(make_context, cfg) -> dict | None:
-    from driverd.apply import steps as st
-    return st.loaded(make_context(cfg))
-
-
-def _host_users(make_context, cfg) -> dict[str, str]:
-    return host_users(make_context(cfg).root)
-

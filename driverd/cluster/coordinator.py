@@ -64,6 +64,7 @@ class Coordinator:
         self.lease_watch = Informer(kube, lease_path(namespace), fields=f"metadata.name={LEASE_NAME}",
                                     name="lease", on_change=lambda k, o: self.wake.set(), log=log)
         self.nodes: Informer | None = None
+        self._renewer: threading.Thread | None = None
         self._written: dict[str, tuple[dict, float]] = {}     # rollout -> (status written, when)
         self._seen_gen: dict[str, tuple[int, float]] = {}      # rollout -> (generation, first seen)
         self.admitted = 0
@@ -83,30 +84,27 @@ class Coordinator:
     def run(self) -> None:
         self.lease_watch.start()
         self.lease_watch.synced.wait(30)
-        renew_at = 0.0
         while not self.stop.is_set():
             self.wake.clear()
-            now = time.monotonic()
             try:
-                if self.lease.holding() and now < renew_at:
-                    pass
-                elif self.lease.holding() or self.lease.expires_in(self.lease_watch.get(f"{self.ns}/{LEASE_NAME}")) <= 0:
-                    if self.lease.try_acquire():
-                        renew_at = now + self.lease.duration_s / 3
-                        if self.nodes is None:
-                            self.log(f"driverd cluster: {self.identity} coordinates rollouts (holds the Lease)")
-                            self.nodes = Informer(self.kube, node_path(), name="nodes",
-                                                  on_change=lambda k, o: self.wake.set(), log=self.log).start()
-                            self.nodes.synced.wait(30)
-                            self._seen_holding()
-                    elif self.nodes is not None:
+                if not self.lease.holding():
+                    if self.nodes is not None:
                         self.log(f"driverd cluster: {self.identity} lost the Lease")
                         self.nodes.close()
                         self.nodes = None
                         self.fleet.clear()
+                    if self.lease.expires_in(self.lease_watch.get(f"{self.ns}/{LEASE_NAME}")) <= 0 and \
+                            self.lease.try_acquire():
+                        self._keep_renewing()
+                if self.lease.holding() and self.nodes is None:
+                    self.log(f"driverd cluster: {self.identity} coordinates rollouts (holds the Lease)")
+                    self.nodes = Informer(self.kube, node_path(), name="nodes",
+                                          on_change=lambda k, o: self.wake.set(), log=self.log).start()
+                    self.nodes.synced.wait(30)
+                    self._seen_holding()
                 if self.lease.holding() and self.nodes is not None:
                     wait = self.act()
-                    self.wake.wait(min(wait, max(0.05, renew_at - time.monotonic())))
+                    self.wake.wait(wait)
                     self.stop.wait(COALESCE_S)     # one pass for a burst of node changes
                 else:
                     exp = self.lease.expires_in(self.lease_watch.get(f"{self.ns}/{LEASE_NAME}"))
@@ -119,6 +117,32 @@ class Coordinator:
             except Exception as e:  # never die: say it and retry
                 self.log(f"driverd cluster coordinator: {e.__class__.__name__}: {e}")
                 self.wake.wait(2.0)
+
+    def _keep_renewing(self) -> None:
+        """Renew the Lease every third of its duration for as long as we hold it, in a thread of its
+        own (as client-go's leader election does): a pass that takes long — fifty admissions against
+        a busy API server — must not hold the renewal back past the Lease's duration, after which
+        another daemon takes it over in the middle of the rollout (seen with 500 nodes)."""
+        if self._renewer is not None and self._renewer.is_alive():
+            return
+        self._renewer = threading.Thread(target=self._renew, name="lease-renewer", daemon=True)
+        self._renewer.start()
+
+    def _renew(self) -> None:
+        """A third of the duration after the last renewal began — at once after one that took longer
+        than that (a busy apiserver): the next renewal. It goes on while the Lease on the server is
+        ours, even past our own hold (the write carries the resourceVersion read: it cannot take back
+        a Lease another daemon took meanwhile); it ends when another daemon holds it."""
+        delay = max(0.0, self.lease.acquired_at + self.lease.duration_s / 3 - time.monotonic())
+        while not self.stop.wait(delay):
+            try:
+                if not self.lease.try_acquire():        # another daemon holds it now
+                    break
+                delay = max(0.0, self.lease.acquired_at + self.lease.duration_s / 3 - time.monotonic())
+            except Exception as e:      # the API server restarting: again soon
+                self.log(f"driverd cluster coordinator: renewing the Lease: {e.__class__.__name__}: {e}")
+                delay = min(1.0, self.lease.duration_s / 3)
+        self.wake.set()                 # the pass loop sees the Lease lost (or the daemon stopping)
 
     def _seen_holding(self, timeout: float = 2.0) -> None:
         """Wait (briefly) until our watch of the Lease shows us as its holder. The API server judges
@@ -220,8 +244,16 @@ class Coordinator:
             # admission into a rollout that has ended)
             self._status(obj, st)
         refused_now = False
-        for node_name in d.admit:
-            refused_now |= self._admit(r, node_name, obj) == "refused"
+        said: list[tuple[dict, str]] = []
+        try:
+            for node_name in d.admit:
+                refused_now |= self._admit(r, node_name, obj, said) == "refused"
+        finally:
+            # the admissions' Events after all of them: a wave of fifty nodes does not wait for fifty
+            # Event writes to start (an Event is a courtesy, never part of the decision)
+            for involved, message in said:
+                events.record(self.kube, involved, "Admitted", message, warning=False, instance=self.identity,
+                              log=self.log, now=self.clock())
         if refused_now:
             self.wake.set()                 # the status says so on the next pass, decided without that node
         else:
@@ -243,9 +275,10 @@ class Coordinator:
         self._view_cache, self._decided_on = cache, seen
         return out
 
-    def _admit(self, r: m.Rollout, name: str, obj: dict) -> str:
+    def _admit(self, r: m.Rollout, name: str, obj: dict, said: list[tuple[dict, str]]) -> str:
         """Write the admission: "admitted", "conflict" (the node changed: decided again) or
-        "refused" (the API said no for this node: recorded on the rollout, tried again later)."""
+        "refused" (the API said no for this node: recorded on the rollout, tried again later). The
+        Event an admission deserves goes to `said` (involved object, message)."""
         assert self.nodes is not None
         # the Node as the decision saw it: its resourceVersion makes the write fail (409) if the node
         # changed since, so an admission is never written over a state the decision did not see
@@ -271,9 +304,7 @@ class Coordinator:
                 return "refused"
             raise
         self._refused.pop((r.ident, name), None)
-        events.record(self.kube, {"apiVersion": "v1", "kind": "Node", "name": name,
-                                  "uid": new["metadata"].get("uid")}, "Admitted", message, warning=False,
-                      instance=self.identity, log=self.log, now=self.clock())
+        said.append(({"apiVersion": "v1", "kind": "Node", "name": name, "uid": new["metadata"].get("uid")}, message))
         self.admitted += 1
         self.log(f"driverd cluster: rollout {r.name}: admitted {name}")
         return "admitted"

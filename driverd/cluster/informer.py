@@ -11,7 +11,11 @@ from collections.abc import Callable
 
 from driverd.cluster.kube import ClusterError, Kube, KubeError
 
-WATCH_TIMEOUT_S = 290       # the server ends a watch after this; we resume from the last resourceVersion
+# The server ends a watch after a time we choose, and we resume from the last resourceVersion: between
+# 5 and 10 minutes, drawn for each watch as client-go's reflector does, so that a fleet's daemons, all
+# started together, do not come back to the apiserver all at once (a fixed 290 s brought every
+# daemon's three watches back in the same second, and cost a long rollout a request per 290 s each).
+WATCH_TIMEOUT_S = (300, 600)
 MISSING_RETRY_S = 30        # a resource not served (missing_ok): list again after this
 
 
@@ -78,7 +82,8 @@ class Informer:
                 if self._rv is None:
                     self._relist()
                 for ev in self.kube.watch(self.path, resource_version=self._rv, labels=self.labels,
-                                          fields=self.fields, timeout_s=WATCH_TIMEOUT_S, stop=self.stop):
+                                          fields=self.fields, timeout_s=random.randrange(*WATCH_TIMEOUT_S),
+                                          stop=self.stop):
                     obj = ev.get("object") or {}
                     rv = (obj.get("metadata") or {}).get("resourceVersion")
                     if rv:

@@ -10,6 +10,7 @@ through a watch on the Lease, not by polling it.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 from driverd.cluster.kube import Kube, KubeError, lease_path, micro_time
@@ -23,9 +24,11 @@ class Lease:
                  duration_s: int = LEASE_DURATION_S) -> None:
         self.kube, self.ns, self.identity, self.name, self.duration_s = kube, namespace, identity, name, duration_s
         self.held_until = 0.0           # local clock: until when we may act as the holder
+        self.acquired_at = 0.0          # local clock: when the last successful take or renewal began
         self.last: dict | None = None    # the Lease as last seen
         self._seen: tuple | None = None  # the holder's record as last observed …
         self._seen_at = 0.0              # … and when we observed it change (local monotonic clock)
+        self._lock = threading.Lock()     # one take-or-renew at a time (the coordinator renews in a thread)
 
     @property
     def path(self) -> str:
@@ -49,6 +52,10 @@ class Lease:
 
     def try_acquire(self) -> bool:
         """Take or renew the Lease; True while we hold it. One GET + at most one write."""
+        with self._lock:
+            return self._try_acquire()
+
+    def _try_acquire(self) -> bool:
         t0 = time.monotonic()
         now = micro_time()
         cur = self.kube.find(self.path)
@@ -63,7 +70,7 @@ class Lease:
                 if e.status == 409:          # someone created it first
                     return False
                 raise
-            self.held_until = t0 + self.duration_s * 2 / 3
+            self.acquired_at, self.held_until = t0, t0 + self.duration_s * 2 / 3
             return True
         self.last = cur
         spec = cur.setdefault("spec", {})
@@ -82,7 +89,7 @@ class Lease:
                 self.held_until = 0.0
                 return False
             raise
-        self.held_until = t0 + self.duration_s * 2 / 3
+        self.acquired_at, self.held_until = t0, t0 + self.duration_s * 2 / 3
         return True
 
     def release(self) -> None:

@@ -47,6 +47,7 @@ class ClusterMode:
         self.node = node or cfg["cluster.node_name"] or os.environ.get("NODE_NAME") or socket.gethostname()
         ns = namespace or os.environ.get("POD_NAMESPACE") or cfg["cluster.namespace"]
         self.kube = Kube(target)
+        self.make_context = make_context
         self.agent = NodeAgent(self.kube, self.node, make_context=make_context, cfg=cfg, log=log)
         self.coordinator = Coordinator(self.kube, self.node, ns, rollouts=self.agent.rollouts, pools=self.agent.pools,
                                        log=log)
@@ -93,7 +94,7 @@ class ClusterMode:
         from driverd.apply import lastdriver
         from driverd.apply import steps as st
         from driverd.cluster import desired as dz
-        sctx = self.agent.make_context(cfg)
+        sctx = self.make_context(cfg)
         loaded = st.loaded(sctx)
         if loaded:
             return dz.present(loaded, None, None)
@@ -113,7 +114,7 @@ class ClusterMode:
         """A pass converged with `loaded`: the host now has a driver driverd manages (lastdriver)."""
         from driverd.apply import lastdriver
         try:
-            lastdriver.write(self.agent.make_context(cfg).root, cfg["state.dir"], loaded)
+            lastdriver.write(self.make_context(cfg).root, cfg["state.dir"], loaded)
         except OSError as e:         # the record only decides a later joining install; say it, go on
             self.log(f"driverd: cannot record the converged driver: {e}")
 

@@ -40,6 +40,7 @@ FAULTS = ("apiserver-restart", "daemon-kill", "pdb-never", "node-notready", "rel
 GPU_NS = "gpu-jobs"
 PLUGIN_NS = "gpu-operator"
 PLUGIN = "nvidia-device-plugin"
+SIM_WORKERS = 8                    # threads of the played kubelets and DaemonSet controller (timed hosts)
 HOLD = "example.com/hold"          # a finalizer nobody removes (pods stuck Terminating)
 CONFIG = """[driver]
 version = "{version}"
@@ -65,15 +66,24 @@ class SimNode:
     agent: object = None
     coordinator: object = None
     threads: list = field(default_factory=list)
+    host: object = None              # a TimedHost (hosts="timed"); None: the host tree at `root`
+    proc: object = None              # the daemon's own process (spawn_node), else None: a thread here
 
     def running(self) -> bool:
-        return any(t.is_alive() for t in self.threads)
+        return any(t.is_alive() for t in self.threads) or (self.proc is not None and self.proc.poll() is None)
 
 
 class Fleet:
     def __init__(self, workdir: str | os.PathLike, nodes: int, *, server, log=_quiet, gpu_pods: int = 1,
                  lease_s: int | None = None, kubeconfig: str | None = None, module_unload: bool = True,
-                 gpu_processes: bool = True, device_plugin: bool = False, first: int = 0) -> None:
+                 gpu_processes: bool = True, device_plugin: bool = False, first: int = 0, hosts: str = "files",
+                 costs=None, namespaces: int = 1) -> None:
+        """hosts: "files", every node a simulated host tree (its own root, simulated kernel, journal),
+        the node transaction the real one; "timed", every node a driverd.sim.timedhost.TimedHost
+        (the node's work is wall-clock time of `costs`, a NodeCosts; no host tree), for fleets of
+        hundreds of nodes whose agents must not spend this machine's CPU on the hosts' work.
+        namespaces: the GPU pods' namespaces (GPU_NS for 1; else GPU_NS-0 …, the nodes' pods dealt
+        round-robin): how many pods each eviction's admission policy takes as its parameters."""
         self.work = Path(workdir)
         from driverd.cluster.lease import LEASE_DURATION_S
         self.n, self.srv, self.log, self.gpu_pods = nodes, server, log, gpu_pods
@@ -90,17 +100,51 @@ class Fleet:
         self.admin = None                  # the harness's own client (its requests are not driverd's)
         self.kubelet: Kubelet | None = None
         self.plugins: DaemonSetController | None = None
+        if hosts not in ("files", "timed"):
+            raise ValueError(f"hosts={hosts!r}: files or timed")
+        self.timed = hosts == "timed"
+        from driverd.sim.timedhost import NodeCosts
+        self.costs = costs or NodeCosts()
+        self.cfg = None                    # the configuration every timed node's daemon reads
+        self.gpu_namespaces = [GPU_NS] if namespaces <= 1 else [f"{GPU_NS}-{i}" for i in range(namespaces)]
 
     # -- building --------------------------------------------------------------------------------
     def build(self) -> Fleet:
-        from driverd.packages.repo import write_index
-        from driverd.sim import install_backends
-        from driverd.sim.fakepkg import make_fake_package
         from driverd.cluster.kube import Kube, Target
-        install_backends()
         self.work.mkdir(parents=True, exist_ok=True)
         self.srv.write_kubeconfig(self.kubeconfig)
         self.admin = Kube(Target(kubeconfig=self.kubeconfig))
+        if self.timed:
+            self._timed_hosts()
+        else:
+            self._host_trees()
+        uids = self._api_objects()
+        if self.gpu_processes:
+            for (node, _pod), uid in uids.items():
+                self._ensure_process(node, uid, "python", "/dev/nvidia0")
+        self._start_sim()
+        return self
+
+    def _timed_hosts(self) -> None:
+        """One configuration for every node (a root holding only /etc/driverd/config.toml), and a
+        TimedHost per node running driver OLD."""
+        from driverd.config import load
+        from driverd.root import Root
+        from driverd.sim.timedhost import TimedHost
+        croot = self.work / "config-root"
+        (croot / "etc/driverd").mkdir(parents=True, exist_ok=True)
+        (croot / "etc/driverd/config.toml").write_text(CONFIG.format(version=OLD, repo=self.repo))
+        self.cfg = load(Root(str(croot)), None, environ={})
+        for i in range(self.first, self.first + self.n):
+            name = self.node_name(i)
+            self.nodes[name] = SimNode(name, croot, host=TimedHost(name, self.costs, loaded=(OLD, "open"),
+                                                                   kernel=RELEASE))
+
+    def _host_trees(self) -> None:
+        from driverd.packages.repo import write_index
+        from driverd.sim import install_backends
+        from driverd.sim.fakepkg import make_fake_package
+        install_backends()
         if not (self.repo / "index.json").exists():
             make_fake_package(self.repo, OLD, RELEASE)
             make_fake_package(self.repo, NEW, RELEASE)
@@ -117,16 +161,16 @@ class Fleet:
             if not root.exists():
                 shutil.copytree(template, root, symlinks=True)
             self.nodes[name] = SimNode(name, root)
-        uids = self._api_objects()
-        if self.gpu_processes:
-            for (node, _pod), uid in uids.items():
-                self._ensure_process(node, uid, "python", "/dev/nvidia0")
-        self._start_sim()
-        return self
 
     @staticmethod
     def node_name(i: int) -> str:
         return f"gpu-{i:04d}"
+
+    def gpu_ns(self, node: str) -> str:
+        """The namespace of the node's GPU pods."""
+        if len(self.gpu_namespaces) == 1:
+            return self.gpu_namespaces[0]
+        return self.gpu_namespaces[int(node.rsplit("-", 1)[1]) % len(self.gpu_namespaces)]
 
     def _template(self, root: Path, converge: bool = True) -> None:
         """One host on driver OLD, converged through the real transaction path; every node is a copy.
@@ -157,10 +201,15 @@ class Fleet:
         on — no driver loaded, none installed — registered as a Ready Node with `labels`, without GPU
         pods (nothing can run on its GPUs yet); its agent and coordinator candidate start unless
         `start` is false."""
-        root = self.work / "nodes" / name
-        if not root.exists():
-            self._template(root, converge=False)
-        self.nodes[name] = sn = SimNode(name, root)
+        if self.timed:
+            from driverd.sim.timedhost import TimedHost
+            self.nodes[name] = sn = SimNode(name, self.work / "config-root",
+                                            host=TimedHost(name, self.costs, loaded=None, kernel=RELEASE))
+        else:
+            root = self.work / "nodes" / name
+            if not root.exists():
+                self._template(root, converge=False)
+            self.nodes[name] = sn = SimNode(name, root)
         self._node_object(name, labels or {})
         if start:
             self.start_node(name)
@@ -187,15 +236,14 @@ class Fleet:
     def _api_objects(self) -> dict[tuple[str, str], str]:
         """Namespaces, the CRD, Nodes (their status as a kubelet reports it), the GPU pods with their
         ReplicaSets and PDBs, the device plugin's DaemonSet. Returns {(node, pod): pod uid}."""
-        from driverd.cluster.kube import node_path
         k = self.admin
-        namespaces = (GPU_NS, "driverd", "default") + ((PLUGIN_NS,) if self.device_plugin else ())
+        namespaces = (*self.gpu_namespaces, "driverd", "default") + ((PLUGIN_NS,) if self.device_plugin else ())
         for ns in namespaces:
             _ensure(k, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         for crd in ("driverrollouts", "driverpools"):
             _ensure(k, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", _crd(crd))
             _wait_crd(k, crd)
-        for ns in (GPU_NS, PLUGIN_NS) if self.device_plugin else (GPU_NS,):
+        for ns in (*self.gpu_namespaces, PLUGIN_NS) if self.device_plugin else self.gpu_namespaces:
             # the pods' account (a cluster's ServiceAccount controller creates it; made here so as not to wait)
             _ensure(k, f"/api/v1/namespaces/{ns}/serviceaccounts",
                     {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": ns}})
@@ -204,22 +252,11 @@ class Fleet:
             self._node_object(name, {})
             for j in range(self.gpu_pods):
                 pod = f"train-{name}-{j}"
-                rs = _ensure(k, f"/apis/apps/v1/namespaces/{GPU_NS}/replicasets", {
-                    "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": pod, "namespace": GPU_NS},
-                    "spec": {"replicas": 1, "selector": {"matchLabels": {"app": pod}},
-                             "template": {"metadata": {"labels": {"app": pod}},
-                                          "spec": {"containers": [{"name": "main", "image": "train:1"}]}}}})
-                uids[(name, pod)] = self.running_pod(GPU_NS, {
-                    "apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": pod, "namespace": GPU_NS, "labels": {"app": pod},
-                                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": pod,
-                                                      "uid": rs["metadata"]["uid"], "controller": True}]},
-                    "spec": {"nodeName": name, "automountServiceAccountToken": False,
-                             "containers": [{"name": "main", "image": "train:1",
-                                             "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
-                _ensure(k, f"/apis/policy/v1/namespaces/{GPU_NS}/poddisruptionbudgets", {
+                uids[(name, pod)] = self._gpu_pod(name, j)
+                ns = self.gpu_ns(name)
+                _ensure(k, f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", {
                     "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                    "metadata": {"name": f"{pod}-pdb", "namespace": GPU_NS},
+                    "metadata": {"name": f"{pod}-pdb", "namespace": ns},
                     "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": pod}}}})
         if self.device_plugin:
             _ensure(k, f"/apis/apps/v1/namespaces/{PLUGIN_NS}/daemonsets", {
@@ -229,6 +266,40 @@ class Fleet:
                                       "spec": {"nodeSelector": {"driverd.io/driver-ready": "true"},
                                                "containers": [{"name": "plugin", "image": "device-plugin:1"}]}}}})
         return uids
+
+    def _gpu_pod(self, node: str, j: int) -> str:
+        """The node's j-th GPU pod, a ReplicaSet's, Running (created unless it exists): its uid."""
+        pod, ns = f"train-{node}-{j}", self.gpu_ns(node)
+        rs = _ensure(self.admin, f"/apis/apps/v1/namespaces/{ns}/replicasets", {
+            "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": pod, "namespace": ns},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": pod}},
+                     "template": {"metadata": {"labels": {"app": pod}},
+                                  "spec": {"containers": [{"name": "main", "image": "train:1"}]}}}})
+        return self.running_pod(ns, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "namespace": ns, "labels": {"app": pod},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": pod,
+                                              "uid": rs["metadata"]["uid"], "controller": True}]},
+            "spec": {"nodeName": node, "automountServiceAccountToken": False,
+                     "containers": [{"name": "main", "image": "train:1",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+
+    def workloads_back(self, nodes=None) -> int:
+        """Every GPU pod a drain took away comes back on its node, with its process (what the
+        ReplicaSet controller and the scheduler do once the nodes are schedulable again; neither runs
+        here, so an evicted pod stays gone until this). The number of pods made again."""
+        from driverd.cluster.kube import pods_path
+        have = {p["metadata"]["name"] for ns in self.gpu_namespaces
+                for p in self.admin.list(pods_path(ns)).get("items") or [] if not p["metadata"].get("deletionTimestamp")}
+        made = 0
+        for name in nodes or self.nodes:
+            for j in range(self.gpu_pods):
+                if f"train-{name}-{j}" not in have:
+                    uid = self._gpu_pod(name, j)
+                    if self.gpu_processes:
+                        self._ensure_process(name, uid, "python", "/dev/nvidia0")
+                    made += 1
+        return made
 
     def running_pod(self, namespace: str, pod: dict, kube=None) -> str:
         """Create `pod` (bound to its node) unless it exists, and report it Running and Ready as the
@@ -243,6 +314,9 @@ class Fleet:
     # -- the cluster's own components, simulated ---------------------------------------------------
     def _ensure_process(self, node: str, pod_uid: str, comm: str, device: str) -> None:
         """A process of the pod on the node's host, holding `device` (what the kubelet starts)."""
+        if self.timed:
+            self.nodes[node].host.start_process(pod_uid, comm, device)
+            return
         root = self.work / "nodes" / node
         for cg in (root / "proc").glob("*/cgroup"):
             if pod_uid.replace("-", "_") in cg.read_text():
@@ -258,6 +332,9 @@ class Fleet:
         os.symlink(device, base / "fd" / "3")
 
     def _end_processes(self, node: str, pod_uid: str) -> None:
+        if self.timed:
+            self.nodes[node].host.end_process(pod_uid)
+            return
         root = self.work / "nodes" / node
         for cg in list((root / "proc").glob("*/cgroup")):
             try:
@@ -268,16 +345,19 @@ class Fleet:
 
     def _start_sim(self) -> None:
         from driverd.cluster.kube import Kube, Target
+        # a fleet of timed hosts is hundreds of nodes changing at once: their kubelets and the DaemonSet
+        # controller act in parallel there, as in a cluster (the host-tree fleets of the tests: in order)
+        workers = SIM_WORKERS if self.timed else 0
         if self.kubelet is None:
-            self.kubelet = Kubelet(self, Kube(Target(kubeconfig=self.kubeconfig))).start()
+            self.kubelet = Kubelet(self, Kube(Target(kubeconfig=self.kubeconfig)), workers).start()
         if self.device_plugin and self.plugins is None:
-            self.plugins = DaemonSetController(self, Kube(Target(kubeconfig=self.kubeconfig))).start()
+            self.plugins = DaemonSetController(self, Kube(Target(kubeconfig=self.kubeconfig)), workers).start()
 
     # -- faults ------------------------------------------------------------------------------------
     def set_pdb(self, name: str, max_unavailable: int) -> None:
         """Let the PDBs guarding the node's GPU pods (one pod each) allow `max_unavailable` disruptions."""
         for j in range(self.gpu_pods):
-            self.admin.patch(f"/apis/policy/v1/namespaces/{GPU_NS}/poddisruptionbudgets/train-{name}-{j}-pdb",
+            self.admin.patch(f"/apis/policy/v1/namespaces/{self.gpu_ns(name)}/poddisruptionbudgets/train-{name}-{j}-pdb",
                              {"spec": {"maxUnavailable": max_unavailable}})
 
     def pdb_never(self, name: str) -> None:
@@ -288,9 +368,10 @@ class Fleet:
         """A GPU pod on the node that nothing would recreate (no ownerReferences), with its process
         unless `process` is false (a pod that holds no device right now)."""
         pod = f"solo-{name}"
-        uid = self.running_pod(GPU_NS, {
+        ns = self.gpu_ns(name)
+        uid = self.running_pod(ns, {
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod, "namespace": GPU_NS, "labels": {"app": pod}},
+            "metadata": {"name": pod, "namespace": ns, "labels": {"app": pod}},
             "spec": {"nodeName": name, "automountServiceAccountToken": False,
                      "containers": [{"name": "main", "image": "notebook:1",
                                      "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
@@ -301,18 +382,22 @@ class Fleet:
     def two_pdbs(self, name: str) -> None:
         """A second PodDisruptionBudget over the node's first GPU pod: the Eviction API answers 500."""
         pod = f"train-{name}-0"
-        _ensure(self.admin, f"/apis/policy/v1/namespaces/{GPU_NS}/poddisruptionbudgets", {
+        ns = self.gpu_ns(name)
+        _ensure(self.admin, f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", {
             "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": {"name": f"{pod}-pdb2", "namespace": GPU_NS},
+            "metadata": {"name": f"{pod}-pdb2", "namespace": ns},
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": pod}}}})
 
     def stuck_terminating(self, name: str) -> None:
         """The node's first GPU pod carries a finalizer nobody removes: once deleted it stays Terminating."""
         from driverd.cluster.kube import pods_path
-        self.admin.patch(pods_path(GPU_NS, f"train-{name}-0"), {"metadata": {"finalizers": [HOLD]}})
+        self.admin.patch(pods_path(self.gpu_ns(name), f"train-{name}-0"), {"metadata": {"finalizers": [HOLD]}})
 
     def reload_fails(self, name: str) -> None:
         """The node's repository serves a NEW package without its GSP firmware: the load fails."""
+        if self.timed:
+            self.nodes[name].host.fail_reload = True
+            return
         p = self.nodes[name].root / "etc/driverd/config.toml"
         p.write_text(CONFIG.format(version=OLD, repo=self.bad_repo))
 
@@ -321,6 +406,9 @@ class Fleet:
         re-reads its configuration (as the daemon does when the file changes)."""
         from driverd.config import load
         from driverd.root import Root
+        if self.timed:
+            self.nodes[name].host.fail_reload = False
+            return
         p = self.nodes[name].root / "etc/driverd/config.toml"
         p.write_text(CONFIG.format(version=OLD, repo=self.repo))
         sn = self.nodes[name]
@@ -347,13 +435,17 @@ class Fleet:
         sn = self.nodes[name]
         if sn.kube is not None:
             self._retired_requests += sn.kube.requests
-        root = Root(str(sn.root))
-        sn.cfg = load(root, None, environ={})
         sn.kube = Kube(Target(kubeconfig=self.node_kubeconfig(name)))
+        if sn.host is not None:
+            sn.cfg = self.cfg
+            sn.agent = NodeAgent(sn.kube, name, host=sn.host, cfg=sn.cfg, log=self.log)
+        else:
+            root = Root(str(sn.root))
+            sn.cfg = load(root, None, environ={})
 
-        def make_context(cfg, _root=root):
-            return lc.make_context(_root, Runner(), cfg, "sim", log=_quiet)
-        sn.agent = NodeAgent(sn.kube, name, make_context=make_context, cfg=sn.cfg, log=self.log)
+            def make_context(cfg, _root=root):
+                return lc.make_context(_root, Runner(), cfg, "sim", log=_quiet)
+            sn.agent = NodeAgent(sn.kube, name, make_context=make_context, cfg=sn.cfg, log=self.log)
         sn.coordinator = Coordinator(sn.kube, name, "driverd", rollouts=sn.agent.rollouts, pools=sn.agent.pools,
                                      log=self.log, lease_s=self.lease_s)
         sn.threads = [threading.Thread(target=sn.agent.run, name=f"agent-{name}", daemon=True),
@@ -370,15 +462,60 @@ class Fleet:
         from driverd.runner import Runner
         self.kill_node(name)
         sn = self.nodes[name]
-        lc.make_context(Root(str(sn.root)), Runner(), sn.cfg, "sim", log=_quiet).kernel.reboot()
+        if sn.host is not None:
+            sn.host.reboot()
+        else:
+            lc.make_context(Root(str(sn.root)), Runner(), sn.cfg, "sim", log=_quiet).kernel.reboot()
         self.start_node(name)
+
+    def spawn_node(self, name: str) -> SimNode:
+        """Node `name`'s daemon (agent and coordinator candidate) in a process of its own
+        (driverd.sim.fleetnode) on a timed host running OLD, instead of a thread of this process: the
+        coordinator's CPU is then its own process's, as on a fleet, and it competes with nobody's
+        interpreter lock. Its host's GPU processes are not tracked (the kubelet stand-in runs here), so
+        the node must be one no rollout drains."""
+        import subprocess
+        import sys
+        if not self.timed:
+            raise ValueError("spawn_node needs hosts='timed'")
+        sn = self.nodes[name]
+        out = self.work / "daemons"
+        out.mkdir(exist_ok=True)
+        c = self.costs
+        with open(out / f"{name}.log", "ab") as log:
+            sn.proc = subprocess.Popen(
+                [sys.executable, "-m", "driverd.sim.fleetnode", "--kubeconfig", self.node_kubeconfig(name),
+                 "--node", name, "--config-root", str(sn.root), "--driver", OLD, "--flavor", "open",
+                 "--kernel", RELEASE, "--lease-s", str(self.lease_s), "--reload-s", str(c.reload_s),
+                 "--validate-s", str(c.validate_s), "--preflight-s", str(c.preflight_s),
+                 "--status", str(out / f"{name}.json")],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=str(Path(__file__).resolve().parents[2]))
+        return sn
+
+    def spawned_requests(self) -> int:
+        """The API requests the spawned daemons' clients counted (their last report)."""
+        import json
+        n = 0
+        for name, sn in self.nodes.items():
+            p = self.work / "daemons" / f"{name}.json"
+            if sn.proc is not None and p.exists():
+                try:
+                    n += int(json.loads(p.read_text()).get("requests") or 0)
+                except (OSError, ValueError):
+                    pass
+        return n
 
     def kill_node(self, name: str) -> None:
         """The daemon dies (as a SIGKILL would leave it: no Lease release, no cleanup)."""
         sn = self.nodes[name]
+        if sn.proc is not None:
+            sn.proc.kill()
+            sn.proc.wait()
+            return
+        sn.coordinator.stop.set()               # its Lease renewals end with it
         sn.coordinator.lease.held_until = 0.0   # a dead process renews nothing and releases nothing
         sn.agent.close()
-        sn.coordinator.stop.set()
         sn.coordinator.wake.set()
         sn.coordinator.lease_watch.close()
         if sn.coordinator.nodes:
@@ -395,10 +532,15 @@ class Fleet:
             per_node(name, str(path))
         return str(path)
 
-    def start(self) -> None:
+    def start(self, spawned: tuple[str, ...] = ()) -> None:
+        """Every node's daemon: those named in `spawned` first, each in its own process
+        (spawn_node), the others as threads here."""
         self._start_sim()
+        for name in spawned:
+            self.spawn_node(name)
         for name in self.nodes:
-            self.start_node(name)
+            if name not in spawned:
+                self.start_node(name)
 
     def harness_requests(self) -> int:
         """API calls the harness made (setup, faults, the played kubelet and DaemonSet controller)."""
@@ -416,12 +558,23 @@ class Fleet:
             if sn.coordinator:
                 sn.coordinator.close()
         for sn in self.nodes.values():
+            if sn.proc is not None and sn.proc.poll() is None:
+                sn.proc.terminate()         # it gives the Lease up and reports its requests
+        for sn in self.nodes.values():
             for t in sn.threads:
                 t.join(timeout=5)
+            if sn.proc is not None:
+                try:
+                    sn.proc.wait(15)
+                except Exception:
+                    sn.proc.kill()
+                    sn.proc.wait()
 
     def requests(self) -> int:
-        """API requests of every node daemon so far, daemons killed and started again included."""
-        return self._retired_requests + sum(sn.kube.requests for sn in self.nodes.values() if sn.kube)
+        """API requests of every node daemon so far, as their clients counted them: daemons killed and
+        started again included, spawned ones as they last reported."""
+        return self._retired_requests + sum(sn.kube.requests for sn in self.nodes.values() if sn.kube) + \
+            self.spawned_requests()
 
     def wait(self, predicate, timeout: float, step: float = 0.2) -> bool:
         end = time.monotonic() + timeout
@@ -454,13 +607,16 @@ class Kubelet:
     list + watch of all pods: a pod bound to a node is marked Running; a pod that is deleted or got a
     deletionTimestamp (an eviction) has its processes on its node end, and its graceful deletion is
     confirmed (a finalizer still holds it Terminating). After the watch was cut (the API server
-    restarted), the re-list ends the processes of every pod that is gone."""
+    restarted), the re-list ends the processes of every pod that is gone. With `workers`, its API
+    calls go to that many threads (as each node's kubelet acts on its own: a fleet of hundreds of
+    nodes changing at once is not served one call after the other); without, in the watch's thread."""
 
-    def __init__(self, fleet: Fleet, kube) -> None:
+    def __init__(self, fleet: Fleet, kube, workers: int = 0) -> None:
         from driverd.cluster.informer import Informer
         from driverd.cluster.kube import pods_path
         self.fleet, self.kube = fleet, kube
         self.pods = Informer(kube, pods_path(), on_change=self._changed, name="sim-kubelet")
+        self.pool = _pool(workers, "sim-kubelet")
 
     def start(self) -> Kubelet:
         self.pods.start()
@@ -468,6 +624,14 @@ class Kubelet:
 
     def close(self) -> None:
         self.pods.close()
+        if self.pool:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _call(self, fn, *args) -> None:
+        if self.pool:
+            self.pool.submit(fn, *args)
+        else:
+            fn(*args)
 
     def _changed(self, kind: str, pod: dict) -> None:
         if kind == "SYNC":
@@ -480,12 +644,15 @@ class Kubelet:
         if kind == "DELETED" or md.get("deletionTimestamp"):
             self.fleet._end_processes(node, md.get("uid", ""))
             if kind != "DELETED" and HOLD not in (md.get("finalizers") or []):
-                self._confirm(md)
+                self._call(self._confirm, md)
         elif (pod.get("status") or {}).get("phase") in (None, "Pending"):
-            try:
-                _report_running(self.kube, md["namespace"], md["name"])
-            except Exception:           # gone meanwhile
-                pass
+            self._call(self._running, md)
+
+    def _running(self, md: dict) -> None:
+        try:
+            _report_running(self.kube, md["namespace"], md["name"])
+        except Exception:           # gone meanwhile
+            pass
 
     def _confirm(self, md: dict) -> None:
         from driverd.cluster.kube import KubeError, pods_path
@@ -501,7 +668,11 @@ class Kubelet:
     def _resync(self) -> None:
         pods = self.pods.snapshot()
         live = {p["metadata"]["uid"] for p in pods if not p["metadata"].get("deletionTimestamp")}
-        for name in self.fleet.nodes:
+        for name, sn in self.fleet.nodes.items():
+            if sn.host is not None:
+                for uid in sn.host.pod_uids() - live:
+                    sn.host.end_process(uid)
+                continue
             for cg in list((self.fleet.work / "nodes" / name / "proc").glob("*/cgroup")):
                 try:
                     text = cg.read_text()
@@ -518,12 +689,16 @@ class DaemonSetController:
     """The `nvidia-device-plugin` DaemonSet's controller: one plugin pod (holding /dev/nvidiactl) on
     each node labelled driverd.io/driver-ready=true, none elsewhere. Watches nodes through the API and
     acts on the latest state of each changed node in its own thread (a burst of node events is one
-    pass), so that it keeps up with hundreds of daemons patching their nodes."""
+    pass), so that it keeps up with hundreds of daemons patching their nodes; with `workers`, nodes
+    are placed by that many threads at once (one node by one thread at a time)."""
 
-    def __init__(self, fleet: Fleet, kube) -> None:
+    def __init__(self, fleet: Fleet, kube, workers: int = 0) -> None:
         from driverd.cluster.informer import Informer
         from driverd.cluster.kube import node_path, pods_path
         self.fleet, self.kube = fleet, kube
+        self.pool = _pool(workers, "sim-ds")
+        self.busy: set[str] = set()              # nodes a worker is placing now
+        self.lock = threading.Lock()
         self.dirty: set[str] = set()
         self.wake = threading.Event()
         self.stop = threading.Event()
@@ -549,26 +724,46 @@ class DaemonSetController:
         self.nodes.close()
         self.pods.close()
         self.thread.join(5)
+        if self.pool:
+            self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _changed(self, kind: str, node: dict) -> None:
         names = list(self.fleet.nodes) if kind == "SYNC" else [(node.get("metadata") or {}).get("name")]
-        self.dirty.update(n for n in names if n in self.fleet.nodes)
+        self._dirty(n for n in names if n in self.fleet.nodes)
+
+    def _dirty(self, names) -> None:
+        with self.lock:
+            self.dirty.update(names)
         self.wake.set()
 
     def _run(self) -> None:
         while not self.stop.is_set():
             self.wake.wait(0.5)
             self.wake.clear()
-            dirty, self.dirty = self.dirty, set()
+            with self.lock:
+                dirty, self.dirty = self.dirty - self.busy, self.dirty & self.busy
+                self.busy |= dirty if self.pool else set()
             for name in sorted(dirty):
                 if self.stop.is_set():
                     return
-                node = self.nodes.get(name)
-                ready = bool(node) and ((node["metadata"].get("labels") or {}).get("driverd.io/driver-ready") == "true")
-                try:
-                    self._place(name, ready)
-                except Exception:           # the API server restarting: the next event or re-list retries
-                    self.dirty.add(name)
+                if self.pool:
+                    self.pool.submit(self._place_one, name)
+                else:
+                    self._place_one(name)
+
+    def _place_one(self, name: str) -> None:
+        """The latest state of the node decides (a later event while a worker placed it is picked up
+        when the worker is done)."""
+        node = self.nodes.get(name)
+        ready = bool(node) and ((node["metadata"].get("labels") or {}).get("driverd.io/driver-ready") == "true")
+        try:
+            self._place(name, ready)
+        except Exception:           # the API server restarting: the next event or re-list retries
+            self._dirty([name])
+        finally:
+            with self.lock:
+                self.busy.discard(name)
+            self.wake.set()
 
     def _place(self, name: str, ready: bool) -> None:
         from driverd.cluster.kube import KubeError, pods_path
@@ -578,8 +773,7 @@ class DaemonSetController:
             if cur and cur["metadata"].get("deletionTimestamp"):
                 # the node's previous plugin pod is still terminating: a pod of that name comes after it
                 self.stop.wait(0.2)
-                self.dirty.add(name)
-                self.wake.set()
+                self._dirty([name])
                 return
             ds = self.kube.get(f"/apis/apps/v1/namespaces/{PLUGIN_NS}/daemonsets/{PLUGIN}")
             uid = self.fleet.running_pod(PLUGIN_NS, {
@@ -600,6 +794,11 @@ class DaemonSetController:
                 if e.status not in (404, 409):
                     raise
             self.placed.pop(name, None)
+
+
+def _pool(workers: int, name: str):
+    from concurrent.futures import ThreadPoolExecutor
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name) if workers else None
 
 
 def _ensure(kube, collection: str, obj: dict) -> dict:

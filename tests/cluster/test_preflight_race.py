@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from driverd.cluster import agent as agent_mod
 from driverd.cluster import model as m
 from driverd.cluster.agent import NodeAgent
 from driverd.cluster.drain import DrainPlan
@@ -16,10 +15,12 @@ ROLLOUT = {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
            "spec": {"driver": "550.127.05"}}
 
 
-def _agent(plans: list[DrainPlan], answers: dict):
+def _agent(plans: list[DrainPlan], preflight):
+    """An agent whose host answers the preflight with `preflight` (the host's side: not under test)."""
     node = {"metadata": {"name": "n1", "annotations": {}, "labels": {}}, "status": {}}
     a = NodeAgent.__new__(NodeAgent)
-    a.node, a.cfg, a.make_context, a.events, a.log = "n1", None, None, False, lambda msg: None
+    a.node, a.cfg, a.events, a.log = "n1", None, False, lambda msg: None
+    a.host = SimpleNamespace(preflight=preflight)
     a.rollouts = SimpleNamespace(snapshot=lambda: [ROLLOUT])
     a.pools = SimpleNamespace(snapshot=lambda: [])          # no DriverPools
     a.nodes = SimpleNamespace(get=lambda name: node, put=lambda obj: None)
@@ -29,30 +30,28 @@ def _agent(plans: list[DrainPlan], answers: dict):
     return a, node
 
 
-def test_a_refused_preflight_is_judged_again_with_the_pods_listed_after_the_host_was_read(monkeypatch):
+def test_a_refused_preflight_is_judged_again_with_the_pods_listed_after_the_host_was_read():
     late = PodUse(namespace="gpu-operator", name="nvidia-device-plugin-n1", uid="plugin-uid", why="holds /dev/nvidiactl",
                   daemonset=True, mirror=False)
     calls = []
 
-    def fake_preflight(make_context, cfg, key, driver, flavor, *, leaving=frozenset(), staying=None):
+    def fake_preflight(cfg, key, driver, flavor, *, leaving=frozenset(), staying=None):
         calls.append(set(leaving))
         ok = "plugin-uid" in leaving      # the host shows the plugin's process holding /dev/nvidiactl
         return {"rollout": key, "ok": ok, "reasons": [] if ok else ["the GPU is in use by pid 7 (no pod)"]}
-    monkeypatch.setattr(agent_mod, "preflight", fake_preflight)
-    a, node = _agent([DrainPlan(), DrainPlan(with_label=[late])], {})
+    a, node = _agent([DrainPlan(), DrainPlan(with_label=[late])], fake_preflight)
     a._preflight(m.NodeView.from_node(node))
     assert calls == [set(), {"plugin-uid"}]
     ann = a.patches[-1]["metadata"]["annotations"][m.A_PREFLIGHT]
     assert '"ok": true' in ann
 
 
-def test_a_preflight_refused_for_a_real_reason_is_asked_once(monkeypatch):
+def test_a_preflight_refused_for_a_real_reason_is_asked_once():
     calls = []
 
-    def fake_preflight(make_context, cfg, key, driver, flavor, *, leaving=frozenset(), staying=None):
+    def fake_preflight(cfg, key, driver, flavor, *, leaving=frozenset(), staying=None):
         calls.append(1)
         return {"rollout": key, "ok": False, "reasons": ["no package for the kernel"]}
-    monkeypatch.setattr(agent_mod, "preflight", fake_preflight)
-    a, node = _agent([DrainPlan()], {})
+    a, node = _agent([DrainPlan()], fake_preflight)
     a._preflight(m.NodeView.from_node(node))
     assert len(calls) == 1 and '"ok": false' in a.patches[-1]["metadata"]["annotations"][m.A_PREFLIGHT]
