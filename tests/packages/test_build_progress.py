@@ -159,8 +159,10 @@ def _processes_under(path: str) -> list[str]:
 def test_signal_during_the_compile_cleans_up(standin, tmp_path, sig):
     """SIGTERM (systemctl stop, docker stop, kill) as SIGINT: the cell's tree is removed, make and its
     compilers are stopped, one line, exit 128+signal."""
+    # Ctrl-C on a terminal: SIGINT at its default (a job a shell started with `&` — CI run that way —
+    # inherits it ignored, and Python keeps it so)
     p = subprocess.Popen(_cli() + _argv(standin, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env=driverd_env(), text=True)
+                         env=driverd_env(), text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     cells = tmp_path / "work" / "cells"
     err = []
     deadline = time.monotonic() + 120
