@@ -16,6 +16,9 @@ work directory, so the tarballs are extracted once before timing and the cache i
   older-P    --ccache on, --older-source on kernel A        (with --older-source) an earlier point release
   point-P    --ccache on, --newer-source on kernel A        the next point release, cache warm from older-P
   cold-P     --ccache off, --newer-source on kernel A       its baseline
+  flavor-A   --ccache on, --newer-source (the proprietary flavour of the same driver) on kernel A,
+             warm from the open flavour's builds: the other flavour's cell of the same driver and
+             kernel (its baseline is cold-P)
 
 Prints each build's CPU time (the build and every process it ran), wall time and the cache's
 hits/misses/uncacheable compiles, and the ratios cold/warm (issue 34's target for the second cell:
@@ -78,7 +81,7 @@ def main() -> None:
             sys.exit(f"headers of {k} are missing; fix: apt-get install linux-headers-{k}")
     cases = [c for c in a.cases.split(",") if c]
     if not a.older_source:
-        cases = [c for c in cases if not c.endswith("-P")]
+        cases = [c for c in cases if c not in ("older-P", "point-P")]
     from driverd.packages.build import prepare_source
     from driverd.runner import which
     if which("ccache") is None:
@@ -88,6 +91,7 @@ def main() -> None:
         "rebuild-A": (a.source, ka, a.flavor, "on"), "abi-B": (a.source, kb, a.flavor, "on"),
         "cold-B": (a.source, kb, a.flavor, "off"), "older-P": (a.older_source, ka, a.point_flavor, "on"),
         "point-P": (a.newer_source, ka, a.point_flavor, "on"), "cold-P": (a.newer_source, ka, a.point_flavor, "off"),
+        "flavor-A": (a.newer_source, ka, a.point_flavor, "on"),
     }
     tmp = None if a.keep else tempfile.TemporaryDirectory(prefix="driverd-bench-ccache.")
     base = Path(a.keep or tmp.name)
@@ -112,6 +116,7 @@ def main() -> None:
     ratio("cold-A", "rebuild-A", "cold / the same cell again (same inputs)")
     ratio("cold-B", "abi-B", f"cold / second cell, new ABI {kb} (warm from {ka})", "(target >= 2)")
     ratio("cold-P", "point-P", "cold / next point release, same kernel (warm from older)", "(target >= 2)")
+    ratio("cold-P", "flavor-A", f"cold / the other flavour ({a.point_flavor}), same driver and kernel", "(target >= 2)")
     if tmp:
         tmp.cleanup()
 

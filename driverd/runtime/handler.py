@@ -13,6 +13,7 @@ from driverd.runtime import registry, state
 from driverd.runtime.base import Runtime
 from driverd.runtime.model import HANDLER_NAME, RESTART_MODES, ChangeReport, FileEdit, Options
 from driverd.runtime.needs import TOOLKIT, resolve_binary
+from driverd.runtime.restart import DidNotStart
 
 
 def _facts_for(root: Root, runtime: str, handler: str, facts=None):
@@ -79,8 +80,30 @@ def configure(root: Root, runtime: str, options: Options, runner: Runner | None 
         if not report.files_changed:
             report.skipped = f"{runtime} already has the '{options.handler}' handler as requested: nothing to do"
         return report
-    _restart(root, rt, config_path, rf, options, runner, report)
+    try:
+        _restart(root, rt, config_path, rf, options, runner, report, checked=True)
+    except DidNotStart as e:
+        _undo_after_failed_start(root, rt, config_path, rf, options, runner, report, str(e))
     return report
+
+
+def _undo_after_failed_start(root, rt, config_path, rf, options, runner, report, why: str) -> None:
+    """The runtime did not start again with the handler in its configuration: put back what driverd
+    recorded for it (the configuration it had before driverd), start it again, and fail naming both.
+    Left as it was, the node would run no containers at all."""
+    from driverd.runtime.restart import start_again
+    undo = ChangeReport(rt.name, options.handler, "revert", config_path)
+    rt.revert(root, undo, False)
+    unit, sock = _unit_and_socket(root, rt, config_path, rf)
+    try:
+        again = start_again(root, rt.name, unit, sock, runner, options.wait_timeout_s)[1]
+    except DidNotStart as e2:
+        again = f"it did not start with the previous configuration either: {e2}"
+    raise RuntimeConfigError(
+        f"{rt.name} did not start with the '{options.handler}' handler in {config_path}: driverd put its previous "
+        f"configuration back ({', '.join(undo.files_changed) or 'nothing to restore'}) and restarted it ({again})",
+        cause=why, fix=f"see journalctl -u {rt.unit(root, config_path)} for what {rt.name} refused in the new configuration; "
+                       "correct runtime.* in driverd's configuration (or --binary/--config-path) and run again")
 
 
 def write_cdi_spec(root: Root, options: Options, report: ChangeReport, facts=None, dry: bool = False,
@@ -91,18 +114,20 @@ def write_cdi_spec(root: Root, options: Options, report: ChangeReport, facts=Non
 
 
 def restart(root: Root, rt: Runtime, config_path: str, rf, options: Options,
-            runner: Runner) -> tuple[bool, str, float | None]:
-    """Restart `rt` the way its configuration at config_path asks (unit, socket): restart.restart."""
-    from driverd.runtime.restart import restart as _restart_unit
+            runner: Runner, checked: bool = False) -> tuple[bool, str, float | None]:
+    """Restart `rt` the way its configuration at config_path asks (unit, socket): restart.restart;
+    `checked`: raise DidNotStart when it failed to start again."""
+    from driverd.runtime import restart as rs
     unit, sock = _unit_and_socket(root, rt, config_path, rf)
-    return _restart_unit(root, rt.name, unit, sock, options.restart, runner, options.wait_timeout_s)
+    how = rs.restart_or_raise if checked else rs.restart
+    return how(root, rt.name, unit, sock, options.restart, runner, options.wait_timeout_s)
 
 
-def _restart(root, rt, config_path, rf, options, runner, report) -> None:
+def _restart(root, rt, config_path, rf, options, runner, report, checked: bool = False) -> None:
     if report.dry_run and not runner.dry_run:
         runner = Runner(dry_run=True)       # a dry run never restarts anything
     report.restarted, report.restart_detail, report.socket_ready_s = restart(
-        root, rt, config_path, rf, options, runner)
+        root, rt, config_path, rf, options, runner, checked)
 
 
 def revert(root: Root, runtime: str, options: Options, runner: Runner | None = None, facts=None) -> ChangeReport:

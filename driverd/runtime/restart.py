@@ -23,6 +23,10 @@ from driverd.errors import DriverdError
 from driverd.root import Root
 from driverd.runner import Result, Runner
 
+class DidNotStart(Exception):
+    """The runtime's unit was restarted and failed to start: the new configuration is the suspect."""
+
+
 def socket_answers(path: str) -> bool:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(1.0)
@@ -126,8 +130,14 @@ def _systemd_restart(root: Root, runtime: str, unit: str, socket_path: str | Non
         return False, f"{' '.join(argv)} failed: {e.one_line()}", None
     if not res.ok:
         return False, f"{' '.join(argv)} failed: {res.first_error_line()}", None
-    what = f"{why}: ran {' '.join(argv)}"
-    deadline = start + timeout_s
+    return _wait_up(root, runtime, unit, socket_path, runner, f"{why}: ran {' '.join(argv)}", before,
+                    start + timeout_s, timeout_s)
+
+
+def _wait_up(root: Root, runtime: str, unit: str, socket_path: str | None, runner: Runner, what: str,
+             before: str | None, deadline: float, timeout_s: float) -> tuple[bool, str, float | None]:
+    """After a --no-block job on `unit`: wait (bounded) for its new invocation to be up, then for its
+    socket. Raises DidNotStart when the new invocation failed."""
     if before:      # --no-block returned at once: wait (bounded) for the new invocation to be up
         while True:
             now = _show(root, unit, runner)
@@ -135,7 +145,7 @@ def _systemd_restart(root: Root, runtime: str, unit: str, socket_path: str | Non
             if new and now.get("ActiveState") == "active":
                 break
             if new and now.get("ActiveState") == "failed":
-                return True, f"{what}; {unit} failed to start again: see journalctl -u {unit}", None
+                raise DidNotStart(f"{what}; {unit} failed to start again: see journalctl -u {unit}")
             if time.monotonic() >= deadline:
                 return True, (f"{what}; {unit} was not running again within {timeout_s:g}s (the restart is queued "
                               f"in systemd, which may be waiting for other units first): check systemctl status {unit}"), None
@@ -149,9 +159,36 @@ def _systemd_restart(root: Root, runtime: str, unit: str, socket_path: str | Non
     return True, f"{what}; {socket_path} answered after {waited:g}s", waited
 
 
+def start_again(root: Root, runtime: str, unit: str, socket_path: str | None, runner: Runner,
+                timeout_s: float = 30.0) -> tuple[bool, str, float | None]:
+    """Start a unit that failed to start after driverd's change, once that change is undone: it was
+    running before driverd touched its configuration, so starting it puts back what was. Non-blocking
+    (`start --no-block`, after `reset-failed` so systemd's start limit does not refuse it), then the
+    same bounded wait as a restart. Raises DidNotStart when it fails again."""
+    start = time.monotonic()
+    before = _show(root, unit, runner).get("InvocationID") or None
+    runner.run(_systemctl(root, "reset-failed", unit), timeout=15, check=False)
+    argv = _systemctl(root, "start", "--no-block", unit)
+    res = runner.run(argv, timeout=30, check=False)
+    if not res.ok:
+        raise DidNotStart(f"{' '.join(argv)} failed: {res.first_error_line()}")
+    return _wait_up(root, runtime, unit, socket_path, runner, f"ran {' '.join(argv)}", before,
+                    start + timeout_s, timeout_s)
+
+
 def restart(root: Root, runtime: str, unit: str, socket_path: str | None, mode: str, runner: Runner,
             timeout_s: float = 30.0) -> tuple[bool, str, float | None]:
-    """(restarted, what happened, seconds until the socket answered)."""
+    """(restarted, what happened, seconds until the socket answered). A unit that failed to start
+    again is (True, what happened, None); `restart_or_raise` tells it apart."""
+    try:
+        return restart_or_raise(root, runtime, unit, socket_path, mode, runner, timeout_s)
+    except DidNotStart as e:
+        return True, str(e), None
+
+
+def restart_or_raise(root: Root, runtime: str, unit: str, socket_path: str | None, mode: str, runner: Runner,
+                     timeout_s: float = 30.0) -> tuple[bool, str, float | None]:
+    """restart(), raising DidNotStart when the restarted unit failed to start again."""
     if mode == "none":
         return False, f"restart {runtime} to apply the change (restart mode 'none')", None
     if mode == "systemd":
