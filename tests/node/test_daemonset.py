@@ -1,0 +1,187 @@
+"""The driver container as Kubernetes runs it: deploy/overlays/container-mode applied with kubectl to a
+real node (tests/realnode.py: kubelet v1.34.4, containerd 1.6, runc), the image built by
+images/build-image.sh imported into that node's containerd.
+
+The test overlay (written by `overlay()` below) changes what a user's own overlay would, and nothing of
+how driverd runs: the image is the local one (imagePullPolicy Never: there is no registry), /host is a
+sample host tree (the simulated kernel, asked for in the ConfigMap with the driver and the repository a
+user would set there), and the pod uses the host's network (the test node has no pod network: its CNI is
+the loopback plugin alone). Everything else -- probes, the downward API, the ServiceAccount token the
+kubelet projects, the ConfigMap mount, OnDelete, system-node-critical -- is deploy/'s, seen through the
+real kubelet: pod status and conditions are the kubelet's, not a test's."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.error
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.controlplane import wait_policies_configured
+
+pytestmark = [pytest.mark.slow, pytest.mark.real, pytest.mark.timeout(2400)]
+IMAGE = "localhost/driverd:driver-test"
+NS = "driverd"
+SELECTOR = "app.kubernetes.io/name%3Ddriverd,app.kubernetes.io/component%3Dnode-daemon"
+DRIVER = "535.261.03"
+CONFIG = f"""[driver]
+version = "{DRIVER}"
+flavor = "open"
+
+[packages]
+repositories = ["file:///host/srv/driverd-repo"]
+
+[runtime]
+restart = "none"
+
+[modules]
+kernel = "sim"
+
+[daemon]
+listen = "0.0.0.0:9477"
+
+[log]
+format = "json"
+"""
+
+
+def overlay(where: Path, host: Path) -> Path:
+    """A user's overlay of deploy/overlays/container-mode, for this node."""
+    where.mkdir(parents=True)
+    base = os.path.relpath(REPO / "deploy/overlays/container-mode", where)
+    ds = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "driverd", "namespace": NS},
+          "spec": {"template": {"spec": {
+              "hostNetwork": True,
+              "containers": [{"name": "driverd", "imagePullPolicy": "Never"}],
+              "volumes": [{"name": "host", "hostPath": {"path": str(host)}}]}}}}
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "driverd-config", "namespace": NS},
+          "data": {"config.toml": CONFIG}}
+    (where / "daemonset.yaml").write_text(json.dumps(ds))
+    (where / "config.yaml").write_text(json.dumps(cm))
+    (where / "kustomization.yaml").write_text(json.dumps({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [base],
+        "images": [{"name": "driverd", "newName": IMAGE.rsplit(":", 1)[0], "newTag": IMAGE.rsplit(":", 1)[1]}],
+        "patches": [{"path": "daemonset.yaml"}, {"path": "config.yaml"}]}))
+    return where
+
+
+def _pods(cp) -> list[dict]:
+    return cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector={SELECTOR}")["items"]
+
+
+def _ready(pod: dict) -> bool:
+    st = pod.get("status") or {}
+    return st.get("phase") == "Running" and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in st.get("conditions", []))
+
+
+def wait_pod_ready(node, not_uid: str | None = None, timeout: float = 300) -> tuple[dict, float]:
+    """The DaemonSet's pod on the node Running and Ready as the kubelet reports it (other than the pod
+    `not_uid`), and the seconds it took."""
+    t0 = time.monotonic()
+    last = None
+    while time.monotonic() - t0 < timeout:
+        for p in _pods(node.cp):
+            last = p
+            if p["metadata"]["uid"] != not_uid and not p["metadata"].get("deletionTimestamp") and _ready(p):
+                return p, time.monotonic() - t0
+        time.sleep(0.5)
+    raise AssertionError(f"no Ready driverd pod after {timeout}s: {json.dumps((last or {}).get('status'))[:2000]}\n"
+                         f"kubelet: {node.log_tail('kubelet', 2000)}\n"
+                         f"log: {node.container_log(NS, (last or {}).get('metadata', {}).get('name', '?'), 'driverd')[-3000:]}")
+
+
+def _journal_runs(host: Path) -> int:
+    d = host / "var/lib/driverd"
+    return len(list((d / "journal.d").glob("*.json"))) + (1 if (d / "journal.json").exists() else 0)
+
+
+@pytest.fixture(scope="module")
+def on_node(real_node, driver_image, tmp_path_factory):
+    """deploy/ applied to the real node, the driverd pod Ready there; yields (node, host tree, seconds)."""
+    from driverd.sim.scenario import dgx_spec, make_host, make_packages
+    node, cp = real_node, real_node.cp
+    t = time.monotonic()
+    node.import_image(driver_image, "driver-test", IMAGE)
+    imported = time.monotonic() - t
+    work = tmp_path_factory.mktemp("on-node")
+    host = make_host(work / "host", dgx_spec(gpus=2, nvswitches=1, nouveau=False))
+    make_packages(host / "srv/driverd-repo")
+    # mountPropagation: HostToContainer needs /host's source on a shared (or slave) mount, as / is on a
+    # systemd host; this machine's / is private, so the sample tree becomes a shared mount of its own.
+    subprocess.run(["mount", "--bind", str(host), str(host)], check=True)
+    try:
+        subprocess.run(["mount", "--make-rshared", str(host)], check=True)
+        # the node carries the label node feature discovery gives a node with an NVIDIA PCI device
+        cp.api("PATCH", f"/api/v1/nodes/{node.name}",
+               {"metadata": {"labels": {"feature.node.kubernetes.io/pci-10de.present": "true"}}},
+               content_type="application/merge-patch+json")
+        home = work / "home"
+        home.mkdir()
+        r = cp.apply(cp.kubectl_env(home), "apply", "-k", str(overlay(work / "overlay", host)))
+        assert r.returncode == 0, r.stdout + r.stderr
+        wait_policies_configured(cp)
+        pod, took = wait_pod_ready(node)
+        print(f"\ndriverd image imported in {imported:.1f}s; DaemonSet pod Ready {took:.1f}s after apply")
+        yield node, host, pod
+    finally:
+        subprocess.run(["umount", "-l", str(host)], capture_output=True)
+
+
+def test_daemonset_pod_runs_ready_under_the_kubelet_and_the_node_gets_driver_ready(on_node):
+    node, host, pod = on_node
+    cp = node.cp
+    st = pod["status"]
+    # the kubelet's own report: the container started, its readiness probe (/readyz) passed
+    (cs,) = st["containerStatuses"]
+    assert cs["ready"] and cs["started"] and "running" in cs["state"], cs
+    assert cs["image"].endswith("driverd:driver-test") and pod["spec"]["nodeName"] == node.name
+    assert st["hostIP"] == "198.51.100.35"
+    # the driver the ConfigMap asks for is loaded in the (simulated) host, by a run recorded there
+    assert DRIVER in (host / "proc/driver/nvidia/version").read_text()
+    assert _journal_runs(host) >= 1
+    # the Node as driverd's ServiceAccount (the token the kubelet projected, bound to this pod) set it
+    n = cp.api("GET", f"/api/v1/nodes/{node.name}")
+    end = time.monotonic() + 60
+    while not any(c["type"] == "GPUDriverReady" and c["status"] == "True" for c in n["status"]["conditions"]) \
+            and time.monotonic() < end:
+        time.sleep(0.5)
+        n = cp.api("GET", f"/api/v1/nodes/{node.name}")
+    cond = {c["type"]: c for c in n["status"]["conditions"]}
+    assert cond["GPUDriverReady"]["status"] == "True", cond.get("GPUDriverReady")
+    assert cond["Ready"]["status"] == "True"          # the kubelet's own condition is still there
+    assert n["metadata"]["labels"].get("driverd.io/driver-ready") == "true", n["metadata"]["labels"]
+    log = node.container_log(NS, pod["metadata"]["name"], "driverd")
+    assert "no fast path" in log, log[-3000:]       # a fresh host: the first start converges it
+
+
+def test_pod_restart_takes_the_fast_path_with_a_service_named_driverd_in_the_namespace(on_node):
+    node, host, pod = on_node
+    cp = node.cp
+    # Services whose names make the service-link variables DRIVERD_SERVICE_HOST, DRIVERD_PORT, ...
+    # (in the environment driverd reads its configuration from, were service links on)
+    for name in ("driverd", "driverd-metrics"):
+        cp.ensure(f"/api/v1/namespaces/{NS}/services", {
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": NS},
+            "spec": {"selector": {"app.kubernetes.io/name": "driverd"},
+                     "ports": [{"name": "metrics", "port": 9477, "targetPort": 9477}]}})
+    runs = _journal_runs(host)
+    version = (host / "proc/driver/nvidia/version").read_text()
+    # OnDelete: deleting the pod is how a driver container restarts; the DaemonSet controller makes a
+    # new one, the kubelet runs it (the old one terminated gracefully first)
+    cp.api("DELETE", f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}")
+    new, took = wait_pod_ready(node, not_uid=pod["metadata"]["uid"])
+    print(f"\nrestarted pod Ready {took:.1f}s after the delete")
+    log = node.container_log(NS, new["metadata"]["name"], "driverd")
+    assert "fast path:" in log and "no fast path" not in log, log[-3000:]
+    assert _journal_runs(host) == runs and (host / "proc/driver/nvidia/version").read_text() == version
+    try:
+        gone = cp.api("GET", f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}")
+        raise AssertionError(f"the old pod is still there: {gone['status']}")
+    except urllib.error.HTTPError as e:
+        assert e.code == 404
