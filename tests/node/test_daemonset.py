@@ -185,3 +185,49 @@ def test_pod_restart_takes_the_fast_path_with_a_service_named_driverd_in_the_nam
         raise AssertionError(f"the old pod is still there: {gone['status']}")
     except urllib.error.HTTPError as e:
         assert e.code == 404
+
+
+def _same_pod_log_until(node, pod: dict, text: str, timeout: float) -> str:
+    end = time.monotonic() + timeout
+    log = ""
+    while time.monotonic() < end:
+        log = node.container_log(NS, pod["metadata"]["name"], "driverd")
+        if text in log:
+            return log
+        time.sleep(0.5)
+    raise AssertionError(f"{text!r} not in the pod's log after {timeout}s: {log[-3000:]}")
+
+
+def test_configmap_edit_is_reloaded_in_the_running_pod_and_a_template_change_replaces_nothing(on_node):
+    node, host, _ = on_node
+    cp = node.cp
+    (pod,) = [p for p in _pods(cp) if not p["metadata"].get("deletionTimestamp")]
+    uid = pod["metadata"]["uid"]
+    path = f"/api/v1/namespaces/{NS}/configmaps/driverd-config"
+    # a broken edit: the kubelet swaps the mounted file, driverd keeps the configuration it runs and
+    # stays Ready (its readiness is the host's, not the file's)
+    cp.api("PATCH", path, {"data": {"config.toml": CONFIG + "[daemon\n"}}, content_type="application/merge-patch+json")
+    t0 = time.monotonic()
+    _same_pod_log_until(node, pod, "cannot be used", 120)
+    broken = time.monotonic() - t0
+    assert _ready(cp.api("GET", f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}"))
+    # the edit put right: re-read and reconciled, in the same pod (no restart)
+    cp.api("PATCH", path, {"data": {"config.toml": CONFIG.replace("[daemon]\n", "[daemon]\ninterval_s = 600\n")}},
+           content_type="application/merge-patch+json")
+    t0 = time.monotonic()
+    _same_pod_log_until(node, pod, "configuration re-read; reconciling", 120)
+    print(f"\nConfigMap edits seen by the pod: broken after {broken:.1f}s, fixed after {time.monotonic() - t0:.1f}s")
+    now = cp.api("GET", f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}")
+    assert now["metadata"]["uid"] == uid and now["status"]["containerStatuses"][0]["restartCount"] == 0
+    # OnDelete: a changed pod template is the DaemonSet's next generation, not a new pod on this node
+    ds_path = f"/apis/apps/v1/namespaces/{NS}/daemonsets/driverd"
+    gen = cp.api("PATCH", ds_path, {"spec": {"template": {"metadata": {"annotations": {"test/edited": "1"}}}}},
+                 content_type="application/merge-patch+json")["metadata"]["generation"]
+    end = time.monotonic() + 30
+    ds = cp.api("GET", ds_path)
+    while ds["status"].get("observedGeneration", 0) < gen and time.monotonic() < end:
+        time.sleep(0.3)
+        ds = cp.api("GET", ds_path)
+    assert ds["status"]["observedGeneration"] >= gen and ds["status"].get("updatedNumberScheduled", 0) == 0, ds["status"]
+    time.sleep(2)
+    assert [p["metadata"]["uid"] for p in _pods(cp)] == [uid]
