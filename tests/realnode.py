@@ -29,7 +29,9 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
+import uuid
 import urllib.error
 from pathlib import Path
 
@@ -102,7 +104,17 @@ class RealNode:
         self.cp = ControlPlane(bindir, work / "cp", address=APISERVER_IP, port=443, service_range=SERVICE_RANGE,
                                controllers=NODE_CONTROLLERS, scheduler=True, node_tokens=(NODE_NAME,),
                                apiserver_args=("--kubelet-preferred-address-types=InternalIP,Hostname",))
-        self.sock = str(work / "containerd" / "containerd.sock")
+        # containerd's configuration and socket are where a host keeps them, in a host tree of the node's
+        # own (`host`): a test that mounts that tree at the driver container's /host has driverd edit the
+        # very file this containerd reads and wait for the socket the kubelet uses.
+        self.host = work / "host"
+        self.config_toml = self.host / "etc/containerd/config.toml"
+        self.sock = str(self.host / "run/containerd/containerd.sock")
+        self.containerd_starts = 0
+        self._systemd: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self.systemd_restarts = 0
+        self.systemd_error = ""
         self.procs: dict[str, subprocess.Popen] = {}
         self.timings: dict[str, float] = {}
         self._lock_fd: int | None = None
@@ -144,14 +156,13 @@ class RealNode:
         self._cgroups_before = {str(p) for p in Path("/sys/fs/cgroup").glob("*/kubepods")}
         self._had_kubelet_dir = os.path.isdir("/var/lib/kubelet")
 
-    def _start_containerd(self) -> None:
+    def write_containerd_config(self) -> None:
+        """The node's containerd configuration, at host/etc/containerd/config.toml (what a sample host
+        tree written over the node's host directory replaces: write it again after)."""
         d = self.dir / "containerd"
-        (self.dir / "cni").mkdir(parents=True)
-        (self.dir / "cni" / "10-loopback.conf").write_text(json.dumps(
-            {"cniVersion": "1.0.0", "name": "loopback", "type": "loopback"}))
-        d.mkdir()
         cri = 'plugins."io.containerd.grpc.v1.cri"'
-        (d / "config.toml").write_text(f"""version = 2
+        self.config_toml.parent.mkdir(parents=True, exist_ok=True)
+        self.config_toml.write_text(f"""version = 2
 root = "{d}/root"
 state = "{d}/state"
 [grpc]
@@ -179,8 +190,17 @@ state = "{d}/state"
   bin_dir = "{self.bins['cni']}"
   conf_dir = "{self.dir}/cni"
 """)
-        self.config_toml = d / "config.toml"
-        self._spawn("containerd", [self.bins["containerd"], "--config", str(d / "config.toml")])
+
+    def _start_containerd(self) -> None:
+        (self.dir / "cni").mkdir(parents=True, exist_ok=True)
+        (self.dir / "cni" / "10-loopback.conf").write_text(json.dumps(
+            {"cniVersion": "1.0.0", "name": "loopback", "type": "loopback"}))
+        (self.dir / "containerd").mkdir(exist_ok=True)
+        Path(self.sock).parent.mkdir(parents=True, exist_ok=True)
+        if not self.config_toml.exists():
+            self.write_containerd_config()
+        self._spawn("containerd", [self.bins["containerd"], "--config", str(self.config_toml)])
+        self.containerd_starts += 1
         end = time.monotonic() + 30
         while time.monotonic() < end:
             self._alive("containerd")
@@ -196,6 +216,59 @@ state = "{d}/state"
                     raise RuntimeError(f"containerd's CRI plugin did not load: {self.log_tail('containerd')}")
             time.sleep(0.2)
         raise RuntimeError(f"containerd not serving after 30 s: {self.log_tail('containerd')}")
+
+    def restart_containerd(self) -> None:
+        """Stop containerd (SIGTERM: its shims and the containers stay) and start it again with the
+        configuration file as it is now -- what `systemctl restart containerd` does on a host."""
+        stop_process(self.procs["containerd"])
+        self._start_containerd()
+
+    def play_systemd(self) -> None:
+        """systemd's part for the node's containerd, inside the host tree: `systemctl` there (busybox
+        sh) answers is-active/show from the unit's state and turns try-restart into a request that a
+        thread here carries out with restart_containerd(), then gives the unit a new InvocationID. Only
+        systemd is played: the configuration read and the restart are containerd's own."""
+        h = self.host
+        (h / "bin").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(self.bins["busybox"], h / "bin/busybox")
+        if not (h / "bin/sh").exists():
+            (h / "bin/sh").symlink_to("busybox")
+        state = h / "run/test-systemd"
+        state.mkdir(parents=True, exist_ok=True)
+        (state / "containerd.invocation").write_text(uuid.uuid4().hex)
+        (state / "containerd.state").write_text("active")
+        (h / "usr/bin").mkdir(parents=True, exist_ok=True)
+        (h / "usr/bin/systemctl").write_text(r"""#!/bin/sh
+# systemd played for the test node's containerd (tests/realnode.py, RealNode.play_systemd)
+d=/run/test-systemd
+for a; do unit=${a%.service}; done
+[ "$unit" = containerd ] || { echo "unknown"; exit 4; }
+case "$1" in
+  is-active) s=$(/bin/busybox cat $d/containerd.state); echo "$s"; [ "$s" = active ] ;;
+  show) echo "ActiveState=$(/bin/busybox cat $d/containerd.state)"; echo "InvocationID=$(/bin/busybox cat $d/containerd.invocation)" ;;
+  try-restart|restart) /bin/busybox touch $d/containerd.restart ;;
+  *) echo "systemctl (test): $1 not played" >&2; exit 1 ;;
+esac
+""")
+        (h / "usr/bin/systemctl").chmod(0o755)
+        self.systemd_restarts = 0
+
+        def run() -> None:
+            req = state / "containerd.restart"
+            while not self._stopping.wait(0.1):
+                if req.exists():
+                    req.unlink()
+                    (state / "containerd.state").write_text("activating")
+                    try:
+                        self.restart_containerd()
+                        (state / "containerd.state").write_text("active")
+                    except Exception as e:         # a configuration containerd refuses: the unit failed
+                        (state / "containerd.state").write_text("failed")
+                        self.systemd_error = str(e)
+                    (state / "containerd.invocation").write_text(uuid.uuid4().hex)
+                    self.systemd_restarts += 1
+        self._systemd = threading.Thread(target=run, name="test-systemd", daemon=True)
+        self._systemd.start()
 
     def _pause_image(self) -> Path:
         """The sandbox image: busybox-static sleeping, an OCI layout made with umoci (no registry)."""
@@ -278,6 +351,9 @@ state = "{d}/state"
         down), then the kubelet, whatever containerd still runs, containerd, the control plane; then the
         host put back as it was. Each step runs even if one before it failed."""
         errors: list[str] = []
+        self._stopping.set()
+        if self._systemd is not None:
+            self._systemd.join(60)
 
         def step(what, fn):
             try:

@@ -28,7 +28,7 @@ IMAGE = "localhost/driverd:driver-test"
 NS = "driverd"
 SELECTOR = "app.kubernetes.io/name%3Ddriverd,app.kubernetes.io/component%3Dnode-daemon"
 DRIVER = "535.261.03"
-CONFIG = f"""[driver]
+CONFIG_TEMPLATE = f"""[driver]
 version = "{DRIVER}"
 flavor = "open"
 
@@ -36,7 +36,9 @@ flavor = "open"
 repositories = ["file:///host/srv/driverd-repo"]
 
 [runtime]
-restart = "none"
+runtimes = ["containerd"]
+restart = "systemd"
+binary = "{{binary}}"
 
 [modules]
 kernel = "sim"
@@ -49,7 +51,7 @@ format = "json"
 """
 
 
-def overlay(where: Path, host: Path) -> Path:
+def overlay(where: Path, host: Path, config: str) -> Path:
     """A user's overlay of deploy/overlays/container-mode, for this node."""
     where.mkdir(parents=True)
     base = os.path.relpath(REPO / "deploy/overlays/container-mode", where)
@@ -59,7 +61,7 @@ def overlay(where: Path, host: Path) -> Path:
               "containers": [{"name": "driverd", "imagePullPolicy": "Never"}],
               "volumes": [{"name": "host", "hostPath": {"path": str(host)}}]}}}}
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "driverd-config", "namespace": NS},
-          "data": {"config.toml": CONFIG}}
+          "data": {"config.toml": config}}
     (where / "daemonset.yaml").write_text(json.dumps(ds))
     (where / "config.yaml").write_text(json.dumps(cm))
     (where / "kustomization.yaml").write_text(json.dumps({
@@ -101,6 +103,25 @@ def _journal_runs(host: Path) -> int:
     return len(list((d / "journal.d").glob("*.json"))) + (1 if (d / "journal.json").exists() else 0)
 
 
+def _journal_results(host: Path) -> list[dict]:
+    """Every step result of driverd's journals in the host tree (what a run recorded it did)."""
+    d = host / "var/lib/driverd"
+    out: list[dict] = []
+
+    def walk(o):
+        if isinstance(o, dict):
+            out.append(o)
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+    for f in [*(d / "journal.d").glob("*.json"), d / "journal.json"]:
+        if f.exists():
+            walk(json.loads(f.read_text()))
+    return out
+
+
 @pytest.fixture(scope="module")
 def on_node(real_node, driver_image, tmp_path_factory):
     """deploy/ applied to the real node, the driverd pod Ready there; yields (node, host tree, seconds)."""
@@ -110,8 +131,20 @@ def on_node(real_node, driver_image, tmp_path_factory):
     node.import_image(driver_image, "driver-test", IMAGE)
     imported = time.monotonic() - t
     work = tmp_path_factory.mktemp("on-node")
-    host = make_host(work / "host", dgx_spec(gpus=2, nvswitches=1, nouveau=False))
+    # The sample host is the node's own host tree: its etc/containerd/config.toml is the file the node's
+    # containerd reads, its run/containerd/containerd.sock the socket the kubelet uses, and systemctl
+    # there restarts that containerd (systemd is played, nothing else).
+    host = make_host(node.host, dgx_spec(gpus=2, nvswitches=1, nouveau=False))
+    node.write_containerd_config()
+    node.play_systemd()
     make_packages(host / "srv/driverd-repo")
+    # The handler's runtime: runc behind a wrapper that notes each call (NVIDIA's runtime is runc with a
+    # hook; what is proven here is that containerd runs the handler driverd configured). A machine path:
+    # containerd runs it, not the container.
+    wrapper = node.dir / "nvidia-runtime"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {node.dir}/nvidia-runtime.calls\nexec {node.bins["runc"]} "$@"\n')
+    wrapper.chmod(0o755)
+    config = CONFIG_TEMPLATE.replace("{binary}", str(wrapper))
     # mountPropagation: HostToContainer needs /host's source on a shared (or slave) mount, as / is on a
     # systemd host; this machine's / is private, so the sample tree becomes a shared mount of its own.
     subprocess.run(["mount", "--bind", str(host), str(host)], check=True)
@@ -123,18 +156,18 @@ def on_node(real_node, driver_image, tmp_path_factory):
                content_type="application/merge-patch+json")
         home = work / "home"
         home.mkdir()
-        r = cp.apply(cp.kubectl_env(home), "apply", "-k", str(overlay(work / "overlay", host)))
+        r = cp.apply(cp.kubectl_env(home), "apply", "-k", str(overlay(work / "overlay", host, config)))
         assert r.returncode == 0, r.stdout + r.stderr
         wait_policies_configured(cp)
         pod, took = wait_pod_ready(node)
         print(f"\ndriverd image imported in {imported:.1f}s; DaemonSet pod Ready {took:.1f}s after apply")
-        yield node, host, pod
+        yield node, host, pod, config
     finally:
         subprocess.run(["umount", "-l", str(host)], capture_output=True)
 
 
 def test_daemonset_pod_runs_ready_under_the_kubelet_and_the_node_gets_driver_ready(on_node):
-    node, host, pod = on_node
+    node, host, pod, config = on_node
     cp = node.cp
     st = pod["status"]
     # the kubelet's own report: the container started, its readiness probe (/readyz) passed
@@ -160,8 +193,54 @@ def test_daemonset_pod_runs_ready_under_the_kubelet_and_the_node_gets_driver_rea
     assert "no fast path" in log, log[-3000:]       # a fresh host: the first start converges it
 
 
+def test_driverd_configures_the_nodes_containerd_restarts_it_and_a_nvidia_pod_runs(on_node):
+    import tomllib
+    node, host, pod, config = on_node
+    cp = node.cp
+    # the handler in the file the node's containerd reads, everything of the node's own kept
+    doc = tomllib.loads(node.config_toml.read_text())
+    cri = doc["plugins"]["io.containerd.grpc.v1.cri"]
+    runtimes = cri["containerd"]["runtimes"]
+    wrapper = str(node.dir / "nvidia-runtime")
+    assert runtimes["nvidia"]["options"]["BinaryName"] == wrapper, runtimes
+    assert runtimes["nvidia"]["options"]["Root"] == runtimes["runc"]["options"]["Root"] == f"{node.dir}/containerd/runc"
+    assert doc["grpc"]["address"] == node.sock and cri["restrict_oom_score_adj"] is True
+    assert cri["containerd"]["default_runtime_name"] == "runc"
+    # restarted the way runtime.restart = "systemd" says: try-restart through the host's systemctl, then
+    # the socket the kubelet uses answered again (the run's journal says so)
+    assert node.systemd_restarts >= 1 and node.containerd_starts >= 2 and not node.systemd_error
+    reports = [r for r in _journal_results(host) if r.get("runtime") == "containerd" and "restart_detail" in r]
+    assert any(r["restarted"] and "chroot /host systemctl try-restart --no-block containerd" in r["restart_detail"]
+               and "/run/containerd/containerd.sock answered after" in r["restart_detail"] for r in reports), reports
+    # the driver pod itself survived its runtime's restart (the shim keeps it), and is still Ready
+    now = cp.api("GET", f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}")
+    assert _ready(now) and now["status"]["containerStatuses"][0]["restartCount"] == 0
+    # a pod asking for RuntimeClass nvidia (deploy/'s) runs through the handler
+    from tests.realnode import PAUSE_IMAGE
+    cp.ensure("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpu-work"}})
+    calls = node.dir / "nvidia-runtime.calls"
+    before = calls.read_text() if calls.exists() else ""
+    cp.api("POST", "/api/v1/namespaces/gpu-work/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu-user"},
+        "spec": {"runtimeClassName": "nvidia", "hostNetwork": True, "terminationGracePeriodSeconds": 5,
+                 "containers": [{"name": "work", "image": PAUSE_IMAGE, "imagePullPolicy": "Never",
+                                 "command": ["/bin/busybox", "sleep", "3600"]}]}})
+    end = time.monotonic() + 60
+    p = {}
+    while time.monotonic() < end:
+        p = cp.api("GET", "/api/v1/namespaces/gpu-work/pods/gpu-user")
+        if (p.get("status") or {}).get("phase") == "Running":
+            break
+        time.sleep(0.3)
+    assert p["status"]["phase"] == "Running", p["status"]
+    ran = calls.read_text()[len(before):]
+    assert "create" in ran and "start" in ran, ran
+    cp.api("DELETE", "/api/v1/namespaces/gpu-work/pods/gpu-user",
+           {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+
+
 def test_pod_restart_takes_the_fast_path_with_a_service_named_driverd_in_the_namespace(on_node):
-    node, host, pod = on_node
+    node, host, pod, config = on_node
     cp = node.cp
     # Services whose names make the service-link variables DRIVERD_SERVICE_HOST, DRIVERD_PORT, ...
     # (in the environment driverd reads its configuration from, were service links on)
@@ -199,20 +278,20 @@ def _same_pod_log_until(node, pod: dict, text: str, timeout: float) -> str:
 
 
 def test_configmap_edit_is_reloaded_in_the_running_pod_and_a_template_change_replaces_nothing(on_node):
-    node, host, _ = on_node
+    node, host, _, config = on_node
     cp = node.cp
     (pod,) = [p for p in _pods(cp) if not p["metadata"].get("deletionTimestamp")]
     uid = pod["metadata"]["uid"]
     path = f"/api/v1/namespaces/{NS}/configmaps/driverd-config"
     # a broken edit: the kubelet swaps the mounted file, driverd keeps the configuration it runs and
     # stays Ready (its readiness is the host's, not the file's)
-    cp.api("PATCH", path, {"data": {"config.toml": CONFIG + "[daemon\n"}}, content_type="application/merge-patch+json")
+    cp.api("PATCH", path, {"data": {"config.toml": config + "[daemon\n"}}, content_type="application/merge-patch+json")
     t0 = time.monotonic()
     _same_pod_log_until(node, pod, "cannot be used", 120)
     broken = time.monotonic() - t0
     assert _ready(cp.api("GET", f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}"))
     # the edit put right: re-read and reconciled, in the same pod (no restart)
-    cp.api("PATCH", path, {"data": {"config.toml": CONFIG.replace("[daemon]\n", "[daemon]\ninterval_s = 600\n")}},
+    cp.api("PATCH", path, {"data": {"config.toml": config.replace("[daemon]\n", "[daemon]\ninterval_s = 600\n")}},
            content_type="application/merge-patch+json")
     t0 = time.monotonic()
     _same_pod_log_until(node, pod, "configuration re-read; reconciling", 120)
