@@ -310,3 +310,80 @@ def test_configmap_edit_is_reloaded_in_the_running_pod_and_a_template_change_rep
     assert ds["status"]["observedGeneration"] >= gen and ds["status"].get("updatedNumberScheduled", 0) == 0, ds["status"]
     time.sleep(2)
     assert [p["metadata"]["uid"] for p in _pods(cp)] == [uid]
+
+
+def test_a_rollout_on_the_real_node_evicts_real_pods_and_gives_the_node_back(on_node):
+    """Issue 35's rollout with real pods: a GPU user (a ReplicaSet's pod with RuntimeClass nvidia) evicted
+    and stopped by the kubelet within its grace period, the device-plugin-like DaemonSet pod leaving with
+    the driver-ready label and coming back, the node uncordoned; the node's states followed from the
+    kubelet's pod phases, not played ones."""
+    from driverd.cluster import model as m
+    from driverd.sim.fleet import NEW
+    from tests.realnode import PAUSE_IMAGE
+    node, host, _, _ = on_node
+    cp = node.cp
+    script = 'trap "echo got TERM; exit 0" TERM; echo started; while true; do sleep 0.1; done'
+    gpu_spec = {"runtimeClassName": "nvidia", "hostNetwork": True, "terminationGracePeriodSeconds": 20,
+                "containers": [{"name": "work", "image": PAUSE_IMAGE, "imagePullPolicy": "Never",
+                                "command": ["/bin/busybox", "sh", "-c", script]}]}
+    for ns in ("gpu-jobs", "gpu-operator"):
+        cp.ensure("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    cp.api("POST", "/apis/apps/v1/namespaces/gpu-jobs/replicasets", {
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "trainer"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "trainer"}},
+                 "template": {"metadata": {"labels": {"app": "trainer"}}, "spec": gpu_spec}}})
+    cp.api("POST", "/apis/apps/v1/namespaces/gpu-operator/daemonsets", {
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "device-plugin"},
+        "spec": {"selector": {"matchLabels": {"app": "device-plugin"}},
+                 "template": {"metadata": {"labels": {"app": "device-plugin"}},
+                              "spec": {**gpu_spec, "nodeSelector": {m.L_READY: "true"},
+                                       "tolerations": [{"operator": "Exists"}]}}}})
+
+    def running(ns: str, sel: str) -> list[dict]:
+        return [p for p in cp.api("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector={sel}")["items"]
+                if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+    end = time.monotonic() + 90
+    while not (running("gpu-jobs", "app%3Dtrainer") and running("gpu-operator", "app%3Ddevice-plugin")):
+        assert time.monotonic() < end, "the GPU pods did not run"
+        time.sleep(0.3)
+    (trainer,) = running("gpu-jobs", "app%3Dtrainer")
+    (plugin,) = running("gpu-operator", "app%3Ddevice-plugin")
+
+    cp.api("POST", "/apis/driverd.io/v1alpha1/driverrollouts", {
+        "apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "to-550"},
+        "spec": {"driver": NEW}})
+    t0 = time.monotonic()
+    states: list[str] = []
+    seen: list[tuple[str, bool, bool, bool, str]] = []      # (state, label, plugin pod, trainer pod, phase)
+    trainer_log = ""
+    phase = ""
+    while time.monotonic() - t0 < 300:
+        n = cp.api("GET", f"/api/v1/nodes/{node.name}")
+        v = m.NodeView.from_node(n)
+        if not states or states[-1] != v.state:
+            states.append(v.state)
+        ro = cp.api("GET", "/apis/driverd.io/v1alpha1/driverrollouts/to-550")
+        phase = (ro.get("status") or {}).get("phase", "")
+        old_there = any(p["metadata"]["uid"] == trainer["metadata"]["uid"]
+                        for p in cp.api("GET", "/api/v1/namespaces/gpu-jobs/pods")["items"])
+        seen.append((v.state, v.labels.get(m.L_READY) == "true", bool(running("gpu-operator", "app%3Ddevice-plugin")),
+                     old_there, phase))
+        trainer_log = node.container_log("gpu-jobs", trainer["metadata"]["name"], "work") or trainer_log
+        if phase in ("Completed", "Failed") and v.state in (m.DONE, m.FAILED):
+            break
+        time.sleep(0.3)
+    print(f"\nrollout on the real node: {phase} in {time.monotonic() - t0:.1f}s; states {states}")
+    assert phase == "Completed", (states, seen[-3:], node.container_log(NS, _pods(cp)[0]["metadata"]["name"], "driverd")[-3000:])
+    assert NEW in (host / "proc/driver/nvidia/version").read_text()
+    # the GPU user was evicted and its container stopped by the kubelet on SIGTERM (its trap ran)
+    assert "got TERM" in trainer_log, trainer_log
+    # the plugin pod left while the node had no driver-ready label, and came back with it
+    assert any(not label and not plugin_up for _, label, plugin_up, _, _ in seen), seen
+    end = time.monotonic() + 60
+    while not running("gpu-operator", "app%3Ddevice-plugin") or not running("gpu-jobs", "app%3Dtrainer"):
+        assert time.monotonic() < end, "the GPU pods did not come back"
+        time.sleep(0.3)
+    assert running("gpu-operator", "app%3Ddevice-plugin")[0]["metadata"]["uid"] != plugin["metadata"]["uid"]
+    n = cp.api("GET", f"/api/v1/nodes/{node.name}")
+    assert not n["spec"].get("unschedulable") and n["metadata"]["labels"].get(m.L_READY) == "true"
+    assert m.DONE in states and len(states) >= 3, states
