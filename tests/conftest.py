@@ -182,7 +182,7 @@ def real_node():
     1.6 and a kubelet, one for the whole run. Missing components skip locally and fail in CI."""
     from tests.realnode import finish, start_real_node
     node = start_real_node()
-    print(f"\nreal node: " + ", ".join(f"{k} {v:.1f}s" for k, v in node.timings.items()))
+    print("\nreal node: " + ", ".join(f"{k} {v:.1f}s" for k, v in node.timings.items()))
     try:
         yield node
     finally:

@@ -10,8 +10,9 @@ from upstream's Go modules by .ci/build-control-plane, run on loopback with rand
 - The controller-manager runs the disruption controller (PodDisruptionBudget status: without it every
   eviction is refused), the garbage collector, the namespace and ServiceAccount controllers and the
   legacy ServiceAccount token controller (deploy/overlays/host-mode's token Secret).
-- No kubelet runs here (tests/realnode.py runs a real one against a control plane of its own): `Kubelet` below plays one (pods Running and Ready, a deleted pod's graceful
-  deletion confirmed), and node Ready conditions are written by the tests.
+- No kubelet runs with this control plane (tests/realnode.py runs a real one against a control plane of
+  its own): `Kubelet` below plays one (pods Running and Ready, a deleted pod's graceful deletion
+  confirmed), and node Ready conditions are written by the tests.
 """
 from __future__ import annotations
 

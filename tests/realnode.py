@@ -128,6 +128,7 @@ class RealNode:
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> RealNode:
         t0 = time.monotonic()
+        os.makedirs(os.path.dirname(LOCK), exist_ok=True)
         self._lock_fd = os.open(LOCK, os.O_CREAT | os.O_RDWR, 0o644)
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         self._remember_host()
@@ -245,7 +246,8 @@ for a; do unit=${a%.service}; done
 [ "$unit" = containerd ] || { echo "unknown"; exit 4; }
 case "$1" in
   is-active) s=$(/bin/busybox cat $d/containerd.state); echo "$s"; [ "$s" = active ] ;;
-  show) echo "ActiveState=$(/bin/busybox cat $d/containerd.state)"; echo "InvocationID=$(/bin/busybox cat $d/containerd.invocation)" ;;
+  show) echo "ActiveState=$(/bin/busybox cat $d/containerd.state)"
+        echo "InvocationID=$(/bin/busybox cat $d/containerd.invocation)" ;;
   try-restart|restart) /bin/busybox touch $d/containerd.restart ;;
   *) echo "systemctl (test): $1 not played" >&2; exit 1 ;;
 esac
@@ -380,25 +382,28 @@ esac
             raise RuntimeError("real node clean-up: " + "; ".join(errors))
 
     def _delete_pods(self) -> None:
-        for p in self.cp.api("GET", "/api/v1/pods")["items"]:
-            md = p["metadata"]
-            try:
-                self.cp.api("DELETE", f"/api/v1/namespaces/{md['namespace']}/pods/{md['name']}",
-                            {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
-            except urllib.error.HTTPError:
-                pass
-        # DaemonSets would make new pods meanwhile: the kubelet's part is what matters (volumes down,
-        # sandboxes stopped), so wait for the runtime to run nothing, not for the API to list nothing.
-        for path in ("/apis/apps/v1/daemonsets", "/apis/apps/v1/deployments", "/apis/apps/v1/replicasets"):
-            for o in self.cp.api("GET", path)["items"]:
+        """Controllers' objects first (they would make new pods), then every pod without a grace period,
+        again until none is left; what is waited for is the kubelet's part (volumes down, sandboxes
+        stopped): the runtime running nothing."""
+        for kind in ("daemonsets", "deployments", "replicasets"):
+            for o in self.cp.api("GET", f"/apis/apps/v1/{kind}")["items"]:
                 md = o["metadata"]
                 try:
-                    self.cp.api("DELETE", f"{path.rsplit('/', 1)[0]}/namespaces/{md['namespace']}/"
-                                          f"{path.rsplit('/', 1)[1]}/{md['name']}")
+                    self.cp.api("DELETE", f"/apis/apps/v1/namespaces/{md['namespace']}/{kind}/{md['name']}")
                 except urllib.error.HTTPError:
                     pass
         end = time.monotonic() + 30
-        while time.monotonic() < end and (self.cp.api("GET", "/api/v1/pods")["items"] or self._tasks()):
+        while time.monotonic() < end:
+            pods = self.cp.api("GET", "/api/v1/pods")["items"]
+            if not pods and not self._tasks():
+                return
+            for p in pods:
+                md = p["metadata"]
+                try:
+                    self.cp.api("DELETE", f"/api/v1/namespaces/{md['namespace']}/pods/{md['name']}",
+                                {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+                except urllib.error.HTTPError:
+                    pass
             time.sleep(0.5)
 
     def _tasks(self) -> list[str]:
@@ -490,7 +495,8 @@ esac
         for d, before in self._existed.items():
             now = set(os.listdir(d)) if os.path.isdir(d) else None
             if now != before:
-                left.append(f"{d}: {sorted(now or ())} (before: {sorted(before or ()) if before is not None else 'absent'})")
+                was = "absent" if before is None else sorted(before)
+                left.append(f"{d}: {sorted(now or ())} (before: {was})")
         left += [str(p) for p in Path("/sys/fs/cgroup").glob("*/kubepods") if str(p) not in self._cgroups_before]
         left += [f"sysctl {k}" for k, v in self._tunables.items() if Path(f"/proc/sys/{k}").read_text().strip() != v]
         addrs = _run("ip", "-4", "-o", "addr", "show", "dev", "lo")

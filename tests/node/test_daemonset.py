@@ -93,9 +93,10 @@ def wait_pod_ready(node, not_uid: str | None = None, timeout: float = 300) -> tu
             if p["metadata"]["uid"] != not_uid and not p["metadata"].get("deletionTimestamp") and _ready(p):
                 return p, time.monotonic() - t0
         time.sleep(0.5)
+    name = (last or {}).get("metadata", {}).get("name", "?")
     raise AssertionError(f"no Ready driverd pod after {timeout}s: {json.dumps((last or {}).get('status'))[:2000]}\n"
                          f"kubelet: {node.log_tail('kubelet', 2000)}\n"
-                         f"log: {node.container_log(NS, (last or {}).get('metadata', {}).get('name', '?'), 'driverd')[-3000:]}")
+                         f"log: {node.container_log(NS, name, 'driverd')[-3000:]}")
 
 
 def _journal_runs(host: Path) -> int:
@@ -307,7 +308,8 @@ def test_configmap_edit_is_reloaded_in_the_running_pod_and_a_template_change_rep
     while ds["status"].get("observedGeneration", 0) < gen and time.monotonic() < end:
         time.sleep(0.3)
         ds = cp.api("GET", ds_path)
-    assert ds["status"]["observedGeneration"] >= gen and ds["status"].get("updatedNumberScheduled", 0) == 0, ds["status"]
+    assert ds["status"]["observedGeneration"] >= gen, ds["status"]
+    assert ds["status"].get("updatedNumberScheduled", 0) == 0, ds["status"]
     time.sleep(2)
     assert [p["metadata"]["uid"] for p in _pods(cp)] == [uid]
 
@@ -373,7 +375,8 @@ def test_a_rollout_on_the_real_node_evicts_real_pods_and_gives_the_node_back(on_
             break
         time.sleep(0.3)
     print(f"\nrollout on the real node: {phase} in {time.monotonic() - t0:.1f}s; states {states}")
-    assert phase == "Completed", (states, seen[-3:], node.container_log(NS, _pods(cp)[0]["metadata"]["name"], "driverd")[-3000:])
+    daemon_log = node.container_log(NS, _pods(cp)[0]["metadata"]["name"], "driverd")
+    assert phase == "Completed", (states, seen[-3:], daemon_log[-3000:])
     assert NEW in (host / "proc/driver/nvidia/version").read_text()
     # the GPU user was evicted and its container stopped by the kubelet on SIGTERM (its trap ran)
     assert "got TERM" in trainer_log, trainer_log
