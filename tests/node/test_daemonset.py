@@ -390,3 +390,6 @@ def test_a_rollout_on_the_real_node_evicts_real_pods_and_gives_the_node_back(on_
     n = cp.api("GET", f"/api/v1/nodes/{node.name}")
     assert not n["spec"].get("unschedulable") and n["metadata"]["labels"].get(m.L_READY) == "true"
     assert m.DONE in states and len(states) >= 3, states
+    # the coordinator's Lease is in the pod's own namespace (POD_NAMESPACE, from the downward API)
+    leases = cp.api("GET", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases")["items"]
+    assert any(node.name in (le["spec"].get("holderIdentity") or "") for le in leases), leases
