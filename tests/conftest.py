@@ -160,6 +160,35 @@ def deployed(control_plane, tmp_path_factory):
     return control_plane
 
 
+@pytest.fixture(scope="session")
+def driver_image(tmp_path_factory):
+    """The driver image built by images/build-image.sh (an OCI layout, tag driver-test), once per run:
+    tests/test_image.py runs it with runc, tests/node/ under a real kubelet. DRIVERD_TEST_IMAGE names an
+    already built layout of this tree instead (local iteration; CI always builds)."""
+    if os.geteuid() != 0:
+        pytest.skip("building and running an image needs root")
+    for t in ("mmdebstrap", "umoci", "runc"):
+        require_binary(t)
+    prebuilt = os.environ.get("DRIVERD_TEST_IMAGE")
+    if prebuilt and not os.environ.get("CI"):
+        return Path(prebuilt)
+    from tests.test_image import TAG, _build
+    return _build("driver", tmp_path_factory.mktemp("image") / "oci", TAG)
+
+
+@pytest.fixture(scope="session")
+def real_node():
+    """A real node (tests/realnode.py): its own control plane with kube-scheduler, a private containerd
+    1.6 and a kubelet, one for the whole run. Missing components skip locally and fail in CI."""
+    from tests.realnode import finish, start_real_node
+    node = start_real_node()
+    print("\nreal node: " + ", ".join(f"{k} {v:.1f}s" for k, v in node.timings.items()))
+    try:
+        yield node
+    finally:
+        finish(node)
+
+
 @pytest.fixture(params=["openat2", "walk"])
 def resolver(request, monkeypatch):
     """Both ways driverd.root resolves a path inside the root: openat2(RESOLVE_IN_ROOT) where the kernel

@@ -10,8 +10,9 @@ from upstream's Go modules by .ci/build-control-plane, run on loopback with rand
 - The controller-manager runs the disruption controller (PodDisruptionBudget status: without it every
   eviction is refused), the garbage collector, the namespace and ServiceAccount controllers and the
   legacy ServiceAccount token controller (deploy/overlays/host-mode's token Secret).
-- No kubelet runs: `Kubelet` below plays one (pods Running and Ready, a deleted pod's graceful
-  deletion confirmed), and node Ready conditions are written by the tests.
+- No kubelet runs with this control plane (tests/realnode.py runs a real one against a control plane of
+  its own): `Kubelet` below plays one (pods Running and Ready, a deleted pod's graceful deletion
+  confirmed), and node Ready conditions are written by the tests.
 """
 from __future__ import annotations
 
@@ -64,8 +65,17 @@ def _port() -> int:
 
 
 class ControlPlane:
-    def __init__(self, bindir: Path, workdir: Path) -> None:
+    def __init__(self, bindir: Path, workdir: Path, *, address: str = "127.0.0.1", port: int = 0,
+                 service_range: str = "10.96.0.0/16", controllers: tuple[str, ...] = (),
+                 apiserver_args: tuple[str, ...] = (), scheduler: bool = False,
+                 node_tokens: tuple[str, ...] = ()) -> None:
+        """address/port: where kube-apiserver listens (port 0: a free one on loopback); controllers: more
+        kube-controller-manager controllers than the default set; scheduler: also run kube-scheduler;
+        node_tokens: node names whose kubelet authenticates with a static token (node_token())."""
         self.bin, self.dir = bindir, workdir
+        self.address, self.fixed_port, self.service_range = address, port, service_range
+        self.extra_controllers, self.apiserver_extra = controllers, apiserver_args
+        self.with_scheduler, self.node_names = scheduler, node_tokens
         self.procs: dict[str, subprocess.Popen] = {}
         self.args: dict[str, list[str]] = {}
         # what the stopped lifetimes of a restarted component used: CPU seconds, and the apiserver's
@@ -87,8 +97,11 @@ class ControlPlane:
         subprocess.run(["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, capture_output=True)
         subprocess.run(["openssl", "rsa", "-in", str(sa_key), "-pubout", "-out", str(sa_pub)], check=True,
                        capture_output=True)
+        # A node's kubelet is user system:node:NAME in group system:nodes: the Node authorizer and the
+        # NodeRestriction admission plugin then hold it to its own Node and pods, as a cluster does.
+        nodes = "".join(f'{self.node_token(n)},system:node:{n},node-{n},"system:nodes"\n' for n in self.node_names)
         (d / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"\n'
-                                      f'{OPERATOR_TOKEN},operator,operator-uid,"gpu-admins"\n')
+                                      f'{OPERATOR_TOKEN},operator,operator-uid,"gpu-admins"\n' + nodes)
         # The audit log records every request of driverd's ServiceAccount and of the operator: what
         # driverd actually calls, as the apiserver saw it (verb, resource, subresource, answer).
         (d / "audit-policy.yaml").write_text(json.dumps({
@@ -96,7 +109,7 @@ class ControlPlane:
             "rules": [{"level": "Metadata", "users": ["system:serviceaccount:driverd:driverd", "operator"]},
                       {"level": "None"}]}))
         self.audit_log = d / "audit.log"
-        etcd_port, peer_port, self.port = _port(), _port(), _port()
+        etcd_port, peer_port, self.port = _port(), _port(), self.fixed_port or _port()
         etcd_url = self.etcd_url = f"http://127.0.0.1:{etcd_port}"
         self._spawn("etcd", [
             "--name", "default", "--data-dir", str(d / "etcd"), "--listen-client-urls", etcd_url,
@@ -104,27 +117,35 @@ class ControlPlane:
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
             "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
             "--unsafe-no-fsync", "--log-level", "warn"])
-        self.url = f"https://127.0.0.1:{self.port}"
+        self.url = f"https://{self.address}:{self.port}"
         self._spawn("kube-apiserver", [
-            "--etcd-servers", etcd_url, "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--etcd-servers", etcd_url, "--bind-address", self.address, "--advertise-address", self.address,
             "--secure-port", str(self.port), "--cert-dir", str(d / "certs"),
             "--token-auth-file", str(d / "tokens.csv"),
             "--authorization-mode", "Node,RBAC",
             "--service-account-issuer", "https://kubernetes.default.svc",
             "--service-account-key-file", str(sa_pub), "--service-account-signing-key-file", str(sa_key),
-            "--service-cluster-ip-range", "10.96.0.0/16", "--allow-privileged",
+            "--service-cluster-ip-range", self.service_range, "--allow-privileged",
             "--audit-policy-file", str(d / "audit-policy.yaml"), "--audit-log-path", str(self.audit_log),
             "--audit-log-mode", "blocking", "--audit-log-format", "json",
             # requests/watch counts stay per verb and resource in the apiserver's own metrics
-            "--watch-cache=true", "-v", "1"])
+            "--watch-cache=true", "-v", "1", *self.apiserver_extra])
         self._wait_ready(timeout)
         self.write_kubeconfig(self.kubeconfig, token=ADMIN_TOKEN)
         self._spawn("kube-controller-manager", [
             "--kubeconfig", self.kubeconfig, "--bind-address", "127.0.0.1", "--secure-port", "0",
-            "--controllers", "disruption,garbagecollector,namespace,serviceaccount,serviceaccount-token",
+            "--controllers", ",".join(("disruption", "garbagecollector", "namespace", "serviceaccount",
+                                       "serviceaccount-token", *self.extra_controllers)),
             "--service-account-private-key-file", str(sa_key), "--root-ca-file", self.ca,
             "--use-service-account-credentials=false", "--leader-elect=false", "-v", "1"])
+        if self.with_scheduler:
+            self._spawn("kube-scheduler", ["--kubeconfig", self.kubeconfig, "--bind-address", "127.0.0.1",
+                                           "--secure-port", "0", "--leader-elect=false", "-v", "1"])
         return self
+
+    @staticmethod
+    def node_token(node: str) -> str:
+        return f"driverd-test-node-{node}"
 
     def compact_etcd(self) -> int:
         """Compact etcd's history up to now (what kube-apiserver does every 5 minutes): a watch from an
@@ -202,7 +223,7 @@ class ControlPlane:
         return p.read_text(errors="replace")[-n:] if p.exists() else ""
 
     def stop(self) -> None:
-        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             p = self.procs.get(name)
             if p and p.poll() is None:
                 stop_process(p)

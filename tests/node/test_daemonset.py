@@ -1,0 +1,395 @@
+"""The driver container as Kubernetes runs it: deploy/overlays/container-mode applied with kubectl to a
+real node (tests/realnode.py: kubelet v1.34.4, containerd 1.6, runc), the image built by
+images/build-image.sh imported into that node's containerd.
+
+The test overlay (written by `overlay()` below) changes what a user's own overlay would, and nothing of
+how driverd runs: the image is the local one (imagePullPolicy Never: there is no registry), /host is a
+sample host tree (the simulated kernel, asked for in the ConfigMap with the driver and the repository a
+user would set there), and the pod uses the host's network (the test node has no pod network: its CNI is
+the loopback plugin alone). Everything else -- probes, the downward API, the ServiceAccount token the
+kubelet projects, the ConfigMap mount, OnDelete, system-node-critical -- is deploy/'s, seen through the
+real kubelet: pod status and conditions are the kubelet's, not a test's."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.error
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.controlplane import wait_policies_configured
+
+pytestmark = [pytest.mark.slow, pytest.mark.real, pytest.mark.timeout(2400)]
+IMAGE = "localhost/driverd:driver-test"
+NS = "driverd"
+SELECTOR = "app.kubernetes.io/name%3Ddriverd,app.kubernetes.io/component%3Dnode-daemon"
+DRIVER = "535.261.03"
+CONFIG_TEMPLATE = f"""[driver]
+version = "{DRIVER}"
+flavor = "open"
+
+[packages]
+repositories = ["file:///host/srv/driverd-repo"]
+
+[runtime]
+runtimes = ["containerd"]
+restart = "systemd"
+binary = "{{binary}}"
+
+[modules]
+kernel = "sim"
+
+[daemon]
+listen = "0.0.0.0:9477"
+
+[log]
+format = "json"
+"""
+
+
+def overlay(where: Path, host: Path, config: str) -> Path:
+    """A user's overlay of deploy/overlays/container-mode, for this node."""
+    where.mkdir(parents=True)
+    base = os.path.relpath(REPO / "deploy/overlays/container-mode", where)
+    ds = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "driverd", "namespace": NS},
+          "spec": {"template": {"spec": {
+              "hostNetwork": True,
+              "containers": [{"name": "driverd", "imagePullPolicy": "Never"}],
+              "volumes": [{"name": "host", "hostPath": {"path": str(host)}}]}}}}
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "driverd-config", "namespace": NS},
+          "data": {"config.toml": config}}
+    (where / "daemonset.yaml").write_text(json.dumps(ds))
+    (where / "config.yaml").write_text(json.dumps(cm))
+    (where / "kustomization.yaml").write_text(json.dumps({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [base],
+        "images": [{"name": "driverd", "newName": IMAGE.rsplit(":", 1)[0], "newTag": IMAGE.rsplit(":", 1)[1]}],
+        "patches": [{"path": "daemonset.yaml"}, {"path": "config.yaml"}]}))
+    return where
+
+
+def _pods(cp) -> list[dict]:
+    return cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector={SELECTOR}")["items"]
+
+
+def _ready(pod: dict) -> bool:
+    st = pod.get("status") or {}
+    return st.get("phase") == "Running" and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in st.get("conditions", []))
+
+
+def wait_pod_ready(node, not_uid: str | None = None, timeout: float = 300) -> tuple[dict, float]:
+    """The DaemonSet's pod on the node Running and Ready as the kubelet reports it (other than the pod
+    `not_uid`), and the seconds it took."""
+    t0 = time.monotonic()
+    last = None
+    while time.monotonic() - t0 < timeout:
+        for p in _pods(node.cp):
+            last = p
+            if p["metadata"]["uid"] != not_uid and not p["metadata"].get("deletionTimestamp") and _ready(p):
+                return p, time.monotonic() - t0
+        time.sleep(0.5)
+    name = (last or {}).get("metadata", {}).get("name", "?")
+    raise AssertionError(f"no Ready driverd pod after {timeout}s: {json.dumps((last or {}).get('status'))[:2000]}\n"
+                         f"kubelet: {node.log_tail('kubelet', 2000)}\n"
+                         f"log: {node.container_log(NS, name, 'driverd')[-3000:]}")
+
+
+def _journal_runs(host: Path) -> int:
+    d = host / "var/lib/driverd"
+    return len(list((d / "journal.d").glob("*.json"))) + (1 if (d / "journal.json").exists() else 0)
+
+
+def _journal_results(host: Path) -> list[dict]:
+    """Every step result of driverd's journals in the host tree (what a run recorded it did)."""
+    d = host / "var/lib/driverd"
+    out: list[dict] = []
+
+    def walk(o):
+        if isinstance(o, dict):
+            out.append(o)
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+    for f in [*(d / "journal.d").glob("*.json"), d / "journal.json"]:
+        if f.exists():
+            walk(json.loads(f.read_text()))
+    return out
+
+
+@pytest.fixture(scope="module")
+def on_node(real_node, driver_image, tmp_path_factory):
+    """deploy/ applied to the real node, the driverd pod Ready there; yields (node, host tree, seconds)."""
+    from driverd.sim.scenario import dgx_spec, make_host, make_packages
+    node, cp = real_node, real_node.cp
+    t = time.monotonic()
+    node.import_image(driver_image, "driver-test", IMAGE)
+    imported = time.monotonic() - t
+    work = tmp_path_factory.mktemp("on-node")
+    # The sample host is the node's own host tree: its etc/containerd/config.toml is the file the node's
+    # containerd reads, its run/containerd/containerd.sock the socket the kubelet uses, and systemctl
+    # there restarts that containerd (systemd is played, nothing else).
+    host = make_host(node.host, dgx_spec(gpus=2, nvswitches=1, nouveau=False))
+    node.write_containerd_config()
+    node.play_systemd()
+    make_packages(host / "srv/driverd-repo")
+    # The handler's runtime: runc behind a wrapper that notes each call (NVIDIA's runtime is runc with a
+    # hook; what is proven here is that containerd runs the handler driverd configured). A machine path:
+    # containerd runs it, not the container.
+    wrapper = node.dir / "nvidia-runtime"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {node.dir}/nvidia-runtime.calls\nexec {node.bins["runc"]} "$@"\n')
+    wrapper.chmod(0o755)
+    config = CONFIG_TEMPLATE.replace("{binary}", str(wrapper))
+    # mountPropagation: HostToContainer needs /host's source on a shared (or slave) mount, as / is on a
+    # systemd host; this machine's / is private, so the sample tree becomes a shared mount of its own.
+    subprocess.run(["mount", "--bind", str(host), str(host)], check=True)
+    try:
+        subprocess.run(["mount", "--make-rshared", str(host)], check=True)
+        # the node carries the label node feature discovery gives a node with an NVIDIA PCI device
+        cp.api("PATCH", f"/api/v1/nodes/{node.name}",
+               {"metadata": {"labels": {"feature.node.kubernetes.io/pci-10de.present": "true"}}},
+               content_type="application/merge-patch+json")
+        home = work / "home"
+        home.mkdir()
+        r = cp.apply(cp.kubectl_env(home), "apply", "-k", str(overlay(work / "overlay", host, config)))
+        assert r.returncode == 0, r.stdout + r.stderr
+        wait_policies_configured(cp)
+        pod, took = wait_pod_ready(node)
+        print(f"\ndriverd image imported in {imported:.1f}s; DaemonSet pod Ready {took:.1f}s after apply")
+        yield node, host, pod, config
+    finally:
+        subprocess.run(["umount", "-l", str(host)], capture_output=True)
+
+
+def test_daemonset_pod_runs_ready_under_the_kubelet_and_the_node_gets_driver_ready(on_node):
+    node, host, pod, config = on_node
+    cp = node.cp
+    st = pod["status"]
+    # the kubelet's own report: the container started, its readiness probe (/readyz) passed
+    (cs,) = st["containerStatuses"]
+    assert cs["ready"] and cs["started"] and "running" in cs["state"], cs
+    assert cs["image"].endswith("driverd:driver-test") and pod["spec"]["nodeName"] == node.name
+    assert st["hostIP"] == "198.51.100.35"
+    # the driver the ConfigMap asks for is loaded in the (simulated) host, by a run recorded there
+    assert DRIVER in (host / "proc/driver/nvidia/version").read_text()
+    assert _journal_runs(host) >= 1
+    # the Node as driverd's ServiceAccount (the token the kubelet projected, bound to this pod) set it
+    n = cp.api("GET", f"/api/v1/nodes/{node.name}")
+    end = time.monotonic() + 60
+    while not any(c["type"] == "GPUDriverReady" and c["status"] == "True" for c in n["status"]["conditions"]) \
+            and time.monotonic() < end:
+        time.sleep(0.5)
+        n = cp.api("GET", f"/api/v1/nodes/{node.name}")
+    cond = {c["type"]: c for c in n["status"]["conditions"]}
+    assert cond["GPUDriverReady"]["status"] == "True", cond.get("GPUDriverReady")
+    assert cond["Ready"]["status"] == "True"          # the kubelet's own condition is still there
+    assert n["metadata"]["labels"].get("driverd.io/driver-ready") == "true", n["metadata"]["labels"]
+    log = node.container_log(NS, pod["metadata"]["name"], "driverd")
+    assert "no fast path" in log, log[-3000:]       # a fresh host: the first start converges it
+
+
+def test_driverd_configures_the_nodes_containerd_restarts_it_and_a_nvidia_pod_runs(on_node):
+    import tomllib
+    node, host, pod, config = on_node
+    cp = node.cp
+    # the handler in the file the node's containerd reads, everything of the node's own kept
+    doc = tomllib.loads(node.config_toml.read_text())
+    cri = doc["plugins"]["io.containerd.grpc.v1.cri"]
+    runtimes = cri["containerd"]["runtimes"]
+    wrapper = str(node.dir / "nvidia-runtime")
+    assert runtimes["nvidia"]["options"]["BinaryName"] == wrapper, runtimes
+    assert runtimes["nvidia"]["options"]["Root"] == runtimes["runc"]["options"]["Root"] == f"{node.dir}/containerd/runc"
+    assert doc["grpc"]["address"] == node.sock and cri["restrict_oom_score_adj"] is True
+    assert cri["containerd"]["default_runtime_name"] == "runc"
+    # restarted the way runtime.restart = "systemd" says: try-restart through the host's systemctl, then
+    # the socket the kubelet uses answered again (the run's journal says so)
+    assert node.systemd_restarts >= 1 and node.containerd_starts >= 2 and not node.systemd_error
+    reports = [r for r in _journal_results(host) if r.get("runtime") == "containerd" and "restart_detail" in r]
+    assert any(r["restarted"] and "chroot /host systemctl try-restart --no-block containerd" in r["restart_detail"]
+               and "/run/containerd/containerd.sock answered after" in r["restart_detail"] for r in reports), reports
+    # the driver pod itself survived its runtime's restart (the shim keeps it), and is still Ready
+    now = cp.api("GET", f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}")
+    assert _ready(now) and now["status"]["containerStatuses"][0]["restartCount"] == 0
+    # a pod asking for RuntimeClass nvidia (deploy/'s) runs through the handler
+    from tests.realnode import PAUSE_IMAGE
+    cp.ensure("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpu-work"}})
+    calls = node.dir / "nvidia-runtime.calls"
+    before = calls.read_text() if calls.exists() else ""
+    cp.api("POST", "/api/v1/namespaces/gpu-work/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu-user"},
+        "spec": {"runtimeClassName": "nvidia", "hostNetwork": True, "terminationGracePeriodSeconds": 5,
+                 "containers": [{"name": "work", "image": PAUSE_IMAGE, "imagePullPolicy": "Never",
+                                 "command": ["/bin/busybox", "sleep", "3600"]}]}})
+    end = time.monotonic() + 60
+    p = {}
+    while time.monotonic() < end:
+        p = cp.api("GET", "/api/v1/namespaces/gpu-work/pods/gpu-user")
+        if (p.get("status") or {}).get("phase") == "Running":
+            break
+        time.sleep(0.3)
+    assert p["status"]["phase"] == "Running", p["status"]
+    ran = calls.read_text()[len(before):]
+    assert "create" in ran and "start" in ran, ran
+    cp.api("DELETE", "/api/v1/namespaces/gpu-work/pods/gpu-user",
+           {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+
+
+def test_pod_restart_takes_the_fast_path_with_a_service_named_driverd_in_the_namespace(on_node):
+    node, host, pod, config = on_node
+    cp = node.cp
+    # Services whose names make the service-link variables DRIVERD_SERVICE_HOST, DRIVERD_PORT, ...
+    # (in the environment driverd reads its configuration from, were service links on)
+    for name in ("driverd", "driverd-metrics"):
+        cp.ensure(f"/api/v1/namespaces/{NS}/services", {
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": NS},
+            "spec": {"selector": {"app.kubernetes.io/name": "driverd"},
+                     "ports": [{"name": "metrics", "port": 9477, "targetPort": 9477}]}})
+    runs = _journal_runs(host)
+    version = (host / "proc/driver/nvidia/version").read_text()
+    # OnDelete: deleting the pod is how a driver container restarts; the DaemonSet controller makes a
+    # new one, the kubelet runs it (the old one terminated gracefully first)
+    cp.api("DELETE", f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}")
+    new, took = wait_pod_ready(node, not_uid=pod["metadata"]["uid"])
+    print(f"\nrestarted pod Ready {took:.1f}s after the delete")
+    log = node.container_log(NS, new["metadata"]["name"], "driverd")
+    assert "fast path:" in log and "no fast path" not in log, log[-3000:]
+    assert _journal_runs(host) == runs and (host / "proc/driver/nvidia/version").read_text() == version
+    try:
+        gone = cp.api("GET", f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}")
+        raise AssertionError(f"the old pod is still there: {gone['status']}")
+    except urllib.error.HTTPError as e:
+        assert e.code == 404
+
+
+def _same_pod_log_until(node, pod: dict, text: str, timeout: float) -> str:
+    end = time.monotonic() + timeout
+    log = ""
+    while time.monotonic() < end:
+        log = node.container_log(NS, pod["metadata"]["name"], "driverd")
+        if text in log:
+            return log
+        time.sleep(0.5)
+    raise AssertionError(f"{text!r} not in the pod's log after {timeout}s: {log[-3000:]}")
+
+
+def test_configmap_edit_is_reloaded_in_the_running_pod_and_a_template_change_replaces_nothing(on_node):
+    node, host, _, config = on_node
+    cp = node.cp
+    (pod,) = [p for p in _pods(cp) if not p["metadata"].get("deletionTimestamp")]
+    uid = pod["metadata"]["uid"]
+    path = f"/api/v1/namespaces/{NS}/configmaps/driverd-config"
+    # a broken edit: the kubelet swaps the mounted file, driverd keeps the configuration it runs and
+    # stays Ready (its readiness is the host's, not the file's)
+    cp.api("PATCH", path, {"data": {"config.toml": config + "[daemon\n"}}, content_type="application/merge-patch+json")
+    t0 = time.monotonic()
+    _same_pod_log_until(node, pod, "cannot be used", 120)
+    broken = time.monotonic() - t0
+    assert _ready(cp.api("GET", f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}"))
+    # the edit put right: re-read and reconciled, in the same pod (no restart)
+    cp.api("PATCH", path, {"data": {"config.toml": config.replace("[daemon]\n", "[daemon]\ninterval_s = 600\n")}},
+           content_type="application/merge-patch+json")
+    t0 = time.monotonic()
+    _same_pod_log_until(node, pod, "configuration re-read; reconciling", 120)
+    print(f"\nConfigMap edits seen by the pod: broken after {broken:.1f}s, fixed after {time.monotonic() - t0:.1f}s")
+    now = cp.api("GET", f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}")
+    assert now["metadata"]["uid"] == uid and now["status"]["containerStatuses"][0]["restartCount"] == 0
+    # OnDelete: a changed pod template is the DaemonSet's next generation, not a new pod on this node
+    ds_path = f"/apis/apps/v1/namespaces/{NS}/daemonsets/driverd"
+    gen = cp.api("PATCH", ds_path, {"spec": {"template": {"metadata": {"annotations": {"test/edited": "1"}}}}},
+                 content_type="application/merge-patch+json")["metadata"]["generation"]
+    end = time.monotonic() + 30
+    ds = cp.api("GET", ds_path)
+    while ds["status"].get("observedGeneration", 0) < gen and time.monotonic() < end:
+        time.sleep(0.3)
+        ds = cp.api("GET", ds_path)
+    assert ds["status"]["observedGeneration"] >= gen, ds["status"]
+    assert ds["status"].get("updatedNumberScheduled", 0) == 0, ds["status"]
+    time.sleep(2)
+    assert [p["metadata"]["uid"] for p in _pods(cp)] == [uid]
+
+
+def test_a_rollout_on_the_real_node_evicts_real_pods_and_gives_the_node_back(on_node):
+    """Issue 35's rollout with real pods: a GPU user (a ReplicaSet's pod with RuntimeClass nvidia) evicted
+    and stopped by the kubelet within its grace period, the device-plugin-like DaemonSet pod leaving with
+    the driver-ready label and coming back, the node uncordoned; the node's states followed from the
+    kubelet's pod phases, not played ones."""
+    from driverd.cluster import model as m
+    from driverd.sim.fleet import NEW
+    from tests.realnode import PAUSE_IMAGE
+    node, host, _, _ = on_node
+    cp = node.cp
+    script = 'trap "echo got TERM; exit 0" TERM; echo started; while true; do sleep 0.1; done'
+    gpu_spec = {"runtimeClassName": "nvidia", "hostNetwork": True, "terminationGracePeriodSeconds": 20,
+                "containers": [{"name": "work", "image": PAUSE_IMAGE, "imagePullPolicy": "Never",
+                                "command": ["/bin/busybox", "sh", "-c", script]}]}
+    for ns in ("gpu-jobs", "gpu-operator"):
+        cp.ensure("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    cp.api("POST", "/apis/apps/v1/namespaces/gpu-jobs/replicasets", {
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "trainer"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "trainer"}},
+                 "template": {"metadata": {"labels": {"app": "trainer"}}, "spec": gpu_spec}}})
+    cp.api("POST", "/apis/apps/v1/namespaces/gpu-operator/daemonsets", {
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "device-plugin"},
+        "spec": {"selector": {"matchLabels": {"app": "device-plugin"}},
+                 "template": {"metadata": {"labels": {"app": "device-plugin"}},
+                              "spec": {**gpu_spec, "nodeSelector": {m.L_READY: "true"},
+                                       "tolerations": [{"operator": "Exists"}]}}}})
+
+    def running(ns: str, sel: str) -> list[dict]:
+        return [p for p in cp.api("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector={sel}")["items"]
+                if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+    end = time.monotonic() + 90
+    while not (running("gpu-jobs", "app%3Dtrainer") and running("gpu-operator", "app%3Ddevice-plugin")):
+        assert time.monotonic() < end, "the GPU pods did not run"
+        time.sleep(0.3)
+    (trainer,) = running("gpu-jobs", "app%3Dtrainer")
+    (plugin,) = running("gpu-operator", "app%3Ddevice-plugin")
+
+    cp.api("POST", "/apis/driverd.io/v1alpha1/driverrollouts", {
+        "apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "to-550"},
+        "spec": {"driver": NEW}})
+    t0 = time.monotonic()
+    states: list[str] = []
+    seen: list[tuple[str, bool, bool, bool, str]] = []      # (state, label, plugin pod, trainer pod, phase)
+    trainer_log = ""
+    phase = ""
+    while time.monotonic() - t0 < 300:
+        n = cp.api("GET", f"/api/v1/nodes/{node.name}")
+        v = m.NodeView.from_node(n)
+        if not states or states[-1] != v.state:
+            states.append(v.state)
+        ro = cp.api("GET", "/apis/driverd.io/v1alpha1/driverrollouts/to-550")
+        phase = (ro.get("status") or {}).get("phase", "")
+        old_there = any(p["metadata"]["uid"] == trainer["metadata"]["uid"]
+                        for p in cp.api("GET", "/api/v1/namespaces/gpu-jobs/pods")["items"])
+        seen.append((v.state, v.labels.get(m.L_READY) == "true", bool(running("gpu-operator", "app%3Ddevice-plugin")),
+                     old_there, phase))
+        trainer_log = node.container_log("gpu-jobs", trainer["metadata"]["name"], "work") or trainer_log
+        if phase in ("Completed", "Failed") and v.state in (m.DONE, m.FAILED):
+            break
+        time.sleep(0.3)
+    print(f"\nrollout on the real node: {phase} in {time.monotonic() - t0:.1f}s; states {states}")
+    daemon_log = node.container_log(NS, _pods(cp)[0]["metadata"]["name"], "driverd")
+    assert phase == "Completed", (states, seen[-3:], daemon_log[-3000:])
+    assert NEW in (host / "proc/driver/nvidia/version").read_text()
+    # the GPU user was evicted and its container stopped by the kubelet on SIGTERM (its trap ran)
+    assert "got TERM" in trainer_log, trainer_log
+    # the plugin pod left while the node had no driver-ready label, and came back with it
+    assert any(not label and not plugin_up for _, label, plugin_up, _, _ in seen), seen
+    end = time.monotonic() + 60
+    while not running("gpu-operator", "app%3Ddevice-plugin") or not running("gpu-jobs", "app%3Dtrainer"):
+        assert time.monotonic() < end, "the GPU pods did not come back"
+        time.sleep(0.3)
+    assert running("gpu-operator", "app%3Ddevice-plugin")[0]["metadata"]["uid"] != plugin["metadata"]["uid"]
+    n = cp.api("GET", f"/api/v1/nodes/{node.name}")
+    assert not n["spec"].get("unschedulable") and n["metadata"]["labels"].get(m.L_READY) == "true"
+    assert m.DONE in states and len(states) >= 3, states
+    # the coordinator's Lease is in the pod's own namespace (POD_NAMESPACE, from the downward API)
+    leases = cp.api("GET", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases")["items"]
+    assert any(node.name in (le["spec"].get("holderIdentity") or "") for le in leases), leases
