@@ -180,7 +180,8 @@ def driver_image(tmp_path_factory):
 def real_node():
     """A real node (tests/realnode.py): its own control plane with kube-scheduler, a private containerd
     1.6 and a kubelet, one for the whole run. Missing components skip locally and fail in CI."""
-    from tests.realnode import finish, start_real_node
+    from tests.controlplane import finish
+    from tests.realnode import start_real_node
     node = start_real_node()
     print("\nreal node: " + ", ".join(f"{k} {v:.1f}s" for k, v in node.timings.items()))
     try:

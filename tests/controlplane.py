@@ -460,19 +460,24 @@ def mark_running(cp: ControlPlane, pod: dict) -> None:
 def start_session_control_plane() -> ControlPlane:
     bindir = binaries()
     work = Path(tempfile.mkdtemp(prefix="driverd-k8s-"))
-    cp = ControlPlane(bindir, work)
+    return started(ControlPlane(bindir, work))
+
+
+def started(thing):
+    """thing.start(), or thing.stop() when that fails part way (a control plane, a real node)."""
     try:
-        cp.start()
-    except Exception:
-        cp.stop()
+        thing.start()
+    except BaseException:
+        thing.stop()
         raise
-    return cp
+    return thing
 
 
-def finish(cp: ControlPlane) -> None:
-    cp.stop()
+def finish(thing) -> None:
+    """Stop a control plane or a real node and remove its directory (kept with DRIVERD_KEEP_CONTROL_PLANE)."""
+    thing.stop()
     if not os.environ.get("DRIVERD_KEEP_CONTROL_PLANE"):
-        shutil.rmtree(cp.dir, ignore_errors=True)
+        shutil.rmtree(thing.dir, ignore_errors=True)
 
 
 def apply_deploy(cp: ControlPlane, home: Path, overlay: str = "container-mode") -> subprocess.CompletedProcess:

@@ -36,7 +36,7 @@ import urllib.error
 from pathlib import Path
 
 from tests.conftest import missing_component, require_binary, stop_process
-from tests.controlplane import ControlPlane, find_binaries
+from tests.controlplane import ControlPlane, find_binaries, started
 
 NODE_IP = "198.51.100.35"              # TEST-NET-2 (RFC 5737): never a real peer
 SERVICE_RANGE = "198.18.0.0/24"        # the benchmarking range (RFC 2544): never routed
@@ -542,16 +542,4 @@ def start_real_node() -> RealNode:
     if msg:
         missing_component(msg)
     bindir, _ = find_binaries()
-    node = RealNode(Path(tempfile.mkdtemp(prefix="driverd-node-")), bins, bindir)
-    try:
-        node.start()
-    except BaseException:
-        node.stop()
-        raise
-    return node
-
-
-def finish(node: RealNode) -> None:
-    node.stop()
-    if not os.environ.get("DRIVERD_KEEP_CONTROL_PLANE"):
-        shutil.rmtree(node.dir, ignore_errors=True)
+    return started(RealNode(Path(tempfile.mkdtemp(prefix="driverd-node-")), bins, bindir))
