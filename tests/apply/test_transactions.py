@@ -258,7 +258,7 @@ def test_runtime_restart_that_fails_after_the_write_restores_the_config_byte_ide
     cfg = host / "etc/containerd/config.toml"
     before = cfg.read_bytes()
     r = drv(host, "runtime", "configure", "--runtime", "containerd", "--restart", "systemd",
-            faults={"FAULTS_FAIL_CALL": "driverd.runtime.restart:restart"})
+            faults={"FAULTS_FAIL_CALL": "driverd.runtime.restart:restart_or_raise"})
     assert r.returncode == 3, r.stdout + r.stderr
     j = journal(host)
     assert j["state"] == "rolled-back" and j["failure"]["step"] == "configure-runtime"
