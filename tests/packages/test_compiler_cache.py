@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -174,7 +175,8 @@ def _build(src: Path, release: str, out: Path, work: Path, cache: CompilerCache 
 
 def _fields(pkg: Path, tmp: Path) -> dict[str, dict]:
     """Every module's modinfo fields, read from the packed .ko files."""
-    d = tmp / f"x-{pkg.name}"
+    # a directory of its own per call: two builds of the same inputs may pack the same package name
+    d = Path(tempfile.mkdtemp(prefix="x-", dir=tmp)) / "pkg"
     unpack(pkg, d)
     return {p.name: {k: v for k, v in module_fields(p).items() if k != "filename"}
             for p in sorted((d / "modules").glob("*.ko"))}
