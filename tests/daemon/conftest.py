@@ -160,6 +160,14 @@ class Daemon:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def passes_later(d) -> None:
+    """Return once the daemon `d` has run several reconcile passes after now (each logs reconcile or
+    converged; config_check_s is 1 s in these tests): what it keeps must still be there then."""
+    mark = len(d.lines)
+    d.wait_log(r"reconcile|converged", 20, start=mark)
+    time.sleep(3)
+
+
 @pytest.fixture
 def daemons():
     """Start daemons with daemons(root, ...); every one is killed at the end of the test."""

@@ -11,7 +11,7 @@ from driverd.cluster import model as m
 from driverd.cluster.kube import Kube, Target, node_path, rollout_path
 from driverd.sim.fleet import NEW, OLD, Fleet
 from tests.controlplane import reset
-from tests.daemon.conftest import cluster_node
+from tests.daemon.conftest import cluster_node, passes_later
 
 
 def test_daemon_takes_part_in_a_rollout_and_keeps_its_result(tmp_path, daemons, deployed):
@@ -34,9 +34,7 @@ def test_daemon_takes_part_in_a_rollout_and_keeps_its_result(tmp_path, daemons, 
             time.sleep(0.3)
         assert NEW in (root / "proc/driver/nvidia/version").read_text()
         # several reconcile passes later the config's OLD has not come back
-        mark = len(d.lines)
-        d.wait_log(r"reconcile|converged", 20, start=mark)
-        time.sleep(3)
+        passes_later(d)
         assert NEW in (root / "proc/driver/nvidia/version").read_text()
         v = m.NodeView.from_node(k.get(node_path("gpu-0000")))
         assert v.driver == NEW and not v.unschedulable
