@@ -48,12 +48,14 @@ rollouts {"runs": [...]}) with:
   makespan_ratio       makespan_s / ideal_s
   work_round_s         one round of node transactions, no coordination (timed hosts)
   work_ideal_s, makespan_ratio_work  the same with work_round_s: what the coordination costs in all
-  per_node_median_s    admitted -> done in the rollout (what contention adds to one_node_s)
+  per_node_median_s    admitted -> done in the rollout (what contention adds to one_node_s); per_node_p90_s
+                       and per_node_max_s: its spread (the slowest slot decides the makespan)
   per_state_median_s   how long nodes stayed in each state (admitted, cordoned, evicting, ...)
   slot_gap_median_s    a node done -> the next admission (how long a freed slot stays empty)
   first_wave_s         the first maxParallel admissions, first to last
   preflight_s          the rollout's creation to its first admission
   admitted_by          who wrote the admissions (driverd.io/admitted-by): the coordinator's process
+  daemon_processes     the processes the other daemons ran in (--node-processes; 0: threads here)
   api_requests_per_node   driverd's requests during the rollout / N as the apiserver counted them:
                        its audit log's requests of deploy/'s ServiceAccount (every daemon's, the
                        coordinator's included; the log survives an apiserver restart). Loopback: the
@@ -118,6 +120,11 @@ def main(argv=None) -> int:
     ap.add_argument("--preflight-s", type=float, default=0.0, help="timed hosts: a node's preflight (default 0)")
     ap.add_argument("--namespaces", type=int, default=1, help="spread the GPU pods over this many namespaces "
                     "(default 1: all in one, the most parameters for deploy/'s eviction policy)")
+    ap.add_argument("--node-processes", type=int, default=4, metavar="K",
+                    help="timed hosts: the daemons spread over K processes of their own (default 4; 0: threads "
+                         "of this process, one interpreter lock for the whole fleet)")
+    ap.add_argument("--switch-interval", type=float, default=0.1, metavar="S",
+                    help="this interpreter's switch interval while the fleet runs (default 0.1; see run())")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--faults", default="", help="comma list of: apiserver-restart, daemon-kill, pdb-never, "
                     "node-notready, reload-fails, no-controller, two-pdbs, stuck-terminating")
@@ -206,7 +213,7 @@ def run(a) -> dict:
     # here give the lock up at every network wait anyway; a longer interval only bounds how long one
     # computing thread may hold it. (A node's daemon has a handful of threads: no such storm.)
     interval = sys.getswitchinterval()
-    sys.setswitchinterval(0.1)
+    sys.setswitchinterval(getattr(a, "switch_interval", 0.1))
     work = a.workdir or tempfile.mkdtemp(prefix="driverd-fleet.")
     kind = getattr(a, "apiserver", "real")
     try:
@@ -233,6 +240,7 @@ class Observer:
         self.driven: dict[str, bool] = {}
         self.states: dict[str, str] = {}
         self.hooks: list = []
+        self.source = None          # the observer's informer, read again after a re-list
         self.reset(None, None)
 
     def reset(self, calib_rollout: str | None, rollout: str | None) -> None:
@@ -245,9 +253,29 @@ class Observer:
             self.calib_times: dict[str, float] = {}
 
     def __call__(self, kind: str, obj: dict) -> None:
-        from driverd.cluster import model as m
+        if kind == "SYNC" and self.source is not None:
+            # a re-list (the watch was cut: the apiserver-restart fault) reports only the nodes that are
+            # gone; every other node may have changed meanwhile: read them all, the counts first
+            nodes = self.source.snapshot()
+            with self.lock:
+                for o in nodes:
+                    self._count(o)
+            for o in nodes:
+                self._see("MODIFIED", o)
+            return
         if not obj.get("metadata"):
             return
+        self._see(kind, obj)
+
+    def _count(self, obj: dict) -> None:
+        from driverd.cluster import model as m
+        v = m.NodeView.from_node(obj)
+        if v.name != self.calib and v.name not in self.skip:
+            self.unavailable[v.name] = v.unavailable
+            self.driven[v.name] = v.unschedulable or v.active
+
+    def _see(self, kind: str, obj: dict) -> None:
+        from driverd.cluster import model as m
         with self.lock:
             v = m.NodeView.from_node(obj)
             ro = (v.rollout or "").split("/")[0]
@@ -331,7 +359,8 @@ def _run(a, backend, faults, rnd, work, ps) -> list[dict]:
             fired.add("restart")
             threading.Thread(target=backend.restart, daemon=True).start()
     obs.hooks.append(hook)
-    nodes_inf = Informer(obs_kube, node_path(), on_change=obs, name="observer").start()
+    nodes_inf = obs.source = Informer(obs_kube, node_path(), on_change=obs, name="observer")
+    nodes_inf.start()
     nodes_inf.synced.wait(30)
     t1 = time.monotonic()
     if coord:
@@ -344,8 +373,14 @@ def _run(a, backend, faults, rnd, work, ps) -> list[dict]:
             raise SystemExit(f"fleet.py: the coordinator's daemon did not take the Lease (holder {holder()}); "
                              f"its log: {fleet.work / 'daemons' / (coord + '.log')}")
     fleet._start_sim()
+    procs = getattr(a, "node_processes", 0) if a.hosts == "timed" else 0
+    # a fault's node stays a thread here (daemon-kill kills and restarts it alone)
+    grouped = [nd for nd in fleet.nodes if nd != coord and nd not in role.values()] if procs else []
+    for i in range(procs):
+        if grouped[i::procs]:
+            fleet.spawn_group(grouped[i::procs], switch_interval=sys.getswitchinterval())
     for nd in fleet.nodes:
-        if nd != coord:
+        if nd != coord and nd not in grouped:
             fleet.start_node(nd)
     # every daemon up: its labels say what it runs
     ok = fleet.wait(lambda: all((n["metadata"].get("labels") or {}).get(m.L_VERSION) == OLD
@@ -360,7 +395,9 @@ def _run(a, backend, faults, rnd, work, ps) -> list[dict]:
             if i:
                 _clear_rollouts(fleet, obs_kube)
                 fleet.workloads_back()          # the drained GPU pods return: the next drain has them too
-                _wait_budgets(fleet, obs_kube)
+            # the first time too: at 1,000 nodes the disruption controller had not yet counted the new
+            # pods when the one-node rollout began (its eviction refused for 12 s: a 19 s "one node")
+            _wait_budgets(fleet, obs_kube, skip=set(role.values()))
             r = _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord, outside, faults, role,
                          limit, timed)
             r.update(build_s=round(build_s, 2), start_s=round(start_s, 2), workdir=work)
@@ -463,6 +500,8 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
         "phase": phase, "completed": phase in ("Completed", "Failed"),
         "preflight_s": round(first - t_start, 2),
         "one_node_s": round(one_node, 3), "per_node_median_s": round(per_node, 3),
+        "per_node_p90_s": round(sorted(per)[int(0.9 * (len(per) - 1))], 3) if per else 0.0,
+        "per_node_max_s": round(max(per), 3) if per else 0.0,
         "per_state_median_s": phases, "slot_gap_median_s": gap,
         "first_wave_s": round(wave[-1] - wave[0], 3) if wave else None,
         "makespan_s": round(makespan, 2), "ideal_s": round(ideal, 2),
@@ -489,6 +528,7 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
                     "busy_cores": round((cpu1["busy"] - cpu0["busy"]) / wall, 2) if wall > 0 else None,
                     "rollout_wall_s": round(wall, 1)},
         "admitted_by": dict(admitted_by), "coordinator": coord,
+        "daemon_processes": len({sn.proc.pid for nd, sn in fleet.nodes.items() if sn.proc is not None and nd != coord}),
         "max_unavailable_seen": max_unavail, "admissions_over_limit": over,
         "limit_unavailable": limit, "effective_parallel": effective,
         "left_cordoned_by_us": sum(1 for v in nodes_now if v.cordoned_by_us or (v.unschedulable and v.state in
@@ -501,14 +541,19 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
     return out
 
 
-def _wait_budgets(fleet, kube, timeout: float = 600) -> None:
-    """Every GPU pod's PodDisruptionBudget allows its eviction again: the disruption controller has
-    counted the pods that came back (until then the Eviction API refuses them, and a rollout started
-    now would measure the controller's backlog: seen as a 26 s one-node rollout)."""
+def _wait_budgets(fleet, kube, timeout: float = 600, skip: set[str] = frozenset()) -> None:
+    """Every GPU pod's PodDisruptionBudget allows its eviction (again): the disruption controller has
+    counted the pods that were created or came back (until then the Eviction API refuses them, and a
+    rollout started now would measure the controller's backlog: seen as a 26 s one-node rollout). The
+    budgets of the nodes in `skip` (a fault's: pdb-never allows nothing) are not waited for."""
+    def ours(p: dict) -> bool:
+        name = p["metadata"]["name"]
+        return not any(f"-{node}-" in name for node in skip)
+
     def ready() -> bool:
         pdbs = [p for ns in fleet.gpu_namespaces
                 for p in kube.list(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets").get("items") or []]
-        return all(((p.get("status") or {}).get("disruptionsAllowed") or 0) >= 1 for p in pdbs)
+        return all(((p.get("status") or {}).get("disruptionsAllowed") or 0) >= 1 for p in pdbs if ours(p))
     if not fleet.wait(ready, timeout=timeout, step=1.0):
         raise SystemExit("fleet.py: the GPU pods' PodDisruptionBudgets did not allow evictions again")
 
@@ -568,12 +613,14 @@ def _work_round(costs, parallel: int, target: str, fleet) -> float:
 
 
 def _cpu(fleet, coord, proc_cpu_seconds) -> dict:
-    """CPU seconds of this process and the coordinator's, the machine's busy CPU (all of it, from
-    /proc/stat, in seconds), the load averages, the wall clock."""
+    """CPU seconds of the fleet (this process and the daemons' processes) and of the coordinator's, the
+    machine's busy CPU (all of it, from /proc/stat, in seconds), the load averages, the wall clock."""
     with open("/proc/stat") as fh:
         cpu = [int(x) for x in fh.readline().split()[1:]]
     idle = cpu[3] + cpu[4]
-    out = {"fleet": proc_cpu_seconds(os.getpid()), "wall": time.monotonic(),
+    groups = {sn.proc.pid for name, sn in fleet.nodes.items() if sn.proc is not None and name != coord}
+    out = {"fleet": proc_cpu_seconds(os.getpid()) + sum(proc_cpu_seconds(pid) for pid in groups),
+           "wall": time.monotonic(),
            "busy": (sum(cpu[:8]) - idle) / os.sysconf("SC_CLK_TCK"),
            "load": [round(x, 2) for x in os.getloadavg()]}
     sn = fleet.nodes.get(coord) if coord else None

@@ -28,7 +28,7 @@ CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "Clust
 NODE_NEEDS = [
     ("", "nodes", v, "cluster") for v in ("list", "watch", "patch")
 ] + [
-    ("", "pods", v, "cluster") for v in ("list", "delete")
+    ("", "pods", v, "cluster") for v in ("list", "watch", "delete")
 ] + [
     ("", "pods/eviction", "create", "cluster"),
     ("", "nodes/status", "patch", "cluster"),
@@ -260,6 +260,7 @@ def test_code_calls_are_listed():
              r"pool_path\(\)": ("driverd.io", "driverpools", "watch"),
              r"pool_path\([^)]*status=True": ("driverd.io", "driverpools/status", "patch"),
              r"/daemonsets/": ("apps", "daemonsets", "get"),
+             r"Informer\(self\.kube, pods_path\(\)": ("", "pods", "watch"),
              r"node_path\([^)]*\) \+ \"/status\"": ("", "nodes/status", "patch")}
     for pattern, need in signs.items():
         if re.search(pattern, src):

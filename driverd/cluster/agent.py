@@ -49,9 +49,15 @@ A_BOOT = m.PREFIX + "boot-id"
 CONDITION = "GPUDriverReady"
 EVICT_RETRY_S = 5.0          # the longest wait between two eviction rounds (the backoff's cap)
 EVICT_FIRST_S = 0.25         # the first wait; doubled after every round that left pods behind
+# While a node is evicting, its pods are watched (a list, then a watch): the drain goes on as soon as
+# the last pod is gone instead of at the next poll, and the rounds read the watched pods, not the API.
+# The watch is re-opened within this range of seconds for as long as the node stays evicting.
+DRAIN_WATCH_S = (30, 60)
 
 
 class NodeAgent:
+    _pod_watch = None           # the node's pods while it evicts (see _watched_pods)
+
     def __init__(self, kube: Kube, node: str, *, cfg, log: Callable[[str], None], make_context: Callable | None = None,
                  reconciler=None, host: NodeHost | None = None, events: bool = True,
                  clock: Callable[[], float] = time.time) -> None:
@@ -75,6 +81,13 @@ class NodeAgent:
                               missing_ok=True)
         self._rollout_seen: dict[str, tuple] = {}
         self._drain_round: tuple[str, int] = ("", 0)     # (the evicting state's since, rounds so far)
+        # while evicting: the node's pods (list + watch), the pods evicted so far, the DaemonSets read and
+        # each pod's last refusal in the API's words (what the node fails with, should the API server be
+        # unreachable on the last try)
+        self._pod_watch: Informer | None = None
+        self._evicted: set[str] = set()
+        self._daemonsets: dict[tuple, dict | None] = {}
+        self._refusals: dict[str, str] = {}
         self._labels_checked = False
         self._reboot_checked = False
         # what the daemon's last workload check said of this host: (ready, why). A loaded driver that cannot
@@ -118,6 +131,8 @@ class NodeAgent:
     def close(self) -> None:
         self.stop.set()
         self.wake.set()
+        if self._pod_watch is not None:
+            self._end_drain_watch()
         self.nodes.close()
         self.rollouts.close()
         self.pools.close()
@@ -167,6 +182,8 @@ class NodeAgent:
             self._labels_checked = True
             self._sync_labels(node, v)
             return 0
+        if v.state != m.EVICTING and self._pod_watch is not None:
+            self._end_drain_watch()
         state = states.node_state(v.state)
         if state is None:
             return self._unknown_state(node, v)
@@ -426,8 +443,28 @@ class NodeAgent:
         return self.kube.list(pods_path(), labels=labels or None,
                               fields=f"spec.nodeName={self.node}").get("items") or []
 
-    def _drain_plan(self, r: m.Rollout) -> DrainPlan:
-        pods = self._pods()
+    def _watched_pods(self) -> list[dict]:
+        """The node's pods as its watch shows them (started at the first eviction round: one list, then
+        a watch whose every event wakes the agent); listed from the API while the watch is not synced
+        or has failed since its last event (RBAC without `watch` on pods, the API server restarting)."""
+        if self._pod_watch is None:
+            self._pod_watch = Informer(self.kube, pods_path(), fields=f"spec.nodeName={self.node}",
+                                       name=f"pods/{self.node}", on_change=self._changed, log=self.log,
+                                       watch_timeout_s=DRAIN_WATCH_S).start()
+        w = self._pod_watch
+        if w.tried.wait(10) and w.synced.is_set() and w.error is None:
+            return w.snapshot()
+        return self._pods()        # the watch refused or broken: its cache may be behind, the API is not
+
+    def _end_drain_watch(self) -> None:
+        if self._pod_watch is not None:
+            self._pod_watch.close()
+            self._pod_watch = None
+        self._evicted.clear()
+        self._daemonsets, self._refusals = {}, {}
+
+    def _drain_plan(self, r: m.Rollout, *, watched: bool = False) -> DrainPlan:
+        pods = self._watched_pods() if watched else self._pods()
         extra = {p["metadata"]["uid"] for p in self._pods(r.drain_selector)} if r.drain_selector else set()
         self._empty_dir = {p["metadata"]["uid"] for p in pods
                            if any("emptyDir" in vol for vol in (p.get("spec") or {}).get("volumes") or [])}
@@ -435,7 +472,8 @@ class NodeAgent:
         md = (self.nodes.get(self.node) or {}).get("metadata") or {}
         return plan_drain(self.kube, pods, self.host.gpu_users(self.cfg), drain_selector_uids=extra,
                           force=r.drain_force, selector=r.drain_selector,
-                          operator_labels=oc.leaving(md.get("labels") or {}, md.get("annotations")))
+                          operator_labels=oc.leaving(md.get("labels") or {}, md.get("annotations")),
+                          daemonsets=self._daemonsets if watched else None)
 
     def _backoff(self, v: m.NodeView) -> float:
         """The wait before the next eviction round: doubles from EVICT_FIRST_S up to EVICT_RETRY_S
@@ -453,7 +491,7 @@ class NodeAgent:
         paused = self._pause_components(node, oc.EARLY)
         if paused is not None:
             return paused
-        plan = self._drain_plan(r)
+        plan = self._drain_plan(r, watched=True)
         if plan.no_controller and not r.drain_force:
             return self._fail(node, v, "EvictionRefused", f"{len(plan.no_controller)} GPU pod(s) have no controller, "
                               f"so nothing would recreate them ({', '.join(u.ref for u in plan.no_controller[:5])}); "
@@ -477,21 +515,28 @@ class NodeAgent:
                                   f"would be lost ({', '.join(u.ref for u in local[:5])}); set "
                                   "spec.drain.deleteEmptyDirData=true to evict them anyway")
         stuck: list[tuple[PodUse, str]] = []
+        unreachable = False         # a pod's eviction reached no API server, and no earlier try got an answer
         for u in users:
             if u.terminating:      # already being deleted: another eviction would change nothing
                 stuck.append((u, f"stuck Terminating since {self._deleting_since.get(u.uid) or '?'}"))
+                continue
+            if u.uid in self._evicted:      # evicted; the watch has not shown its deletion yet
+                stuck.append((u, "evicted, its deletion not seen yet"))
                 continue
             try:
                 self.kube.create(pods_path(u.namespace, u.name) + "/eviction",
                                  {"apiVersion": "policy/v1", "kind": "Eviction",
                                   "metadata": {"name": u.name, "namespace": u.namespace}}, retry=False)
+                self._evicted.add(u.uid)
             except KubeError as e:
                 if e.status == 404:
                     continue
-                stuck.append((u, _pdb_words(e) if e.status == 429 else f"eviction answered {e.status} {e.reason}: "
-                              f"{e.api_message}"))
+                self._refusals[u.uid] = _pdb_words(e) if e.status == 429 else \
+                    f"eviction answered {e.status} {e.reason}: {e.api_message}"
+                stuck.append((u, self._refusals[u.uid]))
             except ClusterError as e:
-                stuck.append((u, e.one_line()))
+                unreachable |= u.uid not in self._refusals
+                stuck.append((u, self._refusals.get(u.uid) or e.one_line()))
         stuck += [(u, f"its DaemonSet has not removed it yet ({plan.leaves_by[u.uid]}={oc.PAUSED})"
                    if u.uid in plan.leaves_by else
                    "its DaemonSet has not removed it yet (the node lost the driver-ready label at the cordon)")
@@ -508,6 +553,10 @@ class NodeAgent:
         left = r.drain_timeout_s - self._elapsed(v)
         if left > 0:
             return min(self._backoff(v), left + 0.1)
+        if unreachable and left > -r.drain_timeout_s:
+            # the timeout is about pods that stay; whether this one would has not been asked yet (the API
+            # server restarting): ask again, for at most one more timeout, before failing the node
+            return 1.0
         words = "; ".join(f"{u.ref} ({why})" for u, why in stuck[:5]) + \
             (f" and {len(stuck) - 5} more" if len(stuck) > 5 else "")
         forced = [u for u, _ in stuck if u not in plan.with_label and u not in plan.held and not u.terminating]

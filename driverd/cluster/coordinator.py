@@ -2,8 +2,8 @@
 rollouts' status; the others only watch the Lease, ready to take over when its holder stops
 renewing it. The holder watches every Node and every DriverRollout, and after each change runs
 `admission.decide` and carries the decision out: a merge patch per admitted node, the rollout's
-status (at most once per `status_interval_s`, at once when the phase changes), an Event on the
-rollout when its phase or reason changes.
+status (at most once per `status_interval_s`, less often in a large fleet: STATUS_EVENTS_PER_S; at
+once when the phase changes), an Event on the rollout when its phase or reason changes.
 
 A rollout carries the finalizer `driverd.io/rollout`: deleting it is aborting it (nodes not yet
 unloading are given back by their daemons, under the rollout's own policies since its spec is still
@@ -37,6 +37,11 @@ from driverd.cluster.poolkeeper import PoolKeeper
 from driverd.cluster.pools import SUPERSEDED
 
 COALESCE_S = 0.02
+# Every node's daemon watches every DriverRollout, so each status write is one watch event per node of
+# the fleet: progress (counts, lists) is written at most once per status_interval_s, and no more often
+# than keeps this many such events per second (a phase change is written at once).
+STATUS_EVENTS_PER_S = 100
+ADMIT_AT_ONCE = 8           # admissions of one pass written concurrently (_admit_all)
 
 
 @dataclass
@@ -71,6 +76,7 @@ class Coordinator:
         self._view_cache: dict[tuple, m.NodeView] = {}
         self._refused: dict[tuple[str, str], _Refusal] = {}   # (rollout ident, node) -> the API's refusal
         self._decided_on: dict[str, dict] = {}                # node -> the Node object this pass decided on
+        self._status_due: float | None = None                 # when a held-back status write is due (monotonic)
         self.fleet = FleetStatus()        # the last pass's numbers, for the daemon's /metrics
 
     def close(self) -> None:
@@ -164,6 +170,7 @@ class Coordinator:
         daemon no longer holds the Lease, which ends every write."""
         assert self.nodes is not None
         wait = 30.0
+        self._status_due = None
         views = self._views()
         if self.pool_keeper is not None:
             if not self.pool_keeper.act(views):
@@ -184,6 +191,8 @@ class Coordinator:
                 self.log(f"driverd cluster: rollout {obj['metadata'].get('name')}: {e.one_line()}")
                 wait = min(wait, 2.0)
         self.fleet.publish(self.rollouts.snapshot(), decided)
+        if self._status_due is not None:          # a progress write held back: the pass that writes it
+            wait = min(wait, max(COALESCE_S, self._status_due - time.monotonic()))
         return wait
 
     def _act_on(self, obj: dict, views: list[m.NodeView], held: dict[str, str], decided: dict[str, dict]) -> float:
@@ -243,11 +252,11 @@ class Coordinator:
             # not ended any more before its nodes see the admission (their daemons refuse an
             # admission into a rollout that has ended)
             self._status(obj, st)
-        refused_now = False
         said: list[tuple[dict, str]] = []
         try:
-            for node_name in d.admit:
-                refused_now |= self._admit(r, node_name, obj, said) == "refused"
+            results = self._admit_all(r, d.admit, obj, said)
+            refused_now = "refused" in results
+            self.admitted += results.count("admitted")
         finally:
             # the admissions' Events after all of them: a wave of fifty nodes does not wait for fifty
             # Event writes to start (an Event is a courtesy, never part of the decision)
@@ -274,6 +283,17 @@ class Coordinator:
             out.append(v)
         self._view_cache, self._decided_on = cache, seen
         return out
+
+    def _admit_all(self, r: m.Rollout, names: list[str], obj: dict, said: list[tuple[dict, str]]) -> list[str]:
+        """Write a pass's admissions, up to ADMIT_AT_ONCE at a time: each is one patch of its own node
+        (decided together, within the limit, whatever the order they land in), and a wave of fifty
+        written one after the other kept the last node waiting for forty-nine round trips, each judged
+        by the admission policies. The first error is raised once all were tried."""
+        if len(names) <= 1:
+            return [self._admit(r, n, obj, said) for n in names]
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=min(ADMIT_AT_ONCE, len(names)), thread_name_prefix="admit") as pool:
+            return list(pool.map(lambda n: self._admit(r, n, obj, said), names))
 
     def _admit(self, r: m.Rollout, name: str, obj: dict, said: list[tuple[dict, str]]) -> str:
         """Write the admission: "admitted", "conflict" (the node changed: decided again) or
@@ -305,7 +325,6 @@ class Coordinator:
             raise
         self._refused.pop((r.ident, name), None)
         said.append(({"apiVersion": "v1", "kind": "Node", "name": name, "uid": new["metadata"].get("uid")}, message))
-        self.admitted += 1
         self.log(f"driverd cluster: rollout {r.name}: admitted {name}")
         return "admitted"
 
@@ -388,8 +407,10 @@ class Coordinator:
         if _same(last, status):
             return
         phase_changed = (last.get("phase"), last.get("reason")) != (status.get("phase"), status.get("reason"))
-        if not phase_changed and time.monotonic() - when < self.status_interval_s:
-            self.wake.set()           # write it on a later pass
+        interval = max(self.status_interval_s, len(self._decided_on) / STATUS_EVENTS_PER_S)
+        if not phase_changed and time.monotonic() - when < interval:
+            due = when + interval     # written by the first pass after that
+            self._status_due = due if self._status_due is None else min(self._status_due, due)
             return
         body = {"status": dict(status, updated=now_rfc3339(self.clock()))}
         try:

@@ -74,10 +74,13 @@ def has_controller(pod: dict) -> bool:
 
 
 def plan_drain(kube: Kube, pods: list[dict], host_pod_uids: dict[str, str], *, drain_selector_uids: set[str],
-               force: bool, selector: str = "", operator_labels: set[str] = frozenset()) -> DrainPlan:
+               force: bool, selector: str = "", operator_labels: set[str] = frozenset(),
+               daemonsets: dict[tuple, dict | None] | None = None) -> DrainPlan:
     """`pods`: the node's pods; `host_pod_uids`: pod UID -> why (a process of it holds the GPU);
     `drain_selector_uids`: the pods matching spec.drain.podSelector; `operator_labels`: the GPU
-    Operator's component labels whose pods leave the node (operator_components.leaving)."""
+    Operator's component labels whose pods leave the node (operator_components.leaving);
+    `daemonsets`: the DaemonSets read so far, (namespace, name) -> object or None, filled as they are
+    read (one drain's rounds read each once)."""
     gpu = {u.uid: u for u in classify(kube, pods, host_pod_uids)}
     users = dict(gpu)
     for p in pods:
@@ -90,7 +93,7 @@ def plan_drain(kube: Kube, pods: list[dict], host_pod_uids: dict[str, str], *, d
                                       controller=has_controller(p), terminating=bool(md.get("deletionTimestamp")))
     by_uid = {(p.get("metadata") or {}).get("uid"): p for p in pods}
     out = DrainPlan(force=force)
-    ds_cache: dict[tuple, dict | None] = {}
+    ds_cache: dict[tuple, dict | None] = {} if daemonsets is None else daemonsets
     if operator_labels:
         # the Operator's components leave with their paused labels, GPU users or not (k8s-driver-manager
         # waits for every one of them); their pods carry the DaemonSet's nodeSelector

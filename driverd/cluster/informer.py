@@ -22,15 +22,22 @@ MISSING_RETRY_S = 30        # a resource not served (missing_ok): list again aft
 class Informer:
     def __init__(self, kube: Kube, path: str, *, labels: str | None = None, fields: str | None = None,
                  on_change: Callable[[str, dict], None] | None = None, name: str = "informer",
-                 log: Callable[[str], None] | None = None, missing_ok: bool = False) -> None:
+                 log: Callable[[str], None] | None = None, missing_ok: bool = False,
+                 watch_timeout_s: tuple[int, int] = WATCH_TIMEOUT_S) -> None:
         """missing_ok: a resource the server does not serve (404: a CRD not installed) is an empty,
-        synced cache, listed again every MISSING_RETRY_S until it is served."""
+        synced cache, listed again every MISSING_RETRY_S until it is served. watch_timeout_s: the
+        range each watch's timeout is drawn from (a short-lived informer ends with its watch)."""
         self.kube, self.path, self.labels, self.fields = kube, path, labels, fields
         self.on_change = on_change or (lambda kind, obj: None)
         self.name, self.log = name, log or (lambda m: None)
         self.missing_ok = missing_ok
+        self.watch_timeout_s = watch_timeout_s
         self.items: dict[str, dict] = {}
         self.synced = threading.Event()
+        self.tried = threading.Event()          # the first list was tried, whatever came of it
+        # the last failure of the list or the watch, None once events (or a new list) flow again: while
+        # set, the cache may be behind the server (a watch refused, the API server gone)
+        self.error: str | None = None
         self.stop = threading.Event()
         self._rv: str | None = None
         self._lock = threading.Lock()
@@ -70,7 +77,9 @@ class Informer:
             gone = [self.items[k] for k in self.items if k not in fresh]
             self.items = fresh
         self._rv = (lst.get("metadata") or {}).get("resourceVersion")
+        self.error = None
         self.synced.set()
+        self.tried.set()
         for o in gone:
             self.on_change("DELETED", o)
         self.on_change("SYNC", {})
@@ -82,8 +91,9 @@ class Informer:
                 if self._rv is None:
                     self._relist()
                 for ev in self.kube.watch(self.path, resource_version=self._rv, labels=self.labels,
-                                          fields=self.fields, timeout_s=random.randrange(*WATCH_TIMEOUT_S),
+                                          fields=self.fields, timeout_s=random.randrange(*self.watch_timeout_s),
                                           stop=self.stop):
+                    self.error = None
                     obj = ev.get("object") or {}
                     rv = (obj.get("metadata") or {}).get("resourceVersion")
                     if rv:
@@ -104,13 +114,18 @@ class Informer:
                 if e.status == 404 and self.missing_ok:
                     self._missing()
                     continue
-                self.log(f"{self.name}: {e.one_line()}")
+                self._failed(e)
                 self._sleep(delay)
                 delay = min(delay * 2, 10.0)
             except ClusterError as e:           # connection refused / broken: the API server restarts
-                self.log(f"{self.name}: {e.one_line()}")
+                self._failed(e)
                 self._sleep(delay)
                 delay = min(delay * 2, 10.0)
+
+    def _failed(self, e: ClusterError) -> None:
+        self.error = e.one_line()
+        self.tried.set()
+        self.log(f"{self.name}: {self.error}")
 
     def _missing(self) -> None:
         with self._lock:
@@ -118,6 +133,7 @@ class Informer:
         self._rv = None
         first = not self.synced.is_set()
         self.synced.set()
+        self.tried.set()
         for o in gone:
             self.on_change("DELETED", o)
         if first or gone:

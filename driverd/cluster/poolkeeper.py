@@ -62,7 +62,8 @@ class PoolKeeper:
         """The nodes `rollout` may take, given the pools (pools.takes), and those it is upgrading now
         (a pool created over them mid-upgrade: they still hold the rollout's slots until they finish)."""
         name = rollout["metadata"]["name"]
-        return [v for v in views if pl.takes(rollout, v.labels, self.current) or (v.active and v.in_rollout_name(name))]
+        takes = pl.taker(rollout, self.current)
+        return [v for v in views if takes(v.labels) or (v.active and v.in_rollout_name(name))]
 
     def _create(self, pool: pl.Pool, body: dict) -> None:
         name = body["metadata"]["name"]

@@ -26,6 +26,8 @@ configuration, which — like every desired driver — only a joining node appli
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dataclasses import dataclass, field
 
 from driverd.cluster import model as m
@@ -139,17 +141,26 @@ def owned(pool: Pool, rollouts: list[dict]) -> list[dict]:
 def takes(rollout: dict, labels: dict, pools: list[Pool]) -> bool:
     """Whether DriverRollout `rollout` may take a node with `labels`: it selects the node, and the node
     is a member of the rollout's pool alone — or, for a rollout no pool owns, the node is in no pool."""
+    return taker(rollout, pools)(labels)
+
+
+def taker(rollout: dict, pools: list[Pool]) -> Callable[[dict], bool]:
+    """takes() for one rollout over many nodes: the rollout is parsed once (a coordinator's pass asks
+    it of every node of the fleet, for every rollout)."""
     try:
         r = m.Rollout.from_object(rollout)
     except m.SpecError:
-        return False
-    if not r.selects(labels):
-        return False
-    sel = selecting(pools, labels)
+        return lambda labels: False
     own = owner(rollout)
-    if own is None:
-        return not sel
-    return len(sel) == 1 and sel[0].uid == own[1]
+
+    def check(labels: dict) -> bool:
+        if not r.selects(labels):
+            return False
+        sel = selecting(pools, labels)
+        if own is None:
+            return not sel
+        return len(sel) == 1 and sel[0].uid == own[1]
+    return check
 
 
 def rollout_object(pool: Pool, rev: int) -> dict:

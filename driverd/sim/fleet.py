@@ -472,26 +472,40 @@ class Fleet:
         """Node `name`'s daemon (agent and coordinator candidate) in a process of its own
         (driverd.sim.fleetnode) on a timed host running OLD, instead of a thread of this process: the
         coordinator's CPU is then its own process's, as on a fleet, and it competes with nobody's
-        interpreter lock. Its host's GPU processes are not tracked (the kubelet stand-in runs here), so
-        the node must be one no rollout drains."""
+        interpreter lock. Its host's GPU processes are the ones the kubelet stand-in (here) keeps, read
+        from a file (timedhost.TimedHost.share)."""
+        self.spawn_group([name])
+        return self.nodes[name]
+
+    def spawn_group(self, names: list[str], *, switch_interval: float | None = None) -> None:
+        """The daemons of `names` in one process of their own (driverd.sim.fleetnode), as spawn_node
+        does for one: a large fleet's daemons spread over a few processes share no interpreter lock
+        with this harness nor with all the others. Killing one kills its group (kill_node)."""
+        import json
         import subprocess
         import sys
         if not self.timed:
-            raise ValueError("spawn_node needs hosts='timed'")
-        sn = self.nodes[name]
+            raise ValueError("spawning daemons needs hosts='timed'")
         out = self.work / "daemons"
         out.mkdir(exist_ok=True)
         c = self.costs
-        with open(out / f"{name}.log", "ab") as log:
-            sn.proc = subprocess.Popen(
-                [sys.executable, "-m", "driverd.sim.fleetnode", "--kubeconfig", self.node_kubeconfig(name),
-                 "--node", name, "--config-root", str(sn.root), "--driver", OLD, "--flavor", "open",
-                 "--kernel", RELEASE, "--lease-s", str(self.lease_s), "--reload-s", str(c.reload_s),
-                 "--validate-s", str(c.validate_s), "--preflight-s", str(c.preflight_s),
-                 "--status", str(out / f"{name}.json")],
+        spec = out / f"{names[0]}.nodes.json"
+        for n in names:             # the played kubelet (here) keeps the host's GPU processes in a file
+            self.nodes[n].host.share(str(out / f"{n}.processes.json"))
+        spec.write_text(json.dumps([{"node": n, "kubeconfig": self.node_kubeconfig(n),
+                                     "config_root": str(self.nodes[n].root),
+                                     "processes": self.nodes[n].host.processes_file} for n in names]))
+        with open(out / f"{names[0]}.log", "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "driverd.sim.fleetnode", "--nodes-file", str(spec), "--driver", OLD,
+                 "--flavor", "open", "--kernel", RELEASE, "--lease-s", str(self.lease_s),
+                 "--reload-s", str(c.reload_s), "--validate-s", str(c.validate_s),
+                 "--preflight-s", str(c.preflight_s), "--status", str(out / f"{names[0]}.json")]
+                + (["--switch-interval", str(switch_interval)] if switch_interval else []),
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=str(Path(__file__).resolve().parents[2]))
-        return sn
+        for n in names:
+            self.nodes[n].proc = proc
 
     def spawned_requests(self) -> int:
         """The API requests the spawned daemons' clients counted (their last report)."""

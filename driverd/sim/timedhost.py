@@ -16,6 +16,8 @@ fleet rollout on the real apiserver"): the driver's load on 4×H200 and the work
 from __future__ import annotations
 
 import itertools
+import json
+import os
 import threading
 import time
 import uuid
@@ -49,10 +51,14 @@ class TimedHost:
     _pids = itertools.count(50000)
 
     def __init__(self, name: str, costs: NodeCosts, *, loaded: tuple[str, str] | None, kernel: str,
-                 sleep=time.sleep) -> None:
+                 sleep=time.sleep, processes_file: str | None = None) -> None:
+        """processes_file: the processes live in this file, written by the host that plays the kubelet
+        and read by the host the daemon uses, when the two are in different processes (a fleet's
+        daemons spawned apart from its harness: driverd.sim.fleet.Fleet.spawn_group)."""
         self.name, self.costs, self.kernel, self.sleep = name, costs, kernel, sleep
         self.driver = loaded
         self.processes: dict[str, tuple[int, str, str]] = {}
+        self.processes_file = processes_file
         self.boot = str(uuid.uuid4())
         self.fail_reload = False
         self.transactions = 0
@@ -63,20 +69,45 @@ class TimedHost:
         with self._lock:
             if pod_uid not in self.processes:
                 self.processes[pod_uid] = (next(self._pids), comm, device)
+                self._save()
 
     def end_process(self, pod_uid: str) -> None:
         with self._lock:
-            self.processes.pop(pod_uid, None)
+            if self.processes.pop(pod_uid, None) is not None:
+                self._save()
 
     def pod_uids(self) -> set[str]:
         with self._lock:
-            return set(self.processes)
+            return set(self._current())
 
     def reboot(self) -> None:
         """A new boot: no driver loaded yet, no process left."""
         with self._lock:
             self.processes.clear()
+            self._save()
         self.driver, self.boot = None, str(uuid.uuid4())
+
+    def share(self, path: str) -> None:
+        """From now on, keep the processes in `path` as well (see processes_file)."""
+        with self._lock:
+            self.processes_file = path
+            self._save()
+
+    def _save(self) -> None:
+        if self.processes_file:
+            tmp = f"{self.processes_file}.{os.getpid()}.tmp"
+            with open(tmp, "w") as fh:
+                json.dump(self.processes, fh)
+            os.replace(tmp, self.processes_file)
+
+    def _current(self) -> dict[str, tuple[int, str, str]]:
+        if not self.processes_file:
+            return self.processes
+        try:
+            with open(self.processes_file) as fh:
+                return {k: tuple(v) for k, v in json.load(fh).items()}
+        except FileNotFoundError:
+            return {}
 
     # -- driverd.cluster.nodehost.NodeHost --------------------------------------------------------------
     def loaded(self, cfg) -> dict | None:
@@ -85,7 +116,7 @@ class TimedHost:
 
     def gpu_users(self, cfg) -> dict[str, str]:
         with self._lock:
-            return {uid: f"its process {pid} ({comm}) has {dev} open" for uid, (pid, comm, dev) in self.processes.items()}
+            return {uid: f"its process {pid} ({comm}) has {dev} open" for uid, (pid, comm, dev) in self._current().items()}
 
     def preflight(self, cfg, key: str, driver: str, flavor: str, *, leaving: set[str],
                   staying: dict[str, str]) -> dict:

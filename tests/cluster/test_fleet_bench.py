@@ -63,9 +63,11 @@ def test_every_fault_ends_defined_with_nothing_left_cordoned(tmp_path):
 
 @pytest.mark.slow
 def test_rollouts_one_after_the_other_on_one_fleet(tmp_path):
-    """--max-parallel 2,1: the fleet goes to the new driver and back, each rollout measured on its own."""
+    """--max-parallel 2,1: the fleet goes to the new driver and back, each rollout measured on its own;
+    the daemons run in two processes of their own (--node-processes 2)."""
     bench = _bench()
-    res = bench.run(_args(tmp_path, nodes=3, max_parallel="2,1", max_unavailable="2", drain_timeout=5, faults=""))
+    res = bench.run(_args(tmp_path, nodes=3, max_parallel="2,1", max_unavailable="2", drain_timeout=5, faults="",
+                          node_processes=2))
     runs = res["runs"]
     assert [r["max_parallel"] for r in runs] == [2, 1] and runs[0]["target"] != runs[1]["target"]
     for r in runs:
@@ -73,6 +75,7 @@ def test_rollouts_one_after_the_other_on_one_fleet(tmp_path):
         assert r["admissions_over_limit"] == 0 and r["left_cordoned_by_us"] == 0
         assert r["max_unavailable_seen"] <= r["effective_parallel"]
         assert r["admitted_by"] == {r["coordinator"]: 3}
+        assert r["daemon_processes"] == 2
         # the GPU pods the first drain evicted came back (their controller's part): the second drains them too
         assert r["api_requests_by_kind"]["create pods/eviction"] == 1.0, r["api_requests_by_kind"]
 

@@ -391,3 +391,85 @@ def test_the_status_subresource_keeps_spec_and_status_apart(cluster):
     node.patch(rollout_path("s", status=True), {"status": {"message": "from the node"}})
     assert k.get(rollout_path("s"))["status"]["message"] == "from the node"
 
+
+
+def _pod_of(f: Fleet, node: str) -> str:
+    from driverd.cluster.kube import pods_path
+    return pods_path(f.gpu_ns(node), f"train-{node}-0")
+
+
+def test_the_drain_goes_on_when_the_pods_deletion_is_seen_not_at_the_next_poll(cluster, monkeypatch):
+    """While a node evicts, its pods are watched: the pod held Terminating by a finalizer is let go,
+    and the node goes on to unload at once, although the rounds now poll only once a minute."""
+    from driverd.cluster import agent
+    monkeypatch.setattr(agent, "EVICT_FIRST_S", 60.0)
+    monkeypatch.setattr(agent, "EVICT_RETRY_S", 60.0)
+    srv, make = cluster
+    f = make(1)
+    f.stuck_terminating("gpu-0000")
+    started(f)
+    k = kube(f)
+    k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
+                              "spec": {"driver": NEW, "drain": {"timeoutSeconds": 300}}})
+    pod = _pod_of(f, "gpu-0000")
+    assert f.wait(lambda: (k.find(pod) or {}).get("metadata", {}).get("deletionTimestamp"), 60), "never evicted"
+    assert f.wait(lambda: views(f)["gpu-0000"].reason == "Evicting", 10)
+    time.sleep(1.0)             # the agent has looked again and is waiting out its 60 s
+    assert views(f)["gpu-0000"].state == m.EVICTING
+    f.admin.patch(pod, {"metadata": {"finalizers": []}})       # the pod goes
+    assert f.wait(lambda: views(f)["gpu-0000"].state != m.EVICTING, 20), \
+        "the node stayed evicting after its last pod was deleted: the drain waited for its next poll"
+    wait_phase(f, "r", ("Completed",), timeout=60)
+
+
+def test_a_drain_whose_pod_watch_is_refused_lists_the_pods_instead(cluster, monkeypatch):
+    """A pod watch refused (RBAC without `watch` on pods): the drain reads the pods from the API each
+    round, never from a cache the refused watch left behind."""
+    from driverd.cluster.kube import KubeError
+    real_watch = Kube.watch
+    refused = []
+
+    def watch(self, path, **kw):
+        if path == "/api/v1/pods" and (kw.get("fields") or "").startswith("spec.nodeName="):
+            refused.append(path)
+            raise KubeError(403, "Forbidden", "pods is forbidden: cannot watch resource \"pods\"")
+        return real_watch(self, path, **kw)
+    monkeypatch.setattr(Kube, "watch", watch)
+    srv, make = cluster
+    f = started(make(1))
+    k = kube(f)
+    k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
+                              "spec": {"driver": NEW, "drain": {"timeoutSeconds": 30}}})
+    ro = wait_phase(f, "r", ("Completed", "Failed"), timeout=90)
+    assert ro["status"]["phase"] == "Completed", views(f)["gpu-0000"].message
+    assert refused, "the drain never tried to watch its pods"
+    assert views(f)["gpu-0000"].state == m.DONE
+
+
+def test_a_drain_that_times_out_while_the_api_server_is_away_names_the_apis_last_answer(cluster, monkeypatch):
+    """Two PodDisruptionBudgets make the Eviction API answer 500; then the API server is unreachable
+    for the evictions (restarting). The node fails at the drain's timeout naming the 500, the API's
+    words, not the connection error of the last try."""
+    from driverd.cluster.kube import Unreachable
+    real_create = Kube.create
+    tries: list[str] = []
+
+    def create(self, path, body, **kw):
+        if path.endswith("/eviction"):
+            tries.append(path)
+            if len(tries) > 1:
+                raise Unreachable("cannot reach the Kubernetes API: connection refused")
+        return real_create(self, path, body, **kw)
+    monkeypatch.setattr(Kube, "create", create)
+    srv, make = cluster
+    f = make(1)
+    f.two_pdbs("gpu-0000")
+    started(f)
+    k = kube(f)
+    k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
+                              "spec": {"driver": NEW, "failureBudget": 0, "drain": {"timeoutSeconds": 2}}})
+    wait_phase(f, "r", ("Paused",), timeout=90)
+    v = views(f)["gpu-0000"]
+    assert v.state == m.FAILED and v.reason == "EvictionBlocked", v.message
+    assert "eviction answered 500" in v.message and "cannot reach" not in v.message, v.message
+    assert len(tries) > 1 and not v.unschedulable
