@@ -393,6 +393,20 @@ def test_the_status_subresource_keeps_spec_and_status_apart(cluster):
 
 
 
+def _one_node_rollout(cluster, fault=None, **spec) -> tuple[Fleet, Kube]:
+    """A one-node fleet (`fault(fleet, "gpu-0000")` applied before its daemon starts) and rollout `r`
+    of NEW over it with `spec`."""
+    srv, make = cluster
+    f = make(1)
+    if fault is not None:
+        fault(f, "gpu-0000")
+    started(f)
+    k = kube(f)
+    k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
+                              "spec": {"driver": NEW, **spec}})
+    return f, k
+
+
 def _pod_of(f: Fleet, node: str) -> str:
     from driverd.cluster.kube import pods_path
     return pods_path(f.gpu_ns(node), f"train-{node}-0")
@@ -404,13 +418,7 @@ def test_the_drain_goes_on_when_the_pods_deletion_is_seen_not_at_the_next_poll(c
     from driverd.cluster import agent
     monkeypatch.setattr(agent, "EVICT_FIRST_S", 60.0)
     monkeypatch.setattr(agent, "EVICT_RETRY_S", 60.0)
-    srv, make = cluster
-    f = make(1)
-    f.stuck_terminating("gpu-0000")
-    started(f)
-    k = kube(f)
-    k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
-                              "spec": {"driver": NEW, "drain": {"timeoutSeconds": 300}}})
+    f, k = _one_node_rollout(cluster, Fleet.stuck_terminating, drain={"timeoutSeconds": 300})
     pod = _pod_of(f, "gpu-0000")
     assert f.wait(lambda: (k.find(pod) or {}).get("metadata", {}).get("deletionTimestamp"), 60), "never evicted"
     assert f.wait(lambda: views(f)["gpu-0000"].reason == "Evicting", 10)
@@ -435,11 +443,7 @@ def test_a_drain_whose_pod_watch_is_refused_lists_the_pods_instead(cluster, monk
             raise KubeError(403, "Forbidden", "pods is forbidden: cannot watch resource \"pods\"")
         return real_watch(self, path, **kw)
     monkeypatch.setattr(Kube, "watch", watch)
-    srv, make = cluster
-    f = started(make(1))
-    k = kube(f)
-    k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
-                              "spec": {"driver": NEW, "drain": {"timeoutSeconds": 30}}})
+    f, k = _one_node_rollout(cluster, drain={"timeoutSeconds": 30})
     ro = wait_phase(f, "r", ("Completed", "Failed"), timeout=90)
     assert ro["status"]["phase"] == "Completed", views(f)["gpu-0000"].message
     assert refused, "the drain never tried to watch its pods"
@@ -461,13 +465,7 @@ def test_a_drain_that_times_out_while_the_api_server_is_away_names_the_apis_last
                 raise Unreachable("cannot reach the Kubernetes API: connection refused")
         return real_create(self, path, body, **kw)
     monkeypatch.setattr(Kube, "create", create)
-    srv, make = cluster
-    f = make(1)
-    f.two_pdbs("gpu-0000")
-    started(f)
-    k = kube(f)
-    k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
-                              "spec": {"driver": NEW, "failureBudget": 0, "drain": {"timeoutSeconds": 2}}})
+    f, k = _one_node_rollout(cluster, Fleet.two_pdbs, failureBudget=0, drain={"timeoutSeconds": 2})
     wait_phase(f, "r", ("Paused",), timeout=90)
     v = views(f)["gpu-0000"]
     assert v.state == m.FAILED and v.reason == "EvictionBlocked", v.message
