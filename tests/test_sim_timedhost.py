@@ -81,3 +81,22 @@ def test_a_reboot_unloads_the_driver_and_changes_the_boot_id(cfg):
     before = h.boot_id(cfg)
     h.reboot()
     assert h.loaded(cfg) is None and h.gpu_users(cfg) == {} and h.boot_id(cfg) != before
+
+
+def test_a_daemon_in_another_process_sees_the_played_kubelets_gpu_processes(tmp_path, cfg):
+    """Fleet.spawn_group: the played kubelet's host shares its GPU processes through a file, the
+    daemon's host (another process) reads them; the reader never writes the file."""
+    path = str(tmp_path / "gpu-0001.processes.json")
+    kubelet = TimedHost("gpu-0001", NodeCosts(0, 0, 0), loaded=(OLD, "open"), kernel="6.1.0-47-cloud-amd64")
+    daemon = TimedHost("gpu-0001", NodeCosts(0, 0, 0), loaded=(OLD, "open"), kernel="6.1.0-47-cloud-amd64",
+                       processes_file=path)
+    assert daemon.gpu_users(cfg) == {}                  # nothing shared yet: no file
+    kubelet.start_process("uid-a", "train", "/dev/nvidia0")
+    kubelet.share(path)
+    kubelet.start_process("uid-b", "nvidia-device-plugin", "/dev/nvidiactl")
+    users = daemon.gpu_users(cfg)
+    assert set(users) == {"uid-a", "uid-b"} and "/dev/nvidiactl" in users["uid-b"]
+    daemon.reboot()                                     # the reader's own record: the file stays the kubelet's
+    assert set(daemon.gpu_users(cfg)) == {"uid-a", "uid-b"}
+    kubelet.end_process("uid-a")
+    assert set(daemon.gpu_users(cfg)) == {"uid-b"} and daemon.pod_uids() == {"uid-b"}

@@ -59,6 +59,7 @@ class TimedHost:
         self.driver = loaded
         self.processes: dict[str, tuple[int, str, str]] = {}
         self.processes_file = processes_file
+        self._writes_file = False       # only the host that plays the kubelet (share) writes the file
         self.boot = str(uuid.uuid4())
         self.fail_reload = False
         self.transactions = 0
@@ -90,11 +91,11 @@ class TimedHost:
     def share(self, path: str) -> None:
         """From now on, keep the processes in `path` as well (see processes_file)."""
         with self._lock:
-            self.processes_file = path
+            self.processes_file, self._writes_file = path, True
             self._save()
 
     def _save(self) -> None:
-        if self.processes_file:
+        if self.processes_file and self._writes_file:
             tmp = f"{self.processes_file}.{os.getpid()}.tmp"
             with open(tmp, "w") as fh:
                 json.dump(self.processes, fh)
