@@ -42,6 +42,7 @@ COALESCE_S = 0.02
 # than keeps this many such events per second (a phase change is written at once).
 STATUS_EVENTS_PER_S = 100
 ADMIT_AT_ONCE = 8           # admissions of one pass written concurrently (_admit_all)
+CLOSE_WAIT_S = 5.0          # close() waits this long for the pass in flight before giving the Lease up
 
 
 @dataclass
@@ -78,16 +79,31 @@ class Coordinator:
         self._decided_on: dict[str, dict] = {}                # node -> the Node object this pass decided on
         self._status_due: float | None = None                 # when a held-back status write is due (monotonic)
         self.fleet = FleetStatus()        # the last pass's numbers, for the daemon's /metrics
+        self._idle = threading.Event()    # run() is not running (its pass loop has returned)
+        self._idle.set()
 
     def close(self) -> None:
+        """Stop, and give the Lease up once the pass in flight has ended: its last writes (a status,
+        the Event of a phase change) are the holder's, and would be refused by deploy/'s
+        driverd-coordinator-scope policy once the Lease says nobody holds it (seen in CI: a daemon
+        stopped while its pool's rollout completed). A pass that outlasts CLOSE_WAIT_S gives it up
+        anyway; the writes left are refused, as any former holder's are."""
         self.stop.set()
         self.wake.set()
+        self._idle.wait(CLOSE_WAIT_S)
         self.lease_watch.close()
         if self.nodes:
             self.nodes.close()
         self.lease.release()
 
     def run(self) -> None:
+        self._idle.clear()
+        try:
+            self._run()
+        finally:
+            self._idle.set()
+
+    def _run(self) -> None:
         self.lease_watch.start()
         self.lease_watch.synced.wait(30)
         while not self.stop.is_set():

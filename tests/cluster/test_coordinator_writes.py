@@ -100,3 +100,53 @@ def test_a_pass_writes_its_admissions_concurrently_and_each_refusal_is_its_own(m
     assert kube.most_in_flight == co.ADMIT_AT_ONCE      # concurrent, and never more than that
     assert results.count("admitted") == 11 and results[5] == "refused"
     assert len(said) == 11 and all(p[1]["metadata"]["resourceVersion"] == "1" for p in kube.patches)
+
+
+class _Held:
+    """The Lease as the pass loop sees it: held; its release recorded in the order of the writes."""
+
+    def __init__(self, order: list[str]) -> None:
+        self.order = order
+
+    def holding(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        self.order.append("release")
+
+
+class _Watch:
+    def __init__(self) -> None:
+        self.synced = threading.Event()
+        self.synced.set()
+
+    def start(self):
+        return self
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_stopping_coordinator_gives_the_lease_up_after_its_pass_ends(monkeypatch):
+    """A daemon stopped in the middle of a pass (a rollout completing): the pass's last write (the
+    phase change's Event) goes out while the Lease is still ours; only then is the Lease given up.
+    Before, close() released it at once and the API server refused that Event (403, the
+    driverd-coordinator-scope policy: "does not hold the Lease"), as seen in CI."""
+    order: list[str] = []
+    in_pass, clock = threading.Event(), [0.0]
+    c = _coordinator(Writes(), 2, clock, monkeypatch)
+    c.lease, c.lease_watch, c.nodes = _Held(order), _Watch(), _Watch()
+
+    def act() -> float:
+        in_pass.set()
+        c.stop.wait(5)          # the daemon is told to stop while this pass still writes
+        threading.Event().wait(0.3)
+        order.append("event")
+        return 1.0
+    c.act = act
+    t = threading.Thread(target=c.run, daemon=True)
+    t.start()
+    assert in_pass.wait(5)
+    c.close()
+    t.join(5)
+    assert order == ["event", "release"]
