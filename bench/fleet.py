@@ -51,7 +51,8 @@ rollouts {"runs": [...]}) with:
   work_ideal_s, makespan_ratio_work  the same with work_round_s: what the coordination costs in all
   per_node_median_s    admitted -> done in the rollout (what contention adds to one_node_s); per_node_p90_s
                        and per_node_max_s: its spread (the slowest slot decides the makespan)
-  per_state_median_s   how long nodes stayed in each state (admitted, cordoned, evicting, ...)
+  per_state_median_s   how long nodes stayed in each state (admitted, cordoned, evicting, ...);
+                       per_state_p90_s: the same, 90th percentile
   slot_gap_median_s    a node done -> the next admission (how long a freed slot stays empty)
   first_wave_s         the first maxParallel admissions, first to last
   preflight_s          the rollout's creation to its first admission
@@ -73,7 +74,9 @@ rollouts {"runs": [...]}) with:
                        operation (CREATE is mostly the evictions: driverd-node-evictions judges
                        every pod of the evicted pod's namespace)
   machine              cores, load averages before/after, busy_cores (all of the machine's CPU
-                       use over the rollout, other work included, from /proc/stat)
+                       use over the rollout, other work included, from /proc/stat); second by second:
+                       busy_cores_peak_1s, busy_cores_p90_1s and saturated_s (seconds with >= 90% of
+                       the cores busy: then the makespan measures this machine, not the coordination)
   max_unavailable_seen, admissions_over_limit (nodes admitted while the nodes the rollout had taken
                        out — cordoned or being upgraded — were already past the limit: the guarantee;
                        a node going NotReady by itself may take max_unavailable_seen past the limit),
@@ -138,6 +141,9 @@ def main(argv=None) -> int:
     ap.add_argument("--work-dir", "--workdir", dest="workdir", default=None)   # driverd's spelling, and the old one
     ap.add_argument("--apiserver", choices=("real", "loopback"), default="real")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--timeline", metavar="FILE", default=None,
+                    help="write each rollout's per-node times (when the observer saw each state) to FILE as JSON "
+                         "lines, one per rollout: where a slow node's time went")
     a = ap.parse_args(argv)
     res = run(a)
     print(json.dumps(res, indent=None if a.json else 2, sort_keys=True))
@@ -451,6 +457,7 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
     end = time.monotonic() + a.timeout
     phase = None
     last_note = 0.0
+    saturation = Saturation().start()
     while time.monotonic() < end:
         if time.monotonic() - last_note > 15:
             last_note = time.monotonic()
@@ -466,6 +473,7 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
             break
         time.sleep(0.5)
     t_end = time.time()
+    saturation.close()
     time.sleep(2.5)                 # the spawned daemons report their request counts every 2 s
     mark1, cpu1 = backend.mark(), _cpu(fleet, coord, proc_cpu_seconds)
     requests = fleet.requests() - req0
@@ -482,8 +490,14 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
         last = max(obs.done.values()) if obs.done else t_end
         max_unavail, over = obs.max_unavail, obs.over
         phases = _phase_medians(obs.entered)
+        phases_p90 = _phase_medians(obs.entered, 0.9)
         gap = _slot_gap(sorted(obs.admitted.values()), sorted(obs.done.values()), min(p, limit))
         wave = sorted(obs.admitted.values())[:min(p, limit)]
+        timeline = {nd: dict(seen) for nd, seen in obs.entered.items()}
+    if getattr(a, "timeline", None):
+        with open(a.timeline, "a") as fh:
+            fh.write(json.dumps({"rollout": name, "max_parallel": p, "one_node_s": one_node,
+                                 "nodes": timeline}) + "\n")
     per_node = statistics.median(per) if per else 0.0
     makespan = last - first
     rounds = math.ceil(a.nodes / effective)
@@ -503,7 +517,7 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
         "one_node_s": round(one_node, 3), "per_node_median_s": round(per_node, 3),
         "per_node_p90_s": round(sorted(per)[int(0.9 * (len(per) - 1))], 3) if per else 0.0,
         "per_node_max_s": round(max(per), 3) if per else 0.0,
-        "per_state_median_s": phases, "slot_gap_median_s": gap,
+        "per_state_median_s": phases, "per_state_p90_s": phases_p90, "slot_gap_median_s": gap,
         "first_wave_s": round(wave[-1] - wave[0], 3) if wave else None,
         "makespan_s": round(makespan, 2), "ideal_s": round(ideal, 2),
         "makespan_ratio": round(makespan / ideal, 3) if ideal else None,
@@ -527,7 +541,7 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
                                for k, v in sorted(mark1["policies"].items())},
         "machine": {"cores": os.cpu_count(), "load_before": cpu0["load"], "load_after": cpu1["load"],
                     "busy_cores": round((cpu1["busy"] - cpu0["busy"]) / wall, 2) if wall > 0 else None,
-                    "rollout_wall_s": round(wall, 1)},
+                    "rollout_wall_s": round(wall, 1), **saturation.summary()},
         "admitted_by": dict(admitted_by), "coordinator": coord,
         "daemon_processes": len({sn.proc.pid for nd, sn in fleet.nodes.items() if sn.proc is not None and nd != coord}),
         "max_unavailable_seen": max_unavail, "admissions_over_limit": over,
@@ -569,9 +583,9 @@ def _clear_rollouts(fleet, kube) -> None:
         raise SystemExit("fleet.py: the ended rollouts were not deleted")
 
 
-def _phase_medians(entered: dict[str, dict[str, float]]) -> dict[str, float]:
-    """How long the nodes stayed in each state of the upgrade (median over the nodes that went on to
-    a later one), as the observer's watch saw the changes."""
+def _phase_medians(entered: dict[str, dict[str, float]], q: float = 0.5) -> dict[str, float]:
+    """How long the nodes stayed in each state of the upgrade (the q-quantile, the median by default,
+    over the nodes that went on to a later one), as the observer's watch saw the changes."""
     from driverd.cluster import model as m
     order = [m.ADMITTED, m.CORDONED, m.WAITING, m.EVICTING, m.UNLOADING, m.VALIDATING, m.DONE]
     out = {}
@@ -583,7 +597,7 @@ def _phase_medians(entered: dict[str, dict[str, float]]) -> dict[str, float]:
                 if later:
                     spans.append(min(later) - seen[st])
         if spans:
-            out[st] = round(statistics.median(spans), 3)
+            out[st] = round(statistics.median(spans) if q == 0.5 else sorted(spans)[int(q * (len(spans) - 1))], 3)
     return out
 
 
@@ -613,16 +627,53 @@ def _work_round(costs, parallel: int, target: str, fleet) -> float:
     return time.monotonic() - t
 
 
+def _busy_s() -> float:
+    """The machine's busy CPU seconds so far, all cores and all processes (/proc/stat)."""
+    with open("/proc/stat") as fh:
+        cpu = [int(x) for x in fh.readline().split()[1:]]
+    return (sum(cpu[:8]) - cpu[3] - cpu[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class Saturation:
+    """The machine's busy cores second by second while a rollout runs: how long it had no CPU to
+    spare (>= 90% of its cores busy). A rollout that spends its waves there measures this machine,
+    not the coordination: the apiserver, etcd and the daemons wait for each other's CPU."""
+
+    def __init__(self, step: float = 1.0) -> None:
+        self.step, self.samples = step, []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="saturation", daemon=True)
+
+    def start(self) -> Saturation:
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+    def _run(self) -> None:
+        last, t = _busy_s(), time.monotonic()
+        while not self.stop.wait(self.step):
+            now, t1 = _busy_s(), time.monotonic()
+            self.samples.append((now - last) / max(t1 - t, 1e-3))
+            last, t = now, t1
+
+    def summary(self) -> dict:
+        cores = os.cpu_count() or 1
+        s = sorted(self.samples)
+        return {"busy_cores_peak_1s": round(s[-1], 2) if s else None,
+                "busy_cores_p90_1s": round(s[int(0.9 * (len(s) - 1))], 2) if s else None,
+                "saturated_s": round(sum(self.step for x in s if x >= 0.9 * cores), 1)}
+
+
 def _cpu(fleet, coord, proc_cpu_seconds) -> dict:
     """CPU seconds of the fleet (this process and the daemons' processes) and of the coordinator's, the
     machine's busy CPU (all of it, from /proc/stat, in seconds), the load averages, the wall clock."""
-    with open("/proc/stat") as fh:
-        cpu = [int(x) for x in fh.readline().split()[1:]]
-    idle = cpu[3] + cpu[4]
     groups = {sn.proc.pid for name, sn in fleet.nodes.items() if sn.proc is not None and name != coord}
     out = {"fleet": proc_cpu_seconds(os.getpid()) + sum(proc_cpu_seconds(pid) for pid in groups),
            "wall": time.monotonic(),
-           "busy": (sum(cpu[:8]) - idle) / os.sysconf("SC_CLK_TCK"),
+           "busy": _busy_s(),
            "load": [round(x, 2) for x in os.getloadavg()]}
     sn = fleet.nodes.get(coord) if coord else None
     if sn is not None and sn.proc is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 
 import pytest
 
@@ -67,7 +68,7 @@ def test_rollouts_one_after_the_other_on_one_fleet(tmp_path):
     the daemons run in two processes of their own (--node-processes 2)."""
     bench = _bench()
     res = bench.run(_args(tmp_path, nodes=3, max_parallel="2,1", max_unavailable="2", drain_timeout=5, faults="",
-                          node_processes=2))
+                          node_processes=2, timeline=str(tmp_path / "timeline.jsonl")))
     runs = res["runs"]
     assert [r["max_parallel"] for r in runs] == [2, 1] and runs[0]["target"] != runs[1]["target"]
     for r in runs:
@@ -78,6 +79,31 @@ def test_rollouts_one_after_the_other_on_one_fleet(tmp_path):
         assert r["daemon_processes"] == 2
         # the GPU pods the first drain evicted came back (their controller's part): the second drains them too
         assert r["api_requests_by_kind"]["create pods/eviction"] == 1.0, r["api_requests_by_kind"]
+        assert set(r["per_state_p90_s"]) == set(r["per_state_median_s"]), r
+        assert r["machine"]["saturated_s"] >= 0 and r["machine"]["busy_cores_peak_1s"] > 0, r["machine"]
+    # --timeline: each rollout's nodes, when each state was seen
+    lines = [json.loads(x) for x in (tmp_path / "timeline.jsonl").read_text().splitlines()]
+    assert [x["max_parallel"] for x in lines] == [2, 1]
+    assert all(set(t) >= {"admitted", "done"} and t["admitted"] < t["done"]
+               for x in lines for t in x["nodes"].values()) and len(lines[0]["nodes"]) == 3, lines
+
+
+def test_saturation_counts_the_seconds_the_machine_had_no_cpu_to_spare(monkeypatch):
+    """The bench says when its makespan measures the machine: seconds with >= 90% of the cores busy."""
+    spec = importlib.util.spec_from_file_location("fleet_bench_s", REPO / "bench/fleet.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    busy = iter([0.0, 1.95, 2.9, 4.9, 6.85] + [6.85] * 1000)   # busy CPU seconds at each sample
+    clock = iter([float(i) for i in range(1000)])
+    monkeypatch.setattr(mod, "_busy_s", lambda: next(busy))
+    monkeypatch.setattr(mod.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(mod.os, "cpu_count", lambda: 2)
+    s = mod.Saturation(step=1.0)
+    s.stop.wait = lambda t, n=iter([False] * 4 + [True]): next(n)        # four samples, then stop
+    s._run()
+    assert [round(x, 2) for x in s.samples] == [1.95, 0.95, 2.0, 1.95]
+    out = s.summary()
+    assert out["saturated_s"] == 3.0 and out["busy_cores_peak_1s"] == 2.0, out
 
 
 @pytest.mark.slow
