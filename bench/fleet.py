@@ -489,8 +489,8 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
         first = min(obs.admitted.values()) if obs.admitted else t_end
         last = max(obs.done.values()) if obs.done else t_end
         max_unavail, over = obs.max_unavail, obs.over
-        phases = _phase_medians(obs.entered)
-        phases_p90 = _phase_medians(obs.entered, 0.9)
+        phases = _state_quantiles(obs.entered)
+        phases_p90 = _state_quantiles(obs.entered, 0.9)
         gap = _slot_gap(sorted(obs.admitted.values()), sorted(obs.done.values()), min(p, limit))
         wave = sorted(obs.admitted.values())[:min(p, limit)]
         timeline = {nd: dict(seen) for nd, seen in obs.entered.items()}
@@ -583,7 +583,7 @@ def _clear_rollouts(fleet, kube) -> None:
         raise SystemExit("fleet.py: the ended rollouts were not deleted")
 
 
-def _phase_medians(entered: dict[str, dict[str, float]], q: float = 0.5) -> dict[str, float]:
+def _state_quantiles(entered: dict[str, dict[str, float]], q: float = 0.5) -> dict[str, float]:
     """How long the nodes stayed in each state of the upgrade (the q-quantile, the median by default,
     over the nodes that went on to a later one), as the observer's watch saw the changes."""
     from driverd.cluster import model as m

@@ -102,7 +102,9 @@ class TimedHost:
             os.replace(tmp, self.processes_file)
 
     def _current(self) -> dict[str, tuple[int, str, str]]:
-        if not self.processes_file:
+        """The processes as the kubelet's host keeps them: its own record where it writes the file
+        (or there is none), the file where another process writes it."""
+        if not self.processes_file or self._writes_file:
             return self.processes
         try:
             with open(self.processes_file) as fh:
