@@ -455,7 +455,7 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
                                               "validation": {"timeoutSeconds": 60}}})
     t_start = time.time()
     end = time.monotonic() + a.timeout
-    phase = None
+    phase, why = None, None
     last_note = 0.0
     saturation = Saturation().start()
     while time.monotonic() < end:
@@ -467,7 +467,7 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
                   file=sys.stderr, flush=True)
         ro = obs_kube.get(rollout_path(name))
         st = ro.get("status") or {}
-        phase = st.get("phase")
+        phase, why = st.get("phase"), f"{st.get('reason')}: {st.get('message')}"
         if phase in ("Completed", "Failed", "Refused", "Paused") and \
                 st.get("observedGeneration") == ro["metadata"].get("generation"):
             break
@@ -512,7 +512,7 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
         "nodes": n, "max_parallel": p, "target": target, "hosts": "timed" if timed else "files",
         "gpu_namespaces": len(fleet.gpu_namespaces),
         "faults": faults, "fault_nodes": role,
-        "phase": phase, "completed": phase in ("Completed", "Failed"),
+        "phase": phase, "phase_reason": why, "completed": phase in ("Completed", "Failed"),
         "preflight_s": round(first - t_start, 2),
         "one_node_s": round(one_node, 3), "per_node_median_s": round(per_node, 3),
         "per_node_p90_s": round(sorted(per)[int(0.9 * (len(per) - 1))], 3) if per else 0.0,
@@ -552,6 +552,9 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
         "fault_outcomes": {f: {"node": nd, "state": next((v.state for v in nodes_now if v.name == nd), None),
                                "reason": next((f"{v.reason}: {v.message}" for v in nodes_now if v.name == nd), None)}
                            for f, nd in role.items()},
+        # a node that failed without a fault of its own: the bench's faults reached past their node
+        "failed_without_fault": {v.name: f"{v.reason}: {v.message}" for v in nodes_now
+                                 if v.state == m.FAILED and v.name not in role.values()},
     }
     return out
 

@@ -39,6 +39,7 @@ from driverd.cluster.kube import (
     KubeError,
     node_path,
     now_rfc3339,
+    outage,
     parse_time,
     pods_path,
     pool_path,
@@ -85,6 +86,10 @@ class NodeAgent:
         # each pod's last refusal in the API's words (what the node fails with, should the API server be
         # unreachable on the last try)
         self._pod_watch: Informer | None = None
+        # when this daemon's view of the node's pods last began: (time, the watch's outages then). The
+        # drain's timeout counts from it, so an API server away (or this daemon restarted) mid-drain does
+        # not fail the node for pods nobody could see leave
+        self._drain_view: tuple[float, int] | None = None
         self._evicted: set[str] = set()
         self._daemonsets: dict[tuple, dict | None] = {}
         self._refusals: dict[str, str] = {}
@@ -453,14 +458,26 @@ class NodeAgent:
                                        watch_timeout_s=DRAIN_WATCH_S).start()
         w = self._pod_watch
         if w.tried.wait(10) and w.synced.is_set() and w.error is None:
-            return w.snapshot()
-        return self._pods()        # the watch refused or broken: its cache may be behind, the API is not
+            pods = w.snapshot()
+        else:
+            pods = self._pods()    # the watch refused or broken: its cache may be behind, the API is not
+        if self._drain_view is None or self._drain_view[1] != w.outages:
+            self._drain_view = (self.clock(), w.outages)
+        return pods
+
+    def _drain_elapsed(self, v: m.NodeView) -> float:
+        """The drain's time so far: since the node began evicting, or since this daemon's view of its
+        pods last began (its first round, the API server back after an outage), whichever is later."""
+        since = parse_time(v.since) or 0.0
+        start = max(since, self._drain_view[0]) if self._drain_view else since
+        return max(0.0, self.clock() - start)
 
     def _end_drain_watch(self) -> None:
         if self._pod_watch is not None:
             self._pod_watch.close()
             self._pod_watch = None
         self._evicted.clear()
+        self._drain_view = None
         self._daemonsets, self._refusals = {}, {}
 
     def _drain_plan(self, r: m.Rollout, *, watched: bool = False) -> DrainPlan:
@@ -531,6 +548,10 @@ class NodeAgent:
             except KubeError as e:
                 if e.status == 404:
                     continue
+                if outage(e):       # the API server shutting down or overloaded: not its verdict on the pod
+                    unreachable |= u.uid not in self._refusals
+                    stuck.append((u, self._refusals.get(u.uid) or e.one_line()))
+                    continue
                 self._refusals[u.uid] = _pdb_words(e) if e.status == 429 else \
                     f"eviction answered {e.status} {e.reason}: {e.api_message}"
                 stuck.append((u, self._refusals[u.uid]))
@@ -550,7 +571,7 @@ class NodeAgent:
                       f"{r.drain_timeout_s} for them to end")
         if not stuck:
             return EVICT_FIRST_S     # evicted: look again shortly for pods still terminating
-        left = r.drain_timeout_s - self._elapsed(v)
+        left = r.drain_timeout_s - self._drain_elapsed(v)
         if left > 0:
             return min(self._backoff(v), left + 0.1)
         if unreachable and left > -r.drain_timeout_s:

@@ -9,7 +9,7 @@ import random
 import threading
 from collections.abc import Callable
 
-from driverd.cluster.kube import ClusterError, Kube, KubeError
+from driverd.cluster.kube import ClusterError, Kube, KubeError, outage
 
 # The server ends a watch after a time we choose, and we resume from the last resourceVersion: between
 # 5 and 10 minutes, drawn for each watch as client-go's reflector does, so that a fleet's daemons, all
@@ -17,27 +17,34 @@ from driverd.cluster.kube import ClusterError, Kube, KubeError
 # daemon's three watches back in the same second, and cost a long rollout a request per 290 s each).
 WATCH_TIMEOUT_S = (300, 600)
 MISSING_RETRY_S = 30        # a resource not served (missing_ok): list again after this
+# tries while the server does not answer back off from 0.2 s to this: a fleet's daemons do not all
+# hammer an API server that is restarting
+RETRY_MAX_S = 10.0
 
 
 class Informer:
     def __init__(self, kube: Kube, path: str, *, labels: str | None = None, fields: str | None = None,
                  on_change: Callable[[str, dict], None] | None = None, name: str = "informer",
                  log: Callable[[str], None] | None = None, missing_ok: bool = False,
-                 watch_timeout_s: tuple[int, int] = WATCH_TIMEOUT_S) -> None:
+                 watch_timeout_s: tuple[int, int] = WATCH_TIMEOUT_S, retry_max_s: float = RETRY_MAX_S) -> None:
         """missing_ok: a resource the server does not serve (404: a CRD not installed) is an empty,
         synced cache, listed again every MISSING_RETRY_S until it is served. watch_timeout_s: the
-        range each watch's timeout is drawn from (a short-lived informer ends with its watch)."""
+        range each watch's timeout is drawn from (a short-lived informer ends with its watch).
+        retry_max_s: the longest wait between two tries while the server does not answer."""
         self.kube, self.path, self.labels, self.fields = kube, path, labels, fields
         self.on_change = on_change or (lambda kind, obj: None)
         self.name, self.log = name, log or (lambda m: None)
         self.missing_ok = missing_ok
-        self.watch_timeout_s = watch_timeout_s
+        self.watch_timeout_s, self.retry_max_s = watch_timeout_s, retry_max_s
         self.items: dict[str, dict] = {}
         self.synced = threading.Event()
         self.tried = threading.Event()          # the first list was tried, whatever came of it
         # the last failure of the list or the watch, None once events (or a new list) flow again: while
         # set, the cache may be behind the server (a watch refused, the API server gone)
         self.error: str | None = None
+        # how often the API server gave no answer (refused, broken, 5xx): whoever judges time by this
+        # cache (the drain's timeout) does not count an outage against the objects it waits for
+        self.outages = 0
         self.stop = threading.Event()
         self._rv: str | None = None
         self._lock = threading.Lock()
@@ -116,13 +123,15 @@ class Informer:
                     continue
                 self._failed(e)
                 self._sleep(delay)
-                delay = min(delay * 2, 10.0)
+                delay = min(delay * 2, self.retry_max_s)
             except ClusterError as e:           # connection refused / broken: the API server restarts
                 self._failed(e)
                 self._sleep(delay)
-                delay = min(delay * 2, 10.0)
+                delay = min(delay * 2, self.retry_max_s)
 
     def _failed(self, e: ClusterError) -> None:
+        if outage(e):
+            self.outages += 1
         self.error = e.one_line()
         self.tried.set()
         self.log(f"{self.name}: {self.error}")

@@ -27,6 +27,7 @@ GROUP, VERSION = "driverd.io", "v1alpha1"
 ROLLOUTS = f"/apis/{GROUP}/{VERSION}/driverrollouts"
 POOLS = f"/apis/{GROUP}/{VERSION}/driverpools"
 RETRY_STATUS = (429, 500, 502, 503, 504)
+OUTAGE_STATUS = (502, 503, 504)
 
 
 class KubeError(ClusterError):
@@ -336,6 +337,12 @@ class Kube:
             raise
         finally:
             resp.release_conn()
+
+
+def outage(e: BaseException) -> bool:
+    """No answer on the request's merits: the API server unreachable, shutting down or overloaded
+    (502/503/504). A 500 is an answer (the Eviction API's for a pod under two PodDisruptionBudgets)."""
+    return isinstance(e, Unreachable) or (isinstance(e, KubeError) and e.status in OUTAGE_STATUS)
 
 
 def _retryable(e: BaseException) -> bool:

@@ -42,6 +42,8 @@ PLUGIN_NS = "gpu-operator"
 PLUGIN = "nvidia-device-plugin"
 SIM_WORKERS = 8                    # threads of the played kubelets and DaemonSet controller (timed hosts)
 HOLD = "example.com/hold"          # a finalizer nobody removes (pods stuck Terminating)
+CONFIRM_RETRY_S = 120              # how long a played kubelet keeps confirming a deletion while the API is away
+SIM_RETRY_MAX_S = 1.0              # the played kubelets and controller are back within a second of the API server
 CONFIG = """[driver]
 version = "{version}"
 flavor = "open"
@@ -620,8 +622,8 @@ class Kubelet:
     """The kubelets of the simulated nodes, as far as the API and the node's /proc see them, from one
     list + watch of all pods: a pod bound to a node is marked Running; a pod that is deleted or got a
     deletionTimestamp (an eviction) has its processes on its node end, and its graceful deletion is
-    confirmed (a finalizer still holds it Terminating). After the watch was cut (the API server
-    restarted), the re-list ends the processes of every pod that is gone. With `workers`, its API
+    confirmed (a finalizer still holds it Terminating), retried while the API server is away. After a
+    re-list (the watch's history was gone), the processes of every pod that is gone end. With `workers`, its API
     calls go to that many threads (as each node's kubelet acts on its own: a fleet of hundreds of
     nodes changing at once is not served one call after the other); without, in the watch's thread."""
 
@@ -629,14 +631,17 @@ class Kubelet:
         from driverd.cluster.informer import Informer
         from driverd.cluster.kube import pods_path
         self.fleet, self.kube = fleet, kube
-        self.pods = Informer(kube, pods_path(), on_change=self._changed, name="sim-kubelet")
+        self.pods = Informer(kube, pods_path(), on_change=self._changed, name="sim-kubelet",
+                             retry_max_s=SIM_RETRY_MAX_S)
         self.pool = _pool(workers, "sim-kubelet")
+        self.closed = threading.Event()
 
     def start(self) -> Kubelet:
         self.pods.start()
         return self
 
     def close(self) -> None:
+        self.closed.set()
         self.pods.close()
         if self.pool:
             self.pool.shutdown(wait=False, cancel_futures=True)
@@ -669,15 +674,24 @@ class Kubelet:
             pass
 
     def _confirm(self, md: dict) -> None:
-        from driverd.cluster.kube import KubeError, pods_path
-        try:
-            self.kube.request("DELETE", pods_path(md["namespace"], md["name"]), retry=False,
-                              body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
-                                    "preconditions": {"uid": md.get("uid")}})
-        except KubeError:
-            pass                  # already gone, or a newer pod of that name
-        except Exception:         # the API server restarting: the re-list comes back to it
-            pass
+        # retried while the API server is away, at a kubelet's pace rather than a client's backoff: a
+        # watch resumed after a restart brings no re-list, so a confirmation lost to the restart would
+        # never come again and the pod would stay Terminating past any drain timeout
+        from driverd.cluster.kube import ClusterError, KubeError, pods_path
+        end = time.monotonic() + CONFIRM_RETRY_S
+        while True:
+            try:
+                self.kube.request("DELETE", pods_path(md["namespace"], md["name"]), retry=False,
+                                  body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
+                                        "preconditions": {"uid": md.get("uid")}})
+                return
+            except KubeError as e:
+                if e.status < 500:
+                    return        # already gone, or a newer pod of that name
+            except ClusterError:
+                pass
+            if time.monotonic() > end or self.closed.wait(0.25):
+                return            # away for longer: a re-list (SYNC) comes back to it
 
     def _resync(self) -> None:
         pods = self.pods.snapshot()
@@ -717,8 +731,9 @@ class DaemonSetController:
         self.wake = threading.Event()
         self.stop = threading.Event()
         self.placed: dict[str, str] = {}          # node -> its plugin pod's uid
-        self.pods = Informer(kube, pods_path(PLUGIN_NS), name="sim-ds-pods")
-        self.nodes = Informer(kube, node_path(), on_change=self._changed, name="sim-ds-nodes")
+        self.pods = Informer(kube, pods_path(PLUGIN_NS), name="sim-ds-pods", retry_max_s=SIM_RETRY_MAX_S)
+        self.nodes = Informer(kube, node_path(), on_change=self._changed, name="sim-ds-nodes",
+                              retry_max_s=SIM_RETRY_MAX_S)
         self.thread = threading.Thread(target=self._run, name="sim-ds", daemon=True)
 
     def start(self) -> DaemonSetController:

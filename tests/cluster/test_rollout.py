@@ -430,6 +430,26 @@ def test_the_drain_goes_on_when_the_pods_deletion_is_seen_not_at_the_next_poll(c
     wait_phase(f, "r", ("Completed",), timeout=60)
 
 
+def test_an_api_server_away_mid_drain_does_not_count_against_the_drain_timeout(cluster):
+    """kube-apiserver is away for longer than spec.drain.timeoutSeconds while the node's pod is
+    Terminating: nobody could see the pod leave (its kubelet could not confirm the deletion either).
+    The drain's clock starts again when the daemon sees the node's pods again, so a pod that goes a few
+    seconds after the restart does not fail the node. Counting the outage failed it at the daemon's
+    first look after the restart (within the API client's retry wait, at most 5 s)."""
+    srv, _ = cluster
+    f, k = _one_node_rollout(cluster, Fleet.stuck_terminating, failureBudget=0, drain={"timeoutSeconds": 8})
+    pod = _pod_of(f, "gpu-0000")
+    assert f.wait(lambda: (k.find(pod) or {}).get("metadata", {}).get("deletionTimestamp"), 60), "never evicted"
+    t0 = time.monotonic()
+    srv.restart_apiserver(down_s=8.0)
+    assert time.monotonic() - t0 > 8
+    time.sleep(5.0)                     # the pod's kubelet confirms a while after the API server is back
+    assert views(f)["gpu-0000"].state == m.EVICTING, views(f)["gpu-0000"].message
+    f.admin.patch(pod, {"metadata": {"finalizers": []}})
+    ro = wait_phase(f, "r", ("Completed", "Paused", "Failed"), timeout=90)
+    assert ro["status"]["phase"] == "Completed", views(f)["gpu-0000"].message
+
+
 def test_a_drain_whose_pod_watch_is_refused_lists_the_pods_instead(cluster, monkeypatch):
     """A pod watch refused (RBAC without `watch` on pods): the drain reads the pods from the API each
     round, never from a cache the refused watch left behind."""
@@ -450,19 +470,22 @@ def test_a_drain_whose_pod_watch_is_refused_lists_the_pods_instead(cluster, monk
     assert views(f)["gpu-0000"].state == m.DONE
 
 
-def test_a_drain_that_times_out_while_the_api_server_is_away_names_the_apis_last_answer(cluster, monkeypatch):
-    """Two PodDisruptionBudgets make the Eviction API answer 500; then the API server is unreachable
-    for the evictions (restarting). The node fails at the drain's timeout naming the 500, the API's
-    words, not the connection error of the last try."""
-    from driverd.cluster.kube import Unreachable
+@pytest.mark.parametrize("away", ["refused", "shutting-down"])
+def test_a_drain_that_times_out_while_the_api_server_is_away_names_the_apis_last_answer(cluster, monkeypatch, away):
+    """Two PodDisruptionBudgets make the Eviction API answer 500; then the API server is away for the
+    evictions: unreachable (restarting), or answering 503 as it does while it shuts down. The node
+    fails at the drain's timeout naming the 500, the API's words, not the outage of the last try."""
+    from driverd.cluster.kube import KubeError, Unreachable
     real_create = Kube.create
     tries: list[str] = []
 
     def create(self, path, body, **kw):
         if path.endswith("/eviction"):
             tries.append(path)
-            if len(tries) > 1:
+            if len(tries) > 1 and away == "refused":
                 raise Unreachable("cannot reach the Kubernetes API: connection refused")
+            if len(tries) > 1:
+                raise KubeError(503, "ServiceUnavailable", "apiserver is shutting down")
         return real_create(self, path, body, **kw)
     monkeypatch.setattr(Kube, "create", create)
     f, k = _one_node_rollout(cluster, Fleet.two_pdbs, failureBudget=0, drain={"timeoutSeconds": 2})
@@ -470,4 +493,5 @@ def test_a_drain_that_times_out_while_the_api_server_is_away_names_the_apis_last
     v = views(f)["gpu-0000"]
     assert v.state == m.FAILED and v.reason == "EvictionBlocked", v.message
     assert "eviction answered 500" in v.message and "cannot reach" not in v.message, v.message
+    assert "503" not in v.message and "shutting down" not in v.message, v.message
     assert len(tries) > 1 and not v.unschedulable
