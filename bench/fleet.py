@@ -404,7 +404,8 @@ def _run(a, backend, faults, rnd, work, ps) -> list[dict]:
                 fleet.workloads_back()          # the drained GPU pods return: the next drain has them too
             # the first time too: at 1,000 nodes the disruption controller had not yet counted the new
             # pods when the one-node rollout began (its eviction refused for 12 s: a 19 s "one node")
-            _wait_budgets(fleet, obs_kube, skip=set(role.values()))
+            if not fleet.wait_budgets(skip=set(role.values())):
+                raise SystemExit("fleet.py: the GPU pods' PodDisruptionBudgets did not allow evictions again")
             r = _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord, outside, faults, role,
                          limit, timed)
             r.update(build_s=round(build_s, 2), start_s=round(start_s, 2), workdir=work)
@@ -557,23 +558,6 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
                                  if v.state == m.FAILED and v.name not in role.values()},
     }
     return out
-
-
-def _wait_budgets(fleet, kube, timeout: float = 600, skip: set[str] = frozenset()) -> None:
-    """Every GPU pod's PodDisruptionBudget allows its eviction (again): the disruption controller has
-    counted the pods that were created or came back (until then the Eviction API refuses them, and a
-    rollout started now would measure the controller's backlog: seen as a 26 s one-node rollout). The
-    budgets of the nodes in `skip` (a fault's: pdb-never allows nothing) are not waited for."""
-    def ours(p: dict) -> bool:
-        name = p["metadata"]["name"]
-        return not any(f"-{node}-" in name for node in skip)
-
-    def ready() -> bool:
-        pdbs = [p for ns in fleet.gpu_namespaces
-                for p in kube.list(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets").get("items") or []]
-        return all(((p.get("status") or {}).get("disruptionsAllowed") or 0) >= 1 for p in pdbs if ours(p))
-    if not fleet.wait(ready, timeout=timeout, step=1.0):
-        raise SystemExit("fleet.py: the GPU pods' PodDisruptionBudgets did not allow evictions again")
 
 
 def _clear_rollouts(fleet, kube) -> None:

@@ -86,10 +86,11 @@ class NodeAgent:
         # each pod's last refusal in the API's words (what the node fails with, should the API server be
         # unreachable on the last try)
         self._pod_watch: Informer | None = None
-        # when this daemon's view of the node's pods last began: (time, the watch's outages then). The
-        # drain's timeout counts from it, so an API server away (or this daemon restarted) mid-drain does
-        # not fail the node for pods nobody could see leave
-        self._drain_view: tuple[float, int] | None = None
+        # when this daemon's view of the node's pods began: its first read of them, or its first read
+        # after one the API server did not answer. The drain's timeout counts from it, so an API server
+        # away (or this daemon restarted) mid-drain does not fail the node for pods nobody could see
+        # leave: their kubelets could not confirm the deletions either
+        self._drain_view: float | None = None
         self._evicted: set[str] = set()
         self._daemonsets: dict[tuple, dict | None] = {}
         self._refusals: dict[str, str] = {}
@@ -444,9 +445,9 @@ class NodeAgent:
         return 0
 
     # -- evicting ---------------------------------------------------------------------------------------
-    def _pods(self, labels: str | None = None) -> list[dict]:
-        return self.kube.list(pods_path(), labels=labels or None,
-                              fields=f"spec.nodeName={self.node}").get("items") or []
+    def _pods(self, labels: str | None = None, *, retry: bool = True) -> list[dict]:
+        return self.kube.request("GET", pods_path(), retry=retry, query={
+            "labelSelector": labels or None, "fieldSelector": f"spec.nodeName={self.node}"}).get("items") or []
 
     def _watched_pods(self) -> list[dict]:
         """The node's pods as its watch shows them (started at the first eviction round: one list, then
@@ -460,16 +461,23 @@ class NodeAgent:
         if w.tried.wait(10) and w.synced.is_set() and w.error is None:
             pods = w.snapshot()
         else:
-            pods = self._pods()    # the watch refused or broken: its cache may be behind, the API is not
-        if self._drain_view is None or self._drain_view[1] != w.outages:
-            self._drain_view = (self.clock(), w.outages)
+            # the watch refused or broken: its cache may be behind, the API is not. Asked once: an API
+            # server that does not answer stops the drain's clock (below) instead of a retry hiding it
+            try:
+                pods = self._pods(retry=False)
+            except ClusterError as e:
+                if outage(e):
+                    self._drain_view = None
+                raise
+        if self._drain_view is None:
+            self._drain_view = self.clock()
         return pods
 
     def _drain_elapsed(self, v: m.NodeView) -> float:
         """The drain's time so far: since the node began evicting, or since this daemon's view of its
         pods last began (its first round, the API server back after an outage), whichever is later."""
         since = parse_time(v.since) or 0.0
-        start = max(since, self._drain_view[0]) if self._drain_view else since
+        start = max(since, self._drain_view) if self._drain_view else since
         return max(0.0, self.clock() - start)
 
     def _end_drain_watch(self) -> None:
@@ -508,7 +516,14 @@ class NodeAgent:
         paused = self._pause_components(node, oc.EARLY)
         if paused is not None:
             return paused
-        plan = self._drain_plan(r, watched=True)
+        try:
+            plan = self._drain_plan(r, watched=True)
+        except ClusterError as e:
+            if not outage(e):
+                raise
+            self.log(f"driverd cluster: node {self.node}: evicting: cannot read its pods ({e.one_line()}); "
+                     "the drain's timeout counts again once the API server answers")
+            return 1.0
         if plan.no_controller and not r.drain_force:
             return self._fail(node, v, "EvictionRefused", f"{len(plan.no_controller)} GPU pod(s) have no controller, "
                               f"so nothing would recreate them ({', '.join(u.ref for u in plan.no_controller[:5])}); "

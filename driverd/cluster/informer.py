@@ -9,7 +9,7 @@ import random
 import threading
 from collections.abc import Callable
 
-from driverd.cluster.kube import ClusterError, Kube, KubeError, outage
+from driverd.cluster.kube import ClusterError, Kube, KubeError
 
 # The server ends a watch after a time we choose, and we resume from the last resourceVersion: between
 # 5 and 10 minutes, drawn for each watch as client-go's reflector does, so that a fleet's daemons, all
@@ -42,9 +42,6 @@ class Informer:
         # the last failure of the list or the watch, None once events (or a new list) flow again: while
         # set, the cache may be behind the server (a watch refused, the API server gone)
         self.error: str | None = None
-        # how often the API server gave no answer (refused, broken, 5xx): whoever judges time by this
-        # cache (the drain's timeout) does not count an outage against the objects it waits for
-        self.outages = 0
         self.stop = threading.Event()
         self._rv: str | None = None
         self._lock = threading.Lock()
@@ -130,8 +127,6 @@ class Informer:
                 delay = min(delay * 2, self.retry_max_s)
 
     def _failed(self, e: ClusterError) -> None:
-        if outage(e):
-            self.outages += 1
         self.error = e.one_line()
         self.tried.set()
         self.log(f"{self.name}: {self.error}")

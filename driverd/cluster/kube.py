@@ -340,7 +340,7 @@ class Kube:
 
 
 def outage(e: BaseException) -> bool:
-    """No answer on the request's merits: the API server unreachable, shutting down or overloaded
+    """No answer from the API server: none reached, or it says it is shutting down or overloaded
     (502/503/504). A 500 is an answer (the Eviction API's for a pod under two PodDisruptionBudgets)."""
     return isinstance(e, Unreachable) or (isinstance(e, KubeError) and e.status in OUTAGE_STATUS)
 

@@ -600,6 +600,20 @@ class Fleet:
             time.sleep(step)
         return predicate()
 
+    def wait_budgets(self, timeout: float = 600, skip: set[str] = frozenset()) -> bool:
+        """Whether every GPU pod's PodDisruptionBudget came to allow its eviction within `timeout`: the
+        disruption controller has counted the pods created or come back (until then the Eviction API
+        answers 429, as after a restart of the API server, whose controllers re-list). The budgets of
+        the nodes in `skip` (a fault's: pdb-never allows nothing) are not waited for."""
+        def ours(p: dict) -> bool:
+            return not any(f"-{node}-" in p["metadata"]["name"] for node in skip)
+
+        def allowed() -> bool:
+            pdbs = [p for ns in self.gpu_namespaces
+                    for p in self.admin.list(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets").get("items") or []]
+            return all(((p.get("status") or {}).get("disruptionsAllowed") or 0) >= 1 for p in pdbs if ours(p))
+        return self.wait(allowed, timeout=timeout, step=1.0)
+
 
 def _ready_condition(ready: bool, since: float | None = None) -> dict:
     from driverd.cluster.kube import now_rfc3339
@@ -622,9 +636,9 @@ class Kubelet:
     """The kubelets of the simulated nodes, as far as the API and the node's /proc see them, from one
     list + watch of all pods: a pod bound to a node is marked Running; a pod that is deleted or got a
     deletionTimestamp (an eviction) has its processes on its node end, and its graceful deletion is
-    confirmed (a finalizer still holds it Terminating), retried while the API server is away. After a
-    re-list (the watch's history was gone), the processes of every pod that is gone end. With `workers`, its API
-    calls go to that many threads (as each node's kubelet acts on its own: a fleet of hundreds of
+    confirmed (a finalizer still holds it Terminating), retried while the API server is away. After
+    a re-list (the watch's history was gone), the processes of every pod that is gone end. With
+    `workers`, its API calls go to that many threads (as each node's kubelet acts on its own: a fleet of hundreds of
     nodes changing at once is not served one call after the other); without, in the watch's thread."""
 
     def __init__(self, fleet: Fleet, kube, workers: int = 0) -> None:

@@ -393,14 +393,18 @@ def test_the_status_subresource_keeps_spec_and_status_apart(cluster):
 
 
 
-def _one_node_rollout(cluster, fault=None, **spec) -> tuple[Fleet, Kube]:
+def _one_node_rollout(cluster, fault=None, *, budgets: bool = False, **spec) -> tuple[Fleet, Kube]:
     """A one-node fleet (`fault(fleet, "gpu-0000")` applied before its daemon starts) and rollout `r`
-    of NEW over it with `spec`."""
+    of NEW over it with `spec`; with `budgets`, once the GPU pod's PodDisruptionBudget allows the
+    first eviction (right after an API server restart, the disruption controller may not have
+    counted the pod yet: the Eviction API answers 429 and the drain waits for its next round)."""
     srv, make = cluster
     f = make(1)
     if fault is not None:
         fault(f, "gpu-0000")
     started(f)
+    if budgets:
+        assert f.wait_budgets(timeout=60), "the disruption controller never counted the GPU pod"
     k = kube(f)
     k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
                               "spec": {"driver": NEW, **spec}})
@@ -418,7 +422,8 @@ def test_the_drain_goes_on_when_the_pods_deletion_is_seen_not_at_the_next_poll(c
     from driverd.cluster import agent
     monkeypatch.setattr(agent, "EVICT_FIRST_S", 60.0)
     monkeypatch.setattr(agent, "EVICT_RETRY_S", 60.0)
-    f, k = _one_node_rollout(cluster, Fleet.stuck_terminating, drain={"timeoutSeconds": 300})
+    # the first eviction must be allowed: a 429 would make the drain wait out its 60 s round
+    f, k = _one_node_rollout(cluster, Fleet.stuck_terminating, budgets=True, drain={"timeoutSeconds": 300})
     pod = _pod_of(f, "gpu-0000")
     assert f.wait(lambda: (k.find(pod) or {}).get("metadata", {}).get("deletionTimestamp"), 60), "never evicted"
     assert f.wait(lambda: views(f)["gpu-0000"].reason == "Evicting", 10)
@@ -435,9 +440,10 @@ def test_an_api_server_away_mid_drain_does_not_count_against_the_drain_timeout(c
     Terminating: nobody could see the pod leave (its kubelet could not confirm the deletion either).
     The drain's clock starts again when the daemon sees the node's pods again, so a pod that goes a few
     seconds after the restart does not fail the node. Counting the outage failed it at the daemon's
-    first look after the restart (within the API client's retry wait, at most 5 s)."""
+    first look after the restart."""
     srv, _ = cluster
-    f, k = _one_node_rollout(cluster, Fleet.stuck_terminating, failureBudget=0, drain={"timeoutSeconds": 8})
+    f, k = _one_node_rollout(cluster, Fleet.stuck_terminating, budgets=True, failureBudget=0,
+                             drain={"timeoutSeconds": 8})
     pod = _pod_of(f, "gpu-0000")
     assert f.wait(lambda: (k.find(pod) or {}).get("metadata", {}).get("deletionTimestamp"), 60), "never evicted"
     t0 = time.monotonic()
@@ -468,6 +474,24 @@ def test_a_drain_whose_pod_watch_is_refused_lists_the_pods_instead(cluster, monk
     assert ro["status"]["phase"] == "Completed", views(f)["gpu-0000"].message
     assert refused, "the drain never tried to watch its pods"
     assert views(f)["gpu-0000"].state == m.DONE
+
+
+def test_a_drain_whose_pod_watch_is_refused_still_times_out(cluster, monkeypatch):
+    """With the pod watch refused (403) every round lists the pods, and the lists answer: the pods are
+    seen all along, so the drain's clock runs and a PodDisruptionBudget that never allows the eviction
+    fails the node at the timeout (only an API server that does not answer stops the clock)."""
+    from driverd.cluster.kube import KubeError
+    real_watch = Kube.watch
+
+    def watch(self, path, **kw):
+        if path == "/api/v1/pods" and (kw.get("fields") or "").startswith("spec.nodeName="):
+            raise KubeError(403, "Forbidden", "pods is forbidden: cannot watch resource \"pods\"")
+        return real_watch(self, path, **kw)
+    monkeypatch.setattr(Kube, "watch", watch)
+    f, k = _one_node_rollout(cluster, Fleet.pdb_never, failureBudget=0, drain={"timeoutSeconds": 3})
+    wait_phase(f, "r", ("Paused",), timeout=90)
+    v = views(f)["gpu-0000"]
+    assert v.state == m.FAILED and v.reason == "EvictionBlocked" and "disruption budget" in v.message, v.message
 
 
 @pytest.mark.parametrize("away", ["refused", "shutting-down"])
