@@ -469,7 +469,7 @@ def test_a_drain_whose_pod_watch_is_refused_lists_the_pods_instead(cluster, monk
             raise KubeError(403, "Forbidden", "pods is forbidden: cannot watch resource \"pods\"")
         return real_watch(self, path, **kw)
     monkeypatch.setattr(Kube, "watch", watch)
-    f, k = _one_node_rollout(cluster, drain={"timeoutSeconds": 30})
+    f, k = _one_node_rollout(cluster, budgets=True, drain={"timeoutSeconds": 30})
     ro = wait_phase(f, "r", ("Completed", "Failed"), timeout=90)
     assert ro["status"]["phase"] == "Completed", views(f)["gpu-0000"].message
     assert refused, "the drain never tried to watch its pods"
@@ -512,7 +512,7 @@ def test_a_drain_that_times_out_while_the_api_server_is_away_names_the_apis_last
                 raise KubeError(503, "ServiceUnavailable", "apiserver is shutting down")
         return real_create(self, path, body, **kw)
     monkeypatch.setattr(Kube, "create", create)
-    f, k = _one_node_rollout(cluster, Fleet.two_pdbs, failureBudget=0, drain={"timeoutSeconds": 2})
+    f, k = _one_node_rollout(cluster, Fleet.two_pdbs, budgets=True, failureBudget=0, drain={"timeoutSeconds": 2})
     wait_phase(f, "r", ("Paused",), timeout=90)
     v = views(f)["gpu-0000"]
     assert v.state == m.FAILED and v.reason == "EvictionBlocked", v.message
