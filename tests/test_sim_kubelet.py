@@ -5,7 +5,6 @@ an unrelated node with "stuck Terminating"."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,12 +12,7 @@ from types import SimpleNamespace
 
 from driverd.cluster.kube import Kube, Target
 from driverd.sim.fleet import Kubelet
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.controlplane import _port as _free_port
 
 
 def _kubeconfig(path, port: int) -> str:

@@ -446,8 +446,8 @@ class NodeAgent:
 
     # -- evicting ---------------------------------------------------------------------------------------
     def _pods(self, labels: str | None = None, *, retry: bool = True) -> list[dict]:
-        return self.kube.request("GET", pods_path(), retry=retry, query={
-            "labelSelector": labels or None, "fieldSelector": f"spec.nodeName={self.node}"}).get("items") or []
+        return self.kube.list(pods_path(), labels=labels or None, fields=f"spec.nodeName={self.node}",
+                              retry=retry).get("items") or []
 
     def _watched_pods(self) -> list[dict]:
         """The node's pods as its watch shows them (started at the first eviction round: one list, then

@@ -267,8 +267,9 @@ class Kube:
                 return None
             raise
 
-    def list(self, path: str, *, labels: str | None = None, fields: str | None = None) -> dict:
-        return self.request("GET", path, query={"labelSelector": labels or None, "fieldSelector": fields or None})
+    def list(self, path: str, *, labels: str | None = None, fields: str | None = None, retry: bool = True) -> dict:
+        return self.request("GET", path, retry=retry,
+                            query={"labelSelector": labels or None, "fieldSelector": fields or None})
 
     def create(self, path: str, obj: dict, *, retry_429: bool = True, retry: bool = True,
                dry_run: bool = False) -> dict:
