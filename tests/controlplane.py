@@ -30,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 from tests.conftest import REPO, missing_component, stop_process
+from tests.kubetools import condition_true, conditions
 
 ADMIN_TOKEN = "driverd-test-admin-token"
 # A person running `kubectl driverd`: group gpu-admins, bound to deploy/'s driverd-operator ClusterRole
@@ -493,15 +494,20 @@ def apply_deploy(cp: ControlPlane, home: Path, overlay: str = "container-mode") 
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "gpu-admins"}]})
     # the CRD serves once Established; the policy holds once its binding is loaded (checked by the tests)
     for plural in ("driverrollouts", "driverpools"):
-        end = time.monotonic() + 30
-        while time.monotonic() < end:
-            crd = cp.api("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.driverd.io")
-            if any(c["type"] == "Established" and c["status"] == "True"
-                   for c in (crd.get("status") or {}).get("conditions", [])):
-                break
-            time.sleep(0.2)
+        wait_established(cp, f"{plural}.driverd.io")
     wait_policies_configured(cp)
     return r
+
+
+def wait_established(cp: ControlPlane, crd: str, timeout_s: float = 30.0) -> dict:
+    """The CustomResourceDefinition `crd` (plural.group) once it serves (Established)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        obj = cp.api("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}")
+        if condition_true(obj, "Established"):
+            return obj
+        assert time.monotonic() < end, f"the CRD {crd} was never Established: {conditions(obj)}"
+        time.sleep(0.2)
 
 
 def wait_policies_configured(cp: ControlPlane, timeout_s: float = 75.0) -> None:

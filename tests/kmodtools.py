@@ -40,6 +40,16 @@ def parse_modinfo(text: str) -> list[dict[str, list[str]]]:
     return out
 
 
+def kmod_sig_key(cert: Path) -> str:
+    """How kmod's modinfo prints `sig_key` for a module signed with `cert` (PKCS#7, issuer + serial):
+    the serial number's own bytes, upper-case hex joined by ':'. A random serial is not always 20
+    bytes: DER's leading 00 (top bit set) is not printed, and a serial whose first byte is 0 has 19."""
+    out = subprocess.run(["openssl", "x509", "-noout", "-serial", "-in", str(cert)], capture_output=True,
+                         text=True, check=True, timeout=60).stdout
+    n = int(out.strip().split("=", 1)[1], 16)
+    return ":".join(f"{b:02X}" for b in n.to_bytes(max(1, (n.bit_length() + 7) // 8), "big"))
+
+
 def kmod_modinfo(paths) -> dict[str, dict[str, list[str]]]:
     """realpath -> fields, from one run of kmod's modinfo."""
     exe = require_binary("modinfo", "/usr/sbin/modinfo", "/sbin/modinfo")

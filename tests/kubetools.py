@@ -18,3 +18,13 @@ def kubectl(env: dict, *args: str, input: str | None = None, check: bool = True,
     if check and r.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
     return r
+
+
+def conditions(obj: dict | None) -> dict[str, dict]:
+    """An object's status conditions by type. The API writes `conditions: null` where a list is not set
+    yet (a CRD right after its creation), so a key present with null is read as none."""
+    return {c["type"]: c for c in ((obj or {}).get("status") or {}).get("conditions") or []}
+
+
+def condition_true(obj: dict | None, ctype: str) -> bool:
+    return conditions(obj).get(ctype, {}).get("status") == "True"

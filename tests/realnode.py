@@ -37,6 +37,7 @@ from pathlib import Path
 
 from tests.conftest import missing_component, require_binary, stop_process
 from tests.controlplane import ControlPlane, find_binaries, started
+from tests.kubetools import condition_true
 
 NODE_IP = "198.51.100.35"              # TEST-NET-2 (RFC 5737): never a real peer
 SERVICE_RANGE = "198.18.0.0/24"        # the benchmarking range (RFC 2544): never routed
@@ -340,7 +341,7 @@ esac
             self._alive("kubelet")
             try:
                 node = self.cp.api("GET", f"/api/v1/nodes/{self.name}")
-                if any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", [])):
+                if condition_true(node, "Ready"):
                     return
             except urllib.error.HTTPError as e:
                 if e.code != 404:

@@ -12,6 +12,8 @@ import pytest
 
 from tests.test_deploy import DEPLOY, OVERLAYS, render
 from tests.kubetools import kubectl
+from tests.controlplane import wait_established
+from tests.kubetools import conditions
 
 CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/driverrollouts.driverd.io"
 
@@ -43,14 +45,8 @@ def test_kubectl_apply_k_of_every_overlay_on_the_real_apiserver(control_plane, t
 def test_the_crd_is_structural_and_explained(control_plane, tmp_path):
     env = control_plane.kubectl_env(tmp_path)
     kubectl(env, "apply", "-f", str(DEPLOY / "base/crd-driverrollout.yaml"))
-    crd = control_plane.api("GET", CRD)
-    conds = {c["type"]: c for c in crd["status"]["conditions"]}
-    assert "NonStructuralSchema" not in conds, conds
-    for _ in range(100):
-        if control_plane.api("GET", CRD)["status"]["conditions"][0]:
-            conds = {c["type"]: c for c in control_plane.api("GET", CRD)["status"]["conditions"]}
-            if conds.get("Established", {}).get("status") == "True":
-                break
+    crd = wait_established(control_plane, CRD.rsplit("/", 1)[1])
+    assert "NonStructuralSchema" not in conditions(crd), conditions(crd)
     out = kubectl(env, "explain", "driverrollout.spec").stdout
     for field in ("driver", "maxParallel", "maxUnavailable", "nodeSelector", "drain", "failureBudget"):
         assert re.search(rf"^\s+{field}\s", out, re.M), (field, out)
@@ -158,11 +154,7 @@ def test_a_request_refused_by_a_policy_whose_param_crd_is_new_is_retried_not_fai
             assert time.monotonic() < end, "the policy never refused a request while its paramKind had no CRD"
             time.sleep(0.2)
         cp.api("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
-        end = time.monotonic() + 30
-        while not any(c["type"] == "Established" and c["status"] == "True"
-                      for c in (cp.api("GET", paths[0]).get("status") or {}).get("conditions", [])):
-            assert time.monotonic() < end, "the probe CRD was never Established"
-            time.sleep(0.2)
+        wait_established(cp, f"{plural}.{group}")
         time.sleep(1.5)                 # the policy is recompiled every second
         why = refused()
         if "failed to configure policy" not in why:

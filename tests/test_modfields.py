@@ -15,7 +15,7 @@ from driverd.errors import PackageError
 from driverd.packages.modfields import first, module_fields, modinfo
 from driverd.sim import fakemod
 from tests.conftest import CI_PREFIX, require_binary
-from tests.kmodtools import kmod_modinfo
+from tests.kmodtools import kmod_modinfo, kmod_sig_key
 
 pytestmark = pytest.mark.real
 
@@ -33,13 +33,13 @@ def signer(tmp_path_factory):
     return s
 
 
-def _org_signer(d: Path) -> tuple[Path, Path]:
+def _org_signer(d: Path, serial: str = "0x8a5b2c3d4e5f60718293a4b5c6d7e8f9") -> tuple[Path, Path]:
     """A certificate whose O differs from its CN (the kernel calls it 'O: CN'; kmod shows the CN) and
     whose serial has its top bit set (DER adds a 00 byte; kmod prints the number's own bytes)."""
     key, cert = d / "k.pem", d / "c.pem"
     subprocess.run(["openssl", "req", "-new", "-nodes", "-utf8", "-sha256", "-days", "3650", "-batch", "-x509",
                     "-newkey", "rsa:2048", "-keyout", str(key), "-out", str(cert), "-set_serial",
-                    "0x8a5b2c3d4e5f60718293a4b5c6d7e8f9", "-subj", "/O=Example Builders/CN=fleet module key"],
+                    serial, "-subj", "/O=Example Builders/CN=fleet module key"],
                    check=True, capture_output=True, timeout=60)
     return key, cert
 
@@ -87,8 +87,7 @@ def test_signed_modules_match_kmod(tmp_path, signer):
     ours, _ = _compare(b.modules)
     for f in ours.values():
         assert f["sig_id"] == ["PKCS#7"] and f["signer"] == ["driverd test signing key"]
-        assert f["sig_hashalgo"] == ["sha256"] and len(f["sig_key"][0].split(":")) == 20
-        assert f["sig_key"][0] == f["sig_key"][0].upper()
+        assert f["sig_hashalgo"] == ["sha256"] and f["sig_key"] == [kmod_sig_key(signer.cert)]
 
 
 def test_signer_is_the_issuer_cn_and_sig_key_the_serial_number(tmp_path):
@@ -101,6 +100,17 @@ def test_signer_is_the_issuer_cn_and_sig_key_the_serial_number(tmp_path):
     f = ours[str(b.modules[0].resolve())]
     assert f["signer"] == ["fleet module key"] and f["sig_hashalgo"] == ["sha512"]
     assert f["sig_key"] == ["8A:5B:2C:3D:4E:5F:60:71:82:93:A4:B5:C6:D7:E8:F9"]
+
+
+def test_a_serial_whose_first_random_byte_is_zero_prints_19_bytes_as_kmod_does(tmp_path):
+    """openssl draws 20 random bytes for a serial; one key in 256 starts with 00, which the DER integer
+    (and so kmod) drops: the key id then has 19 bytes. The reader must print what kmod prints."""
+    sf = _sign_file()
+    key, cert = _org_signer(tmp_path, serial="0x00" + "5b" * 19)
+    b = fakemod.write_nvidia_build(tmp_path / "b")
+    subprocess.run([sf, "sha256", str(key), str(cert), str(b.modules[0])], check=True, capture_output=True)
+    ours, _ = _compare(b.modules[:1])
+    assert ours[str(b.modules[0].resolve())]["sig_key"] == [":".join(["5B"] * 19)] == [kmod_sig_key(cert)]
 
 
 def test_compressed_modules_match_kmod(tmp_path, signer):

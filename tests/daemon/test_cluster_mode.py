@@ -11,6 +11,7 @@ from driverd.cluster import model as m
 from driverd.cluster.kube import Kube, Target, node_path, rollout_path
 from driverd.sim.fleet import NEW, OLD, Fleet
 from tests.controlplane import reset
+from tests.kubetools import conditions
 from tests.daemon.conftest import cluster_node, passes_later
 
 
@@ -79,7 +80,7 @@ def test_gpu_driver_ready_follows_the_workload_check(tmp_path, daemons, deployed
 
         def condition() -> tuple[dict, dict]:
             node = k.get(node_path("gpu-0000"))
-            conds = {c["type"]: c for c in node.get("status", {}).get("conditions") or []}
+            conds = conditions(node)
             return conds.get(CONDITION) or {}, node["metadata"].get("labels") or {}
 
         end = time.monotonic() + 40

@@ -22,6 +22,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.controlplane import wait_policies_configured
+from tests.kubetools import condition_true
 
 pytestmark = [pytest.mark.slow, pytest.mark.real, pytest.mark.timeout(2400)]
 IMAGE = "localhost/driverd:driver-test"
@@ -77,9 +78,7 @@ def _pods(cp) -> list[dict]:
 
 
 def _ready(pod: dict) -> bool:
-    st = pod.get("status") or {}
-    return st.get("phase") == "Running" and any(
-        c["type"] == "Ready" and c["status"] == "True" for c in st.get("conditions", []))
+    return (pod.get("status") or {}).get("phase") == "Running" and condition_true(pod, "Ready")
 
 
 def wait_pod_ready(node, not_uid: str | None = None, timeout: float = 300) -> tuple[dict, float]:
