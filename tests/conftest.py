@@ -207,3 +207,31 @@ def resolver(request, monkeypatch):
         monkeypatch.setattr(root_mod, "_openat2", never)
     return request.param
 
+
+
+# -- running the suite in parallel (pytest-xdist, `.ci/run`) -------------------------------------------
+# One test file runs on one worker, start to end, in its own order: its module-scoped fixtures (a VM boot,
+# a private containerd, a fleet) are made once, and a file's tests never race each other. The files that
+# build or run the driver image share a worker, so that it is built once. The longest groups are handed
+# out first (xdist gives work in collection order), so that the run does not end waiting on one of them.
+_SHARED_GROUPS = {"tests/test_image.py": "driver-image", "tests/node/test_daemonset.py": "driver-image",
+                  "tests/node/test_realnode.py": "driver-image"}
+# Measured with --durations (docs/testing.md, "How long the suite takes"): the groups that take minutes.
+_LONG_FIRST = ("tests/vm/", "driver-image", "tests/packages/test_userspace_real.py", "tests/test_package_real.py",
+               "tests/packages/test_compiler_cache.py", "tests/cluster/test_fleet_bench.py", "tests/apply/test_concurrency.py")
+
+
+def _group(item) -> str:
+    rel = os.path.relpath(str(item.path), REPO)
+    return _SHARED_GROUPS.get(rel, rel)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not (config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None)):
+        return
+    def rank(item) -> int:
+        g = _group(item)
+        return next((i for i, p in enumerate(_LONG_FIRST) if g.startswith(p) or g == p), len(_LONG_FIRST))
+    items.sort(key=rank)                   # stable: each file keeps its own order
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
