@@ -327,6 +327,17 @@ def settings_differences(have: Mapping[str, Any], want: "Config", keys: tuple[st
     return out
 
 
+def keep_settings(cfg: Config, recorded: Mapping[str, Any], source: str) -> tuple[Config, list[str]]:
+    """`cfg` with the recorded driver settings of a converge instead of its own (all but the driver's
+    version and flavour, which the caller decides), and how `cfg` differs from them (what waits for a
+    rollout); `cfg` itself when nothing differs. A damaged record raises ConfigError."""
+    keys = tuple(k for k in DRIVER_SETTINGS if k in recorded and k not in ("driver.version", "driver.flavor"))
+    changed = settings_differences(recorded, cfg, keys)
+    if not changed:
+        return cfg, []
+    return cfg.pinned_to({k: recorded[k] for k in keys}, source), changed
+
+
 def _shown(v: Any) -> str:
     return "(unset)" if v is None else _toml_value(v)
 

@@ -83,11 +83,9 @@ def settings_change(sctx, cfg) -> list[str]:
     record of its last converge), and the module parameters it runs with otherwise; [] when none."""
     from driverd.apply import fingerprint as fpr
     from driverd.apply.hostplan import verdict_for_host
-    from driverd.config import DRIVER_SETTINGS, settings_differences
+    from driverd.config import keep_settings
     from driverd.plan.actions import ACTIONS
-    recorded = fpr.recorded_settings(fpr.read(sctx.root, cfg)) or {}
-    keys = tuple(k for k in DRIVER_SETTINGS if k in recorded and k not in ("driver.version", "driver.flavor"))
-    out = settings_differences(recorded, cfg, keys)
+    _, out = keep_settings(cfg, fpr.recorded_settings(fpr.read(sctx.root, cfg)) or {}, "the last converge")
     v = verdict_for_host(sctx, cfg)
     said = {x.split(":")[0].removeprefix("modules.parameters.") for x in out}      # "nvidia.NVreg_X"
     out += [d for d in v.drift if d.split(":")[0] not in said]

@@ -109,7 +109,9 @@ def record_forced(cfg, root, command: str, reason: str, outcome: str) -> str | N
         from driverd.cluster import events
         from driverd.cluster.kube import Kube, node_path
         kube = Kube(api_target(cfg, root), retry_for_s=5, fail_fast=True)
-        uid = (kube.get(node_path(node)).get("metadata") or {}).get("uid")
+        # a node's daemon lists its Node (RBAC grants list and watch of nodes, not get)
+        items = kube.list(node_path(), fields=f"metadata.name={node}").get("items") or []
+        uid = ((items[0] if items else {}).get("metadata") or {}).get("uid")
         said: list[str] = []
         events.record(kube, {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}, "ManualDriverChange",
                       f"driverd {command} --force outside a DriverRollout ({outcome}): {reason}", warning=True,
@@ -162,7 +164,7 @@ class ClusterMode:
         from driverd.apply import fingerprint as fpr
         from driverd.apply.preflight import driver_config
         from driverd.cluster import desired as dz
-        from driverd.config import DRIVER_SETTINGS, settings_differences
+        from driverd.config import keep_settings
         from driverd.errors import DriverdError
         node = self.agent.nodes.get(self.node)
         ann = ((node or {}).get("metadata") or {}).get("annotations") or {}
@@ -181,15 +183,13 @@ class ClusterMode:
         kept, waiting = cfg, [f"driver {behind} ({want.source})"] if behind else []
         recorded = None if k.joining else fpr.recorded_settings(fpr.read(self.make_context(cfg).root, cfg))
         if recorded:
-            others = tuple(x for x in DRIVER_SETTINGS if x in recorded and x not in ("driver.version", "driver.flavor"))
-            changed = settings_differences(recorded, cfg, others)
-            if changed:
-                try:
-                    kept = cfg.pinned_to({x: recorded[x] for x in others}, f"node {self.node}: its last converge")
+            try:
+                kept, changed = keep_settings(cfg, recorded, f"node {self.node}: its last converge")
+                if changed:
                     waiting.append("configuration: " + "; ".join(changed))
-                except DriverdError as e:         # a damaged record: the configuration as it is, said once
-                    self._say_once(f"driverd: node {self.node}: the recorded settings of its last converge are "
-                                   f"unusable ({e.one_line()}); the configuration's apply")
+            except DriverdError as e:         # a damaged record: the configuration as it is, said once
+                self._say_once(f"driverd: node {self.node}: the recorded settings of its last converge are "
+                               f"unusable ({e.one_line()}); the configuration's apply")
         if k.version:
             kept = driver_config(kept, k.version, k.flavor, source=f"node {self.node}: {k.source}")
         said = "; ".join(waiting)

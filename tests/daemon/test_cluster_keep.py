@@ -212,3 +212,67 @@ def test_a_configmap_edit_of_driver_settings_waits_for_a_rollout_and_the_rollout
         assert rc == 0
     finally:
         f.stop()
+
+
+def test_driver_commands_on_a_cluster_node_are_refused_unless_forced_with_a_reason(tmp_path, daemons, deployed):
+    """Issue 42: `driverd apply/reload/rollback/install…` on a node whose driver the cluster owns would skip
+    cordon, drain and admission (and the daemon would swap the driver back): refused in one line naming
+    the rollout that does it; --force needs --reason, which is recorded as an Event on the Node."""
+    from tests.conftest import run_cli
+    reset(deployed)
+    f = Fleet(tmp_path / "fleet", 1, server=deployed, gpu_processes=False).build()     # nothing holds the GPU
+    try:
+        root = cluster_node(f, "gpu-0000", "config_check_s = 1\n")
+        set_version(f, "gpu-0000", NEW)                  # the configuration wants NEW; the node runs OLD
+        before = loaded(f, "gpu-0000")
+        for argv in (["apply"], ["reload"], ["rollback"], ["unload"], ["load"],
+                     ["install", str(next(f.repo.glob(f"driverd-{NEW}-*.tar.zst")))], ["rollback-install"]):
+            r = run_cli(*argv, "--root", str(root))
+            assert r.returncode == 3, (argv, r.stdout, r.stderr)
+            line = r.stderr.strip().splitlines()[-1]
+            assert f"the cluster owns node gpu-0000's driver" in line and "cluster.kubeconfig is set" in line
+            assert "kubectl driverd rollout start --driver VERSION --selector kubernetes.io/hostname=gpu-0000" in line
+            assert "--force --reason" in line and r.stderr.count("\n") == 1, r.stderr
+        assert loaded(f, "gpu-0000") == before
+        r = run_cli("apply", "--root", str(root), "--force")
+        assert r.returncode == 2 and "--force needs --reason" in r.stderr, r.stderr
+        r = run_cli("apply", "--root", str(root), "--dry-run")         # a preview changes nothing: allowed
+        assert r.returncode == 0, r.stderr
+        r = run_cli("apply", "--root", str(root), "--force", "--reason", "ticket OPS-1: hotfix", "--json")
+        assert r.returncode == 0, r.stderr
+        out = __import__("json").loads(r.stdout)
+        assert NEW in loaded(f, "gpu-0000")
+        assert any("forced outside a DriverRollout on a cluster node: ticket OPS-1: hotfix" in w
+                   for w in out["warnings"]), out["warnings"]
+        k = Kube(Target(kubeconfig=f.kubeconfig))
+        evs = [e for e in k.list("/api/v1/namespaces/default/events")["items"]
+               if e["involvedObject"].get("name") == "gpu-0000" and e.get("reason") == "ManualDriverChange"]
+        assert evs and "driverd apply --force outside a DriverRollout (done): ticket OPS-1: hotfix" in evs[0]["message"]
+        assert evs[0]["involvedObject"]["uid"] == k.get(node_path("gpu-0000"))["metadata"]["uid"]
+    finally:
+        f.stop()
+
+
+def test_status_on_a_cluster_node_shows_what_the_cluster_keeps_not_a_bypass(tmp_path, daemons, deployed):
+    """Issue 42: the configuration says NEW, the daemon keeps OLD (it waits for a rollout): `driverd status`
+    says the node is in sync with what the cluster keeps and what waits, and never sends the operator to
+    `driverd apply`."""
+    from tests.conftest import run_cli
+    reset(deployed)
+    f = Fleet(tmp_path / "fleet", 1, server=deployed).build()
+    try:
+        root = cluster_node(f, "gpu-0000", "config_check_s = 1\n")
+        d = daemons(root)
+        d.wait_log(r"converged: driver", 30)
+        mark = len(d.lines)
+        set_version(f, "gpu-0000", NEW)
+        d.wait_log(rf"waits for a DriverRollout to apply: driver {NEW}/open \(configuration\)", 30, start=mark)
+        passes_later(d)
+        text = run_cli("status", "--root", str(root)).stdout
+        assert f"wanted     {OLD} (open) from the cluster (node gpu-0000: the driver this node has" in text, text
+        assert f"waiting for a rollout: driver {NEW}/open (configuration)" in text, text
+        assert "in sync" in text and "DIFFERS" not in text and "driverd apply" not in text, text
+        rc, _ = d.stop()
+        assert rc == 0
+    finally:
+        f.stop()
