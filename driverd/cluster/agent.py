@@ -718,7 +718,16 @@ class NodeAgent:
                               f", not {r.driver}")
         before = sched.decode((node["metadata"].get("annotations") or {}).get(m.A_GPUS_BEFORE))
         if before:
-            # done means its GPUs can be scheduled again: the device plugin's (or DRA plugin's) count is back
+            # done means its GPUs can be scheduled again. The device plugin (or DRA plugin) comes back with
+            # the driver-ready label and the GPU Operator's component labels (their DaemonSets select
+            # them; DaemonSet pods ignore the cordon): those first, the cordon stays until the count is back
+            back, back_ann, said = _restored(node)
+            if v.labels.get(m.L_READY) != "true" or back:
+                self.nodes.put(self.kube.patch(node_path(self.node), {"metadata": {
+                    "labels": {m.L_READY: "true", **back}, "annotations": back_ann}}))
+                self.log(f"driverd cluster: node {self.node}: validating: driver validated; its GPU DaemonSets may "
+                         f"come back (driverd.io/driver-ready=true{said})")
+                return 0
             short = sched.shortfall(before, sched.counts(node, sched.node_slices(self.kube, self.node)
                                                          if sched.DRA_KEY in before else []))
             if short:

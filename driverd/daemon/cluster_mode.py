@@ -131,7 +131,7 @@ class ClusterMode:
         from driverd.cluster.coordinator import Coordinator
         from driverd.cluster.kube import Kube
         target = api_target(cfg, root, target)
-        self.node = node or cfg["cluster.node_name"] or os.environ.get("NODE_NAME") or socket.gethostname()
+        self.node = node or node_name(cfg)
         ns = namespace or os.environ.get("POD_NAMESPACE") or cfg["cluster.namespace"]
         self.kube = Kube(target)
         self.make_context = make_context

@@ -583,7 +583,7 @@ def test_a_node_is_done_only_once_its_gpus_can_be_scheduled_again(cluster, plugi
     started(f)
     stop, seen = threading.Event(), []
 
-    def played_plugin() -> None:          # gone from the cordon; back (or not) once the new driver runs
+    def played_plugin() -> None:          # gone from the cordon; back (or not) with the driver-ready label
         gone = False
         while not stop.is_set():
             state = views(f)[node].state
@@ -591,7 +591,7 @@ def test_a_node_is_done_only_once_its_gpus_can_be_scheduled_again(cluster, plugi
             if state in (m.CORDONED, m.EVICTING, m.UNLOADING) and not gone:
                 gone = True
                 _set_gpus(f, node, 0) if plugin == "device-plugin" else _set_slice(f, node, 0, 1)
-            elif state == m.VALIDATING and back and gone:
+            elif back and gone and views(f)[node].labels.get(m.L_READY) == "true":    # its DaemonSet selects it
                 _set_gpus(f, node, 2) if plugin == "device-plugin" else _set_slice(f, node, 2, 2)
                 gone = False
             time.sleep(0.1)
