@@ -37,6 +37,10 @@ class Key:
     allowed: tuple[str, ...] | Callable[[], tuple[str, ...]] = ()
     pattern: re.Pattern | None = None           # for str, and for each element of list
     pattern_hint: str = ""
+    # A driver setting: changing it changes what is loaded or running (modules, their parameters, the
+    # user-space, the GPU daemons, what an unload does to GPU jobs). In a cluster only a rollout applies
+    # one (daemon/cluster_mode.py pins them to what the node last converged to).
+    driver: bool = False
 
     def choices(self) -> tuple[str, ...]:
         return self.allowed() if callable(self.allowed) else self.allowed
@@ -50,22 +54,23 @@ def _runtime_choices() -> tuple[str, ...]:
 
 SCHEMA: dict[str, Key] = {
     "driver.version": Key("str", None, "driver version to provision, e.g. 535.261.03",
-                          pattern=VERSION_RE, pattern_hint="a driver version like 535.261.03"),
-    "driver.flavor": Key("str", "auto", "kernel-module flavour", ("auto", "open", "proprietary")),
+                          pattern=VERSION_RE, pattern_hint="a driver version like 535.261.03", driver=True),
+    "driver.flavor": Key("str", "auto", "kernel-module flavour", ("auto", "open", "proprietary"), driver=True),
     "driver.manage": Key("str", "auto", "who manages the driver: auto (leave a driver that a distribution package, "
                          "DKMS or NVIDIA's installer owns, still configure the runtimes), always (replace it), never "
-                         "(never install, load or unload a driver)", ("auto", "always", "never")),
-    "modules.parameters": Key("params", {}, "module parameters: [modules.parameters.<module>] key = value"),
+                         "(never install, load or unload a driver)", ("auto", "always", "never"), driver=True),
+    "modules.parameters": Key("params", {}, "module parameters: [modules.parameters.<module>] key = value",
+                              driver=True),
     "modules.load_drm": Key("bool", None, "load nvidia-drm (needed for display / DRM consumers); unset: keep it "
-                            "loaded across an upgrade when it was running"),
+                            "loaded across an upgrade when it was running", driver=True),
     "modules.load_modeset": Key("bool", None, "load nvidia-modeset (display, nvidia-drm); unset: when nvidia-drm is "
-                                "loaded, when it was running, or when a GPU is a display controller"),
+                                "loaded, when it was running, or when a GPU is a display controller", driver=True),
     "modules.load_peermem": Key("str", "auto", "load nvidia-peermem (auto: with a Mellanox NIC and MLNX_OFED's "
                                 "peer-memory API; not with the open modules on kernel >= 5.12, which use DMA-BUF)",
-                                ("auto", "true", "false")),
+                                ("auto", "true", "false"), driver=True),
     "modules.unload_policy": Key("str", "refuse", "what to do with processes holding the GPU on unload",
-                                 ("refuse", "terminate")),
-    "modules.terminate_grace_s": Key("int", 30, "seconds between SIGTERM and SIGKILL when terminating"),
+                                 ("refuse", "terminate"), driver=True),
+    "modules.terminate_grace_s": Key("int", 30, "seconds between SIGTERM and SIGKILL when terminating", driver=True),
     "modules.kernel": Key("str", "real", "kernel boundary: real (kmod tools), sim (simulated kernel in a host "
                           "tree: tests, demo; only ever used when asked for here or by --kernel-backend sim); auto is "
                           "the same as real", ("auto", "real", "sim")),
@@ -108,16 +113,16 @@ SCHEMA: dict[str, Key] = {
     "runtime.adopt_foreign": Key("bool", False, "take over a handler of the same name that another tool pointed "
                                  "at something other than an NVIDIA container runtime"),
     "runtime.restart": Key("str", "systemd", "how to restart a runtime after a change", ("systemd", "signal", "none")),
-    "daemons.persistenced": Key("bool", True, "run nvidia-persistenced"),
+    "daemons.persistenced": Key("bool", True, "run nvidia-persistenced", driver=True),
     "daemons.mode": Key("str", "auto", "how GPU daemons run: systemd (host), child (driver container), sim; "
-                        "auto picks", ("auto", "systemd", "child", "sim")),
+                        "auto picks", ("auto", "systemd", "child", "sim"), driver=True),
     "daemons.fabricmanager": Key("str", "auto", "run fabric manager (auto: when NVSwitches exist)",
-                                 ("auto", "true", "false")),
+                                 ("auto", "true", "false"), driver=True),
     "userspace.root": Key("str", "/var/lib/driverd/driver", "where driverd installs the driver's user-space: one "
                           "versioned tree per driver (<root>/<version>/lib64, bin, firmware) and the `current` link; a "
                           "host path under --root, writable on immutable hosts (a read-only /usr is never needed)",
                           pattern=re.compile(r"^/[^\0]*[^/\0]$"), pattern_hint="an absolute host path such as "
-                          "/var/lib/driverd/driver"),
+                          "/var/lib/driverd/driver", driver=True),
     "userspace.bin_dir": Key("str", "/usr/local/bin", "directory on PATH that gets links to the user-space's "
                              "binaries (nvidia-smi -> <userspace.root>/current/bin/nvidia-smi); only driverd's own "
                              "links are ever replaced or removed; none: no links",
@@ -132,9 +137,10 @@ SCHEMA: dict[str, Key] = {
     "userspace.package": Key("str", None, "the driver's user-space for the transaction: a user-space package file "
                              "(driverd build-userspace) or a directory holding driverd-userspace-<version>-<arch>*.tar.zst "
                              "packages; the one of driver.version is switched with the modules (a host path under "
-                             "--root; unset: none, unless userspace.fetch)"),
+                             "--root; unset: none, unless userspace.fetch)", driver=True),
     "userspace.fetch": Key("bool", False, "fetch driver.version's user-space package from packages.repositories (their "
-                           "index's \"userspace\" entries) when userspace.package has none, and switch it with the modules"),
+                           "index's \"userspace\" entries) when userspace.package has none, and switch it with the modules",
+                           driver=True),
     "userspace.max_kept": Key("int", 3, "versioned user-space trees kept under userspace.root (the current one, the "
                               "previous one and a pending switch's are never removed)"),
     "state.dir": Key("str", "/var/lib/driverd", "journal and state directory, under the root"),
@@ -178,6 +184,9 @@ SCHEMA: dict[str, Key] = {
     "daemon.unload_on_exit": Key("bool", False, "unload the driver (a journalled unload) when the daemon or the driver "
                                  "container stops"),
 }
+
+# The driver settings, in schema order: what `Key.driver` marks (docs/rollouts.md lists them).
+DRIVER_SETTINGS: tuple[str, ...] = tuple(k for k, spec in SCHEMA.items() if spec.driver)
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -223,6 +232,7 @@ class Config:
     sources: dict[str, str] = field(default_factory=dict)
     path: str | None = None
     found: bool | None = None           # whether `path` was there and read (None: not loaded from a file)
+    explicit: bool = False              # `path` is a file on this machine (--config, $DRIVERD_CONFIG), not under the root
 
     def __getitem__(self, key: str) -> Any:
         if key not in SCHEMA:
@@ -241,10 +251,31 @@ class Config:
                 continue
             values[k] = _coerce(k, v, source)
             sources[k] = source
-        return Config(values, sources, self.path, self.found)
+        return Config(values, sources, self.path, self.found, self.explicit)
 
     def to_json(self) -> dict:
         return {k: {"value": self[k], "source": self.sources.get(k, "default")} for k in SCHEMA}
+
+    def driver_settings(self) -> dict[str, Any]:
+        """The driver settings' effective values (DRIVER_SETTINGS): what a converge records."""
+        return {k: self[k] for k in DRIVER_SETTINGS}
+
+    def pinned_to(self, settings: Mapping[str, Any], source: str) -> "Config":
+        """This configuration with the driver settings of `settings` (a recorded driver_settings()) instead
+        of its own: unset values stay unset, keys the record lacks keep this configuration's value. A
+        recorded value the schema refuses (the record is a file) raises ConfigError naming `source`."""
+        values, sources = dict(self.values), dict(self.sources)
+        for k in DRIVER_SETTINGS:
+            if k not in settings:
+                continue
+            v = settings[k]
+            if v is None:
+                values.pop(k, None)
+            else:
+                values[k] = _coerce(k, v, source)
+            sources[k] = source
+        return Config(values, sources, self.path, self.found, self.explicit)
+
 
     def to_toml(self) -> str:
         """The effective configuration as a config file driverd would load to the same values: every
@@ -273,6 +304,42 @@ class Config:
             for t in tables:
                 lines += ["", *t]
         return "\n".join(lines) + "\n"
+
+
+def settings_differences(have: Mapping[str, Any], want: "Config", keys: tuple[str, ...] | None = None) -> list[str]:
+    """`key: A -> B` for each driver setting (of `keys`, default all) whose recorded value `have[key]`
+    differs from `want`'s; module parameters one line per parameter. A key the record lacks is not
+    called different (nothing says what the node runs with)."""
+    out = []
+    for k in keys or DRIVER_SETTINGS:
+        if k not in have:
+            continue
+        a, b = have[k], want[k]
+        if SCHEMA[k].type == "params":
+            a, b = a or {}, b or {}
+            for mod in sorted(set(a) | set(b)):
+                pa, pb = a.get(mod) or {}, b.get(mod) or {}
+                for p in sorted(set(pa) | set(pb)):
+                    if pa.get(p) != pb.get(p):
+                        out.append(f"{k}.{mod}.{p}: {_shown(pa.get(p))} -> {_shown(pb.get(p))}")
+        elif a != b:
+            out.append(f"{k}: {_shown(a)} -> {_shown(b)}")
+    return out
+
+
+def keep_settings(cfg: Config, recorded: Mapping[str, Any], source: str) -> tuple[Config, list[str]]:
+    """`cfg` with the recorded driver settings of a converge instead of its own (all but the driver's
+    version and flavour, which the caller decides), and how `cfg` differs from them (what waits for a
+    rollout); `cfg` itself when nothing differs. A damaged record raises ConfigError."""
+    keys = tuple(k for k in DRIVER_SETTINGS if k in recorded and k not in ("driver.version", "driver.flavor"))
+    changed = settings_differences(recorded, cfg, keys)
+    if not changed:
+        return cfg, []
+    return cfg.pinned_to({k: recorded[k] for k in keys}, source), changed
+
+
+def _shown(v: Any) -> str:
+    return "(unset)" if v is None else _toml_value(v)
 
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -381,6 +448,40 @@ def _flatten(doc: dict, where: str) -> dict[str, Any]:
     return flat
 
 
+def set_value(root, cfg: Config, key: str, value: Any) -> str:
+    """Write `key = value` into the configuration file `cfg` was read from (created when absent),
+    keeping every other line and comment; atomic, the file's mode kept. The path written back. A key
+    the environment sets is refused: the file would not decide it."""
+    import tomlkit
+    value = _coerce(key, value, "the value to write")
+    src = cfg.sources.get(key, "")
+    if src.startswith("env"):
+        raise ConfigError(f"cannot set {key} in the configuration file: {src} sets it",
+                          cause="the environment overrides the file", fix=f"change or unset {env_name(key)}")
+    section, name = key.split(".", 1)
+    shown = cfg.path or (CONFIG_PATH if root.is_slash else f"{root.base}{CONFIG_PATH}")
+    try:
+        if cfg.explicit:
+            text = Path(shown).read_text() if Path(shown).exists() else ""
+        else:
+            text = root.read_text(CONFIG_PATH) or ""
+        doc = tomlkit.parse(text)
+        doc.setdefault(section, tomlkit.table())[name] = value
+        out = tomlkit.dumps(doc)
+        if _coerce(key, tomllib.loads(out)[section][name], shown) != value:     # what driverd will read back
+            raise ConfigError(f"writing {key} to {shown} would not set it", cause="the file did not read back "
+                              "the value", fix=f"set {key} = {_toml_value(value)} there by hand")
+        if cfg.explicit:
+            from driverd.fsutil import atomic_write
+            atomic_write(shown, out)
+        else:
+            root.atomic_write(CONFIG_PATH, out)
+        return shown
+    except (OSError, ValueError, tomlkit.exceptions.TOMLKitError) as e:
+        raise ConfigError(f"cannot set {key} in {shown}: {e}", cause="the file cannot be read or written",
+                          fix=f"set {key} = {_toml_value(value)} there by hand") from None
+
+
 def load(root, path: str | None = None, environ: Mapping[str, str] | None = None) -> Config:
     """Read the config file under `root` (absent file = defaults) and apply DRIVERD_* overrides."""
     environ = os.environ if environ is None else environ
@@ -438,4 +539,4 @@ def load(root, path: str | None = None, environ: Mapping[str, str] | None = None
                               fix="set [modules.parameters.<module>] in the config file")
         values[key] = _coerce(key, v, f"environment {name}")
         sources[key] = f"env {name}"
-    return Config(values, sources, shown, found=raw is not None)
+    return Config(values, sources, shown, found=raw is not None, explicit=bool(path))

@@ -288,7 +288,11 @@ def test_one_vocabulary_every_spelling_of_a_concept_is_accepted_everywhere():
     releases = [c for c, o, a in opts if "--kernel" in o and not a.choices]
     assert set(releases) == {"build", "fetch", "install", "rollback-install"}
     forces = {c: a for c, o, a in opts if "--force" in o}
-    assert set(forces) == {"build", "cluster rollout start"} and forces["build"].help == "==SUPPRESS=="
+    # --force overrides a refusal that protects the fleet: a drain's PDB (rollout start), a cluster's
+    # ownership of the node's driver (the commands that change it; issue 42)
+    changers = {"apply", "load", "unload", "reload", "rollback", "install", "rollback-install", "fetch"}
+    assert set(forces) == {"build", "cluster rollout start"} | changers and forces["build"].help == "==SUPPRESS=="
+    assert all("only a DriverRollout changes it" in forces[c].help for c in changers)
 
 
 def test_old_spellings_work_and_warn_once(tmp_path):

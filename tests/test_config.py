@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -119,3 +120,43 @@ def test_a_misspelt_key_gets_a_suggestion(tmp_path):
     with pytest.raises(ConfigError) as e:
         config.load(write(tmp_path, '[driver]\nflavour = "open"\n'), environ={})
     assert "fix: did you mean flavor? use one of: version, flavor, manage" in e.value.one_line()
+
+
+def _other_value(key: str):
+    """A valid value of `key` other than its default."""
+    from driverd.config import SCHEMA
+    spec = SCHEMA[key]
+    if spec.type == "bool":
+        return not spec.default if spec.default is not None else True
+    if spec.type == "int":
+        return spec.default + 7
+    if spec.type == "params":
+        return {"nvidia": {"NVreg_EnableGpuFirmware": "0"}}
+    if spec.choices():
+        return next(c for c in spec.choices() if c != spec.default)
+    return {"userspace.root": "/srv/driverd/driver", "userspace.package": "/srv/driverd/userspace"}[key]
+
+
+@pytest.mark.parametrize("key", [k for k in __import__("driverd.config", fromlist=["x"]).DRIVER_SETTINGS
+                                 if k not in ("driver.version", "driver.flavor")])
+def test_every_driver_setting_is_kept_as_converged_until_a_rollout(key):
+    """Issue 42: a cluster-mode node keeps each driver setting at the value of its last converge; the
+    edited value is what waits for a rollout (the driver's version and flavour are the rollout's target,
+    decided by cluster/desired.py)."""
+    from driverd.config import Config, keep_settings
+    converged = Config({})
+    recorded = json.loads(json.dumps(converged.driver_settings()))       # as the record on disk holds it
+    edited = Config({key: _other_value(key)}, {key: "/etc/driverd/config.toml"})
+    kept, waiting = keep_settings(edited, recorded, "node n: its last converge")
+    assert kept[key] == converged[key] and kept.sources[key] == "node n: its last converge"
+    assert len(waiting) == 1 and waiting[0].startswith(key), waiting
+    same, none = keep_settings(converged, recorded, "x")
+    assert same is converged and none == []
+
+
+def test_the_driver_settings_are_listed_in_the_rollout_docs():
+    """docs/rollouts.md lists every setting only a rollout applies in a cluster (config.DRIVER_SETTINGS)."""
+    from driverd.config import DRIVER_SETTINGS
+    text = (Path(__file__).resolve().parent.parent / "docs/rollouts.md").read_text()
+    section = text.split("## Settings only a rollout changes", 1)[1].split("\n## ", 1)[0]
+    assert [k for k in DRIVER_SETTINGS if f"`{k}`" not in section] == []

@@ -34,6 +34,7 @@ NODE_NEEDS = [
     ("", "nodes/status", "patch", "cluster"),
     ("", "events", "create", "cluster"),
     ("resource.k8s.io", "resourceclaims", "get", "cluster"),
+    ("resource.k8s.io", "resourceslices", "list", "cluster"),
     ("node.k8s.io", "runtimeclasses", "list", "cluster"),
 ] + [
     ("driverd.io", "driverrollouts", v, "cluster") for v in ("list", "watch", "patch")
@@ -252,6 +253,7 @@ def test_code_calls_are_listed():
     signs = {r'"/eviction"': ("", "pods/eviction", "create"), r"kube\.delete\(pods_path": ("", "pods", "delete"),
              r"runtimeclasses": ("node.k8s.io", "runtimeclasses", "list"),
              r"resourceclaims": ("resource.k8s.io", "resourceclaims", "get"),
+             r"/resourceslices": ("resource.k8s.io", "resourceslices", "list"),
              r"/events\"": ("", "events", "create"), r"lease_path": ("coordination.k8s.io", "leases", "update"),
              r"rollout_path\([^)]*status=True": ("driverd.io", "driverrollouts/status", "patch"),
              r"kube\.patch\(node_path": ("", "nodes", "patch"),

@@ -1,6 +1,8 @@
 """What the host was last converged to, kept in <state.dir>/daemon/converged.json: a fingerprint of
 the configuration that decides the host's state, the kernel release and the installed package's
-sha256, with the driver that was loaded and validated and the module parameters it was loaded with.
+sha256, with the driver that was loaded and validated, the module parameters it was loaded with and
+every driver setting of that converge (config.DRIVER_SETTINGS: what a cluster-mode node keeps until a
+rollout changes it).
 The container entrypoint compares it on start: same fingerprint, same driver loaded and valid ->
 ready at once, nothing reloaded."""
 from __future__ import annotations
@@ -45,10 +47,16 @@ def recorded_parameters(rec: dict | None, loaded: dict | None, kernel_release: s
     return params if isinstance(params, dict) else None
 
 
+def recorded_settings(rec: dict | None) -> dict | None:
+    """The driver settings of the last converge (None: not recorded, e.g. by an older driverd)."""
+    settings = (rec or {}).get("settings")
+    return settings if isinstance(settings, dict) else None
+
+
 def write(root, cfg, fp: str, loaded: dict | None, package_sha256: str | None, kernel_release: str | None) -> bool:
     """Record a converge; written only when something in it changed (an idle daemon writes nothing)."""
     rec = {"fingerprint": fp, "driver": loaded, "package_sha256": package_sha256, "kernel": kernel_release,
-           "parameters": cfg["modules.parameters"]}
+           "parameters": cfg["modules.parameters"], "settings": cfg.driver_settings()}
     old = read(root, cfg)
     if old is not None and {k: old.get(k) for k in rec} == rec:
         return False

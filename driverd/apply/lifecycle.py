@@ -379,7 +379,13 @@ def wanted(ctx, inst: dict | None = None) -> dict:
     acts on, with the parameter drift a pass reloads for - so the three never disagree; `differs`
     says why not in lines (what is loaded or installed instead, else each step the plan would take,
     a block, a reboot, a parameter), `plan` lists the plan's steps."""
-    cfg = ctx.config
+    cfg, cluster = ctx.config, cluster_keeps(ctx)
+    if cluster is not None:
+        # the daemon keeps what the cluster decided for this node: that is what the host should run
+        try:
+            cfg = cfg.pinned_to(cluster["settings"], f"the cluster (node {cluster['node']}: {cluster['source']})")
+        except DriverdError:
+            cluster = None
     version, requested = cfg["driver.version"], cfg["driver.flavor"]
     flavor, why = (requested if requested != "auto" else None), None
     if version and requested == "auto":
@@ -394,7 +400,8 @@ def wanted(ctx, inst: dict | None = None) -> dict:
     out = {"driver": version, "flavor": requested, "flavor_decided": flavor, "flavor_reason": why,
            "config": {k: cfg[k] for k in _WANTED_KEYS},
            "sources": {k: cfg.sources.get(k, "default") for k in _WANTED_KEYS if k in cfg.sources},
-           "config_path": cfg.path, "differs": [], "in_sync": None, "verdict": None, "plan": [], "left_to": None}
+           "config_path": cfg.path, "differs": [], "in_sync": None, "verdict": None, "plan": [], "left_to": None,
+           "cluster": None if cluster is None else {k: cluster.get(k) for k in ("node", "source", "waiting")}}
     if not version:
         return out
     from driverd.apply.hostplan import verdict_for_host
@@ -420,6 +427,16 @@ def wanted(ctx, inst: dict | None = None) -> dict:
             summary.append(f"installed package is {inst.get('version')} ({inst.get('flavor')}), not {version}")
     out["differs"] = summary + v.reasons() + ([] if summary else v.steps())
     return out
+
+
+def cluster_keeps(ctx) -> dict | None:
+    """What the host's cluster-mode daemon keeps for this node (its last pass: the driver and settings,
+    why, what waits for a rollout), while it runs; None in host mode."""
+    st = daemon_state(ctx) or {}
+    cl = st.get("cluster")
+    if st.get("stopped") or not isinstance(cl, dict) or not isinstance(cl.get("settings"), dict):
+        return None
+    return cl
 
 
 def activity(holder: dict | None, doc: dict | None, reboot: dict | None, ctx) -> dict:

@@ -41,8 +41,17 @@ def preflight(make_context, cfg, key: str, driver: str, flavor: str, *, leaving:
                                     binary=c["runtime.binary"]), leaving)
         p = plan_for_host(sctx.root, c, facts=facts).plan
         if loaded and loaded["version"] == driver and loaded["flavor"] == p.flavor:
-            out["needed"] = False
-            out["reasons"] = [f"already runs {driver} ({loaded['flavor']})"]
+            changed = settings_change(sctx, c)
+            if not changed:
+                out["needed"] = False
+                out["reasons"] = [f"already runs {driver} ({loaded['flavor']}) with the configured settings"]
+                return out
+            # the same driver with other settings: the rollout applies them (drained, like a version change)
+            out["reasons"] = [f"runs {driver} ({loaded['flavor']}) with other settings than configured: "
+                              + "; ".join(changed)]
+            if p.blocked_by:
+                out["ok"], out["reasons"] = False, list(p.blocked_by) + _staying_words(facts, staying or {})
+            out["flavor"] = p.flavor
             return out
         if p.blocked_by:
             out["ok"], out["reasons"] = False, list(p.blocked_by) + _staying_words(facts, staying or {})
@@ -66,6 +75,21 @@ def preflight(make_context, cfg, key: str, driver: str, flavor: str, *, leaving:
                 out["ok"], out["reasons"] = False, list(again.blocked_by) + _staying_words(facts, staying or {})
     except DriverdError as e:
         out["ok"], out["reasons"] = False, [e.one_line()]
+    return out
+
+
+def settings_change(sctx, cfg) -> list[str]:
+    """How the driver settings `cfg` wants differ from what the running driver converged with (the
+    record of its last converge), and the module parameters it runs with otherwise; [] when none."""
+    from driverd.apply import fingerprint as fpr
+    from driverd.apply.hostplan import verdict_for_host
+    from driverd.config import keep_settings
+    from driverd.plan.actions import ACTIONS
+    _, out = keep_settings(cfg, fpr.recorded_settings(fpr.read(sctx.root, cfg)) or {}, "the last converge")
+    v = verdict_for_host(sctx, cfg)
+    said = {x.split(":")[0].removeprefix("modules.parameters.") for x in out}      # "nvidia.NVreg_X"
+    out += [d for d in v.drift if d.split(":")[0] not in said]
+    out += [f"{s.action}: {s.reason}" for s in v.plan.changes if ACTIONS[s.action].touches]
     return out
 
 

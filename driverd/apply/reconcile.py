@@ -40,6 +40,8 @@ class Result:
     # where the check applies): {"running": {version, flavor}, "wanted": driver.version, "why": reason}.
     # The node works, on another driver than the configuration wants or with something else left undone.
     degraded: dict | None = None
+    # cluster mode: what the node keeps and why, what waits for a rollout (daemon/cluster_mode.py's pinned)
+    pinned: dict | None = None
 
     @property
     def converged(self) -> bool:
@@ -51,10 +53,14 @@ class Result:
 
 
 class Reconciler:
-    def __init__(self, make_context: Callable, log: Callable[[str], None], lock_wait_s: float = LOCK_WAIT_S) -> None:
+    def __init__(self, make_context: Callable, log: Callable[[str], None], lock_wait_s: float = LOCK_WAIT_S,
+                 *, reload_drift: bool = True) -> None:
         self.make_context = make_context        # cfg -> StepContext (the CLI's composition root picks backends)
         self.log = log
         self.lock_wait_s = lock_wait_s
+        # whether a pass reloads the driver when its module parameters differ from the configuration; off for
+        # a cluster-mode daemon's own passes (daemon/cluster_mode.py): only a rollout, drained, reloads there
+        self.reload_drift = reload_drift
         self._reloaded_for: set[tuple] = set()  # (fingerprint, drift) a reload already tried to fix
         self._said: set[str] = set()            # notes logged once, not on every pass
         # the last passing workload check: (what it judged, monotonic time, its report). The check makes CUDA
@@ -162,6 +168,9 @@ class Reconciler:
         if drift and (fp, tuple(drift)) in self._reloaded_for:
             res.warnings.append("module parameters still differ after a reload (the kernel shows them differently): "
                                 + "; ".join(drift))
+        elif drift and not self.reload_drift:
+            self._say_once(res, "module parameters differ from what this node converged to (" + "; ".join(drift)
+                           + "): in a cluster only a DriverRollout reloads the driver; this node keeps running as it is")
         elif drift:
             users = _blocking_users(sctx)
             if users and cfg["modules.unload_policy"] == "refuse":

@@ -24,9 +24,13 @@ def write(root, *, mode: str, result=None, next_in_s: float | None = None, stopp
                                  "started_at": result.started, "finished_at": result.finished,
                                  "runs": [d.get("run_id") for d in result.runs], "loaded": result.loaded,
                                  "degraded": getattr(result, "degraded", None)}
+        if getattr(result, "pinned", None):
+            doc["cluster"] = result.pinned
     else:
         old = read(root)
         doc["last_reconcile"] = (old or {}).get("last_reconcile")
+        if (old or {}).get("cluster"):
+            doc["cluster"] = old["cluster"]
     from driverd.redact import redact_obj
     try:
         # 0600 (issue 30): reasons quote repository URLs and errors; redacted, but what a pass says about

@@ -502,15 +502,19 @@ def cmd_nodes(ctx, args) -> int:
                     .get("items") or []), key=lambda v: v.name)
     data = [{"node": v.name, "driver": v.driver, "flavor": v.flavor, "state": v.state, "rollout": v.rollout,
              "reason": v.reason, "message": v.message, "since": v.since, "ready": v.ready,
-             "unschedulable": v.unschedulable, "skip": v.skip} for v in views]
+             "unschedulable": v.unschedulable, "skip": v.skip, "waiting": v.waiting} for v in views]
+
+    def state(d: dict) -> str:
+        return d["state"] + (" (skip)" if d["skip"] else "") + (" (waiting for a rollout)" if d["waiting"] else "")
     rows = [["NODE", "DRIVER", "FLAVOR", "STATE", "REASON", "SINCE"]] + [
-        [d["node"], d["driver"] or "-", d["flavor"] or "-", d["state"] + (" (skip)" if d["skip"] else ""),
-         d["reason"] or "-", d["since"] or "-"] for d in data]
-    wide = [["NODE", "DRIVER", "FLAVOR", "STATE", "REASON", "SINCE", "ROLLOUT", "READY", "SCHEDULABLE", "MESSAGE"]] + [
-        [d["node"], d["driver"] or "-", d["flavor"] or "-", d["state"] + (" (skip)" if d["skip"] else ""),
+        [d["node"], d["driver"] or "-", d["flavor"] or "-", state(d), d["reason"] or "-", d["since"] or "-"]
+        for d in data]
+    wide = [["NODE", "DRIVER", "FLAVOR", "STATE", "REASON", "SINCE", "ROLLOUT", "READY", "SCHEDULABLE", "MESSAGE",
+             "WAITING"]] + [
+        [d["node"], d["driver"] or "-", d["flavor"] or "-", state(d),
          d["reason"] or "-", d["since"] or "-", d["rollout"] or "-",
          {True: "True", False: "False"}.get(d["ready"], "Unknown"), "no" if d["unschedulable"] else "yes",
-         " ".join((d["message"] or "-").split())] for d in data]
+         " ".join((d["message"] or "-").split()), d["waiting"] or "-"] for d in data]
     _print(args, {"nodes": data}, table(rows), wide=table(wide), names=[f"node/{d['node']}" for d in data])
     return 0
 

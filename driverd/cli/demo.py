@@ -100,15 +100,15 @@ def _mark(wd: Path) -> None:
             f.write("made by `driverd demo`: the next demo run may replace everything in this directory\n")
 
 
-def run_demo(workdir: str | None, as_json: bool = False, kubeconfig: str | None = None) -> int:
+def run_demo(workdir: str | None, as_json: bool = False, kubeconfig: str | None = None, keep: bool = False) -> int:
     """The demo; Ctrl-C or SIGTERM stops it where it is (exit 130 / 143), its processes stopped (the
     stage's own clean-up, the cluster stage's node daemons) and the sandbox kept as it was left."""
     from driverd.cli.interrupt import terminate_as_interrupt
     with terminate_as_interrupt():
-        return _run_demo(workdir, as_json, kubeconfig)
+        return _run_demo(workdir, as_json, kubeconfig, keep)
 
 
-def _run_demo(workdir: str | None, as_json: bool, kubeconfig: str | None) -> int:
+def _run_demo(workdir: str | None, as_json: bool, kubeconfig: str | None, keep: bool = False) -> int:
     from driverd.cli import main
     from driverd.cli.interrupt import EXIT_INTERRUPTED, EXIT_TERMINATED
     from driverd.sim.scenario import dgx_spec, make_host, make_packages, make_userspace_packages
@@ -174,7 +174,7 @@ def _run_demo(workdir: str | None, as_json: bool, kubeconfig: str | None) -> int
             _say(f"   (exit {rc} as expected: the failed upgrade is reported with the kernel's words, "
                  "and the host is back on the last-known-good driver)")
     if not as_json:
-        rc = cluster_demo(wd / "cluster", len(stages) + 1, kubeconfig)
+        rc = cluster_demo(wd / "cluster", len(stages) + 1, kubeconfig, keep=keep)
         if rc != 0:
             return rc
     _say(f"\n== done in {time.monotonic() - t0:.1f}s: the sandbox stays in {wd} (driverd status --root {root})")
@@ -193,11 +193,14 @@ class _Given:
         shutil.copyfile(self.path, path)
 
 
-def cluster_demo(work: Path, stage: int, kubeconfig: str | None, nodes: int = 4) -> int:
+DEMO_LABEL = "driverd.io/demo"
+
+
+def cluster_demo(work: Path, stage: int, kubeconfig: str | None, nodes: int = 4, keep: bool = False) -> int:
     """A rolling upgrade across a small simulated cluster: node daemons (the real agent and node
     transaction, each on its own simulated host) against the API server of `kubeconfig`, driven and
     read through the real kubectl and `kubectl driverd`. Without a kubeconfig the stage is skipped in
-    one line."""
+    one line. What it made on the API server is removed at the end unless `keep`."""
     import shutil
     import subprocess
     import sys
@@ -205,6 +208,8 @@ def cluster_demo(work: Path, stage: int, kubeconfig: str | None, nodes: int = 4)
         _say(f"\n== {stage}. rolling upgrade across a simulated cluster: skipped, it needs a Kubernetes API server "
              "(`driverd demo --kubeconfig FILE` with a throwaway test cluster's admin kubeconfig)")
         return 0
+    import uuid
+
     from driverd.cluster.kube import node_path
     from driverd.sim.fleet import NEW, Fleet
     # kubectl finds its plugin on PATH; the installed entry point sits beside this interpreter in a venv,
@@ -218,22 +223,26 @@ def cluster_demo(work: Path, stage: int, kubeconfig: str | None, nodes: int = 4)
     if work.exists():
         shutil.rmtree(work)
     fleet = None
+    # The demo's own nodes carry a label of this run: its rollout selects them alone (a cluster's other
+    # nodes are never touched), and the clean-up finds them.
+    run = uuid.uuid4().hex[:6]
+    mark, rollout = f"{DEMO_LABEL}={run}", f"demo-{run}"
     try:
-        fleet = Fleet(work, nodes, server=_Given(kubeconfig)).build()
+        fleet = Fleet(work, nodes, server=_Given(kubeconfig), labels={DEMO_LABEL: run}).build()
         _say(f"\n== {stage}. a rolling upgrade across a simulated cluster of {nodes} GPU nodes (API server "
              f"{fleet.admin.host}; each node runs driverd's cluster agent on its own simulated host, with a GPU pod "
-             "guarded by a PodDisruptionBudget)")
+             f"guarded by a PodDisruptionBudget; the demo's nodes are labelled {mark} and only they are upgraded)")
         fleet.start()
         fleet.wait(lambda: all((n["metadata"].get("labels") or {}).get("driverd.io/driver-version")
-                               for n in fleet.admin.list(node_path(), labels="nvidia.com/gpu.present")["items"]), 60)
+                               for n in fleet.admin.list(node_path(), labels=mark)["items"]), 60)
         env = dict(os.environ, KUBECONFIG=fleet.kubeconfig, PATH=path, HOME=str(work))
         plugin = [kubectl, "driverd"] if kubectl else [plugin_exe]
-        steps = [(["get", "nodes", "-L", "driverd.io/driver-version"], True),
-                 (["driverd", "rollout", "start", "--driver", NEW, "--max-parallel", "2", "--max-unavailable", "2"],
-                  False),
-                 (["driverd", "rollout", "status", "--watch", "--timeout", "120"], False),
-                 (["get", "driverrollouts"], True),
-                 (["driverd", "nodes"], False)]
+        steps = [(["get", "nodes", "-l", mark, "-L", "driverd.io/driver-version"], True),
+                 (["driverd", "rollout", "start", "--driver", NEW, "--name", rollout, "--selector", mark,
+                   "--max-parallel", "2", "--max-unavailable", "2"], False),
+                 (["driverd", "rollout", "status", rollout, "--watch", "--timeout", "120"], False),
+                 (["get", "driverrollout", rollout], True),
+                 (["driverd", "nodes", "-l", mark], False)]
         for argv, kubectl_only in steps:
             if kubectl_only and not kubectl:
                 continue
@@ -250,4 +259,10 @@ def cluster_demo(work: Path, stage: int, kubeconfig: str | None, nodes: int = 4)
         return 0
     finally:
         if fleet is not None:
-            fleet.stop()
+            if keep:
+                fleet.stop()
+                _say(f"demo: kept on the API server (--keep): the nodes labelled {mark} and rollout {rollout}")
+            else:
+                left = fleet.remove((rollout,))
+                _say(f"demo: removed what it made on the API server: {len(fleet.nodes)} nodes ({mark}), their GPU "
+                     f"pods and rollout {rollout}" + (f"; could not remove: {'; '.join(left)}" if left else ""))

@@ -11,6 +11,38 @@ def _common(p) -> None:
     p.add_argument("--dry-run", action="store_true", help="print what would run; change nothing")
     add_kernel_backend(p)
     add_wait(p)
+    add_force(p)
+
+
+def add_force(p) -> None:
+    """A command that changes the driver: on a node whose driver the cluster owns it is refused, unless
+    forced with a reason (recorded as an Event on the Node)."""
+    p.add_argument("--force", action="store_true", help="run even though this node's driver belongs to a cluster "
+                   "(only a DriverRollout changes it: cordon, drain, canary, failure budget); needs --reason")
+    p.add_argument("--reason", metavar="TEXT", help="why --force: recorded as an Event on the Node")
+
+
+def cluster_guard(ctx, args, command: str) -> str | None:
+    """Refuse `command` on a cluster-owned node (one line naming the rollout that does it); the forced
+    reason back when --force --reason, None when the host is not a cluster's. A dry run changes nothing."""
+    if ctx.dry_run:
+        return None
+    from driverd.daemon.cluster_mode import refuse_outside_rollout
+    return refuse_outside_rollout(ctx.config, ctx.root, command, force=bool(getattr(args, "force", False)),
+                                  reason=getattr(args, "reason", None))
+
+
+def forced(ctx, command: str, reason: str | None, out: dict) -> dict:
+    """A change forced outside a rollout: said in the outcome, and an Event on the Node."""
+    if reason is None:
+        return out
+    from driverd.daemon.cluster_mode import record_forced
+    out.setdefault("warnings", []).append(f"forced outside a DriverRollout on a cluster node: {reason}; the "
+                                          "daemon keeps the driver its rollout record names")
+    problem = record_forced(ctx.config, ctx.root, command, reason, out.get("state") or "?")
+    if problem:
+        out["warnings"].append(problem)
+    return out
 
 
 def add_wait(p) -> None:
@@ -54,8 +86,13 @@ def register(sub, common) -> None:
 
     p = sub.add_parser("rollback", parents=[common], formatter_class=fmt, help="return to the previous driver",
                        description="Roll back an interrupted run (from the journal), or with none pending switch to "
-                       "the previously installed package and load it.\n\nexample:\n  driverd rollback")
+                       "the previously installed package and load it.\n\nThe daemon (and `driverd apply`) "
+                       "reconcile to driver.version: when that still names the version rolled back from, its next "
+                       "pass upgrades again. --pin writes the version rolled back to into the configuration file "
+                       "(driver.version), so it stays.\n\nexamples:\n  driverd rollback\n  driverd rollback --pin")
     _common(p)
+    p.add_argument("--pin", action="store_true", help="after the rollback, set driver.version in the configuration "
+                   "file to the driver rolled back to, so the daemon keeps it")
     p.set_defaults(handler=cmd_run, kind="rollback")
 
     p = sub.add_parser("apply", parents=[common], formatter_class=fmt, help="plan and execute: bring the host to the desired driver",
@@ -95,7 +132,10 @@ def register(sub, common) -> None:
     add_work_dir(p, "where the sandbox goes (default: a new temp directory; --workdir is the same)")
     p.add_argument("--kubeconfig", metavar="FILE",
                    help="a THROWAWAY test cluster's admin kubeconfig for the rollout stage: it creates simulated "
-                   "Node objects, GPU pods and a DriverRollout there (without it the stage is skipped)")
+                   "Node objects, GPU pods and a DriverRollout there (without it the stage is skipped); the nodes "
+                   "carry the label driverd.io/demo=<run>, the rollout selects only them, and all of it is removed "
+                   "at the end")
+    p.add_argument("--keep", action="store_true", help="leave the demo's nodes, pods and rollout on the API server")
     # The demo makes its own sandbox host and configuration: a --root or --config would be ignored.
     p.set_defaults(handler=cmd_demo, refused_common={
         "--root": ("the demo builds its own simulated host in its sandbox and never reads or changes another",
@@ -109,12 +149,35 @@ def cmd_run(ctx, args) -> int:
     cfg = ctx.config
     if args.kind == "apply":
         cfg = cfg.with_overrides({"driver.version": args.driver, "driver.flavor": args.flavor})
+    reason = cluster_guard(ctx, args, args.kind)
     sctx = ctx.step_context(cfg, args.kernel_backend)
     req = lc.lifecycle_request(args.kind, package=getattr(args, "package", None),
                                terminate=getattr(args, "terminate", False), cfg=cfg,
                                userspace=getattr(args, "userspace", None))
     out = lc.transact(sctx, req, wait_s=args.wait, dry_run=ctx.dry_run)
-    return finish(ctx, out)
+    if args.kind == "rollback" and not ctx.dry_run and reason is None:
+        out = _after_rollback(ctx, cfg, out, pin=args.pin)
+    return finish(ctx, forced(ctx, args.kind, reason, out))
+
+
+def _after_rollback(ctx, cfg, out: dict, *, pin: bool) -> dict:
+    """A rollback done while driver.version still names another driver: the daemon's (or apply's) next
+    pass would upgrade again. Said, and with --pin the configuration is made to name the driver rolled
+    back to."""
+    lo, want = out.get("loaded"), cfg["driver.version"]
+    if out.get("state") not in ("done", "nothing-to-do") or not lo or not want or lo["version"] == want:
+        return out
+    if pin:
+        from driverd.config import set_value
+        path = set_value(ctx.root, cfg, "driver.version", lo["version"])
+        out.setdefault("warnings", []).append(f"pinned: driver.version = {lo['version']} in {path} (was {want})")
+        out["pinned"] = {"driver.version": lo["version"], "file": path, "was": want}
+    else:
+        out.setdefault("warnings", []).append(
+            f"driver.version still names {want} ({cfg.sources.get('driver.version', 'default')}): the daemon's next "
+            f"pass (or driverd apply) upgrades to it again; to stay on {lo['version']}: driverd rollback --pin, or set "
+            f"driver.version = \"{lo['version']}\" there")
+    return out
 
 
 def finish(ctx, out: dict, head=None) -> int:
@@ -184,18 +247,24 @@ def render_wanted(w: dict) -> list[str]:
                                                     else f"auto ({w.get('flavor_reason') or 'undecided'})")
     src = w["sources"].get("driver.version", "default")
     c = w["config"]
+    cl = w.get("cluster")
     params = "; ".join(f"{m}: " + ", ".join(f"{k}={v}" for k, v in p.items()) for m, p in c["modules.parameters"].items())
     lines = [f"wanted     {w['driver']} ({fl}) from {src}",
              f"           runtimes {','.join(c['runtime.runtimes'])} handler {c['runtime.handler']}"
              + (f"; parameters {params}" if params else "")]
+    if cl:
+        lines += [f"  waiting for a rollout: {x}" for x in cl.get("waiting") or []]
     if w.get("in_sync"):
-        lines.append("  in sync: the host runs what the configuration wants"
+        lines.append("  in sync: the host runs what " + ("the cluster keeps for this node" if cl else
+                                                          "the configuration wants")
                      + (f" (the driver is left to {w['left_to']})" if w.get("left_to") else ""))
         return lines
     lines += ["  DIFFERS: " + d for d in w["differs"]]
     if w.get("plan"):
-        lines.append(f"  plan:    {', '.join(w['plan'])} (`driverd plan` says why; `driverd apply` or the "
-                     "daemon's next pass does it)")
+        lines.append(f"  plan:    {', '.join(w['plan'])} (`driverd plan` says why; " +
+                     (f"in a cluster only a DriverRollout changes the driver: kubectl driverd rollout start --selector "
+                      f"kubernetes.io/hostname={cl['node']} ...)" if cl else
+                      "`driverd apply` or the daemon's next pass does it)"))
     return lines
 
 
@@ -298,4 +367,4 @@ def render_status(s: dict) -> str:
 
 def cmd_demo(ctx, args) -> int:
     from driverd.cli.demo import run_demo
-    return run_demo(args.work_dir, as_json=ctx.json, kubeconfig=args.kubeconfig)
+    return run_demo(args.work_dir, as_json=ctx.json, kubeconfig=args.kubeconfig, keep=args.keep)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from driverd.cli.lifecycle_cmds import add_wait
+from driverd.cli.lifecycle_cmds import add_force, add_wait
 from driverd.cli.options import add_ccache, add_flavor, add_rebuild, add_work_dir, builds
 from driverd.cli.output import emit
 from driverd.errors import EXIT_OK, UsageError
@@ -178,6 +178,7 @@ def register(sub, common) -> None:
     p.add_argument("--install", action="store_true", help="install the package right away (as `driverd install`); "
                    "its files are then verified once, while unpacking")
     add_wait(p)
+    add_force(p)
     p.set_defaults(handler=cmd_fetch)
 
     p = sub.add_parser(
@@ -204,6 +205,7 @@ def register(sub, common) -> None:
                    "the kernel's keyrings and signing.trusted_certs (host paths under --root)")
     p.add_argument("--dry-run", action="store_true", help="make every check and verify every file; write nothing")
     add_wait(p)
+    add_force(p)
     p.set_defaults(handler=cmd_install)
 
     p = sub.add_parser(
@@ -236,6 +238,7 @@ def register(sub, common) -> None:
     p.add_argument("--kernel", metavar="RELEASE", help="kernel release (default: the running kernel)")
     p.add_argument("--dry-run", action="store_true", help="say what would be put back; change nothing")
     add_wait(p)
+    add_force(p)
     p.set_defaults(handler=cmd_rollback)
 
 
@@ -265,7 +268,7 @@ def cmd_install(ctx, args) -> int:
     """One journalled step under the host lock; a failure restores the package that was installed.
     --dry-run makes every check a real install makes (vermagic, signatures, every file's hash)."""
     from driverd.apply import lifecycle as lc
-    from driverd.cli.lifecycle_cmds import finish
+    from driverd.cli.lifecycle_cmds import cluster_guard, finish, forced
     if not os.path.isfile(args.package):
         raise UsageError(f"package {args.package} does not exist", fix="pass the path `driverd fetch` printed")
     enforce = {"auto": None, "yes": True, "no": False}[args.enforce_signatures]
@@ -278,10 +281,11 @@ def cmd_install(ctx, args) -> int:
              f"{r['kernel_release']} into {r['modules_dir']} (package verified; nothing written)" if r["changed"]
              else f"dry run: {r['driver_version']} ({r['flavor']}) is already installed; nothing to do")
         return EXIT_OK
+    reason = cluster_guard(ctx, args, "install")
     req = lc.install_request("install", package, args.kernel, enforce)
     out = lc.transact(ctx.step_context(), req, wait_s=args.wait)
     out["report"] = next((r["result"] for r in out["results"] if r["action"] == "install-package"), None)
-    return finish(ctx, out, _install_head)
+    return finish(ctx, forced(ctx, "install", reason, out), _install_head)
 
 
 def _install_head(o: dict) -> str:
@@ -295,9 +299,11 @@ def _install_head(o: dict) -> str:
 
 def cmd_rollback(ctx, args) -> int:
     from driverd.apply import lifecycle as lc
-    from driverd.cli.lifecycle_cmds import finish
+    from driverd.cli.lifecycle_cmds import cluster_guard, finish, forced
+    reason = cluster_guard(ctx, args, "rollback-install")
     req = lc.rollback_install_request(_release(ctx, args.kernel))
-    return finish(ctx, lc.transact(ctx.step_context(), req, wait_s=args.wait, dry_run=ctx.dry_run))
+    out = lc.transact(ctx.step_context(), req, wait_s=args.wait, dry_run=ctx.dry_run)
+    return finish(ctx, forced(ctx, "rollback-install", reason, out))
 
 
 def cmd_build(ctx, args) -> int:
@@ -440,6 +446,10 @@ def cmd_fetch(ctx, args) -> int:
     from driverd.packages.fetch import fetch_configured, want_for_host
     cfg = ctx.config.with_overrides({"driver.version": args.driver, "driver.flavor": args.flavor})
     repos = [repo_arg(u) for u in args.repo] if args.repo else cfg["packages.repositories"]
+    reason = None
+    if args.install:
+        from driverd.cli.lifecycle_cmds import cluster_guard
+        reason = cluster_guard(ctx, args, "fetch --install")
     want = want_for_host(ctx.root, cfg, args.kernel, args.arch)
     res = fetch_configured(ctx.root, cfg, want, repos, runner=ctx.runner, allow_build=not args.no_build,
                            verify_files=not args.install)
@@ -447,7 +457,8 @@ def cmd_fetch(ctx, args) -> int:
     if args.install:
         from driverd.apply import lifecycle as lc
         req = lc.install_request("fetch --install", str(res.package), want.kernel_release, None, res.sha256)
-        tx = lc.transact(ctx.step_context(cfg), req, wait_s=args.wait)
+        from driverd.cli.lifecycle_cmds import forced
+        tx = forced(ctx, "fetch --install", reason, lc.transact(ctx.step_context(cfg), req, wait_s=args.wait))
         out["install"] = tx
         lc.raise_for(tx)
     emit(ctx.json, out, lambda r: r["package"] + (

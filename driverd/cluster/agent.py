@@ -28,6 +28,7 @@ from driverd.cluster import events
 from driverd.cluster import model as m
 from driverd.cluster import operator_components as oc
 from driverd.cluster import pools as pl
+from driverd.cluster import schedulable as sched
 from driverd.cluster import states
 from driverd.cluster.drain import DrainPlan, plan_drain
 from driverd.cluster.gpuusers import PodUse
@@ -99,11 +100,20 @@ class NodeAgent:
         # what the daemon's last workload check said of this host: (ready, why). A loaded driver that cannot
         # run CUDA (another version's user-space, a GPU CUDA cannot open) is not GPUDriverReady.
         self.workload: tuple[bool, str] | None = None
+        self.waiting: str | None = None          # None: the daemon has not said (leave the annotation)
 
     def set_workload(self, ready: bool, why: str) -> None:
         """The daemon's workload verdict for this host; a change re-syncs GPUDriverReady and the labels."""
         if self.workload != (ready, why):
             self.workload = (ready, why)
+            self._labels_checked = False
+            self.wake.set()
+
+    def set_waiting(self, text: str) -> None:
+        """What the node's desired driver or settings want that its daemon keeps out until a rollout
+        (daemon/cluster_mode.py); published as driverd.io/waiting when it changes."""
+        if self.waiting != text:
+            self.waiting = text
             self._labels_checked = False
             self.wake.set()
 
@@ -317,8 +327,13 @@ class NodeAgent:
         want = {m.L_VERSION: loaded["version"] if loaded else None, m.L_FLAVOR: loaded["flavor"] if loaded else None}
         if v.state not in m.ACTIVE:
             want[m.L_READY] = "true" if usable else None
+        patch: dict = {}
         if any(v.labels.get(k) != val for k, val in want.items()):
-            self.nodes.put(self.kube.patch(node_path(self.node), {"metadata": {"labels": want}}))
+            patch["labels"] = want
+        if self.waiting is not None and v.waiting != self.waiting[:1000]:
+            patch["annotations"] = {m.A_WAITING: self.waiting[:1000] or None}
+        if patch:
+            self.nodes.put(self.kube.patch(node_path(self.node), {"metadata": patch}))
         conds = {c.get("type"): c for c in (node.get("status") or {}).get("conditions") or []}
         have = conds.get(CONDITION) or {}
         if not loaded:
@@ -409,15 +424,17 @@ class NodeAgent:
         if why:
             return self._reject_admission(node, v, why)
         drop_ready = {m.L_READY: None}
+        # what the scheduler can place on the node now: `validating` waits for it to be back
+        before = sched.encode(sched.counts(node, sched.node_slices(self.kube, self.node)))
         try:
             if v.unschedulable and not v.cordoned_by_us:
                 self._to(node, m.CORDONED, "AlreadyCordoned", "the node was already cordoned (not by driverd): it "
-                         "stays cordoned after the upgrade", ann={m.A_CORDONED: "false"}, labels=drop_ready,
-                         precondition=True)
+                         "stays cordoned after the upgrade", ann={m.A_CORDONED: "false", m.A_GPUS_BEFORE: before},
+                         labels=drop_ready, precondition=True)
             else:
                 self._to(node, m.CORDONED, "Cordoned", f"cordoned for the upgrade to {r.driver}",
-                         ann={m.A_CORDONED: "true"}, spec={"unschedulable": True}, labels=drop_ready,
-                         precondition=True)
+                         ann={m.A_CORDONED: "true", m.A_GPUS_BEFORE: before}, spec={"unschedulable": True},
+                         labels=drop_ready, precondition=True)
         except KubeError as e:
             if e.conflict:        # the node changed under us (an admin's cordon?): look again
                 return 0
@@ -699,11 +716,33 @@ class NodeAgent:
         if loaded is None or loaded["version"] != r.driver:
             return self._fail(node, v, "ValidationFailed", f"the node runs {loaded['version'] if loaded else 'no driver'}"
                               f", not {r.driver}")
+        before = sched.decode((node["metadata"].get("annotations") or {}).get(m.A_GPUS_BEFORE))
+        if before:
+            # done means its GPUs can be scheduled again. The device plugin (or DRA plugin) comes back with
+            # the driver-ready label and the GPU Operator's component labels (their DaemonSets select
+            # them; DaemonSet pods ignore the cordon): those first, the cordon stays until the count is back
+            back, back_ann, said = _restored(node)
+            if v.labels.get(m.L_READY) != "true" or back:
+                self.nodes.put(self.kube.patch(node_path(self.node), {"metadata": {
+                    "labels": {m.L_READY: "true", **back}, "annotations": back_ann}}))
+                self.log(f"driverd cluster: node {self.node}: validating: driver validated; its GPU DaemonSets may "
+                         f"come back (driverd.io/driver-ready=true{said})")
+                return 0
+            short = sched.shortfall(before, sched.counts(node, sched.node_slices(self.kube, self.node)
+                                                         if sched.DRA_KEY in before else []))
+            if short:
+                if self._elapsed(v) < r.validation_timeout_s:
+                    self._say(node, v, "WaitingForGPUs", "driver validated; waiting for the node's GPUs to be "
+                              "schedulable again: " + "; ".join(short))
+                    return min(5.0, r.validation_timeout_s - self._elapsed(v) + 0.1)
+                return self._fail(node, v, "GPUsNotSchedulable", "; ".join(short) + f" after "
+                                  f"{r.validation_timeout_s}s (spec.validation.timeoutSeconds): the device plugin or "
+                                  "the DRA kubelet plugin did not come back with the driver")
         spec = {"unschedulable": None} if v.cordoned_by_us else None
         back, back_ann, said = _restored(node)
         self._to(node, m.DONE, "Upgraded", f"driver {loaded['version']} ({loaded['flavor']}) validated"
                  + ("; uncordoned" if v.cordoned_by_us else "; left cordoned: it was cordoned before driverd") + said,
-                 ann={m.A_CORDONED: None, **back_ann}, spec=spec,
+                 ann={m.A_CORDONED: None, m.A_GPUS_BEFORE: None, **back_ann}, spec=spec,
                  labels={m.L_VERSION: loaded["version"], m.L_FLAVOR: loaded["flavor"], m.L_READY: "true", **back})
         self.condition(True, "DriverValidated", f"driver {loaded['version']} ({loaded['flavor']}) loaded and validated")
         return None
@@ -721,7 +760,8 @@ class NodeAgent:
         pinned = f"{loaded['version']}/{loaded['flavor']}" if loaded else None
         back, back_ann, said = _restored(node)
         self._to(node, m.FAILED, reason, message + ("; uncordoned" if v.cordoned_by_us else "") + said,
-                 ann={m.A_CORDONED: None, m.A_PINNED: pinned, **back_ann}, spec=spec, labels={**labels, **back},
+                 ann={m.A_CORDONED: None, m.A_GPUS_BEFORE: None, m.A_PINNED: pinned, **back_ann}, spec=spec,
+                 labels={**labels, **back},
                  warning=True)
         self.condition(bool(loaded), reason, (f"the upgrade failed; driver {loaded['version']} runs: " if loaded
                                               else "the upgrade failed and no driver is loaded: ") + message)
@@ -731,7 +771,8 @@ class NodeAgent:
         spec = {"unschedulable": None} if v.cordoned_by_us else None
         back, back_ann, said = _restored(node)
         self._to(node, m.IDLE, reason, message + ("; uncordoned" if v.cordoned_by_us else "") + said,
-                 ann={m.A_CORDONED: None, **back_ann}, spec=spec, labels={m.L_READY: "true", **back})
+                 ann={m.A_CORDONED: None, m.A_GPUS_BEFORE: None, **back_ann}, spec=spec,
+                 labels={m.L_READY: "true", **back})
         self.condition(True, reason, message)
         return None
 

@@ -71,6 +71,7 @@ class Coordinator:
                                     name="lease", on_change=lambda k, o: self.wake.set(), log=log)
         self.nodes: Informer | None = None
         self._renewer: threading.Thread | None = None
+        # keyed by the rollout's ident (name/uid): a rollout deleted and re-created under its name is new
         self._written: dict[str, tuple[dict, float]] = {}     # rollout -> (status written, when)
         self._seen_gen: dict[str, tuple[int, float]] = {}      # rollout -> (generation, first seen)
         self.admitted = 0
@@ -234,18 +235,18 @@ class Coordinator:
             if why is None:
                 return 30.0
             self.log(f"driverd cluster: rollout {name} ({(obj.get('status') or {}).get('phase')}) reopened by {why}")
-            self._seen_gen[name] = (r.generation, self.clock())     # its preflight deadline starts again
+            self._seen_gen[r.ident] = (r.generation, self.clock())     # its preflight deadline starts again
         ann = obj["metadata"].get("annotations") or {}
         if ann.get(m.A_ABORT) == "true":
             self._status(obj, {"phase": "Aborted", "reason": "Aborted", "message": "aborted by an operator; "
                                "nodes not yet unloading were given back", "observedGeneration": r.generation})
             return 30.0
-        gen, since = self._seen_gen.get(name, (None, 0.0))
+        gen, since = self._seen_gen.get(r.ident, (None, 0.0))
         if gen != r.generation:
             prev = parse_time((obj.get("status") or {}).get("generationSince")) \
                 if (obj.get("status") or {}).get("observedGeneration") == r.generation else None
             since = prev or self.clock()
-            self._seen_gen[name] = (r.generation, since)
+            self._seen_gen[r.ident] = (r.generation, since)
         # a pool's rollout takes its pool's members only, any other rollout nodes in no pool
         targets = self.pool_keeper.targets(obj, views) if self.pool_keeper is not None else views
         mine_active = {v.name for v in views if v.active and v.in_rollout(r)}
@@ -418,8 +419,8 @@ class Coordinator:
                 raise
 
     def _status(self, obj: dict, status: dict) -> None:
-        name = obj["metadata"]["name"]
-        last, when = self._written.get(name, (obj.get("status") or {}, 0.0))
+        name, key = obj["metadata"]["name"], m.ident(obj)
+        last, when = self._written.get(key, (obj.get("status") or {}, 0.0))
         if _same(last, status):
             return
         phase_changed = (last.get("phase"), last.get("reason")) != (status.get("phase"), status.get("reason"))
@@ -436,7 +437,7 @@ class Coordinator:
             if e.not_found:
                 return
             raise
-        self._written[name] = (status, time.monotonic())
+        self._written[key] = (status, time.monotonic())
         if phase_changed:
             self._event(obj, status)
 

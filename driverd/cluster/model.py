@@ -31,6 +31,8 @@ A_RETRY = PREFIX + "retry"                # set by an operator: try a failed nod
 A_PINNED = PREFIX + "pinned-driver"       # version/flavor the daemon keeps after a failed upgrade
 A_ABORT = PREFIX + "abort"                # on a DriverRollout: "true" = `kubectl driverd rollout abort`
 A_ADMITTED_BY = PREFIX + "admitted-by"    # the coordinator (Lease holder) that admitted the node
+A_GPUS_BEFORE = PREFIX + "gpus-before"    # JSON: what the scheduler could place on the node at its cordon
+A_WAITING = PREFIX + "waiting"            # what the node's desired driver or settings want that waits for a rollout
 FINALIZER = "driverd.io/rollout"          # keeps a deleted rollout's spec until its nodes are given back
 # Node labels (what is loaded; selectors and dashboards use them)
 L_VERSION = PREFIX + "driver-version"
@@ -49,6 +51,13 @@ def split_driver(text: str | None) -> tuple[str, str]:
     previous-driver) as (version, flavor); ("", "") for none."""
     version, _, flavor = (text or "").partition("/")
     return version, flavor
+
+
+def ident(obj: dict) -> str:
+    """An object's identity for what a coordinator remembers of it: name and uid (a deleted and
+    re-created object of the same name is another one; Rollout.ident says the same of a rollout)."""
+    md = obj.get("metadata") or {}
+    return f"{md.get('name', '')}/{md['uid']}" if md.get("uid") else md.get("name", "")
 
 
 def ended(obj: dict) -> bool:
@@ -279,6 +288,7 @@ class NodeView:
     retry: str | None
     attempt: int
     target: str = ""             # version/flavor the record's rollout installs
+    waiting: str = ""            # the desired driver or settings the node's daemon keeps out until a rollout
 
     @classmethod
     def from_node(cls, node: dict) -> NodeView:
@@ -300,7 +310,7 @@ class NodeView:
                    cordoned_by_us=ann.get(A_CORDONED) == "true", driver=labels.get(L_VERSION),
                    flavor=labels.get(L_FLAVOR), labels=labels, preflight=pre,
                    skip=(ann.get(A_SKIP) or "").lower() in ("true", "1", "yes"), retry=ann.get(A_RETRY),
-                   attempt=attempt, target=ann.get(A_TARGET) or "")
+                   attempt=attempt, target=ann.get(A_TARGET) or "", waiting=ann.get(A_WAITING) or "")
 
     def in_rollout(self, r: Rollout) -> bool:
         """The record belongs to this rollout object (any generation of its spec)."""

@@ -88,8 +88,8 @@ class PoolKeeper:
                       instance=self.identity, log=self.log, now=self.clock())
 
     def _status(self, obj: dict, status: dict) -> None:
-        name = obj["metadata"]["name"]
-        last, when = self._written.get(name, (obj.get("status") or {}, 0.0))
+        name, key = obj["metadata"]["name"], m.ident(obj)
+        last, when = self._written.get(key, (obj.get("status") or {}, 0.0))
         if _same(last, status):
             return
         conds = lambda st: [(c.get("type"), c.get("status"), c.get("reason")) for c in st.get("conditions") or []]
@@ -103,7 +103,7 @@ class PoolKeeper:
             if e.not_found:
                 return
             raise
-        self._written[name] = (status, time.monotonic())
+        self._written[key] = (status, time.monotonic())
 
 
 def _same(a: dict, b: dict) -> bool:

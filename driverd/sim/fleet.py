@@ -79,13 +79,15 @@ class Fleet:
     def __init__(self, workdir: str | os.PathLike, nodes: int, *, server, log=_quiet, gpu_pods: int = 1,
                  lease_s: int | None = None, kubeconfig: str | None = None, module_unload: bool = True,
                  gpu_processes: bool = True, device_plugin: bool = False, first: int = 0, hosts: str = "files",
-                 costs=None, namespaces: int = 1) -> None:
+                 costs=None, namespaces: int = 1, labels: dict | None = None) -> None:
         """hosts: "files", every node a simulated host tree (its own root, simulated kernel, journal),
         the node transaction the real one; "timed", every node a driverd.sim.timedhost.TimedHost
         (the node's work is wall-clock time of `costs`, a NodeCosts; no host tree), for fleets of
         hundreds of nodes whose agents must not spend this machine's CPU on the hosts' work.
         namespaces: the GPU pods' namespaces (GPU_NS for 1; else GPU_NS-0 …, the nodes' pods dealt
-        round-robin): how many pods each eviction's admission policy takes as its parameters."""
+        round-robin): how many pods each eviction's admission policy takes as its parameters.
+        labels: on every Node the fleet makes (the demo marks its own so that its rollout selects them
+        and its clean-up finds them)."""
         self.work = Path(workdir)
         from driverd.cluster.lease import LEASE_DURATION_S
         self.n, self.srv, self.log, self.gpu_pods = nodes, server, log, gpu_pods
@@ -109,6 +111,7 @@ class Fleet:
         self.costs = costs or NodeCosts()
         self.cfg = None                    # the configuration every timed node's daemon reads
         self.gpu_namespaces = [GPU_NS] if namespaces <= 1 else [f"{GPU_NS}-{i}" for i in range(namespaces)]
+        self.labels = dict(labels or {})
 
     # -- building --------------------------------------------------------------------------------
     def build(self) -> Fleet:
@@ -223,7 +226,8 @@ class Fleet:
         _ensure(k, node_path(), {
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "nvidia.com/gpu.present": "true",
-                                                  "feature.node.kubernetes.io/pci-10de.present": "true", **labels}},
+                                                  "feature.node.kubernetes.io/pci-10de.present": "true",
+                                                  **self.labels, **labels}},
             "spec": {}})
         # what the kubelet reports (a create drops status: it is written through the subresource)
         k.patch(node_path(name) + "/status", {"status": {
@@ -586,6 +590,45 @@ class Fleet:
                     sn.proc.kill()
                     sn.proc.wait()
 
+    def remove(self, rollouts: tuple[str, ...] = ()) -> list[str]:
+        """Delete what the fleet made on the API server: `rollouts` first (while the daemons still run, so
+        that the coordinator gives their nodes back and drops the finalizer), then, with the daemons
+        stopped, the GPU pods, their ReplicaSets and PodDisruptionBudgets, the device plugin's DaemonSet
+        and the Nodes. Namespaces and CRDs stay (a cluster may have had them before). What could not be
+        deleted, in words."""
+        from driverd.cluster.kube import KubeError, node_path, rollout_path
+        k, left = self.admin, []
+
+        def delete(path: str, now: bool = False) -> None:
+            try:
+                # a pod on a node no kubelet serves would stay Terminating: deleted at once
+                k.request("DELETE", path, query={"gracePeriodSeconds": "0"}) if now else k.delete(path)
+            except KubeError as e:
+                if not e.not_found:
+                    left.append(f"{path}: {e.one_line()}")
+        for name in rollouts:
+            delete(rollout_path(name))
+        for name in rollouts:
+            if not self.wait(lambda: not _exists(k, rollout_path(name)), 30):
+                try:        # no coordinator finished it: the finalizer goes with the demo
+                    k.patch(rollout_path(name), {"metadata": {"finalizers": None}})
+                except KubeError as e:
+                    if not e.not_found:
+                        left.append(f"rollout {name}: {e.one_line()}")
+        self.stop()
+        for node in self.nodes:
+            ns = self.gpu_ns(node)
+            for j in range(self.gpu_pods):
+                pod = f"train-{node}-{j}"
+                delete(f"/apis/apps/v1/namespaces/{ns}/replicasets/{pod}")
+                delete(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{pod}-pdb")
+                delete(f"/api/v1/namespaces/{ns}/pods/{pod}", now=True)
+        if self.device_plugin:
+            delete(f"/apis/apps/v1/namespaces/{PLUGIN_NS}/daemonsets/{PLUGIN}")
+        for node in self.nodes:
+            delete(node_path(node))
+        return left
+
     def requests(self) -> int:
         """API requests of every node daemon so far, as their clients counted them: daemons killed and
         started again included, spawned ones as they last reported."""
@@ -879,3 +922,14 @@ def _crd(plural: str = "driverrollouts") -> dict:
 
     import yaml
     return yaml.safe_load(resources.files("driverd.data").joinpath(f"crd-{plural[:-1]}.yaml").read_text())
+
+
+def _exists(k, path: str) -> bool:
+    from driverd.cluster.kube import KubeError
+    try:
+        k.get(path)
+        return True
+    except KubeError as e:
+        if e.not_found:
+            return False
+        raise

@@ -187,6 +187,32 @@ def test_rollback_reloads_the_parameters_that_were_running(host, packages):
     assert loaded_params(host)["NVreg_EnableGpuFirmware"] == "18"   # what ran before, not the new config
 
 
+def test_a_rollback_says_the_daemon_brings_driver_version_back_and_pin_keeps_the_rolled_back_one(host, packages):
+    """Issue 42: with driver.version naming the driver rolled back from, the daemon's next pass (or
+    `driverd apply`) upgrades again: the rollback says so; --pin writes the rolled-back version into the
+    configuration file, keeping every other line."""
+    new = json.loads(drv(host, "install", str(packages["new"]), "--json").stdout or "{}")
+    assert drv(host, "load").returncode == 0
+    new_version = status(host)["loaded"]["version"]
+    assert new_version != OLD[0], new
+    write_config(host, f'# ours\n[driver]\nversion = "{new_version}"  # the fleet\'s\n[runtime]\nrestart = "none"\n')
+    cfg = host / "etc/driverd/config.toml"
+    r = drv(host, "rollback")
+    assert r.returncode == 0, r.stderr
+    assert status(host)["loaded"]["version"] == OLD[0]
+    assert f"driver.version still names {new_version}" in r.stdout and "driverd rollback --pin" in r.stdout, r.stdout
+    assert f'version = "{new_version}"' in cfg.read_text()          # nothing written without --pin
+    # back on the new one, then a rollback that pins
+    assert drv(host, "rollback").returncode == 0 and status(host)["loaded"]["version"] == new_version
+    r = drv(host, "rollback", "--pin", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["pinned"] == {"driver.version": OLD[0], "file": str(cfg), "was": new_version}
+    text = cfg.read_text()
+    assert f'version = "{OLD[0]}"' in text and "# ours" in text and 'restart = "none"' in text, text
+    assert status(host)["wanted"]["driver"] == OLD[0]        # what the daemon and apply now reconcile to
+
+
 # -- bad roots ------------------------------------------------------------------------------------
 
 def test_bad_roots_are_usage_errors(tmp_path):

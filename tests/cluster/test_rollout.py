@@ -519,3 +519,101 @@ def test_a_drain_that_times_out_while_the_api_server_is_away_names_the_apis_last
     assert "eviction answered 500" in v.message and "cannot reach" not in v.message, v.message
     assert "503" not in v.message and "shutting down" not in v.message, v.message
     assert len(tries) > 1 and not v.unschedulable
+
+
+def test_a_rollout_deleted_and_recreated_under_its_name_is_a_new_rollout(cluster, monkeypatch):
+    """Issue 42: the coordinator kept its preflight clock by name and generation, so `driver-<version>`
+    deleted and created again (generation 1 again) was refused at once: "its driverd did not answer the
+    preflight within 120s". Everything about a rollout is keyed by its uid."""
+    from driverd.cluster import admission
+    monkeypatch.setattr(admission, "PREFLIGHT_DEADLINE_S", 6.0)
+    f, k = _one_node_rollout(cluster)
+    wait_phase(f, "r", ("Completed",), timeout=90)
+    time.sleep(7)                     # the first object was seen longer ago than the preflight deadline
+    k.delete(rollout_path("r"))
+    assert f.wait(lambda: k.find(rollout_path("r")) is None, 30), "the rollout was never deleted"
+    k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
+                              "spec": {"driver": OLD}})
+    ro = wait_phase(f, "r", ("Completed", "Failed"), timeout=90)
+    assert ro["status"]["phase"] == "Completed", ro["status"]
+    assert not ro["status"].get("preflightFailures"), ro["status"]
+    assert views(f)["gpu-0000"].driver == OLD
+
+
+def _set_gpus(f: Fleet, node: str, n: int) -> None:
+    """What the device plugin makes the kubelet report: nvidia.com/gpu capacity and allocatable."""
+    f.admin.patch(node_path(node) + "/status", {"status": {"capacity": {"nvidia.com/gpu": str(n)},
+                                                           "allocatable": {"nvidia.com/gpu": str(n)}}},
+                  kind="strategic")
+
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+def _set_slice(f: Fleet, node: str, devices: int, generation: int) -> None:
+    """What the DRA kubelet plugin publishes for the node: one ResourceSlice of gpu.nvidia.com (none for 0)."""
+    name = f"{node}-gpu.nvidia.com"
+    try:
+        f.admin.delete(f"{SLICES}/{name}")
+    except Exception:
+        pass
+    if devices:
+        f.admin.create(SLICES, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+                                "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+                                         "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+                                         "devices": [{"name": f"gpu-{i}"} for i in range(devices)]}})
+
+
+@pytest.mark.parametrize("plugin", ["device-plugin", "dra"])
+@pytest.mark.parametrize("back", [True, False])
+def test_a_node_is_done_only_once_its_gpus_can_be_scheduled_again(cluster, plugin, back):
+    """Issue 42: the node's GPUs as the scheduler sees them (the device plugin's nvidia.com/gpu allocatable,
+    or the DRA plugin's ResourceSlices) are counted at the cordon; the plugin leaves with the driver, and
+    the node is `done` only once they are back; a plugin that does not come back fails the node, named,
+    after spec.validation.timeoutSeconds (and spends the failure budget)."""
+    import threading
+    _, make = cluster
+    f = make(1)
+    node = "gpu-0000"
+    if plugin == "dra":
+        _set_gpus(f, node, 0)
+        _set_slice(f, node, 2, 1)
+    else:
+        _set_gpus(f, node, 2)
+    started(f)
+    stop, seen = threading.Event(), []
+
+    def played_plugin() -> None:          # gone from the cordon; back (or not) with the driver-ready label
+        gone = False
+        while not stop.is_set():
+            state = views(f)[node].state
+            seen.append(state)
+            if state in (m.CORDONED, m.EVICTING, m.UNLOADING) and not gone:
+                gone = True
+                _set_gpus(f, node, 0) if plugin == "device-plugin" else _set_slice(f, node, 0, 1)
+            elif back and gone and views(f)[node].labels.get(m.L_READY) == "true":    # its DaemonSet selects it
+                _set_gpus(f, node, 2) if plugin == "device-plugin" else _set_slice(f, node, 2, 2)
+                gone = False
+            time.sleep(0.1)
+    t = threading.Thread(target=played_plugin, daemon=True)
+    t.start()
+    try:
+        k = kube(f)
+        k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
+                                  "metadata": {"name": "r"},
+                                  "spec": {"driver": NEW, "validation": {"timeoutSeconds": 8}}})
+        ro = wait_phase(f, "r", ("Completed", "Failed", "Paused"), timeout=120)
+    finally:
+        stop.set()
+        t.join(5)
+    v = views(f)[node]
+    what = "nvidia.com/gpu allocatable" if plugin == "device-plugin" else \
+        "gpu.nvidia.com devices in the node's ResourceSlices"
+    if back:
+        assert ro["status"]["phase"] == "Completed" and v.state == m.DONE, (ro["status"], v)
+        assert m.VALIDATING in seen
+    else:
+        assert v.state == m.FAILED and v.reason == "GPUsNotSchedulable", v
+        assert f"{what} 0, was 2 before the upgrade" in v.message, v.message
+        assert ro["status"]["phase"] != "Completed", ro["status"]
+        assert not v.unschedulable                      # given back: uncordoned, with the reason on it

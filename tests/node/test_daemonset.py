@@ -392,3 +392,62 @@ def test_a_rollout_on_the_real_node_evicts_real_pods_and_gives_the_node_back(on_
     # the coordinator's Lease is in the pod's own namespace (POD_NAMESPACE, from the downward API)
     leases = cp.api("GET", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases")["items"]
     assert any(node.name in (le["spec"].get("holderIdentity") or "") for le in leases), leases
+
+
+def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
+    """Issue 42 on the real kubelet: a stand-in device plugin (tests/node/deviceplugin: the kubelet's
+    device-plugin API) publishes nvidia.com/gpu; the kubelet, not the test, sets the Node's allocatable.
+    A plugin whose DaemonSet selects driverd.io/driver-ready leaves with the driver and comes back: the
+    node ends `done` with its 2 GPUs allocatable. A plugin that stays through the reload holding the old
+    driver's handles reports its devices unhealthy: the node fails GPUsNotSchedulable, named."""
+    from driverd.cluster import model as m
+    from driverd.sim.fleet import NEW
+    from tests.node import deviceplugin as dp
+    node, host, _, _ = on_node
+    cp = node.cp
+    dp.image(node)
+    cp.ensure("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": dp.NS}})
+    dss = f"/apis/apps/v1/namespaces/{dp.NS}/daemonsets"
+    low: list[int] = []
+
+    def allocatable() -> int:
+        n = cp.api("GET", f"/api/v1/nodes/{node.name}")
+        return int((n["status"].get("allocatable") or {}).get("nvidia.com/gpu") or 0)
+
+    def wait_gpus(n: int, timeout: float = 90) -> None:
+        end = time.monotonic() + timeout
+        while allocatable() != n:
+            assert time.monotonic() < end, f"nvidia.com/gpu allocatable never became {n}: {node.log_tail('kubelet')}"
+            time.sleep(0.3)
+
+    def rollout(name: str, timeout_s: int) -> m.NodeView:
+        driver = "535.261.03" if NEW in (host / "proc/driver/nvidia/version").read_text() else NEW
+        cp.api("POST", "/apis/driverd.io/v1alpha1/driverrollouts", {
+            "apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": name},
+            "spec": {"driver": driver, "validation": {"timeoutSeconds": timeout_s}}})
+        end = time.monotonic() + 300
+        while True:
+            v = m.NodeView.from_node(cp.api("GET", f"/api/v1/nodes/{node.name}"))
+            low.append(allocatable())
+            if v.in_rollout_name(name) and v.state in (m.DONE, m.FAILED):
+                return v
+            assert time.monotonic() < end, (v, node.container_log(NS, _pods(cp)[0]["metadata"]["name"], "driverd"))
+            time.sleep(0.3)
+
+    cp.api("POST", dss, dp.daemonset("plugin-back", host, args=["-devices", "2"],
+                                      node_selector={m.L_READY: "true"}))
+    wait_gpus(2)
+    v = rollout("gpus-come-back", 120)
+    assert v.state == m.DONE, v
+    assert 0 in low, "the plugin never left: nothing was proven"        # the kubelet's count dropped, then came back
+    assert allocatable() == 2 and not v.unschedulable
+    cp.api("DELETE", f"{dss}/plugin-back")
+    wait_gpus(0)
+
+    cp.api("POST", dss, dp.daemonset("plugin-stale", host, args=["-devices", "2", "-stale"], node_selector=None))
+    wait_gpus(2)
+    v = rollout("gpus-stay-away", 15)
+    assert v.state == m.FAILED and v.reason == "GPUsNotSchedulable", v
+    assert "nvidia.com/gpu allocatable 0, was 2 before the upgrade" in v.message, v.message
+    assert not v.unschedulable                         # given back, uncordoned, with the reason on the Node
+    cp.api("DELETE", f"{dss}/plugin-stale")
