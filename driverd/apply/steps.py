@@ -302,7 +302,10 @@ class FetchUserspace(StepImpl):
 
 
 def _userspace_package(ctx, params) -> tuple[str | None, str | None]:
-    """(package, sha256) an install-userspace step installs: its own parameters, else the run's fetch."""
+    """(package, sha256) an install-userspace step installs: its own parameters, else the run's fetch.
+    A step of an installed tree (`installed`: the planner found it on disk) has no package: (None, sha256)."""
+    if params.get("installed"):
+        return None, params.get("sha256")
     if params.get("package"):
         return params["package"], params.get("sha256")
     res = next((s.get("result") for s in ctx.doc.get("steps", []) if s["action"] == "fetch-userspace"
@@ -332,13 +335,18 @@ class InstallUserspace(StepImpl):
         from driverd.packages.archive import sha256_file
         from driverd.packages.userspace_install import is_installed
         path, sha = _userspace_package(ctx, params)
+        if params.get("installed"):
+            return is_installed(ctx.root, sha, places(ctx))
         if not path or not os.path.isfile(path):
             return False
         return is_installed(ctx.root, sha or sha256_file(path), places(ctx))
 
     def do(self, ctx, params):
-        from driverd.packages.userspace_install import install
+        from driverd.packages.userspace_install import install, restore
         path, sha = _userspace_package(ctx, params)
+        if params.get("installed"):
+            # the tree is on disk (its package need not be): switched to, or made active again, from it
+            return restore(ctx.root, sha, ctx.runner, places=places(ctx)).to_json()
         if not path:
             raise PackageError("no user-space package to install", cause="neither the step nor a fetch-userspace "
                                "step gave one", fix="set userspace.package or userspace.fetch")

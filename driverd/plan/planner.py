@@ -127,6 +127,13 @@ def userspace_steps(offer, version: str, arch: str | None) -> tuple[list[Step], 
     if offer.inactive:
         now = f"driverd's {offer.current_version} user-space is installed but not active (its loader " \
               "configuration, PATH links or driver-root link are missing or changed)"
+    if offer.package is None and offer.installed_sha:
+        # the tree is on disk and intact: switching to it (or only making it active again, after a reboot)
+        # needs no repository — a node must come back without the network
+        what = "made active again" if offer.inactive and offer.installed_sha == offer.current_sha else "switched to"
+        return [], [Step("install-userspace", f"{now}; {version}'s installed tree ({offer.installed_sha[:12]}) is "
+                         f"{what} with the modules, before the validation; nothing is fetched",
+                         {"driver": version, "sha256": offer.installed_sha, "installed": True})]
     fetch = [] if offer.package else [Step("fetch-userspace", f"{now}; the {version} user-space comes from "
                                            f"{offer.source}", {"driver": version, "arch": arch})]
     params = {"driver": version}
