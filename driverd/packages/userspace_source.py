@@ -189,6 +189,11 @@ def fetch(root, cfg, version: str, arch: str, runner=None) -> Fetched:
             root.unlink(dest)               # never keep a bad package in the cache
             raise PackageError(f"{e.message} (from {f.redact(url)})", cause=e.cause, fix=e.fix) from None
         return Fetched(str(root.real(dest)), entry.sha256, f.redact(url))
+    # no repository gave it: a package an earlier fetch verified and left in the cache, checked again
+    hit = f.from_cache(root, f.cache_hostdir(cfg["packages.cache_dir"]), us.package_basename(version, arch),
+                       files=False, kind=us.KIND)
+    if hit is not None:
+        return Fetched(str(hit[0]), hit[1], "cache")
     # a repository that did not answer is said as such, not as one without the user-space
     raise f.not_found(us.package_basename(version, arch), looked, None,
                       f"driverd build-userspace the {version} user-space into the repository and run `driverd repo "

@@ -8,8 +8,8 @@ from __future__ import annotations
 from driverd.plan.actions import touches_host_driver
 
 # What may still be done when the plan needs a reboot first: nothing that touches the running driver.
-SAFE_BEFORE_REBOOT = ("blacklist-nouveau", "fetch-package", "verify-package", "install-package", "fetch-userspace",
-                      "configure-runtime")
+SAFE_BEFORE_REBOOT = ("blacklist-nouveau", "fetch-package", "verify-package", "install-package", "restore-package",
+                      "fetch-userspace", "configure-runtime")
 
 SNAPSHOT = {"action": "snapshot"}
 
