@@ -24,9 +24,12 @@ def write(root, *, mode: str, result=None, next_in_s: float | None = None, stopp
                                  "started_at": result.started, "finished_at": result.finished,
                                  "runs": [d.get("run_id") for d in result.runs], "loaded": result.loaded,
                                  "degraded": getattr(result, "degraded", None)}
-    else:
-        old = read(root)
+    old = read(root) if result is None or getattr(result, "kernels", None) is None else None
+    if result is None:
         doc["last_reconcile"] = (old or {}).get("last_reconcile")
+    # the kernel watch's report (driverd.apply.kernelprep): `driverd status` and `driverd reboot-ready` say it
+    doc["kernels"] = getattr(result, "kernels", None) if result is not None and getattr(result, "kernels", None) \
+        is not None else (old or {}).get("kernels")
     from driverd.redact import redact_obj
     try:
         # 0600 (issue 30): reasons quote repository URLs and errors; redacted, but what a pass says about

@@ -366,6 +366,23 @@ class InstallUserspace(StepImpl):
         return "switch the driver's user-space" + (f" to {params['driver']}" if params.get("driver") else "")
 
 
+class ForgetKernel(StepImpl):
+    """After a reboot into a newer kernel: what driverd kept for a kernel that is no longer installed (its
+    tree left under /lib/modules, its previous record, its kept packages) is removed — nothing can load it."""
+    action = "forget-kernel"
+
+    def check(self, ctx, params):
+        from driverd.packages.install import release_leftovers
+        return not release_leftovers(ctx.root, params["kernel_release"], ctx.config["state.dir"])
+
+    def do(self, ctx, params):
+        from driverd.packages.install import forget_release
+        return {"removed": forget_release(ctx.root, params["kernel_release"], ctx.config["state.dir"])}
+
+    def describe(self, params):
+        return f"remove driverd's packages of kernel {params.get('kernel_release')} (no longer installed)"
+
+
 class RestoreUserspace(StepImpl):
     """Make driverd's user-space in use the package `sha256` again (None: none), from the kept trees."""
     action = "restore-userspace"
@@ -916,4 +933,4 @@ REGISTRY: Registry = {impl.action: impl for impl in (
     FetchUserspace(), InstallUserspace(), RestoreUserspace(),
     RestorePackage(), RestorePreviousPackage(), StopDaemons(), StartDaemons(), StartPersistenced(),
     StartFabricManager(), UnloadModules(), CheckSigners(), CheckParameters(), LoadModules(), RestoreMig(), Validate(),
-    ConfigureRuntime(), RevertRuntime(), RestoreFiles(), RequireReboot(), ClearReboot())}
+    ConfigureRuntime(), RevertRuntime(), RestoreFiles(), RequireReboot(), ClearReboot(), ForgetKernel())}

@@ -148,7 +148,7 @@ def _judge(root, cfg, version, flavor) -> Gate:
                     "recorded driver); fix: set driver.version, or pass --driver VERSION")
     if not newer:
         return Gate(True, running, want, [], f"no kernel newer than the running {running} is installed")
-    verdicts = [_judge_kernel(root, cfg, fam, k, want) for k in newer]
+    verdicts = [judge_kernel(root, cfg, fam, k, want) for k in newer]
     bad = [v for v in verdicts if not v.ready]
     if bad:
         why = "; ".join(f"{v.release}: {v.short}" for v in bad)
@@ -169,7 +169,8 @@ def _daemon_record(root, release: str) -> dict | None:
     return rec if isinstance(rec, dict) else None
 
 
-def _judge_kernel(root, cfg, fam, k: InstalledKernel, want: dict) -> KernelVerdict:
+def judge_kernel(root, cfg, fam, k: InstalledKernel, want: dict) -> KernelVerdict:
+    """One newer kernel against the node's driver `want` (the module docstring's rules)."""
     from driverd.packages.install import is_installed
     from driverd.packages.kept import tree_manifest, tree_sha
     rel = k.release

@@ -86,6 +86,12 @@ def prepare_kernel_steps(want, allow_build: bool) -> list[dict]:
             {"action": "install-package", "params": {"kernel_release": want.kernel_release}}]
 
 
+def forget_kernel_steps(releases: list[str]) -> list[dict]:
+    """After a reboot into a newer kernel: driverd's packages of the kernels no longer installed, removed."""
+    return [{"action": "forget-kernel", "params": {"kernel_release": r},
+             "reason": f"kernel {r} is no longer installed and the host runs a newer one"} for r in releases]
+
+
 def runtime_steps(verb: str, targets: list[str], options: dict) -> list[dict]:
     action = "configure-runtime" if verb == "configure" else "revert-runtime"
     return [{"action": action, "params": {"runtime": t, "handler": options.get("handler"), "options": options}}

@@ -208,8 +208,9 @@ def install_kernel(root: str | os.PathLike, release: str, *, image: bool = True,
     base = r / "lib/modules" / release
     if modules:
         write_module(FakeModule("dummy", version="", vermagic=default_vermagic(release)), base / "kernel/drivers/net")
-        if depmod:
-            _w(r, f"/lib/modules/{release}/modules.dep", "kernel/drivers/net/dummy.ko:\n")
+        if depmod:              # the whole tree, as depmod indexes it (a driverd package already there too)
+            from driverd.sim.depmod import dependency_lines
+            _w(r, f"/lib/modules/{release}/modules.dep", "".join(ln + "\n" for ln in dependency_lines(base)))
     if headers:
         hdr = f"/usr/src/linux-headers-{release}"
         _w(r, f"{hdr}/Makefile", "# kbuild\n")
