@@ -142,6 +142,12 @@ def _judge(root, cfg, version, flavor) -> Gate:
         return Gate(True, running, None, [], "driver.manage = never: driverd does not provide the driver")
     if not has_gpus(root):
         return Gate(True, running, None, [], "no NVIDIA GPU on this host: no driver to come back with")
+    if cfg["driver.manage"] == "auto" and root.lexists("/proc/driver/nvidia/version") and \
+            not root.lexists(f"/lib/modules/{running}/{INSTALL_DIR}/manifest.json"):
+        # a driver runs that driverd did not install (a distribution's or DKMS package): driver.manage = auto
+        # leaves it to its package manager, which rebuilds it for a new kernel (DKMS) or not — not driverd's gate
+        return Gate(True, running, None, [], "the running NVIDIA driver is not driverd's (no driverd package for "
+                    f"{running}; driver.manage = auto leaves it to its package manager)")
     want = wanted_driver(root, cfg, version, flavor)
     if want is None:
         return Gate(False, running, None, [], "no driver is named (driver.version is not set and the node has no "

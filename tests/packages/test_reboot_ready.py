@@ -208,3 +208,20 @@ def test_cluster_mode_judges_the_driver_the_node_last_converged_to(host, krepo):
     assert drv(host, "install", "--kernel", NEXT, str(host / "pkg.tar.zst")).returncode == 0
     rc, doc = gate(host)
     assert rc == 0 and doc["driver"]["version"] == OLD and "last converged" in doc["driver"]["source"], doc
+
+
+def test_a_driver_driverd_did_not_install_is_not_driverds_to_gate(host):
+    """driver.manage = auto with a driver loaded that no driverd package provides (a distribution's, DKMS):
+    its package manager keeps it; reboot-ready does not ask for a driverd package."""
+    _config(host)
+    install_kernel(host, NEXT)
+    shutil.rmtree(host / f"lib/modules/{RELEASE}/updates/driverd")
+    (host / "proc/driver/nvidia").mkdir(parents=True, exist_ok=True)
+    (host / "proc/driver/nvidia/version").write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  "
+                                                     "550.127.05  Release Build\n")
+    rc, doc = gate(host)
+    assert rc == 0 and "not driverd's" in doc["reason"], doc
+    p = host / "etc/driverd/config.toml"
+    p.write_text(p.read_text().replace('flavor = "open"\n', 'flavor = "open"\nmanage = "always"\n'))
+    rc, doc = gate(host)
+    assert rc == 1 and doc["kernels"][0]["release"] == NEXT, doc
