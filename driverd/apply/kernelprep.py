@@ -16,11 +16,14 @@ The outcome goes into the pass's Result (`kernels`, `retry_in_s`): the metric
 driverd_kernel_unprepared{kernel}, `driverd status`, the cluster agent's Events and the loop's next pass."""
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from driverd.errors import DriverdError
+
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")      # a release name driverd's install accepts
 
 
 @dataclass
@@ -132,8 +135,15 @@ class KernelWatch:
         from driverd.packages.install import release_leftovers
         installed = {k.release for k in kernels} | {running}
         cands = set(sctx.root.listdir("/lib/modules")) | _kept_releases(sctx.root, cfg["state.dir"])
-        gone = sorted(r for r in cands if r not in installed and fam.compare_releases(r, running) < 0
-                      and release_leftovers(sctx.root, r, cfg["state.dir"]))
+        gone = []
+        for r in sorted(cands):
+            if r in installed or not _PLAIN.fullmatch(r) or fam.compare_releases(r, running) >= 0:
+                continue
+            try:
+                if release_leftovers(sctx.root, r, cfg["state.dir"]):
+                    gone.append(r)
+            except DriverdError:            # a name driverd would not write; nothing of it is driverd's
+                continue
         if not gone:
             return
         try:
