@@ -396,7 +396,7 @@ def test_a_rollout_on_the_real_node_evicts_real_pods_and_gives_the_node_back(on_
 
 
 # What docs/reboots.md tells kured users of the driver container to set (kept in one place for the test).
-KURED_SENTINEL = ("/bin/sh -c 'exec nsenter --target \"$(pgrep -o -f \"/usr/local/bin/driverd container-entrypoint\")\" "
+KURED_SENTINEL = ("/bin/sh -c 'exec nsenter --target \"$(pgrep -o -f \"driverd [c]ontainer-entrypoint --root /host\")\" "
                   "--mount -- /usr/local/bin/driverd reboot-ready --root /host --if-required --quiet'")
 
 
@@ -423,6 +423,7 @@ def test_kureds_sentinel_loop_reboots_only_once_the_pods_daemon_has_prepared_the
     sentinel.write_text("*** System restart required ***\n")
     marker = tmp_path / "rebooted"
     rcs: list[int] = []
+    errs: list[str] = []
     stop = threading.Event()
 
     def kured() -> None:
@@ -430,6 +431,7 @@ def test_kureds_sentinel_loop_reboots_only_once_the_pods_daemon_has_prepared_the
         while not stop.is_set():
             r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
             rcs.append(r.returncode)
+            errs.append(r.stderr[-500:])
             if r.returncode == 0:
                 marker.write_text("reboot\n")          # kured's rebooter, played
                 return
@@ -440,7 +442,7 @@ def test_kureds_sentinel_loop_reboots_only_once_the_pods_daemon_has_prepared_the
         end = time.monotonic() + 30
         while len(rcs) < 8 and time.monotonic() < end:
             time.sleep(0.5)
-        assert len(rcs) >= 8 and set(rcs) == {1} and not marker.exists(), rcs
+        assert len(rcs) >= 8 and set(rcs) == {1} and not marker.exists(), (rcs, errs[-2:])
         # what the closed gate says, through the same way in
         why = subprocess.run(shlex.split(KURED_SENTINEL.replace(" --quiet", " --json")), capture_output=True,
                              text=True, timeout=120)
