@@ -30,11 +30,24 @@ def plan_for_host(root, cfg, *, facts: Facts | None = None, nvml: bool = False) 
         facts = collect(root, nvml=nvml, handler=cfg["runtime.handler"], binary=cfg["runtime.binary"],
                         driver_root=cfg["validation.driver_root"])
     from driverd.packages.fetch import unavailable
+    from driverd.packages.kept import kept_for
     from driverd.packages.userspace_source import offer
     return HostPlan(facts, plan(facts, Desired.from_config(cfg), for_plan(root, facts, cfg),
                                 userspace=workload_applies(root, cfg),
                                 us_offer=offer(root, cfg, cfg["driver.version"], facts.kernel.arch),
-                                no_package=unavailable(root, cfg, facts.kernel.release)))
+                                no_package=unavailable(root, cfg, facts.kernel.release, _want(facts, cfg)),
+                                kept=kept_for(root, cfg["state.dir"], facts.kernel.release)))
+
+
+def _want(facts: Facts, cfg):
+    """The package the plan would fetch for the running kernel (None: it cannot be named yet)."""
+    from driverd.packages.fetch import Want
+    from driverd.plan.flavor import decide
+    k, version = facts.kernel, cfg["driver.version"]
+    if not facts.gpus or not version or not k.release:
+        return None
+    flavor = decide(facts.gpus, version, cfg["driver.flavor"]).flavor
+    return Want(version, flavor, k.release, k.arch or "x86_64") if flavor else None
 
 
 @dataclass(frozen=True)

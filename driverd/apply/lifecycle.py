@@ -146,6 +146,13 @@ def prepare_kernel_request(cfg, want, allow_build: bool) -> Request:
                                              "flavor": want.flavor}, changes_kernel=False)
 
 
+def forget_kernels_request(releases: list[str]) -> Request:
+    """The daemon's cleanup after a reboot into a newer kernel: driverd's packages of kernels no longer
+    installed (driverd.packages.install.forget_release). The running kernel is not touched."""
+    return Request("forget-kernels", lambda ctx: sl.forget_kernel_steps(releases), {"kernels": list(releases)},
+                   changes_kernel=False)
+
+
 def apply_request(cfg) -> Request:
     """`driverd apply`: plan from the host's facts and execute; a plan that needs a reboot does the
     safe part and records the reboot; after the reboot the rest is done and the record cleared."""
@@ -354,7 +361,18 @@ def status(ctx) -> dict:
             "reboot_required": rec, "kernel": ctx.kernel.name,
             "wanted": wanted(ctx, inst),
             "activity": activity(holder, doc, rec, ctx),
-            "daemon": daemon_state(ctx)}
+            "daemon": daemon_state(ctx),
+            "kernels": reboot_gate(ctx)}
+
+
+def reboot_gate(ctx) -> dict | None:
+    """`driverd reboot-ready`'s answer (driverd.packages.rebootgate): the installed kernels newer than the running
+    one and whether each has the node's driver, with the daemon's last preparation of each."""
+    from driverd.packages.rebootgate import judge
+    try:
+        return judge(ctx.root, ctx.config).to_json()
+    except DriverdError as e:
+        return {"ready": False, "reason": e.one_line(), "kernels": []}
 
 
 def userspace_in_use(ctx) -> dict | None:

@@ -42,6 +42,10 @@ class Result:
     degraded: dict | None = None
     # cluster mode: what the node keeps and why, what waits for a rollout (daemon/cluster_mode.py's pinned)
     pinned: dict | None = None
+    # the kernels newer than the running one (driverd.apply.kernelprep): release -> {"prepared", "reason", ...}
+    kernels: dict | None = None
+    retry_in_s: float | None = None    # the kernel watch's next due retry: the loop's next pass comes no later
+    left_to: str | None = None         # the driver is another package manager's (the plan's driver_managed_by)
 
     @property
     def converged(self) -> bool:
@@ -53,8 +57,10 @@ class Result:
 
 
 class Reconciler:
-    def __init__(self, make_context: Callable, log: Callable[[str], None], lock_wait_s: float = LOCK_WAIT_S,
-                 *, reload_drift: bool = True) -> None:
+    def __init__(self, make_context: Callable, log: Callable[[str], None], lock_wait_s: float = LOCK_WAIT_S, *,
+                 reload_drift: bool = True, kernel_watch: bool = False) -> None:
+        """`kernel_watch`: the daemon's own passes also prepare newer installed kernels and forget removed
+        ones (driverd.apply.kernelprep; `log` then takes a level and fields, as driverd.log.log does)."""
         self.make_context = make_context        # cfg -> StepContext (the CLI's composition root picks backends)
         self.log = log
         self.lock_wait_s = lock_wait_s
@@ -67,6 +73,10 @@ class Reconciler:
         # calls in a child (0.3 s to seconds a GPU), so a pass repeats it only after a change, when the last one
         # failed or is older than validation.workload_interval_s; the daemon's first pass always makes it.
         self._workload: tuple[tuple, float, dict] | None = None
+        self.kernels = None
+        if kernel_watch:
+            from driverd.apply.kernelprep import KernelWatch
+            self.kernels = KernelWatch(log)
 
     def reconcile(self, cfg) -> Result:
         res = Result("error", "", started=time.time())
@@ -93,6 +103,9 @@ class Reconciler:
                 self._judge_running(sctx, cfg, res)
             except Exception as e:               # never a crash: the node is then simply not degraded-ready
                 res.warnings.append(f"cannot validate the running driver: {e.__class__.__name__}: {e}")
+        if self.kernels is not None and sctx is not None and res.state != "config-error":
+            # after the host's own pass: a kernel installed behind driverd's back gets its driver before a reboot
+            self.kernels.run(sctx, cfg, self.lock_wait_s, res)
         res.finished = time.time()
         return res
 
@@ -160,6 +173,7 @@ class Reconciler:
                   "blocked" if p.blocked_by else "validation")
             return
         left_alone = p.driver_managed_by is not None
+        res.left_to = p.driver_managed_by
         if left_alone:
             self._say_once(res, f"the driver is left to {p.driver_managed_by}: {p.flavor_reason}")
         inst = st.installed(sctx)

@@ -26,11 +26,14 @@ def write(root, *, mode: str, result=None, next_in_s: float | None = None, stopp
                                  "degraded": getattr(result, "degraded", None)}
         if getattr(result, "pinned", None):
             doc["cluster"] = result.pinned
-    else:
-        old = read(root)
+    kernels = getattr(result, "kernels", None) if result is not None else None
+    old = read(root) if result is None or kernels is None else None
+    if result is None:
         doc["last_reconcile"] = (old or {}).get("last_reconcile")
         if (old or {}).get("cluster"):
             doc["cluster"] = old["cluster"]
+    # the kernel watch's report (driverd.apply.kernelprep): `driverd status` and `driverd reboot-ready` say it
+    doc["kernels"] = kernels if kernels is not None else (old or {}).get("kernels")
     from driverd.redact import redact_obj
     try:
         # 0600 (issue 30): reasons quote repository URLs and errors; redacted, but what a pass says about

@@ -302,7 +302,10 @@ class FetchUserspace(StepImpl):
 
 
 def _userspace_package(ctx, params) -> tuple[str | None, str | None]:
-    """(package, sha256) an install-userspace step installs: its own parameters, else the run's fetch."""
+    """(package, sha256) an install-userspace step installs: its own parameters, else the run's fetch.
+    A step of an installed tree (`installed`: the planner found it on disk) has no package: (None, sha256)."""
+    if params.get("installed"):
+        return None, params.get("sha256")
     if params.get("package"):
         return params["package"], params.get("sha256")
     res = next((s.get("result") for s in ctx.doc.get("steps", []) if s["action"] == "fetch-userspace"
@@ -332,13 +335,18 @@ class InstallUserspace(StepImpl):
         from driverd.packages.archive import sha256_file
         from driverd.packages.userspace_install import is_installed
         path, sha = _userspace_package(ctx, params)
+        if params.get("installed"):
+            return is_installed(ctx.root, sha, places(ctx))
         if not path or not os.path.isfile(path):
             return False
         return is_installed(ctx.root, sha or sha256_file(path), places(ctx))
 
     def do(self, ctx, params):
-        from driverd.packages.userspace_install import install
+        from driverd.packages.userspace_install import install, restore
         path, sha = _userspace_package(ctx, params)
+        if params.get("installed"):
+            # the tree is on disk (its package need not be): switched to, or made active again, from it
+            return restore(ctx.root, sha, ctx.runner, places=places(ctx)).to_json()
         if not path:
             raise PackageError("no user-space package to install", cause="neither the step nor a fetch-userspace "
                                "step gave one", fix="set userspace.package or userspace.fetch")
@@ -356,6 +364,23 @@ class InstallUserspace(StepImpl):
 
     def describe(self, params):
         return "switch the driver's user-space" + (f" to {params['driver']}" if params.get("driver") else "")
+
+
+class ForgetKernel(StepImpl):
+    """After a reboot into a newer kernel: what driverd kept for a kernel that is no longer installed (its
+    tree left under /lib/modules, its previous record, its kept packages) is removed — nothing can load it."""
+    action = "forget-kernel"
+
+    def check(self, ctx, params):
+        from driverd.packages.install import release_leftovers
+        return not release_leftovers(ctx.root, params["kernel_release"], ctx.config["state.dir"])
+
+    def do(self, ctx, params):
+        from driverd.packages.install import forget_release
+        return {"removed": forget_release(ctx.root, params["kernel_release"], ctx.config["state.dir"])}
+
+    def describe(self, params):
+        return f"remove driverd's packages of kernel {params.get('kernel_release')} (no longer installed)"
 
 
 class RestoreUserspace(StepImpl):
@@ -908,4 +933,4 @@ REGISTRY: Registry = {impl.action: impl for impl in (
     FetchUserspace(), InstallUserspace(), RestoreUserspace(),
     RestorePackage(), RestorePreviousPackage(), StopDaemons(), StartDaemons(), StartPersistenced(),
     StartFabricManager(), UnloadModules(), CheckSigners(), CheckParameters(), LoadModules(), RestoreMig(), Validate(),
-    ConfigureRuntime(), RevertRuntime(), RestoreFiles(), RequireReboot(), ClearReboot())}
+    ConfigureRuntime(), RevertRuntime(), RestoreFiles(), RequireReboot(), ClearReboot(), ForgetKernel())}

@@ -13,7 +13,7 @@ from driverd.root import Root
 from driverd.runner import Runner
 
 # Commands whose answer is the host's facts (the others use --root for a few paths only).
-_HOST_COMMANDS = {"detect", "plan", "load", "unload", "reload", "rollback", "apply", "status", "debug", "daemon",
+_HOST_COMMANDS = {"detect", "plan", "load", "unload", "reload", "rollback", "apply", "status", "debug", "daemon", "reboot-ready",
                   "container-entrypoint"}
 
 

@@ -33,6 +33,31 @@ def register(sub, common) -> None:
     p.add_argument("--listen", metavar="ADDR:PORT", help=listen_help)
     p.set_defaults(handler=cmd_serve, mode="container-entrypoint", default_root="/host")
 
+    p = sub.add_parser("reboot-gate", parents=[common], formatter_class=fmt,
+                       help="hold a shutdown inhibitor lock while `driverd reboot-ready` says a reboot is not safe",
+                       description="For hosts without kured: judge the reboot gate (`driverd reboot-ready`: every "
+                       "installed kernel newer than the running one has the node's driver package installed and "
+                       "verified) every --interval seconds and when /boot or /lib/modules change, and hold a "
+                       "logind shutdown inhibitor lock (systemd-inhibit --what=shutdown --mode=block --who=driverd) "
+                       "while it is closed; `systemd-inhibit --list` shows why. The lock goes with this process: "
+                       "it never outlives it. A block lock stops reboots that check inhibitors (a session's, "
+                       "`systemctl reboot` from a terminal, --check-inhibitors=yes); docs/reboots.md has the rest. "
+                       "SIGTERM: the lock is released and it exits 0.\n\n"
+                       "examples:\n  driverd reboot-gate\n"
+                       "  systemctl enable --now driverd-reboot-gate   (systemd/driverd-reboot-gate.service)")
+    p.add_argument("--interval", type=float, default=60.0, metavar="SECONDS",
+                   help="seconds between two judgements of the gate (default 60; a kernel installed or removed is "
+                   "seen within 5 s)")
+    p.set_defaults(handler=cmd_reboot_gate)
+
+
+def cmd_reboot_gate(ctx, args) -> int:
+    from driverd import config as config_mod
+    from driverd import log
+    from driverd.daemon.inhibit import run
+    log.configure(mode="reboot-gate", timestamps=not log.stderr_is_journal())
+    return run(ctx.root, lambda: config_mod.load(ctx.root, ctx.config_path), interval_s=args.interval, log=log.log)
+
 
 def cmd_serve(ctx, args) -> int:
     from driverd import config as config_mod

@@ -312,6 +312,29 @@ def render_daemon(d: dict | None) -> list[str]:
     return [head]
 
 
+def render_kernels(g: dict | None) -> list[str]:
+    """The reboot gate (`driverd reboot-ready`): each installed kernel newer than the running one, prepared or
+    not, with the daemon's last attempt and next try."""
+    if not g or not g.get("kernels"):
+        return []
+    out = []
+    for k in g.get("kernels") or []:
+        if k["ready"]:
+            out.append(f"kernel     {k['release']}: prepared (driverd package {(k.get('package') or {}).get('version')} "
+                       "installed and verified)")
+            continue
+        line = f"kernel     {k['release']}: NOT PREPARED ({k['short']}): " + "; ".join(k["lacks"])
+        d = k.get("daemon") or {}
+        if d.get("reason"):
+            line += f"; the daemon's last attempt: {d['reason']}"
+            if d.get("next_try_in_s") is not None:
+                line += f" (attempt {d.get('attempts')}, tries again)"
+        out.append(line + (f"; fix: {k['fix']}" if k.get("fix") else ""))
+    if not g.get("ready"):
+        out.append(f"  REBOOT NOT SAFE: {g['reason']} (driverd reboot-ready)")
+    return out
+
+
 _MARK = {"skipped": " (in place)", "failed": " FAILED", "running": " running", "pending": None}
 
 
@@ -351,6 +374,7 @@ def render_status(s: dict) -> str:
     elif h:
         lines.append(f"in progress  pid {h.get('pid')} ({h.get('command')}) holds the host lock")
     lines += render_daemon(s.get("daemon"))
+    lines += render_kernels(s.get("kernels"))
     if s["journal_problem"]:
         lines.append(f"journal    {s['journal_problem']}")
     if lr:

@@ -229,6 +229,31 @@ def register(sub, common) -> None:
     p.set_defaults(handler=cmd_prepare_kernel)
 
     p = sub.add_parser(
+        "reboot-ready", parents=[common], formatter_class=F,
+        help="exit 0 only when every newer installed kernel has this node's driver installed and verified",
+        description="The reboot gate: may this node reboot without coming back with no GPU driver? Every "
+        "installed kernel newer than the running one (the boot loader starts the newest: Debian/Ubuntu read "
+        "from /boot and the dpkg database, RPM-based hosts from /lib/modules/RELEASE/vmlinuz and /boot) must "
+        "have a driverd package of the node's driver installed and verified: its files as installed, every "
+        "module's vermagic that kernel's, and — where that kernel enforces module signatures — signed by a key "
+        "its keyrings (or signing.trusted_certs) trust. A kernel whose own installation is unfinished (its "
+        "package half-installed, a /boot image without modules, modules without modules.dep) closes the gate "
+        "too. Exit 0: the gate is open; exit 1: it is closed, each kernel named with what it lacks and the fix "
+        "(kured runs the sentinel command every period: a zero exit means reboot). Read-only; it "
+        "answers in a fraction of a second. The node's driver: --driver, else the driver driverd last "
+        "converged it to in cluster mode, else driver.version.",
+        epilog="examples:\n  driverd reboot-ready\n  driverd reboot-ready --json\n"
+               "  driverd reboot-ready --if-required     # kured: --reboot-sentinel-command (docs/reboots.md)\n"
+               "  driverd reboot-ready --root /host      # from the driver container")
+    p.add_argument("--driver", metavar="VERSION", help="judge this driver version (default: the node's driver)")
+    add_flavor(p, help="flavour (default: the node's driver's)")
+    p.add_argument("--if-required", action="store_true",
+                   help="exit 0 only when a reboot is also required (/var/run/reboot-required exists): what kured's "
+                   "--reboot-sentinel-command needs, as its zero exit reboots the node")
+    p.add_argument("--quiet", "-q", action="store_true", help="print nothing; the exit status says it")
+    p.set_defaults(handler=cmd_reboot_ready)
+
+    p = sub.add_parser(
         "rollback-install", parents=[common], formatter_class=F,
         help="put back the installation the last install replaced",
         description="Put back, from the kept store, the package the last install (or rollback-install) "
@@ -253,6 +278,26 @@ def cmd_prepare_kernel(ctx, args) -> int:
     return finish(ctx, out, lambda o: f"kernel {want.kernel_release}: driver {want.driver} ({want.flavor}) "
                   + ("prepared" if o["state"] == "done" else "already prepared" if o["state"] == "nothing-to-do"
                      else o["state"]))
+
+
+def cmd_reboot_ready(ctx, args) -> int:
+    from driverd.errors import EXIT_UNEXPECTED
+    from driverd.packages.rebootgate import judge
+    cfg = ctx.config
+    g = judge(ctx.root, cfg, version=args.driver, flavor=args.flavor)
+    out = g.to_json()
+    ready = g.ready
+    if args.if_required:
+        required = ctx.root.lexists("/var/run/reboot-required")
+        out["reboot_required"] = required
+        if not required:
+            ready = False
+            out["reason"] = "no reboot is required (/var/run/reboot-required is absent); the gate is " + \
+                ("open" if g.ready else "closed: " + g.reason)
+    if not args.quiet:
+        emit(ctx.json, out, lambda o: (g.text() if not args.if_required or out.get("reboot_required")
+                                       else "reboot-ready: no, " + out["reason"]))
+    return EXIT_OK if ready else EXIT_UNEXPECTED
 
 
 def _release(ctx, given: str | None) -> str:

@@ -101,6 +101,9 @@ class NodeAgent:
         # run CUDA (another version's user-space, a GPU CUDA cannot open) is not GPUDriverReady.
         self.workload: tuple[bool, str] | None = None
         self.waiting: str | None = None          # None: the daemon has not said (leave the annotation)
+        # the kernel watch's news for the node's Events (set_kernels), sent by tick
+        self._kernels_said: dict[str, tuple] = {}
+        self._kernel_news: list[tuple[str, str, bool]] = []
 
     def set_workload(self, ready: bool, why: str) -> None:
         """The daemon's workload verdict for this host; a change re-syncs GPUDriverReady and the labels."""
@@ -115,6 +118,30 @@ class NodeAgent:
         if self.waiting != text:
             self.waiting = text
             self._labels_checked = False
+            self.wake.set()
+
+    def set_kernels(self, report: dict | None) -> None:
+        """The daemon's kernel watch (driverd.apply.kernelprep): a newer kernel without the node's driver gets a
+        Warning Event KernelUnprepared (again when the reason changes), one prepared since a Normal Event
+        KernelPrepared; the agent's own thread sends them."""
+        if report is None:
+            return
+        for rel, k in sorted(report.items()):
+            said = self._kernels_said.get(rel)
+            if not k.get("prepared"):
+                msg = (f"kernel {rel} is installed without this node's driver package ({k.get('short')}): "
+                       f"{k.get('reason')}" + (f"; fix: {k['fix']}" if k.get("fix") else "")
+                       + ("; driverd tries again" if k.get("next_try_in_s") is not None else ""))
+                if said != ("unprepared", k.get("reason")):
+                    self._kernels_said[rel] = ("unprepared", k.get("reason"))
+                    self._kernel_news.append(("KernelUnprepared", msg, True))
+            elif said is not None and said[0] != "prepared":
+                self._kernels_said[rel] = ("prepared", None)
+                self._kernel_news.append(("KernelPrepared", f"kernel {rel}: this node's driver package is installed "
+                                          "and verified: a reboot into it comes back with the driver", False))
+        for rel in [r for r in self._kernels_said if r not in report]:
+            del self._kernels_said[rel]
+        if self._kernel_news:
             self.wake.set()
 
     def relabel(self) -> None:
@@ -194,6 +221,10 @@ class NodeAgent:
         node, v = self.view()
         if v is None:
             return 5.0
+        if self._kernel_news and self.events:
+            news, self._kernel_news = self._kernel_news, []
+            for reason, message, warning in news:
+                self.event(node, reason, message, warning=warning)
         if not self._labels_checked:
             self._labels_checked = True
             self._sync_labels(node, v)

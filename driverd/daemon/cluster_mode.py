@@ -276,6 +276,7 @@ class PinnedReconciler:
             self.cluster.converged(kept, res.loaded)
             if res.changed:
                 self.cluster.agent.relabel()
+        self.cluster.agent.set_kernels(getattr(res, "kernels", None))
         if res.workload is not None:            # GPUDriverReady follows it without waiting for a Node event
             self.cluster.agent.set_workload(bool(res.workload.get("ok")), res.reason if not res.converged else "")
         return res

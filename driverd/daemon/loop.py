@@ -39,11 +39,15 @@ def release_memory() -> None:
 class DaemonLoop:
     def __init__(self, *, name: str, load_config: Callable, reconciler, health, metrics, notifier, watch,
                  log: Callable[..., None], unload: Callable | None = None, grace_s: float = GRACE_S,
-                 record: Callable[..., None] | None = None) -> None:
+                 record: Callable[..., None] | None = None, kernels=None,
+                 kernels_changed: Callable[[], None] | None = None) -> None:
+        """`kernels`: daemon.kernelwatch.KernelDirs (None: not watched); `kernels_changed`: told when they
+        changed, before the pass that follows (the kernel watch's retries are then due)."""
         self.name, self.load_config, self.reconciler = name, load_config, reconciler
         self.record = record or (lambda *a, **kw: None)     # the last reconcile, for `driverd status`
         self.health, self.metrics, self.notifier, self.watch, self.log = health, metrics, notifier, watch, log
         self.unload = unload
+        self.kernels, self.kernels_changed = kernels, kernels_changed
         self.grace_s = grace_s
         self.cfg = None
         self.backoff = Backoff(10, 900)
@@ -119,6 +123,8 @@ class DaemonLoop:
                 next_check = now + self.check_s
                 if self.watch.changed():
                     self._reread("the configuration file changed", now)
+                elif self.kernels is not None and self.kernels.changed() and self.cfg is not None:
+                    self._kernels(now)
             if dog and now >= next_dog:
                 self.notifier.watchdog()
                 next_dog = now + dog
@@ -172,9 +178,12 @@ class DaemonLoop:
                 self.log(f"driverd {self.name}: warning: {w}")
             fields = {"state": res.state, "reason": res.reason, "seconds": round(res.finished - res.started, 3),
                       "runs": [d.get("run_id") for d in res.runs]}
+            retry = getattr(res, "retry_in_s", None)     # a kernel the watch will try to prepare again
             if res.converged:
                 self.backoff.reset()
                 self.due = now + self.interval if self.interval else None
+                if retry is not None:
+                    self.due = now + retry if self.due is None else min(self.due, now + retry)
                 self.log(f"driverd {self.name}: converged: {res.reason} ({took})", "info", **fields)
                 if not self._ready_sent:
                     self._ready()
@@ -186,7 +195,7 @@ class DaemonLoop:
                     # The host runs its last-known-good driver again, and every attempt interrupts the
                     # GPUs' work for an upgrade that failed the same way: retry at the longest delay.
                     delay = self.backoff.max_s
-                self.due = now + delay
+                self.due = now + (delay if retry is None else min(delay, max(retry, self.backoff.min_s)))
                 self.log(f"driverd {self.name}: not converged: {res.state}: {res.reason} ({took}); "
                          f"retrying in {delay:.0f}s", "warning", failure=res.failure, retry_in_s=round(delay), **fields)
                 if res.degraded is not None and ready:
@@ -211,6 +220,15 @@ class DaemonLoop:
         self.notifier.ready(self.health.status_line())
         self.log(f"driverd {self.name}: ready")
 
+    def _kernels(self, now: float) -> None:
+        self.log(f"driverd {self.name}: the installed kernels changed (/boot, /lib/modules); reconciling")
+        if self.kernels_changed is not None:
+            self.kernels_changed()
+        if self._worker is not None:
+            self._again = True
+        else:
+            self.due = now
+
     def _reread(self, why: str, now: float) -> None:
         try:
             cfg = self.load_config()
@@ -229,6 +247,8 @@ class DaemonLoop:
         self.health.set_config_problem(None)
         self._use(cfg)
         self.backoff.reset()
+        if self.kernels_changed is not None:
+            self.kernels_changed()          # another driver, another build setting: the kernels' retries are due
         self.log(f"driverd {self.name}: {why}: configuration re-read; reconciling")
         if self._worker is not None:
             self._again = True

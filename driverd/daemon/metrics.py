@@ -21,6 +21,10 @@ driverd_transaction_duration_seconds{command,state} journalled runs (apply, relo
 driverd_step_duration_seconds{action,status}        each step of those runs
 driverd_last_reconcile_timestamp_seconds / driverd_last_converged_timestamp_seconds
 driverd_config_reloads_total{result}                configuration re-reads (ok, error)
+driverd_kernel_unprepared{kernel}                   1 for an installed kernel newer than the running one that has
+                                                    no verified package of the node's driver yet (a reboot into it
+                                                    would come back without the driver), 0 once it has
+                                                    (driverd.apply.kernelprep; `driverd reboot-ready` says why)
 driverd_package_fetch_duration_seconds{source,result}  package fetches: source cache (a hit), repository or
                                                     build (misses), none (failed before a source served it)
 driverd_package_cache_hits_total / _misses_total    fetches served from the local cache vs downloaded/built
@@ -84,6 +88,9 @@ class Metrics:
                                     registry=r)
         self.last_converged = Gauge("driverd_last_converged_timestamp_seconds",
                                     "When a reconcile last ended converged", registry=r)
+        self.kernel_unprepared = Gauge("driverd_kernel_unprepared", "1 for an installed kernel newer than the "
+                                       "running one without a verified package of the node's driver, 0 once it "
+                                       "has one", ["kernel"], registry=r)
         self.config_reloads = Counter("driverd_config_reloads", "Configuration re-reads", ["result"], registry=r)
         self.fetch_seconds = Histogram("driverd_package_fetch_duration_seconds", "Package fetches by where the "
                                        "package came from (cache, repository, build) and result",
@@ -141,6 +148,11 @@ class Metrics:
                 took = step_seconds(s)
                 if took is not None:
                     self.steps.labels(s["action"], s["status"]).observe(took)
+        kernels = getattr(result, "kernels", None)
+        if kernels is not None:
+            self.kernel_unprepared.clear()
+            for rel, k in kernels.items():
+                self.kernel_unprepared.labels(rel).set(0 if k.get("prepared") else 1)
         wl = getattr(result, "workload", None)
         if wl is not None:
             self.workload_ready.set(1 if wl.get("ok") else 0)

@@ -49,9 +49,12 @@ def serve(*, mode: str, root, config_path: str | None, load_config: Callable, ma
     def record(result=None, next_in_s=None, stopped=False) -> None:
         statefile.write(root, mode=mode, result=result, next_in_s=next_in_s, stopped=stopped,
                         ready=False if stopped else health.readiness()[0])
-    loop = DaemonLoop(name=mode, load_config=load_config, reconciler=Reconciler(make_context, log), health=health,
+    from driverd.daemon.kernelwatch import KernelDirs
+    reconciler = Reconciler(make_context, log, kernel_watch=True)
+    loop = DaemonLoop(name=mode, load_config=load_config, reconciler=reconciler, health=health,
                       metrics=metrics, notifier=notifier, watch=watch, log=log,
-                      unload=lambda cfg: unload(make_context(cfg)), record=record)
+                      unload=lambda cfg: unload(make_context(cfg)), record=record,
+                      kernels=KernelDirs(root), kernels_changed=reconciler.kernels.wake)
     cfg = None
     try:
         cfg = load_config()

@@ -26,6 +26,57 @@ class Owned:
     evidence: str                       # one line naming the database entry
 
 
+@dataclass(frozen=True)
+class KernelPackage:
+    """The package database's record of a kernel release's package(s): their names and whether every one
+    of them is completely installed (dpkg's "install ok installed"); `state` names the first that is not."""
+    names: tuple[str, ...]
+    installed: bool
+    state: str                          # "installed", or e.g. "half-installed", "unpacked", "half-configured"
+
+
+def _order(c: str) -> int:
+    # dpkg's lib/dpkg/version.c order(): digits 0, letters their code, '~' before everything, others after letters
+    if c.isdigit():
+        return 0
+    if c.isalpha():
+        return ord(c)
+    if c == "~":
+        return -1
+    return ord(c) + 256 if c else 0
+
+
+def compare_versions(a: str, b: str) -> int:
+    """dpkg's verrevcmp (`dpkg --compare-versions`, what Debian's `linux-version sort` orders kernel releases
+    with): < 0, 0, > 0. Runs of non-digits compare by _order, runs of digits numerically."""
+    i = j = 0
+    while i < len(a) or j < len(b):
+        first_diff = 0
+        while (i < len(a) and not a[i].isdigit()) or (j < len(b) and not b[j].isdigit()):
+            ac = _order(a[i]) if i < len(a) and not a[i].isdigit() else 0
+            bc = _order(b[j]) if j < len(b) and not b[j].isdigit() else 0
+            if ac != bc:
+                return ac - bc
+            i += 1
+            j += 1
+        while i < len(a) and a[i] == "0":
+            i += 1
+        while j < len(b) and b[j] == "0":
+            j += 1
+        while i < len(a) and a[i].isdigit() and j < len(b) and b[j].isdigit():
+            if not first_diff:
+                first_diff = ord(a[i]) - ord(b[j])
+            i += 1
+            j += 1
+        if i < len(a) and a[i].isdigit():
+            return 1
+        if j < len(b) and b[j].isdigit():
+            return -1
+        if first_diff:
+            return first_diff
+    return 0
+
+
 class Distro(ABC):
     name: ClassVar[str]                         # the family: a build matrix cell's `distro`
     ids: ClassVar[tuple[str, ...]]              # os-release ID / ID_LIKE values of the family
@@ -69,6 +120,25 @@ class Distro(ABC):
 
     def headers_for(self, release: str) -> list[str]:
         return [d.format(release=release) for d in self.headers_dirs]
+
+    # -- installed kernels ---------------------------------------------------------------------------
+    def kernel_images(self, root: Root) -> dict[str, str]:
+        """release -> the boot image its kernel package installed (host paths, read-only): /boot/vmlinuz-<r>."""
+        return {n[len("vmlinuz-"):]: f"/boot/{n}" for n in root.listdir("/boot")
+                if n.startswith("vmlinuz-") and len(n) > len("vmlinuz-") and root.is_file(f"/boot/{n}")}
+
+    def kernel_packages(self, root: Root) -> dict[str, KernelPackage]:
+        """release -> its kernel package(s) as the package database records them; {} when unknown."""
+        return {}
+
+    def kernel_install_problems(self, root: Root, release: str) -> list[str]:
+        """What the family's kernel installation left undone for `release` (beyond the package database),
+        each one line with its fix."""
+        return []
+
+    def compare_releases(self, a: str, b: str) -> int:
+        """The order the family's boot loader configuration sorts kernel releases in (newest = largest)."""
+        return compare_versions(a, b)
 
 
 def canon(p: str) -> str:

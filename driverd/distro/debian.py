@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from driverd.distro.base import Distro, Owned, canon, match
+from driverd.distro.base import Distro, KernelPackage, Owned, canon, match
 from driverd.root import Root
 
 
@@ -46,6 +46,36 @@ def dpkg_owner_of_prefix(root: Root, prefix: str) -> str | None:
     return None
 
 
+# The packages that install a kernel release's image and modules: Debian's linux-image-<r> (signed) or
+# linux-image-<r>-unsigned; Ubuntu's linux-image-<r> / linux-image-unsigned-<r> with linux-modules-<r>.
+_KERNEL_PACKAGE = re.compile(r"linux-(?:image-unsigned|image|modules)-(.+?)(-unsigned)?")
+
+
+def dpkg_kernel_packages(root: Root) -> dict[str, KernelPackage]:
+    """release -> KernelPackage from /var/lib/dpkg/status (its stanzas of linux-image-*/linux-modules-*; the
+    meta-packages linux-image-amd64 etc. name no release and are left out)."""
+    text = root.read_text("/var/lib/dpkg/status", 64 << 20) or ""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for stanza in text.split("\n\n"):
+        stanza = stanza.lstrip("\n")
+        if not stanza.startswith(("Package: linux-image-", "Package: linux-modules-")):
+            continue
+        fields = dict(ln.split(": ", 1) for ln in stanza.splitlines() if ": " in ln and not ln.startswith(" "))
+        m = _KERNEL_PACKAGE.fullmatch(fields.get("Package", ""))
+        if not m or not re.match(r"\d", m.group(1)):
+            continue                    # linux-image-amd64, linux-image-cloud-amd64: meta-packages
+        status = fields.get("Status", "").split()
+        state = status[2] if len(status) == 3 else "unknown"
+        if status[:1] in (["deinstall"], ["purge"]) and state in ("not-installed", "config-files"):
+            continue                    # removed: its release is not installed through it
+        found.setdefault(m.group(1), []).append((fields["Package"], state))
+    out = {}
+    for rel, pkgs in found.items():
+        bad = next((st for _, st in pkgs if st != "installed"), None)
+        out[rel] = KernelPackage(tuple(n for n, _ in pkgs), bad is None, bad or "installed")
+    return out
+
+
 class Debian(Distro):
     name = "debian"
     ids = ("debian", "ubuntu")
@@ -72,3 +102,6 @@ class Debian(Distro):
 
     def package_of(self, root: Root, prefix: str) -> str | None:
         return dpkg_owner_of_prefix(root, prefix)
+
+    def kernel_packages(self, root: Root) -> dict[str, KernelPackage]:
+        return dpkg_kernel_packages(root)

@@ -104,6 +104,26 @@ class Rpm(Distro):
             versions.setdefault(pkg, ver)
         return {p: Owned(pkg, versions[pkg], f"rpmdb.sqlite: {pkg} owns {{file}}") for p, (pkg, _) in rp.items()}, note
 
+    def kernel_images(self, root: Root) -> dict[str, str]:
+        """kernel-core installs /lib/modules/<r>/vmlinuz; its %posttrans (kernel-install) copies it to
+        /boot/vmlinuz-<r> and writes the boot loader entry. Either names an installed release."""
+        out = {rel: f"/lib/modules/{rel}/vmlinuz" for rel in root.listdir("/lib/modules")
+               if root.is_file(f"/lib/modules/{rel}/vmlinuz")}
+        out.update(super().kernel_images(root))
+        return out
+
+    def kernel_install_problems(self, root: Root, release: str) -> list[str]:
+        out = []
+        if root.is_file(f"/lib/modules/{release}/vmlinuz") and not root.is_file(f"/boot/vmlinuz-{release}"):
+            out.append(f"/lib/modules/{release}/vmlinuz has no copy in /boot (the kernel package's %posttrans, "
+                       f"kernel-install, did not run or did not finish); fix: kernel-install add {release} "
+                       f"/lib/modules/{release}/vmlinuz, or reinstall the kernel-core package of {release}")
+        entries = root.listdir("/boot/loader/entries")
+        if entries and not any(n.endswith(f"-{release}.conf") or n == f"{release}.conf" for n in entries):
+            out.append(f"no boot loader entry for {release} in /boot/loader/entries (kernel-install did not finish); "
+                       f"fix: kernel-install add {release} /lib/modules/{release}/vmlinuz")
+        return out
+
     def unread_owner(self, paths: list[str], note: str) -> tuple[tuple[str, ...], str] | None:
         fs = tuple(p for p in paths if "/extra/" in p)
         return (fs, f"{fs[0]} is where kmod packages install; {note}") if fs else None

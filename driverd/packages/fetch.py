@@ -35,6 +35,7 @@ from driverd.packages.repo import INDEX_NAME, SIG_NAME, Index, IndexEntry, parse
 from driverd.root import Root
 from driverd.runner import Runner
 
+_SHA_NAME = re.compile(r"[0-9a-f]{64}")
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 60.0
 ATTEMPTS = 5
@@ -428,6 +429,51 @@ def cache_name(e: IndexEntry) -> str:
     return f"{e.name}.{e.sha256}{SUFFIX}"
 
 
+def cached_candidates(root: Root, cdir: str, name: str) -> list[tuple[str, str]]:
+    """(file name, sha256) of the cache's entries for the package `name` (driverd's content-addressed
+    names: `<name>.<sha256>.tar.zst`), newest first. Names only: nothing of them is read here."""
+    try:
+        d = root.real(cdir)
+        names = os.listdir(d)
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        if n.startswith(name + ".") and n.endswith(SUFFIX):
+            sha = n[len(name) + 1:-len(SUFFIX)]
+            if _SHA_NAME.fullmatch(sha):
+                try:
+                    st = os.stat(d / n, follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode) and st.st_size > 0:
+                    out.append((st.st_mtime, n, sha))
+    return [(n, sha) for _, n, sha in sorted(out, reverse=True)]
+
+
+def from_cache(root: Root, cdir: str, name: str, files: bool = True,
+               kind: str | None = "kernel") -> tuple[Path, str] | None:
+    """A package the cache already holds for `name`, checked again before it is used — its sha256 against
+    its content-addressed name, then (with `files`) every member against its manifest — with no repository
+    asked: what an earlier fetch verified against a repository's index (or `driverd fetch --repo` brought
+    from a medium) serves when no repository can (none configured, none answering). A damaged entry is
+    removed. None: none here."""
+    from driverd.packages.archive import check_file
+    for n, sha in cached_candidates(root, cdir, name):
+        dest = f"{cdir}/{n}"
+        try:
+            if files:
+                verify_package(root.real(dest), sha, kind=kind)
+            else:
+                check_file(root.real(dest), sha)
+        except PackageError:
+            root.unlink(dest)               # never keep a bad package in the cache
+            continue
+        root.utime(dest)
+        return root.real(dest), sha
+    return None
+
+
 def prune_cache(root: Root, cache: str, max_bytes: int, keep: str | None = None) -> list[str]:
     """Remove least recently used packages (regular files) from the cache directory `cache` (a host
     path) until it fits `max_bytes`; never the file named `keep`. Returns the names removed. The
@@ -661,6 +707,11 @@ def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache
         path = _verify_into_cache(root, dest, entry, _join(url, entry.path), verify_files)
         prune_cache(root, cdir, cache_max_mb << 20, keep=cache_name(entry))
         return FetchResult(path, entry.sha256, redact(url), attempts=n, looked_in=[str(x) for x in looked])
+    # No repository gave it (none configured, none answering, none listing it): a package the cache holds,
+    # verified when it came and checked again now, before a build and instead of failing.
+    hit = from_cache(root, cdir, want.name, verify_files)
+    if hit is not None:
+        return FetchResult(hit[0], hit[1], "cache", cached=True, looked_in=[str(x) for x in looked])
     if builder is not None:
         stage["at"] = "build"
         # The build writes into the cache directory as resolved inside the root (a path for the
@@ -745,11 +796,14 @@ def fetch_configured(root: Root, cfg, want: Want, repos: list[str] | None = None
                  state_dir=cfg["state.dir"], credentials=creds)
 
 
-def unavailable(root: Root, cfg, release: str | None) -> str | None:
-    """Why no package for `release` can come from anywhere — no repository is configured and this host
-    cannot build it (packages.build_fallback, packages.source, the kernel's headers) — or None when a
-    fetch may succeed. The plan is blocked on it rather than fail at fetch-package."""
+def unavailable(root: Root, cfg, release: str | None, want: Want | None = None) -> str | None:
+    """Why no package for `release` can come from anywhere — no repository is configured, the download
+    cache holds no package for `want` (what `driverd fetch --repo file:///media/...` leaves on an air-gapped
+    host) and this host cannot build it (packages.build_fallback, packages.source, the kernel's headers) —
+    or None when a fetch may succeed. The plan is blocked on it rather than fail at fetch-package."""
     if cfg["packages.repositories"] or not release:
+        return None
+    if want is not None and cached_candidates(root, cache_hostdir(cfg["packages.cache_dir"]), want.name):
         return None
     if not cfg["packages.build_fallback"]:
         why = "packages.build_fallback = false"

@@ -51,12 +51,11 @@ from pathlib import Path
 from driverd.errors import DriverdError, PackageError
 from driverd.host.modules import INSTALL_DIR
 from driverd.packages import kept as kp
-from driverd.packages.archive import read_manifest, sha256_file, unpack_at
 from driverd.packages.kept import (INSTALL_RECORD, OLD_PREFIX, STAGING_PREFIX, Additions, Kept, kept_base, lookup,
                                    prune_kept)
 from driverd.packages.manifest import FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR, Manifest
-from driverd.modinfo import modinfo_of_bytes, module_bytes
-from driverd.packages.switch import replace_dir
+# archive (tarfile, zstandard), modinfo and switch are imported where they are used: `driverd reboot-ready`
+# and the daemon's pass read this module's queries (is_installed, kernel_vermagic) on every call
 from driverd.root import Root
 from driverd.runner import Runner
 
@@ -147,6 +146,7 @@ def target_release(root: Root, manifest: Manifest, kernel: str | None) -> str:
 def kernel_vermagic(root: Root, release: str) -> str | None:
     """The vermagic the target kernel's own modules carry (any in-tree module, compressed or not),
     when it has any. Read from the file's .modinfo (no kmod needed)."""
+    from driverd.modinfo import modinfo_of_bytes, module_bytes
     base = root.real(f"/lib/modules/{release}/kernel")
     for dirpath, _dirs, files in os.walk(base):
         for f in sorted(files):
@@ -397,6 +397,7 @@ def _switch(ctx: _Ctx, target: Kept | None, *, adds: Additions, set_previous: bo
     Before the marker: the current tree is kept, staging is filled; any failure undoes `adds` and
     changes nothing. After it: an OSError leaves the marker for recover(); a failed depmod/modprobe
     check (when `verify`) switches back to what was replaced and raises."""
+    from driverd.packages.switch import replace_dir
     cur = _current(ctx)
     want = target.sha if target else None
     mods_ok = (cur.intact and cur.sha == want) if target else not cur.exists
@@ -495,6 +496,7 @@ def _has_files(root: Root, d: str) -> bool:
 def _keep_package(ctx: _Ctx, package: Path, manifest: Manifest, sha: str, expected: str | None,
                   adds: Additions) -> Kept:
     """Unpack and verify the package into a new kept entry (complete or absent)."""
+    from driverd.packages.archive import unpack_at
     root = ctx.root
     base = kp.kept_hostdir(ctx.state_dir)
     adds.dirs += kp.mkdirs(root, base)
@@ -564,6 +566,7 @@ def preflight(root: Root, package_path: str | os.PathLike, runner: Runner | None
     """What decides, before anything is written (or a transaction is even started), whether the
     package can go onto this kernel: its manifest, its vermagic against the target kernel, its
     signatures against the kernel's enforcement. Returns (manifest, target release)."""
+    from driverd.packages.archive import read_manifest
     manifest = read_manifest(package_path)
     release = target_release(root, manifest, kernel)
     check_vermagic(root, manifest, release)
@@ -585,6 +588,7 @@ def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, run
     Installing the package that is installed, intact, with no switch pending writes nothing.
     `kernel_tools` (a driverd.kmod.kernel.Kernel) runs depmod and resolves the modules; default:
     the real kernel's kmod tools."""
+    from driverd.packages.archive import sha256_file
     root, runner = _root(root), runner or Runner()
     package_path = Path(package_path)
     if expected_sha256 is not None:
@@ -817,3 +821,46 @@ def _resolves(ctx: _Ctx, strict: bool = False) -> list[str]:
         if strict:
             raise
         return []
+
+
+# -- kernels no longer installed --------------------------------------------------------------------
+
+def release_leftovers(root: Root | str | os.PathLike, release: str, state_dir: str = DEFAULT_STATE_DIR) -> list[str]:
+    """What driverd still keeps for kernel `release` (host paths): its installed tree under /lib/modules (left
+    behind when the kernel's package was removed: the package manager removes only its own files), its
+    previous and pending records, and the kept packages built for it."""
+    ctx = _Ctx(_root(root), release, Runner(), state_dir)
+    out = [hp for hp in (ctx.mdir_hp, ctx.prev_rec_hp, ctx.marker_hp) if ctx.root.lexists(hp)]
+    base = kp.kept_hostdir(state_dir)
+    for sha in kp.kept_shas(ctx.root, state_dir):
+        m = kp.tree_manifest(kept_base(ctx.root, state_dir) / sha / "modules")
+        if m is not None and m.kernel_release == release:
+            out.append(f"{base}/{sha}")
+    return out
+
+
+@_os_errors
+def forget_release(root: Root | str | os.PathLike, release: str, state_dir: str = DEFAULT_STATE_DIR) -> list[str]:
+    """Remove what driverd keeps for kernel `release`, a kernel that is no longer installed (its boot image
+    and its own modules are gone): release_leftovers, then /lib/modules/<release> when nothing else is
+    left in it. A kernel that still has its image or its modules is refused. Returns what was removed."""
+    ctx = _Ctx(_root(root), release, Runner(), state_dir)
+    r = ctx.root
+    if r.lexists(f"/boot/vmlinuz-{release}") or r.lexists(f"/lib/modules/{release}/kernel") or \
+            r.lexists(f"/lib/modules/{release}/vmlinuz"):
+        raise PackageError(f"kernel {release} is still installed: driverd keeps its package",
+                           cause=f"/boot/vmlinuz-{release} or /lib/modules/{release}/kernel is there",
+                           fix="remove the kernel's package first")
+    removed = release_leftovers(r, release, state_dir)
+    for hp in removed:
+        if hp.startswith(kp.kept_hostdir(state_dir) + "/"):
+            kp.retire(r, hp)
+        elif r.is_dir(hp):
+            kp.retire(r, hp)
+        else:
+            r.unlink(hp)
+    for d in (ctx.updates_hp, f"/lib/modules/{release}"):
+        if r.is_dir(d) and not r.listdir(d):
+            r.rmdir(d)
+            removed.append(d)
+    return removed

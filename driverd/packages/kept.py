@@ -159,6 +159,26 @@ def lookup(root: Root, state_dir: str, sha: str) -> Kept | None:
     return Kept(sha, d, m, hp)
 
 
+def kept_for(root: Root, state_dir: str, release: str | None) -> dict[tuple[str, str], str]:
+    """(driver version, flavour) -> sha256 of the intact kept packages built for kernel `release`, the most
+    recently used of each: what an install can come back from without fetching anything."""
+    out: dict[tuple[str, str], tuple[float, str]] = {}
+    if not release:
+        return {}
+    for sha in kept_shas(root, state_dir):
+        k = lookup(root, state_dir, sha)
+        if k is None or k.manifest.kernel_release != release:
+            continue
+        try:
+            used = os.stat(k.path).st_mtime
+        except OSError:
+            continue
+        key = (k.manifest.driver_version, k.manifest.flavor)
+        if key not in out or used > out[key][0]:
+            out[key] = (used, sha)
+    return {key: sha for key, (_, sha) in out.items()}
+
+
 def kept_shas(root: Root, state_dir: str) -> list[str]:
     try:
         return sorted(n for n in os.listdir(kept_base(root, state_dir)) if valid_sha(n))

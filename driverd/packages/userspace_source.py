@@ -32,6 +32,10 @@ class Offer:
     # driverd's current tree is intact but not active: its loader configuration, PATH links or driver-root
     # link are missing or changed (after a reboot /run/nvidia/driver is gone: /run is a tmpfs)
     inactive: bool = False
+    # an intact tree of `version` installed under userspace.root (the current one first): what the node
+    # switches to — or makes active again — without the network when the package would come from the
+    # repositories (or userspace.package is gone); None: none on disk
+    installed_sha: str | None = None
 
     @property
     def in_place(self) -> bool:
@@ -96,17 +100,31 @@ def offer(root, cfg, version: str | None, arch: str | None) -> Offer | None:
     from driverd.packages import userspace_install as ui
     arch = arch or os.uname().machine
     places = ui.Places.from_config(cfg)
-    path = local_package(root, cfg, version, arch)
-    if path is None and not cfg["userspace.fetch"]:
-        return None
     cur = ui.current(root, places)
-    foreign = ui.foreign_userspace(root, places)
     intact = cur is not None and cur.intact
-    return Offer(version, arch, str(path) if path else None, _sha(path) if path else None,
-                 f"userspace.package ({path})" if path else "packages.repositories",
+    try:
+        path = local_package(root, cfg, version, arch)
+        missing = None
+    except PackageError as e:
+        # userspace.package is gone (a removed download directory, an unmounted share): what is installed
+        # of this version still brings the node back; nothing else can
+        path, missing = None, e
+    if path is None and not cfg["userspace.fetch"] and missing is None:
+        return None
+    on_disk = None
+    if path is None:
+        on_disk = cur.sha if intact and cur.version == version else next(
+            (t.sha for t in ui.trees(root, places) if t.intact and t.sha and t.version == version), None)
+        if on_disk is None and missing is not None:
+            raise missing
+    foreign = ui.foreign_userspace(root, places)
+    source = f"userspace.package ({path})" if path else "packages.repositories" if missing is None else \
+        f"the installed tree ({missing.message})"
+    return Offer(version, arch, str(path) if path else None, _sha(path) if path else None, source,
                  cur.sha if intact else None, cur.version if intact else None,
                  foreign.lib_dir if foreign is not None else None,
-                 inactive=intact and cur.version == version and not ui.is_installed(root, cur.sha, places))
+                 inactive=intact and cur.version == version and not ui.is_installed(root, cur.sha, places),
+                 installed_sha=on_disk)
 
 
 @dataclass(frozen=True)
@@ -171,6 +189,11 @@ def fetch(root, cfg, version: str, arch: str, runner=None) -> Fetched:
             root.unlink(dest)               # never keep a bad package in the cache
             raise PackageError(f"{e.message} (from {f.redact(url)})", cause=e.cause, fix=e.fix) from None
         return Fetched(str(root.real(dest)), entry.sha256, f.redact(url))
+    # no repository gave it: a package an earlier fetch verified and left in the cache, checked again
+    hit = f.from_cache(root, f.cache_hostdir(cfg["packages.cache_dir"]), us.package_basename(version, arch),
+                       files=False, kind=us.KIND)
+    if hit is not None:
+        return Fetched(str(hit[0]), hit[1], "cache")
     # a repository that did not answer is said as such, not as one without the user-space
     raise f.not_found(us.package_basename(version, arch), looked, None,
                       f"driverd build-userspace the {version} user-space into the repository and run `driverd repo "

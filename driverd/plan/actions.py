@@ -35,7 +35,7 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     _a("unload-modules", MODULES), _a("check-signers", read_only=True), _a("check-parameters", read_only=True),
     _a("load-modules", MODULES), _a("restore-mig"), _a("validate", read_only=True),
     _a("configure-runtime"), _a("revert-runtime"), _a("restore-files"),
-    _a("require-reboot"), _a("clear-reboot"),
+    _a("require-reboot"), _a("clear-reboot"), _a("forget-kernel"),
 )}
 
 

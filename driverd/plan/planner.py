@@ -127,6 +127,13 @@ def userspace_steps(offer, version: str, arch: str | None) -> tuple[list[Step], 
     if offer.inactive:
         now = f"driverd's {offer.current_version} user-space is installed but not active (its loader " \
               "configuration, PATH links or driver-root link are missing or changed)"
+    if offer.package is None and offer.installed_sha:
+        # the tree is on disk and intact: switching to it (or only making it active again, after a reboot)
+        # needs no repository — a node must come back without the network
+        what = "made active again" if offer.inactive and offer.installed_sha == offer.current_sha else "switched to"
+        return [], [Step("install-userspace", f"{now}; {version}'s installed tree ({offer.installed_sha[:12]}) is "
+                         f"{what} with the modules, before the validation; nothing is fetched",
+                         {"driver": version, "sha256": offer.installed_sha, "installed": True})]
     fetch = [] if offer.package else [Step("fetch-userspace", f"{now}; the {version} user-space comes from "
                                            f"{offer.source}", {"driver": version, "arch": arch})]
     params = {"driver": version}
@@ -137,7 +144,7 @@ def userspace_steps(offer, version: str, arch: str | None) -> tuple[list[Step], 
 
 
 def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, us_offer=None,
-         no_package: str | None = None) -> Plan:
+         no_package: str | None = None, kept: dict | None = None) -> Plan:
     """`signers`: the signer preflight's verdict on the package that would be loaded
     (driverd.packages.signers.SignerVerdict, computed from its files and the kernel's keyrings), or
     None when nobody looked. Only a verdict that the kernel would refuse blocks the plan.
@@ -145,7 +152,9 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
     `us_offer`: the user-space package of the wanted version this node can switch to
     (driverd.packages.userspace_source.Offer): its install goes into the same transaction as the modules.
     `no_package`: why no repository or local build can provide a package (driverd.packages.fetch.unavailable),
-    None when one may: a plan that needs to fetch one is then blocked instead of failing at fetch-package."""
+    None when one may: a plan that needs to fetch one is then blocked instead of failing at fetch-package.
+    `kept`: (version, flavour) -> sha256 of the packages for the running kernel in driverd's kept store
+    (driverd.packages.kept.kept_for): the wanted one comes back from there, with nothing fetched."""
     if not facts.gpus:
         return Plan(desired.driver_version, None, "no NVIDIA GPU on this host", facts.kernel.release, (),
                     warnings=facts.warnings)
@@ -194,7 +203,8 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
                     for p in d.installed)
     ms = module_set(facts, desired, flavor)
     mods = ms.modules
-    if not installed and not want_loaded:
+    restore_sha = (kept or {}).get((version, flavor)) if not installed and not want_loaded else None
+    if not installed and not want_loaded and not restore_sha:
         steps.append(Step("fetch-package", f"no driverd package for {version} ({flavor}) is installed for kernel "
                           f"{k.release}", {"driver": version, "flavor": flavor, "kernel": k.release, "arch": k.arch}))
         if no_package:
@@ -207,7 +217,11 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
                        + (f"; fix: {signers.enrol}" if signers.enrol else ""))
     us_fetch, us_install = userspace_steps(us_offer, version, k.arch)
     steps += us_fetch
-    if not installed and not want_loaded:
+    if restore_sha:
+        steps.append(Step("restore-package", f"driverd kept the {version} ({flavor}) package for {k.release} "
+                          f"({restore_sha[:12]}) when it was replaced: installed again from there, nothing is fetched",
+                          {"sha256": restore_sha, "kernel_release": k.release}))
+    elif not installed and not want_loaded:
         steps.append(Step("install-package", f"install {version} ({flavor}) modules and firmware for {k.release}",
                           {"driver": version, "flavor": flavor, "kernel": k.release}))
     if not want_loaded:

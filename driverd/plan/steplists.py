@@ -8,8 +8,8 @@ from __future__ import annotations
 from driverd.plan.actions import touches_host_driver
 
 # What may still be done when the plan needs a reboot first: nothing that touches the running driver.
-SAFE_BEFORE_REBOOT = ("blacklist-nouveau", "fetch-package", "verify-package", "install-package", "fetch-userspace",
-                      "configure-runtime")
+SAFE_BEFORE_REBOOT = ("blacklist-nouveau", "fetch-package", "verify-package", "install-package", "restore-package",
+                      "fetch-userspace", "configure-runtime")
 
 SNAPSHOT = {"action": "snapshot"}
 
@@ -84,6 +84,12 @@ def prepare_kernel_steps(want, allow_build: bool) -> list[dict]:
     return [{"action": "fetch-package", "params": params, "reason": f"kernel {want.kernel_release} was installed"},
             {"action": "verify-package", "params": {}},
             {"action": "install-package", "params": {"kernel_release": want.kernel_release}}]
+
+
+def forget_kernel_steps(releases: list[str]) -> list[dict]:
+    """After a reboot into a newer kernel: driverd's packages of the kernels no longer installed, removed."""
+    return [{"action": "forget-kernel", "params": {"kernel_release": r},
+             "reason": f"kernel {r} is no longer installed and the host runs a newer one"} for r in releases]
 
 
 def runtime_steps(verb: str, targets: list[str], options: dict) -> list[dict]:

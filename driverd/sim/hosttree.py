@@ -188,3 +188,42 @@ def write_host(root: str | os.PathLike, spec: HostSpec) -> Path:
 
 def gzip_config(text: str) -> bytes:
     return gzip.compress(text.encode())
+
+
+def install_kernel(root: str | os.PathLike, release: str, *, image: bool = True, modules: bool = True,
+                   depmod: bool = True, dpkg_state: str | None = "installed", headers: bool = False,
+                   config: dict[str, str] | None = None) -> None:
+    """What Debian's linux-image-<release> leaves in a host tree (the demo, tests, benchmarks): the boot image
+    and configuration, an in-tree module of the release's vermagic under /lib/modules/<release>/kernel,
+    modules.dep (its postinst's depmod), the package's dpkg status (`dpkg_state`: "installed", or an
+    unfinished one — "half-installed", "unpacked", "half-configured"; None: no record) and, with `headers`,
+    the headers' Makefile behind /lib/modules/<release>/build. Each part can be left out: the bad input a
+    kernel installation leaves when it fails."""
+    from driverd.sim.fakemod import FakeModule, default_vermagic, write_module
+    r = Path(root)
+    if image:
+        _w(r, f"/boot/vmlinuz-{release}", "simulated kernel image\n")
+        _w(r, f"/boot/config-{release}", "".join(f"{k}={v}\n" for k, v in sorted(
+            {"CONFIG_MODULES": "y", "CONFIG_MODULE_UNLOAD": "y", **(config or {})}.items())))
+    base = r / "lib/modules" / release
+    if modules:
+        write_module(FakeModule("dummy", version="", vermagic=default_vermagic(release)), base / "kernel/drivers/net")
+        if depmod:              # the whole tree, as depmod indexes it (a driverd package already there too)
+            from driverd.sim.depmod import dependency_lines
+            _w(r, f"/lib/modules/{release}/modules.dep", "".join(ln + "\n" for ln in dependency_lines(base)))
+    if headers:
+        hdr = f"/usr/src/linux-headers-{release}"
+        _w(r, f"{hdr}/Makefile", "# kbuild\n")
+        _w(r, f"{hdr}/.config", "CONFIG_MODULES=y\n")
+        base.mkdir(parents=True, exist_ok=True)
+        if not (base / "build").is_symlink():
+            os.symlink(hdr, base / "build")
+    if dpkg_state is not None:
+        status = r / "var/lib/dpkg/status"
+        status.parent.mkdir(parents=True, exist_ok=True)
+        old = status.read_text() if status.exists() else ""
+        want = "install" if dpkg_state != "config-files" else "deinstall"
+        status.write_text(old + ("\n" if old and not old.endswith("\n\n") else "") +
+                          f"Package: linux-image-{release}\nStatus: {want} ok {dpkg_state}\nPriority: optional\n"
+                          f"Section: kernel\nArchitecture: amd64\nVersion: {release.split('-')[0]}-1\n"
+                          f"Description: Linux {release}\n\n")

@@ -103,3 +103,43 @@ def test_gpu_driver_ready_follows_the_workload_check(tmp_path, daemons, deployed
         assert rc == 0
     finally:
         f.stop()
+
+
+def test_a_kernel_installed_without_its_driver_package_is_a_warning_event_on_the_node(tmp_path, daemons, deployed):
+    """Issue 43: the daemon's kernel watch in cluster mode: a newer kernel it cannot prepare is a Warning Event
+    KernelUnprepared on the Node (accepted by deploy/'s admission policies), one prepared since a Normal Event
+    KernelPrepared."""
+    from driverd.sim.fakepkg import make_fake_package
+    from driverd.sim.hosttree import install_kernel
+    from tests.conftest import run_cli
+    reset(deployed)
+    f = Fleet(tmp_path / "fleet", 1, server=deployed).build()
+    nxt = "6.1.0-50-cloud-amd64"
+    try:
+        root = cluster_node(f, "gpu-0000")
+        d = daemons(root)
+        d.wait_log(r"cluster mode: node gpu-0000", 30)
+        k = Kube(Target(kubeconfig=f.kubeconfig))
+
+        def events(reason: str) -> list[dict]:
+            return [e for e in k.list("/api/v1/namespaces/default/events")["items"]
+                    if e["reason"] == reason and e["involvedObject"].get("name") == "gpu-0000"]
+
+        install_kernel(root, nxt)
+        end = time.monotonic() + 60
+        while not events("KernelUnprepared"):
+            assert time.monotonic() < end, d.log
+            time.sleep(0.3)
+        ev = events("KernelUnprepared")[0]
+        assert ev["type"] == "Warning" and f"kernel {nxt} is installed without this node's driver package" in \
+            ev["message"] and "fix: driverd prepare-kernel" in ev["message"], ev
+        assert "cannot record an event" not in d.log, d.log
+        make_fake_package(f.repo, OLD, nxt)                   # its package appears in the node's repository
+        run_cli("repo", "index", str(f.repo), check=True)
+        end = time.monotonic() + 60
+        while not events("KernelPrepared"):
+            assert time.monotonic() < end, d.log
+            time.sleep(0.3)
+        assert d.stop()[0] == 0
+    finally:
+        f.stop()

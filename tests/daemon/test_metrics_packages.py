@@ -15,12 +15,24 @@ from tests.daemon.conftest import NEW, OLD, write_config
 from tests.conftest import driverd_env
 
 
+THIRD = "545.29.06"
+
+
 def _count(d, name: str, **labels) -> float:
     return d.metric(name, **labels) or 0.0
 
 
 def test_fetch_and_build_metrics_of_a_running_daemon(host, packages, daemons, tmp_path):
-    repo = packages["old"].parent
+    from driverd.sim.fakepkg import make_fake_package
+    from tests.conftest import run_cli
+    # the session's packages and a third version nothing has installed (going back to OLD later would come
+    # from driverd's kept store, not the cache: no fetch at all)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for k in ("old", "new"):
+        shutil.copy(packages[k], repo)
+    third = make_fake_package(repo, THIRD, RELEASE).path
+    run_cli("repo", "index", str(repo), check=True)
     write_config(host, OLD, repo)
     d = daemons(host)
     d.wait_notify("READY=1", 60)             # OLD is installed already: converged without a fetch
@@ -36,10 +48,10 @@ def test_fetch_and_build_metrics_of_a_running_daemon(host, packages, daemons, tm
     assert _count(d, "driverd_package_fetch_duration_seconds_sum", source="repository", result="ok") > 0
 
     cache = host / "var/cache/driverd/packages"
-    shutil.copy(packages["old"], cache / packages["old"].name)      # OLD is in the cache now: a hit
+    shutil.copy(third, cache / third.name)                          # THIRD is in the cache now: a hit
     n = len(d.lines)
-    write_config(host, OLD, repo)
-    d.wait_log(r"converged: driver 535\.261\.03", 60, start=n)
+    write_config(host, THIRD, repo)
+    d.wait_log(r"converged: driver 545\.29\.06", 60, start=n)
     assert _count(d, "driverd_package_fetch_duration_seconds_count", source="cache", result="ok") == 1
     assert d.metric("driverd_package_cache_hits_total") == 1
     assert d.metric("driverd_package_cache_misses_total") == 1

@@ -451,3 +451,74 @@ def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
     assert "nvidia.com/gpu allocatable 0, was 2 before the upgrade" in v.message, v.message
     assert not v.unschedulable                         # given back, uncordoned, with the reason on the Node
     cp.api("DELETE", f"{dss}/plugin-stale")
+
+
+# What docs/reboots.md tells kured users of the driver container to set (kept in one place for the test).
+KURED_SENTINEL = ("/bin/sh -c 'exec nsenter --target \"$(pgrep -o -f \"driverd [c]ontainer-entrypoint --root /host\")\" "
+                  "--mount -- /usr/local/bin/driverd reboot-ready --root /host --if-required --quiet'")
+
+
+def test_kureds_sentinel_loop_reboots_only_once_the_pods_daemon_has_prepared_the_new_kernel(on_node, tmp_path):
+    """Issue 43: kured's loop played on the real node, its reboot replaced by a marker file. kured splits
+    --reboot-sentinel-command like a shell and runs it in PID 1's mount namespace (nsenter -m/proc/1/ns/mnt --,
+    pkg/checkers: exit 0 = reboot); this test already runs in that namespace (PID 1's namespace file cannot
+    be opened from this machine's sandbox), so it runs the split command as is. A newer kernel without its
+    package: every check exits 1 (kured: "not required"), no marker. Its package appears in the repository:
+    the driver pod's daemon prepares it, the check exits 0, the marker is written."""
+    import shlex
+    import threading
+
+    from driverd.root import Root
+    from driverd.sim.fakepkg import make_fake_package
+    from driverd.sim.fleet import NEW
+    from driverd.sim.hosttree import install_kernel
+    from tests.conftest import run_cli
+    node, host, pod, _ = on_node
+    nxt = "6.1.0-50-cloud-amd64"
+    install_kernel(host, nxt)
+    sentinel = Root(str(host)).real("/var/run/reboot-required")
+    sentinel.parent.mkdir(parents=True, exist_ok=True)
+    sentinel.write_text("*** System restart required ***\n")
+    marker = tmp_path / "rebooted"
+    rcs: list[int] = []
+    errs: list[str] = []
+    stop = threading.Event()
+
+    def kured() -> None:
+        argv = shlex.split(KURED_SENTINEL)
+        while not stop.is_set():
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+            rcs.append(r.returncode)
+            errs.append(r.stderr[-500:])
+            if r.returncode == 0:
+                marker.write_text("reboot\n")          # kured's rebooter, played
+                return
+            stop.wait(1.0)
+    t = threading.Thread(target=kured, daemon=True)
+    try:
+        t.start()
+        end = time.monotonic() + 30
+        while len(rcs) < 8 and time.monotonic() < end:
+            time.sleep(0.5)
+        assert len(rcs) >= 8 and set(rcs) == {1} and not marker.exists(), (rcs, errs[-2:])
+        # what the closed gate says, through the same way in
+        why = subprocess.run(shlex.split(KURED_SENTINEL.replace(" --quiet", " --json")), capture_output=True,
+                             text=True, timeout=120)
+        doc = json.loads(why.stdout)
+        assert why.returncode == 1 and doc["kernels"][0]["release"] == nxt and not doc["ready"], why.stdout
+        assert doc["reboot_required"] is True
+        # its package appears (for whichever driver the node runs: the rollout test may have moved it to NEW)
+        repo = host / "srv/driverd-repo"
+        for v in (DRIVER, NEW):
+            make_fake_package(repo, v, nxt)
+        run_cli("repo", "index", str(repo), check=True)
+        end = time.monotonic() + 600
+        while not marker.exists() and time.monotonic() < end:
+            time.sleep(1)
+        assert marker.exists(), (rcs[-5:], node.container_log(NS, pod["metadata"]["name"], "driverd")[-3000:])
+        assert (host / f"lib/modules/{nxt}/updates/driverd/manifest.json").is_file()
+        assert set(rcs[:-1]) == {1} and rcs[-1] == 0, rcs
+    finally:
+        stop.set()
+        t.join(10)
+        sentinel.unlink(missing_ok=True)

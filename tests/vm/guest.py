@@ -449,6 +449,223 @@ class Guest:
                 "manifest": json.loads(_read(os.path.join(tree, "manifest.json")) or "null")}
 
 
+    # -- reboots (tests/vm/test_vm_reboot.py) ------------------------------------------------------------
+    def persist(self) -> dict:
+        """What a disk keeps across the guest's boots, on the runtime image (one image for both boots): the
+        state directory (journal, kept packages, driverd's user-space trees under /var/lib/driverd/driver)
+        and /boot. /etc (the loader configuration), /usr/local/bin, /run and /var's other files are the
+        guest's private overlays and tmpfs: gone after a reboot, as /run is on any host. The next kernel's
+        headers, which this machine has for building its stand-ins, are hidden: the node has none."""
+        rt = self.spec["rt"]
+        out = {}
+        for src, dst in ((f"{rt}/persist/var-lib-driverd", "/var/lib/driverd"), (f"{rt}/persist/boot", "/boot")):
+            os.makedirs(src, exist_ok=True)
+            os.makedirs(dst, exist_ok=True)
+            out[dst] = sh("mount", "--bind", src, dst)["rc"]
+        for hdr in self.spec.get("hide", []):
+            if os.path.isdir(hdr):
+                out[hdr] = sh("mount", "-t", "tmpfs", "driverd-test-no-headers", hdr)["rc"]
+        return out
+
+    def reboot_config(self, repos: str, extra: str = "") -> None:
+        self.config(self.spec["versions"]["535"], extra=extra)
+        text = open("/etc/driverd/config.toml").read().replace(f'repositories = ["file://{self.spec["repo"]}"]',
+                                                               f"repositories = {repos}\ninsecure = true")
+        text += ('[userspace]\nfetch = true\n[daemon]\ninterval_s = 900\nconfig_check_s = 2\nretry_min_s = 5\n'
+                 'retry_max_s = 20\n')
+        with open("/etc/driverd/config.toml", "w") as f:
+            f.write(text)
+
+    def s_reboot_prepare(self) -> dict:
+        """Boot 1 (the running kernel): the driver with its user-space from the repository (userspace.fetch);
+        the next kernel installed as its Debian package would (its image in /boot, its modules and their index,
+        its dpkg record) with no package for it in the repository; reboot-ready, the daemon's metric; then its
+        package appears in the repository and the daemon prepares it; reboot-ready again."""
+        nxt = self.spec["next_release"]
+        out: dict = {"persist": self.persist()}
+        self.reboot_config(f'["file://{self.spec["repo"]}"]')
+        out["apply"] = self.driverd("apply", "--json", timeout=1800)
+        out["userspace"] = self.userspace_view()
+        out["state"] = self.state()
+        # the running kernel as Debian installed it, then the next one
+        rel = os.uname().release
+        for r, image in ((rel, self.spec["running_image"]), (nxt, self.spec["next_image"])):
+            sh("cp", image, f"/boot/vmlinuz-{r}")
+            sh("cp", os.path.join(os.path.dirname(image), f"config-{r}"), f"/boot/config-{r}")
+            with open("/var/lib/dpkg/status", "a") as f:
+                f.write(f"\nPackage: linux-image-{r}\nStatus: install ok installed\nPriority: optional\n"
+                        f"Section: kernel\nArchitecture: amd64\nVersion: 6.1.0-1\nDescription: Linux {r}\n\n")
+        os.makedirs(f"/lib/modules/{nxt}", exist_ok=True)
+        out["next_modules"] = sh("mount", "--bind", f"{self.spec['rt']}/modroot/lib/modules/{nxt}", f"/lib/modules/{nxt}")
+        out["gate_closed"] = self.driverd("reboot-ready", "--json")
+        d = GuestDaemon(self)
+        try:
+            out["unprepared_metric"] = d.wait_metric("driverd_kernel_unprepared", {"kernel": nxt}, 1.0, 900)
+            out["log_before"] = d.text()
+            out["status"] = self.driverd("status", "--json")
+            mark = len(d.lines)
+            # the package appears in the repository, as `driverd build` + `driverd repo index` would put it there
+            for f in os.listdir(self.spec["next_pkg_dir"]):
+                sh("cp", os.path.join(self.spec["next_pkg_dir"], f), self.spec["repo"])
+            out["index"] = self.driverd("repo", "index", self.spec["repo"], "--json")
+            out["prepared_metric"] = d.wait_metric("driverd_kernel_unprepared", {"kernel": nxt}, 0.0, 900)
+            out["log_after"] = "\n".join(d.lines[mark:])
+        finally:
+            out["daemon_stop"] = d.stop()
+        out["gate_open"] = self.driverd("reboot-ready", "--json")
+        out["runs"] = journal_runs()
+        out["next_tree"] = sorted(os.listdir(f"/lib/modules/{nxt}/updates/driverd")) if os.path.isdir(
+            f"/lib/modules/{nxt}/updates/driverd") else None
+        return out
+
+    def s_reboot_next(self) -> dict:
+        """Boot 2 (the next kernel), the repository refusing connections (nothing listens on its port): the
+        daemon brings the node back from what is on disk — the package prepared for this kernel, the user-space
+        tree — remaking the loader configuration and the driver-root link; READY=1. Then the previous kernel is
+        removed (its image and dpkg record): the daemon removes what driverd kept for it."""
+        out: dict = {"persist": self.persist()}
+        self.reboot_config('["http://127.0.0.1:9/driverd"]')
+        out["before"] = {"ld_conf": _read("/etc/ld.so.conf.d/00-driverd-nvidia.conf"),
+                         "driver_link": _readlink("/run/nvidia/driver"), "kernel": self.kernel_view()}
+        out["plan"] = self.driverd("plan", "--json")
+        runs_before = len(journal_runs())
+        d = GuestDaemon(self)
+        try:
+            out["ready"] = d.wait_notify("READY=1", 1500)
+            out["kernel"] = self.kernel_view()
+            out["userspace"] = self.userspace_view()
+            out["modinfo_filename"] = sh("modinfo", "-n", "nvidia")
+            out["runs"] = journal_runs()[runs_before:]
+            kept = "/var/lib/driverd/packages/kept"
+            out["kept_before"] = kept_releases(kept)
+            prev = self.spec["running_release"]
+            os.unlink(f"/boot/vmlinuz-{prev}")
+            out["forget_log"] = d.wait_log(f"removed driverd's packages of kernel\\(s\\) no longer installed: {prev}", 900)
+            out["kept_after"] = kept_releases(kept)
+            out["log"] = d.text()
+        finally:
+            out["daemon_stop"] = d.stop()
+        return out
+
+
+class GuestDaemon:
+    """`driverd daemon --root /` in the guest, as systemd runs it: a notify socket, its stderr, its /metrics."""
+
+    def __init__(self, g: Guest) -> None:
+        import socket
+        import threading
+        self.dir = "/tmp/driverd-daemon"
+        os.makedirs(self.dir, exist_ok=True)
+        self.notify = os.path.join(self.dir, "notify")
+        if os.path.exists(self.notify):
+            os.unlink(self.notify)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.notify)
+        self.sock.settimeout(1.0)
+        self.lines: list[str] = []
+        self.messages: list[str] = []
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DRIVERD_", "FAULTS_"))}
+        env.update(NOTIFY_SOCKET=self.notify, PYTHONDONTWRITEBYTECODE="1")
+        self.proc = subprocess.Popen([g.py, "-m", "driverd", "daemon", "--root", "/", "--listen", "127.0.0.1:0"],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True, env=env, cwd="/")
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._notify, daemon=True).start()
+        m = self.wait_log(r"listening on 127\.0\.0\.1:(\d+)", 600)
+        self.port = int(re.search(r"listening on 127\.0\.0\.1:(\d+)", m).group(1))
+
+    def _read(self) -> None:
+        for ln in self.proc.stderr:
+            self.lines.append(ln.rstrip("\n"))
+
+    def _notify(self) -> None:
+        while self.proc.poll() is None:
+            try:
+                self.messages.append(self.sock.recv(65536).decode())
+            except OSError:
+                continue
+
+    def text(self) -> str:
+        return "\n".join(self.lines)[-20000:]
+
+    def wait_log(self, pattern: str, timeout: float) -> str:
+        rx = re.compile(pattern)
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for ln in list(self.lines):
+                if rx.search(ln):
+                    return ln
+            if self.proc.poll() is not None:
+                break
+            time.sleep(1)
+        raise AssertionError(f"no daemon log line matching {pattern!r} in {timeout}s:\n{self.text()[-4000:]}")
+
+    def wait_notify(self, needle: str, timeout: float) -> dict:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            hit = next((m for m in self.messages if needle in m), None)
+            if hit is not None:
+                return {"message": hit, "seconds": round(time.monotonic() - t0, 1), "all": list(self.messages)}
+            if self.proc.poll() is not None:
+                break
+            time.sleep(1)
+        raise AssertionError(f"no {needle} in {timeout}s: {self.messages}\n{self.text()[-4000:]}")
+
+    def metric(self, name: str, labels: dict) -> float | None:
+        import urllib.request
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=60) as r:
+            text = r.read().decode()
+        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        for ln in text.splitlines():
+            if ln.startswith(f"{name}{{{want}}} "):
+                return float(ln.rsplit(" ", 1)[1])
+        return None
+
+    def wait_metric(self, name: str, labels: dict, value: float, timeout: float) -> dict:
+        t0 = time.monotonic()
+        got = None
+        while time.monotonic() - t0 < timeout:
+            got = self.metric(name, labels)
+            if got == value:
+                return {"value": got, "seconds": round(time.monotonic() - t0, 1)}
+            time.sleep(2)
+        raise AssertionError(f"{name}{labels} is {got}, not {value}, after {timeout}s:\n{self.text()[-4000:]}")
+
+    def stop(self) -> dict:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.sock.close()
+        return {"rc": self.proc.returncode}
+
+
+def journal_runs() -> list[dict]:
+    d = "/var/lib/driverd"
+    out = []
+    jd = os.path.join(d, "journal.d")
+    for f in sorted(os.listdir(jd)) if os.path.isdir(jd) else []:
+        out.append(json.loads(open(os.path.join(jd, f)).read()))
+    if os.path.exists(os.path.join(d, "journal.json")):
+        out.append(json.loads(open(os.path.join(d, "journal.json")).read()))
+    return [{"command": r.get("command"), "state": r.get("state"), "run_id": r.get("run_id"),
+             "steps": [s["action"] for s in r.get("steps") or []]} for r in out]
+
+
+def kept_releases(kept: str) -> list[str]:
+    out = []
+    for e in sorted(os.listdir(kept)) if os.path.isdir(kept) else []:
+        m = _read(os.path.join(kept, e, "modules", "manifest.json"))
+        try:
+            out.append(json.loads(m)["kernel"]["release"] if m else None)
+        except (ValueError, KeyError, TypeError):
+            out.append(None)
+    return out
+
+
 def _step_seconds(step: dict) -> float | None:
     """A journal step's duration: driverd's own `seconds`, else (a driverd before it recorded them) its end
     minus its start."""
@@ -527,6 +744,7 @@ def main() -> int:
     g = Guest(spec)
     t0 = time.monotonic()
     g.run(spec["scenarios"])
+    os.sync()               # the runtime image is the next boot's disk (tests/vm/test_vm_reboot.py)
     _write_json(os.path.join(spec["out"], "done.json"), {"seconds": round(time.monotonic() - t0, 2),
                                                          "uptime": _read("/proc/uptime")})
     return 0

@@ -35,6 +35,30 @@ HEADERS = Path(f"/usr/src/linux-headers-{RELEASE}")
 # The stand-ins carry the versions of NVIDIA's real user-space beside them (Debian's bookworm 535.261.03 and sid
 # 550.163.01): driverd pairs a driver's two halves by the exact version (userspace_source.local_package).
 OLD, NEW = "535.261.03", "550.163.01"
+# The kernel the reboot tests (tests/vm/test_vm_reboot.py) install after the driver and boot next.
+NEXT_RELEASE = "6.1.0-50-amd64"
+NEXT_HEADERS = Path(f"/usr/src/linux-headers-{NEXT_RELEASE}")
+
+
+def kernel_dir(release: str) -> Path:
+    return CI_DIR / f"kernel-{release}"
+
+
+def vmlinuz(release: str) -> Path:
+    return kernel_dir(release) / "boot" / f"vmlinuz-{release}"
+
+
+def missing_next() -> list[str]:
+    """What the reboot tests need beyond the engine: the next kernel unpacked and indexed, its headers."""
+    out = []
+    d = kernel_dir(NEXT_RELEASE)
+    if not vmlinuz(NEXT_RELEASE).is_file():
+        out.append(f"the unpacked kernel {vmlinuz(NEXT_RELEASE)}")
+    elif not (d / "lib" / "modules" / NEXT_RELEASE / "modules.dep.bin").is_file():
+        out.append(f"the module index of {d}")
+    if not (NEXT_HEADERS / "Makefile").is_file():
+        out.append(f"headers {NEXT_HEADERS}")
+    return out
 
 
 def find_vng() -> str | None:
@@ -155,7 +179,7 @@ def missing_userspace() -> list[str]:
     return out
 
 
-def build_userspace(base: Path) -> tuple[Path, dict[str, Path], float]:
+def build_userspace(base: Path, versions: tuple[str, ...] = (OLD, NEW)) -> tuple[Path, dict[str, Path], float]:
     """The user-space packages of OLD and NEW, made as a user makes them: the chosen .debs of one version
     in a directory (checked against the SHA256SUMS apt's verified download wrote), then `driverd
     build-userspace --from-debs DIR --out OUT`. Returns (OUT, {version: package}, seconds)."""
@@ -163,7 +187,7 @@ def build_userspace(base: Path) -> tuple[Path, dict[str, Path], float]:
     t0 = time.monotonic()
     out = base / "userspace"
     pkgs = {}
-    for v in (OLD, NEW):
+    for v in versions:
         src = USERSPACE_DIR / v
         sums = dict(reversed(ln.split()) for ln in (src / "SHA256SUMS").read_text().splitlines() if ln.strip())
         debs = base / f"debs-{v}"
@@ -194,7 +218,7 @@ class Boot:
 
 
 def boot(spec: dict, out: Path, image: Path, *, append: str | None = None, timeout: float = 600, cpus: int = 2,
-         icount: int | None = None) -> Boot:
+         icount: int | None = None, release: str = RELEASE) -> Boot:
     """Boot the real kernel once and run the scenarios of `spec` in it; results come back in `out`
     (a --rwdir shared with the guest, the only host directory the guest can write). `icount`: QEMU's
     `-icount shift=N,sleep=on`: while the guest runs, its clock is the instructions it executed (2**N ns
@@ -207,7 +231,7 @@ def boot(spec: dict, out: Path, image: Path, *, append: str | None = None, timeo
             "preflight": f"{RT_MOUNT}/preflight.py"}
     (out / "spec.json").write_text(json.dumps(spec, indent=1))
     vng = find_vng()
-    argv = [vng, "--run", str(VMLINUZ), "--user", "root", "--disable-kvm", "--force-9p", "--verbose",
+    argv = [vng, "--run", str(vmlinuz(release)), "--user", "root", "--disable-kvm", "--force-9p", "--verbose",
             "--memory", "1G", "--cpus", str(1 if icount is not None else cpus), "--rwdir", str(out), "--disk", str(image)]
     if icount is not None:
         argv += ["--qemu-opts", f"-icount shift={icount},sleep=on"]
@@ -218,7 +242,7 @@ def boot(spec: dict, out: Path, image: Path, *, append: str | None = None, timeo
     # image is this test's own temporary file). The guest's containerd binaries are removed from its
     # private /usr overlay: running `containerd --version` over 9p costs ~20 s per driverd command and
     # no runtime is under test here.
-    mods = f"/lib/modules/{RELEASE}"
+    mods = f"/lib/modules/{release}"
     argv += ["--exec", f"modprobe virtio_blk && modprobe ext4 && sleep 1 && mkdir -p {RT_MOUNT} && mount /dev/vda {RT_MOUNT} && "
                        f"rm {mods} && mkdir {mods} && mount --bind {RT_MOUNT}/modroot{mods} {mods} && "
                        f"rm -f /usr/bin/containerd /usr/bin/containerd-shim* /usr/bin/ctr /usr/bin/runc /usr/bin/docker /usr/bin/crio && "
@@ -269,14 +293,15 @@ _STDLIB_SKIP = ("test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to
 GUEST_MODULES = ("nouveau", "dummy", "drm", "ext4", "virtio_blk")
 
 
-def _module_subset(modroot: Path) -> None:
-    src = KERNEL_DIR / "lib" / "modules" / RELEASE
-    dst = modroot / "lib" / "modules" / RELEASE
+def _module_subset(modroot: Path, release: str = RELEASE) -> None:
+    kdir = kernel_dir(release)
+    src = kdir / "lib" / "modules" / release
+    dst = modroot / "lib" / "modules" / release
     dst.mkdir(parents=True)
     for f in ("modules.builtin", "modules.builtin.modinfo", "modules.order"):
         shutil.copy2(src / f, dst / f)
     for name in GUEST_MODULES:
-        r = subprocess.run(["modprobe", "-d", str(KERNEL_DIR), "-S", RELEASE, "--show-depends", name],
+        r = subprocess.run(["modprobe", "-d", str(kdir), "-S", release, "--show-depends", name],
                            capture_output=True, text=True, timeout=60, check=True)
         for line in r.stdout.splitlines():
             if line.startswith("insmod "):
@@ -284,12 +309,12 @@ def _module_subset(modroot: Path) -> None:
                 rel = ko.relative_to(src)
                 (dst / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(ko, dst / rel)
-    subprocess.run(["depmod", "-b", str(modroot), RELEASE], check=True, capture_output=True, timeout=120)
+    subprocess.run(["depmod", "-b", str(modroot), release], check=True, capture_output=True, timeout=120)
 
 
-def runtime_image(base: Path, extra: dict[str, Path] | None = None) -> Path:
+def runtime_image(base: Path, extra: dict[str, Path] | None = None, releases: tuple[str, ...] = (RELEASE,)) -> Path:
     """`extra`: directories copied onto the image as RT_MOUNT/<name> (read from the guest's page cache,
-    not over 9p)."""
+    not over 9p). `releases`: the kernels whose module subsets the image carries (booted, or installed)."""
     import sysconfig
     stage = base / "rt-stage"
     shutil.rmtree(stage, ignore_errors=True)
@@ -311,7 +336,8 @@ def runtime_image(base: Path, extra: dict[str, Path] | None = None) -> Path:
     shutil.copytree(REPO / "tests" / "faults", stage / "faults", ignore=shutil.ignore_patterns("__pycache__"))
     for f in ("guest.py", "preflight.py"):
         shutil.copy2(Path(__file__).parent / f, stage / f)
-    _module_subset(stage / "modroot")
+    for rel in releases:
+        _module_subset(stage / "modroot", rel)
     for name, src in (extra or {}).items():
         shutil.copytree(src, stage / name)
     img = base / "rt.img"
