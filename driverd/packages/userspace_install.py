@@ -359,6 +359,17 @@ def is_installed(root: Root | str | os.PathLike, sha256: str | None, places: Pla
 
 # -- install ------------------------------------------------------------------------------------------
 
+def check_root(root: Root, places: Places) -> None:
+    """userspace.root holds the trees the loader configuration and the PATH links point into: whoever can
+    rename an entry in it, or in any directory on the way to it, can swap the libraries every process on
+    the node loads. Refused (ConfigError, one line) unless root owns it and every directory on the way
+    and none of them is group- or world-writable (driverd.fsutil.trusted_dir; a missing root is judged by
+    the directories it would be made in)."""
+    from driverd.fsutil import trusted_dir
+    real = places.root if root.is_slash else str(root.real(places.root))
+    trusted_dir(real, "userspace.root", shown=places.root, missing_ok=True)
+
+
 def _check_arch(m: us.UserspaceManifest) -> None:
     node = platform.machine()
     if m.arch != node and not (m.arch, node) in (("x86_64", "amd64"), ("aarch64", "arm64")):
@@ -465,6 +476,7 @@ def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, run
     with nothing pending, writes nothing."""
     root, runner = _root(root), runner or Runner()
     package = Path(package_path)
+    check_root(root, places)
     if expected_sha256 is not None:
         if not _valid_sha(expected_sha256):
             raise PackageError(f"{expected_sha256!r} is not a package sha256", fix="pass 64 lower-case hex digits")
@@ -507,6 +519,7 @@ def restore(root: Root | str | os.PathLike, sha256: str | None, runner: Runner |
     driverd user-space: `current`, the loader configuration and the PATH links removed, the trees kept).
     A no-op when it is so already; PackageError when no intact tree of that package is there."""
     root, runner = _root(root), runner or Runner()
+    check_root(root, places)
     if sha256 is not None and not _valid_sha(sha256):
         raise PackageError(f"{sha256!r} is not a package sha256", fix="pass 64 lower-case hex digits")
     if runner.dry_run:
@@ -774,6 +787,7 @@ def recover(root: Root | str | os.PathLike, runner: Runner | None = None, *, pla
     switch driven to its target (whose tree is complete) through the same checks — or, when the target
     is gone, back to what it replaced. Writes nothing when there is nothing to do (or on a dry run)."""
     root, runner = _root(root), runner or Runner()
+    check_root(root, places)
     notes: list[str] = []
     marker = _read_json(root, places.pending)
     if runner.dry_run:
