@@ -336,6 +336,18 @@ def trusted_dir(path: str | os.PathLike, what: str, *, shown: str | None = None,
     return Path(real)
 
 
+def entry_problem(real: str, st: os.stat_result, owners: frozenset[int] | None = None) -> str | None:
+    """Why someone other than `owners` (default: trusted_owners()) can change the file or directory at
+    `real` itself (lstat `st`): its owner, or a group- or world-writable mode; None when nobody can (a
+    read-only file system passes). The directories on the way are walk_trusted's part."""
+    owners = trusted_owners() if owners is None else owners
+    if (st.st_uid in owners and not st.st_mode & 0o022) or _read_only(real):
+        return None
+    if st.st_uid not in owners:
+        return f"it is owned by {_who(st.st_uid)}, not {_owners_words()}"
+    return f"it is writable by {_writers(st.st_mode)} (mode {stat.S_IMODE(st.st_mode):04o})"
+
+
 def writable_dir(path: str | os.PathLike) -> str | None:
     """None when `path` is a directory this process can create files in (made, with its parents, when
     missing), else why not, in words. Tried with a real file: access() says yes to root on a read-only
