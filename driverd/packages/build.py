@@ -291,11 +291,16 @@ def _failure_reason(e: BaseException) -> str:
 
 
 def check_out(out: str | os.PathLike) -> None:
-    """The output directory can take a package: checked before minutes of compiling, not after."""
+    """The output directory can take a package: checked before minutes of compiling, not after. And only
+    root (or the user building) can change it or a directory above it: a package someone else could
+    replace there before it is indexed and signed is not the one built (driverd.fsutil.trusted_dir)."""
+    from driverd.fsutil import trusted_dir
+    trusted_dir(out, "output directory", missing_ok=True)
     why = writable_dir(out)
     if why is not None:
         raise UsageError(f"output directory {out}: {why}", cause="the package is written there",
                          fix="pass --out a directory you can write to")
+    trusted_dir(out, "output directory")
 
 
 def _build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os.PathLike,
