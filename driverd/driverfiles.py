@@ -456,7 +456,8 @@ def _ipc(root: Root, us: UserSpace, left_out: list[str]) -> dict[str, str]:
             if st is None or parent is None or (here := f"{parent}/{os.path.basename(p)}") in seen:
                 continue                    # absent, or one place seen already (/var/run is often /run)
             seen.add(here)
-            if not (stat.S_ISLNK(st.st_mode) or (stat.S_ISSOCK(st.st_mode) if kind == "socket" else stat.S_ISDIR(st.st_mode))):
+            right = stat.S_ISSOCK(st.st_mode) if kind == "socket" else stat.S_ISDIR(st.st_mode)
+            if not (right or stat.S_ISLNK(st.st_mode)):
                 continue
             why = mount_problem(root, p, kind)
             if why:

@@ -260,7 +260,7 @@ def walk_trusted(path: str | os.PathLike, *, follow_last: bool = True
 def _cause(noun: str) -> str:
     verb = "says" if noun == "file" else "holds"
     return (f"driverd runs as root and acts on what this {noun} {verb}: whoever can change it controls root"
-            if os.geteuid() == 0 else f"anyone who can change it controls what driverd does as you")
+            if os.geteuid() == 0 else "anyone who can change it controls what driverd does as you")
 
 
 def _walk(path: str | os.PathLike, what: str, shown: str, cause: str, kind: str
@@ -271,8 +271,8 @@ def _walk(path: str | os.PathLike, what: str, shown: str, cause: str, kind: str
     except Untrusted as u:
         raise ConfigError(f"refusing {what} {shown}: {u.problem}", cause=cause, fix=u.fix) from None
     except OSError as e:
-        raise ConfigError(f"cannot check {what} {shown}: {e.strerror or e}", cause=f"the path does not resolve to a {kind}",
-                          fix=f"point {what} at a {kind}") from None
+        raise ConfigError(f"cannot check {what} {shown}: {e.strerror or e}",
+                          cause=f"the path does not resolve to a {kind}", fix=f"point {what} at a {kind}") from None
 
 
 def _judge_owner(path: str | os.PathLike, real: str, st: os.stat_result, what: str, shown: str, cause: str) -> None:

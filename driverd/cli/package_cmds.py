@@ -417,7 +417,8 @@ def cmd_repo_index(ctx, args) -> int:
     from driverd.packages.repo import INDEX_NAME, write_index
     from driverd.packages.trust import DEFAULT_VALID_DAYS
     if bool(args.accept) != bool(args.cells):
-        raise UsageError("--accept and --cells go together", fix="pass both (a rendered Job's index pod does), or neither")
+        raise UsageError("--accept and --cells go together",
+                         fix="pass both (a rendered Job's index pod does), or neither")
     # what is signed is what this directory holds: nobody but root (or you) may be able to change it
     trusted_dir(args.dir, "repository directory")
     intake = []

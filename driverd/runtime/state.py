@@ -2,11 +2,11 @@
 
 <root>/var/lib/driverd/runtime/state.json records, per runtime, every file we edited or created: the
 backup of the original (taken before our first recorded edit, one file per runtime and path; a failed
-run leaves none), the hash of what we wrote and the changes we made, and the handlers another tool wrote that driverd took over ("adopted"). Revert
-restores the backup byte for byte when nobody touched the file since; when someone did (after our
-write, or between two of our writes), it removes only our changes and keeps theirs — an adopted
-handler gets the values its tool wrote back. Files are written atomically; a run that fails half-way
-puts back the files it already wrote.
+run leaves none), the hash of what we wrote and the changes we made, and the handlers another tool
+wrote that driverd took over ("adopted"). Revert restores the backup byte for byte when nobody
+touched the file since; when someone did (after our write, or between two of our writes), it removes
+only our changes and keeps theirs — an adopted handler gets the values its tool wrote back. Files are
+written atomically; a run that fails half-way puts back the files it already wrote.
 """
 from __future__ import annotations
 
