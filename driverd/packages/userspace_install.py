@@ -826,7 +826,7 @@ def _clean(root: Root, places: Places, notes: list[str]) -> None:
             root.unlink(f"{ldd}/{n}")
     sd = os.path.dirname(places.pending)
     for n in root.listdir(sd):
-        if n.startswith((".pending.json.", ".previous.json.")) and n.endswith(".tmp"):
+        if n.startswith((".pending.json.", ".previous.json.", ".links.json.")) and n.endswith(".tmp"):
             root.unlink(f"{sd}/{n}")
     if places.driver_link:
         ld = os.path.dirname(places.driver_link.rstrip("/")) or "/"
