@@ -324,6 +324,9 @@ class Inventory:
     firmware: tuple[str, ...] = ()             # host paths of nvidia/<version>/gsp*.bin, ucodes*.bin
     ipc: dict[str, str] = field(default_factory=dict)           # container path -> host path
     problem: str | None = None                 # why no library is listed although the user-space was found
+    # host paths found but not given to containers, each with why: someone other than root could change
+    # what every GPU container would get (mount_problem)
+    left_out: tuple[str, ...] = ()
 
     @property
     def version(self) -> str | None:
@@ -334,7 +337,7 @@ class Inventory:
                 "libraries": [{"path": lib.path, "soname": lib.soname, "links": [list(x) for x in lib.links]}
                               for lib in self.libraries],
                 "lib_dirs": list(self.lib_dirs), "binaries": dict(self.binaries), "firmware": list(self.firmware),
-                "ipc": dict(self.ipc), "problem": self.problem}
+                "ipc": dict(self.ipc), "problem": self.problem, "left_out": list(self.left_out)}
 
 
 def _is_exec(root: Root, hostpath: str) -> bool:
@@ -437,28 +440,78 @@ def _firmware(root: Root, us: UserSpace) -> list[str]:
     return []
 
 
-def _ipc(root: Root, us: UserSpace) -> dict[str, str]:
+def _ipc(root: Root, us: UserSpace, left_out: list[str]) -> dict[str, str]:
     """The sockets and the MPS pipe directory that exist: under the driver root first (where nvidia-ctk
-    looks), then on the host itself (a host's own nvidia-persistenced serves a /usr/local/nvidia driver)."""
+    looks), then on the host itself (a host's own nvidia-persistenced serves a /usr/local/nvidia driver).
+    Each is taken only as it is (never through a link) and only when root vouches for it (mount_problem);
+    otherwise `left_out` says why."""
     base = us.driver_root or "/"
     out = {}
+    seen: set[str] = set()
     for target, places in IPC:
+        kind = "socket" if target.endswith("socket") else "dir"
         for p in [_join(base, x.lstrip("/")) for x in places if base != "/"] + list(places):
-            st = _stat(root, p)
-            if st is None:
+            st = root.lstat(p)              # the directories on the way resolved inside the root
+            parent = root.safe_real(os.path.dirname(p))
+            if st is None or parent is None or (here := f"{parent}/{os.path.basename(p)}") in seen:
+                continue                    # absent, or one place seen already (/var/run is often /run)
+            seen.add(here)
+            right = stat.S_ISSOCK(st.st_mode) if kind == "socket" else stat.S_ISDIR(st.st_mode)
+            if not (right or stat.S_ISLNK(st.st_mode)):
                 continue
-            if (stat.S_ISSOCK(st.st_mode) if p.endswith("socket") else stat.S_ISDIR(st.st_mode)):
-                out[target] = p
-                break
+            why = mount_problem(root, p, kind)
+            if why:
+                left_out.append(f"{p}: {why}")
+                continue
+            out[target] = p
+            break
     return out
 
 
-def _stat(root: Root, hostpath: str) -> os.stat_result | None:
-    real = root.safe_real(hostpath)
+def mount_problem(root: Root, hostpath: str, kind: str = "file") -> str | None:
+    """Why the host path `hostpath` must not be bind-mounted into every GPU container, None when root
+    vouches for it (driverd.fsutil's walk, as for the configuration and the keys): a container gets
+    what the path holds when it starts, and a read-write IPC mount is a way into the host.
+    - "file" (a library, binary or firmware file of the driver): the file, links followed as the runtime's
+      mount follows them, a regular file of root's, not writable by group or others, in directories of
+      root's that no one else can write (a sticky /tmp only for root's entries).
+    - "dir" (the MPS pipe directory) and "socket" (persistenced, fabric manager): never reached through a
+      symbolic link (a /tmp/nvidia-mps made a link to /etc would hand containers the host's /etc), the
+      directories on the way as above; the pipe directory itself root's and not group/world-writable (its
+      daemon runs as root), a socket and its own directory root's or both the account its daemon runs as
+      (Debian starts nvidia-persistenced --user nvpd: only root can have given it that directory in
+      /run); a socket's own mode is the right to connect, not to replace it, and is not judged."""
+    from driverd.fsutil import Untrusted, entry_problem, trusted_owners, walk_trusted
+    norm = os.path.normpath("/" + hostpath.lstrip("/"))
     try:
-        return os.stat(real) if real is not None else None
-    except OSError:
-        return None
+        if kind == "file":
+            real = str(root.path(root.resolve(norm)))
+            found, st, missing = walk_trusted(real)
+            if missing:
+                return "it does not exist"
+            if not stat.S_ISREG(st.st_mode):
+                return "it is not a regular file"
+            return entry_problem(found, st)
+        real = str(root.path(norm))
+        st = os.lstat(real)
+        if stat.S_ISLNK(st.st_mode):
+            return "it is a symbolic link (IPC endpoints are mounted only where they are)"
+        if root.resolve(norm) != norm:
+            return "it is reached through a symbolic link (IPC endpoints are mounted only where they are)"
+        if kind == "dir":
+            _, st, _ = walk_trusted(real, follow_last=False)
+            return entry_problem(real, st)
+        parent = os.path.dirname(real)
+        _, pst, _ = walk_trusted(parent, follow_last=False)
+        owners = trusted_owners() | (frozenset({pst.st_uid}) if pst.st_uid == st.st_uid else frozenset())
+        if st.st_uid not in owners:
+            return f"it is owned by uid {st.st_uid}, not root nor the owner of its directory"
+        why = entry_problem(parent, pst, owners)
+        return f"its directory {os.path.dirname(norm)}: {why}" if why else None
+    except Untrusted as u:
+        return u.problem
+    except (OSError, ValueError) as e:
+        return f"it cannot be checked ({getattr(e, 'strerror', None) or e})"
 
 
 def inventory(root: Root, us: UserSpace | None = None, driver_root: str | None = None) -> Inventory:
@@ -466,13 +519,24 @@ def inventory(root: Root, us: UserSpace | None = None, driver_root: str | None =
     the key libraries' version. A user-space whose key libraries disagree on the version (or carry none
     in their file names) lists no library, binary or firmware: `problem` says why."""
     us = us if us is not None else find(root, driver_root)
-    ipc = _ipc(root, us)
+    left_out: list[str] = []
+    ipc = _ipc(root, us, left_out)
     if not us.found:
         return Inventory(us, ipc=ipc, problem="no driver user-space found (libcuda.so.1 / libnvidia-ml.so.1) in "
-                                               + ", ".join(us.searched[:6]) + (" ..." if len(us.searched) > 6 else ""))
+                                               + ", ".join(us.searched[:6]) + (" ..." if len(us.searched) > 6 else ""),
+                         left_out=tuple(left_out))
     if us.version is None:
         seen = ", ".join(f"{k} {v}" for k, v in sorted(us.versions.items())) or "no version in the file names"
         return Inventory(us, ipc=ipc, problem=f"the key libraries in {us.lib_dir} are not of one driver version "
-                                              f"({seen}): a container would get a mixture")
+                                              f"({seen}): a container would get a mixture", left_out=tuple(left_out))
     libs, dirs = _libraries(root, us)
-    return Inventory(us, tuple(libs), tuple(dirs), _binaries(root, us), tuple(_firmware(root, us)), ipc)
+
+    def vouched(path: str) -> bool:
+        why = mount_problem(root, path)
+        if why:
+            left_out.append(f"{path}: {why}")
+        return why is None
+    libs = [lib for lib in libs if vouched(lib.path)]
+    binaries = {n: p for n, p in _binaries(root, us).items() if vouched(p)}
+    firmware = tuple(p for p in _firmware(root, us) if vouched(p))
+    return Inventory(us, tuple(libs), tuple(dirs), binaries, firmware, ipc, left_out=tuple(left_out))

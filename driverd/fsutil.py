@@ -257,6 +257,39 @@ def walk_trusted(path: str | os.PathLike, *, follow_last: bool = True
     return cur, st, []
 
 
+def _cause(noun: str) -> str:
+    verb = "says" if noun == "file" else "holds"
+    return (f"driverd runs as root and acts on what this {noun} {verb}: whoever can change it controls root"
+            if os.geteuid() == 0 else "anyone who can change it controls what driverd does as you")
+
+
+def _walk(path: str | os.PathLike, what: str, shown: str, cause: str, kind: str
+          ) -> tuple[str, os.stat_result, list[str]]:
+    from driverd.errors import ConfigError
+    try:
+        return walk_trusted(path)
+    except Untrusted as u:
+        raise ConfigError(f"refusing {what} {shown}: {u.problem}", cause=cause, fix=u.fix) from None
+    except OSError as e:
+        raise ConfigError(f"cannot check {what} {shown}: {e.strerror or e}",
+                          cause=f"the path does not resolve to a {kind}", fix=f"point {what} at a {kind}") from None
+
+
+def _judge_owner(path: str | os.PathLike, real: str, st: os.stat_result, what: str, shown: str, cause: str) -> None:
+    """The final file or directory itself: a trusted owner's, not writable by its group or others."""
+    from driverd.errors import ConfigError
+    if _read_only(real):
+        return
+    asked = os.fspath(path)
+    there = "" if real == os.path.normpath(os.path.join(os.getcwd(), asked)) else f" (it leads to {real})"
+    if st.st_uid not in trusted_owners():
+        raise ConfigError(f"refusing {what} {shown}: it is owned by {_who(st.st_uid)}, not {_owners_words()}{there}",
+                          cause=cause, fix=f"chown root:root {real} && chmod go-w {real}")
+    if st.st_mode & 0o022:
+        raise ConfigError(f"refusing {what} {shown}: it is writable by {_writers(st.st_mode)} (mode "
+                          f"{stat.S_IMODE(st.st_mode):04o}){there}", cause=cause, fix=f"chmod go-w {real}")
+
+
 def trusted_file(path: str | os.PathLike, what: str, *, shown: str | None = None,
                  missing_ok: bool = False) -> Path | None:
     """The real path of `path` when only trusted owners can change what it reads (see above); else a
@@ -265,16 +298,8 @@ def trusted_file(path: str | os.PathLike, what: str, *, shown: str | None = None
     the reader reports the absence in its own words)."""
     from driverd.errors import ConfigError
     shown = shown or os.fspath(path)
-    as_root = os.geteuid() == 0
-    cause = ("driverd runs as root and acts on what this file says: whoever can change it controls root"
-             if as_root else "anyone who can change it controls what driverd does as you")
-    try:
-        real, st, missing = walk_trusted(path)
-    except Untrusted as u:
-        raise ConfigError(f"refusing {what} {shown}: {u.problem}", cause=cause, fix=u.fix) from None
-    except OSError as e:
-        raise ConfigError(f"cannot check {what} {shown}: {e.strerror or e}", cause="the path does not resolve to a file",
-                          fix=f"point {what} at a regular file") from None
+    cause = _cause("file")
+    real, st, missing = _walk(path, what, shown, cause, "regular file")
     if missing:
         if missing_ok:
             return None
@@ -284,17 +309,43 @@ def trusted_file(path: str | os.PathLike, what: str, *, shown: str | None = None
         raise ConfigError(f"refusing {what} {shown}: {real} is not a regular file",
                           cause="driverd reads configuration, keys and credentials from regular files only",
                           fix=f"point {what} at a regular file")
-    owners = trusted_owners()
-    asked = os.fspath(path)
-    there = "" if real == os.path.normpath(os.path.join(os.getcwd(), asked)) else f" (it leads to {real})"
-    if not _read_only(real):
-        if st.st_uid not in owners:
-            raise ConfigError(f"refusing {what} {shown}: it is owned by {_who(st.st_uid)}, not {_owners_words()}{there}",
-                              cause=cause, fix=f"chown root:root {real} && chmod go-w {real}")
-        if st.st_mode & 0o022:
-            raise ConfigError(f"refusing {what} {shown}: it is writable by {_writers(st.st_mode)} (mode "
-                              f"{stat.S_IMODE(st.st_mode):04o}){there}", cause=cause, fix=f"chmod go-w {real}")
+    _judge_owner(path, real, st, what, shown, cause)
     return Path(real)
+
+
+def trusted_dir(path: str | os.PathLike, what: str, *, shown: str | None = None,
+                missing_ok: bool = False) -> Path | None:
+    """trusted_file's check for a directory whose entries decide what root does (a directory of packages,
+    the tree the loader is pointed at): every directory on the way judged as for a file, and the directory
+    itself a trusted owner's and not writable by its group or others (no sticky-bit exception: whoever
+    can add an entry there can add the one driverd picks). A missing directory raises unless `missing_ok`
+    (then None); the directories on the way to where it would be made are judged either way."""
+    from driverd.errors import ConfigError
+    shown = shown or os.fspath(path)
+    cause = _cause("directory")
+    real, st, missing = _walk(path, what, shown, cause, "directory")
+    if missing:
+        if missing_ok:
+            return None
+        raise ConfigError(f"{what} {shown} does not exist", cause=f"no {os.path.join(real, *missing)}",
+                          fix=f"create it or change {what}")
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"refusing {what} {shown}: {real} is not a directory", cause="it must be a directory",
+                          fix=f"point {what} at a directory")
+    _judge_owner(path, real, st, what, shown, cause)
+    return Path(real)
+
+
+def entry_problem(real: str, st: os.stat_result, owners: frozenset[int] | None = None) -> str | None:
+    """Why someone other than `owners` (default: trusted_owners()) can change the file or directory at
+    `real` itself (lstat `st`): its owner, or a group- or world-writable mode; None when nobody can (a
+    read-only file system passes). The directories on the way are walk_trusted's part."""
+    owners = trusted_owners() if owners is None else owners
+    if (st.st_uid in owners and not st.st_mode & 0o022) or _read_only(real):
+        return None
+    if st.st_uid not in owners:
+        return f"it is owned by {_who(st.st_uid)}, not {_owners_words()}"
+    return f"it is writable by {_writers(st.st_mode)} (mode {stat.S_IMODE(st.st_mode):04o})"
 
 
 def writable_dir(path: str | os.PathLike) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -234,3 +235,26 @@ def which(name: str, root=None, extra: Sequence[str] = ()) -> str | None:
         if real.is_file() and os.access(real, os.X_OK):
             return str(real)
     return None
+
+
+# The directory driverd itself was imported from (site-packages, or a source checkout).
+_HOME = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# What an isolated child runs: driverd's own directory is appended (never prepended: the standard
+# library and site-packages come first) only when the interpreter's own path does not have it, then
+# the module runs as __main__ with its arguments.
+_BOOT = ("import sys, runpy; home, module = sys.argv.pop(1), sys.argv.pop(1); "
+         "home in sys.path or sys.path.append(home); runpy.run_module(module, run_name='__main__', alter_sys=True)")
+
+# Where driverd's own children run: never the caller's working directory, which another user may write.
+CHILD_CWD = "/"
+
+
+def python_child(module: str, *args: str, python: str | None = None) -> list[str]:
+    """The argv of a Python child of driverd's own (the workload probe, the NVML query), which runs as
+    root. `-I` (isolated): neither the working directory nor the script's nor the user's site directory
+    is on its module path and no PYTHON* variable is read, so a `json.py` planted where the caller
+    stood, or a PYTHONPATH/PYTHONSTARTUP in root's environment, is never imported. Run it with
+    `cwd=CHILD_CWD`. The module name travels as an argument, as runpy's `alter_sys` expects: the child
+    sees `sys.argv == [<module file>, *args]`."""
+    return [python or sys.executable, "-I", "-c", _BOOT, _HOME, module, *args]

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 from driverd.sim.hosttree import HostSpec, Pci, h100, write_host
 
 H200 = "h200-ubuntu-fc-580-open.tar.gz"     # captured on a real H200 host, open driver 580 loaded
@@ -392,3 +392,36 @@ def test_bash_completion_from_the_parser(tmp_path):
     r = subprocess.run([bash, "--norc", "-c", "\n".join(lines)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert r.stdout.splitlines() == [want for _, want in cases]
+
+
+def test_kubectl_driverd_nodes_escapes_what_a_node_wrote(tmp_path):
+    """Issue 44, item 7: a node's own driverd.io/reason and message (any holder of that node's credential
+    writes them) reach `kubectl driverd nodes` and `rollout status`: terminal escape sequences (retitle the
+    window, clear the screen, hide the rest of the line) and bidirectional overrides are printed escaped,
+    never sent to the admin's terminal; -o json keeps the exact value."""
+    from tests.apiserver import ApiServer
+    evil = "\x1b]0;owned\x07\x1b[2J\x1b[8mhidden\u202eevil\x9b31m"
+    srv = ApiServer(host="127.0.0.1", port=0).start()
+    try:
+        kc = tmp_path / "kubeconfig"
+        srv.write_kubeconfig(kc)
+        srv.store.create("nodes", {"metadata": {
+            "name": "gpu-a", "labels": {"driverd.io/driver-version": "535.261.03", "nvidia.com/gpu.present": "true"},
+            "annotations": {"driverd.io/state": "failed", "driverd.io/rollout": "r1/1",
+                            "driverd.io/reason": evil, "driverd.io/message": "msg " + evil}}})
+        import yaml
+        srv.store.create("customresourcedefinitions",
+                         yaml.safe_load((REPO / "deploy/base/crd-driverrollout.yaml").read_text()))
+        srv.store.create("driverrollouts", {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
+                                            "metadata": {"name": "r1"}, "spec": {"driver": "550.127.05"}})
+        for args in (["cluster", "nodes"], ["cluster", "nodes", "-o", "wide"], ["cluster", "rollout", "status", "r1"],
+                     ["cluster", "rollout", "status", "r1", "-o", "wide"]):
+            res = run_cli(*args, "--kubeconfig", str(kc))
+            assert res.returncode in (0, 3), res.stderr
+            out = res.stdout
+            assert not any(c in out for c in "\x1b\x07\x9b\u202e"), (args, out)
+            assert "\\x1b]0;owned\\x07\\x1b[2J\\x1b[8mhidden\\u202eevil\\x9b31m" in out, (args, out)
+        res = run_cli("cluster", "nodes", "-o", "json", "--kubeconfig", str(kc))
+        assert json.loads(res.stdout)["nodes"][0]["reason"] == evil
+    finally:
+        srv.stop()

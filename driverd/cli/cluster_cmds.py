@@ -164,6 +164,26 @@ def _fmt(args) -> str:
     return args.output or ("json" if getattr(args, "json", False) else "table")
 
 
+def _shown(text: object, keep: str = "") -> str:
+    """What a node wrote (its reason, message, driver annotations: any holder of that node's credential
+    writes them) as a terminal may show it: control and format characters — escape sequences that move
+    the cursor, retitle the window or hide lines, bidirectional overrides — written as \\xNN / \\uNNNN
+    instead of being sent to the terminal. `keep`: the line breaks of driverd's own layout."""
+    import unicodedata
+    out = []
+    for ch in str(text):
+        if ch in keep or unicodedata.category(ch)[0] != "C":
+            out.append(ch)
+        else:
+            n = ord(ch)
+            out.append(f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}")
+    return "".join(out)
+
+
+def _cells(rows: list[list]) -> list[list[str]]:
+    return [[_shown(c) for c in r] for r in rows]
+
+
 def _print(args, data, human, *, wide=None, names: list[str] | None = None) -> None:
     """-o: json, yaml, name (`names`, KIND/NAME lines), wide (`wide`, else the table), table (`human`)."""
     f = _fmt(args)
@@ -177,7 +197,7 @@ def _print(args, data, human, *, wide=None, names: list[str] | None = None) -> N
             print("\n".join(names))
     else:
         h = wide if f == "wide" and wide is not None else human
-        print(h(data) if callable(h) else h)
+        print(_shown(h(data) if callable(h) else h, keep="\n"))
 
 
 def _rollout_name(name: str) -> str:
@@ -301,9 +321,9 @@ def _human_status(d: dict, wide: bool = False) -> str:
     from driverd.cli.output import table
     from driverd.cluster.states import FAILED
     c = d["counts"]
-    head = (f"rollout {d['rollout']}: driver {d['driver']} ({d['flavor']}) — {d['phase']}"
-            + (f" ({d['reason']})" if d["reason"] and d["reason"] != d["phase"] else "")
-            + (f"\n  {d['message']}" if d["message"] else ""))
+    head = _shown(f"rollout {d['rollout']}: driver {d['driver']} ({d['flavor']}) — {d['phase']}"
+                  + (f" ({d['reason']})" if d["reason"] and d["reason"] != d["phase"] else "")
+                  + (f"\n  {d['message']}" if d["message"] else ""), keep="\n")
     if wide:        # the whole message, and what -o table leaves out
         rows = [["NODE", "STATE", "DRIVER", "FLAVOR", "REASON", "SINCE", "ATTEMPT", "CORDONED", "MESSAGE"]]
         rows += [[n["node"], n["state"], n["driver"] or "-", n["flavor"] or "-", n["reason"] or "-",
@@ -318,8 +338,8 @@ def _human_status(d: dict, wide: bool = False) -> str:
                f"{c.get('pending', 0)} pending, {c.get('failed', 0)} failed"
                + (f", {c.get('skipped')} skipped" if c.get("skipped") else "")
                + (f", {c.get('excluded')} excluded" if c.get("excluded") else ""))
-    pre = "".join(f"\n  preflight: {p['node']}: {p['reason']}" for p in d["preflightFailures"][:10])
-    return head + "\n" + table(rows) + "\n" + summary + pre
+    pre = "".join(f"\n  preflight: {_shown(p['node'])}: {_shown(p['reason'])}" for p in d["preflightFailures"][:10])
+    return head + "\n" + table(_cells(rows)) + "\n" + summary + pre
 
 
 def _exit(d: dict, *, ended_only: bool = False) -> int:
@@ -515,7 +535,8 @@ def cmd_nodes(ctx, args) -> int:
          d["reason"] or "-", d["since"] or "-", d["rollout"] or "-",
          {True: "True", False: "False"}.get(d["ready"], "Unknown"), "no" if d["unschedulable"] else "yes",
          " ".join((d["message"] or "-").split()), d["waiting"] or "-"] for d in data]
-    _print(args, {"nodes": data}, table(rows), wide=table(wide), names=[f"node/{d['node']}" for d in data])
+    _print(args, {"nodes": data}, table(_cells(rows)), wide=table(_cells(wide)),
+           names=[f"node/{_shown(d['node'])}" for d in data])
     return 0
 
 

@@ -152,6 +152,11 @@ def register(sub, common) -> None:
     p.add_argument("--valid-days", type=float, default=None, metavar="DAYS", help="the index expires DAYS from now "
                    "(default 30)")
     p.add_argument("--no-verify", action="store_true", help="trust each file's name; do not re-hash packages")
+    p.add_argument("--accept", metavar="INCOMING", help="first take in what a rendered build-matrix Job's pods "
+                   "built: from INCOMING/<i>/ only the verified package of line i of --cells (that pod's own "
+                   "cell), renamed into DIR and never over a package DIR holds; anything else is refused, left "
+                   "where it is, and makes the command exit 3 (the index is still written)")
+    p.add_argument("--cells", metavar="FILE", help="the cell list of the Job (its ConfigMap's `cells`), with --accept")
     p.set_defaults(handler=cmd_repo_index)
 
     p = sub.add_parser(
@@ -458,19 +463,47 @@ def cmd_build_matrix(ctx, args) -> int:
 
 
 def cmd_repo_index(ctx, args) -> int:
+    from driverd.errors import EXIT_BLOCKED
+    from driverd.fsutil import trusted_dir
     from driverd.packages.repo import INDEX_NAME, write_index
     from driverd.packages.trust import DEFAULT_VALID_DAYS
+    if bool(args.accept) != bool(args.cells):
+        raise UsageError("--accept and --cells go together",
+                         fix="pass both (a rendered Job's index pod does), or neither")
+    # what is signed is what this directory holds: nobody but root (or you) may be able to change it
+    trusted_dir(args.dir, "repository directory")
+    intake = []
+    if args.accept:
+        from driverd.packages.intake import accept
+        trusted_dir(args.accept, "--accept directory", missing_ok=True)
+        cells = _cell_list(args.cells) or []
+        intake = accept(args.dir, args.accept, cells) if os.path.isdir(args.accept) else \
+            [_missing(i, c, args.accept) for i, c in enumerate(cells)]
     idx = write_index(args.dir, sign_key=args.sign_key, runner=ctx.runner, verify=not args.no_verify,
                       valid_days=args.valid_days if args.valid_days is not None else DEFAULT_VALID_DAYS)
     out = {"index": os.path.join(args.dir, INDEX_NAME), "packages": len(idx.packages),
            "userspace_packages": len(idx.userspace), "signed": bool(args.sign_key),
            "serial": idx.serial, "expires": idx.expires, "entries": idx.to_json()["packages"]}
-    emit(ctx.json, out, lambda r: f"wrote {r['index']}: {r['packages']} packages"
-         + (f" and {r['userspace_packages']} user-space packages" if r["userspace_packages"] else "")
-         + f", serial {r['serial']}, expires "
-         f"{r['expires']}" + (" (signed)" if r["signed"] else " (UNSIGNED: nodes accept it only from file:// or "
-                                                              "with packages.insecure)"))
-    return EXIT_OK
+    if args.accept:
+        out["intake"] = [r.to_json() for r in intake]
+    refused = [r for r in intake if r.status == "refused"]
+
+    def text(r: dict) -> str:
+        lines = [f"{x['status']:<8} [{x['index']}] {x['cell']}" + (f": {x['reason']}" if x["reason"] else "")
+                 for x in r.get("intake", [])]
+        return "\n".join(lines + [
+            f"wrote {r['index']}: {r['packages']} packages"
+            + (f" and {r['userspace_packages']} user-space packages" if r["userspace_packages"] else "")
+            + f", serial {r['serial']}, expires "
+            f"{r['expires']}" + (" (signed)" if r["signed"] else " (UNSIGNED: nodes accept it only from file:// or "
+                                                                  "with packages.insecure)")])
+    emit(ctx.json, out, text)
+    return EXIT_BLOCKED if refused else EXIT_OK
+
+
+def _missing(i: int, cell: str, incoming: str):
+    from driverd.packages.intake import Intake
+    return Intake(i, cell, "missing", f"{incoming} does not exist (no pod built anything)")
 
 
 def repo_arg(url: str) -> str:

@@ -70,10 +70,11 @@ def read_nvml(root: Root, driver_loaded: bool) -> NvmlFacts:
 
 def _read_in_child() -> NvmlFacts:
     import subprocess
-    import sys
+
+    from driverd.runner import CHILD_CWD, python_child
     try:
-        res = subprocess.run([sys.executable, "-m", "driverd.host.nvml"], capture_output=True, text=True, timeout=60,
-                             stdin=subprocess.DEVNULL)
+        res = subprocess.run(python_child("driverd.host.nvml"), capture_output=True, text=True, timeout=60,
+                             stdin=subprocess.DEVNULL, cwd=CHILD_CWD)
         doc = json.loads(res.stdout)
         facts = _from_json(doc)
     except (OSError, subprocess.TimeoutExpired, ValueError, TypeError, AttributeError, RecursionError) as e:

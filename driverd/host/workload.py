@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 
 from driverd.driverfiles import UserSpace, find
 from driverd.root import Root
+from driverd.runner import CHILD_CWD, python_child
 
 # nvmlReturn_t values of NVML errors we put into words (nvml.h)
 _NVML_WORDS = {"NVMLError_LibRmVersionMismatch": "NVML/RM version mismatch",
@@ -123,12 +123,12 @@ def _run_child(root: Root, us: UserSpace, spec: dict, timeout_s: float, python: 
     # (links resolved inside the Root: a driver root such as /run/nvidia/driver -> userspace.root/current, or
     # an absolute link in a sample tree, must not make the loader search the machine's own directories)
     env["LD_LIBRARY_PATH"] = str(root.safe_real(us.lib_dir or "/") or root.path(us.lib_dir or "/"))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    argv = [python or sys.executable, "-m", "driverd.host.cudaprobe", json.dumps(spec)]
+    # isolated, in /: nothing from the caller's working directory or environment is imported as root
+    argv = python_child("driverd.host.cudaprobe", json.dumps(spec), python=python)
     events: list[dict] = []
     try:
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                             env=env, text=True, start_new_session=True)
+                             env=env, text=True, start_new_session=True, cwd=CHILD_CWD)
     except OSError as e:
         return [{"nvml": {"ok": False, "error": "spawn", "message": str(e)}}], None
     try:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from driverd.errors import ModuleError
 from driverd.host.processes import DAEMONS
+from driverd.runner import CHILD_CWD
 
 PERSISTENCED = "nvidia-persistenced"
 FABRICMANAGER = "nv-fabricmanager"
@@ -166,7 +167,7 @@ class ChildServices(Services):
         if self.runner.dry_run:
             return
         proc = subprocess.Popen([str(exe), *argv[1:]], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.DEVNULL, start_new_session=True, cwd=CHILD_CWD)
         self.root.atomic_write(self._pidfile(name), f"{proc.pid}\n")
 
     def stop(self, name: str) -> None:

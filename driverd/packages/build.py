@@ -291,11 +291,21 @@ def _failure_reason(e: BaseException) -> str:
 
 
 def check_out(out: str | os.PathLike) -> None:
-    """The output directory can take a package: checked before minutes of compiling, not after."""
+    """The output directory can take a package: checked before minutes of compiling, not after. And only
+    root (or the user building) can change it or a directory above it: a package someone else could
+    replace there before it is indexed and signed is not the one built (driverd.fsutil.trusted_dir)."""
+    from driverd.fsutil import Untrusted, trusted_dir, walk_trusted
+    try:
+        walk_trusted(out)           # the directories on the way, judged before anything is made there
+    except Untrusted:
+        trusted_dir(out, "output directory", missing_ok=True)      # the one-line refusal
+    except OSError:
+        pass                        # a path that cannot be a directory: writable_dir says why
     why = writable_dir(out)
     if why is not None:
         raise UsageError(f"output directory {out}: {why}", cause="the package is written there",
                          fix="pass --out a directory you can write to")
+    trusted_dir(out, "output directory")
 
 
 def _build(*, source: str | os.PathLike, kernel: str, flavor: str, out: str | os.PathLike,

@@ -27,6 +27,20 @@ Two things would defeat even that on a kbuild build, and are handled here:
 
 What is never trusted to the cache: the built modules are checked after every build against the
 tree they were built from (driverd.packages.build: vermagic, version, srcversion).
+
+What a cache may be trusted for, and by whom. ccache keys a result on its inputs, not on who stored it:
+whoever can write the cache directory can store any object under another build's key (CCACHE_PREFIX
+is not part of the key; with CCACHE_RECACHE it replaces what is there), and that build then links it
+into its module — vermagic, version and srcversion come from the sources, so the check above cannot
+see it, and a signing build signs it. So a cache is shared only by builds that trust each other:
+- a cell's cache is its own (`for_cell`: <dir>/cells/<cell id>; a rendered Job mounts each pod's
+  subdirectory of the volume only, driverd.packages.matrix_job), so a build-matrix cell never reads
+  what another cell's pod could have written; what it gets back is a rebuild of its own inputs (a
+  retried pod, --rebuild), which is nearly all a cache gives anyway (a new kernel ABI or driver point
+  release recompiles almost every file: docs/testing.md);
+- the directory is refused unless root (or the user running the build) owns it and every directory
+  above it and none is group- or world-writable (driverd.fsutil.trusted_dir): another account could
+  otherwise plant objects in it.
 """
 from __future__ import annotations
 
@@ -78,7 +92,26 @@ def resolve(mode: str, directory: str | os.PathLike, max_mb: int, *, where: str 
         raise PackageError(f"compiler cache directory {d} is not usable: {e.strerror or e}",
                            cause="ccache writes every compile's result there",
                            fix="pass --ccache-dir DIR (a writable directory) or --ccache off") from None
+    trusted(d)
     return CompilerCache(binary, d, max(1, int(max_mb)))
+
+
+def trusted(d: Path) -> None:
+    """A cache directory only root (or the user building) can change, on a path only they can change:
+    whoever else could write it could store objects under another build's keys (module docstring).
+    ConfigError, one line naming the directory and the chown/chmod that fixes it."""
+    from driverd.fsutil import trusted_dir
+    trusted_dir(d, "compiler cache directory")
+
+
+def for_cell(cache: CompilerCache, cell_id: str) -> CompilerCache:
+    """The cache of one build-matrix cell, <dir>/cells/<cell id>: no cell reads what another one's build
+    (another pod of a Job) could have stored (module docstring)."""
+    safe = re.sub(r"[^A-Za-z0-9._+-]", "_", cell_id).lstrip(".") or "cell"
+    d = cache.directory / "cells" / safe
+    d.mkdir(parents=True, exist_ok=True)
+    trusted(d)
+    return CompilerCache(cache.binary, d, cache.max_mb)
 
 
 def from_config(root, cfg, work_dir: str | os.PathLike, mode: str | None = None,

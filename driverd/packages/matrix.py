@@ -2,7 +2,9 @@
 
 Cells run in parallel up to a job limit; each is reported as built, skipped (the repository holds
 it) or failed (with the one-line reason), and a failure never stops the other cells. The repository
-index is rewritten at the end so the new packages are fetchable at once.
+index is rewritten at the end so the new packages are fetchable at once. The repository directory and
+the compiler cache must be root's (or the building user's) and not group/world-writable (checked:
+whoever else could write them could replace a package before it is signed, or plant objects).
 """
 from __future__ import annotations
 
@@ -250,10 +252,11 @@ def run(matrix: Matrix, out: str | os.PathLike, *, jobs: int | None = None, make
         build_fn: Callable[..., object] | None = None, cell_ids: list[str] | None = None,
         only_index: int | None = None, index: bool = True) -> list[CellResult]:
     """Build the selected cells (see select()). index=False leaves the repository index alone: a
-    Job's pods each build one cell into a shared directory, and one indexer runs after them. Every cell
-    compiles through `ccache` when given (one cache for all of them: what one cell compiled, the next
-    reuses where the source and every header it reads are the same)."""
+    Job's pods each build one cell into a directory of their own, and one indexer takes them in after
+    them (driverd.packages.intake). Every cell compiles through `ccache` when given, each in a cache of
+    its own (compiler_cache.for_cell: no cell trusts what another cell's build stored)."""
     from driverd.packages.build import build, check_out, existing, find_headers
+    from driverd.packages.compiler_cache import for_cell
     from driverd.packages.repo import write_index
     root, runner = root or Root("/"), runner or Runner()
     outp = Path(out)
@@ -288,7 +291,7 @@ def run(matrix: Matrix, out: str | os.PathLike, *, jobs: int | None = None, make
                     raise
             res = build_fn(source=cell.source, kernel=cell.release, flavor=cell.flavor, out=outp, jobs=mj,
                            work_dir=work_dir, sign_key=sign_key, sign_cert=sign_cert, root=root, runner=runner,
-                           progress=progress.cell(cell), ccache=ccache)
+                           progress=progress.cell(cell), ccache=for_cell(ccache, cell.id) if ccache else None)
             r = CellResult(cell, "skipped" if res.cached else "built",
                            "already in the repository" if res.cached else "", str(res.package.path),
                            res.package.sha256, time.monotonic() - t0, res.log, res.ccache)

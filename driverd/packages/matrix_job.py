@@ -9,18 +9,27 @@ What is rendered (in this order, one `kubectl apply -f` for all of them):
    pod's cell.
 2. an Indexed Job `<name>` (completionMode: Indexed, completions = number of missing cells): pod i
    runs `driverd build-matrix /etc/driverd/matrix/matrix.toml --cells /etc/driverd/matrix/cells
-   --only-index $(JOB_COMPLETION_INDEX) --no-index --out /repo` and so builds exactly line i into the
-   shared repository volume. Every pod compiles through ccache into one shared cache volume
-   (`--ccache-volume`, mounted at /ccache; `none`: no cache), so what one pod compiled another
-   reuses where the source and every header it reads are the same (driverd.packages.compiler_cache),
-   and a retried pod picks up what its failed attempt compiled. A cell that does not compile (exit 3)
-   fails only its own index
+   --only-index $(JOB_COMPLETION_INDEX) --no-index --out /repo` and so builds exactly line i. A pod
+   sees only a directory of its own on each shared volume (subPathExpr `<batch>/$(JOB_COMPLETION_INDEX)`,
+   where <batch>, render_id(), names this cell list; the Job's annotation driverd.io/batch): the
+   repository volume's
+   `.driverd-incoming/<batch>/<i>` at /repo, the cache volume's `<batch>/<i>` at /ccache
+   (`--ccache-volume`; `none`: no cache). What one pod writes, no other pod reads: a compromised or
+   buggy pod can plant neither a compiled object under another cell's ccache key (ccache trusts
+   whatever its directory holds: driverd.packages.compiler_cache) nor a package in another cell's
+   place. A retried pod of the same index (or a re-applied render of the same cell list) picks up what
+   its earlier attempt compiled. A cell that does not compile (exit 3) fails only its own index
    (podFailurePolicy FailIndex, no retry: it would fail the same way); other failures are retried
    (backoffLimitPerIndex); an evicted or preempted pod does not count. Packages are written
-   atomically (temporary name, rename), so pods sharing the volume never see each other's halves.
-3. a Job `<name>-index`, created suspended, that rewrites the repository index once the cells are
-   built (`driverd repo index /repo`). Pods never write the index themselves: several writers
-   would race, and an index must list every package of the directory. A pipeline waits for the
+   atomically (temporary name, rename). Each pod's cache is bounded by the cache's size divided among
+   the batch's cells (at least 64 MiB; one cell of NVIDIA's modules stores about 30 MiB); the
+   directories of earlier batches stay on the volume until an operator deletes them.
+3. a Job `<name>-index`, created suspended, that takes the packages in and rewrites the repository
+   index once the cells are built (`driverd repo index /repo --accept /repo/.driverd-incoming/<batch>
+   --cells ...`: driverd.packages.intake — from each pod's directory only the verified package of that
+   index's own cell, renamed into the repository, never over one it holds; then the index, signed over
+   the repository's packages). Pods never write the index themselves: several writers would race, and
+   a pod's word is trusted for its own cell only. A pipeline waits for the
    build Job to finish (Complete, or Failed when a cell failed), then unsuspends the index Job:
 
        kubectl apply -f build.yaml
@@ -115,9 +124,21 @@ def _volume(name: str, spec: str, option: str, what: str) -> dict:
                      + (" or none" if name == "ccache" else ""))
 
 
+def render_id(cells: list[Cell]) -> str:
+    """The name of one cell list (index -> cell): the directory under which each pod of a Job rendered
+    from it has its own (`<id>/<index>`) on the shared volumes. Another list — cells added, or some
+    built and left out — gets other directories, so an index never reaches what a pod of another cell
+    wrote."""
+    import hashlib
+    return "b-" + hashlib.sha256("".join(c.id + "\n" for c in cells).encode()).hexdigest()[:16]
+
+
 def render(matrix: Matrix, cells: list[Cell], opts: JobOptions) -> list[dict]:
     """ConfigMap + Indexed build Job + suspended index Job for `cells` (the missing ones)."""
+    from driverd.packages.intake import INCOMING
     name = job_name(matrix, opts.name)
+    batch = render_id(cells)
+    own = f"{batch}/$(JOB_COMPLETION_INDEX)"     # expanded by the kubelet from the container's env
     labels = {"app.kubernetes.io/name": "driverd", "app.kubernetes.io/component": "build-matrix",
               "driverd.io/matrix": name, **opts.labels}
     meta = {"name": name, "labels": dict(labels)}
@@ -131,7 +152,7 @@ def render(matrix: Matrix, cells: list[Cell], opts: JobOptions) -> list[dict]:
     volumes = [repo_volume(opts.repo_volume),
                {"name": "matrix", "configMap": {"name": name}},
                {"name": "work", "emptyDir": {}}]
-    mounts = [{"name": "repo", "mountPath": REPO_MOUNT},
+    mounts = [{"name": "repo", "mountPath": REPO_MOUNT, "subPathExpr": f"{INCOMING}/{own}"},
               {"name": "matrix", "mountPath": MATRIX_MOUNT, "readOnly": True},
               {"name": "work", "mountPath": WORK_MOUNT}]
     args = ["build-matrix", f"{MATRIX_MOUNT}/matrix.toml", "--cells", f"{MATRIX_MOUNT}/cells",
@@ -145,11 +166,12 @@ def render(matrix: Matrix, cells: list[Cell], opts: JobOptions) -> list[dict]:
     env: list[dict] = []
     if cache is not None:
         volumes.append(cache)
-        mounts.append({"name": "ccache", "mountPath": CCACHE_MOUNT})
+        mounts.append({"name": "ccache", "mountPath": CCACHE_MOUNT, "subPathExpr": own})
         # on, not auto: an image without ccache fails its cells at once (exit 3) instead of building
         # every one cold unnoticed.
         args += ["--ccache", "on", "--ccache-dir", CCACHE_MOUNT]
-        env.append({"name": "DRIVERD_BUILD_CCACHE_MAX_MB", "value": str(opts.ccache_max_mb)})
+        per_pod = max(64, opts.ccache_max_mb // max(1, len(ids)))      # the volume's bound, split among cells
+        env.append({"name": "DRIVERD_BUILD_CCACHE_MAX_MB", "value": str(per_pod)})
     else:
         args += ["--ccache", "off"]
     if opts.sign_secret:
@@ -172,6 +194,7 @@ def render(matrix: Matrix, cells: list[Cell], opts: JobOptions) -> list[dict]:
     build = {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": dict(meta, annotations={
             "driverd.io/cells": ",".join(ids),
+            "driverd.io/batch": batch,
             "driverd.io/next": f"when this Job is Complete or Failed: kubectl patch job {name}-index "
                                "--type=merge -p '{\"spec\":{\"suspend\":false}}'"}),
         "spec": {
@@ -193,9 +216,11 @@ def render(matrix: Matrix, cells: list[Cell], opts: JobOptions) -> list[dict]:
             },
         },
     }
-    index_args = ["repo", "index", REPO_MOUNT]
-    index_volumes = [repo_volume(opts.repo_volume)]
-    index_mounts = [{"name": "repo", "mountPath": REPO_MOUNT}]
+    index_args = ["repo", "index", REPO_MOUNT, "--accept", f"{REPO_MOUNT}/{INCOMING}/{batch}",
+                  "--cells", f"{MATRIX_MOUNT}/cells"]
+    index_volumes = [repo_volume(opts.repo_volume), {"name": "matrix", "configMap": {"name": name}}]
+    index_mounts = [{"name": "repo", "mountPath": REPO_MOUNT},
+                    {"name": "matrix", "mountPath": MATRIX_MOUNT, "readOnly": True}]
     if opts.index_sign_secret:
         index_volumes.append({"name": "index-key", "secret": {"secretName": opts.index_sign_secret,
                                                                "defaultMode": 0o400}})

@@ -154,8 +154,8 @@ def scan_all(directory: str | os.PathLike, verify: bool = True) -> tuple[list[In
     out: list[IndexEntry] = []
     us_out: list[UserspaceEntry] = []
     for p in sorted(root.rglob("*" + SUFFIX)):
-        if p.name.startswith("."):
-            continue       # temp files of a pack in progress
+        if any(part.startswith(".") for part in p.relative_to(root).parts):
+            continue       # temp files of a pack in progress; build pods' own directories (intake.INCOMING)
         m = read_manifest(p, kind=None)
         named = _SHA_IN_NAME.search(p.name)
         sha = sha256_file(p) if verify or not named else named.group(1)

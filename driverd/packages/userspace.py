@@ -55,24 +55,42 @@ LIB_DIRS = (LIB_DIR, VDPAU_DIR)
 FILE_MODES = (0o644, 0o755)
 # The libraries whose presence makes a user-space usable: the finder's key libraries, both required.
 KEY_SONAMES = KEY_LIBS
-# The driver's binaries a user-space package carries when its source has them (NVIDIA's installer puts
-# them in /usr/bin; nvidia-ctk gives containers nvidia-smi, nvidia-debugdump, nvidia-persistenced and the
-# MPS pair). nvidia-imex, nv-fabricmanager and nscq ship separately from NVIDIA (docs/architecture.md).
+# What NVIDIA ships, by name: a user-space package holds these and nothing else (checked when it is built
+# and again when a node installs it: a library of another name or soname would be given to every process
+# on the node by the loader's cache, a binary of another name would be linked onto root's PATH).
+# The driver's binaries a package carries when its source has them: NVIDIA's own lists —
+# libnvidia-container src/nvc_info.c `utility_bins` (nvidia-smi, nvidia-debugdump, nvidia-persistenced)
+# and `compute_bins` (the MPS pair), and nvidia-modprobe (driver README, "Installed Components"); Debian's
+# nvidia-smi, nvidia-persistenced, nvidia-modprobe and nvidia-cuda-mps packages hold the same names.
+# nvidia-imex, nv-fabricmanager and nscq ship separately from NVIDIA (docs/architecture.md).
 BINARIES = ("nvidia-smi", "nvidia-persistenced", "nvidia-modprobe", "nvidia-cuda-mps-control",
             "nvidia-cuda-mps-server", "nvidia-debugdump")
-# What each library is for (the NVIDIA_DRIVER_CAPABILITIES a container asks for); reported, and a
-# library of no known stem is "other".
+# NVIDIA's libraries (their file-name stems: lib<x>.so.<driver version>), by what each is for (the
+# NVIDIA_DRIVER_CAPABILITIES a container asks for). Sources: libnvidia-container src/nvc_info.c
+# (`utility_libs`, `compute_libs`, `video_libs`, `graphics_libs`, `graphics_libs_glvnd`, `ngx_libs` — not
+# `graphics_libs_compat`: libGL/libEGL/libGLES* of that name are GLVND's loaders, every process's, never
+# the driver's to replace); nvidia-container-toolkit (libnvidia-sandboxutils: internal/nvsandboxutils;
+# libnvidia-vulkan-producer, libnvidia-nvvm70, libnvidia-api: internal/discover); and Debian's packages of
+# 535.261.03 and 550.163.01 (libnvidia-glsi, libnvidia-vulkan-producer, libnvidia-gpucomp, ... with the
+# sonames tests/packages/test_userspace_nvidia_only.py reads from them). A stem not here is not packed.
 COMPONENTS = {
-    "utility": ("libnvidia-ml", "libnvidia-cfg"),
+    "utility": ("libnvidia-ml", "libnvidia-cfg", "libnvidia-nscq", "libnvidia-sandboxutils"),
     "compute": ("libcuda", "libcudadebugger", "libnvidia-ptxjitcompiler", "libnvidia-nvvm", "libnvidia-nvvm70",
                 "libnvidia-gpucomp", "libnvidia-pkcs11", "libnvidia-pkcs11-openssl3", "libnvidia-opencl",
-                "libnvidia-fatbinaryloader", "libnvidia-compiler"),
+                "libnvidia-fatbinaryloader", "libnvidia-compiler", "libnvidia-tileiras"),
     "video": ("libnvcuvid", "libnvidia-encode", "libnvidia-opticalflow", "libvdpau_nvidia"),
     "graphics": ("libEGL_nvidia", "libGLX_nvidia", "libGLESv1_CM_nvidia", "libGLESv2_nvidia", "libnvidia-eglcore",
                  "libnvidia-glcore", "libnvidia-glsi", "libnvidia-tls", "libnvidia-glvkspirv", "libnvidia-allocator",
                  "libnvidia-vulkan-producer", "libnvidia-rtcore", "libnvoptix", "libnvidia-ngx", "libnvidia-fbc",
-                 "libnvidia-api"),
+                 "libnvidia-ifr", "libnvidia-cbl", "libnvidia-api"),
 }
+NVIDIA_LIBRARIES = frozenset(x for stems in COMPONENTS.values() for x in stems)
+# GSP firmware by NVIDIA's own globs: libnvidia-container `NV_FIRMWARE_GLOB` "gsp*.bin"; nvidia-ctk
+# (pkg/nvcdi/driver-nvml.go newDriverFirmwareDiscoverer) "gsp*.bin" and "ucodes*.bin".
+FIRMWARE_NAME = re.compile(r"^(?:gsp|ucodes)[A-Za-z0-9_.+-]*\.bin$")
+# ICD and layer files (EGL vendor, Vulkan ICD and implicit layer): NVIDIA's names all say nvidia
+# (10_nvidia.json, nvidia_icd.json, nvidia_layers.json).
+SHARE_NAME = re.compile(r"^[A-Za-z0-9_.+-]*nvidia[A-Za-z0-9_.+-]*\.json$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 _VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
 _MAX_LINK_HOPS = 8
@@ -87,6 +105,21 @@ def stem(name: str) -> str:
 def component_of(name: str) -> str:
     s = stem(name)
     return next((c for c, stems in COMPONENTS.items() if s in stems), "other")
+
+
+def library_problem(name: str, soname: str | None, version: str) -> str | None:
+    """Why the library file `name` with DT_SONAME `soname` is not one of NVIDIA's for driver `version`
+    (None when it is): its name must be <NVIDIA's stem>.so.<version>, its soname that stem's (libcuda.so.1,
+    libnvidia-glcore.so.<version>) or none — a soname of another library (libz.so.1) would make the
+    loader's cache give this file to every process that asks for that one."""
+    st = stem(name)
+    if st not in NVIDIA_LIBRARIES:
+        return f"{name} is not one of NVIDIA's libraries"
+    if name != f"{st}.so.{version}":
+        return f"{name} is not named {st}.so.{version}"
+    if soname is not None and not re.fullmatch(re.escape(st) + r"\.so(\.\d+)+", soname):
+        return f"{name} declares the soname {soname}, not one of {st}'s"
+    return None
 
 
 def package_basename(driver_version: str, arch: str) -> str:
@@ -250,10 +283,19 @@ class UserspaceManifest:
             if f.mode not in FILE_MODES:
                 raise bad(f"file {f.path} has mode {f.mode:04o}; a user-space package holds 0644 and 0755 only")
             files[f.path] = f
+        nvidia = "a user-space package holds NVIDIA's files only"
+        for path in files:
+            parent, _, name = path.rpartition("/")
+            if parent == self.firmware_dir and not FIRMWARE_NAME.match(name):
+                raise bad(f"firmware {path} is not NVIDIA's GSP firmware (gsp*.bin, ucodes*.bin): {nvidia}")
+            if parent.startswith("share/") and not SHARE_NAME.match(name):
+                raise bad(f"{path} is not one of NVIDIA's ICD or layer files (*nvidia*.json): {nvidia}")
         bins = set(self.binaries)
         for b in self.binaries:
             if b not in files or not b.startswith(BIN_DIR + "/"):
                 raise bad(f"binary {b} is not a listed file under {BIN_DIR}/")
+            if b.rpartition("/")[2] not in BINARIES:
+                raise bad(f"binary {b} is not one of NVIDIA's driver binaries ({', '.join(BINARIES)}): {nvidia}")
             if files[b].mode != 0o755:
                 raise bad(f"binary {b} has mode {files[b].mode:04o}, not 0755")
         extra_bins = sorted(p for p in files if p.startswith(BIN_DIR + "/") and p not in bins)
@@ -267,7 +309,14 @@ class UserspaceManifest:
                 raise bad(f"library {lib.path} has soname {lib.soname!r}, not a plain name")
             if lib.path in libs:
                 raise bad(f"library {lib.path} is listed twice")
+            why = library_problem(lib.path.rpartition("/")[2], lib.soname, self.driver_version)
+            if why is None and (lib.path.rpartition("/")[0] == VDPAU_DIR) != (stem(lib.path.rpartition("/")[2])
+                                                                             == "libvdpau_nvidia"):
+                why = f"{lib.path} is not where NVIDIA's installer puts it"
+            if why:
+                raise bad(f"{why}: {nvidia}")
             libs.add(lib.path)
+
         links: dict[str, str] = {}
         for ln in self.links:
             parent, _, name = ln.path.rpartition("/")
@@ -293,6 +342,19 @@ class UserspaceManifest:
                 raise bad(f"no {soname}: a user-space package needs libcuda and libnvidia-ml")
             if not lib.path.endswith(f".so.{self.driver_version}"):
                 raise bad(f"{lib.path} ({soname}) is not named after the driver version {self.driver_version}")
+        stray = sorted(p for p in files if p.rpartition("/")[0] in LIB_DIRS and p not in libs)
+        if stray:
+            # the loader's cache takes every library file of the directory, by its own soname
+            raise bad(f"{stray[0]} is in {stray[0].rpartition('/')[0]}/ but not listed as a library: {nvidia}")
+        by_path = {lib.path: lib for lib in self.libraries}
+        for ln in self.links:
+            end = self.resolve_link(ln.path, links)
+            lib = by_path.get(end or "")
+            name = ln.path.rpartition("/")[2]
+            if lib is None or name not in (lib.soname, f"{stem(lib.path.rpartition('/')[2])}.so"):
+                # a link is a name the loader's cache and linkers answer with: only the library's own
+                raise bad(f"link {ln.path} -> {ln.target} is neither the soname nor the development link of the "
+                          f"library it ends at: {nvidia}")
 
     @staticmethod
     def resolve_link(path: str, links: dict[str, str]) -> str | None:

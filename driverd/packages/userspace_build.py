@@ -169,9 +169,18 @@ def _finish(stage: _Stage, version: str, arch: str, prov: us.Provenance, out: st
         m = _VERSIONED_LIB.match(p.rpartition("/")[2])
         if not m or m.group(2) != version:
             stage.drop(p, f"not a library of driver {version}")
+        elif us.stem(p.rpartition("/")[2]) not in us.NVIDIA_LIBRARIES:
+            # a file that only looks like one (libz.so.<version>): the loader's cache would hand it to
+            # every process on the node under its own soname
+            stage.drop(p, "not one of NVIDIA's libraries (driverd.packages.userspace.COMPONENTS)")
     for p in stage.paths("firmware/"):
         if not p.startswith(f"{us.FIRMWARE_BASE}/{version}/"):
             stage.drop(p, f"firmware of another driver version than {version}")
+        elif not us.FIRMWARE_NAME.match(p.rpartition("/")[2]):
+            stage.drop(p, "not NVIDIA's GSP firmware (gsp*.bin, ucodes*.bin)")
+    for p in stage.paths("share/"):
+        if not us.SHARE_NAME.match(p.rpartition("/")[2]):
+            stage.drop(p, "not one of NVIDIA's ICD or layer files")
     libraries: list[us.Library] = []
     links: dict[str, str] = {}
     for p in stage.paths(us.LIB_DIR + "/"):
@@ -185,6 +194,10 @@ def _finish(stage: _Stage, version: str, arch: str, prov: us.Provenance, out: st
         soname = elf_soname(str(stage.dir / p))
         if soname is not None and ("/" in soname or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", soname)):
             raise _bad(f"{name} declares the soname {soname!r}", "check the source", cause="not a plain file name")
+        why = us.library_problem(name, soname, version)
+        if why:
+            raise _bad(f"{why} ({stage.origin[p]})", "use NVIDIA's own files of one driver version: this one is "
+                       "damaged or not NVIDIA's", cause="the loader would give it to every process under that soname")
         d = p.rpartition("/")[0]
         libraries.append(us.Library(p, soname, us.component_of(name)))
         if soname is not None and soname != name:
@@ -440,7 +453,12 @@ def build_from_run_dir(run_dir: str | os.PathLike, out: str | os.PathLike, *, ar
                           n, 1 << 20)
         version = _version_of(stage, str(d))
         fw = d / "firmware"
-        if fw.is_dir():
+        inside = os.path.realpath(fw).startswith(os.path.realpath(d) + os.sep)
+        if fw.is_dir() and not inside:
+            # never followed out of the directory given: a link there could hand the package any file
+            stage.notes.append(f"firmware/ leads out of {d} (to {os.path.realpath(fw)}): not followed; the package "
+                               "has no GSP firmware")
+        elif fw.is_dir():
             for n in sorted(os.listdir(fw)):
                 if n.endswith(".bin") and (fw / n).is_file() and not (fw / n).is_symlink():
                     stage.put(f"{us.FIRMWARE_BASE}/{version}/{n}", fw / n, 0o644, f"firmware/{n}", MAX_DEB_BYTES)

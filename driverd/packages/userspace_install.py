@@ -117,6 +117,10 @@ class Places:
         return f"{self.state_dir.rstrip('/')}/{STATE_SUBDIR}/previous.json"
 
     @property
+    def links_record(self) -> str:
+        return f"{self.state_dir.rstrip('/')}/{STATE_SUBDIR}/links.json"
+
+    @property
     def ld_line(self) -> str:
         return f"{self.current}/lib64"
 
@@ -319,19 +323,50 @@ def _ldconf_ours(root: Root, places: Places) -> bool:
 
 
 def _our_links(root: Root, places: Places) -> dict[str, str]:
-    """name -> target of the PATH links that are driverd's (exactly <current>/bin/<name>)."""
+    """name -> target of the PATH links that are driverd's: a link in userspace.bin_dir that points exactly
+    at <current>/bin/<name>, whether the record (`links_record`) names it or not (a link an older driverd
+    made for any name is found by its target, so a restore removes every one)."""
     if not places.bin_dir:
         return {}
+    rec = _read_json(root, places.links_record) or {}
+    names = set(rec.get("links") or []) | set(us.BINARIES)
+    names |= {n for n in root.listdir(places.bin_dir) if not n.startswith(".")}
     out = {}
-    for name in us.BINARIES:
+    for name in sorted(names):
+        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+            continue
         t = root.readlink(f"{places.bin_dir}/{name}")
         if t == places.bin_target(name):
             out[name] = t
     return out
 
 
-def _wanted_links(m: us.UserspaceManifest | None) -> set[str]:
-    return {b.rpartition("/")[2] for b in m.binaries} if m else set()
+# The PATH root's commands and systemd's services get (systemd's default; Debian's root PATH): a link in
+# userspace.bin_dir must neither hide another file of its name there nor be hidden by one.
+PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+def _path_clash(root: Root, places: Places, name: str) -> str | None:
+    """Another file of the name `name` on PATH (or a file driverd did not make at the link's own place):
+    a link there would shadow it or be shadowed by it. None when the name is free."""
+    assert places.bin_dir
+    own = f"{places.bin_dir}/{name}"
+    if root.lstat(own) is not None and root.readlink(own) != places.bin_target(name):
+        return own
+    here = root.resolve(places.bin_dir)
+    for d in PATH_DIRS:
+        if root.resolve(d) != here and root.lstat(f"{d}/{name}") is not None:
+            return f"{d}/{name}"
+    return None
+
+
+def _wanted_links(root: Root, places: Places, m: us.UserspaceManifest | None) -> set[str]:
+    """The PATH links a tree gets: NVIDIA's binaries it holds (the manifest's check already refuses any
+    other name), each only where the name is free on PATH."""
+    if m is None or not places.bin_dir:
+        return set()
+    return {n for b in m.binaries for n in [b.rpartition("/")[2]]
+            if n in us.BINARIES and _path_clash(root, places, n) is None}
 
 
 def _activation_ok(root: Root, places: Places, target: Tree | None, activate: bool) -> bool:
@@ -339,7 +374,7 @@ def _activation_ok(root: Root, places: Places, target: Tree | None, activate: bo
         return root.lstat(LDCONF) is None and not _our_links(root, places) and _link_ok(root, places, False)
     if not _ldconf_ours(root, places) or not _link_ok(root, places, True):
         return False
-    return not places.bin_dir or set(_our_links(root, places)) == _wanted_links(target.manifest)
+    return not places.bin_dir or set(_our_links(root, places)) == _wanted_links(root, places, target.manifest)
 
 
 @_os_errors
@@ -358,6 +393,17 @@ def is_installed(root: Root | str | os.PathLike, sha256: str | None, places: Pla
 
 
 # -- install ------------------------------------------------------------------------------------------
+
+def check_root(root: Root, places: Places) -> None:
+    """userspace.root holds the trees the loader configuration and the PATH links point into: whoever can
+    rename an entry in it, or in any directory on the way to it, can swap the libraries every process on
+    the node loads. Refused (ConfigError, one line) unless root owns it and every directory on the way
+    and none of them is group- or world-writable (driverd.fsutil.trusted_dir; a missing root is judged by
+    the directories it would be made in)."""
+    from driverd.fsutil import trusted_dir
+    real = places.root if root.is_slash else str(root.real(places.root))
+    trusted_dir(real, "userspace.root", shown=places.root, missing_ok=True)
+
 
 def _check_arch(m: us.UserspaceManifest) -> None:
     node = platform.machine()
@@ -423,6 +469,7 @@ def _keep(root: Root, places: Places, package: Path, m: us.UserspaceManifest, sh
     try:
         with root.open_dir(staging, create=True) as fd:
             unpack_at(package, fd, expected, kind=us.KIND)
+            _check_sonames(fd, m)
             for ln in m.links:
                 d, _, leaf = ln.path.rpartition("/")
                 dfd = _subdir_fd(fd, d)
@@ -449,6 +496,18 @@ def _keep(root: Root, places: Places, package: Path, m: us.UserspaceManifest, sh
     return t
 
 
+def _check_sonames(fd: int, m: us.UserspaceManifest) -> None:
+    """Every library's own DT_SONAME is the one its manifest names (which the manifest's check holds to
+    NVIDIA's): the loader's cache files a library under what the file declares, not under what a
+    manifest says, so a libnvidia-cfg.so.<v> declaring libz.so.1 would become every process's libz."""
+    for lib in m.libraries:
+        have = driverfiles.elf_soname(f"/proc/self/fd/{fd}/{lib.path}")
+        if have != lib.soname:
+            raise PackageError(f"{lib.path} declares the soname {have}, its manifest says {lib.soname}; nothing was "
+                               "installed", cause="the package is not NVIDIA's files as built by driverd",
+                               fix="rebuild the package with `driverd build-userspace` from NVIDIA's files")
+
+
 def _retire(root: Root, places: Places, name: str) -> None:
     """Remove a tree so that it is never seen half-deleted under its own name."""
     gone = places.tree(f"{OLD_PREFIX}{name}-{os.getpid()}")
@@ -465,6 +524,7 @@ def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, run
     with nothing pending, writes nothing."""
     root, runner = _root(root), runner or Runner()
     package = Path(package_path)
+    check_root(root, places)
     if expected_sha256 is not None:
         if not _valid_sha(expected_sha256):
             raise PackageError(f"{expected_sha256!r} is not a package sha256", fix="pass 64 lower-case hex digits")
@@ -507,6 +567,7 @@ def restore(root: Root | str | os.PathLike, sha256: str | None, runner: Runner |
     driverd user-space: `current`, the loader configuration and the PATH links removed, the trees kept).
     A no-op when it is so already; PackageError when no intact tree of that package is there."""
     root, runner = _root(root), runner or Runner()
+    check_root(root, places)
     if sha256 is not None and not _valid_sha(sha256):
         raise PackageError(f"{sha256!r} is not a package sha256", fix="pass 64 lower-case hex digits")
     if runner.dry_run:
@@ -615,10 +676,22 @@ def _apply(root: Root, runner: Runner, places: Places, target: Tree | None, acti
         changed_ld = True
     _ldconfig(root, runner)               # the cache names files of the tree just switched to: always rebuilt
     if places.bin_dir:
-        want = _wanted_links(target.manifest) if activate and target else set()
+        want = _wanted_links(root, places, target.manifest) if activate and target else set()
+        if activate and target is not None and target.manifest is not None:
+            for name in sorted({b.rpartition("/")[2] for b in target.manifest.binaries} - want):
+                clash = _path_clash(root, places, name)
+                where = f"({name} is at {places.current}/bin/{name})"
+                notes.append(f"{clash} is not driverd's: left alone {where}" if clash == f"{places.bin_dir}/{name}"
+                             else f"{places.bin_dir}/{name} is not linked: {clash} is on PATH too, and a link would "
+                                  f"shadow it or be shadowed by it {where}")
         mine = _our_links(root, places)
         for name in sorted(set(mine) - want):
             root.unlink(f"{places.bin_dir}/{name}")
+        # every link is recorded before it is made: a process killed in between leaves a name whose link
+        # is not there, which _our_links ignores
+        rec = _read_json(root, places.links_record)
+        if (rec or {}).get("links") != sorted(want) and (rec is not None or want):
+            root.atomic_write_json(places.links_record, {"bin_dir": places.bin_dir, "links": sorted(want)})
         for name in sorted(want - set(mine)):
             try:
                 root.symlink(f"{places.bin_dir}/{name}", places.bin_target(name), replace=False)
@@ -753,7 +826,7 @@ def _clean(root: Root, places: Places, notes: list[str]) -> None:
             root.unlink(f"{ldd}/{n}")
     sd = os.path.dirname(places.pending)
     for n in root.listdir(sd):
-        if n.startswith((".pending.json.", ".previous.json.")) and n.endswith(".tmp"):
+        if n.startswith((".pending.json.", ".previous.json.", ".links.json.")) and n.endswith(".tmp"):
             root.unlink(f"{sd}/{n}")
     if places.driver_link:
         ld = os.path.dirname(places.driver_link.rstrip("/")) or "/"
@@ -774,6 +847,7 @@ def recover(root: Root | str | os.PathLike, runner: Runner | None = None, *, pla
     switch driven to its target (whose tree is complete) through the same checks — or, when the target
     is gone, back to what it replaced. Writes nothing when there is nothing to do (or on a dry run)."""
     root, runner = _root(root), runner or Runner()
+    check_root(root, places)
     notes: list[str] = []
     marker = _read_json(root, places.pending)
     if runner.dry_run:

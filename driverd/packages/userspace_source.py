@@ -58,14 +58,19 @@ def local_package(root, cfg, version: str, arch: str) -> Path | None:
     configured = cfg["userspace.package"]
     if not configured:
         return None
-    # a file or a directory of packages, resolved under the root; what is in it is trusted only after
-    # the install checked every file against the package's manifest (not a key file: no ownership rule)
+    # a file or a directory of packages, resolved under the root. Root installs what it names and loads
+    # its libraries into every process, so only root may be able to change it: the file, the directory
+    # and every directory on the way (driverd.fsutil, as for the configuration and the keys); a refusal is
+    # a ConfigError, one line with the fix.
+    from driverd.fsutil import trusted_dir, trusted_file
     p = Path(configured if root.is_slash else str(root.real(configured)))
     if p.is_dir():
+        p = trusted_dir(p, "userspace.package", shown=configured)
         stem = us.package_basename(version, arch)
-        cands = sorted(c for c in p.iterdir() if c.name.startswith(stem) and c.name.endswith(SUFFIX) and c.is_file())
+        cands = [trusted_file(c, "userspace.package", shown=f"{configured.rstrip('/')}/{c.name}")
+                 for c in sorted(p.iterdir()) if c.name.startswith(stem) and c.name.endswith(SUFFIX) and c.is_file()]
     elif p.is_file():
-        cands = [p]
+        cands = [trusted_file(p, "userspace.package", shown=configured)]
     else:
         raise PackageError(f"userspace.package {configured} does not exist",
                            fix="point userspace.package at a user-space package (driverd build-userspace) or a "
@@ -100,6 +105,7 @@ def offer(root, cfg, version: str | None, arch: str | None) -> Offer | None:
     from driverd.packages import userspace_install as ui
     arch = arch or os.uname().machine
     places = ui.Places.from_config(cfg)
+    ui.check_root(root, places)
     cur = ui.current(root, places)
     intact = cur is not None and cur.intact
     try:

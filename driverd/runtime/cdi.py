@@ -8,7 +8,10 @@ nvidia-container-toolkit v1.20.2, pkg/nvcdi/driver-nvml.go and common-nvml.go), 
 - every library of the driver's version (`*.so.<version>` in its library directories) and the binaries
   (nvidia-smi, nvidia-debugdump, nvidia-persistenced, nvidia-cuda-mps-control/-server, nvidia-imex[-ctl]),
   read-only bind mounts; GSP firmware (`/lib/firmware/nvidia/<version>/gsp*.bin`); the IPC sockets that
-  exist (persistenced, fabric manager) and the MPS pipe directory;
+  exist (persistenced, fabric manager) and the MPS pipe directory, with NVIDIA's IPC options (no `ro`:
+  internal/discover/ipc.go since "remove ro mount option from IPC sockets"); every host path only when
+  root vouches for it (`driverfiles.mount_problem`: root's, not group/world-writable, in root's
+  directories; IPC endpoints never through a link), else left out with a note;
 - container paths are host paths without the driver root (/run/nvidia/driver/usr/lib/x86_64-linux-gnu/X
   is /usr/lib/x86_64-linux-gnu/X in the container, /usr/local/nvidia/lib64/X is /lib64/X), as nvidia-ctk;
 - with NVIDIA's `nvidia-cdi-hook` on the host (where nvidia-ctk looks for it, and the GPU Operator's
@@ -165,6 +168,10 @@ def user_space_edits(inv: driverfiles.Inventory, hook: tuple[str, list[str]] | N
     if inv.problem:
         out.notes.append(f"driver user-space: {inv.problem}; the CDI spec gives containers the device nodes only "
                          "(CUDA inside them cannot load libcuda.so.1)")
+    for why in inv.left_out:
+        out.notes.append(f"left out of the CDI spec: {why} — someone other than root could change what every GPU "
+                         "container gets there (make it root's and not group/world-writable, never a link, and "
+                         "refresh the spec)")
     links: list[str] = []
     lib_dirs: list[str] = []            # container directories of the libraries, in library order
     for lib in inv.libraries:

@@ -1,12 +1,12 @@
 """What driverd changed in runtime configuration, so that `revert` undoes exactly that.
 
 <root>/var/lib/driverd/runtime/state.json records, per runtime, every file we edited or created: the
-backup of the original (taken once, before our first edit), the hash of what we wrote and the
-changes we made, and the handlers another tool wrote that driverd took over ("adopted"). Revert
-restores the backup byte for byte when nobody touched the file since; when someone did (after our
-write, or between two of our writes), it removes only our changes and keeps theirs — an adopted
-handler gets the values its tool wrote back. Files are written atomically; a run that fails half-way
-puts back the files it already wrote.
+backup of the original (taken before our first recorded edit, one file per runtime and path; a failed
+run leaves none), the hash of what we wrote and the changes we made, and the handlers another tool
+wrote that driverd took over ("adopted"). Revert restores the backup byte for byte when nobody
+touched the file since; when someone did (after our write, or between two of our writes), it removes
+only our changes and keeps theirs — an adopted handler gets the values its tool wrote back. Files are
+written atomically; a run that fails half-way puts back the files it already wrote.
 """
 from __future__ import annotations
 
@@ -44,8 +44,13 @@ def save(root: Root, data: dict) -> None:
     root.atomic_write_json(STATE_FILE, data)
 
 
-def backup_path(hostpath: str) -> str:
-    return f"{BACKUP_DIR}/{hostpath.strip('/').replace('/', '__')}.orig"
+def backup_path(hostpath: str, runtime: str) -> str:
+    """The backup of `hostpath`'s original for `runtime`'s record: the path made flat to be read by a
+    person, plus a hash of the exact (runtime, path), so that two files never share one backup
+    ('/etc/a__b/c' and '/etc/a/b__c' flatten alike) and neither do two records of one file."""
+    flat = hostpath.strip("/").replace("/", "__")[:150]
+    key = hashlib.sha256(runtime.encode() + b"\0" + hostpath.encode()).hexdigest()[:16]
+    return f"{BACKUP_DIR}/{flat}.{key}.orig"
 
 
 def read(root: Root, hostpath: str) -> bytes | None:
@@ -97,10 +102,14 @@ def apply(root: Root, runtime: str, handler: str, edits: list[FileEdit], report:
         report.diffs[e.path] = unified_diff(e.path, e.old, e.new)
     if dry_run or not edits:
         report.files_changed = [e.path for e in edits]
+        if edits:                       # the backups a run would take (a transaction's preimage keeps them)
+            have = (load(root)["runtimes"].get(runtime) or {}).get("files") or {}
+            report.backups = [backup_path(e.path, runtime) for e in edits if e.path not in have and e.old is not None]
         return
     data = load(root)
     rec = data["runtimes"].setdefault(runtime, {"handler": handler, "files": {}})
     done: list[FileEdit] = []
+    made: list[str] = []                 # backups this run wrote: removed again when it fails
     try:
         for e in edits:
             frec = rec["files"].get(e.path)
@@ -111,9 +120,12 @@ def apply(root: Root, runtime: str, handler: str, edits: list[FileEdit], report:
             if frec is None:
                 frec = {"created": e.old is None, "backup": None, "fmt": e.fmt, "changes": [], "marker": e.marker}
                 if e.old is not None:
-                    bp = backup_path(e.path)
-                    if not root.exists(bp):          # one backup of the original, never overwritten
-                        root.atomic_write(bp, e.old, 0o600)
+                    # The original, taken before driverd's first recorded edit and kept while the record
+                    # lives. Without a record, a file of that name can only be a failed run's leftover:
+                    # what is there now (an admin's edit since, maybe) is the original.
+                    bp = backup_path(e.path, runtime)
+                    root.atomic_write(bp, e.old, 0o600)
+                    made.append(bp)
                     frec["backup"] = bp
                     report.backups.append(bp)
             _put(root, e.path, e.new)
@@ -132,7 +144,12 @@ def apply(root: Root, runtime: str, handler: str, edits: list[FileEdit], report:
                 _put(root, e.path, e.old)
             except (OSError, HostPathError):
                 pass
-        report.files_changed = []
+        for bp in made:                   # and no backup that no record names
+            try:
+                root.unlink(bp)
+            except (OSError, HostPathError):
+                pass
+        report.files_changed, report.backups = [], []
         if isinstance(err, HostPathError):   # already one line naming the path, cause and fix
             raise
         raise _write_error(getattr(err, "filename", None) or (edits[len(done)].path if len(done) < len(edits)

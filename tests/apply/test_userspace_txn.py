@@ -371,3 +371,48 @@ def test_userspace_fetch_reuses_its_cache_and_replaces_a_damaged_entry(node, pac
     shutil.copy(tmp_path / "good", os.path.join(repo, os.path.basename(ref.path)))
     again = fetch(root, cfg, OLD, "x86_64")
     assert again.sha256 == ref.sha256 and hashlib.sha256(cached.read_bytes()).hexdigest() == ref.sha256
+
+
+NOBODY = 65534
+
+
+@pytest.mark.parametrize("where", ["package", "directory", "parent"])
+def test_a_userspace_package_another_user_can_change_is_refused_in_one_line(node, packages, where):
+    """Issue 44, item 5: userspace.package naming a package, or a directory of them, that a non-root user
+    can write — or in a directory on the way that they can — is refused before anything is installed: root
+    would install their package and load their libnvidia-ml."""
+    pkg = us_package(node, OLD)
+    configure(node, OLD, packages["old"].parent)
+    usdir = node / USDIR.lstrip("/")
+    target = {"package": pkg.path, "directory": usdir, "parent": usdir.parent}[where]
+    os.chown(target, NOBODY, NOBODY)
+    if where == "package":
+        cfg = node / "etc/driverd/config.toml"
+        cfg.write_text(cfg.read_text().replace(f'package = "{USDIR}"', f'package = "{USDIR}/{os.path.basename(pkg.path)}"'))
+    for cmd in ("plan", "apply"):
+        r = drv(node, cmd)
+        assert r.returncode == 2, r.stdout + r.stderr
+        line = r.stderr.strip().splitlines()[0]
+        assert line.startswith("driverd: error: refusing userspace.package ") and f"owned by uid {NOBODY}" in line, r.stderr
+        assert "fix:" in r.stderr and "chown root" in r.stderr, r.stderr
+    assert in_use(node) is None and "nvidia" not in kernel_of(node).modules()
+
+
+def test_a_userspace_root_under_a_directory_another_user_can_write_is_refused(node, packages):
+    """Issue 44, item 5: a non-root owner of a parent of userspace.root could swap the tree the loader
+    configuration names; driverd refuses to install there, in one line."""
+    us_package(node, OLD)
+    configure(node, OLD, packages["old"].parent)
+    cfg = node / "etc/driverd/config.toml"
+    cfg.write_text(cfg.read_text().replace(f'package = "{USDIR}"', f'package = "{USDIR}"\nroot = "/srv/gpu/driver"'))
+    (node / "srv/gpu").mkdir(parents=True)
+    os.chmod(node / "srv/gpu", 0o777)
+    r = drv(node, "apply")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "refusing userspace.root /srv/gpu/driver: the directory" in r.stderr and "chmod go-w" in r.stderr, r.stderr
+    assert not (node / "srv/gpu/driver").exists() and in_use(node) is None
+    # fixed, the same apply installs it
+    os.chmod(node / "srv/gpu", 0o755)
+    r = drv(node, "apply")
+    assert r.returncode == 0, r.stderr
+    assert os.path.islink(node / "srv/gpu/driver/current")

@@ -25,3 +25,20 @@ def test_captured_report_and_garbled(tmp_path):
 def test_live_host_without_driver():
     n = read_nvml(Root("/"), driver_loaded=False)
     assert not n.available and n.reason == "the NVIDIA driver is not loaded"
+
+
+def test_the_nvml_child_imports_nothing_from_the_callers_directory(tmp_path, monkeypatch):
+    """Issue 44, item 4: the daemon (root) asks NVML in a child; a json.py planted where the daemon was
+    started, or on a PYTHONPATH in its environment, is never imported by that child."""
+    from driverd.host import nvml
+    marker = tmp_path / "imported-as-root"
+    planted = tmp_path / "users-dir"
+    planted.mkdir()
+    (planted / "json.py").write_text(f"open({str(marker)!r}, 'a').write('json')\n")
+    monkeypatch.chdir(planted)
+    monkeypatch.setenv("PYTHONPATH", str(planted))
+    monkeypatch.setattr(nvml, "_in_child", True)
+    n = read_nvml(Root("/"), driver_loaded=True)
+    assert not marker.exists()
+    # the child ran and answered in its own words (no GPU driver on a test machine)
+    assert "the NVML query process failed" not in (n.reason or ""), n.reason

@@ -168,3 +168,22 @@ def test_a_loaded_driver_with_a_missing_or_stale_userspace_is_not_converged(tmp_
     assert blocked.verdict == "blocked" and blocked.blocked_by[0].startswith(f"not workload-ready: {want}"), blocked.blocked_by
     off = plan_for_host(Root(tmp_path), config.load(Root(tmp_path), environ={**env, "DRIVERD_VALIDATION_WORKLOAD": "off"})).plan
     assert off.verdict == "converged", off.blocked_by
+
+
+def test_the_root_child_imports_nothing_from_the_callers_directory_or_environment(tmp_path, monkeypatch):
+    """Issue 44, item 4: the probe runs as root. A json.py (every probe imports json) planted in the
+    directory the caller stands in, and a PYTHONPATH/PYTHONSTARTUP pointing at another user's directory,
+    must never be imported by it: the child is isolated (-I) and runs in /."""
+    root = host(tmp_path / "host")
+    cudastandin.install(tmp_path / "host", NEW, GPUS)
+    planted = tmp_path / "users-dir"
+    planted.mkdir()
+    marker = tmp_path / "imported-as-root"
+    for name in ("json", "ctypes", "sitecustomize", "startup"):
+        (planted / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n")
+    monkeypatch.chdir(planted)
+    monkeypatch.setenv("PYTHONPATH", str(planted))
+    monkeypatch.setenv("PYTHONSTARTUP", str(planted / "startup.py"))
+    r = workload.check(root, NEW, GPUS)
+    assert not marker.exists(), f"planted modules imported by the root child: {marker.read_text().split()}"
+    assert r.ok, r.problems

@@ -60,6 +60,32 @@ def test_an_unusable_cache_directory_is_one_line(tmp_path):
     assert "is not usable" in e.value.message and "--ccache-dir" in e.value.one_line()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+@pytest.mark.parametrize("case", ["world-writable", "other-owner", "parent-writable"])
+def test_a_cache_or_repository_directory_others_can_write_is_refused(tmp_path, case):
+    """Issue 44, items 3 and 7: whoever else can write the compiler cache can store objects under a build's
+    keys, and whoever can write the repository can replace a package before it is indexed and signed: both
+    directories must be root's (or the building user's), not group/world-writable, on such a path."""
+    from driverd.packages.build import check_out
+    require_binary("ccache")
+    d = tmp_path / "shared" / "dir"
+    d.mkdir(parents=True)
+    if case == "world-writable":
+        os.chmod(d, 0o777)
+    elif case == "other-owner":
+        os.chown(d, 65534, 65534)
+    else:
+        os.chmod(tmp_path / "shared", 0o777)
+    for check in (lambda: cc.resolve("on", d, 100), lambda: check_out(d)):
+        with pytest.raises(Exception) as e:
+            check()
+        line = e.value.one_line()
+        assert e.value.exit_code == 2 and "\n" not in line, line
+        assert "refusing " in line and ("chmod go-w" in line or "chown root" in line), line
+    r = run_cli("repo", "index", str(d))
+    assert r.returncode == 2 and "refusing repository directory" in r.stderr, r.stderr
+
+
 def test_kernel_view_of_debians_split_headers(tmp_path):
     """Debian's layout: an arch tree whose Makefile includes the common tree's, and a `scripts` link
     leading out of the tree. The view resolves the same files through paths inside the cell."""
@@ -339,3 +365,83 @@ def test_build_command_reports_the_caches_work(tmp_path):
     assert r3.returncode == 0, r3.stderr
     assert json.loads(r3.stdout)["ccache"] is None
     shutil.rmtree(tmp_path / "w", ignore_errors=True)
+
+
+# -- a compromised build pod (issue 44, item 3) ------------------------------------------------------------
+# What one build pod can do to a cache it can write: compile another cell's inputs through the real ccache
+# with a CCACHE_PREFIX (not part of ccache's key) that adds its payload to every object, and CCACHE_RECACHE
+# (store over what is there). The victim's clean build then got every object from the cache — vermagic,
+# version and srcversion from the sources, so the module check passed — with the payload inside.
+PAYLOAD = b"DRIVERD-TEST-ATTACKER-PAYLOAD"
+POISON_PREFIX = """#!/bin/sh
+"$@" || exit $?
+prev=""; out=""
+for a in "$@"; do [ "$prev" = "-o" ] && out=$a; prev=$a; done
+case "$out" in *.o) objcopy --add-section .driverd_attacker="$DRIVERD_TEST_PAYLOAD" "$out" || exit 1;; esac
+"""
+POISONER = """#!/bin/sh
+CCACHE_PREFIX="$DRIVERD_TEST_PREFIX" CCACHE_RECACHE=1 exec "$DRIVERD_TEST_REAL_CCACHE" "$@"
+"""
+
+
+def _has_payload(pkg: Path, tmp: Path) -> list[str]:
+    d = Path(tempfile.mkdtemp(prefix="p-", dir=tmp)) / "pkg"
+    unpack(pkg, d)
+    return [p.name for p in sorted((d / "modules").glob("*.ko")) if PAYLOAD in p.read_bytes()]
+
+
+@pytest.mark.real
+def test_a_poisoned_cache_entry_from_another_cells_pod_never_reaches_the_victims_module(tmp_path, monkeypatch):
+    """The rendered build-matrix Job run as the kubelet would run it (each volume mounted at its subPathExpr):
+    the pod of cell B is compromised and poisons, with real kbuild and the real ccache, the objects of cell
+    A's exact inputs in every cache directory it can write. The pod of cell A then builds A: no object of
+    the attacker's is in its modules, because no pod reads a cache another pod can write."""
+    from driverd.packages import matrix as mx
+    from driverd.packages import matrix_job as mj
+    from tests.packages.test_matrix_job import _as_kubelet, _pod_args
+    _need()
+    require_binary("objcopy")
+    version = "535.261.03"
+    src = _source(tmp_path / "src", version)
+    mfile = tmp_path / "matrix.toml"
+    mfile.write_text(f'[[drivers]]\nversion = "{version}"\nflavors = ["open"]\nsources.open = "{src}"\n'
+                     f'[[kernels]]\nrelease = "{A}"\n[[kernels]]\nrelease = "{B}"\n')
+    m = mx.load(mfile)
+    cm, job, _ = mj.render(m, m.cells, mj.JobOptions())
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    ids = cm["data"]["cells"].splitlines()
+    victim, attacker = ids.index(f"{version}-open-{A}-x86_64"), ids.index(f"{version}-open-{B}-x86_64")
+    etc = tmp_path / "etc-matrix"
+    etc.mkdir()
+    for k, v in cm["data"].items():
+        (etc / k).write_text(v)
+    vols = {"repo": tmp_path / "repo-volume", "matrix": etc, "work": tmp_path / "work",
+            "ccache": tmp_path / "ccache-volume"}
+    real = cc.resolve("on", tmp_path / "unused", 512)
+
+    # the compromised pod: what its /ccache leads to is all it can write
+    own = _as_kubelet(c, attacker, vols)["/ccache"]
+    for name, text in (("prefix", POISON_PREFIX), ("poisoner", POISONER)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    (tmp_path / "payload").write_bytes(PAYLOAD)
+    monkeypatch.setenv("DRIVERD_TEST_PREFIX", str(tmp_path / "prefix"))
+    monkeypatch.setenv("DRIVERD_TEST_REAL_CCACHE", real.binary)
+    monkeypatch.setenv("DRIVERD_TEST_PAYLOAD", str(tmp_path / "payload"))
+    poisoned = _build(src, A, tmp_path / "attacker-out", tmp_path / "attacker-work",
+                      CompilerCache(str(tmp_path / "poisoner"), own, 512))
+    assert _has_payload(poisoned.package.path, tmp_path)          # the poisoning works: its own build has it
+    # ... under A's keys in its cache, and in the layout a cell's cache has (<dir>/cells/<cell id>)
+    shutil.copytree(own, own / "cells" / ids[victim], ignore=shutil.ignore_patterns("cells"))
+    for k in ("DRIVERD_TEST_PREFIX", "DRIVERD_TEST_REAL_CCACHE", "DRIVERD_TEST_PAYLOAD"):
+        monkeypatch.delenv(k)
+
+    # the victim's pod, its own command line through the real CLI
+    mounts = _as_kubelet(c, victim, vols)
+    r = run_cli(*_pod_args(c["args"], mounts, victim), "--json",
+                env={e["name"]: e["value"] for e in c["env"] if "value" in e})
+    assert r.returncode == 0, r.stderr[-3000:]
+    (cell,) = json.loads(r.stdout)["cells"]
+    assert cell["status"] == "built" and cell["id"] == ids[victim]
+    assert _has_payload(Path(cell["package"]), tmp_path) == []
+    assert cell["ccache"]["hits"] == 0 and cell["ccache"]["misses"] > 0, cell["ccache"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -65,7 +66,12 @@ def test_one_pod_per_missing_cell(repo):
                                                                "values": [3]}}
     assert index["metadata"]["name"] == job["metadata"]["name"] + "-index"
     assert index["spec"]["suspend"] is True and "completionMode" not in index["spec"]
-    assert index["spec"]["template"]["spec"]["containers"][0]["args"] == ["repo", "index", "/repo"]
+    batch = job["metadata"]["annotations"]["driverd.io/batch"]
+    assert index["spec"]["template"]["spec"]["containers"][0]["args"] == [
+        "repo", "index", "/repo", "--accept", f"/repo/.driverd-incoming/{batch}", "--cells", "/etc/driverd/matrix/cells"]
+    # a pod sees its own directory of the repository volume only
+    assert {"name": "repo", "mountPath": "/repo", "subPathExpr": f".driverd-incoming/{batch}/$(JOB_COMPLETION_INDEX)"} \
+        in c["volumeMounts"]
     assert "build-matrix: rendered job driverd-build-debian-bookworm: 3 of 4 cell(s)" in _render(
         "--out", str(repo)).stderr
 
@@ -90,23 +96,26 @@ def test_json_output_is_a_list_and_options(repo):
     assert bad.returncode == 2 and "--repo-volume 's3://bucket' is not understood" in bad.stderr
 
 
-def test_the_pods_share_one_compiler_cache_volume(repo):
-    """Every pod compiles through ccache into the one cache volume (on: an image without ccache fails
-    its cells at once), bounded by build.ccache_max_mb; `none` renders no cache at all."""
+def test_each_pod_has_a_cache_directory_of_its_own_on_the_cache_volume(repo):
+    """Every pod compiles through ccache (on: an image without ccache fails its cells at once) into its own
+    directory of the cache volume (issue 44: no pod reads objects another pod could have stored), bounded by
+    build.ccache_max_mb split among the cells; `none` renders no cache at all."""
     _, job, index = _objects(repo)
     pod = job["spec"]["template"]["spec"]
     (c,) = pod["containers"]
+    batch = job["metadata"]["annotations"]["driverd.io/batch"]
     assert {"name": "ccache", "persistentVolumeClaim": {"claimName": "driverd-ccache"}} in pod["volumes"]
-    assert {"name": "ccache", "mountPath": "/ccache"} in c["volumeMounts"]
+    assert {"name": "ccache", "mountPath": "/ccache", "subPathExpr": f"{batch}/$(JOB_COMPLETION_INDEX)"} \
+        in c["volumeMounts"]
     assert c["args"][c["args"].index("--ccache"):][:4] == ["--ccache", "on", "--ccache-dir", "/ccache"]
-    assert {"name": "DRIVERD_BUILD_CCACHE_MAX_MB", "value": "4096"} in c["env"]
+    assert {"name": "DRIVERD_BUILD_CCACHE_MAX_MB", "value": str(4096 // 3)} in c["env"]
     assert "ccache" not in json.dumps(index)                # the indexer compiles nothing
     _, job, _ = _objects(repo, "--ccache-volume", "host:/var/cache/driverd-ccache", "-o", "yaml")
     pod = job["spec"]["template"]["spec"]
     assert {"name": "ccache", "hostPath": {"path": "/var/cache/driverd-ccache", "type": "DirectoryOrCreate"}} \
         in pod["volumes"]
     r = run_cli("build-matrix", str(MATRIX), "--out", str(repo), "--render-job", env={"DRIVERD_BUILD_CCACHE_MAX_MB": "900"})
-    assert {"name": "DRIVERD_BUILD_CCACHE_MAX_MB", "value": "900"} in \
+    assert {"name": "DRIVERD_BUILD_CCACHE_MAX_MB", "value": "300"} in \
         [d for d in yaml.safe_load_all(r.stdout) if d][1]["spec"]["template"]["spec"]["containers"][0]["env"]
     r = run_cli("build-matrix", str(MATRIX), "--out", str(repo), "--render-job", "--ccache-volume", "none")
     assert r.returncode == 0, r.stderr
@@ -165,37 +174,109 @@ def test_rendered_objects_match_the_kubernetes_schema(repo, tmp_path, control_pl
     assert "completionz" in _server_errors(control_plane, tmp_path, bad)
 
 
-def test_each_index_builds_exactly_its_cell_into_the_shared_repository(repo, tmp_path):
-    """Every pod's command line, run here as the pod would run it (the matrix and the cell list from
-    the ConfigMap, $(JOB_COMPLETION_INDEX) expanded), builds one cell and leaves the index alone."""
-    cm, job, index = _objects(repo)
+def _as_kubelet(c: dict, i: int, volumes: dict[str, Path]) -> dict[str, Path]:
+    """Where each mountPath of container `c` leads for the pod of index i, as the kubelet mounts it: the
+    volume's directory, or its subPathExpr with the container's $(JOB_COMPLETION_INDEX) expanded."""
+    out = {}
+    for m in c["volumeMounts"]:
+        sub = m.get("subPathExpr", "").replace("$(JOB_COMPLETION_INDEX)", str(i))
+        d = volumes[m["name"]] / sub if sub else volumes[m["name"]]
+        d.mkdir(parents=True, exist_ok=True)
+        out[m["mountPath"]] = d
+    return out
+
+
+def _pod_args(args: list[str], mounts: dict[str, Path], i: int) -> list[str]:
+    out = []
+    for a in args:
+        a = a.replace("$(JOB_COMPLETION_INDEX)", str(i))
+        for mp in sorted(mounts, key=len, reverse=True):
+            if a == mp or a.startswith(mp + "/"):
+                a = str(mounts[mp]) + a[len(mp):]
+                break
+        out.append(a)
+    return out
+
+
+def _run_pod(c: dict, i: int, volumes: dict[str, Path], build_fn) -> list[str]:
+    """The build container's command line for index i, run here (build_fn in place of the compiler)."""
+    mounts = _as_kubelet(c, i, volumes)
+    from driverd.cli import build_parser
+    ns = build_parser().parse_args(_pod_args(c["args"], mounts, i))
+    cells = [ln for ln in Path(ns.cells).read_text().splitlines() if ln]
+    res = mx.run(mx.load(ns.matrix), ns.out, work_dir=ns.work_dir, cell_ids=cells, only_index=ns.only_index,
+                 index=not ns.no_index, jobs=ns.jobs, build_fn=build_fn, progress=mx.Progress(1, enabled=False))
+    return [r.cell.id for r in res if r.status == "built"]
+
+
+def _volumes(tmp_path, repo, cm) -> dict[str, Path]:
     etc = tmp_path / "etc-matrix"
     etc.mkdir()
     for k, v in cm["data"].items():
         (etc / k).write_text(v)
-    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
-    built: list[list[str]] = []
+    return {"repo": repo, "matrix": etc, "work": tmp_path / "work", "ccache": tmp_path / "ccache-volume"}
 
-    def fake_build(*, source, kernel, flavor, out, **kw):
-        ref = make_fake_package(out, "535.261.03", kernel, flavor=flavor)
-        return BuildResult(ref, False, 0.1)
 
-    for i in range(job["spec"]["completions"]):
-        pod_args = [a.replace("$(JOB_COMPLETION_INDEX)", str(i)).replace("/etc/driverd/matrix", str(etc))
-                    .replace("/repo", str(repo)).replace("/work", str(tmp_path / f"work{i}")) for a in args]
-        from driverd.cli import build_parser
-        ns = build_parser().parse_args(pod_args)
-        cells = [ln for ln in (etc / "cells").read_text().splitlines() if ln]
-        res = mx.run(mx.load(ns.matrix), ns.out, work_dir=ns.work_dir, cell_ids=cells, only_index=ns.only_index,
-                     index=not ns.no_index, jobs=ns.jobs, build_fn=fake_build,
-                     progress=mx.Progress(1, enabled=False))
-        built.append([r.cell.id for r in res if r.status == "built"])
-        assert not (repo / "index.json").exists()          # pods never write the index
-    assert built == [[c] for c in cm["data"]["cells"].splitlines()]
-    r = run_cli(*[a.replace("/repo", str(repo)) for a in index["spec"]["template"]["spec"]["containers"][0]["args"]],
-                "--json")
+def _fake_build(*, source, kernel, flavor, out, **kw):
+    return BuildResult(make_fake_package(out, "535.261.03", kernel, flavor=flavor), False, 0.1)
+
+
+def test_each_index_builds_exactly_its_cell_and_the_index_job_takes_it_in(repo, tmp_path):
+    """Every pod's command line, run here as the pod would run it (the matrix and the cell list from the
+    ConfigMap, $(JOB_COMPLETION_INDEX) expanded, each volume mounted at its subPathExpr as the kubelet
+    does), builds one cell into its own directory and leaves the index alone; the index Job's command
+    takes each pod's package in and indexes the repository."""
+    cm, job, index = _objects(repo)
+    vols = _volumes(tmp_path, repo, cm)
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    built = [_run_pod(c, i, vols, _fake_build) for i in range(job["spec"]["completions"])]
+    assert built == [[x] for x in cm["data"]["cells"].splitlines()]
+    assert not (repo / "index.json").exists()                    # pods never write the index
+    assert len(list(repo.glob("*.tar.zst"))) == 1                # nor the repository: their own directories
+    (ic,) = index["spec"]["template"]["spec"]["containers"]
+    r = run_cli(*_pod_args(ic["args"], _as_kubelet(ic, 0, vols), 0), "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["packages"] == 4
+    doc = json.loads(r.stdout)
+    assert doc["packages"] == 4 and [x["status"] for x in doc["intake"]] == ["accepted"] * 3
+    assert len(list(repo.glob("*.tar.zst"))) == 4
+
+
+def test_the_index_job_signs_only_the_package_each_pod_built_for_its_own_cell(repo, tmp_path):
+    """Issue 44, item 3: the index Job signed every package of the shared repository volume — a package
+    another pod put in a cell's place included. A compromised pod of index 0 now writes only into its own
+    directory: its forged package of cell 1 (built by it, with other modules) is refused there, the genuine
+    cell-1 package of pod 1 is taken in, and the signed index lists that one."""
+    import hashlib
+    cm, job, index = _objects(repo)
+    vols = _volumes(tmp_path, repo, cm)
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    cells = cm["data"]["cells"].splitlines()
+    victim = next(x for x in mx.load(MATRIX).cells if x.id == cells[1])
+
+    def compromised(*, source, kernel, flavor, out, **kw):
+        # its own cell as asked, and — the attack — cell 1's package with modules of its own making, put
+        # where the pod's /repo leads, under the canonical name (what the old layout made the repository)
+        evil = make_fake_package(out, victim.driver, victim.release, flavor=victim.flavor, text_size=4096)
+        del evil
+        return _fake_build(source=source, kernel=kernel, flavor=flavor, out=out)
+    _run_pod(c, 0, vols, compromised)
+    for i in range(1, job["spec"]["completions"]):
+        _run_pod(c, i, vols, _fake_build)
+    (ic,) = index["spec"]["template"]["spec"]["containers"]
+    key = tmp_path / "index-key.pem"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(key)],
+                   check=True, capture_output=True)
+    r = run_cli(*_pod_args(ic["args"], _as_kubelet(ic, 0, vols), 0), "--sign-key", str(key), "--json")
+    assert r.returncode == 3, r.stderr                           # something was refused: the pipeline sees it
+    doc = json.loads(r.stdout)
+    refused = [x for x in doc["intake"] if x["status"] == "refused"]
+    assert len(refused) == 1 and refused[0]["index"] == 0
+    assert f"it is the package of cell {victim.id}, not of this index's cell {cells[0]}" in refused[0]["reason"]
+    entry = next(e for e in doc["entries"] if e["kernel_release"] == victim.release and e["flavor"] == victim.flavor)
+    genuine = next(p for p in repo.glob("*.tar.zst") if p.name.endswith(f".{entry['sha256']}.tar.zst"))
+    assert hashlib.sha256(genuine.read_bytes()).hexdigest() == entry["sha256"]
+    assert not Path(refused[0]["package"]).name.endswith(f".{entry['sha256']}.tar.zst")     # the forged one
+    assert Path(refused[0]["package"]).exists()                  # left where the pod put it, for an operator
 
 
 def test_the_pod_command_line_selects_one_cell(repo, tmp_path):

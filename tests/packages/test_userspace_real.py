@@ -87,6 +87,8 @@ def test_the_real_libraries_keep_their_versioned_names_and_sonames(built, debian
     for name, soname in extra.items():
         assert libs[name] == soname
     assert len(libs) == 19
+    # every library Debian ships of the driver is one of NVIDIA's to driverd (issue 44: nothing else is packed)
+    assert not [n for n in built[version].notes if "not one of NVIDIA's" in n], built[version].notes
     assert m.components() == ({"compute": 5, "graphics": 9, "utility": 2, "video": 3} if version.startswith("535")
                               else {"compute": 6, "graphics": 8, "utility": 2, "video": 3})
     assert [b.rpartition("/")[2] for b in m.binaries] == ["nvidia-cuda-mps-control", "nvidia-cuda-mps-server",

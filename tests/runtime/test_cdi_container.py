@@ -7,6 +7,7 @@ links as mounts). The driver files are the stand-ins of driver_trees.py (no GPU 
 paths are mapped into the tree the way `nvidia-ctk cdi transform root` would."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -40,11 +41,16 @@ int main(int argc, char **argv) {
     void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
     void *dev = dlopen("libcuda.so", RTLD_NOW);
     const char *llp = getenv("LD_LIBRARY_PATH");
+    const char *mps = have("/tmp/nvidia-mps", F_OK);
+    FILE *w = fopen("/tmp/nvidia-mps/written-by-container", "w");   /* what a container can leave on the host */
+    if (w) fclose(w);
     printf("{\"rc\": %d, \"cuda_version\": %d, \"libcuda\": \"%s\", \"nvml\": \"%s\", \"libcuda_so\": \"%s\", "
            "\"smi\": \"%s\", \"firmware\": \"%s\", \"dev\": \"%s\", \"ctl\": \"%s\", \"socket\": \"%s\", "
+           "\"mps\": \"%s\", \"mps_planted\": \"%s\", \"mps_write\": \"%s\", "
            "\"visible\": \"%s\", \"ld_library_path\": \"%s\"}\n",
            rc, v, standin(), nvml ? "yes" : "no", dev ? "yes" : "no", have(argv[1], X_OK), have(argv[2], R_OK),
            have("/dev/nvidia0", F_OK), have("/dev/nvidiactl", F_OK), have("/run/nvidia-persistenced/socket", F_OK),
+           mps, have("/tmp/nvidia-mps/planted", F_OK), w ? "yes" : "no",
            getenv("NVIDIA_VISIBLE_DEVICES"), llp ? llp : "");
     return 0;
 }
@@ -194,3 +200,97 @@ def test_container_loads_libcuda_without_the_hook(tools, tmp_path, so_cache, lay
     assert p["nvml"] == p["libcuda_so"] == p["smi"] == p["firmware"] == p["dev"] == p["socket"] == "yes", res
     assert p["ld_library_path"] == ("/lib64" if layout is DEVICE else "/usr/lib/x86_64-linux-gnu")
     assert "hooks" not in res["oci"] or not res["oci"]["hooks"].get("createContainer")
+
+
+NOBODY = 65534
+
+
+def _tmp(host: Path) -> Path:
+    """The tree's /tmp as a host has it: world-writable with the sticky bit."""
+    t = host / "tmp"
+    t.mkdir(parents=True, exist_ok=True)
+    os.chmod(t, 0o1777)
+    return t
+
+
+@pytest.mark.parametrize("owner,mode,given", [(0, 0o755, True), (NOBODY, 0o755, False), (NOBODY, 0o777, False),
+                                              (0, 0o777, False)],
+                         ids=["root-0755", "user-0755", "user-0777", "root-0777"])
+def test_an_mps_pipe_directory_only_root_controls_is_given_to_containers(tools, tmp_path, so_cache, owner, mode, given):
+    """Issue 44, item 2: a non-root user who makes /tmp/nvidia-mps first (or any directory others can
+    write) had it mounted read-write into every GPU container: containers wrote into it and saw each
+    other's files, and left programs there for the user. Only the MPS control daemon's own directory —
+    root's, not group/world-writable — is mounted now; otherwise it is left out with a note."""
+    host = driver_host(tmp_path, so_cache)
+    mps = _tmp(host) / "nvidia-mps"
+    mps.mkdir()
+    (mps / "planted").write_text("a user's file\n")
+    os.chown(mps / "planted", owner, owner)
+    os.chown(mps, owner, owner)
+    os.chmod(mps, mode)
+    spec, notes = cdi.build_with_notes(Root(host))
+    mounted = [m for m in spec["containerEdits"]["mounts"] if m["containerPath"] == "/tmp/nvidia-mps"]
+    res = run_container(tools, tmp_path, in_tree(copy.deepcopy(spec), host), ["/bin/nvidia-smi", f"/lib/firmware/nvidia/{NEW}/gsp_ga10x.bin"])
+    p = res["probe"]
+    assert p["libcuda"] == NEW and p["socket"] == "yes", res          # the rest of the spec is untouched
+    if given:
+        assert mounted == [{"hostPath": "/tmp/nvidia-mps", "containerPath": "/tmp/nvidia-mps",
+                            "options": ["nosuid", "nodev", "rbind", "rprivate", "noexec"]}]   # NVIDIA's IPC options
+        assert p["mps"] == p["mps_planted"] == "yes", res
+    else:
+        assert not mounted and p["mps"] == p["mps_planted"] == p["mps_write"] == "no", res
+        assert not (mps / "written-by-container").exists()
+        assert any(n.startswith("left out of the CDI spec: /tmp/nvidia-mps: ") for n in notes), notes
+
+
+def test_an_mps_pipe_directory_made_a_link_to_etc_is_not_followed(tools, tmp_path, so_cache):
+    """Issue 44, item 2: /tmp/nvidia-mps made a symbolic link to /etc (here the tree's own etc/, as
+    '../etc') was followed: every GPU container got the host's /etc read-write and wrote into it. An IPC
+    endpoint is taken only where it is, never through a link."""
+    host = driver_host(tmp_path, so_cache)
+    (host / "etc").mkdir(exist_ok=True)
+    os.symlink("../etc", _tmp(host) / "nvidia-mps")
+    spec, notes = cdi.build_with_notes(Root(host))
+    assert not [m for m in spec["containerEdits"]["mounts"] if m["containerPath"] == "/tmp/nvidia-mps"]
+    assert any("/tmp/nvidia-mps: it is a symbolic link" in n for n in notes), notes
+    res = run_container(tools, tmp_path, in_tree(copy.deepcopy(spec), host), ["/bin/nvidia-smi", f"/lib/firmware/nvidia/{NEW}/gsp_ga10x.bin"])
+    assert res["probe"]["mps"] == res["probe"]["mps_write"] == "no", res
+    assert not (host / "etc/written-by-container").exists()
+
+
+def test_driver_files_another_user_can_change_are_not_given_to_containers(tools, tmp_path, so_cache):
+    """Issue 44, item 2: the same owner checks for every host path the spec mounts. A driver binary another
+    user owns, and a library in a directory everyone can write, are left out (with a note); the
+    persistenced socket another user planted in a directory of theirs is not mounted."""
+    host = driver_host(tmp_path, so_cache)
+    smi = host / "usr/local/nvidia/bin/nvidia-smi"
+    os.chown(smi, NOBODY, NOBODY)
+    ptx = next((host / "usr/local/nvidia/lib64").glob(f"libnvidia-ptxjitcompiler.so.{NEW}"), None)
+    spec, notes = cdi.build_with_notes(Root(host))
+    hosts = {m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    assert "/usr/local/nvidia/bin/nvidia-smi" not in hosts
+    assert any(n.startswith("left out of the CDI spec: /usr/local/nvidia/bin/nvidia-smi: it is owned by uid 65534")
+               for n in notes), notes
+    assert f"/usr/local/nvidia/lib64/libcuda.so.{NEW}" in hosts
+    res = run_container(tools, tmp_path, in_tree(copy.deepcopy(spec), host), ["/bin/nvidia-smi", f"/lib/firmware/nvidia/{NEW}/gsp_ga10x.bin"])
+    assert res["probe"]["smi"] == "no" and res["probe"]["libcuda"] == NEW, res
+    # a library directory anyone can write: nothing of it is given
+    os.chown(smi, 0, 0)
+    os.chmod(host / "usr/local/nvidia/lib64", 0o777)
+    spec, notes = cdi.build_with_notes(Root(host))
+    assert not [m for m in spec["containerEdits"]["mounts"] if m["hostPath"].startswith("/usr/local/nvidia/lib64/")]
+    assert any("usr/local/nvidia/lib64 is writable by its group and everyone" in n for n in notes), notes
+    del ptx
+    # a socket made in a directory of another user's, where persistenced's would be
+    sock_dir = host / "run/nvidia-persistenced"
+    shutil.rmtree(sock_dir)
+    add_socket(host, "/run/nvidia-persistenced/socket")
+    os.chown(sock_dir, NOBODY, NOBODY)
+    os.chown(sock_dir / "socket", 1000, 1000)
+    os.chmod(host / "usr/local/nvidia/lib64", 0o755)
+    spec, notes = cdi.build_with_notes(Root(host))
+    assert not [m for m in spec["containerEdits"]["mounts"] if m["containerPath"] == "/run/nvidia-persistenced/socket"]
+    # the daemon's own account (Debian: nvpd) owning both its directory and its socket is fine
+    os.chown(sock_dir / "socket", NOBODY, NOBODY)
+    spec, notes = cdi.build_with_notes(Root(host))
+    assert [m for m in spec["containerEdits"]["mounts"] if m["containerPath"] == "/run/nvidia-persistenced/socket"]

@@ -175,3 +175,33 @@ def test_two_versions_side_by_side(ctk, tmp_path, so_cache):
     assert ctk_libs and all(p.endswith(OLD) for p in ctk_libs)
     assert ("enable-cuda-compat", (f"--host-driver-version={NEW}",)) in facets(ours)["hooks"]
     assert ("enable-cuda-compat", (f"--host-driver-version={OLD}",)) in facets(theirs, str(host))["hooks"]
+
+
+def test_endpoints_and_files_only_root_controls(ctk, tmp_path, so_cache):
+    """Issue 44, item 2: nvidia-ctk mounts what it finds (os.Stat follows links; no owner is read). driverd
+    gives containers a socket, the MPS directory or a driver file only when root vouches for it: here the
+    fabric manager's socket sits in a directory another user owns and a symbolic link stands where
+    persistenced's socket would be. The options of what both mount are NVIDIA's own (equal below)."""
+    host = tmp_path / "h"
+    add_userspace(host, OPERATOR, NEW, so_cache)
+    add_gpus(host, 1)
+    add_hook(host)
+    base = "/run/nvidia/driver/run"
+    add_socket(host, f"{base}/nvidia-fabricmanager/socket")
+    os.chown(host / f"{base.lstrip('/')}/nvidia-fabricmanager", 65534, 65534)
+    os.chown(host / f"{base.lstrip('/')}/nvidia-fabricmanager/socket", 1000, 1000)
+    add_socket(host, "/var/elsewhere/socket")
+    (host / f"{base.lstrip('/')}/nvidia-persistenced").mkdir(parents=True)
+    os.symlink("../../../../../var/elsewhere/socket", host / f"{base.lstrip('/')}/nvidia-persistenced/socket")
+    ours, theirs, diff = both(ctk, host, OPERATOR.driver_root)
+    assert set(diff) == {"device nodes", "hooks", "ipc"}, diff
+    assert not diff["ipc"][0]
+    assert paths(diff["ipc"][1]) == {"/run/nvidia-fabricmanager/socket", "/run/nvidia-persistenced/socket"}
+    assert all(x[2] == ("nosuid", "nodev", "rbind", "rprivate", "noexec") for x in diff["ipc"][1])
+    # the owner fixed and the link replaced by the socket: the same mounts, options included
+    os.chown(host / f"{base.lstrip('/')}/nvidia-fabricmanager", 0, 0)
+    os.chown(host / f"{base.lstrip('/')}/nvidia-fabricmanager/socket", 0, 0)
+    os.unlink(host / f"{base.lstrip('/')}/nvidia-persistenced/socket")
+    add_socket(host, f"{base}/nvidia-persistenced/socket")
+    ours, theirs, diff = both(ctk, host, OPERATOR.driver_root)
+    assert set(diff) == {"device nodes", "hooks"}, diff

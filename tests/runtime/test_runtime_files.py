@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -280,3 +281,45 @@ def test_restart_systemd_dry_run_goes_through_the_host_root(tmp_path):
     assert rep.restart_detail == (f"would run: chroot {host} systemctl try-restart --no-block containerd "
                                   "(only if containerd is active)")
     assert not (host / STATE_FILE.lstrip("/")).exists()
+
+
+def test_a_failed_first_run_leaves_no_backup_that_a_later_revert_would_restore(tmp_path):
+    """Issue 44, item 7: a first configure that fails after taking its backup (here the record cannot be
+    saved: its name is taken by a directory) left that backup behind, unrecorded; the admin then edited the
+    file, the next configure kept the stale backup as "the original", and its revert put the old bytes back
+    over the admin's edit. Now the failed run removes its backup and a new record takes a fresh one."""
+    original = (RT / "containerd/v2.toml").read_text()
+    host = _ctd_host(tmp_path, original)
+    blocker = host / STATE_FILE.lstrip("/")
+    (blocker / "x").mkdir(parents=True)              # the record cannot be written: the run fails
+    with pytest.raises(RuntimeConfigError):
+        configure(Root(host), "containerd", _opts())
+    p = host / "etc/containerd/config.toml"
+    assert p.read_text() == original
+    backups = host / "var/lib/driverd/runtime/backups"
+    assert not backups.exists() or not any(backups.iterdir()), list(backups.iterdir())
+    shutil.rmtree(blocker)
+    edited = original + '\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.gvisor]\n' \
+                        '  runtime_type = "io.containerd.runsc.v1"\n'
+    p.write_text(edited)                               # the admin's edit, after the failed run
+    configure(Root(host), "containerd", _opts())
+    revert(Root(host), "containerd", _opts())
+    assert p.read_text() == edited
+
+
+def test_two_files_whose_backup_names_once_collided_revert_to_their_own_bytes(tmp_path):
+    """Issue 44, item 7: backups were named by the path with '/' made '__': /etc/a__b/c.conf and
+    /etc/a/b__c.conf shared one backup, and revert gave the second file the first one's bytes."""
+    from driverd.runtime import state
+    from driverd.runtime.model import ChangeReport, FileEdit
+    host = make_host(tmp_path / "host", {"/etc/rt/a__b/c.conf": "first original\n",
+                                         "/etc/rt/a/b__c.conf": "second original\n"})
+    root = Root(host)
+    edits = [FileEdit(hp, f"{old}# driverd: nvidia\n".encode(), old.encode(), "block", [], "nvidia")
+             for hp, old in (("/etc/rt/a__b/c.conf", "first original\n"), ("/etc/rt/a/b__c.conf", "second original\n"))]
+    rep = ChangeReport("containerd", "nvidia")
+    state.apply(root, "containerd", "nvidia", edits, rep, dry_run=False)
+    assert len(set(rep.backups)) == 2, rep.backups
+    state.revert(root, "containerd", ChangeReport("containerd", "nvidia", "revert"), dry_run=False)
+    assert (host / "etc/rt/a__b/c.conf").read_text() == "first original\n"
+    assert (host / "etc/rt/a/b__c.conf").read_text() == "second original\n"
