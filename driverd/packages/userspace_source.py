@@ -105,7 +105,6 @@ def offer(root, cfg, version: str | None, arch: str | None) -> Offer | None:
     from driverd.packages import userspace_install as ui
     arch = arch or os.uname().machine
     places = ui.Places.from_config(cfg)
-    ui.check_root(root, places)
     cur = ui.current(root, places)
     intact = cur is not None and cur.intact
     try:
@@ -117,6 +116,7 @@ def offer(root, cfg, version: str | None, arch: str | None) -> Offer | None:
         path, missing = None, e
     if path is None and not cfg["userspace.fetch"] and missing is None:
         return None
+    ui.check_root(root, places)
     on_disk = None
     if path is None:
         on_disk = cur.sha if intact and cur.version == version else next(
