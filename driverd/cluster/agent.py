@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from driverd.apply.preflight import driver_config
 from driverd.cluster import events
+from driverd.cluster.admission import A_CANARY_APPROVED
 from driverd.cluster import model as m
 from driverd.cluster import operator_components as oc
 from driverd.cluster import pools as pl
@@ -406,9 +407,7 @@ class NodeAgent:
                 and (obj.get("status") or {}).get("phase") != pl.SUPERSEDED:
             # an operator's retry reopens an ended rollout: the coordinator writes its status before
             # the admission, but our watch of the rollouts may show it after our watch of the Node
-            fresh = self.kube.find(rollout_path(name))
-            if fresh is not None:
-                self.rollouts.put(fresh)
+            fresh = self._fresh_rollout(name)
             if fresh is None or m.ended(fresh):
                 return f"rollout {name} has ended ({((fresh or obj).get('status') or {}).get('phase')})"
         if not r.selects(v.labels):
@@ -423,6 +422,48 @@ class NodeAgent:
         if pre.get("rollout") != v.rollout or not pre.get("ok"):
             return (f"this node's preflight answer for {v.rollout} is " +
                     ("a refusal" if pre.get("rollout") == v.rollout else "missing"))
+        return None
+
+    def _fresh_rollout(self, name: str) -> dict | None:
+        """The rollout as the API server has it now (a list by name: the daemons' RBAC lists and
+        watches rollouts, it does not get them), put into the watch's cache."""
+        items = self.kube.list(rollout_path(), fields=f"metadata.name={name}").get("items") or []
+        if items:
+            self.rollouts.put(items[0])
+        return items[0] if items else None
+
+    def _beyond_limits(self, v: m.NodeView, r: m.Rollout) -> str | None:
+        """Why acting on this admission would break the rollout's own rules, as this node can see them
+        (issue 44): the admission policy lets the Lease holder admit nodes, and a node that took the Lease
+        could admit a whole pool at once. Read fresh from the API server (the coordinator admits from a
+        view newer than this agent's cache), and counted so that a coordinator's own admission always
+        passes: the nodes of this rollout other than this one that are being upgraded stay below
+        maxParallel and maxUnavailable, a canary that waits for `rollout resume` takes no more nodes, and
+        a rollout the coordinator wrote paused (a canary done, spec.paused) admits none."""
+        obj = self._fresh_rollout(r.name)
+        if obj is None:
+            return None                   # deleted meanwhile: tick() gives the node back as aborted
+        st, ann = obj.get("status") or {}, (obj.get("metadata") or {}).get("annotations") or {}
+        approved = ann.get(A_CANARY_APPROVED) == "true"
+        if st.get("phase") == "Paused" and (st.get("reason") == "PausedBySpec" and (obj.get("spec") or {}).get("paused")
+                                            or st.get("reason") == "CanaryDone" and not approved):
+            return f"rollout {r.name} is paused ({st.get('reason')})"
+        views = [m.NodeView.from_node(n) for n in self.kube.list(node_path()).get("items") or []]
+        mine = [w for w in views if w.name != v.name and w.in_rollout(r)]
+        busy = sorted(w.name for w in mine if w.active)
+        shown = ", ".join(busy[:5]) + (f" and {len(busy) - 5} more" if len(busy) > 5 else "")
+        if len(busy) >= r.max_parallel:
+            return f"{len(busy)} other node(s) of rollout {r.name} are being upgraded ({shown}); its maxParallel is " \
+                   f"{r.max_parallel}"
+        limit = r.unavailable_limit(sum(1 for w in views if r.selects(w.labels)))
+        if len(busy) >= limit:
+            return f"{len(busy)} other node(s) of rollout {r.name} are being upgraded ({shown}); its maxUnavailable " \
+                   f"allows {limit}"
+        if r.canary and not approved and r.canary_soak_s is None:
+            taken = sorted(w.name for w in mine if w.active or (w.state in (m.DONE, m.FAILED) and w.target == r.target))
+            if len(taken) >= r.canary:
+                return (f"rollout {r.name}'s {r.canary} canary node(s) are taken ({', '.join(taken[:5])}); the rest "
+                        f"waits for `kubectl driverd rollout resume {r.name}`")
         return None
 
     def _reject_admission(self, node: dict, v: m.NodeView, why: str) -> float | None:
@@ -454,6 +495,13 @@ class NodeAgent:
         why = self._admission_problem(v)
         if why:
             return self._reject_admission(node, v, why)
+        beyond = self._beyond_limits(v, r)
+        if beyond:
+            # nothing touched, nothing failed: a coordinator that admitted in good faith admits the node
+            # again once the rollout allows it; a forged one has moved nothing
+            by = (node["metadata"].get("annotations") or {}).get(m.A_ADMITTED_BY) or "an unnamed writer"
+            return self._give_back(node, v, "AdmissionBeyondLimits", f"admission by {by} not acted on: {beyond}; "
+                                   "nothing was cordoned, drained or installed", warning=True)
         drop_ready = {m.L_READY: None}
         # what the scheduler can place on the node now: `validating` waits for it to be back
         before = sched.encode(sched.counts(node, sched.node_slices(self.kube, self.node)))
@@ -798,12 +846,13 @@ class NodeAgent:
                                               else "the upgrade failed and no driver is loaded: ") + message)
         return None
 
-    def _give_back(self, node: dict, v: m.NodeView, reason: str, message: str) -> float | None:
+    def _give_back(self, node: dict, v: m.NodeView, reason: str, message: str, *,
+                   warning: bool = False) -> float | None:
         spec = {"unschedulable": None} if v.cordoned_by_us else None
         back, back_ann, said = _restored(node)
         self._to(node, m.IDLE, reason, message + ("; uncordoned" if v.cordoned_by_us else "") + said,
                  ann={m.A_CORDONED: None, m.A_GPUS_BEFORE: None, **back_ann}, spec=spec,
-                 labels={m.L_READY: "true", **back})
+                 labels={m.L_READY: "true", **back}, warning=warning)
         self.condition(True, reason, message)
         return None
 

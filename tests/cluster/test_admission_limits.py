@@ -1,0 +1,105 @@
+"""Issue 44, item 1 (defence in depth): a node that holds the rollout Lease may write admissions (the
+admission policy allows the coordinator that much), so a compromised GPU node that took the Lease could
+admit every node of a pool at once. The admitted node's own agent checks the admission against the
+rollout's rules as it can see them, read fresh from the API server: a canary that waits for `rollout
+resume` takes no more nodes, no more than maxParallel nodes of the rollout are upgraded at once. An
+admission beyond them is given back (idle, nothing cordoned, drained or installed) with a Warning; a
+coordinator's own admissions always pass, so the rollout then finishes as it would have.
+
+On the real control plane (deploy/'s policies), each daemon with its node-bound token; the forged
+admissions are written with the Lease holder's own token, as the compromised node would."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from driverd.cluster import model as m
+from driverd.cluster.kube import node_path, rollout_path
+from driverd.sim.fleet import NEW, OLD
+from tests.cluster.realfleet import (  # noqa: F401 (make: a fixture)
+    hosts,
+    make,
+    refusals,
+    rollout,
+    start_with_coordinator,
+    views,
+    wait_phase,
+)
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+COORD = "gpu-0000"
+EVENTS = "/api/v1/namespaces/default/events"
+
+
+def _forge(cp, f, coordinator: str, node: str, name: str) -> None:
+    """What the Lease holder may write on another node: an admission into rollout `name`, with its
+    key and its driver (every check of the issue-30 defence passes), beyond the rollout's limits."""
+    ro = f.admin.get(rollout_path(name))
+    key = f"{name}/{ro['metadata']['uid']}/{ro['metadata']['generation']}"
+    assert f.wait(lambda: (views(f)[node].preflight or {}).get("rollout") == key, 30), views(f)[node]
+    ann = {m.A_STATE: m.ADMITTED, m.A_REASON: "Admitted", m.A_MESSAGE: f"admitted by {coordinator}",
+           m.A_SINCE: "2025-01-01T00:00:00Z", m.A_ROLLOUT: key, m.A_TARGET: f"{NEW}/auto", m.A_ATTEMPT: "1",
+           m.A_PREVIOUS: f"{OLD}/open", m.A_ADMITTED_BY: coordinator}
+    cp.api("PATCH", node_path(node), {"metadata": {"annotations": ann}},
+           token=cp.token("driverd", "driverd", node=coordinator), content_type="application/merge-patch+json")
+
+
+def _given_back(cp, f, node: str, *words: str) -> None:
+    assert f.wait(lambda: views(f)[node].reason == "AdmissionBeyondLimits", 30), views(f)[node]
+    time.sleep(1)                                     # and nothing moves afterwards
+    v = views(f)[node]
+    assert v.state == m.IDLE and not v.unschedulable and v.driver == OLD, vars(v)
+    assert OLD in (f.nodes[node].root / "proc/driver/nvidia/version").read_text()
+    evs = [e for e in cp.api("GET", EVENTS)["items"]
+           if e["involvedObject"].get("name") == node and e["reason"] == "AdmissionBeyondLimits"]
+    assert evs and evs[-1]["type"] == "Warning" and f"admission by {COORD} not acted on" in evs[-1]["message"], evs
+    for w in words:
+        assert w in evs[-1]["message"], (w, evs[-1]["message"])
+
+
+def test_an_admission_past_a_paused_canary_is_given_back_and_the_rollout_goes_on_after_resume(control_plane,
+                                                                                             deployed, make):
+    """The issue's attack: canary 1, maxParallel 1: the canary is done and the rollout waits for
+    `rollout resume` (Paused/CanaryDone); the Lease holder admits the two other nodes at once. Before
+    the fix both were cordoned, drained and upgraded together."""
+    cp = control_plane
+    f = make(4)
+    start_with_coordinator(f, COORD)
+    targets = ["gpu-0001", "gpu-0002", "gpu-0003"]
+    f.admin.create(rollout_path(), rollout("r", nodeSelector=hosts(*targets), canary=1, maxParallel=1))
+    ro = wait_phase(f, "r", ("Paused",), timeout=90)
+    assert ro["status"]["reason"] == "CanaryDone" and views(f)["gpu-0001"].driver == NEW
+    for node in ("gpu-0002", "gpu-0003"):
+        _forge(cp, f, COORD, node, "r")
+    for node in ("gpu-0002", "gpu-0003"):
+        _given_back(cp, f, node, "paused (CanaryDone)")
+    assert f.admin.get(rollout_path("r"))["status"]["phase"] == "Paused"
+    # the operator resumes: the coordinator's own admissions pass the same check, one node at a time
+    f.admin.patch(rollout_path("r"), {"spec": {"paused": False},
+                                      "metadata": {"annotations": {"driverd.io/canary-approved": "true"}}})
+    wait_phase(f, "r", ("Completed",), timeout=120)
+    vs = views(f)
+    assert [vs[n].driver for n in targets] == [NEW, NEW, NEW] and vs[COORD].driver == OLD
+    assert refusals(deployed, f.audit_from) == []
+
+
+def test_an_admission_past_max_parallel_is_given_back_while_another_node_upgrades(control_plane, deployed, make):
+    """maxParallel 1: while the coordinator's node drains (a PDB that allows no eviction keeps it
+    there), the Lease holder admits a second node: given back; the rollout's own order is untouched."""
+    cp = control_plane
+    f = make(3)
+    start_with_coordinator(f, COORD)
+    f.pdb_never("gpu-0001")
+    f.admin.create(rollout_path(), rollout("p", nodeSelector=hosts("gpu-0001", "gpu-0002"), maxParallel=1,
+                                           drain={"timeoutSeconds": 600}))
+    assert f.wait(lambda: views(f)["gpu-0001"].state == m.EVICTING, 60), views(f)["gpu-0001"]
+    assert views(f)["gpu-0002"].state == m.IDLE
+    _forge(cp, f, COORD, "gpu-0002", "p")
+    _given_back(cp, f, "gpu-0002", "1 other node(s) of rollout p are being upgraded (gpu-0001)", "maxParallel is 1")
+    assert views(f)["gpu-0001"].state == m.EVICTING
+    f.set_pdb("gpu-0001", 1)
+    wait_phase(f, "p", ("Completed",), timeout=120)
+    vs = views(f)
+    assert vs["gpu-0001"].driver == NEW and vs["gpu-0002"].driver == NEW
+    assert refusals(deployed, f.audit_from) == []
