@@ -235,8 +235,15 @@ def _seen_by(v: m.NodeView, obj: dict) -> bool:
     whose daemon never answered, one NotReady past the bound). A new revision would only repeat that."""
     md, st = obj.get("metadata") or {}, obj.get("status") or {}
     ident = f"{md.get('name')}/{md.get('uid')}" if md.get("uid") else md.get("name")
-    if any((key or "").rpartition("/")[0] == ident for key in (v.rollout, (v.preflight or {}).get("rollout"))):
+    if (v.rollout or "").rpartition("/")[0] == ident:
         return True
+    pre = v.preflight or {}
+    if (pre.get("rollout") or "").rpartition("/")[0] == ident:
+        # A yes (driver needed) from a node the rollout never recorded, under a status that says the
+        # rollout completed or failed: the coordinator's own never ends so with a node pending, so the
+        # status is not to be believed (issue 44: a node that took the Lease wrote Completed once every
+        # node had answered); the next revision takes the node
+        return not (pre.get("ok") and pre.get("needed", True) and st.get("phase") in ("Completed", "Failed"))
     return any(e.get("node") == v.name for k in ("preflightFailures", "failedNodes", "notReadyNodes")
                for e in st.get(k) or [] if isinstance(e, dict))
 

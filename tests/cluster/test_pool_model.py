@@ -145,6 +145,27 @@ def test_a_node_new_to_the_pool_gets_a_new_revision_once_but_never_a_loop():
     assert plan.status["nodes"]["joining"] == 1
 
 
+def test_a_completed_status_over_nodes_that_only_answered_yes_does_not_strand_the_pool():
+    """Issue 44: once every node of revision 1 had answered its preflight (yes, the driver is needed), a
+    node holding the Lease wrote `phase: Completed` on it; no node was ever admitted. Before the fix the
+    answers counted as dealt with: no next revision, the pool's nodes never got its driver."""
+    p = pl.Pool.from_object(pool("a100"))
+    ident = "a100-1/r-uid-1"
+    yes = {m.A_PREFLIGHT: '{"rollout": "%s/1", "ok": true, "needed": true}' % ident}
+    views = [node(f"n{i}", labels={"pool": "a100"}, ann=yes) for i in range(3)]
+    for phase in ("Completed", "Failed"):
+        plan = pl.plan(p, pl.assign([p], views), [rollout_of(p, 1, phase=phase)], now=NOW)
+        assert plan.create is not None and plan.create["metadata"]["name"] == "a100-2", phase
+        assert plan.status["nodes"]["behind"] == 3
+    # an aborted or refused revision dealt with them: a new one would only repeat it
+    for phase in ("Aborted", "Refused"):
+        assert pl.plan(p, pl.assign([p], views), [rollout_of(p, 1, phase=phase)], now=NOW).create is None, phase
+    # a node that says it needs nothing (already on the driver by its own account) is dealt with
+    nothing = {m.A_PREFLIGHT: '{"rollout": "%s/1", "ok": true, "needed": false}' % ident}
+    views = [node("n1", labels={"pool": "a100"}, ann=nothing)]
+    assert pl.plan(p, pl.assign([p], views), [rollout_of(p, 1, phase="Completed")], now=NOW).create is None
+
+
 def test_overlapping_pools_start_no_rollout_and_both_say_so():
     a100, wide = pl.Pool.from_object(pool("a100")), pl.Pool.from_object(pool("wide", selector={"zone": "z1"}))
     views = [node("n1", labels={"pool": "a100"}), node("n2", labels={"pool": "a100", "zone": "z1"})]
