@@ -57,7 +57,8 @@ def test_a_refused_connection_is_said_at_once_in_one_line(tmp_path, argv):
     t0 = time.monotonic()
     r = plugin(*argv, "--kubeconfig", str(kc))
     took = time.monotonic() - t0
-    assert took < 5, f"{took:.1f}s"        # kubectl: well under a second; we pay the client's import
+    # at once, not after the client's retries (60 s): the bound leaves room for a loaded CI machine
+    assert took < 30, f"{took:.1f}s"
     assert r.returncode == 3 and r.stdout == ""
     assert r.stderr.count("\n") == 1, r.stderr
     assert f"cannot reach the Kubernetes API at {server}: connection refused" in r.stderr
