@@ -240,11 +240,20 @@ class RestorePackage(StepImpl):
         return is_installed(ctx.root, _release(ctx, params), params.get("sha256"), ctx.config["state.dir"])
 
     def do(self, ctx, params):
-        from driverd.packages.install import put_previous_record, restore
-        out = restore(ctx.root, _release(ctx, params), params.get("sha256"), ctx.runner,
-                      state_dir=ctx.config["state.dir"], kernel_tools=ctx.kernel).to_json()
+        from driverd.packages.install import installed_sha256, put_previous_record, restore
+        from driverd.packages.kept import forget
+        release, state_dir = _release(ctx, params), ctx.config["state.dir"]
+        # a rollback takes away the package its run installed: that package failed on this host, so it is
+        # not kept as a way back (the planner restores a kept package of the wanted version instead of
+        # fetching it: a retry would install the same failure again, not the repository's fixed build)
+        failed = installed_sha256(ctx.root, release) if (getattr(ctx, "doc", None) or {}).get("state") == \
+            "rolling-back" else None
+        out = restore(ctx.root, release, params.get("sha256"), ctx.runner,
+                      state_dir=state_dir, kernel_tools=ctx.kernel).to_json()
         if "previous" in params:
-            put_previous_record(ctx.root, _release(ctx, params), params["previous"], ctx.config["state.dir"])
+            put_previous_record(ctx.root, release, params["previous"], state_dir)
+        if failed and failed != params.get("sha256"):
+            forget(ctx.root, state_dir, failed)
         return out
 
     def describe(self, params):

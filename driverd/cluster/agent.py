@@ -802,10 +802,14 @@ class NodeAgent:
             # them; DaemonSet pods ignore the cordon): those first, the cordon stays until the count is back
             back, back_ann, said = _restored(node)
             if v.labels.get(m.L_READY) != "true" or back:
-                self.nodes.put(self.kube.patch(node_path(self.node), {"metadata": {
-                    "labels": {m.L_READY: "true", **back}, "annotations": back_ann}}))
+                new = self.kube.patch(node_path(self.node), {"metadata": {
+                    "labels": {m.L_READY: "true", **back}, "annotations": back_ann}})
+                self.nodes.put(new)
                 self.log(f"driverd cluster: node {self.node}: validating: driver validated; its GPU DaemonSets may "
                          f"come back (driverd.io/driver-ready=true{said})")
+                if said and self.events:
+                    self.event(new, "RestoredOperatorComponents", f"driver validated{said}; the node stays cordoned "
+                               "until its GPUs are schedulable again")
                 return 0
             short = sched.shortfall(before, sched.counts(node, sched.node_slices(self.kube, self.node)
                                                          if sched.DRA_KEY in before else []))

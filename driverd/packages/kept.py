@@ -378,6 +378,17 @@ def prune_kept(root: Root | str | os.PathLike, state_dir: str = "/var/lib/driver
                            fix="check the state directory's filesystem") from None
 
 
+def forget(root: Root, state_dir: str, sha: str) -> bool:
+    """Remove one kept package (a package that failed on this host), unless something still needs it
+    (installed for a kernel, recorded as previous, named by a pending switch). True when removed."""
+    if not valid_sha(sha) or sha in protected(root, state_dir) or sha not in kept_shas(root, state_dir):
+        return False
+    base = kept_hostdir(state_dir)
+    retire(root, f"{base}/{sha}")
+    root.fsync(base)
+    return True
+
+
 def touch(root: Root, d: str) -> None:
     """Mark a kept entry as recently used (pruning removes the least recently used first)."""
     try:

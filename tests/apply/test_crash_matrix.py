@@ -89,6 +89,7 @@ SCENARIOS = {
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)      # dozens of kill points, each a driverd run and a recovery: minutes on a loaded CI machine
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_kill9_after_every_durable_effect(tmp_path, packages, name, request):
     kind, cmd, (want, want_state) = SCENARIOS[name]

@@ -3,6 +3,8 @@ handler on the node agent, every transition the agent and the coordinator record
 the table, nothing else names a state, and the CLI's exit codes follow the phase table."""
 from __future__ import annotations
 
+import types
+
 import ast
 import re
 
@@ -139,6 +141,7 @@ def _agent_at(state: str):
     node = {"metadata": {"name": "n1", "annotations": {m.A_STATE: state, m.A_ROLLOUT: "r/uid/1"}},
             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
     agent._labels_checked = True
+    agent._kernel_news = []
     agent.view = lambda: (node, m.NodeView.from_node(node))
     agent.calls = []
     agent._fail = lambda node, v, reason, message: agent.calls.append(("fail", reason, message))
@@ -169,6 +172,9 @@ def test_cluster_mode_pins_from_the_table(tmp_path):
     class _Agent:
         def __init__(self, node):
             self.nodes = {"n1": node}
+
+        def set_waiting(self, text):
+            pass
     base = load(Root(str(tmp_path)), None, environ={})
     host = {"version": "535.9", "flavor": "open"}        # what the host has (loaded, or last converged to)
     for state, ann, want in [
@@ -180,7 +186,8 @@ def test_cluster_mode_pins_from_the_table(tmp_path):
             (states.IDLE, {m.A_TARGET: "9.9/open"}, ("535.9", "open")),
             ("made-up", {m.A_TARGET: "9.9/open"}, ("535.9", "open"))]:
         cm = ClusterMode.__new__(ClusterMode)
-        cm.node, cm.log, cm._said_behind = "n1", lambda msg: None, ""
+        cm.node, cm.log, cm._said_behind, cm._said_waiting, cm._said = "n1", lambda msg: None, "", "", set()
+        cm.make_context = lambda cfg: types.SimpleNamespace(root=Root(str(tmp_path)))   # no converge recorded
         cm.agent = _Agent({"metadata": {"name": "n1", "annotations": {m.A_STATE: state, **ann}}})
         cm.have = lambda cfg: dict(host)
         cm.desired = lambda cfg, node: dz.Desired("570.1", "auto", "configuration")
