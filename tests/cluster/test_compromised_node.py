@@ -384,7 +384,9 @@ def test_the_agent_acts_only_on_an_admission_a_live_rollout_made(change, why):
     agent = NodeAgent.__new__(NodeAgent)
     agent.rollouts = type("Rollouts", (), {"get": staticmethod(lambda name: obj if name == "r" else None),
                                            "put": staticmethod(lambda o: None)})()
-    agent.kube = type("Kube", (), {"find": staticmethod(lambda path: fresh if path.endswith("/r") else None)})()
+    # the agent reads a rollout fresh by a list by name (its RBAC lists rollouts, it does not get them)
+    agent.kube = type("Kube", (), {"list": staticmethod(
+        lambda path, fields=None: {"items": [fresh] if fields == "metadata.name=r" else []})})()
     agent.pools = type("Pools", (), {"snapshot": staticmethod(lambda: [])})()      # no DriverPools
     key = change.get("rollout", "r/u1/2")
     pre = change.get("preflight", {"rollout": "r/u1/2", "ok": True})

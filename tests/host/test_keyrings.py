@@ -129,4 +129,9 @@ def test_live_machine_read_only():
     assert k.readable and k.membership in ("keyctl", "unknown")
     if os.geteuid() == 0:
         assert BUILTIN in k.keyrings
-    assert open("/proc/keys").read() == before
+    # the same keys with the same flags, permissions and descriptions; usage counts (3rd column) and session
+    # keyrings are not ours to hold still: other processes (the suite's parallel workers) make and join them
+    def keys(text: str) -> list[list[str]]:
+        return [f[:2] + f[3:] for f in (line.split() for line in text.splitlines())
+                if not (len(f) > 8 and f[8].startswith("_ses"))]
+    assert keys(open("/proc/keys").read()) == keys(before)
