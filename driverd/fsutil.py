@@ -296,21 +296,8 @@ def trusted_file(path: str | os.PathLike, what: str, *, shown: str | None = None
     one-line ConfigError naming `what` (e.g. "config file", "packages.netrc") and the fix. `shown` is the
     name to print (a host path under --root). A missing file raises too, unless `missing_ok` (then None:
     the reader reports the absence in its own words)."""
-    from driverd.errors import ConfigError
-    shown = shown or os.fspath(path)
-    cause = _cause("file")
-    real, st, missing = _walk(path, what, shown, cause, "regular file")
-    if missing:
-        if missing_ok:
-            return None
-        raise ConfigError(f"{what} {shown} does not exist", cause=f"no {os.path.join(real, *missing)}",
-                          fix=f"create it or change {what}")
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"refusing {what} {shown}: {real} is not a regular file",
-                          cause="driverd reads configuration, keys and credentials from regular files only",
-                          fix=f"point {what} at a regular file")
-    _judge_owner(path, real, st, what, shown, cause)
-    return Path(real)
+    return _trusted(path, what, shown, missing_ok, "file", "regular file", stat.S_ISREG,
+                    "driverd reads configuration, keys and credentials from regular files only")
 
 
 def trusted_dir(path: str | os.PathLike, what: str, *, shown: str | None = None,
@@ -320,18 +307,23 @@ def trusted_dir(path: str | os.PathLike, what: str, *, shown: str | None = None,
     itself a trusted owner's and not writable by its group or others (no sticky-bit exception: whoever
     can add an entry there can add the one driverd picks). A missing directory raises unless `missing_ok`
     (then None); the directories on the way to where it would be made are judged either way."""
+    return _trusted(path, what, shown, missing_ok, "directory", "directory", stat.S_ISDIR, "it must be a directory")
+
+
+def _trusted(path, what: str, shown: str | None, missing_ok: bool, kind: str, noun: str, is_kind,
+             why_kind: str) -> Path | None:
     from driverd.errors import ConfigError
     shown = shown or os.fspath(path)
-    cause = _cause("directory")
-    real, st, missing = _walk(path, what, shown, cause, "directory")
+    cause = _cause(kind)
+    real, st, missing = _walk(path, what, shown, cause, noun)
     if missing:
         if missing_ok:
             return None
         raise ConfigError(f"{what} {shown} does not exist", cause=f"no {os.path.join(real, *missing)}",
                           fix=f"create it or change {what}")
-    if not stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"refusing {what} {shown}: {real} is not a directory", cause="it must be a directory",
-                          fix=f"point {what} at a directory")
+    if not is_kind(st.st_mode):
+        raise ConfigError(f"refusing {what} {shown}: {real} is not a {noun}", cause=why_kind,
+                          fix=f"point {what} at a {noun}")
     _judge_owner(path, real, st, what, shown, cause)
     return Path(real)
 

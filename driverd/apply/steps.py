@@ -241,7 +241,7 @@ class RestorePackage(StepImpl):
 
     def do(self, ctx, params):
         from driverd.packages.install import installed_sha256, put_previous_record, restore
-        from driverd.packages.kept import forget
+        from driverd.packages.kept import forget, kept_hostdir
         release, state_dir = _release(ctx, params), ctx.config["state.dir"]
         # a rollback takes away the package its run installed: that package failed on this host, so it is
         # not kept as a way back (the planner restores a kept package of the wanted version instead of
@@ -253,7 +253,11 @@ class RestorePackage(StepImpl):
         if "previous" in params:
             put_previous_record(ctx.root, release, params["previous"], state_dir)
         if failed and failed != params.get("sha256"):
-            forget(ctx.root, state_dir, failed)
+            try:
+                forget(ctx.root, state_dir, failed)
+            except OSError as e:       # a clean-up: it never fails the rollback that restored the driver
+                ctx.log(f"  could not drop the failed package {failed[:12]} from the kept store: {e.strerror}; "
+                        f"a retry may install it again from there (fix: remove {kept_hostdir(state_dir)}/{failed})")
         return out
 
     def describe(self, params):
