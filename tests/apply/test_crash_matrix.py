@@ -5,6 +5,7 @@ files intact, and the journal says which. The faults come from the test side
 (tests/faults/sitecustomize.py on the child's PYTHONPATH), never from hooks in driverd."""
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 from concurrent.futures import ThreadPoolExecutor
@@ -76,6 +77,33 @@ def _host(base: Path, kind: str, packages) -> Path:
     return root
 
 
+def kill_points(labels: list[str]) -> list[int]:
+    """`labels`: the trace's lines ("N op path..."). The kill points (N) whose state differs from the one before: a kill -9 ends the process, not
+    the machine, so an fsync of a directory right after an effect in it (a rename, replace, link or mkdir
+    there; the fsync of a file there) or the same fsync again leaves exactly the files the kill before it
+    left. A kill there is the previous trial again (a quarter of the points; issue 41: the matrix was the
+    suite's longest CPU work). An fsync of a file stays: a file written since the last effect (not an
+    effect itself) is on disk only from there on."""
+    out = []
+    for n, label in enumerate(labels, 1):
+        _, op, *paths = label.split(" ")
+        if op == "fsync" and n > 1:
+            _, before_op, *before = labels[n - 2].split(" ")
+            if any(os.path.dirname(p) == paths[0] for p in before) or (before_op == "fsync" and before == paths):
+                continue
+        out.append(n)
+    return out
+
+
+def test_kill_points_skip_only_what_leaves_the_same_files():
+    labels = [f"{n} {label}" for n, label in enumerate((
+        "fsync /r/d/.j.tmp", "replace /r/d/.j.tmp /r/d/j.json", "fsync /r/d", "fsync /r/d", "mkdir /r/d/stage",
+        "fsync /r/d/stage/a.ko", "fsync /r/d/stage", "fsync /r/e", "kernel load nvidia", "fsync /r/d/.k.tmp"), 1)]
+    # the directory fsyncs after an effect in it, and the same fsync again, go; a file's fsync stays
+    # (the file may have been written since), so does an fsync of another directory
+    assert kill_points(labels) == [1, 2, 5, 6, 8, 9, 10]
+
+
 SCENARIOS = {
     # name: (host kind, command, what a run that is not interrupted ends with)
     "apply-fresh-host": ("fresh", ("apply",), (OLD, "done")),
@@ -130,9 +158,11 @@ def test_kill9_after_every_durable_effect(tmp_path, packages, name, request):
         shutil.rmtree(root)
         return n, labels[n - 1], doc["state"]
 
+    points = kill_points(labels)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(trial, range(1, len(labels) + 1)))
+        results = list(pool.map(trial, points))
     ends = {s: sum(1 for r in results if r[2] == s) for s in ("done", "rolled-back")}
-    print(f"\ncrash matrix {name}: {len(results)}/{len(labels)} kill points end validated "
-          f"({ends['done']} done on the new driver, {ends['rolled-back']} rolled back to the last-known-good)")
-    assert len(results) == len(labels)
+    print(f"\ncrash matrix {name}: {len(results)} kill points of {len(labels)} effects end validated (the others "
+          f"leave the files of the one before) ({ends['done']} done on the new driver, {ends['rolled-back']} rolled "
+          f"back to the last-known-good)")
+    assert len(results) == len(points) >= len(labels) * 2 // 3

@@ -34,10 +34,12 @@ def _args(tmp_path, **kw) -> argparse.Namespace:
 @pytest.mark.slow
 def test_every_fault_ends_defined_with_nothing_left_cordoned(tmp_path):
     bench = _bench()
-    r = bench.run(_args(tmp_path, nodes=12, max_parallel=3, max_unavailable="25%", drain_timeout=2, faults=ALL))
+    # drain timeout 10 s: the faults that must end done (a daemon killed mid-drain, the API server restarted
+    # while nodes drain) finish their drain late on a loaded machine; at 2 s one was failed in CI (issue 41)
+    r = bench.run(_args(tmp_path, nodes=12, max_parallel=3, max_unavailable="25%", drain_timeout=10, faults=ALL))
     # no fault reaches past its node (an API server restart once left a pod Terminating on another)
     assert r["failed_without_fault"] == {}, r["failed_without_fault"]
-    assert r["completed"] and r["phase"] == "Failed", (r["phase"], r["phase_reason"])
+    assert r["completed"] and r["phase"] == "Failed", (r["phase"], r["phase_reason"], r["fault_outcomes"])
     assert r["admissions_over_limit"] == 0 and r["limit_unavailable"] == 3
     assert r["left_cordoned_by_us"] == 0
     out = r["fault_outcomes"]
