@@ -151,6 +151,10 @@ SCHEMA: dict[str, Key] = {
     "cluster.enabled": Key("str", "auto", "take part in DriverRollouts (the node state machine and the coordinator "
                            "election) in `driverd daemon` / container-entrypoint; auto: when running in a pod or "
                            "cluster.kubeconfig is set", ("auto", "true", "false")),
+    "cluster.coordinate": Key("bool", True, "a cluster-mode daemon also stands for the coordinator (the rollout Lease "
+                              "holder that admits nodes and writes rollout status); false: this node's side of "
+                              "rollouts only, a `driverd cluster coordinator` process coordinates (its own identity, "
+                              "which no GPU node holds)"),
     "cluster.kubeconfig": Key("str", None, "kubeconfig a host-mode daemon uses to reach the API (a host path, under "
                               "the root); unset: in-cluster service account"),
     "cluster.allow_exec_credentials": Key("bool", False, "let the daemon's kubeconfig authenticate with an exec plugin "

@@ -49,6 +49,17 @@ NODE_NEEDS = [
 ] + [
     ("coordination.k8s.io", "leases", v, "ns") for v in ("get", "create", "update", "list", "watch")
 ]
+# What `driverd cluster coordinator` calls, as its own ServiceAccount (issue 44): the coordinator's half of
+# NODE_NEEDS and nothing of a node's (no pods, evictions, node status, DRA, DaemonSets).
+COORDINATOR_SA = "driverd-coordinator"
+COORDINATOR_NEEDS = [("", "nodes", v, "cluster") for v in ("list", "watch", "patch")] + [
+    ("", "events", "create", "cluster"),
+] + [("driverd.io", "driverrollouts", v, "cluster") for v in ("list", "watch", "patch", "create")] + [
+    ("driverd.io", "driverrollouts/status", "patch", "cluster"),
+    ("driverd.io", "driverpools", "list", "cluster"),
+    ("driverd.io", "driverpools", "watch", "cluster"),
+    ("driverd.io", "driverpools/status", "patch", "cluster"),
+] + [("coordination.k8s.io", "leases", v, "ns") for v in ("get", "create", "update", "list", "watch")]
 OPERATOR_NEEDS = [("driverd.io", "driverrollouts", v) for v in ("create", "get", "list", "watch", "patch", "delete")] \
     + [("driverd.io", "driverpools", v) for v in ("create", "get", "list", "watch", "patch", "update", "delete")] \
     + [("", "nodes", v) for v in ("get", "list", "watch", "patch")] + [("", "events", "list")]
@@ -87,10 +98,10 @@ def _allows(rules: list[dict], group: str, resource: str, verb: str) -> bool:
     return False
 
 
-def _bound_rules(objs: list[dict]) -> tuple[list[dict], list[dict]]:
-    """The rules bound to ServiceAccount driverd/driverd: cluster-wide ones, and those in namespace driverd."""
+def _bound_rules(objs: list[dict], sa: str = SA) -> tuple[list[dict], list[dict]]:
+    """The rules bound to ServiceAccount driverd/`sa`: cluster-wide ones, and those in namespace driverd."""
     def to_sa(b):
-        return any(s.get("kind") == "ServiceAccount" and s.get("name") == SA and s.get("namespace") == NS
+        return any(s.get("kind") == "ServiceAccount" and s.get("name") == sa and s.get("namespace") == NS
                    for s in b.get("subjects") or [])
     roles, croles = _by(objs, "Role"), _by(objs, "ClusterRole")
     cluster = [r for b in _by(objs, "ClusterRoleBinding").values() if to_sa(b)
@@ -116,7 +127,8 @@ def test_overlay_objects_are_consistent(tmp_path, overlay):
             assert o["metadata"].get("namespace") == NS, (o["kind"], o["metadata"])
     # every ServiceAccount referenced exists, every role bound exists
     sas = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objs if o["kind"] == "ServiceAccount"}
-    refs = [(NS, ds["spec"]["template"]["spec"]["serviceAccountName"]) for ds in _by(objs, "DaemonSet").values()]
+    refs = [(NS, ds["spec"]["template"]["spec"]["serviceAccountName"])
+            for ds in list(_by(objs, "DaemonSet").values()) + list(_by(objs, "Deployment").values())]
     for b in list(_by(objs, "ClusterRoleBinding").values()) + list(_by(objs, "RoleBinding").values()):
         refs += [(s["namespace"], s["name"]) for s in b["subjects"] if s["kind"] == "ServiceAccount"]
         assert b["roleRef"]["name"] in _by(objs, b["roleRef"]["kind"]), b["roleRef"]
@@ -145,12 +157,51 @@ def test_rbac_covers_the_node_daemons_calls_and_nothing_more(tmp_path, overlay):
                rule.get("resourceNames") == ["driverd-rollout"] for rule in ns), "leases: only driverd's own"
     op = _by(objs, "ClusterRole")["driverd-operator"]["rules"]
     assert [n for n in OPERATOR_NEEDS if not _allows(op, *n)] == []
+    # the coordinator's own ServiceAccount (issue 44): its calls, nothing more
+    cluster, ns = _bound_rules(objs, COORDINATOR_SA)
+    missing = [n for n in COORDINATOR_NEEDS if not _allows(cluster if n[3] == "cluster" else ns + cluster, *n[:3])]
+    assert not missing, missing
+    needed = {(g, r, v) for g, r, v, _ in COORDINATOR_NEEDS}
+    extra = [(g, r, v) for rule in cluster + ns for g in rule["apiGroups"] for r in rule["resources"]
+             for v in rule["verbs"] if (g, r, v) not in needed]
+    assert not extra, f"rules the coordinator does not need: {extra}"
     # the ClusterRole and Role say WHY for every rule (a comment above each one)
-    for f in ("rbac-node.yaml", "rbac-operator.yaml"):
+    for f in ("rbac-node.yaml", "rbac-operator.yaml", "rbac-coordinator.yaml"):
         text = (DEPLOY / "base" / f).read_text().splitlines()
         for i, line in enumerate(text):
             if line.strip().startswith("- apiGroups:"):
                 assert text[i - 1].strip().startswith("#"), f"{f}:{i + 1}: a rule without its reason"
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_coordinator_runs_on_its_own_identity_and_never_on_a_gpu_node(tmp_path, overlay):
+    """Issue 44: `driverd cluster coordinator` as a Deployment of its own ServiceAccount, in every mode (host
+    mode too: the hosts' daemons are agents), kept off the nodes the DaemonSet runs on (a node's root reads
+    the tokens of the pods on it), with nothing of a host."""
+    from driverd.cli import build_parser
+    objs = render(tmp_path, overlay)
+    dep = _by(objs, "Deployment")["driverd-coordinator"]
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert pod["serviceAccountName"] == COORDINATOR_SA and dep["metadata"]["namespace"] == NS
+    assert c["command"] + c["args"] == ["driverd", "cluster", "coordinator"]
+    build_parser().parse_args(c["args"])                       # a command driverd has
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c["env"]}
+    assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    gpu_label = next(iter(_by(render(tmp_path, "container-mode"), "DaemonSet")["driverd"]["spec"]["template"]["spec"]
+                          ["nodeSelector"]))
+    # every term (they are ORed) keeps it off a node with the DaemonSet's label
+    assert terms and all({"key": gpu_label, "operator": "NotIn", "values": ["true"]} in t["matchExpressions"]
+                         for t in terms), terms
+    assert not pod.get("volumes") and not pod.get("hostPID") and not pod.get("hostNetwork")
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]}}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    ds = _by(objs, "DaemonSet").get("driverd")
+    if ds:                                                       # the one image for both
+        assert c["image"] == ds["spec"]["template"]["spec"]["containers"][0]["image"]
 
 
 @pytest.mark.real

@@ -62,6 +62,24 @@ def register(sub, common) -> None:
                    "(default: $POD_NAMESPACE or driverd)")
     _kube_args(p, namespace=False)
     p.set_defaults(handler=cmd_agent)
+    p = csub.add_parser("coordinator", parents=[common], formatter_class=fmt,
+                        help="run the coordinator alone: admit nodes into rollouts, write their status",
+                        description="Takes part in the election of the coordinator (the holder of the Lease "
+                        "NS/driverd-rollout) and, while it holds the Lease, admits nodes into DriverRollouts under "
+                        "their limits and writes the rollouts' and DriverPools' status. It runs no node's driver: "
+                        "run it as its own Deployment and ServiceAccount (deploy/base/coordinator.yaml), so that "
+                        "no GPU node's identity can coordinate, and set cluster.coordinate = false on the nodes. "
+                        "Several replicas: one holds the Lease, the others take over within its duration (15 s). "
+                        "Stops on SIGTERM, giving the Lease up.",
+                        epilog="examples:\n  driverd cluster coordinator                 # in its pod: $POD_NAME, "
+                        "$POD_NAMESPACE\n  driverd cluster coordinator --kubeconfig ~/.kube/config --identity "
+                        "ops-laptop")
+    p.add_argument("--identity", metavar="NAME", help="the name it holds the Lease in (default: $POD_NAME, then the "
+                   "host name)")
+    p.add_argument("-n", "--namespace", metavar="NS", default=None, help="namespace of the coordination Lease "
+                   "(default: $POD_NAMESPACE or cluster.namespace)")
+    _kube_args(p, namespace=False)
+    p.set_defaults(handler=cmd_coordinator)
 
 
 def register_kubectl(sub, common) -> None:
@@ -565,4 +583,47 @@ def cmd_agent(ctx, args) -> int:
     while not done.wait(1.0):
         pass
     cm.close()
+    return 0
+
+
+def cmd_coordinator(ctx, args) -> int:
+    import os
+    import signal
+    import threading
+
+    from driverd import log as logs
+    from driverd.cluster.coordinate import CoordinatorProcess, identity
+    from driverd.cluster.kube import Kube, Target
+    from driverd.daemon.cluster_mode import api_target
+    logs.configure(mode="cluster-coordinator", timestamps=not logs.stderr_is_journal())
+    cfg = ctx.config
+    target = Target(kubeconfig=args.kubeconfig, context=args.context) if args.kubeconfig or args.context else None
+    from driverd.cluster.kube import lease_path
+    from driverd.cluster.lease import LEASE_NAME
+    from driverd.errors import DriverdError
+    tgt = api_target(cfg, ctx.root, target)
+    name = args.identity or identity()
+    ns = args.namespace or os.environ.get("POD_NAMESPACE") or cfg["cluster.namespace"]
+    try:
+        # one read of the Lease, failing fast: an API it cannot reach or an identity without the
+        # coordinator's rights is said at once, not after the informers' retries (a pod restarts)
+        Kube(tgt, retry_for_s=10, fail_fast=True).find(lease_path(ns, LEASE_NAME))
+    except DriverdError as e:
+        hint = "; fix: run it as the ServiceAccount driverd-coordinator with deploy/'s RBAC " \
+               "(deploy/base/rbac-coordinator.yaml)" if getattr(e, "status", None) in (401, 403) else ""
+        logs.log(f"driverd cluster coordinator: cannot read the Lease {ns}/{LEASE_NAME}: {e.one_line()}{hint}")
+        return 1
+    kube = Kube(tgt)
+    logs.log(f"driverd: coordinator {name}, API {kube.host}, Lease {ns}/driverd-rollout")
+    proc = CoordinatorProcess(kube, name, ns, logs.log)
+    done = threading.Event()
+
+    def stop(signum, frame):
+        done.set()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    proc.start()
+    while not done.wait(1.0):
+        pass
+    proc.close()
     return 0

@@ -138,15 +138,19 @@ class ClusterMode:
         self.agent = NodeAgent(self.kube, self.node, make_context=make_context, cfg=cfg, log=log)
         # what the last pass kept, for the daemon's state file (driverd status) and the node's annotation
         self.pinned: dict | None = None
+        # cluster.coordinate = false: a `driverd cluster coordinator` of its own identity coordinates (issue 44)
         self.coordinator = Coordinator(self.kube, self.node, ns, rollouts=self.agent.rollouts, pools=self.agent.pools,
-                                       log=log)
+                                       log=log) if cfg["cluster.coordinate"] else None
         self.log = log
         self._said_behind = ""
         self._said_waiting = ""
         self._said: set[str] = set()
-        self.threads = [threading.Thread(target=self.agent.run, name="cluster-agent", daemon=True),
-                        threading.Thread(target=self.coordinator.run, name="cluster-coordinator", daemon=True)]
-        log(f"driverd: cluster mode: node {self.node}, API {self.kube.host}, Lease {ns}/driverd-rollout")
+        self.threads = [threading.Thread(target=self.agent.run, name="cluster-agent", daemon=True)]
+        if self.coordinator is not None:
+            self.threads.append(threading.Thread(target=self.coordinator.run, name="cluster-coordinator", daemon=True))
+        log(f"driverd: cluster mode: node {self.node}, API {self.kube.host}, " +
+            (f"Lease {ns}/driverd-rollout" if self.coordinator is not None else
+             "this node's side of rollouts only (cluster.coordinate = false: `driverd cluster coordinator` coordinates)"))
 
     def start(self) -> ClusterMode:
         for t in self.threads:
@@ -244,7 +248,8 @@ class ClusterMode:
 
     def close(self) -> None:
         self.agent.close()
-        self.coordinator.close()
+        if self.coordinator is not None:
+            self.coordinator.close()
         for t in self.threads:
             t.join(timeout=3)
 

@@ -70,7 +70,8 @@ def serve(*, mode: str, root, config_path: str | None, load_config: Callable, ma
             try:
                 cluster = cluster_mode.ClusterMode(cfg, root, make_context, log).start()
                 loop.reconciler = cluster_mode.PinnedReconciler(loop.reconciler, cluster)
-                metrics.watch_fleet(cluster.coordinator.fleet.snapshot)
+                if cluster.coordinator is not None:
+                    metrics.watch_fleet(cluster.coordinator.fleet.snapshot)
             except DriverdError as e:
                 log(f"driverd {mode}: cluster mode is on but unusable: {e.one_line()}; running host-only")
     endpoints = Endpoints(listen or (cfg["daemon.listen"] if cfg is not None else SCHEMA["daemon.listen"].default),

@@ -79,7 +79,7 @@ class Fleet:
     def __init__(self, workdir: str | os.PathLike, nodes: int, *, server, log=_quiet, gpu_pods: int = 1,
                  lease_s: int | None = None, kubeconfig: str | None = None, module_unload: bool = True,
                  gpu_processes: bool = True, device_plugin: bool = False, first: int = 0, hosts: str = "files",
-                 costs=None, namespaces: int = 1, labels: dict | None = None) -> None:
+                 costs=None, namespaces: int = 1, labels: dict | None = None, coordinate: bool = True) -> None:
         """hosts: "files", every node a simulated host tree (its own root, simulated kernel, journal),
         the node transaction the real one; "timed", every node a driverd.sim.timedhost.TimedHost
         (the node's work is wall-clock time of `costs`, a NodeCosts; no host tree), for fleets of
@@ -87,8 +87,11 @@ class Fleet:
         namespaces: the GPU pods' namespaces (GPU_NS for 1; else GPU_NS-0 …, the nodes' pods dealt
         round-robin): how many pods each eviction's admission policy takes as its parameters.
         labels: on every Node the fleet makes (the demo marks its own so that its rollout selects them
-        and its clean-up finds them)."""
+        and its clean-up finds them).
+        coordinate: every node's daemon is also a coordinator candidate (cluster.coordinate); False: the
+        nodes run their own side only and a coordinator of its own identity coordinates."""
         self.work = Path(workdir)
+        self.coordinate = coordinate
         from driverd.cluster.lease import LEASE_DURATION_S
         self.n, self.srv, self.log, self.gpu_pods = nodes, server, log, gpu_pods
         self.lease_s = LEASE_DURATION_S if lease_s is None else lease_s    # None: the product's default
@@ -452,10 +455,12 @@ class Fleet:
             def make_context(cfg, _root=root):
                 return lc.make_context(_root, Runner(), cfg, "sim", log=_quiet)
             sn.agent = NodeAgent(sn.kube, name, make_context=make_context, cfg=sn.cfg, log=self.log)
-        sn.coordinator = Coordinator(sn.kube, name, "driverd", rollouts=sn.agent.rollouts, pools=sn.agent.pools,
-                                     log=self.log, lease_s=self.lease_s)
-        sn.threads = [threading.Thread(target=sn.agent.run, name=f"agent-{name}", daemon=True),
-                      threading.Thread(target=sn.coordinator.run, name=f"coord-{name}", daemon=True)]
+        sn.threads = [threading.Thread(target=sn.agent.run, name=f"agent-{name}", daemon=True)]
+        sn.coordinator = None
+        if self.coordinate:
+            sn.coordinator = Coordinator(sn.kube, name, "driverd", rollouts=sn.agent.rollouts, pools=sn.agent.pools,
+                                         log=self.log, lease_s=self.lease_s)
+            sn.threads.append(threading.Thread(target=sn.coordinator.run, name=f"coord-{name}", daemon=True))
         for t in sn.threads:
             t.start()
         return sn
@@ -533,9 +538,11 @@ class Fleet:
             sn.proc.kill()
             sn.proc.wait()
             return
+        sn.agent.close()
+        if sn.coordinator is None:
+            return
         sn.coordinator.stop.set()               # its Lease renewals end with it
         sn.coordinator.lease.held_until = 0.0   # a dead process renews nothing and releases nothing
-        sn.agent.close()
         sn.coordinator.wake.set()
         sn.coordinator.lease_watch.close()
         if sn.coordinator.nodes:
