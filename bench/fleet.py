@@ -106,6 +106,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 FAILING = ("pdb-never", "reload-fails", "no-controller", "two-pdbs", "stuck-terminating")
 SA_USER = "system:serviceaccount:driverd:driverd"
+COORDINATOR_USER = "system:serviceaccount:driverd:driverd-coordinator"
 
 
 def main(argv=None) -> int:
@@ -176,8 +177,12 @@ class Real:
                         "controller_manager": cp.cpu_seconds("kube-controller-manager")}}
 
     def counted(self, m0: dict, m1: dict) -> dict:
-        """driverd's requests between two marks, as the apiserver's audit log has them."""
-        return self.cp.audit_requests(SA_USER, m0["audit"], m1["audit"])
+        """driverd's requests between two marks, as the apiserver's audit log has them: the node daemons'
+        and the coordinator's (its own ServiceAccount)."""
+        out = self.cp.audit_requests(SA_USER, m0["audit"], m1["audit"])
+        for k, v in self.cp.audit_requests(COORDINATOR_USER, m0["audit"], m1["audit"]).items():
+            out[k] = out.get(k, 0) + v
+        return out
 
     def stop(self) -> None:
         self.cp.stop()
@@ -335,8 +340,13 @@ def _run(a, backend, faults, rnd, work, ps) -> list[dict]:
                   costs=costs, namespaces=getattr(a, "namespaces", 1)).build()
     build_s = time.monotonic() - t0
     calib = Fleet.node_name(a.nodes)
-    coord = Fleet.node_name(a.nodes + 1) if timed else None
-    outside = {calib} | ({coord} if coord else set())
+    coord_node = Fleet.node_name(a.nodes + 1) if timed else None
+    outside = {calib} | ({coord_node} if coord_node else set())
+    # who coordinates: on the real control plane deploy/'s own identity (`driverd cluster coordinator` in a
+    # process of its own, as its Deployment runs it; the extra node is then an idle node outside the
+    # rollouts); on the simulated API server the extra node's daemon, in a process of its own
+    own = fleet.coordinator_mode == "own"
+    coord = (Fleet.COORDINATOR if own else coord_node) if timed else None
     names = sorted(n for n in fleet.nodes if n not in outside)
     victims = rnd.sample(names, min(len(names), len(faults)))
     role = dict(zip(faults, victims))
@@ -371,9 +381,12 @@ def _run(a, backend, faults, rnd, work, ps) -> list[dict]:
     nodes_inf.synced.wait(30)
     t1 = time.monotonic()
     if coord:
-        # the coordinator's daemon first, in its own process: it takes the Lease and keeps it
+        # the coordinator first, in its own process: it takes the Lease and keeps it
         fleet._start_sim()
-        fleet.spawn_node(coord)
+        if own:
+            fleet.spawn_coordinator(coord)
+        else:
+            fleet.spawn_node(coord)
         holder = lambda: ((obs_kube.find(lease_path("driverd", LEASE_NAME)) or {}).get("spec") or {}  # noqa: E731
                           ).get("holderIdentity")
         if not fleet.wait(lambda: holder() == coord, timeout=120, step=0.5):
@@ -665,6 +678,9 @@ def _cpu(fleet, coord, proc_cpu_seconds) -> dict:
     sn = fleet.nodes.get(coord) if coord else None
     if sn is not None and sn.proc is not None:
         out["coordinator"] = proc_cpu_seconds(sn.proc.pid)
+    proc = fleet.coordinators.get(coord) if coord else None       # `driverd cluster coordinator` (own identity)
+    if proc is not None and hasattr(proc, "pid"):
+        out["coordinator"] = proc_cpu_seconds(proc.pid)
     return out
 
 

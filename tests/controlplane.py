@@ -103,11 +103,13 @@ class ControlPlane:
         nodes = "".join(f'{self.node_token(n)},system:node:{n},node-{n},"system:nodes"\n' for n in self.node_names)
         (d / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"\n'
                                       f'{OPERATOR_TOKEN},operator,operator-uid,"gpu-admins"\n' + nodes)
-        # The audit log records every request of driverd's ServiceAccount and of the operator: what
-        # driverd actually calls, as the apiserver saw it (verb, resource, subresource, answer).
+        # The audit log records every request of driverd's ServiceAccounts (the node daemons', the
+        # coordinator's) and of the operator: what driverd actually calls, as the apiserver saw it (verb,
+        # resource, subresource, answer).
         (d / "audit-policy.yaml").write_text(json.dumps({
             "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
-            "rules": [{"level": "Metadata", "users": ["system:serviceaccount:driverd:driverd", "operator"]},
+            "rules": [{"level": "Metadata", "users": ["system:serviceaccount:driverd:driverd",
+                                                     "system:serviceaccount:driverd:driverd-coordinator", "operator"]},
                       {"level": "None"}]}))
         self.audit_log = d / "audit.log"
         etcd_port, peer_port, self.port = _port(), _port(), self.fixed_port or _port()
@@ -269,6 +271,20 @@ class ControlPlane:
     def node_kubeconfig(self, node: str, path: str | os.PathLike) -> str:
         """What a host daemon of `node` uses: a token of deploy/'s ServiceAccount bound to its Node."""
         return self.write_kubeconfig(path, token=self.token("driverd", "driverd", node=node), user=f"driverd-{node}")
+
+    def coordinator_kubeconfig(self, name: str, path: str | os.PathLike) -> str:
+        """What deploy/'s coordinator Deployment runs with: a token of the ServiceAccount driverd-coordinator
+        bound to its pod `name` (a pod object of that account, never scheduled: no scheduler of that name)."""
+        ns = "driverd"
+        try:
+            self.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}", {"gracePeriodSeconds": 0})
+        except urllib.error.HTTPError:
+            pass
+        pod = self.api("POST", f"/api/v1/namespaces/{ns}/pods", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+            "spec": {"serviceAccountName": "driverd-coordinator", "schedulerName": "nobody", "containers": [
+                {"name": "coordinator", "image": "driverd:0.1.0", "command": ["driverd", "cluster", "coordinator"]}]}})
+        return self.write_kubeconfig(path, token=self.token(ns, "driverd-coordinator", pod=pod), user=name)
 
     def write_kubeconfig(self, path: str | os.PathLike, *, token: str = ADMIN_TOKEN, user: str = "admin") -> str:
         ca = Path(self.ca).read_bytes()

@@ -37,18 +37,14 @@ NODE_NEEDS = [
     ("resource.k8s.io", "resourceslices", "list", "cluster"),
     ("node.k8s.io", "runtimeclasses", "list", "cluster"),
 ] + [
-    ("driverd.io", "driverrollouts", v, "cluster") for v in ("list", "watch", "patch")
+    ("driverd.io", "driverrollouts", v, "cluster") for v in ("list", "watch")
 ] + [
     ("apps", "daemonsets", "get", "cluster"),
 ] + [
-    ("driverd.io", "driverrollouts/status", "patch", "cluster"),
-    ("driverd.io", "driverrollouts", "create", "cluster"),
     ("driverd.io", "driverpools", "list", "cluster"),
     ("driverd.io", "driverpools", "watch", "cluster"),
-    ("driverd.io", "driverpools/status", "patch", "cluster"),
-] + [
-    ("coordination.k8s.io", "leases", v, "ns") for v in ("get", "create", "update", "list", "watch")
 ]
+# (issue 44: the Lease, rollout writes and pool status are the coordinator's, COORDINATOR_NEEDS)
 # What `driverd cluster coordinator` calls, as its own ServiceAccount (issue 44): the coordinator's half of
 # NODE_NEEDS and nothing of a node's (no pods, evictions, node status, DRA, DaemonSets).
 COORDINATOR_SA = "driverd-coordinator"
@@ -153,8 +149,7 @@ def test_rbac_covers_the_node_daemons_calls_and_nothing_more(tmp_path, overlay):
              for v in rule["verbs"] if (g, r, v) not in needed]
     assert not extra, f"rules nothing in driverd needs: {extra}"
     assert not any("*" in rule.get(k, []) for rule in cluster + ns for k in ("apiGroups", "resources", "verbs"))
-    assert all(not any(v in ("get", "update", "list", "watch") for v in rule["verbs"]) or
-               rule.get("resourceNames") == ["driverd-rollout"] for rule in ns), "leases: only driverd's own"
+    assert ns == [], "the node daemons hold nothing in driverd's namespace (the Lease is the coordinator's)"
     op = _by(objs, "ClusterRole")["driverd-operator"]["rules"]
     assert [n for n in OPERATOR_NEEDS if not _allows(op, *n)] == []
     # the coordinator's own ServiceAccount (issue 44): its calls, nothing more
@@ -165,6 +160,8 @@ def test_rbac_covers_the_node_daemons_calls_and_nothing_more(tmp_path, overlay):
     extra = [(g, r, v) for rule in cluster + ns for g in rule["apiGroups"] for r in rule["resources"]
              for v in rule["verbs"] if (g, r, v) not in needed]
     assert not extra, f"rules the coordinator does not need: {extra}"
+    assert all(not any(v in ("get", "update", "list", "watch") for v in rule["verbs"]) or
+               rule.get("resourceNames") == ["driverd-rollout"] for rule in ns), "leases: only driverd's own"
     # the ClusterRole and Role say WHY for every rule (a comment above each one)
     for f in ("rbac-node.yaml", "rbac-operator.yaml", "rbac-coordinator.yaml"):
         text = (DEPLOY / "base" / f).read_text().splitlines()
@@ -185,7 +182,9 @@ def test_the_coordinator_runs_on_its_own_identity_and_never_on_a_gpu_node(tmp_pa
     pod = dep["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert pod["serviceAccountName"] == COORDINATOR_SA and dep["metadata"]["namespace"] == NS
-    assert c["command"] + c["args"] == ["driverd", "cluster", "coordinator"]
+    assert c["command"] + c["args"] == ["driverd", "cluster", "coordinator", "--listen", "0.0.0.0:9478"]
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9478, "protocol": "TCP"}]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     build_parser().parse_args(c["args"])                       # a command driverd has
     env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c["env"]}
     assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
@@ -296,11 +295,11 @@ def test_host_mode_keeps_rbac_and_crd_without_a_daemonset(tmp_path):
 
 
 def test_code_calls_are_listed():
-    """Every kind of API call found in driverd/cluster has its permission in NODE_NEEDS (so the
-    RBAC test above follows the code)."""
+    """Every kind of API call found in driverd/cluster has its permission in NODE_NEEDS or
+    COORDINATOR_NEEDS (so the RBAC test above follows the code)."""
     src = "\n".join(p.read_text() for p in (REPO / "driverd" / "cluster").rglob("*.py")) \
         if (REPO / "driverd" / "cluster").is_dir() else ""
-    needs = {(g, r, v) for g, r, v, _ in NODE_NEEDS}
+    needs = {(g, r, v) for g, r, v, _ in NODE_NEEDS + COORDINATOR_NEEDS}
     signs = {r'"/eviction"': ("", "pods/eviction", "create"), r"kube\.delete\(pods_path": ("", "pods", "delete"),
              r"runtimeclasses": ("node.k8s.io", "runtimeclasses", "list"),
              r"resourceclaims": ("resource.k8s.io", "resourceclaims", "get"),

@@ -99,6 +99,42 @@ def test_image_reads_a_host_at_slash_host(image, tmp_path):
     assert facts["kernel"]["release"] == "6.1.0-47-cloud-amd64"
 
 
+def test_the_coordinator_runs_in_the_image_as_its_deployment_runs_it(image, tmp_path):
+    """deploy/base/coordinator.yaml's container: `driverd cluster coordinator --listen 0.0.0.0:9478` as uid
+    65534 on a read-only root, no host. Against an API server that is not there it says so in one line and
+    exits 1 at once (its probes and its restart then tell the operator); nothing needs a writable root."""
+    import yaml
+    dep = yaml.safe_load((REPO / "deploy/base/coordinator.yaml").read_text())
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    kc = tmp_path / "kc"
+    kc.mkdir()
+    port = _free_port()
+    (kc / "config").write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "t",
+        "clusters": [{"name": "t", "cluster": {"server": f"https://127.0.0.1:{port}"}}],
+        "users": [{"name": "u", "user": {"token": "t0ken-in-a-file"}}],
+        "contexts": [{"name": "t", "context": {"cluster": "t", "user": "u"}}]}))
+    kc.chmod(0o755)
+    (kc / "config").chmod(0o644)
+    b = _bundle(image, tmp_path, None, ["/usr/local/bin/" + c["command"][0], *c["args"], "--kubeconfig",
+                                        "/kc/config", "--identity", "driverd-coordinator-0"], binds={"/kc": kc})
+    cfg = json.loads((b / "config.json").read_text())
+    cfg["process"]["user"] = {"uid": pod["securityContext"]["runAsUser"], "gid": pod["securityContext"]["runAsGroup"]}
+    cfg["root"]["readonly"] = c["securityContext"]["readOnlyRootFilesystem"]
+    # the Deployment's environment (its plain values; the downward API's are the pod's name and namespace)
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e} | {"HOME": "/nonexistent"}
+    cfg["process"]["env"] = [e for e in cfg["process"]["env"] if e.split("=", 1)[0] not in env] + \
+        [f"{k}={v}" for k, v in env.items()]
+    (b / "config.json").write_text(json.dumps(cfg))
+    r = _runc("run", "-b", str(b), f"coord-{os.getpid()}", state=str(tmp_path / "state"), capture_output=True,
+              text=True, timeout=120)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert "cannot read the Lease driverd/driverd-rollout" in line and f"127.0.0.1:{port}" in line, line
+    assert "t0ken-in-a-file" not in r.stderr + r.stdout
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

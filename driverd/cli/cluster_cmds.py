@@ -76,6 +76,8 @@ def register(sub, common) -> None:
                         "ops-laptop")
     p.add_argument("--identity", metavar="NAME", help="the name it holds the Lease in (default: $POD_NAME, then the "
                    "host name)")
+    p.add_argument("--listen", metavar="ADDR:PORT", help="serve /metrics (driverd_coordinator, driverd_rollout_*), "
+                   "/healthz and /readyz there (deploy/: 0.0.0.0:9478); default: none")
     p.add_argument("-n", "--namespace", metavar="NS", default=None, help="namespace of the coordination Lease "
                    "(default: $POD_NAMESPACE or cluster.namespace)")
     _kube_args(p, namespace=False)
@@ -316,6 +318,17 @@ def _pick(kube, name: str | None) -> dict:
     return max(items, key=lambda o: o["metadata"].get("creationTimestamp", ""))
 
 
+NO_STATUS_AFTER_S = 30        # a rollout without any status this long after its creation: no coordinator runs
+
+
+def _age_s(obj: dict) -> float:
+    import time
+
+    from driverd.cluster.kube import parse_time
+    created = parse_time((obj.get("metadata") or {}).get("creationTimestamp"))
+    return max(0.0, time.time() - created) if created else 0.0
+
+
 def status_doc(rollout: dict, nodes: list[dict]) -> dict:
     from driverd.cluster import model as m
     try:
@@ -326,8 +339,16 @@ def status_doc(rollout: dict, nodes: list[dict]) -> dict:
     views = sorted((m.NodeView.from_node(n) for n in targets), key=lambda v: v.name)
     name = rollout["metadata"]["name"]
     st = rollout.get("status") or {}
+    reason, message = st.get("reason", ""), st.get("message", "")
+    if not st and _age_s(rollout) > NO_STATUS_AFTER_S:
+        # nobody coordinates: the coordinator writes every rollout's status within seconds (issue 44: its own
+        # Deployment, on no GPU node)
+        reason = "NoCoordinator"
+        message = (f"no coordinator has written this rollout's status in {int(_age_s(rollout))}s: is deploy/'s "
+                   "coordinator running? `kubectl -n driverd get deploy driverd-coordinator` (it runs on no GPU "
+                   "node; `kubectl -n driverd get lease driverd-rollout` names its holder)")
     return {"rollout": name, "driver": rollout["spec"].get("driver"), "flavor": rollout["spec"].get("flavor", "auto"),
-            "phase": st.get("phase", "Pending"), "reason": st.get("reason", ""), "message": st.get("message", ""),
+            "phase": st.get("phase", "Pending"), "reason": reason, "message": message,
             "counts": st.get("nodes") or {}, "preflightFailures": st.get("preflightFailures") or [],
             "nodes": [{"node": v.name, "state": v.state if v.in_rollout_name(name) else m.IDLE,
                        "driver": v.driver, "flavor": v.flavor, "reason": v.reason, "message": v.message,
@@ -616,6 +637,17 @@ def cmd_coordinator(ctx, args) -> int:
     kube = Kube(tgt)
     logs.log(f"driverd: coordinator {name}, API {kube.host}, Lease {ns}/driverd-rollout")
     proc = CoordinatorProcess(kube, name, ns, logs.log)
+    if args.listen:
+        from driverd.daemon.endpoints import Endpoints
+        from driverd.daemon.metrics import CoordinatorHealth, CoordinatorMetrics
+        c = proc.coordinator
+        assert c is not None
+        try:
+            host, port = Endpoints(args.listen, CoordinatorHealth(c), CoordinatorMetrics(c.fleet.snapshot)).start()
+        except DriverdError as e:
+            logs.log(f"driverd cluster coordinator: {e.one_line()}")
+            return 2
+        logs.log(f"driverd: coordinator serves /metrics, /healthz and /readyz on {host}:{port}")
     done = threading.Event()
 
     def stop(signum, frame):

@@ -94,6 +94,7 @@ class NodeAgent:
         # leave: their kubelets could not confirm the deletions either
         self._drain_view: float | None = None
         self._evicted: set[str] = set()
+        self._left_with: set[str] = set()            # DaemonSets (ns/name) whose pods left with the driver
         self._daemonsets: dict[tuple, dict | None] = {}
         self._refusals: dict[str, str] = {}
         self._labels_checked = False
@@ -604,6 +605,27 @@ class NodeAgent:
         self._drain_round = (v.since, rounds)
         return min(EVICT_RETRY_S, EVICT_FIRST_S * 2 ** (rounds - 1))
 
+    def _not_back(self, node: dict) -> list[str]:
+        """The DaemonSets whose pods left with the driver (recorded at the drain) that have no Ready pod on
+        the node again, in words. The kubelet publishes a plugin's leaving and return in its next status
+        (up to 10 s): its count alone read the old plugin's devices as back (seen on the real kubelet)."""
+        try:
+            left = json.loads(((node.get("metadata") or {}).get("annotations") or {}).get(m.A_LEFT_WITH) or "[]")
+        except ValueError:
+            return []
+        if not isinstance(left, list) or not left:
+            return []
+        pods = self.kube.list(pods_path(), fields=f"spec.nodeName={self.node}").get("items") or []
+        out = []
+        for ref in left:
+            ns, _, name = str(ref).partition("/")
+            mine = [p for p in pods if (p.get("metadata") or {}).get("namespace") == ns and any(
+                o.get("kind") == "DaemonSet" and o.get("name") == name for o in p["metadata"].get("ownerReferences") or [])]
+            if not any(_ready_pod(p) for p in mine):
+                out.append(f"DaemonSet {ref}: " + (f"its pod {mine[0]['metadata'].get('name')} is not Ready yet" if mine
+                                                  else "no pod on the node yet"))
+        return out
+
     def _evict(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
         """One eviction round. Every way a pod can stay counts against spec.drain.timeoutSeconds: a
         PodDisruptionBudget (429), any other refusal of the API (e.g. 500 for a pod under two
@@ -628,13 +650,17 @@ class NodeAgent:
         # the pods of a component paused last (the DRA kubelet plugin) are not waited for before its pause
         late = set(oc.to_pause(node["metadata"].get("labels") or {}, oc.LATE))
         leaving = [u for u in plan.with_label if plan.leaves_by.get(u.uid) not in late]
+        # the DaemonSets whose pods leave with the driver (the device plugin among them): `done` waits for
+        # them to be back (validating), not only for the kubelet's count, which lags them by its status loop
+        self._left_with |= {plan.daemonset_of[u.uid] for u in plan.with_label if u.uid in plan.daemonset_of}
         if not users and not leaving and not plan.held:
             # the DRA kubelet plugin goes last: the pods that left needed it to release their claims
             paused = self._pause_components(node, oc.LATE)
             if paused is not None:
                 return paused
+            left, self._left_with = sorted(self._left_with), set()
             self._to(node, m.UNLOADING, "Unloading", f"no GPU pods left; node transaction to driver {r.driver}: "
-                     "unload → install → load → validate")
+                     "unload → install → load → validate", ann={m.A_LEFT_WITH: json.dumps(left) if left else None})
             return 0
         if not r.drain_empty_dir:
             local = [u for u in users if u.uid in self._empty_dir]
@@ -811,8 +837,8 @@ class NodeAgent:
                     self.event(new, "RestoredOperatorComponents", f"driver validated{said}; the node stays cordoned "
                                "until its GPUs are schedulable again")
                 return 0
-            short = sched.shortfall(before, sched.counts(node, sched.node_slices(self.kube, self.node)
-                                                         if sched.DRA_KEY in before else []))
+            short = self._not_back(node) + sched.shortfall(
+                before, sched.counts(node, sched.node_slices(self.kube, self.node) if sched.DRA_KEY in before else []))
             if short:
                 if self._elapsed(v) < r.validation_timeout_s:
                     self._say(node, v, "WaitingForGPUs", "driver validated; waiting for the node's GPUs to be "
@@ -825,7 +851,7 @@ class NodeAgent:
         back, back_ann, said = _restored(node)
         self._to(node, m.DONE, "Upgraded", f"driver {loaded['version']} ({loaded['flavor']}) validated"
                  + ("; uncordoned" if v.cordoned_by_us else "; left cordoned: it was cordoned before driverd") + said,
-                 ann={m.A_CORDONED: None, m.A_GPUS_BEFORE: None, **back_ann}, spec=spec,
+                 ann={m.A_CORDONED: None, m.A_GPUS_BEFORE: None, m.A_LEFT_WITH: None, **back_ann}, spec=spec,
                  labels={m.L_VERSION: loaded["version"], m.L_FLAVOR: loaded["flavor"], m.L_READY: "true", **back})
         self.condition(True, "DriverValidated", f"driver {loaded['version']} ({loaded['flavor']}) loaded and validated")
         return None
@@ -843,7 +869,8 @@ class NodeAgent:
         pinned = f"{loaded['version']}/{loaded['flavor']}" if loaded else None
         back, back_ann, said = _restored(node)
         self._to(node, m.FAILED, reason, message + ("; uncordoned" if v.cordoned_by_us else "") + said,
-                 ann={m.A_CORDONED: None, m.A_GPUS_BEFORE: None, m.A_PINNED: pinned, **back_ann}, spec=spec,
+                 ann={m.A_CORDONED: None, m.A_GPUS_BEFORE: None, m.A_LEFT_WITH: None, m.A_PINNED: pinned, **back_ann},
+                 spec=spec,
                  labels={**labels, **back},
                  warning=True)
         self.condition(bool(loaded), reason, (f"the upgrade failed; driver {loaded['version']} runs: " if loaded
@@ -855,10 +882,16 @@ class NodeAgent:
         spec = {"unschedulable": None} if v.cordoned_by_us else None
         back, back_ann, said = _restored(node)
         self._to(node, m.IDLE, reason, message + ("; uncordoned" if v.cordoned_by_us else "") + said,
-                 ann={m.A_CORDONED: None, m.A_GPUS_BEFORE: None, **back_ann}, spec=spec,
+                 ann={m.A_CORDONED: None, m.A_GPUS_BEFORE: None, m.A_LEFT_WITH: None, **back_ann}, spec=spec,
                  labels={m.L_READY: "true", **back}, warning=warning)
         self.condition(True, reason, message)
         return None
+
+
+def _ready_pod(p: dict) -> bool:
+    st = p.get("status") or {}
+    return st.get("phase") == "Running" and not (p.get("metadata") or {}).get("deletionTimestamp") and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
 
 
 def _restored(node: dict) -> tuple[dict, dict, str]:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from driverd.cluster.coordinator import Coordinator
 from driverd.cluster.informer import Informer
 from driverd.cluster.kube import Kube, pool_path, rollout_path
+from driverd.cluster.lease import LEASE_DURATION_S
 
 
 def identity() -> str:
@@ -24,12 +25,14 @@ def identity() -> str:
 
 
 class CoordinatorProcess:
-    def __init__(self, kube: Kube, name: str, namespace: str, log: Callable[[str], None]) -> None:
+    def __init__(self, kube: Kube, name: str, namespace: str, log: Callable[[str], None], *,
+                 lease_s: int = LEASE_DURATION_S) -> None:
         self.coordinator: Coordinator | None = None
         self.rollouts = Informer(kube, rollout_path(), name="rollouts", on_change=self._changed, log=log)
         # a cluster without the DriverPool CRD has no pools
         self.pools = Informer(kube, pool_path(), name="pools", on_change=self._changed, log=log, missing_ok=True)
-        self.coordinator = Coordinator(kube, name, namespace, rollouts=self.rollouts, pools=self.pools, log=log)
+        self.coordinator = Coordinator(kube, name, namespace, rollouts=self.rollouts, pools=self.pools, log=log,
+                                       lease_s=lease_s)
         self.thread = threading.Thread(target=self.coordinator.run, name="cluster-coordinator", daemon=True)
 
     def _changed(self, kind: str, obj: dict) -> None:
@@ -49,3 +52,16 @@ class CoordinatorProcess:
         self.rollouts.close()
         self.pools.close()
         self.thread.join(timeout=5)
+
+    def kill(self) -> None:
+        """As a SIGKILL leaves it (tests, the demo): no Lease release, no last writes."""
+        assert self.coordinator is not None
+        c = self.coordinator
+        c.stop.set()
+        c.lease.held_until = 0.0
+        c.wake.set()
+        c.lease_watch.close()
+        if c.nodes:
+            c.nodes.close()
+        self.rollouts.close()
+        self.pools.close()

@@ -106,7 +106,8 @@ class Coordinator:
 
     def _run(self) -> None:
         self.lease_watch.start()
-        self.lease_watch.synced.wait(30)
+        # the first list, whatever came of it: a refused one (an identity without the Lease) is told below
+        self.lease_watch.tried.wait(30)
         while not self.stop.is_set():
             self.wake.clear()
             try:
@@ -133,6 +134,14 @@ class Coordinator:
                     exp = self.lease.expires_in(self.lease_watch.get(f"{self.ns}/{LEASE_NAME}"))
                     self.wake.wait(max(0.2, exp + 0.05) if exp > 0 else 1.0)
             except KubeError as e:
+                if e.status == 403 and not _not_holder(e) and self.nodes is None:
+                    # RBAC or deploy/'s policy gives this identity no Lease (a GPU node's, issue 44): the
+                    # coordinator is another identity; this daemon stops trying, said once
+                    self.log(f"driverd cluster: {self.identity} may not hold the rollout Lease ({e.one_line()}): it "
+                             "runs its own node's side of rollouts only; deploy/'s driverd-coordinator coordinates "
+                             "(set cluster.coordinate = false to say so)")
+                    self.lease_watch.close()
+                    return
                 self.log(f"driverd cluster coordinator: {e.one_line()}")
                 # refused as no holder (the API server's cache of the Lease behind ours, or the Lease
                 # taken by another daemon): look again soon; the next renewal tells which

@@ -40,6 +40,7 @@ class DrainPlan:
     staying: dict[str, str] = field(default_factory=dict)      # pod uid -> "ns/name: why it stays"
     held: list[PodUse] = field(default_factory=list)           # GPU users that opt out of the drain: waited for
     leaves_by: dict[str, str] = field(default_factory=dict)    # uid of a with_label pod -> the label it leaves by
+    daemonset_of: dict[str, str] = field(default_factory=dict)  # uid of a with_label pod -> "ns/DaemonSet"
     force: bool = False
 
     @property
@@ -108,6 +109,7 @@ def plan_drain(kube: Kube, pods: list[dict], host_pod_uids: dict[str, str], *, d
                            f"{oc.short(label)}", True, False, terminating=bool(md.get("deletionTimestamp")))
                 out.with_label.append(u)
                 out.leaves_by[u.uid] = label
+                out.daemonset_of[u.uid] = f"{u.namespace}/{(_daemonset(p) or {}).get('name')}"
     for uid, u in users.items():
         pod = by_uid.get(uid) or {}
         if u.mirror:
@@ -127,8 +129,10 @@ def plan_drain(kube: Kube, pods: list[dict], host_pod_uids: dict[str, str], *, d
             if label:
                 out.with_label.append(u)
                 out.leaves_by[uid] = label
+                out.daemonset_of[uid] = f"{u.namespace}/{ref.get('name')}"
             elif ds is not None and _selects_ready_label(ds):
                 out.with_label.append(u)
+                out.daemonset_of[uid] = f"{u.namespace}/{ref.get('name')}"
             else:
                 out.staying[uid] = (f"{u.ref}: DaemonSet {ref.get('name')} does not select nodes by "
                                     f"{m.L_READY}=true, so its pods stay on the node during the upgrade")

@@ -32,6 +32,7 @@ A_PINNED = PREFIX + "pinned-driver"       # version/flavor the daemon keeps afte
 A_ABORT = PREFIX + "abort"                # on a DriverRollout: "true" = `kubectl driverd rollout abort`
 A_ADMITTED_BY = PREFIX + "admitted-by"    # the coordinator (Lease holder) that admitted the node
 A_GPUS_BEFORE = PREFIX + "gpus-before"    # JSON: what the scheduler could place on the node at its cordon
+A_LEFT_WITH = PREFIX + "left-with-driver"   # JSON: the DaemonSets (ns/name) whose pods left with the driver
 A_WAITING = PREFIX + "waiting"            # what the node's desired driver or settings want that waits for a rollout
 FINALIZER = "driverd.io/rollout"          # keeps a deleted rollout's spec until its nodes are given back
 # Node labels (what is loaded; selectors and dashboards use them)

@@ -179,6 +179,40 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+class CoordinatorMetrics:
+    """What `driverd cluster coordinator --listen` serves: its process and the fleet's rollouts (the same
+    driverd_coordinator / driverd_rollout_* series a node daemon holding the Lease served before)."""
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, snapshot) -> None:
+        disable_created_metrics()
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        self.registry.register(_FleetCollector(snapshot))
+
+    def set_ready(self, ready: bool) -> None:       # the endpoints' router reports readiness here
+        pass
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class CoordinatorHealth:
+    """/readyz of the coordinator: ready once it has read the Lease (holding it or standing by)."""
+
+    def __init__(self, coordinator) -> None:
+        self.coordinator = coordinator
+
+    def readiness(self) -> tuple[bool, str]:
+        c = self.coordinator
+        if c.lease.holding():
+            return True, f"{c.identity} coordinates rollouts (holds the Lease)"
+        if not c.lease_watch.synced.is_set():
+            return False, "the Lease is not read yet"
+        holder = ((c.lease.last or {}).get("spec") or {}).get("holderIdentity")
+        return True, f"standing by ({holder or 'nobody'} holds the Lease)"
+
+
 class _FleetCollector:
     def __init__(self, snapshot) -> None:
         self.snapshot = snapshot

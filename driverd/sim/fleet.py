@@ -79,7 +79,7 @@ class Fleet:
     def __init__(self, workdir: str | os.PathLike, nodes: int, *, server, log=_quiet, gpu_pods: int = 1,
                  lease_s: int | None = None, kubeconfig: str | None = None, module_unload: bool = True,
                  gpu_processes: bool = True, device_plugin: bool = False, first: int = 0, hosts: str = "files",
-                 costs=None, namespaces: int = 1, labels: dict | None = None, coordinate: bool = True) -> None:
+                 costs=None, namespaces: int = 1, labels: dict | None = None, coordinator: str | None = None) -> None:
         """hosts: "files", every node a simulated host tree (its own root, simulated kernel, journal),
         the node transaction the real one; "timed", every node a driverd.sim.timedhost.TimedHost
         (the node's work is wall-clock time of `costs`, a NodeCosts; no host tree), for fleets of
@@ -88,10 +88,19 @@ class Fleet:
         round-robin): how many pods each eviction's admission policy takes as its parameters.
         labels: on every Node the fleet makes (the demo marks its own so that its rollout selects them
         and its clean-up finds them).
-        coordinate: every node's daemon is also a coordinator candidate (cluster.coordinate); False: the
-        nodes run their own side only and a coordinator of its own identity coordinates."""
+        coordinator: who coordinates. "own": a coordinator of its own identity (deploy/'s Deployment
+        driverd-coordinator: start_coordinator, started with the first node), the nodes' daemons run their
+        own side only (cluster.coordinate = false); "nodes": every node's daemon is also a coordinator
+        candidate (a server without per-node identities: the simulated API server, the demo); "none": the
+        test starts its coordinator itself. Default: "own" where the server gives each daemon its own
+        identity (the real control plane with deploy/ applied), else "nodes"."""
         self.work = Path(workdir)
-        self.coordinate = coordinate
+        if coordinator is None:
+            coordinator = "own" if getattr(server, "node_kubeconfig", None) is not None else "nodes"
+        if coordinator not in ("own", "nodes", "none"):
+            raise ValueError(f"coordinator: own, nodes or none, not {coordinator!r}")
+        self.coordinator_mode = coordinator
+        self.coordinators: dict = {}               # name -> cluster.coordinate.CoordinatorProcess (own)
         from driverd.cluster.lease import LEASE_DURATION_S
         self.n, self.srv, self.log, self.gpu_pods = nodes, server, log, gpu_pods
         self.lease_s = LEASE_DURATION_S if lease_s is None else lease_s    # None: the product's default
@@ -457,13 +466,69 @@ class Fleet:
             sn.agent = NodeAgent(sn.kube, name, make_context=make_context, cfg=sn.cfg, log=self.log)
         sn.threads = [threading.Thread(target=sn.agent.run, name=f"agent-{name}", daemon=True)]
         sn.coordinator = None
-        if self.coordinate:
+        if self.coordinator_mode == "own" and not self.coordinators:
+            self.start_coordinator()
+        if self.coordinator_mode == "nodes":
             sn.coordinator = Coordinator(sn.kube, name, "driverd", rollouts=sn.agent.rollouts, pools=sn.agent.pools,
                                          log=self.log, lease_s=self.lease_s)
             sn.threads.append(threading.Thread(target=sn.coordinator.run, name=f"coord-{name}", daemon=True))
         for t in sn.threads:
             t.start()
         return sn
+
+    COORDINATOR = "driverd-coordinator-0"
+
+    def coordinator_kubeconfig(self, name: str = COORDINATOR) -> str:
+        """The kubeconfig of coordinator `name`: its own identity where the server gives one (a token of
+        deploy/'s ServiceAccount driverd-coordinator bound to its pod), else the fleet's."""
+        own = getattr(self.srv, "coordinator_kubeconfig", None)
+        if own is None:
+            return self.kubeconfig
+        path = self.work / "kubeconfigs" / name
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            own(name, str(path))
+        return str(path)
+
+    def start_coordinator(self, name: str = COORDINATOR):
+        """A coordinator of its own identity in this process (`driverd cluster coordinator`'s
+        CoordinatorProcess), as deploy/'s Deployment runs it; several names are several replicas."""
+        from driverd.cluster.coordinate import CoordinatorProcess
+        from driverd.cluster.kube import Kube, Target
+        old = self.coordinators.get(name)
+        if old is not None and hasattr(old, "coordinator"):
+            self._retired_requests += old.coordinator.kube.requests
+        cp = CoordinatorProcess(Kube(Target(kubeconfig=self.coordinator_kubeconfig(name))), name, "driverd", self.log,
+                                lease_s=self.lease_s)
+        self.coordinators[name] = cp.start()
+        return cp
+
+    def spawn_coordinator(self, name: str = COORDINATOR):
+        """Coordinator `name` as deploy/'s Deployment runs it: `driverd cluster coordinator`, the real
+        command, in a process of its own (its CPU its own); its log in <work>/daemons/<name>.log."""
+        import subprocess
+        import sys
+        out = self.work / "daemons"
+        out.mkdir(exist_ok=True)
+        root = out / f"{name}-root"            # no host: an empty root, the configuration's defaults
+        root.mkdir(exist_ok=True)
+        with open(out / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "driverd", "cluster", "coordinator", "--root", str(root),
+                                     "--kubeconfig", self.coordinator_kubeconfig(name), "--identity", name,
+                                     "-n", "driverd"], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, cwd=str(Path(__file__).resolve().parents[2]),
+                                    env={k: v for k, v in os.environ.items() if not k.startswith("DRIVERD_")})
+        self.coordinators[name] = proc
+        return proc
+
+    def kill_coordinator(self, name: str = COORDINATOR) -> None:
+        """Coordinator `name` dies as a SIGKILL leaves it (no Lease release)."""
+        c = self.coordinators[name]
+        if hasattr(c, "kill") and hasattr(c, "poll"):          # a spawned process
+            c.kill()
+            c.wait()
+        else:
+            c.kill()
 
     def reboot_node(self, name: str) -> None:
         """The node reboots (what kured does on /var/run/reboot-required): its daemon dies, the
@@ -512,7 +577,8 @@ class Fleet:
                  "--flavor", "open", "--kernel", RELEASE, "--lease-s", str(self.lease_s),
                  "--reload-s", str(c.reload_s), "--validate-s", str(c.validate_s),
                  "--preflight-s", str(c.preflight_s), "--status", str(out / f"{names[0]}.json")]
-                + (["--switch-interval", str(switch_interval)] if switch_interval else []),
+                + (["--switch-interval", str(switch_interval)] if switch_interval else [])
+                + (["--no-coordinator"] if self.coordinator_mode != "nodes" else []),
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=str(Path(__file__).resolve().parents[2]))
         for n in names:
@@ -579,6 +645,17 @@ class Fleet:
             if sim:
                 sim.close()
         self.kubelet = self.plugins = None
+        for c in self.coordinators.values():
+            if hasattr(c, "poll"):              # a spawned `driverd cluster coordinator`: SIGTERM gives the Lease up
+                if c.poll() is None:
+                    c.terminate()
+                try:
+                    c.wait(15)
+                except Exception:
+                    c.kill()
+                    c.wait()
+            else:
+                c.close()
         for sn in self.nodes.values():
             if sn.agent:
                 sn.agent.close()
@@ -637,9 +714,10 @@ class Fleet:
         return left
 
     def requests(self) -> int:
-        """API requests of every node daemon so far, as their clients counted them: daemons killed and
+        """API requests of every node daemon and coordinator so far, as their clients counted them: daemons killed and
         started again included, spawned ones as they last reported."""
         return self._retired_requests + sum(sn.kube.requests for sn in self.nodes.values() if sn.kube) + \
+            sum(c.coordinator.kube.requests for c in self.coordinators.values() if hasattr(c, "coordinator")) + \
             self.spawned_requests()
 
     def wait(self, predicate, timeout: float, step: float = 0.2) -> bool:

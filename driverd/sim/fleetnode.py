@@ -31,6 +31,8 @@ def main(argv=None) -> int:
     for flag in ("--driver", "--flavor", "--kernel", "--status"):
         ap.add_argument(flag, required=True)
     ap.add_argument("--lease-s", type=int, required=True)
+    ap.add_argument("--no-coordinator", dest="coordinate", action="store_false",
+                    help="the nodes' own side only (a coordinator of its own identity coordinates)")
     ap.add_argument("--switch-interval", type=float, help="the interpreter's switch interval (many nodes' threads)")
     for flag in ("--reload-s", "--validate-s", "--preflight-s"):
         ap.add_argument(flag, type=float, required=True)
@@ -55,6 +57,7 @@ def main(argv=None) -> int:
     else:
         ap.error("--node, --kubeconfig and --config-root, or --nodes-file")
     kubes, agents, coordinators = [], [], []
+    pairs = []
     for name, kubeconfig, config_root, processes in nodes:
         cfg = load(Root(config_root), None, environ={})
         host = TimedHost(name, NodeCosts(a.reload_s, a.validate_s, a.preflight_s), loaded=(a.driver, a.flavor),
@@ -63,14 +66,15 @@ def main(argv=None) -> int:
         agent = NodeAgent(kube, name, host=host, cfg=cfg, log=log)
         kubes.append(kube)
         agents.append(agent)
-        coordinators.append(Coordinator(kube, name, "driverd", rollouts=agent.rollouts, pools=agent.pools, log=log,
-                                         lease_s=a.lease_s))
+        if a.coordinate:
+            coordinators.append(Coordinator(kube, name, "driverd", rollouts=agent.rollouts, pools=agent.pools,
+                                            log=log, lease_s=a.lease_s))
+            pairs.append((f"coordinator-{name}", coordinators[-1]))
+        pairs.append((f"agent-{name}", agent))
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
-    threads = [threading.Thread(target=x.run, name=f"{kind}-{name}", daemon=True)
-               for (name, *_), agent, coordinator in zip(nodes, agents, coordinators)
-               for kind, x in (("agent", agent), ("coordinator", coordinator))]
+    threads = [threading.Thread(target=x.run, name=tname, daemon=True) for tname, x in pairs]
     for t in threads:
         t.start()
     parent = os.getppid()

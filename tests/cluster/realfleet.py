@@ -1,7 +1,7 @@
 """A fleet on the real control plane as a cluster runs it: every daemon with its node-bound token,
-deploy/'s admission policies applied, the product's DEFAULT Lease duration, and the coordinator on a
-node chosen by the test (started first, so it takes the Lease and keeps it: with the default Lease
-it never wanders onto the node a test acts on, as a 3 s test Lease lets it). Plus what the tests read
+deploy/'s admission policies applied, the product's DEFAULT Lease duration, and the coordinator of its
+own identity (deploy/'s driverd-coordinator, a token bound to its pod), started first so that it takes
+the Lease and keeps it. Plus what the tests read
 back: the rollout's phase history (a watch of the rollout, every (phase, reason) it took) and the
 refusals kube-apiserver sent driverd's ServiceAccount (its audit log)."""
 from __future__ import annotations
@@ -21,6 +21,7 @@ from tests.controlplane import reset
 
 API = "driverd.io/v1alpha1"
 SA_USER = "system:serviceaccount:driverd:driverd"
+COORDINATOR_USER = "system:serviceaccount:driverd:driverd-coordinator"
 
 
 def rollout(name: str, **spec) -> dict:
@@ -35,18 +36,24 @@ def holder(f: Fleet) -> str | None:
     return ((f.admin.find(lease_path("driverd", LEASE_NAME)) or {}).get("spec") or {}).get("holderIdentity")
 
 
-def start_with_coordinator(f: Fleet, coordinator: str) -> Fleet:
-    """Start the fleet's daemons, `coordinator`'s first: it creates the Lease (a fresh control plane
-    has none) and renews it every third of the default duration, so it coordinates the whole test."""
+def start_with_coordinator(f: Fleet) -> Fleet:
+    """Start the fleet's coordinator (deploy/'s own identity, Fleet.COORDINATOR) first: it creates the
+    Lease (a fresh control plane has none) and renews it every third of the default duration, so it
+    coordinates the whole test; then the nodes' daemons (their own side only)."""
     assert f.lease_s == LEASE_DURATION_S, "the product's default Lease, not a short test Lease"
+    assert f.coordinator_mode == "own", f.coordinator_mode
     f._start_sim()
-    f.start_node(coordinator)
-    assert f.wait(lambda: holder(f) == coordinator, 30), f"{coordinator} did not take the Lease: {holder(f)}"
+    f.start_coordinator()
+    assert f.wait(lambda: holder(f) == Fleet.COORDINATOR, 30), f"the coordinator did not take the Lease: {holder(f)}"
     for name in f.nodes:
-        if name != coordinator:
-            f.start_node(name)
+        f.start_node(name)
     assert f.wait(lambda: all(v.driver == OLD for v in views(f).values()), 60), "daemons did not label their nodes"
     return f
+
+
+def coordinator_token(f: Fleet, name: str = Fleet.COORDINATOR) -> str:
+    """The token coordinator `name` runs with (what a compromised coordinator would hold)."""
+    return json.loads(open(f.coordinator_kubeconfig(name)).read())["users"][0]["user"]["token"]
 
 
 def views(f: Fleet) -> dict[str, m.NodeView]:
@@ -120,7 +127,7 @@ def audit_mark(cp) -> int:
 
 
 def refusals(cp, since: int) -> list[str]:
-    """Every request of driverd's ServiceAccount kube-apiserver answered 403 after the audit log stood
+    """Every request of driverd's ServiceAccounts (the node daemons', the coordinator's) kube-apiserver answered 403 after the audit log stood
     at `since` (audit_mark), as `VERB URI: message`."""
     out = []
     events: dict[str, dict] = {}
@@ -128,7 +135,7 @@ def refusals(cp, since: int) -> list[str]:
         fh.seek(since)
         for line in fh.read().decode().splitlines():
             ev = json.loads(line)
-            if ev.get("user", {}).get("username") == SA_USER and ev.get("stage") == "ResponseComplete":
+            if ev.get("user", {}).get("username") in (SA_USER, COORDINATOR_USER) and ev.get("stage") == "ResponseComplete":
                 events[ev["auditID"]] = ev
     for ev in events.values():
         st = ev.get("responseStatus") or {}

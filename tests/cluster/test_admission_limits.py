@@ -1,13 +1,13 @@
-"""Issue 44, item 1 (defence in depth): a node that holds the rollout Lease may write admissions (the
-admission policy allows the coordinator that much), so a compromised GPU node that took the Lease could
-admit every node of a pool at once. The admitted node's own agent checks the admission against the
+"""Issue 44, item 1 (defence in depth): the coordinator may write admissions (the admission policy allows
+the Lease holder that much), so a compromised coordinator could admit every node of a pool at once (a GPU
+node's identity no longer can: it may not hold the Lease, tests/cluster/test_compromised_node.py). The admitted node's own agent checks the admission against the
 rollout's rules as it can see them, read fresh from the API server: a canary that waits for `rollout
 resume` takes no more nodes, no more than maxParallel nodes of the rollout are upgraded at once. An
 admission beyond them is given back (idle, nothing cordoned, drained or installed) with a Warning; a
 coordinator's own admissions always pass, so the rollout then finishes as it would have.
 
-On the real control plane (deploy/'s policies), each daemon with its node-bound token; the forged
-admissions are written with the Lease holder's own token, as the compromised node would."""
+On the real control plane (deploy/'s policies), each daemon with its node-bound token, the coordinator with
+its own; the forged admissions are written with the coordinator's token, as a compromised one would."""
 from __future__ import annotations
 
 import time
@@ -16,8 +16,9 @@ import pytest
 
 from driverd.cluster import model as m
 from driverd.cluster.kube import node_path, rollout_path
-from driverd.sim.fleet import NEW, OLD
+from driverd.sim.fleet import NEW, OLD, Fleet
 from tests.cluster.realfleet import (  # noqa: F401 (make: a fixture)
+    coordinator_token,
     hosts,
     make,
     refusals,
@@ -28,7 +29,7 @@ from tests.cluster.realfleet import (  # noqa: F401 (make: a fixture)
 )
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
-COORD = "gpu-0000"
+COORD = Fleet.COORDINATOR
 EVENTS = "/api/v1/namespaces/default/events"
 
 
@@ -42,7 +43,7 @@ def _forge(cp, f, coordinator: str, node: str, name: str) -> None:
            m.A_SINCE: "2025-01-01T00:00:00Z", m.A_ROLLOUT: key, m.A_TARGET: f"{NEW}/auto", m.A_ATTEMPT: "1",
            m.A_PREVIOUS: f"{OLD}/open", m.A_ADMITTED_BY: coordinator}
     cp.api("PATCH", node_path(node), {"metadata": {"annotations": ann}},
-           token=cp.token("driverd", "driverd", node=coordinator), content_type="application/merge-patch+json")
+           token=coordinator_token(f, coordinator), content_type="application/merge-patch+json")
 
 
 def _given_back(cp, f, node: str, *words: str) -> None:
@@ -65,7 +66,7 @@ def test_an_admission_past_a_paused_canary_is_given_back_and_the_rollout_goes_on
     the fix both were cordoned, drained and upgraded together."""
     cp = control_plane
     f = make(4)
-    start_with_coordinator(f, COORD)
+    start_with_coordinator(f)
     targets = ["gpu-0001", "gpu-0002", "gpu-0003"]
     f.admin.create(rollout_path(), rollout("r", nodeSelector=hosts(*targets), canary=1, maxParallel=1))
     ro = wait_phase(f, "r", ("Paused",), timeout=90)
@@ -82,7 +83,7 @@ def test_an_admission_past_a_paused_canary_is_given_back_and_the_rollout_goes_on
                                       "metadata": {"annotations": {"driverd.io/canary-approved": "true"}}})
     wait_phase(f, "r", ("Completed",), timeout=120)
     vs = views(f)
-    assert [vs[n].driver for n in targets] == [NEW, NEW, NEW] and vs[COORD].driver == OLD
+    assert [vs[n].driver for n in targets] == [NEW, NEW, NEW] and vs["gpu-0000"].driver == OLD
     assert refusals(deployed, f.audit_from) == []
 
 
@@ -91,7 +92,7 @@ def test_an_admission_past_max_parallel_is_given_back_while_another_node_upgrade
     there), the Lease holder admits a second node: given back; the rollout's own order is untouched."""
     cp = control_plane
     f = make(3)
-    start_with_coordinator(f, COORD)
+    start_with_coordinator(f)
     f.pdb_never("gpu-0001")
     f.admin.create(rollout_path(), rollout("p", nodeSelector=hosts("gpu-0001", "gpu-0002"), maxParallel=1,
                                            drain={"timeoutSeconds": 600}))

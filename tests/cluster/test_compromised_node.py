@@ -2,9 +2,11 @@
 
 The attacker holds what node A's driverd holds: a TokenRequest token of deploy/'s ServiceAccount
 bound to A (a Node-bound token; a DaemonSet pod's names its node the same way). deploy/'s RBAC and
-its three ValidatingAdmissionPolicies (base/admission-node-scope.yaml) must hold it to A's own Node
-(driverd's keys, the cordon, GPUDriverReady), its own pods, and — only while A holds the rollout
-Lease, the coordinator's part — the admission of another node and a rollout's status and finalizer.
+its ValidatingAdmissionPolicies (base/admission-node-scope.yaml) must hold it to A's own Node
+(driverd's keys, the cordon, GPUDriverReady), its own pods and Events about its own Node — never the
+rollout Lease, another node's admission, a rollout's status or finalizer (issue 44: those are the
+coordinator's, an identity of its own, ServiceAccount driverd-coordinator with a pod-bound token, and
+only while it holds the Lease).
 Nothing it writes may make the garbage collector delete an object or pin one (ownerReferences,
 finalizers). And a node agent acts only on an admission naming a live rollout that selects it, with
 that rollout's driver: anything else is handed back, pinned to the driver it runs, with a Warning.
@@ -20,9 +22,10 @@ import uuid
 import pytest
 
 from driverd.cluster import model as m
-from driverd.cluster.kube import Kube, KubeError, Target, lease_path, node_path, rollout_path
+from driverd.cluster.kube import Kube, Target, lease_path, node_path, rollout_path
 from driverd.cluster.lease import Lease
 from driverd.sim.fleet import GPU_NS, NEW, OLD, Fleet
+from tests.cluster.realfleet import coordinator_token
 from tests.controlplane import reset
 
 A, B, CP = "gpu-0000", "gpu-0001", "control-plane-0"
@@ -64,13 +67,13 @@ def _allowed(cp, method, path, body, token, ctype=MERGE) -> None:
     assert code == 200, (method, path, body, code, msg)
 
 
-def _node_kube(f: Fleet, name: str) -> Kube:
-    return Kube(Target(kubeconfig=f.node_kubeconfig(name)), retry_for_s=0)
+COORD, COORD2 = Fleet.COORDINATOR, "driverd-coordinator-1"
 
 
-def _hold_lease(f: Fleet, name: str, duration_s: int = 3) -> Lease:
-    """`name`'s daemon takes the rollout Lease the way the coordinator does (waiting out a holder)."""
-    lease = Lease(_node_kube(f, name), "driverd", name, duration_s=duration_s)
+def _hold_lease(f: Fleet, name: str = COORD, duration_s: int = 3) -> Lease:
+    """Coordinator replica `name` takes the rollout Lease as the coordinator does (waiting out a holder)."""
+    lease = Lease(Kube(Target(kubeconfig=f.coordinator_kubeconfig(name)), retry_for_s=0), "driverd", name,
+                  duration_s=duration_s)
     assert f.wait(lease.try_acquire, 15, step=0.5), f"{name} could not take the Lease"
     time.sleep(0.5)       # the apiserver's admission informer sees the new holder
     return lease
@@ -97,28 +100,41 @@ def test_no_node_token_makes_the_garbage_collector_delete_or_pin_anything(contro
     a = cp.token("driverd", "driverd", node=A)
     for node in (B, CP):
         _answered_preflight(cp, node)
-    # not even the coordinator (A holds the Lease): the issue's patch (state=admitted and an owner that
-    # does not exist, or a finalizer) on node B, a control-plane Node, or its own Node
-    _hold_lease(f, A)
+    # the issue's patch (state=admitted and an owner that does not exist, or a finalizer) on its own Node
     admitted = {m.A_STATE: m.ADMITTED}
+    _refused(cp, "PATCH", N + A, {"metadata": {"annotations": admitted, "ownerReferences": [GHOST]}}, a,
+             "ownerReferences")
+    _refused(cp, "PATCH", N + A, {"metadata": {"annotations": admitted, "finalizers": ["example.com/pin"]}}, a,
+             "finalizers")
+    # and on node B or a control-plane Node: nothing at all, even what the coordinator writes there (issue 44)
+    for node in (B, CP):
+        for extra in ({"ownerReferences": [GHOST]}, {"finalizers": ["example.com/pin"]}, {}):
+            _refused(cp, "PATCH", N + node, {"metadata": {"annotations": admitted, **extra}}, a,
+                     "may write only its own Node")
+    _refused(cp, "PATCH", N + B, _admission(A), a, "may write only its own Node", "coordinator")
+    # not even the coordinator (it holds the Lease) on any Node
+    c = coordinator_token(f)
+    _hold_lease(f)
     for node in (B, CP, A):
-        _refused(cp, "PATCH", N + node, {"metadata": {"annotations": admitted, "ownerReferences": [GHOST]}}, a,
+        _refused(cp, "PATCH", N + node, {"metadata": {"annotations": admitted, "ownerReferences": [GHOST]}}, c,
                  "ownerReferences")
         _refused(cp, "PATCH", N + node, {"metadata": {"annotations": admitted, "finalizers": ["example.com/pin"]}},
-                 a, "finalizers")
-    _allowed(cp, "PATCH", N + B, _admission(A), a)          # what the coordinator may write there
-    # DriverRollouts: driverd's own finalizer only, no owner
+                 c, "finalizers")
+    _allowed(cp, "PATCH", N + B, _admission(COORD), c)          # what the coordinator may write there
+    # DriverRollouts: driverd's own finalizer only, no owner (the coordinator); nothing of them (a node)
     cp.api("POST", rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
                                     "metadata": {"name": "r"}, "spec": {"driver": NEW, "paused": True}})
-    _refused(cp, "PATCH", rollout_path("r"), {"metadata": {"ownerReferences": [GHOST]}}, a, "ownerReferences")
-    _refused(cp, "PATCH", rollout_path("r"), {"metadata": {"finalizers": [m.FINALIZER, "example.com/pin"]}}, a,
+    _refused(cp, "PATCH", rollout_path("r"), {"metadata": {"finalizers": [m.FINALIZER]}}, a, "cannot patch")
+    _refused(cp, "PATCH", rollout_path("r"), {"metadata": {"ownerReferences": [GHOST]}}, c, "ownerReferences")
+    _refused(cp, "PATCH", rollout_path("r"), {"metadata": {"finalizers": [m.FINALIZER, "example.com/pin"]}}, c,
              "finalizers")
-    _allowed(cp, "PATCH", rollout_path("r"), {"metadata": {"finalizers": [m.FINALIZER]}}, a)
+    _allowed(cp, "PATCH", rollout_path("r"), {"metadata": {"finalizers": [m.FINALIZER]}}, c)
     # the Lease itself cannot be handed to the garbage collector either
     lease = cp.api("GET", lease_path("driverd", "driverd-rollout"))
     lease["metadata"]["ownerReferences"] = [GHOST]
-    _refused(cp, "PUT", lease_path("driverd", "driverd-rollout"), lease, a, "ownerReferences",
+    _refused(cp, "PUT", lease_path("driverd", "driverd-rollout"), lease, c, "ownerReferences",
              ctype="application/json")
+    _refused(cp, "PUT", lease_path("driverd", "driverd-rollout"), lease, a, "cannot update", ctype="application/json")
     # the collector had its chance: every object is still there
     time.sleep(3)
     for path in (N + B, N + CP, N + A, rollout_path("r"), lease_path("driverd", "driverd-rollout")):
@@ -134,26 +150,26 @@ def _warning(cp, node: str, reason: str) -> dict | None:
 
 
 def _started(deployed, tmp_path) -> tuple[Fleet, str, str]:
-    """Two GPU nodes with their daemons running on OLD: (fleet, the Lease holder, the other node)."""
+    """Two GPU nodes with their daemons running on OLD and the coordinator (its own identity) holding the
+    Lease: (fleet, node A, node B)."""
     reset(deployed)
     f = Fleet(tmp_path / "fleet", 2, server=deployed, lease_s=3).build()
     f.start()
     k = f.admin
     assert f.wait(lambda: all(_view(f, n).driver == OLD for n in (A, B)), 60)
     assert f.wait(lambda: ((k.find(lease_path("driverd", "driverd-rollout")) or {}).get("spec") or {})
-                  .get("holderIdentity") in (A, B), 30)
-    holder = k.get(lease_path("driverd", "driverd-rollout"))["spec"]["holderIdentity"]
+                  .get("holderIdentity") == COORD, 30)
     time.sleep(0.5)
-    return f, holder, (B if holder == A else A)
+    return f, A, B
 
 
 def _view(f: Fleet, node: str) -> m.NodeView:
     return m.NodeView.from_node(f.admin.get(node_path(node)))
 
 
-def test_a_node_that_does_not_hold_the_lease_admits_no_other_node(control_plane, deployed, tmp_path):
-    """The issue's attack: a daemon that is not the coordinator admits another node into 550 while no
-    DriverRollout exists (before the fix: 200, and that node cordoned, drained and installed 550)."""
+def test_a_node_admits_no_other_node(control_plane, deployed, tmp_path):
+    """The issue's attack: a node's daemon admits another node into 550 while no DriverRollout exists
+    (before the fix: 200, and that node cordoned, drained and installed 550)."""
     cp = control_plane
     f, holder, other = _started(deployed, tmp_path)
     try:
@@ -169,7 +185,8 @@ def test_a_node_that_does_not_hold_the_lease_admits_no_other_node(control_plane,
 
 
 def test_the_agent_hands_back_an_admission_no_live_rollout_made(control_plane, deployed, tmp_path):
-    """Written by hand (an admin; anything the policy does not judge), or by the coordinator naming a
+    """Written by hand (an admin; anything the policy does not judge), or by the coordinator (a compromised
+    one: the policy lets the Lease holder admit) naming a
     rollout with another driver or one that does not select the node: the node's agent does not
     cordon, drain or install; it records the node failed, pinned to the driver it runs, with a
     Warning naming who wrote the admission (before the fix: the node was upgraded)."""
@@ -203,12 +220,12 @@ def test_the_agent_hands_back_an_admission_no_live_rollout_made(control_plane, d
         ro = k.get(rollout_path("r"))
         key = f"r/{ro['metadata']['uid']}/{ro['metadata']['generation']}"
         assert f.wait(lambda: (_view(f, other).preflight or {}).get("rollout") == key, 30)
-        htok = cp.token("driverd", "driverd", node=holder)
+        htok = coordinator_token(f)
         since = _view(f, other).since
-        _allowed(cp, "PATCH", N + other, _admission(holder, key, f"{OLD}/open"), htok)
+        _allowed(cp, "PATCH", N + other, _admission(COORD, key, f"{OLD}/open"), htok)
         rejected(other, since)
         ev = _warning(cp, other, "AdmissionRejected")
-        assert ev and f"admitted by {holder}" in ev["message"] and f"installs {NEW}/auto, not {OLD}/open" \
+        assert ev and f"admitted by {COORD}" in ev["message"] and f"installs {NEW}/auto, not {OLD}/open" \
             in ev["message"], ev
         # ... or a rollout that does not select the node
         k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
@@ -218,7 +235,7 @@ def test_the_agent_hands_back_an_admission_no_live_rollout_made(control_plane, d
         ro = k.get(rollout_path("elsewhere"))
         key = f"elsewhere/{ro['metadata']['uid']}/{ro['metadata']['generation']}"
         since = _view(f, other).since
-        _allowed(cp, "PATCH", N + other, _admission(holder, key, f"{NEW}/auto"), htok)
+        _allowed(cp, "PATCH", N + other, _admission(COORD, key, f"{NEW}/auto"), htok)
         rejected(other, since)
         ev = _warning(cp, other, "AdmissionRejected")
         assert ev and "does not select" in ev["message"], ev
@@ -229,19 +246,23 @@ def test_the_agent_hands_back_an_admission_no_live_rollout_made(control_plane, d
 # -- 3 (high): rollout status forged --------------------------------------------------------------------
 
 def test_rollout_status_and_finalizers_are_the_lease_holders_only(control_plane, fleet):
+    """A node never writes them (RBAC); a coordinator replica only while it holds the Lease (policy)."""
     cp, f = control_plane, fleet
-    a, b = cp.token("driverd", "driverd", node=A), cp.token("driverd", "driverd", node=B)
+    a = cp.token("driverd", "driverd", node=A)
+    c, c2 = coordinator_token(f), coordinator_token(f, COORD2)
     cp.api("POST", rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
                                     "metadata": {"name": "r"}, "spec": {"driver": NEW, "paused": True}})
-    _hold_lease(f, B)
+    _hold_lease(f)
     forged = ({"status": {"phase": "Completed", "reason": "Completed", "observedGeneration": 1}},
               {"status": {"failedNodes": [{"node": B, "reason": "forged"}], "nodes": {"failed": 1}}})
     for body in forged:
-        _refused(cp, "PATCH", rollout_path("r", status=True), body, a, "Lease", B)
-    _refused(cp, "PATCH", rollout_path("r"), {"metadata": {"finalizers": [m.FINALIZER]}}, a, "Lease")
+        _refused(cp, "PATCH", rollout_path("r", status=True), body, a, "cannot patch")
+        _refused(cp, "PATCH", rollout_path("r", status=True), body, c2, "does not hold the Lease", COORD)
+    _refused(cp, "PATCH", rollout_path("r"), {"metadata": {"finalizers": [m.FINALIZER]}}, a, "cannot patch")
+    _refused(cp, "PATCH", rollout_path("r"), {"metadata": {"finalizers": [m.FINALIZER]}}, c2, "Lease")
     for body in forged:                  # the coordinator writes it
-        _allowed(cp, "PATCH", rollout_path("r", status=True), body, b)
-    _allowed(cp, "PATCH", rollout_path("r"), {"metadata": {"finalizers": [m.FINALIZER]}}, b)
+        _allowed(cp, "PATCH", rollout_path("r", status=True), body, c)
+    _allowed(cp, "PATCH", rollout_path("r"), {"metadata": {"finalizers": [m.FINALIZER]}}, c)
 
 
 # -- 4 (medium): evictions, the Lease, Events ---------------------------------------------------------------
@@ -281,32 +302,39 @@ def _lease(holder: str | None, duration: int, *, name: str = "driverd-rollout", 
 
 
 def test_the_lease_names_only_its_writer_for_a_sane_time(control_plane, fleet):
+    """A node may not write the Lease at all (issue 44: RBAC gives it none); a coordinator replica holds it
+    only in its own pod's name, for a sane term, counting a takeover."""
     cp, f = control_plane, fleet
     a = cp.token("driverd", "driverd", node=A)
+    c = coordinator_token(f)
     leases = lease_path("driverd")
     js = "application/json"
-    _refused(cp, "POST", leases, _lease(B, 15), a, "holder", ctype=js)                    # in B's name
-    _refused(cp, "POST", leases, _lease(A, 15, name="other"), a, "driverd-rollout", ctype=js)  # another Lease
-    _refused(cp, "POST", leases, _lease(A, 2**31 - 1, renew="2099-01-01T00:00:00.000000Z"), a,
-             "leaseDurationSeconds", ctype=js)                                          # 68 years
+    _refused(cp, "POST", leases, _lease(A, 15), a, "cannot create", ctype=js)                # a node: never
+    _refused(cp, "POST", leases, _lease(COORD2, 15), c, "holder", ctype=js)                  # in another's name
+    _refused(cp, "POST", leases, _lease(COORD, 15, name="other"), c, "driverd-rollout", ctype=js)  # another Lease
+    _refused(cp, "POST", leases, _lease(COORD, 2**31 - 1, renew="2099-01-01T00:00:00.000000Z"), c,
+             "leaseDurationSeconds", ctype=js)                                            # 68 years
     # a far renewTime is no claim: driverd judges a holder by when it saw the record change, so the
-    # next daemon takes the Lease one duration after A stops renewing
-    cp.api("POST", leases, _lease(A, 3, renew="2099-01-01T00:00:00.000000Z"), token=a)
-    other = Lease(_node_kube(f, B), "driverd", B, duration_s=3)
+    # next replica takes the Lease one duration after the first stops renewing
+    cp.api("POST", leases, _lease(COORD, 3, renew="2099-01-01T00:00:00.000000Z"), token=c)
+    other = Lease(Kube(Target(kubeconfig=f.coordinator_kubeconfig(COORD2)), retry_for_s=0), "driverd", COORD2,
+                  duration_s=3)
     assert not other.try_acquire()
     time.sleep(3.3)
     assert other.try_acquire()
     cur = cp.api("GET", lease_path("driverd", "driverd-rollout"))
-    # A may not stretch B's term, give it back for B, or take it without counting the transition
+    # the first may not stretch the second's term, give it back for it, or take it without counting
     for spec in ({"leaseDurationSeconds": 2**31 - 1}, {"holderIdentity": None},
-                 {"holderIdentity": A, "leaseTransitions": cur["spec"]["leaseTransitions"]}):
+                 {"holderIdentity": COORD, "leaseTransitions": cur["spec"]["leaseTransitions"]}):
         body = json.loads(json.dumps(cur))
         body["spec"].update(spec)
-        _refused(cp, "PUT", lease_path("driverd", "driverd-rollout"), body, a, ctype=js)
-    # taking it over as the protocol does (a dead holder's successor) stays possible: see the limit in docs
+        _refused(cp, "PUT", lease_path("driverd", "driverd-rollout"), body, c, ctype=js)
     body = json.loads(json.dumps(cur))
     body["spec"].update(holderIdentity=A, leaseTransitions=cur["spec"]["leaseTransitions"] + 1)
-    _allowed(cp, "PUT", lease_path("driverd", "driverd-rollout"), body, a, ctype=js)
+    _refused(cp, "PUT", lease_path("driverd", "driverd-rollout"), body, a, "cannot update", ctype=js)
+    # taking it over as the protocol does (a dead holder's successor) stays possible: see the limit in docs
+    body["spec"].update(holderIdentity=COORD)
+    _allowed(cp, "PUT", lease_path("driverd", "driverd-rollout"), body, c, ctype=js)
 
 
 def _event(node: str, *, source: str = "driverd", host: str | None = None, instance: str | None = None,
@@ -322,15 +350,14 @@ def test_events_are_driverds_own_about_its_own_node(control_plane, fleet):
     cp, f = control_plane, fleet
     a = cp.token("driverd", "driverd", node=A)
     js = "application/json"
-    _hold_lease(f, B)                   # B coordinates: A is a node like any other
+    _hold_lease(f)                      # the coordinator holds the Lease: A is a node like any other
     _refused(cp, "POST", EVENTS, _event(B, source="kubelet"), a, "Event", ctype=js)          # as B's kubelet
     _refused(cp, "POST", EVENTS, _event(A, source="kubelet"), a, "Event", ctype=js)          # as its own kubelet
     _refused(cp, "POST", EVENTS, _event(A, host=A, instance=B), a, "Event", ctype=js)        # in B's name
-    _refused(cp, "POST", EVENTS, _event(B, host=A), a, "Lease", ctype=js)                    # about B, not holder
+    _refused(cp, "POST", EVENTS, _event(B, host=A), a, "Events about its own Node", ctype=js)  # about B
     _allowed(cp, "POST", EVENTS, _event(A), a, ctype=js)                                     # what an agent writes
-    f.admin.delete(lease_path("driverd", "driverd-rollout"))
-    _hold_lease(f, A)
-    _allowed(cp, "POST", EVENTS, _event(B, host=A, reason="Admitted"), a, ctype=js)          # the coordinator's
+    c = coordinator_token(f)
+    _allowed(cp, "POST", EVENTS, _event(B, host=COORD, reason="Admitted"), c, ctype=js)      # the coordinator's
 
 
 def test_its_own_nodes_status_changes_no_label_or_owner(control_plane, fleet):

@@ -24,25 +24,12 @@ from tests.cluster.realfleet import hosts, make, refusals, rollout, views, wait_
 from tests.conftest import driverd_env, run_cli, stop_process
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
-NS, SA = "driverd", "driverd-coordinator"
+NS = "driverd"
 NODE_SA = "system:serviceaccount:driverd:driverd"
 
 
-def _pod(cp, name: str) -> dict:
-    """A pod of the coordinator's ServiceAccount to bind its token to (never scheduled: its scheduler
-    does not exist; the token needs only the object)."""
-    try:
-        cp.api("DELETE", f"/api/v1/namespaces/{NS}/pods/{name}", {"gracePeriodSeconds": 0})
-    except urllib.error.HTTPError:
-        pass
-    return cp.api("POST", f"/api/v1/namespaces/{NS}/pods", {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
-        "spec": {"serviceAccountName": SA, "schedulerName": "nobody", "containers": [
-            {"name": "coordinator", "image": "driverd:0.1.0", "command": ["driverd", "cluster", "coordinator"]}]}})
-
-
 def _coordinator(cp, tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path]:
-    kc = cp.write_kubeconfig(tmp_path / f"{name}.kubeconfig", token=cp.token(NS, SA, pod=_pod(cp, name)), user=name)
+    kc = cp.coordinator_kubeconfig(name, tmp_path / f"{name}.kubeconfig")     # a token bound to pod `name`
     log = tmp_path / f"{name}.log"
     root = tmp_path / f"{name}-root"              # no host: an empty root (its configuration: the defaults)
     root.mkdir()
@@ -76,7 +63,7 @@ def _node_writes(cp, since: int) -> list[str]:
 
 def test_the_coordinators_own_process_runs_a_rollout_and_no_node_coordinates(deployed, make, tmp_path):
     cp = deployed
-    f = make(3, coordinate=False)
+    f = make(3, coordinator="none")
     f.start()
     assert f.wait(lambda: all(v.driver == OLD for v in views(f).values()), 60), "daemons did not label their nodes"
     p, log = _coordinator(cp, tmp_path, "driverd-coordinator-0")
@@ -104,15 +91,21 @@ def test_a_coordinator_replica_that_does_not_hold_the_lease_may_not_admit(deploy
     """Two replicas: the one holding the Lease admits; the other's token (its own pod) is refused an
     admission by driverd-coordinator-scope, in words naming the holder."""
     cp = deployed
-    f = make(2, coordinate=False)
+    f = make(2, coordinator="none")
     f.start()
     p, log = _coordinator(cp, tmp_path, "driverd-coordinator-a")
     try:
         assert f.wait(lambda: _holder(f) == "driverd-coordinator-a", 30), (_holder(f), log.read_text()[-2000:])
-        other = cp.token(NS, SA, pod=_pod(cp, "driverd-coordinator-b"))
+        cp.coordinator_kubeconfig("driverd-coordinator-b", tmp_path / "b.kubeconfig")
+        other = json.loads((tmp_path / "b.kubeconfig").read_text())["users"][0]["user"]["token"]
+        # an admission of the shape the coordinator writes (driverd-node-scope passes it), of a node whose
+        # daemon answered a preflight
+        cp.api("PATCH", node_path("gpu-0001"), {"metadata": {"annotations": {
+            m.A_PREFLIGHT: json.dumps({"ok": True, "rollout": "x"})}}}, content_type="application/merge-patch+json")
         with pytest.raises(urllib.error.HTTPError) as e:
             cp.api("PATCH", node_path("gpu-0001"), {"metadata": {"annotations": {
-                m.A_STATE: m.ADMITTED, m.A_ADMITTED_BY: "driverd-coordinator-b"}}},
+                m.A_STATE: m.ADMITTED, m.A_REASON: "Admitted", m.A_ROLLOUT: "x/u/1", m.A_TARGET: f"{NEW}/auto",
+                m.A_ADMITTED_BY: "driverd-coordinator-b"}}},
                 token=other, content_type="application/merge-patch+json")
         msg = json.loads(e.value.read() or b"{}").get("message", "")
         assert e.value.code == 403 and "driverd coordinator driverd-coordinator-b does not hold the Lease" in msg \
@@ -132,3 +125,24 @@ def test_a_coordinator_without_the_coordinators_rights_says_so_and_exits(deploye
     assert "cannot read the Lease driverd/driverd-rollout" in line and "403" in line \
         and "ServiceAccount driverd-coordinator" in line and "rbac-coordinator.yaml" in line, line
     assert token.split(".")[-1] not in r.stderr                     # no secret in the output (its signature)
+
+
+def test_a_node_daemon_left_coordinating_under_deploys_rbac_says_so_once_and_stops_trying(deployed, make):
+    """cluster.coordinate left at its default (true) on a node of a cluster with deploy/'s RBAC: its
+    identity may not hold the Lease. The coordinator candidate says so once, naming the fix, and stops;
+    the node's own side goes on (the test's fleet coordinator then runs its rollouts)."""
+    import threading
+    from driverd.cluster.coordinator import Coordinator
+    from driverd.cluster.informer import Informer
+    from driverd.cluster.kube import Kube, Target
+    f = make(1, coordinator="none")
+    said: list[str] = []
+    kube = Kube(Target(kubeconfig=f.node_kubeconfig("gpu-0000")), retry_for_s=5)
+    c = Coordinator(kube, "gpu-0000", NS, rollouts=Informer(kube, rollout_path(), name="rollouts"), log=said.append)
+    t = threading.Thread(target=c.run, daemon=True)
+    t.start()
+    t.join(45)
+    assert not t.is_alive(), said
+    lines = [s for s in said if "may not hold the rollout Lease" in s]
+    assert len(lines) == 1 and "set cluster.coordinate = false" in lines[0] and "403" in lines[0], said
+    assert _holder(f) in (None, "")

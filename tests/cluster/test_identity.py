@@ -11,10 +11,12 @@ import urllib.error
 import pytest
 
 from driverd.sim.fleet import GPU_NS, NEW, OLD, PLUGIN_NS, Fleet
+from tests.cluster.realfleet import coordinator_token
 from tests.controlplane import reset
-from tests.test_deploy import NODE_NEEDS
+from tests.test_deploy import COORDINATOR_NEEDS, NODE_NEEDS
 
 SA_USER = "system:serviceaccount:driverd:driverd"
+COORDINATOR_USER = "system:serviceaccount:driverd:driverd-coordinator"
 # Granted to every authenticated user by the apiserver's own bootstrap roles (system:basic-user ...).
 EVERYONE = {("authorization.k8s.io", "selfsubjectaccessreviews", "create"),
             ("authorization.k8s.io", "selfsubjectrulesreviews", "create"),
@@ -59,11 +61,19 @@ def test_the_service_account_holds_exactly_what_driverd_needs(control_plane, fle
     need = {(g, r, v) for g, r, v, _ in NODE_NEEDS}
     assert need - have == set(), f"missing: {sorted(need - have)}"
     assert have - need == set(), f"excess: {sorted(have - need)}"
+    # the coordinator's own token (issue 44): its needs, the Lease by name, nothing of a node's
+    ctok = coordinator_token(fleet)
+    cgranted = _rules(control_plane, ctok, "driverd")
+    chave = {(g, r, v) for g, r, v, _ in cgranted} - EVERYONE
+    cneed = {(g, r, v) for g, r, v, _ in COORDINATOR_NEEDS}
+    assert cneed - chave == set() and chave - cneed == set(), (sorted(cneed - chave), sorted(chave - cneed))
     # the Lease: create (cannot be limited by name) and the rest on driverd's own Lease only
-    lease_rules = {(v, names) for g, r, v, names in granted if r == "leases"}
+    lease_rules = {(v, names) for g, r, v, names in cgranted if r == "leases"}
     assert lease_rules == {("create", ())} | {(v, ("driverd-rollout",)) for v in ("get", "update", "list", "watch")}
-    # and the real authorizer says no to what the rules leave out
+    # and the real authorizer says no to what the rules leave out: for a node, the Lease and rollout writes too
     for verb, path in (("GET", "/api/v1/namespaces/driverd/secrets"), ("GET", "/api/v1/namespaces/driverd/leases/other"),
+                       ("GET", "/api/v1/namespaces/driverd/leases/driverd-rollout"),
+                       ("PATCH", "/apis/driverd.io/v1alpha1/driverrollouts/x/status"),
                        ("DELETE", "/api/v1/nodes/gpu-0000"), ("DELETE", "/apis/driverd.io/v1alpha1/driverrollouts/x"),
                        ("GET", "/apis/apps/v1/namespaces/gpu-operator/daemonsets")):
         path = path.replace("/api/v1/namespaces/driverd/leases", "/apis/coordination.k8s.io/v1/namespaces/driverd/leases")
@@ -88,6 +98,7 @@ def test_every_call_of_a_rollout_is_allowed_and_listed(control_plane, fleet):
                         "containers": [{"name": "c", "image": "x:1"}], **spec}}
         f.running_pod(GPU_NS, pod)
     before = len(control_plane.audited(SA_USER))
+    cbefore = len(control_plane.audited(COORDINATOR_USER))
     f.start()
     k = f.admin
     # the daemons are up (their nodes labelled driver-ready) and the device plugin runs on both nodes
@@ -107,6 +118,12 @@ def test_every_call_of_a_rollout_is_allowed_and_listed(control_plane, fleet):
     assert f.wait(lambda: ((k.get("/apis/driverd.io/v1alpha1/driverpools/p").get("status") or {}).get("nodes") or {})
                   .get("current") == 1, 120), k.get("/apis/driverd.io/v1alpha1/driverpools/p").get("status")
     f.stop()
+    # the coordinator's own account made the coordinator's calls, each one deploy/ lists for it, every one used
+    cseen = {((ev.get("objectRef") or {}).get("apiGroup", ""), (ev.get("objectRef") or {}).get("resource", "") +
+              ("/" + ev["objectRef"]["subresource"] if (ev.get("objectRef") or {}).get("subresource") else ""),
+              ev["verb"]) for ev in control_plane.audited(COORDINATOR_USER)[cbefore:]}
+    cneed = {(g, r, v) for g, r, v, _ in COORDINATOR_NEEDS}
+    assert cseen - cneed == set() and cneed - cseen == set(), (sorted(cseen - cneed), sorted(cneed - cseen))
     events = control_plane.audited(SA_USER)[before:]
     assert events
     seen, refused = set(), []
@@ -137,30 +154,36 @@ def test_a_node_token_writes_its_own_node_only(control_plane, fleet):
     admit = {"metadata": {"annotations": {"driverd.io/state": "admitted", "driverd.io/reason": "Admitted",
                                           "driverd.io/rollout": "r/u/1", "driverd.io/target": f"{NEW}/auto",
                                           "driverd.io/retry": None, "driverd.io/admitted-by": "gpu-0000"}}}
-    # another node is admitted only by the Lease holder (the coordinator), once its daemon has answered a preflight
+    # another node is admitted only by the coordinator (its own identity, holding the Lease), once its
+    # daemon has answered a preflight: a node never admits one, not even holding the Lease's name
     cp.api("PATCH", n + "gpu-0001", {"metadata": {"annotations": {"driverd.io/preflight": "{}"}}},
            content_type="application/merge-patch+json")
     leases = "/apis/coordination.k8s.io/v1/namespaces/driverd/leases"
     cp.api("POST", leases, {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {
-        "name": "driverd-rollout", "namespace": "driverd"}, "spec": {"holderIdentity": "gpu-0001"}})
+        "name": "driverd-rollout", "namespace": "driverd"}, "spec": {"holderIdentity": "gpu-0000"}})
     time.sleep(0.5)
     code, msg = _code(cp, "PATCH", n + "gpu-0001", admit, a)
-    assert code == 403 and "driverd-coordinator-scope" in msg and "does not hold the Lease" in msg, msg
+    assert code == 403 and "may write only its own Node" in msg, msg
     cp.api("DELETE", leases + "/driverd-rollout")
-    lease = Lease(Kube(Target(kubeconfig=fleet.node_kubeconfig("gpu-0000")), retry_for_s=0), "driverd", "gpu-0000",
-                  duration_s=3)
+    c = fleet.coordinator_kubeconfig()
+    ctok = coordinator_token(fleet)
+    lease = Lease(Kube(Target(kubeconfig=c), retry_for_s=0), "driverd", Fleet.COORDINATOR, duration_s=3)
     assert fleet.wait(lease.try_acquire, 15, step=0.5)
     time.sleep(0.5)
+    cadmit = json.loads(json.dumps(admit))
+    cadmit["metadata"]["annotations"]["driverd.io/admitted-by"] = Fleet.COORDINATOR
     ok = [
-        (n + "gpu-0000", {"metadata": {"labels": {"driverd.io/driver-version": NEW}}}),
-        (n + "gpu-0000", {"metadata": {"annotations": {"driverd.io/state": "cordoned"}}}),
-        (n + "gpu-0000", {"spec": {"unschedulable": True}}),
-        (n + "gpu-0000", {"spec": {"unschedulable": None}}),
+        (n + "gpu-0000", {"metadata": {"labels": {"driverd.io/driver-version": NEW}}}, a),
+        (n + "gpu-0000", {"metadata": {"annotations": {"driverd.io/state": "cordoned"}}}, a),
+        (n + "gpu-0000", {"spec": {"unschedulable": True}}, a),
+        (n + "gpu-0000", {"spec": {"unschedulable": None}}, a),
         # the Lease holder admits another node: the admission annotations only
-        (n + "gpu-0001", admit),
+        (n + "gpu-0001", cadmit, ctok),
     ]
-    for path, patch in ok:
-        assert _code(cp, "PATCH", path, patch, a) == (200, ""), (path, patch, _code(cp, "PATCH", path, patch, a))
+    for path, patch, tok in ok:
+        assert _code(cp, "PATCH", path, patch, tok) == (200, ""), (path, patch, _code(cp, "PATCH", path, patch, tok))
+    code, msg = _code(cp, "PATCH", n + "gpu-0001", admit, a)
+    assert code == 403 and "may write only its own Node" in msg, msg
     refused = [
         (n + "gpu-0001", {"metadata": {"labels": {"driverd.io/driver-version": NEW}}}, "beyond admitting"),
         (n + "gpu-0001", {"spec": {"unschedulable": True}}, "beyond admitting"),
@@ -171,15 +194,15 @@ def test_a_node_token_writes_its_own_node_only(control_plane, fleet):
         (n + "gpu-0000", {"metadata": {"annotations": {"other.io/x": "1"}}}, "only driverd.io/*"),
         (n + "gpu-0000", {"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}, "only driverd.io/*"),
     ]
-    for path, patch, why in refused:
-        code, msg = _code(cp, "PATCH", path, patch, a)
+    for path, patch, why in refused:       # another node's by the coordinator, its own by the node
+        code, msg = _code(cp, "PATCH", path, patch, ctok if "gpu-0001" in path else a)
         assert code == 403 and "driverd-node-scope" in msg and why in msg, (path, patch, code, msg)
     # its own condition through nodes/status, and nothing else there
     st = "application/strategic-merge-patch+json"
     mine = {"status": {"conditions": [{"type": "GPUDriverReady", "status": "True", "reason": "DriverValidated"}]}}
     assert _code(cp, "PATCH", n + "gpu-0000/status", mine, a, st) == (200, "")
     code, msg = _code(cp, "PATCH", n + "gpu-0001/status", mine, a, st)
-    assert code == 403 and "beyond admitting" in msg, msg
+    assert code == 403 and "may write only its own Node" in msg, msg
     kubelets = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Hijacked"}]}}
     code, msg = _code(cp, "PATCH", n + "gpu-0000/status", kubelets, a, st)
     assert code == 403 and "GPUDriverReady" in msg, msg
@@ -205,7 +228,7 @@ def test_a_daemonset_pods_token_names_its_node_and_a_legacy_token_writes_nothing
         ok = {"metadata": {"annotations": {"driverd.io/state": "cordoned"}}}
         assert _code(cp, "PATCH", "/api/v1/nodes/gpu-0000", ok, tok) == (200, "")
         code, msg = _code(cp, "PATCH", "/api/v1/nodes/gpu-0001", {"spec": {"unschedulable": True}}, tok)
-        assert code == 403 and "driverd on node gpu-0000" in msg, msg
+        assert code == 403 and "driverd on node gpu-0000 may write only its own Node" in msg, msg
     finally:
         cp.api("DELETE", "/api/v1/namespaces/driverd/pods/driverd-test-pod",
                {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})

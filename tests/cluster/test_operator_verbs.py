@@ -46,7 +46,7 @@ def test_canary_pause_resume_skip_unskip_and_retry(deployed, make):
     `node retry` → the coordinator (another node) admits it again → Completed."""
     f = make(4)
     f.reload_fails("gpu-0002")
-    start_with_coordinator(f, COORD)
+    start_with_coordinator(f)
     log = PhaseLog(f)
     targets = ["gpu-0001", "gpu-0002", "gpu-0003"]
     f.admin.create(rollout_path(), rollout("r", nodeSelector=hosts(*targets), canary=1, failureBudget=0))
@@ -86,7 +86,7 @@ def test_retry_reopens_a_failed_rollout(deployed, make):
     the rollout's status, and the node handed it back as AdmissionRejected: "rollout r has ended")."""
     f = make(3)
     f.reload_fails("gpu-0001")
-    start_with_coordinator(f, COORD)
+    start_with_coordinator(f)
     log = PhaseLog(f)
     f.admin.create(rollout_path(), rollout("r", nodeSelector=hosts("gpu-0001", "gpu-0002"), failureBudget=1))
     ro = wait_phase(f, "r", ("Failed",), timeout=90)
@@ -110,7 +110,7 @@ def test_invalid_abort_delete_and_undo(deployed, make):
     of rollouts holding a node in `evicting` give it back."""
     f = make(3)
     f.pdb_never("gpu-0001")
-    start_with_coordinator(f, COORD)
+    start_with_coordinator(f)
     log = PhaseLog(f)
     k = f.admin
     # abort
@@ -158,7 +158,7 @@ def test_no_targets_refused_then_excluded_and_paused_for_a_node_not_ready(deploy
     (f.work / "empty-repo").mkdir()
     (f.work / "empty-repo/index.json").write_text('{"format": 1, "packages": []}')
     cfg.write_text(cfg.read_text().replace(str(f.repo), str(f.work / "empty-repo")))
-    start_with_coordinator(f, COORD)
+    start_with_coordinator(f)
     log = PhaseLog(f)
     rc, out, err = cli(f, "rollout", "start", "--driver", NEW, "--name", "none", "-l", "pool=nothing")
     assert rc == 0 and "no node matches" in err

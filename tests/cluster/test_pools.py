@@ -13,7 +13,7 @@ import urllib.error
 from driverd.cluster import model as m
 from driverd.cluster import pools as pl
 from driverd.cluster.kube import Kube, KubeError, Target, lease_path, node_path, pool_path, rollout_path
-from driverd.sim.fleet import NEW, OLD
+from driverd.sim.fleet import Fleet, NEW, OLD
 from tests.cluster.test_rollout import cli, cluster, kube, started, views, wait_phase  # noqa: F401 (fixture)
 from tests.controlplane import OPERATOR_TOKEN, reset
 
@@ -86,8 +86,11 @@ def test_a_node_credential_cannot_change_pools_nor_make_rollouts_of_its_own(clus
     k.create(pool_path(), pool("a", OLD, {"pool": "a"}))
     wait_pool(f, "a", lambda st: cond(st, "Converged").get("status") == "True")
     holder = k.get(lease_path("driverd", "driverd-rollout"))["spec"]["holderIdentity"]
-    other = next(n for n in f.nodes if n != holder)
+    assert holder == Fleet.COORDINATOR          # the coordinator's own identity, no node (issue 44)
     as_node = {n: Kube(Target(kubeconfig=f.node_kubeconfig(n))) for n in f.nodes}
+    as_node[holder] = Kube(Target(kubeconfig=f.coordinator_kubeconfig()))
+    other = "driverd-coordinator-1"             # a replica that does not hold the Lease
+    as_node[other] = Kube(Target(kubeconfig=f.coordinator_kubeconfig(other)))
     p = k.get(pool_path("a"))
 
     def refused(node, call, *words):
@@ -98,15 +101,19 @@ def test_a_node_credential_cannot_change_pools_nor_make_rollouts_of_its_own(clus
             return
         raise AssertionError(f"{node}'s token was allowed to {words}")
     # the spec is the operator's: no daemon may change it, holder or not (RBAC gives no verb for it)
-    for n in f.nodes:
+    for n in as_node:
         refused(n, lambda c: c.patch(pool_path("a"), {"spec": {"driver": NEW}}), "forbidden")
-    # the status is the coordinator's
+    # the status is the coordinator's: never a node's, and only the holder's
+    for n in f.nodes:
+        refused(n, lambda c: c.patch(pool_path("a", status=True), {"status": {"driver": NEW}}), "forbidden")
     refused(other, lambda c: c.patch(pool_path("a", status=True), {"status": {"driver": NEW}}),
             "does not hold the Lease")
     # a rollout of its own making: only as a pool's revision, by the holder, with exactly the pool's spec
     own = pl.rollout_object(pl.Pool.from_object(p), 7)
     plain = {"apiVersion": pl.API_VERSION, "kind": "DriverRollout", "metadata": {"name": "mine"},
              "spec": {"driver": NEW}}
+    for n in f.nodes:
+        refused(n, lambda c: c.create(rollout_path(), own), "forbidden")
     refused(holder, lambda c: c.create(rollout_path(), plain), "only as a DriverPool's revision")
     refused(other, lambda c: c.create(rollout_path(), own), "does not hold the Lease")
     wrong = json.loads(json.dumps(own))

@@ -177,17 +177,18 @@ def test_daemon_killed_mid_drain_and_coordinator_death_are_survived(cluster):
                       or {}).get("spec", {}).get("holderIdentity")
     assert f.wait(lambda: holder() is not None, 20)
     first = holder()
-    f.kill_node(first)          # the coordinator dies without releasing the Lease
-    # a GPU pod whose eviction is refused for a while keeps the next node in `evicting` (the first
-    # target: gpu-0000 unless it held the Lease and is left out of the rollout)
-    victim = "gpu-0000" if first != "gpu-0000" else "gpu-0001"
+    assert first == Fleet.COORDINATOR                 # deploy/'s own identity, no node (issue 44)
+    f.start_coordinator("driverd-coordinator-1")      # its standby replica
+    f.kill_coordinator(first)   # the coordinator dies without releasing the Lease
+    # a GPU pod whose eviction is refused for a while keeps the next node in `evicting`
+    victim = "gpu-0000"
     f.set_pdb(f"{victim}", 0)
     k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
                               "spec": {"driver": NEW, "maxParallel": 1, "maxUnavailable": 1,
                                        "nodeSelector": {"matchExpressions": [
                                            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [first]}]},
                                        "drain": {"timeoutSeconds": 60}}})
-    assert f.wait(lambda: holder() not in (None, first), 30), "no daemon took over the Lease"
+    assert f.wait(lambda: holder() == "driverd-coordinator-1", 30), "the standby did not take over the Lease"
     assert f.wait(lambda: views(f)[victim].state == m.EVICTING, 30)
     f.kill_node(victim)
     f.set_pdb(f"{victim}", 1)
@@ -310,6 +311,7 @@ def test_cluster_agent_command_runs_the_node_side_until_sigterm(cluster):
                          stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert f.wait(lambda: views(f)["gpu-0000"].driver == OLD, 30)
+        f.start_coordinator()             # deploy/'s coordinator (its own identity) admits the node
         kube(f).create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
                                         "metadata": {"name": "r"}, "spec": {"driver": NEW}})
         wait_phase(f, "r", ("Completed",), timeout=60)
@@ -358,8 +360,9 @@ def test_watches_survive_an_apiserver_restart_and_a_410_starts_over_with_a_list(
 
 def test_the_status_subresource_keeps_spec_and_status_apart(cluster):
     """The CRD's status subresource: a status write through /status cannot change the spec, a write to
-    the object ignores status; the node daemons (RBAC: the status, and a patch of the object for the
-    finalizer, which deploy/'s admission policy holds to the finalizer) cannot touch the spec."""
+    the object ignores status; the node daemons write neither (RBAC), the coordinator (RBAC: the status,
+    and a patch of the object for the finalizer, which deploy/'s admission policy holds to the finalizer)
+    cannot touch the spec, and writes only holding the Lease."""
     srv, make = cluster
     f = make(1)
     k = kube(f)
@@ -371,25 +374,32 @@ def test_the_status_subresource_keeps_spec_and_status_apart(cluster):
     k.patch(rollout_path("s", status=True), {"status": {"phase": "Paused"}, "spec": {"maxParallel": 7}})
     ro = k.get(rollout_path("s"))
     assert ro["status"]["phase"] == "Paused" and ro["spec"]["maxParallel"] == 3
-    node = Kube(Target(kubeconfig=f.node_kubeconfig("gpu-0000")), retry_for_s=0)
     from driverd.cluster.kube import KubeError
     from driverd.cluster.lease import Lease
+    f.stop()                                 # no coordinator of the fleet's: this test speaks for it
+    node = Kube(Target(kubeconfig=f.node_kubeconfig("gpu-0000")), retry_for_s=0)
+    for call in (lambda: node.patch(rollout_path("s", status=True), {"status": {"message": "from the node"}}),
+                 lambda: node.patch(rollout_path("s"), {"metadata": {"finalizers": ["driverd.io/rollout"]}})):
+        with pytest.raises(KubeError) as e:      # a node writes no rollout (RBAC)
+            call()
+        assert e.value.status == 403 and "cannot patch" in str(e.value), e.value
+    coord = Kube(Target(kubeconfig=f.coordinator_kubeconfig("driverd-coordinator-9")), retry_for_s=0)
     k.create(lease_path("driverd"), {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {
-        "name": "driverd-rollout", "namespace": "driverd"}, "spec": {"holderIdentity": "another-node"}})
+        "name": "driverd-rollout", "namespace": "driverd"}, "spec": {"holderIdentity": "another-replica"}})
     time.sleep(0.5)
-    with pytest.raises(KubeError) as e:      # a node that does not hold the Lease writes no status
-        node.patch(rollout_path("s", status=True), {"status": {"message": "from the node"}})
+    with pytest.raises(KubeError) as e:      # a coordinator that does not hold the Lease writes no status
+        coord.patch(rollout_path("s", status=True), {"status": {"message": "from the coordinator"}})
     assert e.value.status == 403 and "driverd-coordinator-scope" in str(e.value)
     k.delete(lease_path("driverd", "driverd-rollout"))
-    assert f.wait(Lease(node, "driverd", "gpu-0000", duration_s=3).try_acquire, 15, step=0.5)
+    assert f.wait(Lease(coord, "driverd", "driverd-coordinator-9", duration_s=3).try_acquire, 15, step=0.5)
     time.sleep(0.5)                          # the apiserver's admission informer sees the holder
     with pytest.raises(KubeError) as e:
-        node.patch(rollout_path("s"), {"spec": {"maxParallel": 9}})
+        coord.patch(rollout_path("s"), {"spec": {"maxParallel": 9}})
     assert e.value.status == 403 and "driverd-node-scope" in str(e.value) and "not its spec" in str(e.value)
-    node.patch(rollout_path("s"), {"metadata": {"finalizers": ["driverd.io/rollout"]}})     # what it may do
-    node.patch(rollout_path("s"), {"metadata": {"finalizers": None}})
-    node.patch(rollout_path("s", status=True), {"status": {"message": "from the node"}})
-    assert k.get(rollout_path("s"))["status"]["message"] == "from the node"
+    coord.patch(rollout_path("s"), {"metadata": {"finalizers": ["driverd.io/rollout"]}})     # what it may do
+    coord.patch(rollout_path("s"), {"metadata": {"finalizers": None}})
+    coord.patch(rollout_path("s", status=True), {"status": {"message": "from the coordinator"}})
+    assert k.get(rollout_path("s"))["status"]["message"] == "from the coordinator"
 
 
 

@@ -42,7 +42,7 @@ def test_a_failed_node_that_stays_not_ready_leaves_the_budget_and_still_counts_a
     counts it as failed."""
     f = make(5)
     f.pdb_never("gpu-0001")                   # holds the first target in `evicting` until the test lets it go
-    start_with_coordinator(f, COORD)
+    start_with_coordinator(f)
     log = PhaseLog(f)
     targets = ["gpu-0001", "gpu-0002", "gpu-0003", "gpu-0004"]
     f.admin.create(rollout_path(), rollout("r", nodeSelector=hosts(*targets), failureBudget=1, maxUnavailable=1,
@@ -72,7 +72,7 @@ def test_the_failure_budget_still_counts_a_failed_node_that_is_gone(make):
     it does not carry on because the node left the unavailability count."""
     f = make(3)
     f.pdb_never("gpu-0001")
-    start_with_coordinator(f, COORD)
+    start_with_coordinator(f)
     f.admin.create(rollout_path(), rollout("r", nodeSelector=hosts("gpu-0001", "gpu-0002"), failureBudget=0,
                                            notReadyTimeoutSeconds=5, validation={"timeoutSeconds": 2},
                                            drain={"timeoutSeconds": 120}))
@@ -99,7 +99,7 @@ def test_a_refused_rollout_stays_refused_and_holds_no_node(make):
     (f.work / "empty-repo").mkdir()
     (f.work / "empty-repo/index.json").write_text('{"format": 1, "packages": []}')
     cfg.write_text(cfg.read_text().replace(str(f.repo), str(f.work / "empty-repo")))
-    start_with_coordinator(f, COORD)
+    start_with_coordinator(f)
     log = PhaseLog(f)
     k = f.admin
     k.create(rollout_path(), rollout("r1", nodeSelector=hosts("gpu-0001", "gpu-0002", "gpu-0003")))
@@ -177,7 +177,7 @@ def test_one_refused_admission_is_recorded_on_its_rollout_and_stops_no_other(dep
     admission is tried again later (here: once the site lifts its policy)."""
     cp = deployed
     f = make(3)
-    start_with_coordinator(f, COORD)
+    start_with_coordinator(f)
     _site_policy(cp, "gpu-0001")
     try:
         assert f.wait(lambda: _site_policy_holds(cp, "gpu-0001"), 30), "the site policy never took effect"

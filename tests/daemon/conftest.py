@@ -193,13 +193,19 @@ def journal_runs(root) -> list[dict]:
     return runs
 
 
-def cluster_node(fleet, node: str, extra: str = "") -> Path:
+def cluster_node(fleet, node: str, extra: str = "", *, coordinator: bool = True) -> Path:
     """A simulated node's host tree configured for cluster mode as deploy/ does it: the node-bound token's
-    kubeconfig at /etc/driverd/kubeconfig, [cluster] naming the node, and daemon timers of a second
-    (`extra`: more [daemon] keys). Returns the node's root."""
+    kubeconfig at /etc/driverd/kubeconfig, [cluster] naming the node, its own side of rollouts only
+    (coordinate = false: deploy/'s coordinator of its own identity coordinates: started here unless
+    `coordinator` is False, where the fleet gives identities), and daemon timers of a second (`extra`:
+    more [daemon] keys). Returns the node's root."""
     root = fleet.nodes[node].root
     shutil.copy(fleet.node_kubeconfig(node), root / "etc/driverd/kubeconfig")
+    own = fleet.coordinator_mode == "own"
     p = root / "etc/driverd/config.toml"
     p.write_text(p.read_text() + f'[cluster]\nkubeconfig = "/etc/driverd/kubeconfig"\nnode_name = "{node}"\n'
+                 + ("coordinate = false\n" if own else "") +
                  f'[daemon]\ninterval_s = 1\nretry_min_s = 1\nretry_max_s = 1\n{extra}')
+    if own and coordinator and not fleet.coordinators:
+        fleet.start_coordinator()
     return root

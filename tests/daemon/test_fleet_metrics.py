@@ -1,6 +1,7 @@
 """Fleet metrics: the coordinator's numbers per rollout (nodes upgrading, done, failed, pending, ...) and
-its phase, on the /metrics of the daemon holding the rollout Lease, read back with prometheus_client's
-own parser of the text format."""
+its phase, on the /metrics of `driverd cluster coordinator --listen` (the coordinator's own identity,
+issue 44; a node daemon holding the Lease served them before), read back with prometheus_client's own
+parser of the text format."""
 from __future__ import annotations
 
 import time
@@ -78,33 +79,65 @@ def test_the_coordinator_counts_nodes_done_and_failed(tmp_path, deployed):
                                   "metadata": {"name": "r"}, "spec": {"driver": NEW, "failureBudget": 1}})
         assert f.wait(lambda: (k.get(rollout_path("r")).get("status") or {}).get("phase") == "Failed", 120)
 
-        def holder():
-            return next((sn.coordinator for sn in f.nodes.values() if sn.coordinator.fleet.snapshot().coordinator), None)
-        assert f.wait(lambda: holder() is not None and holder().fleet.snapshot().rollouts[0].phase == "Failed", 30)
-        (c,) = holder().fleet.snapshot().rollouts
+        holder = f.coordinators[Fleet.COORDINATOR].coordinator          # the coordinator's own identity
+        assert f.wait(lambda: holder.fleet.snapshot().coordinator and holder.fleet.snapshot().rollouts
+                      and holder.fleet.snapshot().rollouts[0].phase == "Failed", 30)
+        (c,) = holder.fleet.snapshot().rollouts
         assert (c.rollout, c.total, c.nodes["done"], c.nodes["failed"], c.nodes["pending"], c.nodes["upgrading"]) \
             == ("r", 3, 2, 1, 0, 0), c
-        others = [sn for sn in f.nodes.values() if sn.coordinator is not holder()]
-        assert all(not sn.coordinator.fleet.snapshot().coordinator for sn in others)
+        assert all(sn.coordinator is None for sn in f.nodes.values())    # no node coordinates
     finally:
         f.stop()
 
 
-def test_the_daemon_serves_the_fleet_on_metrics(tmp_path, daemons, deployed):
-    """`driverd daemon` in cluster mode, the only daemon of its cluster: it holds the Lease, and its
-    /metrics says how its rollout went."""
+def test_the_coordinator_serves_the_fleet_on_metrics(tmp_path, daemons, deployed):
+    """`driverd cluster coordinator --listen` (deploy/'s Deployment, its own identity) beside the one
+    node's `driverd daemon` in cluster mode: it holds the Lease, its /metrics says how the rollout went and
+    /readyz that it coordinates; the node daemon's /metrics has no fleet (it coordinates nothing)."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+    from tests.conftest import driverd_env, stop_process
     reset(deployed)
     f = Fleet(tmp_path / "fleet", 1, server=deployed).build()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "croot").mkdir()
+    log = open(tmp_path / "coordinator.log", "w")
+    p = subprocess.Popen([str(__import__("pathlib").Path(sys.executable).parent / "driverd"), "cluster", "coordinator",
+                          "--root", str(tmp_path / "croot"), "--kubeconfig", f.coordinator_kubeconfig(),
+                          "--identity", Fleet.COORDINATOR, "--listen", f"127.0.0.1:{port}"],
+                         stdout=subprocess.DEVNULL, stderr=log, env=driverd_env())
+
+    def get(path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
     try:
-        root = cluster_node(f, "gpu-0000")        # the node-bound token of deploy/'s ServiceAccount
+        root = cluster_node(f, "gpu-0000", coordinator=False)      # the node-bound token; its own side only
         d = daemons(root)
-        d.wait_log(r"coordinates rollouts", 60)
+        d.wait_log(r"this node's side of rollouts only", 60)
+        end = time.monotonic() + 60
+        while True:
+            try:
+                code, text = get("/readyz")
+                if code == 200 and "coordinates rollouts" in text:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < end, (tmp_path / "coordinator.log").read_text()[-2000:]
+            time.sleep(0.3)
         k = Kube(Target(kubeconfig=f.kubeconfig))
         k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
                                   "metadata": {"name": "r"}, "spec": {"driver": NEW}})
         end = time.monotonic() + 90
         while True:
-            got = samples(d.get("/metrics")[1])
+            got = samples(get("/metrics")[1])
             if got.get(("driverd_rollout_phase", (("phase", "Completed"), ("rollout", "r")))) == 1:
                 break
             assert time.monotonic() < end, (got, d.log[-3000:])
@@ -114,6 +147,9 @@ def test_the_daemon_serves_the_fleet_on_metrics(tmp_path, daemons, deployed):
         assert got[("driverd_rollout_nodes", (("rollout", "r"), ("state", "upgrading")))] == 0
         assert got[("driverd_rollout_target_nodes", (("rollout", "r"),))] == 1
         assert m.NodeView.from_node(k.get(node_path("gpu-0000"))).driver == NEW
+        assert samples(d.get("/metrics")[1]) == {}            # the node daemon serves no fleet
+        assert json.loads(json.dumps(get("/healthz")))[0] == 200
         d.stop()
     finally:
+        stop_process(p)
         f.stop()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, driverd_env, stop_process
 from tests.controlplane import wait_policies_configured
 from tests.kubetools import condition_true
 
@@ -47,9 +47,16 @@ kernel = "sim"
 [daemon]
 listen = "0.0.0.0:9477"
 
+[cluster]
+coordinate = false
+
 [log]
 format = "json"
 """
+# The coordinator: deploy/'s Deployment runs it on no GPU node, and this cluster's only node is one (its pod
+# stays Pending); it runs beside the node as `driverd cluster coordinator` with that Deployment's identity (a
+# token of the ServiceAccount driverd-coordinator bound to a pod of its own), as on a control-plane host.
+COORDINATOR = "driverd-coordinator-0"
 
 
 def overlay(where: Path, host: Path, config: str) -> Path:
@@ -161,7 +168,16 @@ def on_node(real_node, driver_image, tmp_path_factory):
         wait_policies_configured(cp)
         pod, took = wait_pod_ready(node)
         print(f"\ndriverd image imported in {imported:.1f}s; DaemonSet pod Ready {took:.1f}s after apply")
-        yield node, host, pod, config
+        kc = cp.coordinator_kubeconfig(COORDINATOR, work / "coordinator.kubeconfig")
+        (work / "coordinator-root").mkdir()
+        coordinator = subprocess.Popen(
+            [str(REPO / ".venv/bin/driverd"), "cluster", "coordinator", "--root", str(work / "coordinator-root"),
+             "--kubeconfig", kc, "--identity", COORDINATOR, "-n", NS],
+            stdout=subprocess.DEVNULL, stderr=open(work / "coordinator.log", "w"), env=driverd_env())
+        try:
+            yield node, host, pod, config
+        finally:
+            stop_process(coordinator)
     finally:
         subprocess.run(["umount", "-l", str(host)], capture_output=True)
 
@@ -389,9 +405,9 @@ def test_a_rollout_on_the_real_node_evicts_real_pods_and_gives_the_node_back(on_
     n = cp.api("GET", f"/api/v1/nodes/{node.name}")
     assert not n["spec"].get("unschedulable") and n["metadata"]["labels"].get(m.L_READY) == "true"
     assert m.DONE in states and len(states) >= 3, states
-    # the coordinator's Lease is in the pod's own namespace (POD_NAMESPACE, from the downward API)
+    # the coordinator's Lease, held in its own name (no GPU node's: issue 44), in driverd's namespace
     leases = cp.api("GET", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases")["items"]
-    assert any(node.name in (le["spec"].get("holderIdentity") or "") for le in leases), leases
+    assert [le["spec"].get("holderIdentity") for le in leases] == [COORDINATOR], leases
 
 
 def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
@@ -434,8 +450,17 @@ def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
             assert time.monotonic() < end, (v, node.container_log(NS, _pods(cp)[0]["metadata"]["name"], "driverd"))
             time.sleep(0.3)
 
-    cp.api("POST", dss, dp.daemonset("plugin-back", host, args=["-devices", "2"],
-                                      node_selector={m.L_READY: "true"}))
+    ds = dp.daemonset("plugin-back", host, args=["-devices", "2"], node_selector={m.L_READY: "true"})
+    pod_spec = ds["spec"]["template"]["spec"]
+    # As NVIDIA's plugin is (it holds the GPUs' device files), a GPU user: here through the NVIDIA RuntimeClass,
+    # so the drain waits until its DaemonSet has taken it off the node (it leaves with the driver-ready label)
+    # and the kubelet's count drops. Its replacement starts registering 15 s after the label is back (an init
+    # container), longer than the kubelet's 10 s status loop: the node's count is 0 in between, and the node
+    # may be `done` only once the new plugin has registered its GPUs (timing alone decided this before).
+    pod_spec["runtimeClassName"] = "nvidia"
+    pod_spec["initContainers"] = [{"name": "wait", "image": IMAGE, "imagePullPolicy": "Never",
+                                   "command": ["sh", "-c", "sleep 15"]}]
+    cp.api("POST", dss, ds)
     wait_gpus(2)
     v = rollout("gpus-come-back", 120)
     assert v.state == m.DONE, v
