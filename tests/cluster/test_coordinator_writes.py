@@ -117,8 +117,9 @@ class _Held:
 
 class _Watch:
     def __init__(self) -> None:
-        self.synced = threading.Event()
+        self.synced, self.tried = threading.Event(), threading.Event()      # an Informer that has listed
         self.synced.set()
+        self.tried.set()
 
     def start(self):
         return self
