@@ -4,6 +4,7 @@ configuration does not, SIGTERM exits 0 within 10 s, and daemon.unload_on_exit u
 journalled request."""
 from __future__ import annotations
 
+import re
 import time
 
 from driverd.host import processes
@@ -22,7 +23,8 @@ def test_a_restart_on_a_converged_host_takes_the_fast_path(host, packages, daemo
     env = {"DRIVERD_ROOT": str(host)}                   # as in the image: the root comes from the environment
     d = daemons(host, "container-entrypoint", env=env, root_arg=False)
     d.wait_notify("READY=1", 60)
-    assert "no fast path: no converged state is recorded" in d.log
+    # READY=1 and the stderr line travel apart (the notify socket, a pipe read by a thread): wait for the line
+    d.wait_log(re.escape("no fast path: no converged state is recorded"), 10)
     rc, took = d.stop()
     assert rc == 0 and took < 10
     assert (host / "var/lib/driverd/daemon/converged.json").is_file()
@@ -35,7 +37,7 @@ def test_a_restart_on_a_converged_host_takes_the_fast_path(host, packages, daemo
     d = daemons(host, "container-entrypoint", env=env, root_arg=False)
     at, ready = d.wait_notify("READY=1", 10)
     assert at - d.started < 2.5, f"ready after {at - d.started:.2f}s"
-    assert f"fast path: driver {OLD} (open) is loaded and valid" in d.log
+    d.wait_log(re.escape(f"fast path: driver {OLD} (open) is loaded and valid"), 10)
     assert "STATUS=converged" in ready
     code, body = d.get("/readyz")
     assert code == 200 and OLD in body
@@ -52,7 +54,7 @@ def test_a_restart_on_a_converged_host_takes_the_fast_path(host, packages, daemo
     write_config(host, OLD, repo, extra='[modules.parameters.nvidia]\nNVreg_EnableGpuFirmware = "18"\n')
     d = daemons(host, "container-entrypoint", env=env, root_arg=False)
     d.wait_notify("READY=1", 60)
-    assert "no fast path: the configuration, kernel or installed package changed" in d.log
+    d.wait_log(re.escape("no fast path: the configuration, kernel or installed package changed"), 10)
     assert journal_runs(host)[-1]["command"] == "reload"
     assert kernel_of(host).modules()["nvidia"].parameters["NVreg_EnableGpuFirmware"] == "18"
     assert d.stop()[0] == 0

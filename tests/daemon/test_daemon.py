@@ -6,6 +6,7 @@ journal making the run resumable by the next start."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 
@@ -167,7 +168,7 @@ def test_sigterm_inside_a_long_step_exits_0_and_the_next_start_finishes_the_run(
     kernel_of(host).signal(pid, signal.SIGKILL)
     d2 = daemons(host)
     d2.wait_notify("READY=1", 60)
-    assert f"finishing the interrupted run {j['run_id']}" in d2.log
+    d2.wait_log(re.escape(f"finishing the interrupted run {j['run_id']}"), 10)     # the line may trail READY=1
     last = journal_runs(host)[-1]
     assert last["run_id"] == j["run_id"] and last["state"] == "done" and last["resumed"] == 1
     assert kernel_of(host).modules()["nvidia"].version == NEW
