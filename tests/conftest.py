@@ -40,6 +40,14 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HOSTS = FIXTURES / "hosts"
 
 
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now (for a server a test starts, or one that must refuse)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def require_binary(name: str, *candidates: str) -> str:
     """Path of a real tool; skip locally when missing, fail in CI where .ci/run installs it."""
     for c in (name, *candidates):

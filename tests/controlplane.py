@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -29,7 +28,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.conftest import REPO, missing_component, stop_process
+from tests.conftest import REPO, free_port, missing_component, stop_process
 from tests.kubetools import condition_true, conditions
 
 ADMIN_TOKEN = "driverd-test-admin-token"
@@ -57,12 +56,6 @@ def binaries() -> Path:
     if msg:
         missing_component(msg)
     return d
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ControlPlane:
@@ -112,7 +105,7 @@ class ControlPlane:
                                                      "system:serviceaccount:driverd:driverd-coordinator", "operator"]},
                       {"level": "None"}]}))
         self.audit_log = d / "audit.log"
-        etcd_port, peer_port, self.port = _port(), _port(), self.fixed_port or _port()
+        etcd_port, peer_port, self.port = free_port(), free_port(), self.fixed_port or free_port()
         etcd_url = self.etcd_url = f"http://127.0.0.1:{etcd_port}"
         self._spawn("etcd", [
             "--name", "default", "--data-dir", str(d / "etcd"), "--listen-client-urls", etcd_url,

@@ -20,6 +20,13 @@ def kubectl(env: dict, *args: str, input: str | None = None, check: bool = True,
     return r
 
 
+def kubeconfig_token(path) -> str:
+    """The bearer token a kubeconfig file (one user, as the tests write them) authenticates with."""
+    import json
+    from pathlib import Path
+    return json.loads(Path(path).read_text())["users"][0]["user"]["token"]
+
+
 def conditions(obj: dict | None) -> dict[str, dict]:
     """An object's status conditions by type. The API writes `conditions: null` where a list is not set
     yet (a CRD right after its creation), so a key present with null is read as none."""

@@ -137,29 +137,30 @@ def test_overlay_objects_are_consistent(tmp_path, overlay):
     assert rc["handler"] == SCHEMA["runtime.handler"].default
 
 
+def _holds_exactly(objs: list[dict], sa: str, needs: list[tuple]) -> tuple[list[dict], list[dict]]:
+    """ServiceAccount driverd/`sa` is granted every one of `needs`, nothing else, no wildcard; its rules
+    (cluster-wide, in namespace driverd)."""
+    cluster, ns = _bound_rules(objs, sa)
+    missing = [n for n in needs if not _allows(cluster if n[3] == "cluster" else ns + cluster, *n[:3])]
+    assert not missing, (sa, missing)
+    needed = {(g, r, v) for g, r, v, _ in needs}
+    extra = [(g, r, v) for rule in cluster + ns for g in rule["apiGroups"] for r in rule["resources"]
+             for v in rule["verbs"] if (g, r, v) not in needed]
+    assert not extra, f"rules {sa} does not need: {extra}"
+    assert not any("*" in rule.get(k, []) for rule in cluster + ns for k in ("apiGroups", "resources", "verbs"))
+    return cluster, ns
+
+
 @pytest.mark.real
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_rbac_covers_the_node_daemons_calls_and_nothing_more(tmp_path, overlay):
     objs = render(tmp_path, overlay)
-    cluster, ns = _bound_rules(objs)
-    missing = [n for n in NODE_NEEDS if not _allows(cluster if n[3] == "cluster" else ns + cluster, *n[:3])]
-    assert not missing, missing
-    needed = {(g, r, v) for g, r, v, _ in NODE_NEEDS}
-    extra = [(g, r, v) for rule in cluster + ns for g in rule["apiGroups"] for r in rule["resources"]
-             for v in rule["verbs"] if (g, r, v) not in needed]
-    assert not extra, f"rules nothing in driverd needs: {extra}"
-    assert not any("*" in rule.get(k, []) for rule in cluster + ns for k in ("apiGroups", "resources", "verbs"))
+    cluster, ns = _holds_exactly(objs, SA, NODE_NEEDS)
     assert ns == [], "the node daemons hold nothing in driverd's namespace (the Lease is the coordinator's)"
     op = _by(objs, "ClusterRole")["driverd-operator"]["rules"]
     assert [n for n in OPERATOR_NEEDS if not _allows(op, *n)] == []
     # the coordinator's own ServiceAccount (issue 44): its calls, nothing more
-    cluster, ns = _bound_rules(objs, COORDINATOR_SA)
-    missing = [n for n in COORDINATOR_NEEDS if not _allows(cluster if n[3] == "cluster" else ns + cluster, *n[:3])]
-    assert not missing, missing
-    needed = {(g, r, v) for g, r, v, _ in COORDINATOR_NEEDS}
-    extra = [(g, r, v) for rule in cluster + ns for g in rule["apiGroups"] for r in rule["resources"]
-             for v in rule["verbs"] if (g, r, v) not in needed]
-    assert not extra, f"rules the coordinator does not need: {extra}"
+    cluster, ns = _holds_exactly(objs, COORDINATOR_SA, COORDINATOR_NEEDS)
     assert all(not any(v in ("get", "update", "list", "watch") for v in rule["verbs"]) or
                rule.get("resourceNames") == ["driverd-rollout"] for rule in ns), "leases: only driverd's own"
     # the ClusterRole and Role say WHY for every rule (a comment above each one)

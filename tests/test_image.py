@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, require_binary
+from tests.conftest import REPO, free_port, require_binary
 
 # An image build takes minutes (more on a busy machine); it runs inside the first test that needs it.
 pytestmark = [pytest.mark.slow, pytest.mark.real, pytest.mark.timeout(2400)]
@@ -109,7 +109,7 @@ def test_the_coordinator_runs_in_the_image_as_its_deployment_runs_it(image, tmp_
     (c,) = pod["containers"]
     kc = tmp_path / "kc"
     kc.mkdir()
-    port = _free_port()
+    port = free_port()
     (kc / "config").write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "t",
         "clusters": [{"name": "t", "cluster": {"server": f"https://127.0.0.1:{port}"}}],
@@ -134,11 +134,6 @@ def test_the_coordinator_runs_in_the_image_as_its_deployment_runs_it(image, tmp_
     assert "cannot read the Lease driverd/driverd-rollout" in line and f"127.0.0.1:{port}" in line, line
     assert "t0ken-in-a-file" not in r.stderr + r.stdout
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ready(port: int, proc: subprocess.Popen, timeout: float) -> float:
@@ -176,7 +171,7 @@ def test_entrypoint_goes_ready_takes_the_fast_path_on_restart_and_stops_on_sigte
                    '[packages]\nrepositories = ["file:///host/srv/driverd-repo"]\n[runtime]\nrestart = "none"\n'
                    '[modules]\nkernel = "sim"\n')          # a sample tree: the simulated kernel, asked for
     state = str(tmp_path / "state")
-    port = _free_port()
+    port = free_port()
     args = ["/usr/local/bin/driverd", "container-entrypoint", "--root", "/host", "--listen", f"127.0.0.1:{port}"]
     times = []
     for i, expect_fast in enumerate((False, True)):

@@ -579,83 +579,24 @@ def cmd_nodes(ctx, args) -> int:
     return 0
 
 
-def cmd_agent(ctx, args) -> int:
-    import signal
-    import threading
-
+def _target(args):
+    """The API as the command line names it (--kubeconfig, --context), else None: the configuration's."""
     from driverd.cluster.kube import Target
-    from driverd.daemon.cluster_mode import ClusterMode
+    return Target(kubeconfig=args.kubeconfig, context=args.context) if args.kubeconfig or args.context else None
 
+
+def cmd_agent(ctx, args) -> int:
     from driverd import log as logs
+    from driverd.daemon.cluster_mode import ClusterMode, until_terminated
     logs.configure(mode="cluster-agent", timestamps=not logs.stderr_is_journal())   # a long-running process
-
-    def log(msg: str) -> None:
-        logs.log(msg)
-    target = Target(kubeconfig=args.kubeconfig, context=args.context) if args.kubeconfig or args.context else None
-    cm = ClusterMode(ctx.config, ctx.root, lambda c: ctx.step_context(c), log, target=target, node=args.node,
-                     namespace=args.namespace)
-    done = threading.Event()
-
-    def stop(signum, frame):
-        done.set()
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    cm.start()
-    while not done.wait(1.0):
-        pass
-    cm.close()
-    return 0
+    cm = ClusterMode(ctx.config, ctx.root, lambda c: ctx.step_context(c), logs.log, target=_target(args),
+                     node=args.node, namespace=args.namespace)
+    return until_terminated(cm.start, cm.close)
 
 
 def cmd_coordinator(ctx, args) -> int:
-    import os
-    import signal
-    import threading
-
     from driverd import log as logs
-    from driverd.cluster.coordinate import CoordinatorProcess, identity
-    from driverd.cluster.kube import Kube, Target
-    from driverd.daemon.cluster_mode import api_target
+    from driverd.daemon.coordinator_service import serve
     logs.configure(mode="cluster-coordinator", timestamps=not logs.stderr_is_journal())
-    cfg = ctx.config
-    target = Target(kubeconfig=args.kubeconfig, context=args.context) if args.kubeconfig or args.context else None
-    from driverd.cluster.kube import lease_path
-    from driverd.cluster.lease import LEASE_NAME
-    from driverd.errors import DriverdError
-    tgt = api_target(cfg, ctx.root, target)
-    name = args.identity or identity()
-    ns = args.namespace or os.environ.get("POD_NAMESPACE") or cfg["cluster.namespace"]
-    try:
-        # one read of the Lease, failing fast: an API it cannot reach or an identity without the
-        # coordinator's rights is said at once, not after the informers' retries (a pod restarts)
-        Kube(tgt, retry_for_s=10, fail_fast=True).find(lease_path(ns, LEASE_NAME))
-    except DriverdError as e:
-        hint = "; fix: run it as the ServiceAccount driverd-coordinator with deploy/'s RBAC " \
-               "(deploy/base/rbac-coordinator.yaml)" if getattr(e, "status", None) in (401, 403) else ""
-        logs.log(f"driverd cluster coordinator: cannot read the Lease {ns}/{LEASE_NAME}: {e.one_line()}{hint}")
-        return 1
-    kube = Kube(tgt)
-    logs.log(f"driverd: coordinator {name}, API {kube.host}, Lease {ns}/driverd-rollout")
-    proc = CoordinatorProcess(kube, name, ns, logs.log)
-    if args.listen:
-        from driverd.daemon.endpoints import Endpoints
-        from driverd.daemon.metrics import CoordinatorHealth, CoordinatorMetrics
-        c = proc.coordinator
-        assert c is not None
-        try:
-            host, port = Endpoints(args.listen, CoordinatorHealth(c), CoordinatorMetrics(c.fleet.snapshot)).start()
-        except DriverdError as e:
-            logs.log(f"driverd cluster coordinator: {e.one_line()}")
-            return 2
-        logs.log(f"driverd: coordinator serves /metrics, /healthz and /readyz on {host}:{port}")
-    done = threading.Event()
-
-    def stop(signum, frame):
-        done.set()
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    proc.start()
-    while not done.wait(1.0):
-        pass
-    proc.close()
-    return 0
+    return serve(ctx.config, ctx.root, target=_target(args), identity=args.identity, namespace=args.namespace,
+                 listen=args.listen, log=logs.log)

@@ -15,13 +15,26 @@ from collections.abc import Callable
 
 from driverd.cluster.coordinator import Coordinator
 from driverd.cluster.informer import Informer
-from driverd.cluster.kube import Kube, pool_path, rollout_path
-from driverd.cluster.lease import LEASE_DURATION_S
+from driverd.cluster.kube import Kube, lease_path, pool_path, rollout_path
+from driverd.cluster.lease import LEASE_DURATION_S, LEASE_NAME
+from driverd.errors import ClusterError
 
 
 def identity() -> str:
     """Who holds the Lease: the pod's name (the Deployment's, from the downward API), else the host's."""
     return os.environ.get("POD_NAME") or socket.gethostname()
+
+
+def check_access(kube: Kube, namespace: str) -> None:
+    """One read of the Lease, failing fast (kube: fail_fast, a short retry): an API it cannot reach or an
+    identity without the coordinator's rights is said at once, not after the informers' silent retries.
+    Raises ClusterError naming the cause and its fix."""
+    try:
+        kube.find(lease_path(namespace, LEASE_NAME))
+    except ClusterError as e:
+        fix = "run it as the ServiceAccount driverd-coordinator with deploy/'s RBAC (deploy/base/rbac-coordinator.yaml)" \
+            if getattr(e, "status", None) in (401, 403) else None
+        raise ClusterError(f"cannot read the Lease {namespace}/{LEASE_NAME}: {e.one_line()}", fix=fix) from None
 
 
 class CoordinatorProcess:
@@ -52,16 +65,3 @@ class CoordinatorProcess:
         self.rollouts.close()
         self.pools.close()
         self.thread.join(timeout=5)
-
-    def kill(self) -> None:
-        """As a SIGKILL leaves it (tests, the demo): no Lease release, no last writes."""
-        assert self.coordinator is not None
-        c = self.coordinator
-        c.stop.set()
-        c.lease.held_until = 0.0
-        c.wake.set()
-        c.lease_watch.close()
-        if c.nodes:
-            c.nodes.close()
-        self.rollouts.close()
-        self.pools.close()

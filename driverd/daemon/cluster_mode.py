@@ -49,6 +49,29 @@ def api_target(cfg, root, target=None):
     return dataclasses.replace(target, allow_exec=bool(cfg["cluster.allow_exec_credentials"]))
 
 
+def lease_namespace(cfg, namespace: str | None = None) -> str:
+    """The coordination Lease's namespace: `namespace` given, $POD_NAMESPACE (the pod's own), else
+    cluster.namespace."""
+    return namespace or os.environ.get("POD_NAMESPACE") or cfg["cluster.namespace"]
+
+
+def until_terminated(start: Callable[[], object], close: Callable[[], object]) -> int:
+    """Run a cluster part (`driverd cluster agent`, `driverd cluster coordinator`) until SIGTERM or
+    SIGINT, then close it; 0."""
+    import signal
+    done = threading.Event()
+
+    def stop(signum, frame):
+        done.set()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    start()
+    while not done.wait(1.0):
+        pass
+    close()
+    return 0
+
+
 def node_name(cfg, root=None) -> str:
     """This node's Kubernetes name: cluster.node_name, $NODE_NAME, what the host's cluster-mode daemon
     calls it, the hostname."""
@@ -132,7 +155,7 @@ class ClusterMode:
         from driverd.cluster.kube import Kube
         target = api_target(cfg, root, target)
         self.node = node or node_name(cfg)
-        ns = namespace or os.environ.get("POD_NAMESPACE") or cfg["cluster.namespace"]
+        ns = lease_namespace(cfg, namespace)
         self.kube = Kube(target)
         self.make_context = make_context
         self.agent = NodeAgent(self.kube, self.node, make_context=make_context, cfg=cfg, log=log)

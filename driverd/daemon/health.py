@@ -109,3 +109,19 @@ def _degraded_line(d: dict) -> str:
     if d.get("wanted") and d["wanted"] != run["version"]:
         return f"{head}, not the wanted {d['wanted']} (retrying): {d['why']}"
     return f"{head}; the last reconcile did not converge (retrying): {d['why']}"
+
+
+class CoordinatorHealth:
+    """/readyz of the coordinator: ready once it has read the Lease (holding it or standing by)."""
+
+    def __init__(self, coordinator) -> None:
+        self.coordinator = coordinator
+
+    def readiness(self) -> tuple[bool, str]:
+        c = self.coordinator
+        if c.lease.holding():
+            return True, f"{c.identity} coordinates rollouts (holds the Lease)"
+        if not c.lease_watch.synced.is_set():
+            return False, "the Lease is not read yet"
+        holder = ((c.lease.last or {}).get("spec") or {}).get("holderIdentity")
+        return True, f"standing by ({holder or 'nobody'} holds the Lease)"

@@ -197,22 +197,6 @@ class CoordinatorMetrics:
         return generate_latest(self.registry)
 
 
-class CoordinatorHealth:
-    """/readyz of the coordinator: ready once it has read the Lease (holding it or standing by)."""
-
-    def __init__(self, coordinator) -> None:
-        self.coordinator = coordinator
-
-    def readiness(self) -> tuple[bool, str]:
-        c = self.coordinator
-        if c.lease.holding():
-            return True, f"{c.identity} coordinates rollouts (holds the Lease)"
-        if not c.lease_watch.synced.is_set():
-            return False, "the Lease is not read yet"
-        holder = ((c.lease.last or {}).get("spec") or {}).get("holderIdentity")
-        return True, f"standing by ({holder or 'nobody'} holds the Lease)"
-
-
 class _FleetCollector:
     def __init__(self, snapshot) -> None:
         self.snapshot = snapshot

@@ -504,31 +504,22 @@ class Fleet:
         return cp
 
     def spawn_coordinator(self, name: str = COORDINATOR):
-        """Coordinator `name` as deploy/'s Deployment runs it: `driverd cluster coordinator`, the real
-        command, in a process of its own (its CPU its own); its log in <work>/daemons/<name>.log."""
-        import subprocess
-        import sys
-        out = self.work / "daemons"
-        out.mkdir(exist_ok=True)
-        root = out / f"{name}-root"            # no host: an empty root, the configuration's defaults
-        root.mkdir(exist_ok=True)
-        with open(out / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "driverd", "cluster", "coordinator", "--root", str(root),
-                                     "--kubeconfig", self.coordinator_kubeconfig(name), "--identity", name,
-                                     "-n", "driverd"], stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, cwd=str(Path(__file__).resolve().parents[2]),
-                                    env={k: v for k, v in os.environ.items() if not k.startswith("DRIVERD_")})
+        """Coordinator `name` as deploy/'s Deployment runs it (spawn_coordinator), in a process of its own
+        (its CPU its own); its log in <work>/daemons/<name>.log."""
+        proc, _ = spawn_coordinator(self.coordinator_kubeconfig(name), name, self.work / "daemons")
         self.coordinators[name] = proc
         return proc
 
     def kill_coordinator(self, name: str = COORDINATOR) -> None:
         """Coordinator `name` dies as a SIGKILL leaves it (no Lease release)."""
         c = self.coordinators[name]
-        if hasattr(c, "kill") and hasattr(c, "poll"):          # a spawned process
+        if hasattr(c, "poll"):                  # a spawned `driverd cluster coordinator`
             c.kill()
             c.wait()
-        else:
-            c.kill()
+            return
+        _killed(c.coordinator)
+        c.rollouts.close()
+        c.pools.close()
 
     def reboot_node(self, name: str) -> None:
         """The node reboots (what kured does on /var/run/reboot-required): its daemon dies, the
@@ -605,14 +596,8 @@ class Fleet:
             sn.proc.wait()
             return
         sn.agent.close()
-        if sn.coordinator is None:
-            return
-        sn.coordinator.stop.set()               # its Lease renewals end with it
-        sn.coordinator.lease.held_until = 0.0   # a dead process renews nothing and releases nothing
-        sn.coordinator.wake.set()
-        sn.coordinator.lease_watch.close()
-        if sn.coordinator.nodes:
-            sn.coordinator.nodes.close()
+        if sn.coordinator is not None:
+            _killed(sn.coordinator)
 
     def node_kubeconfig(self, name: str) -> str:
         """The kubeconfig node `name`'s daemon uses: its own identity where the server gives one."""
@@ -741,6 +726,39 @@ class Fleet:
                     for p in self.admin.list(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets").get("items") or []]
             return all(((p.get("status") or {}).get("disruptionsAllowed") or 0) >= 1 for p in pdbs if ours(p))
         return self.wait(allowed, timeout=timeout, step=1.0)
+
+
+def spawn_coordinator(kubeconfig: str, name: str, work: Path, listen: str | None = None, env: dict | None = None):
+    """`driverd cluster coordinator`, the real command, as deploy/'s Deployment runs it, holding the Lease
+    as `name` with the identity of `kubeconfig`; no host (an empty root: the configuration's defaults).
+    `env`: more environment (none of this process's DRIVERD_* settings goes along). Returns (the process,
+    its log: <work>/<name>.log)."""
+    import subprocess
+    import sys
+    work = Path(work)
+    root = work / f"{name}-root"
+    root.mkdir(parents=True, exist_ok=True)
+    log_path = work / f"{name}.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "driverd", "cluster", "coordinator", "--root", str(root),
+                                 "--kubeconfig", kubeconfig, "--identity", name, "-n", "driverd"]
+                                + (["--listen", listen] if listen else []),
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=str(Path(__file__).resolve().parents[2]),
+                                env={**{k: v for k, v in os.environ.items() if not k.startswith("DRIVERD_")},
+                                     **(env or {})})
+    return proc, log_path
+
+
+def _killed(c) -> None:
+    """A coordinator (cluster.coordinator.Coordinator) in this process stops as a SIGKILL leaves one: no
+    last writes, no Lease release (a dead process renews nothing and gives nothing back)."""
+    c.stop.set()
+    c.lease.held_until = 0.0
+    c.wake.set()
+    c.lease_watch.close()
+    if c.nodes:
+        c.nodes.close()
 
 
 def _ready_condition(ready: bool, since: float | None = None) -> dict:

@@ -18,6 +18,7 @@ from driverd.cluster.kube import Kube, Target, lease_path, rollout_path
 from driverd.cluster.lease import LEASE_DURATION_S, LEASE_NAME
 from driverd.sim.fleet import NEW, OLD, Fleet
 from tests.controlplane import reset
+from tests.kubetools import kubeconfig_token
 
 API = "driverd.io/v1alpha1"
 SA_USER = "system:serviceaccount:driverd:driverd"
@@ -53,7 +54,7 @@ def start_with_coordinator(f: Fleet) -> Fleet:
 
 def coordinator_token(f: Fleet, name: str = Fleet.COORDINATOR) -> str:
     """The token coordinator `name` runs with (what a compromised coordinator would hold)."""
-    return json.loads(open(f.coordinator_kubeconfig(name)).read())["users"][0]["user"]["token"]
+    return kubeconfig_token(f.coordinator_kubeconfig(name))
 
 
 def views(f: Fleet) -> dict[str, m.NodeView]:

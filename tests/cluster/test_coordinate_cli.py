@@ -3,15 +3,12 @@ at once (not the informers' silent retries); nothing needs a control plane here.
 from __future__ import annotations
 
 import json
-import socket
 
-from tests.conftest import run_cli
+from tests.conftest import free_port, run_cli
 
 
 def test_an_unreachable_api_server_is_said_in_one_line_at_once(tmp_path):
-    with socket.socket() as s:          # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     kc = tmp_path / "kubeconfig"
     kc.write_text(json.dumps({"apiVersion": "v1", "kind": "Config", "current-context": "t",
                               "clusters": [{"name": "t", "cluster": {"server": f"https://127.0.0.1:{port}"}}],

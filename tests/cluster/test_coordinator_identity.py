@@ -4,13 +4,12 @@ pod; the GPU nodes' daemons run their own side only (cluster.coordinate = false)
 node-bound token. On the real control plane with deploy/ applied: the coordinator takes the Lease in
 its pod's name, runs a rollout to the end, and gives the Lease up on SIGTERM; no node daemon ever
 wrote the Lease, a rollout's status or another node. deploy/'s driverd-coordinator-scope holds the
-coordinator's writes as it holds a node's: a replica that does not hold the Lease is refused."""
+coordinator's writes: a replica that does not hold the Lease is refused."""
 from __future__ import annotations
 
 import json
 import signal
 import subprocess
-import sys
 import urllib.error
 from pathlib import Path
 
@@ -19,24 +18,19 @@ import pytest
 from driverd.cluster import model as m
 from driverd.cluster.kube import lease_path, node_path, rollout_path
 from driverd.cluster.lease import LEASE_NAME
-from driverd.sim.fleet import NEW, OLD
+from driverd.sim.fleet import NEW, OLD, spawn_coordinator
+from tests.cluster.realfleet import SA_USER as NODE_SA
 from tests.cluster.realfleet import hosts, make, refusals, rollout, views, wait_phase  # noqa: F401 (make: a fixture)
-from tests.conftest import driverd_env, run_cli, stop_process
+from tests.conftest import run_cli, stop_process
+from tests.kubetools import kubeconfig_token
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 NS = "driverd"
-NODE_SA = "system:serviceaccount:driverd:driverd"
 
 
 def _coordinator(cp, tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path]:
     kc = cp.coordinator_kubeconfig(name, tmp_path / f"{name}.kubeconfig")     # a token bound to pod `name`
-    log = tmp_path / f"{name}.log"
-    root = tmp_path / f"{name}-root"              # no host: an empty root (its configuration: the defaults)
-    root.mkdir()
-    p = subprocess.Popen([str(Path(sys.executable).parent / "driverd"), "cluster", "coordinator", "--root", str(root),
-                          "--kubeconfig", kc, "--identity", name, "-n", NS],
-                         stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=driverd_env({"POD_NAME": "ignored"}))
-    return p, log
+    return spawn_coordinator(kc, name, tmp_path, env={"POD_NAME": "ignored"})      # --identity wins
 
 
 def _holder(f) -> str | None:
@@ -96,8 +90,7 @@ def test_a_coordinator_replica_that_does_not_hold_the_lease_may_not_admit(deploy
     p, log = _coordinator(cp, tmp_path, "driverd-coordinator-a")
     try:
         assert f.wait(lambda: _holder(f) == "driverd-coordinator-a", 30), (_holder(f), log.read_text()[-2000:])
-        cp.coordinator_kubeconfig("driverd-coordinator-b", tmp_path / "b.kubeconfig")
-        other = json.loads((tmp_path / "b.kubeconfig").read_text())["users"][0]["user"]["token"]
+        other = kubeconfig_token(cp.coordinator_kubeconfig("driverd-coordinator-b", tmp_path / "b.kubeconfig"))
         # an admission of the shape the coordinator writes (driverd-node-scope passes it), of a node whose
         # daemon answered a preflight
         cp.api("PATCH", node_path("gpu-0001"), {"metadata": {"annotations": {

@@ -11,12 +11,10 @@ import urllib.error
 import pytest
 
 from driverd.sim.fleet import GPU_NS, NEW, OLD, PLUGIN_NS, Fleet
-from tests.cluster.realfleet import coordinator_token
+from tests.cluster.realfleet import COORDINATOR_USER, SA_USER, coordinator_token
 from tests.controlplane import reset
 from tests.test_deploy import COORDINATOR_NEEDS, NODE_NEEDS
 
-SA_USER = "system:serviceaccount:driverd:driverd"
-COORDINATOR_USER = "system:serviceaccount:driverd:driverd-coordinator"
 # Granted to every authenticated user by the apiserver's own bootstrap roles (system:basic-user ...).
 EVERYONE = {("authorization.k8s.io", "selfsubjectaccessreviews", "create"),
             ("authorization.k8s.io", "selfsubjectrulesreviews", "create"),

@@ -5,7 +5,6 @@ DriverRollout for GitOps that the real kube-apiserver accepts under deploy/'s CR
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import pytest
 import yaml
 
 from driverd.cluster import model as m
-from tests.conftest import REPO, driverd_env
+from tests.conftest import REPO, driverd_env, free_port
 from tests.kubetools import kubectl
 
 EXAMPLE = REPO / "deploy" / "examples" / "driverrollout.yaml"
@@ -31,13 +30,6 @@ def plugin(*argv: str, env: dict | None = None, timeout: float = 60) -> subproce
     return subprocess.run(cmd + list(argv), capture_output=True, text=True, env=e, timeout=timeout)
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()                   # nothing listens there now
-    return port
-
 
 def _kubeconfig(path: Path, server: str) -> Path:
     path.write_text(yaml.safe_dump({
@@ -52,7 +44,7 @@ def _kubeconfig(path: Path, server: str) -> Path:
 @pytest.mark.parametrize("argv", [["nodes"], ["rollout", "status"], ["rollout", "pause", "r"],
                                   ["rollout", "start", "--driver", "570.195.03"]])
 def test_a_refused_connection_is_said_at_once_in_one_line(tmp_path, argv):
-    server = f"https://127.0.0.1:{_free_port()}"
+    server = f"https://127.0.0.1:{free_port()}"
     kc = _kubeconfig(tmp_path / "kc", server)
     t0 = time.monotonic()
     r = plugin(*argv, "--kubeconfig", str(kc))

@@ -94,23 +94,14 @@ def test_the_coordinator_serves_the_fleet_on_metrics(tmp_path, daemons, deployed
     """`driverd cluster coordinator --listen` (deploy/'s Deployment, its own identity) beside the one
     node's `driverd daemon` in cluster mode: it holds the Lease, its /metrics says how the rollout went and
     /readyz that it coordinates; the node daemon's /metrics has no fleet (it coordinates nothing)."""
-    import json
-    import socket
-    import subprocess
-    import sys
+    import urllib.error
     import urllib.request
-    from tests.conftest import driverd_env, stop_process
+    from driverd.sim.fleet import spawn_coordinator
+    from tests.conftest import free_port, stop_process
     reset(deployed)
     f = Fleet(tmp_path / "fleet", 1, server=deployed).build()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    (tmp_path / "croot").mkdir()
-    log = open(tmp_path / "coordinator.log", "w")
-    p = subprocess.Popen([str(__import__("pathlib").Path(sys.executable).parent / "driverd"), "cluster", "coordinator",
-                          "--root", str(tmp_path / "croot"), "--kubeconfig", f.coordinator_kubeconfig(),
-                          "--identity", Fleet.COORDINATOR, "--listen", f"127.0.0.1:{port}"],
-                         stdout=subprocess.DEVNULL, stderr=log, env=driverd_env())
+    port = free_port()
+    p, log = spawn_coordinator(f.coordinator_kubeconfig(), Fleet.COORDINATOR, tmp_path, listen=f"127.0.0.1:{port}")
 
     def get(path: str) -> tuple[int, str]:
         try:
@@ -130,7 +121,7 @@ def test_the_coordinator_serves_the_fleet_on_metrics(tmp_path, daemons, deployed
                     break
             except OSError:
                 pass
-            assert time.monotonic() < end, (tmp_path / "coordinator.log").read_text()[-2000:]
+            assert time.monotonic() < end, log.read_text()[-2000:]
             time.sleep(0.3)
         k = Kube(Target(kubeconfig=f.kubeconfig))
         k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
@@ -148,7 +139,7 @@ def test_the_coordinator_serves_the_fleet_on_metrics(tmp_path, daemons, deployed
         assert got[("driverd_rollout_target_nodes", (("rollout", "r"),))] == 1
         assert m.NodeView.from_node(k.get(node_path("gpu-0000"))).driver == NEW
         assert samples(d.get("/metrics")[1]) == {}            # the node daemon serves no fleet
-        assert json.loads(json.dumps(get("/healthz")))[0] == 200
+        assert get("/healthz")[0] == 200
         d.stop()
     finally:
         stop_process(p)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, driverd_env, stop_process
+from tests.conftest import REPO, stop_process
 from tests.controlplane import wait_policies_configured
 from tests.kubetools import condition_true
 
@@ -168,12 +168,9 @@ def on_node(real_node, driver_image, tmp_path_factory):
         wait_policies_configured(cp)
         pod, took = wait_pod_ready(node)
         print(f"\ndriverd image imported in {imported:.1f}s; DaemonSet pod Ready {took:.1f}s after apply")
-        kc = cp.coordinator_kubeconfig(COORDINATOR, work / "coordinator.kubeconfig")
-        (work / "coordinator-root").mkdir()
-        coordinator = subprocess.Popen(
-            [str(REPO / ".venv/bin/driverd"), "cluster", "coordinator", "--root", str(work / "coordinator-root"),
-             "--kubeconfig", kc, "--identity", COORDINATOR, "-n", NS],
-            stdout=subprocess.DEVNULL, stderr=open(work / "coordinator.log", "w"), env=driverd_env())
+        from driverd.sim.fleet import spawn_coordinator
+        coordinator, _ = spawn_coordinator(cp.coordinator_kubeconfig(COORDINATOR, work / "coordinator.kubeconfig"),
+                                           COORDINATOR, work)
         try:
             yield node, host, pod, config
         finally:
