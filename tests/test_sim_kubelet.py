@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 from driverd.cluster.kube import Kube, Target
 from driverd.sim.fleet import Kubelet
-from tests.controlplane import _port as _free_port
+from tests.conftest import free_port as _free_port
 
 
 def _kubeconfig(path, port: int) -> str:

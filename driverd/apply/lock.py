@@ -88,10 +88,12 @@ class HostLock:
                     raise
             # A lock with no holder named in it is a reader's momentary probe (status) or a holder
             # that is just starting: give it a few seconds before calling it held.
-            now = time.monotonic()
-            if now >= deadline and (now >= grace or (self.holder() or {}).get("pid")):
+            # The holder is read once: one read names it in the error, as a second could find it
+            # releasing (its name already truncated away) and name nobody.
+            now, held_by = time.monotonic(), self.holder()
+            if now >= deadline and (now >= grace or (held_by or {}).get("pid")):
                 os.close(fd)
-                raise self._held_error(wait_s)
+                raise self._held_error(wait_s, held_by)
             # flock has no timed wait; a short, growing sleep keeps a waiting daemon near idle.
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.5)
@@ -120,8 +122,7 @@ class HostLock:
     def __exit__(self, *exc) -> None:
         self.release()
 
-    def _held_error(self, wait_s: float | None) -> LockHeld:
-        h = self.holder()
+    def _held_error(self, wait_s: float | None, h: dict | None) -> LockHeld:
         if h:
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h.get("since", 0)))
             who = f"pid {h.get('pid')} ({h.get('command')}) since {since}"
