@@ -20,7 +20,7 @@ BARE = ("import ctypes,sys; l=ctypes.CDLL(sys.argv[1]); n=ctypes.c_int(); "
 
 def main() -> int:
     from driverd.host import pci
-    from driverd.host.modules import parse_nvidia_version
+    from driverd.driver.ident import parse_version_file as parse_nvidia_version
     from driverd.host.workload import check, quick
     from driverd.root import Root
     ap = argparse.ArgumentParser(description=__doc__)

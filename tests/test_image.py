@@ -200,7 +200,7 @@ def test_entrypoint_goes_ready_takes_the_fast_path_on_restart_and_stops_on_sigte
 def _host_state(host: Path) -> dict:
     d = host / "var/lib/driverd"
     runs = len(list((d / "journal.d").glob("*.json"))) + (1 if (d / "journal.json").exists() else 0)
-    from driverd.host.modules import parse_nvidia_version
+    from driverd.driver.ident import parse_version_file as parse_nvidia_version
     vfile = host / "proc/driver/nvidia/version"
     ver = parse_nvidia_version(vfile.read_text())[0] if vfile.exists() else None
     return {"runs": runs, "journal": (d / "journal.json").read_bytes() if (d / "journal.json").exists() else None,

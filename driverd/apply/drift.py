@@ -53,23 +53,3 @@ def parameter_drift(running: dict[str, dict[str, str]], wanted: dict[str, dict[s
             if k not in wanted.get(mod, {}):
                 out.append(f"{mod}.{k}: loaded with {v!r}, no longer configured")
     return out
-
-
-def parse_nvidia_params(text: str | None) -> dict[str, str]:
-    """/proc/driver/nvidia/params ("Key: value" per line) as NVreg_<Key> -> value."""
-    out = {}
-    for line in (text or "").splitlines():
-        k, sep, v = line.partition(":")
-        if sep and k.strip() and " " not in k.strip():
-            out[f"NVreg_{k.strip()}"] = v.strip().strip('"')
-    return out
-
-
-def running_parameters(kernel, names=None) -> dict[str, dict[str, str]]:
-    """Loaded module (of `names`, default all) -> the parameters it shows (sysfs, plus nvidia's registry
-    keys from procfs)."""
-    out = {name: dict(m.parameters) for name, m in kernel.modules(names).items()}
-    if "nvidia" in out:
-        for k, v in parse_nvidia_params(kernel.root.read_text("/proc/driver/nvidia/params")).items():
-            out["nvidia"].setdefault(k, v)
-    return out

@@ -1,6 +1,6 @@
 """What the host was last converged to, kept in <state.dir>/daemon/converged.json: a fingerprint of
 the configuration that decides the host's state, the kernel release and the installed package's
-sha256, with the driver that was loaded and validated, the module parameters it was loaded with and
+sha256 and the sha256 of driverd's user-space in use (both halves of the driver), with the driver that was loaded and validated, the module parameters it was loaded with and
 every driver setting of that converge (config.DRIVER_SETTINGS: what a cluster-mode node keeps until a
 rollout changes it).
 The container entrypoint compares it on start: same fingerprint, same driver loaded and valid ->
@@ -11,7 +11,10 @@ import hashlib
 import json
 import time
 
-RECORD = "daemon/converged.json"          # under state.dir
+from driverd.config import SCHEMA
+from driverd.driver import layout
+from driverd.driver.state import DriverState
+
 
 # The keys that decide what the host should look like (where packages come from, cache sizes,
 # timers and the like do not).
@@ -19,24 +22,57 @@ DESIRED_KEYS = ("driver.version", "driver.flavor", "driver.manage", "modules.par
                 "modules.load_peermem", "signing.key", "signing.cert", "runtime.runtimes", "runtime.handler", "runtime.binary",
                 "runtime.set_as_default", "runtime.cdi", "daemons.persistenced", "daemons.fabricmanager",
                 "daemons.mode")
+# The user-space half: where it comes from and where it goes.
+USERSPACE_KEYS = ("userspace.package", "userspace.fetch", "userspace.root", "userspace.bin_dir",
+                  "userspace.driver_link")
 
 
-def fingerprint(cfg, kernel_release: str | None, package_sha256: str | None) -> str:
+def fingerprint(cfg, kernel_release: str | None, package_sha256: str | None, userspace_sha256: str | None = None,
+                *, userspace: bool = True) -> str:
+    """`userspace` False: the kernel half only, as driverd before issue 45 fingerprinted a converge."""
     doc = {"config": {k: cfg[k] for k in DESIRED_KEYS}, "kernel": kernel_release, "package": package_sha256}
+    us_config = {k: cfg[k] for k in USERSPACE_KEYS if cfg[k] != SCHEMA[k].default}
+    if userspace and (us_config or userspace_sha256):
+        # Only then: a host without driverd's user-space keeps the fingerprint an older driverd recorded.
+        doc["userspace"] = {"config": us_config, "sha256": userspace_sha256}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _halves(sctx, cfg) -> tuple[DriverState, str | None, str | None]:
+    state = DriverState.from_config(sctx.root, cfg, sctx.kernel.release)
+    inst, us = state.installed(), state.userspace()
+    return state, inst.package_sha256 if inst else None, us.sha if us and us.intact else None
+
+
+def of_host(sctx, cfg) -> str:
+    """The fingerprint of the host as it is now: both halves of the driver installed, the configuration."""
+    _, package, userspace = _halves(sctx, cfg)
+    return fingerprint(cfg, sctx.kernel.release, package, userspace)
+
+
+def matches(rec: dict, sctx, cfg) -> bool:
+    """Whether the record of the last converge is about the host and configuration as they are now."""
+    if "userspace_sha256" in rec:
+        return rec.get("fingerprint") == of_host(sctx, cfg)
+    # An older driverd's record fingerprints the kernel half only: it stands when that half matches and
+    # driverd's user-space, if any, is whole and in use (a changed user-space setting is then the next
+    # reconcile's to find, as that driverd left it).
+    state, package, userspace = _halves(sctx, cfg)
+    if rec.get("fingerprint") != fingerprint(cfg, sctx.kernel.release, package, userspace=False):
+        return False
+    us = state.userspace()
+    if us is None:
+        return True
+    from driverd.packages import userspace_install as ui
+    return bool(us.intact and us.sha and ui.is_installed(sctx.root, us.sha, state.places))
+
+
 def _path(cfg) -> str:
-    return f"{cfg['state.dir'].rstrip('/')}/{RECORD}"
+    return layout.state_path(cfg["state.dir"], layout.CONVERGED_RECORD)
 
 
 def read(root, cfg) -> dict | None:
-    text = root.read_text(_path(cfg))
-    try:
-        doc = json.loads(text) if text else None
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
+    return DriverState(root, state_dir=cfg["state.dir"]).converged_record()
 
 
 def recorded_parameters(rec: dict | None, loaded: dict | None, kernel_release: str | None) -> dict | None:
@@ -53,9 +89,13 @@ def recorded_settings(rec: dict | None) -> dict | None:
     return settings if isinstance(settings, dict) else None
 
 
-def write(root, cfg, fp: str, loaded: dict | None, package_sha256: str | None, kernel_release: str | None) -> bool:
-    """Record a converge; written only when something in it changed (an idle daemon writes nothing)."""
-    rec = {"fingerprint": fp, "driver": loaded, "package_sha256": package_sha256, "kernel": kernel_release,
+def write(sctx, cfg, loaded: dict | None) -> bool:
+    """Record a converge of the host as it is now; written only when something in it changed (an idle
+    daemon writes nothing)."""
+    root = sctx.root
+    _, package, userspace = _halves(sctx, cfg)
+    rec = {"fingerprint": fingerprint(cfg, sctx.kernel.release, package, userspace), "driver": loaded,
+           "package_sha256": package, "userspace_sha256": userspace, "kernel": sctx.kernel.release,
            "parameters": cfg["modules.parameters"], "settings": cfg.driver_settings()}
     old = read(root, cfg)
     if old is not None and {k: old.get(k) for k in rec} == rec:

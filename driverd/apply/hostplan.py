@@ -83,14 +83,15 @@ def verdict_for_host(sctx, cfg, *, facts: Facts | None = None) -> HostVerdict:
     """plan_for_host, and the parameter drift of the driver it leaves running (none for a driver left
     to another package manager: driverd never reloads it)."""
     from driverd.apply import fingerprint as fpr
-    from driverd.apply.drift import parameter_drift, running_parameters
-    from driverd.host.modules import parse_nvidia_version
+    from driverd.apply.drift import parameter_drift
+    from driverd.driver.state import DriverState, running_parameters
     p = plan_for_host(sctx.root, cfg, facts=facts).plan
     drift: list[str] = []
     if p.driver_managed_by is None:
-        ver, flav, _ = parse_nvidia_version(sctx.root.read_text("/proc/driver/nvidia/version"))
-        loaded = None if ver is None else {"version": ver, "flavor": flav}      # as apply.steps.loaded says it
-        recorded = fpr.recorded_parameters(fpr.read(sctx.root, cfg), loaded, sctx.kernel.release)
+        state = DriverState.from_config(sctx.root, cfg, sctx.kernel.release)
+        loaded = state.loaded()
+        recorded = fpr.recorded_parameters(state.converged_record(), loaded.as_dict() if loaded else None,
+                                           sctx.kernel.release)
         wanted = cfg["modules.parameters"]
         drift = parameter_drift(running_parameters(sctx.kernel, set(wanted) | set(recorded or {})), wanted, recorded)
     return HostVerdict(p, tuple(drift))

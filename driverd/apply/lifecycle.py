@@ -136,11 +136,12 @@ def prepare_kernel_request(cfg, want, allow_build: bool) -> Request:
     kernel and its driver are not touched; an install that fails leaves that kernel's previous
     package (install is atomic and kept)."""
     def build(ctx) -> list[dict]:
-        from driverd.host.modules import read_installed
+        from driverd.driver.state import DriverState
         from driverd.packages.install import is_installed
-        have = any(p.driver_version == want.driver and p.flavor == want.flavor and p.sha256
-                   and is_installed(ctx.root, want.kernel_release, p.sha256, ctx.config["state.dir"])
-                   for p in read_installed(ctx.root, want.kernel_release, []))
+        p = DriverState.of(ctx).installed(want.kernel_release)
+        have = p is not None and (p.driver.version, p.driver.flavor) == (want.driver, want.flavor) and \
+            bool(p.package_sha256) and is_installed(ctx.root, want.kernel_release, p.package_sha256,
+                                                    ctx.config["state.dir"])
         return [] if have else sl.prepare_kernel_steps(want, allow_build)
     return Request("prepare-kernel", build, {"kernel": want.kernel_release, "driver": want.driver,
                                              "flavor": want.flavor}, changes_kernel=False)
@@ -377,13 +378,14 @@ def reboot_gate(ctx) -> dict | None:
 
 def userspace_in_use(ctx) -> dict | None:
     """driverd's user-space `current` points to (None: driverd installed none)."""
+    from driverd.driver.state import DriverState
     from driverd.packages import userspace_install as ui
-    places = ui.Places.from_config(ctx.config)
-    cur = ui.current(ctx.root, places)
+    state = DriverState.of(ctx)
+    cur = state.userspace()
     if cur is None:
         return None
-    return {"version": cur.version, "sha256": cur.sha, "intact": cur.intact, "tree": places.tree(cur.name),
-            "active": ui.is_installed(ctx.root, cur.sha, places) if cur.intact else False}
+    return {"version": cur.version, "sha256": cur.sha, "intact": cur.intact, "tree": state.places.tree(cur.name),
+            "active": ui.is_installed(ctx.root, cur.sha, state.places) if cur.intact else False}
 
 
 _WANTED_KEYS = ("driver.version", "driver.flavor", "modules.parameters", "modules.load_drm", "modules.load_peermem",

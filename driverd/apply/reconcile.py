@@ -118,7 +118,7 @@ class Reconciler:
         if loaded is None or (res.workload is not None and not res.workload.get("ok")):
             return                               # nothing runs, or this pass just found it unfit
         inst = st.installed(sctx)
-        fp = fpr.fingerprint(cfg, sctx.kernel.release, inst["sha256"] if inst else None)
+        fp = fpr.of_host(sctx, cfg)
         try:
             self._validate(sctx, cfg, {"expect": [loaded["version"], loaded["flavor"]]}, loaded, inst, fp, res)
         except DriverdError as e:
@@ -177,7 +177,7 @@ class Reconciler:
         if left_alone:
             self._say_once(res, f"the driver is left to {p.driver_managed_by}: {p.flavor_reason}")
         inst = st.installed(sctx)
-        fp = fpr.fingerprint(cfg, sctx.kernel.release, inst["sha256"] if inst else None)
+        fp = fpr.of_host(sctx, cfg)
         drift = list(verdict.drift)
         if drift and (fp, tuple(drift)) in self._reloaded_for:
             res.warnings.append("module parameters still differ after a reload (the kernel shows them differently): "
@@ -219,7 +219,7 @@ class Reconciler:
         if left_alone:
             return          # nothing of driverd's to record: the fast path must not take this driver for ours
         try:
-            fpr.write(sctx.root, cfg, fp, loaded, inst["sha256"] if inst else None, sctx.kernel.release)
+            fpr.write(sctx, cfg, loaded)
         except (OSError, DriverdError) as e:
             res.warnings.append(f"cannot record the converged state: {e}")
 

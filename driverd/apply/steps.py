@@ -10,6 +10,8 @@ import time
 
 from driverd.apply.executor import unb64
 from driverd.apply.step import MODULES, PACKAGE, USERSPACE, Registry, StepContext, StepImpl
+from driverd.driver import state as driver_state
+from driverd.driver.state import DriverState
 from driverd.errors import ModuleError, PackageError
 from driverd.kmod import daemons as dmn
 from driverd.kmod import load as ld
@@ -24,14 +26,13 @@ REBOOT_PKGS = "/var/run/reboot-required.pkgs"
 
 def installed(ctx) -> dict | None:
     """The driverd package installed for the running kernel: version, flavour, sha256."""
-    ident = ld.installed_identity(ctx.kernel)
-    return None if ident is None else {"version": ident[0], "flavor": ident[1], "sha256": ident[2]}
+    got = DriverState.of(ctx).installed()
+    return None if got is None else {**got.driver.as_dict(), "sha256": got.package_sha256}
 
 
 def loaded(ctx) -> dict | None:
-    from driverd.host.modules import parse_nvidia_version
-    ver, flav, _ = parse_nvidia_version(ctx.root.read_text("/proc/driver/nvidia/version"))
-    return None if ver is None else {"version": ver, "flavor": flav}
+    got = DriverState.of(ctx).loaded()
+    return None if got is None else got.as_dict()
 
 
 def pci_view(ctx) -> tuple:
@@ -51,19 +52,9 @@ def _nics_switches(ctx) -> tuple[int, int]:
 
 
 def running_parameters(ctx, modules: list[str]) -> dict[str, dict[str, str]]:
-    """The parameters the running modules were loaded with, as /sys/module/<m>/parameters shows
-    them. NULL strings ("(null)") and empty values are left out: passing them back would set a
-    literal string instead of leaving the default."""
-    mods = ctx.kernel.modules(modules)
-    out = {}
-    for m in modules:
-        lm = mods.get(m)
-        if lm is None:
-            continue
-        vals = {k: v for k, v in lm.parameters.items() if v not in ("", "(null)")}
-        if vals:
-            out[m] = vals
-    return out
+    """The parameters the running modules were loaded with, as a reload passes them again (the values
+    driver.state.running_parameters reads, which the daemon's drift check reads too)."""
+    return driver_state.settable(driver_state.running_parameters(ctx.kernel, modules))
 
 
 def _restore_files_steps(entry: dict, restart: list[str] | None = None, reason: str = "") -> list[dict]:
@@ -879,7 +870,6 @@ def converge(lkg: dict | None, touched: set, ctx: StepContext) -> list[dict]:
         # again would fail the same way and report a failed rollback of a working driver: keep it,
         # start what the run stopped, and prove it.
         if PACKAGE in touched:
-            inst = lkg.get("installed")
             steps.append(_restore_package(lkg))
         steps += _restore_userspace(lkg, touched)
         expect = [now["version"], now["flavor"]]

@@ -7,7 +7,7 @@ limits, drain, canary, failure budget). The daemon's periodic reconcile therefor
 - while the node is in a rollout, and after it is done: the rollout's target (`driverd.io/target`);
 - after a failed upgrade: what ran when it failed (`driverd.io/pinned-driver`, else previous);
 - otherwise (idle, given back): **the driver the host has** — the one loaded; with nothing loaded,
-  the one driverd last converged the host to (lastdriver: nothing is loaded after a reboot, and after
+  the one driverd last converged the host to (the record of its last converge: nothing is loaded after a reboot, and after
   a kernel update not even a package for the new kernel is installed); failing that, the driverd
   package installed for the running kernel. A changed desired driver (its pool's, or `driver.version`
   of the node's configuration) waits for a rollout to admit the node.
@@ -55,15 +55,6 @@ class Keep:
     behind: str = ""            # the desired driver the node waits for a rollout to get, if it differs
 
 
-def present(loaded: dict | None, record: dict | None, installed: dict | None) -> dict | None:
-    """The driver the host has, as {"version", "flavor"}: loaded, else last converged to, else the
-    driverd package installed for the running kernel; None: the host is joining."""
-    for d in (loaded, record, installed):
-        if d and d.get("version"):
-            return {"version": d["version"], "flavor": d.get("flavor") or ""}
-    return None
-
-
 def pinned(annotations: dict) -> Keep | None:
     """What the node's rollout record pins (the state table's `pin`): a rollout's target while it runs
     and once it is done, what ran when it failed; None in a state that pins nothing (idle)."""
@@ -78,7 +69,7 @@ def pinned(annotations: dict) -> Keep | None:
 
 def keep(annotations: dict, have: dict | None, desired: Desired) -> Keep:
     """The driver this node's own reconcile keeps (see the module's text): `annotations` of its Node,
-    `have` = present(...) of its host, `desired` its declared driver."""
+    `have` the driver its host has (driver.state.DriverState.has), `desired` its declared driver."""
     k = pinned(annotations)
     if k is not None:
         return k

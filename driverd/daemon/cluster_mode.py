@@ -236,14 +236,10 @@ class ClusterMode:
 
     def have(self, cfg) -> dict | None:
         """The driver the host has: loaded, last converged to, or installed (desired.present)."""
-        from driverd.apply import lastdriver
-        from driverd.apply import steps as st
-        from driverd.cluster import desired as dz
+        from driverd.driver.state import DriverState
         sctx = self.make_context(cfg)
-        loaded = st.loaded(sctx)
-        if loaded:
-            return dz.present(loaded, None, None)
-        return dz.present(None, lastdriver.read(sctx.root, cfg["state.dir"]), st.installed(sctx))
+        has = DriverState.from_config(sctx.root, cfg, sctx.kernel.release).has()
+        return has.as_dict() if has else None
 
     def desired(self, cfg, node: dict):
         """The driver the cluster declares for this node: its DriverPool's; in no pool, `driver.version`
@@ -254,14 +250,6 @@ class ClusterMode:
             return dz.Desired(None, "", "the cluster", why="the DriverPools are not read yet")
         labels = (node.get("metadata") or {}).get("labels") or {}
         return pl.desired_for(labels, self.agent.pool_list(), cfg["driver.version"], cfg["driver.flavor"] or "auto")
-
-    def converged(self, cfg, loaded: dict) -> None:
-        """A pass converged with `loaded`: the host now has a driver driverd manages (lastdriver)."""
-        from driverd.apply import lastdriver
-        try:
-            lastdriver.write(self.make_context(cfg).root, cfg["state.dir"], loaded)
-        except OSError as e:         # the record only decides a later joining install; say it, go on
-            self.log(f"driverd: cannot record the converged driver: {e}")
 
     def busy(self) -> bool:
         """The node is mid-upgrade: the agent's transaction owns the host; the daemon waits."""
@@ -300,10 +288,8 @@ class PinnedReconciler:
                           pinned=self.cluster.pinned)
         res = self.inner.reconcile(kept)
         res.pinned = self.cluster.pinned
-        if res.converged and res.loaded:
-            self.cluster.converged(kept, res.loaded)
-            if res.changed:
-                self.cluster.agent.relabel()
+        if res.converged and res.loaded and res.changed:
+            self.cluster.agent.relabel()
         self.cluster.agent.set_kernels(getattr(res, "kernels", None))
         if res.workload is not None:            # GPUDriverReady follows it without waiting for a Node event
             self.cluster.agent.set_workload(bool(res.workload.get("ok")), res.reason if not res.converged else "")

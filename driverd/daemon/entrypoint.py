@@ -17,10 +17,9 @@ def fast_path(sctx, cfg) -> tuple[dict | None, str]:
     rec = fpr.read(sctx.root, cfg)
     if rec is None:
         return None, "no converged state is recorded (first start on this host)"
-    inst = st.installed(sctx)
-    fp = fpr.fingerprint(cfg, sctx.kernel.release, inst["sha256"] if inst else None)
-    if rec.get("fingerprint") != fp:
-        return None, "the configuration, kernel or installed package changed since the last converge"
+    if not fpr.matches(rec, sctx, cfg):
+        return None, "the configuration, kernel or installed driver (package or user-space) changed since the " \
+                     "last converge"
     try:
         doc = journal(sctx).load(repair=False)
     except DriverdError as e:

@@ -16,11 +16,11 @@ def _log(msg: str, level: str | None = None, **fields) -> None:
 
 
 def loaded_probe(root) -> Callable[[], dict | None]:
-    from driverd.host.modules import parse_nvidia_version
+    from driverd.driver.ident import loaded
 
     def probe() -> dict | None:
-        ver, flav, _ = parse_nvidia_version(root.read_text("/proc/driver/nvidia/version"))
-        return None if ver is None else {"version": ver, "flavor": flav}
+        got = loaded(root)
+        return None if got is None else got.as_dict()
     return probe
 
 

@@ -2,18 +2,18 @@
 (/proc/driver/nvidia/version), plus driverd-installed packages under /lib/modules/<release>/."""
 from __future__ import annotations
 
-import json
 import re
 
+from driverd.driver import layout
+from driverd.driver.ident import VERSION_FILE, parse_version_file
+from driverd.driver.state import installed_modules
 from driverd.host.facts import DriverFacts, InstalledPackage, ModuleFacts
 from driverd.host.textfmt import kernel_int
 from driverd.root import Root
 
 NVIDIA_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem", "nvidia_fs",
                   "nvidia_vgpu_vfio")
-INSTALL_DIR = "updates/driverd"   # relative to /lib/modules/<release>/
-# NVIDIA driver versions: 3-digit branch today (96.43.23 and 1xx.yy existed; allow 2-4 digits).
-_VERSION_RE = re.compile(r"(?<![\w.])(\d{2,4}\.\d{1,3}(?:\.\d{1,3})?)(?![\w.])")
+INSTALL_DIR = layout.MODULES_DIR   # relative to /lib/modules/<release>/
 # kernel/module/procfs.c m_show(): the state column is one of these three words.
 PROC_STATES = ("Live", "Loading", "Unloading")
 # kernel/module/main.c show_initstate(): /sys/module/<m>/initstate, mapped to the /proc words.
@@ -98,57 +98,19 @@ def is_loaded(root: Root, name: str, proc: dict[str, dict]) -> bool:
     return name in proc or root.read_first_line(f"/sys/module/{name}/initstate") in INITSTATE
 
 
-def parse_nvidia_version(text: str | None) -> tuple[str | None, str | None, str | None]:
-    """(version, flavour, first line) from /proc/driver/nvidia/version.
-
-    nv-procfs.c nv_procfs_read_version() prints "NVRM version: %s\n" with the driver's NVRM id,
-    then "GCC version:  %s\n". The id names the architecture and flavour before the version:
-      proprietary: 'NVIDIA UNIX x86_64 Kernel Module  535.261.03  <date>'
-                   (also aarch64/ppc64le, legacy 470/390, and 'Kernel Module for GRID'/vGPU builds)
-      open:        'NVIDIA UNIX Open Kernel Module for x86_64  535.261.03  Release Build  (...)  <date>'
-    """
-    if not text:
-        return None, None, None
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip().startswith("NVRM version")), None)
-    if first is None:
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        return None, None, (lines[0][:200] if lines and lines[0].isprintable() else None)
-    ident = first.partition(":")[2]
-    if "Kernel Module" not in ident:
-        return None, None, first[:200] if first.isprintable() else None
-    m = _VERSION_RE.search(ident.split("Kernel Module", 1)[1])
-    flavor = "open" if "Open Kernel Module" in ident else "proprietary"
-    return (m.group(1) if m else None), flavor, first[:200]
-
-
 def read_installed(root: Root, release: str | None, warnings: list[str]) -> tuple[InstalledPackage, ...]:
-    if not release:
+    got = installed_modules(root, release, warnings)
+    if got is None:
         return ()
-    path = f"/lib/modules/{release}/{INSTALL_DIR}/manifest.json"
-    text = root.read_text(path)
-    if text is None:
-        return ()
-    try:
-        m = json.loads(text)
-        rec = json.loads(root.read_text(f"/lib/modules/{release}/{INSTALL_DIR}/install.json") or "{}")
-        if not isinstance(rec, dict):
-            rec = {}
-        fields = (m["kernel"]["release"], m["driver"]["version"], m["flavor"])
-        if not all(isinstance(f, str) for f in fields):
-            raise TypeError("manifest fields are not strings")
-        sha = rec.get("package_sha256")
-        return (InstalledPackage(kernel_release=fields[0], driver_version=fields[1], flavor=fields[2],
-                                 sha256=sha if isinstance(sha, str) else None, path=path),)
-    except (ValueError, KeyError, TypeError, RecursionError) as e:
-        warnings.append(f"{path}: unreadable driverd manifest ({e.__class__.__name__}); treated as not installed")
-        return ()
+    return (InstalledPackage(kernel_release=got.kernel_release, driver_version=got.driver.version,
+                             flavor=got.driver.flavor, sha256=got.package_sha256, path=got.path),)
 
 
 def read_driver(root: Root, release: str | None, warnings: list[str]) -> DriverFacts:
     proc = loaded_modules(root)
     mods = tuple(read_module(root, n, proc.get(n)) for n in NVIDIA_MODULES if is_loaded(root, n, proc))
-    text = root.read_text("/proc/driver/nvidia/version")
-    version, flavor, line = parse_nvidia_version(text)
+    text = root.read_text(VERSION_FILE)
+    version, flavor, line = parse_version_file(text)
     if text is not None and version is None:
         warnings.append("/proc/driver/nvidia/version is garbled: driver version unknown")
     loaded = any(m.name == "nvidia" for m in mods) or version is not None

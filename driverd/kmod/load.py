@@ -2,40 +2,17 @@
 path when the package's firmware is not where the kernel looks, /dev nodes, then validation."""
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 
 from driverd.errors import ConfigError, ModuleError
 from driverd.host import pci
-from driverd.host.modules import INSTALL_DIR, parse_nvidia_version
+from driverd.driver.ident import loaded as loaded_driver
+from driverd.host.modules import INSTALL_DIR
 from driverd.kmod import devnodes
 from driverd.nvproc import gpu_addresses
 
 STD_FIRMWARE = "/lib/firmware"
-
-
-def installed_manifest(kernel) -> dict | None:
-    text = kernel.root.read_text(f"/lib/modules/{kernel.release}/{INSTALL_DIR}/manifest.json")
-    try:
-        return json.loads(text) if text else None
-    except ValueError:
-        return None
-
-
-def installed_identity(kernel) -> tuple[str, str, str | None] | None:
-    """(version, flavour, package sha256) of the installed driverd package, or None."""
-    m = installed_manifest(kernel)
-    try:
-        version, flavor = m["driver"]["version"], m["flavor"]
-    except (TypeError, KeyError):
-        return None            # nothing, or a damaged manifest: no usable driverd package is installed
-    rec = kernel.root.read_text(f"/lib/modules/{kernel.release}/{INSTALL_DIR}/install.json")
-    try:
-        sha = json.loads(rec).get("package_sha256") if rec else None
-    except ValueError:
-        sha = None
-    return version, flavor, sha
 
 
 def dependency_order(kernel, modules: list[str]) -> list[str]:
@@ -268,7 +245,8 @@ def load(kernel, modules: list[str], params: dict[str, dict[str, str]], expect: 
     rep.parameters = validate_parameters(kernel, order, params)
     loaded = kernel.modules(order)
     if "nvidia" in loaded:
-        ver, flav, _ = parse_nvidia_version(kernel.root.read_text("/proc/driver/nvidia/version"))
+        running = loaded_driver(kernel.root)
+        ver, flav = (running.version, running.flavor) if running else (None, None)
         if expect and (ver, flav) != tuple(expect):
             raise ModuleError(f"driver {ver} ({flav}) is loaded, {expect[0]} ({expect[1]}) is wanted",
                               cause="another driver version is in the kernel", fix="driverd reload")
@@ -316,7 +294,8 @@ def validate(kernel, version: str | None, flavor: str | None, services=None, per
     `workload` ({"timeout_s", "driver_root"}) also workload-ready: the user-space containers get matches
     the loaded module and a CUDA call works on every GPU (driverd.host.workload)."""
     root = kernel.root
-    ver, flav, _ = parse_nvidia_version(root.read_text("/proc/driver/nvidia/version"))
+    running = loaded_driver(root)
+    ver, flav = (running.version, running.flavor) if running else (None, None)
     gpus, _, _ = pci.classify(root, pci.scan(root, []), [])
     expected = sorted(g.pci_address for g in gpus)
     visible = sorted(a for a in gpu_addresses(root) if re.match(r"^[0-9a-f]{4,}:", a))

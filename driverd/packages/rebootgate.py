@@ -17,7 +17,7 @@ Closed otherwise, naming each kernel, what it lacks and the fix; also closed for
 installation is unfinished (driverd.host.kernels' problems). Read-only and quick: it runs every kured period.
 
 The driver "the node runs": `--driver`, else the driver driverd last converged it to in cluster mode
-(apply.lastdriver's record: a rollout pins it), else driver.version; the flavour likewise, for `auto` the
+(driver.state's record of the last converge: in a cluster a rollout pins it), else driver.version; the flavour likewise, for `auto` the
 installed package's of the running kernel or the GPUs' decision."""
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from driverd.driver.state import DriverState
 from driverd.host.kernels import InstalledKernel, family, installed_kernels, newer_than
 from driverd.host.kernel import running_release
 from driverd.host.modules import INSTALL_DIR
 
-NODE_DRIVER = "node-driver.json"            # driverd.apply.lastdriver's record (read here, never written)
 DAEMON_STATE = "/run/driverd/daemon.json"   # driverd.apply.statefile: the daemon's kernel preparations
 
 
@@ -90,10 +90,10 @@ def wanted_driver(root, cfg, version: str | None = None, flavor: str | None = No
     """{"version", "flavor", "source"} of the driver the node runs after a reboot; None: none is named."""
     source = "--driver"
     if not version:
-        rec = _read_json(root, f"{cfg['state.dir'].rstrip('/')}/{NODE_DRIVER}")
-        if rec and isinstance(rec.get("version"), str) and rec["version"]:
-            version, source = rec["version"], "the driver the node last converged to (cluster mode)"
-            flavor = flavor or rec.get("flavor") or None
+        last = DriverState(root, state_dir=cfg["state.dir"]).last_converged()
+        if last is not None:
+            version, source = last.version, "the driver the node last converged to"
+            flavor = flavor or last.flavor or None
         elif cfg["driver.version"]:
             version, source = cfg["driver.version"], "driver.version"
     if not version:

@@ -48,10 +48,8 @@ idempotent, and each runs `recover()` first.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import platform
-import re
 import shutil
 import stat
 from dataclasses import dataclass, field
@@ -59,96 +57,30 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from driverd import driverfiles
+from driverd.driver import layout
+from driverd.driver.layout import Places
+from driverd.driver.state import Tree, current_name, lookup, read_json, read_tree, trees, valid_sha  # noqa: F401
 from driverd.errors import DriverdError, PackageError
 from driverd.fsutil import atomic_write_at, dump_json, fsync_fd
 from driverd.packages import userspace as us
 from driverd.packages.install import os_errors
 from driverd.packages.archive import check_file, read_manifest, sha256_file, unpack_at, verify_package
-from driverd.packages.manifest import MANIFEST_NAME
 from driverd.root import Root
 from driverd.runner import Runner
 
-DEFAULT_ROOT = "/var/lib/driverd/driver"
-DEFAULT_BIN_DIR = "/usr/local/bin"
-DEFAULT_STATE_DIR = "/var/lib/driverd"
-DEFAULT_DRIVER_LINK = driverfiles.DRIVER_ROOTS[0]      # /run/nvidia/driver
-CURRENT = "current"
-STATE_SUBDIR = "userspace"
-INSTALL_RECORD = "install.json"
+DEFAULT_ROOT = layout.USERSPACE_ROOT
+DEFAULT_BIN_DIR = layout.USERSPACE_BIN_DIR
+DEFAULT_STATE_DIR = layout.DEFAULT_STATE_DIR
+DEFAULT_DRIVER_LINK = layout.USERSPACE_DRIVER_LINK
+CURRENT = layout.CURRENT
+STATE_SUBDIR = layout.USERSPACE_STATE
+INSTALL_RECORD = layout.USERSPACE_RECORD
 STAGING_PREFIX = ".driverd-staging-"
 OLD_PREFIX = ".driverd-old-"
 LDCONF = driverfiles.DRIVERD_LDCONF
 LD_CACHE = driverfiles.LD_CACHE
-MAX_KEPT = 3
-_SHA = re.compile(r"[0-9a-f]{64}")
-_TREE = re.compile(r"^[0-9][A-Za-z0-9._+-]*$")
+MAX_KEPT = layout.USERSPACE_MAX_KEPT
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
-
-@dataclass(frozen=True)
-class Places:
-    """Where a node's user-space goes (host paths, from the configuration)."""
-    root: str = DEFAULT_ROOT                 # userspace.root
-    bin_dir: str | None = DEFAULT_BIN_DIR    # userspace.bin_dir (None; "none" in the configuration: no PATH links)
-    state_dir: str = DEFAULT_STATE_DIR       # state.dir
-    max_kept: int = MAX_KEPT                 # userspace.max_kept
-    driver_link: str | None = DEFAULT_DRIVER_LINK   # userspace.driver_link (None; "none": no link)
-
-    @classmethod
-    def from_config(cls, cfg) -> "Places":
-        bin_dir = cfg["userspace.bin_dir"]
-        link = cfg["userspace.driver_link"]
-        return cls(cfg["userspace.root"], None if bin_dir in (None, "", "none") else bin_dir, cfg["state.dir"],
-                   int(cfg["userspace.max_kept"]), None if link in (None, "", "none") else link)
-
-    @property
-    def current(self) -> str:
-        return f"{self.root.rstrip('/')}/{CURRENT}"
-
-    def tree(self, name: str) -> str:
-        return f"{self.root.rstrip('/')}/{name}"
-
-    @property
-    def pending(self) -> str:
-        return f"{self.state_dir.rstrip('/')}/{STATE_SUBDIR}/pending.json"
-
-    @property
-    def previous(self) -> str:
-        return f"{self.state_dir.rstrip('/')}/{STATE_SUBDIR}/previous.json"
-
-    @property
-    def links_record(self) -> str:
-        return f"{self.state_dir.rstrip('/')}/{STATE_SUBDIR}/links.json"
-
-    @property
-    def ld_line(self) -> str:
-        return f"{self.current}/lib64"
-
-    def ldconf_text(self) -> str:
-        return ("# driverd: the NVIDIA driver's user-space it installed (the tree <userspace.root>/current points to).\n"
-                "# Written and removed by driverd; do not edit.\n" + self.ld_line + "\n")
-
-    def bin_target(self, name: str) -> str:
-        return f"{self.current}/bin/{name}"
-
-    def link_target(self, root: Root) -> str:
-        """What the driver-root link points to: `current`, relative to the link's (resolved) directory, so
-        that it resolves to the same tree on the host and under a root (the driver container's /host)."""
-        assert self.driver_link
-        base = root.resolve(os.path.dirname(self.driver_link.rstrip("/")) or "/")
-        return os.path.relpath(root.resolve(self.root).rstrip("/") + f"/{CURRENT}", base)
-
-
-@dataclass(frozen=True)
-class Tree:
-    name: str
-    sha: str | None
-    manifest: us.UserspaceManifest | None
-    intact: bool
-
-    @property
-    def version(self) -> str | None:
-        return self.manifest.driver_version if self.manifest else None
 
 
 @dataclass
@@ -179,8 +111,7 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def _valid_sha(v: object) -> bool:
-    return isinstance(v, str) and _SHA.fullmatch(v) is not None
+_valid_sha = valid_sha
 
 
 _os_errors = os_errors("user-space", disk_full=True)
@@ -188,62 +119,7 @@ _os_errors = os_errors("user-space", disk_full=True)
 
 # -- reading the installed state ------------------------------------------------------------------------
 
-def _read_json(root: Root, hostpath: str) -> dict | None:
-    """None: absent; {}: unreadable or not an object."""
-    if root.lstat(hostpath) is None:
-        return None
-    try:
-        d = json.loads(root.read_bytes(hostpath, 1 << 20) or b"")
-    except ValueError:
-        return {}
-    return d if isinstance(d, dict) else {}
-
-
-def read_tree(root: Root, places: Places, name: str) -> Tree | None:
-    """The tree `name` under the install root, with whether it is intact: every file of its manifest a
-    regular file of its size and mode class, every link pointing where the manifest says, the install
-    record naming a package. None when there is no directory of that name."""
-    base = places.tree(name)
-    st = root.lstat(base)
-    if st is None or not stat.S_ISDIR(st.st_mode):
-        return None
-    try:
-        m = us.UserspaceManifest.loads(root.read_bytes(f"{base}/{MANIFEST_NAME}", 1 << 20) or b"",
-                                       f"{base}/{MANIFEST_NAME}")
-    except DriverdError:
-        return Tree(name, None, None, False)
-    rec = _read_json(root, f"{base}/{INSTALL_RECORD}") or {}
-    sha = rec.get("package_sha256") if _valid_sha(rec.get("package_sha256")) else None
-    return Tree(name, sha, m, sha is not None and _intact(root, base, m))
-
-
-def _intact(root: Root, base: str, m: us.UserspaceManifest) -> bool:
-    for f in m.files:
-        st = root.lstat(f"{base}/{f.path}")
-        if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != f.size:
-            return False
-        if bool(st.st_mode & 0o111) != bool(f.mode & 0o111):
-            return False
-    return all(root.readlink(f"{base}/{ln.path}") == ln.target for ln in m.links)
-
-
-def trees(root: Root, places: Places) -> list[Tree]:
-    out = []
-    for n in root.listdir(places.root):
-        if _TREE.match(n) and (t := read_tree(root, places, n)) is not None:
-            out.append(t)
-    return out
-
-
-def lookup(root: Root, places: Places, sha: str) -> Tree | None:
-    """The intact tree of the package `sha`, when there is one."""
-    return next((t for t in trees(root, places) if t.sha == sha and t.intact), None)
-
-
-def current_name(root: Root, places: Places) -> str | None:
-    """The tree name `current` points to (a plain name), None when there is no such link."""
-    target = root.readlink(places.current)
-    return target if target and _TREE.match(target) else None
+_read_json = read_json
 
 
 def current(root: Root | str | os.PathLike, places: Places = Places()) -> Tree | None:

@@ -20,11 +20,12 @@ OLD, NEW = ("535.261.03", "open"), ("550.127.05", "open")
 
 def final(root) -> tuple:
     from driverd.kmod.daemons import select_services
-    from driverd.kmod.load import installed_identity, validate
-    from driverd.packages.archive import sha256_file  # noqa: F401
+    from driverd.driver.state import installed_modules
+    from driverd.kmod.load import validate
     k = kernel_of(root)
     v = validate(k, None, None, select_services(k), True)
-    inst = installed_identity(k)
+    got = installed_modules(k.root, k.release)
+    inst = None if got is None else (got.driver.version, got.driver.flavor, got.package_sha256)
     return (v.version, v.flavor), v, inst, journal(root)
 
 

@@ -11,23 +11,23 @@ WANT = dz.Desired("570.195.03", "auto", "pool a100")
 
 
 def test_a_node_with_a_driver_keeps_it_when_its_desired_driver_changes():
-    k = dz.keep({}, dz.present(X, None, None), WANT)
+    k = dz.keep({}, X, WANT)
     assert (k.version, k.flavor, k.hold, k.joining) == ("535.261.03", "open", "", False)
     assert k.behind == "570.195.03/auto" and "waits for a rollout" in k.source and "pool a100" in k.source
 
 
 def test_a_rebooted_node_loads_back_what_it_ran_not_its_new_desired_driver():
     # nothing loaded after the reboot; the record says what driverd last converged it to
-    k = dz.keep({m.A_STATE: m.IDLE}, dz.present(None, X, None), WANT)
+    k = dz.keep({m.A_STATE: m.IDLE}, X, WANT)
     assert (k.version, k.joining) == ("535.261.03", False)
     # after a kernel update even the record may be all there is; with no record, the package installed
     # for the running kernel
-    k = dz.keep({}, dz.present(None, None, {"version": "550.1", "flavor": "open", "sha256": "x"}), WANT)
+    k = dz.keep({}, {"version": "550.1", "flavor": "open"}, WANT)
     assert (k.version, k.joining) == ("550.1", False)
 
 
 def test_only_a_joining_node_installs_its_desired_driver():
-    k = dz.keep({}, dz.present(None, None, None), WANT)
+    k = dz.keep({}, None, WANT)
     assert (k.version, k.flavor, k.joining, k.hold) == ("570.195.03", "auto", True, "")
     assert "pool a100" in k.source
 
@@ -44,8 +44,3 @@ def test_the_rollout_record_still_wins():
     assert dz.keep({m.A_STATE: m.FAILED, m.A_PINNED: "535.3/open"}, X, WANT).version == "535.3"
     # a record that names no driver pins nothing
     assert dz.keep({m.A_STATE: m.DONE}, X, WANT).version == "535.261.03"
-
-
-def test_present_prefers_what_is_loaded():
-    assert dz.present(X, {"version": "1.0", "flavor": ""}, None) == X
-    assert dz.present(None, {"version": "", "flavor": ""}, None) is None

@@ -5,6 +5,7 @@ installs its desired driver directly. Real daemons against the real control plan
 deploy/'s admission policies."""
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -72,7 +73,8 @@ def test_only_a_joining_node_installs_its_desired_driver_and_a_reboot_keeps_it(t
         k = Kube(Target(kubeconfig=f.kubeconfig))
         wait(lambda: m.NodeView.from_node(k.get(node_path("gpu-0100"))).driver == NEW, 60, lambda: d.log)
         assert NEW in loaded(f, "gpu-0100")
-        assert (f.nodes["gpu-0100"].root / "var/lib/driverd/node-driver.json").exists()
+        rec = json.loads((f.nodes["gpu-0100"].root / "var/lib/driverd/daemon/converged.json").read_text())
+        assert rec["driver"]["version"] == NEW              # the one record of the converge
         labels = k.get(node_path("gpu-0100"))["metadata"]["labels"]
         assert labels.get(m.L_READY) == "true"
         rc, _ = d.stop()

@@ -54,7 +54,7 @@ def test_a_restart_on_a_converged_host_takes_the_fast_path(host, packages, daemo
     write_config(host, OLD, repo, extra='[modules.parameters.nvidia]\nNVreg_EnableGpuFirmware = "18"\n')
     d = daemons(host, "container-entrypoint", env=env, root_arg=False)
     d.wait_notify("READY=1", 60)
-    d.wait_log(re.escape("no fast path: the configuration, kernel or installed package changed"), 10)
+    d.wait_log(re.escape("no fast path: the configuration, kernel or installed driver (package or user-space) changed"), 10)
     assert journal_runs(host)[-1]["command"] == "reload"
     assert kernel_of(host).modules()["nvidia"].parameters["NVreg_EnableGpuFirmware"] == "18"
     assert d.stop()[0] == 0

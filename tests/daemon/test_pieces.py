@@ -8,7 +8,8 @@ import socket
 import pytest
 
 from driverd.daemon.backoff import Backoff
-from driverd.apply.drift import parameter_drift, parse_nvidia_params, same_value
+from driverd.apply.drift import parameter_drift, same_value
+from driverd.driver.state import parse_nvidia_params
 from driverd.daemon.endpoints import parse_listen
 from driverd.apply.fingerprint import fingerprint
 from driverd.daemon.health import Health

@@ -50,7 +50,7 @@ def main() -> int:
 
 
 def _loaded(root):
-    from driverd.host.modules import parse_nvidia_version
+    from driverd.driver.ident import parse_version_file as parse_nvidia_version
     v, f, _ = parse_nvidia_version(root.read_text("/proc/driver/nvidia/version"))
     return v, f
 

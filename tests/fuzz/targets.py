@@ -397,7 +397,7 @@ def shared_object_seeds() -> tuple[bytes, ...]:
 
 def t_kmsg(lines: list[str]) -> None:
     """Kernel log lines quoted into a load failure, and /proc/driver/nvidia/version."""
-    from driverd.host.modules import parse_nvidia_version
+    from driverd.driver.ident import parse_version_file as parse_nvidia_version
     from driverd.kmod.kernel import kernel_error
     import io
 

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from driverd.errors import DriverdError
 from driverd.host import collect
 from driverd.host.kernel import cmdline_args, cmdline_params
-from driverd.host.modules import PROC_STATES, parse_nvidia_version, parse_proc_modules
+from driverd.driver.ident import parse_version_file as parse_nvidia_version
+from driverd.host.modules import PROC_STATES, parse_proc_modules
 from driverd.host.nouveau import parse_modprobe_conf
 from driverd.host.osrelease import parse_os_release
 from driverd.plan import Desired, plan

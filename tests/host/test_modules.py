@@ -1,5 +1,6 @@
 from driverd.host import collect
-from driverd.host.modules import parse_nvidia_version, parse_proc_modules
+from driverd.driver.ident import parse_version_file as parse_nvidia_version
+from driverd.host.modules import parse_proc_modules
 from driverd.root import Root
 from driverd.sim.hosttree import HostSpec, Module, h100, nvidia_version_line, write_host
 

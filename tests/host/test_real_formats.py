@@ -9,7 +9,8 @@ import pytest
 
 from driverd.host import collect
 from driverd.host.kernel import cmdline_args, cmdline_params, parse_lockdown
-from driverd.host.modules import parse_nvidia_version, parse_proc_modules, read_module
+from driverd.driver.ident import parse_version_file as parse_nvidia_version
+from driverd.host.modules import parse_proc_modules, read_module
 from driverd.host.nouveau import parse_modprobe_conf, read_nouveau
 from driverd.host.osrelease import parse_os_release, read_os
 from driverd.runtime.containerd import containerd_handlers

@@ -11,7 +11,7 @@ import sys
 import time
 
 from driverd.host import pci, workload
-from driverd.host.modules import parse_nvidia_version
+from driverd.driver.ident import parse_version_file as parse_nvidia_version
 from driverd.packages import userspace_build as ub
 from driverd.packages import userspace_install as ui
 from driverd.root import Root

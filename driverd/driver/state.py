@@ -1,0 +1,226 @@
+"""DriverState: the one reader of which driver this host runs and has — the driver the kernel runs,
+the kernel half installed for a release, the user-space tree in use, the records of the last converge
+and the parameters the running modules were loaded with. Read-only; a missing or damaged record is
+"not there", never an exception (a damaged one may add a warning)."""
+from __future__ import annotations
+
+import json
+import re
+import stat
+from dataclasses import dataclass
+
+from driverd.driver import layout
+from driverd.driver.ident import DriverId
+from driverd.driver.ident import loaded as loaded_driver
+from driverd.errors import DriverdError
+from driverd.packages import userspace as us
+from driverd.packages.manifest import MANIFEST_NAME
+from driverd.root import Root
+
+_SHA = re.compile(r"[0-9a-f]{64}")
+_TREE = re.compile(r"^[0-9][A-Za-z0-9._+-]*$")
+# Values a module shows for a parameter nobody set: passed back, they would set a literal string.
+_UNSET = ("", "(null)")
+
+
+def valid_sha(v: object) -> bool:
+    return isinstance(v, str) and _SHA.fullmatch(v) is not None
+
+
+def read_json(root: Root, hostpath: str) -> dict | None:
+    """None: absent; {}: unreadable or not an object."""
+    if root.lstat(hostpath) is None:
+        return None
+    try:
+        d = json.loads(root.read_bytes(hostpath, 1 << 20) or b"")
+    except (ValueError, RecursionError):
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+@dataclass(frozen=True)
+class InstalledModules:
+    """The kernel half driverd installed for one kernel release."""
+    driver: DriverId
+    kernel_release: str
+    package_sha256: str | None
+    path: str                               # host path of its manifest
+
+
+@dataclass(frozen=True)
+class Tree:
+    """One user-space tree under userspace.root."""
+    name: str
+    sha: str | None
+    manifest: us.UserspaceManifest | None
+    intact: bool
+
+    @property
+    def version(self) -> str | None:
+        return self.manifest.driver_version if self.manifest else None
+
+
+def installed_modules(root: Root, release: str | None, warnings: list[str] | None = None) -> InstalledModules | None:
+    """The driverd package installed for `release` (None: none, or a damaged manifest: not usable)."""
+    if not release:
+        return None
+    base = layout.modules_dir(release)
+    path = f"{base}/{layout.MODULES_MANIFEST}"
+    text = root.read_text(path)
+    if text is None:
+        return None
+    try:
+        m = json.loads(text)
+        fields = (m["kernel"]["release"], m["driver"]["version"], m["flavor"])
+        if not all(isinstance(f, str) and f for f in fields):
+            raise TypeError("manifest fields are not strings")
+        rec = read_json(root, f"{base}/{layout.MODULES_RECORD}") or {}
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        if warnings is not None:
+            warnings.append(f"{path}: unreadable driverd manifest ({e.__class__.__name__}); treated as not installed")
+        return None
+    sha = rec.get("package_sha256")
+    return InstalledModules(DriverId(fields[1], fields[2]), fields[0], sha if isinstance(sha, str) else None, path)
+
+
+def read_tree(root: Root, places: layout.Places, name: str) -> Tree | None:
+    """The tree `name` under the install root, with whether it is intact: every file of its manifest a
+    regular file of its size and mode class, every link pointing where the manifest says, the install
+    record naming a package. None when there is no directory of that name."""
+    base = places.tree(name)
+    st = root.lstat(base)
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        return None
+    try:
+        m = us.UserspaceManifest.loads(root.read_bytes(f"{base}/{MANIFEST_NAME}", 1 << 20) or b"",
+                                       f"{base}/{MANIFEST_NAME}")
+    except DriverdError:
+        return Tree(name, None, None, False)
+    rec = read_json(root, f"{base}/{layout.USERSPACE_RECORD}") or {}
+    sha = rec.get("package_sha256") if valid_sha(rec.get("package_sha256")) else None
+    return Tree(name, sha, m, sha is not None and _intact(root, base, m))
+
+
+def _intact(root: Root, base: str, m: us.UserspaceManifest) -> bool:
+    for f in m.files:
+        st = root.lstat(f"{base}/{f.path}")
+        if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != f.size:
+            return False
+        if bool(st.st_mode & 0o111) != bool(f.mode & 0o111):
+            return False
+    return all(root.readlink(f"{base}/{ln.path}") == ln.target for ln in m.links)
+
+
+def current_name(root: Root, places: layout.Places) -> str | None:
+    """The tree name `current` points to (a plain name), None when there is no such link."""
+    target = root.readlink(places.current)
+    return target if target and _TREE.match(target) else None
+
+
+def trees(root: Root, places: layout.Places) -> list[Tree]:
+    """Every user-space tree under userspace.root."""
+    out = []
+    for n in root.listdir(places.root):
+        if _TREE.match(n) and (t := read_tree(root, places, n)) is not None:
+            out.append(t)
+    return out
+
+
+def lookup(root: Root, places: layout.Places, sha: str) -> Tree | None:
+    """The intact tree of the package `sha`, when there is one."""
+    return next((t for t in trees(root, places) if t.sha == sha and t.intact), None)
+
+
+def running_parameters(kernel, names=None) -> dict[str, dict[str, str]]:
+    """Loaded module (of `names`, default all) -> the parameters it shows, as the kernel shows them:
+    /sys/module/<m>/parameters, plus nvidia's registry keys, which it declares unreadable there and shows
+    in /proc/driver/nvidia/params ("EnableGpuFirmware: 18" for NVreg_EnableGpuFirmware). The one reader:
+    the snapshot a rollback reloads with and the drift a daemon reloads for see the same values."""
+    out = {name: dict(m.parameters) for name, m in kernel.modules(names).items()}
+    if "nvidia" in out:
+        for k, v in parse_nvidia_params(kernel.root.read_text("/proc/driver/nvidia/params")).items():
+            out["nvidia"].setdefault(k, v)
+    return out
+
+
+def settable(params: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """The running parameters to load a module with again: values nobody set ("", "(null)") are left
+    out, as passing them back would set a literal string instead of leaving the default."""
+    out = {}
+    for m, vals in params.items():
+        keep = {k: v for k, v in vals.items() if v not in _UNSET}
+        if keep:
+            out[m] = keep
+    return out
+
+
+def parse_nvidia_params(text: str | None) -> dict[str, str]:
+    """/proc/driver/nvidia/params ("Key: value" per line) as NVreg_<Key> -> value."""
+    out = {}
+    for line in (text or "").splitlines():
+        k, sep, v = line.partition(":")
+        if sep and k.strip() and " " not in k.strip():
+            out[f"NVreg_{k.strip()}"] = v.strip().strip('"')
+    return out
+
+
+class DriverState:
+    """What this host runs and has, read when asked (never cached: the host changes under a daemon)."""
+
+    def __init__(self, root: Root, *, state_dir: str = layout.DEFAULT_STATE_DIR, release: str | None = None,
+                 places: layout.Places | None = None) -> None:
+        self.root, self.state_dir, self.release = root, state_dir, release
+        self.places = places or layout.Places(state_dir=state_dir)
+
+    @classmethod
+    def from_config(cls, root: Root, cfg, release: str | None) -> "DriverState":
+        return cls(root, state_dir=cfg["state.dir"], release=release, places=layout.Places.from_config(cfg))
+
+    @classmethod
+    def of(cls, ctx) -> "DriverState":
+        """For a step context (root, config, kernel)."""
+        return cls.from_config(ctx.root, ctx.config, ctx.kernel.release)
+
+    def loaded(self) -> DriverId | None:
+        """The driver the kernel runs now."""
+        return loaded_driver(self.root)
+
+    def installed(self, release: str | None = None, warnings: list[str] | None = None) -> InstalledModules | None:
+        """The kernel half installed for `release` (default: the running kernel's)."""
+        return installed_modules(self.root, release or self.release, warnings)
+
+    def userspace(self) -> Tree | None:
+        """driverd's user-space tree `current` points to (None: driverd installed none)."""
+        name = current_name(self.root, self.places)
+        return read_tree(self.root, self.places, name) if name else None
+
+    def userspace_trees(self) -> list[Tree]:
+        return trees(self.root, self.places)
+
+    def userspace_of(self, sha: str) -> Tree | None:
+        """The intact user-space tree of the package `sha` (kept or current)."""
+        return lookup(self.root, self.places, sha)
+
+    def converged_record(self) -> dict | None:
+        """The record of the last converge (layout.CONVERGED_RECORD), None when absent or unreadable."""
+        doc = read_json(self.root, layout.state_path(self.state_dir, layout.CONVERGED_RECORD))
+        return doc or None
+
+    def last_converged(self) -> DriverId | None:
+        """The driver driverd last converged this host to: the converge record's; a host last converged
+        by an older driverd in cluster mode may only have its node-driver record."""
+        rec = self.converged_record()
+        if rec is not None:
+            got = DriverId.from_dict(rec.get("driver"))
+            if got is not None:
+                return got
+        return DriverId.from_dict(read_json(self.root, layout.state_path(self.state_dir, layout.NODE_DRIVER_RECORD)))
+
+    def has(self) -> DriverId | None:
+        """The driver this host has: the one loaded; with nothing loaded (after a reboot) the one driverd
+        last converged it to; failing that, the driverd package installed for the running kernel. None:
+        none of these (a host joining a cluster)."""
+        got = self.loaded() or self.last_converged()
+        if got is None and (inst := self.installed()) is not None:
+            got = inst.driver
+        return got
