@@ -92,21 +92,21 @@ def previous_userspace(ctx, target_sha256: str | None) -> dict | None:
     another kept tree of it. Rolling back to no driverd package (`target_sha256` None) restores what the
     last switch replaced, "none" included. None: no step (driverd never switched a user-space here, the one
     in use is already that version, or no tree of it is kept: the validation's workload check judges)."""
-    from driverd.apply.steps import places
-    from driverd.packages import userspace_install as ui
+    from driverd.driver import userspace as dus
+    from driverd.driver.layout import Places
     from driverd.packages.kept import lookup
-    p = places(ctx)
-    known, prev = ui.previous_sha(ctx.root, p)
+    p = Places.from_config(ctx.config)
+    known, prev = dus.previous_sha(ctx.root, p)
     if not known:
         return None
-    cur = ui.current(ctx.root, p)
+    cur = dus.current(ctx.root, p)
     cur_sha = cur.sha if cur is not None and cur.intact else None
     k = lookup(ctx.root, ctx.config["state.dir"], target_sha256) if target_sha256 else None
     if k is None:
         return None if target_sha256 is not None and prev is None or prev == cur_sha else {"sha256": prev}
     if cur_sha is not None and cur.version == k.version:
         return None
-    trees = [t for t in ui.trees(ctx.root, p) if t.intact and t.sha and t.version == k.version]
+    trees = [t for t in dus.trees(ctx.root, p) if t.intact and t.sha and t.version == k.version]
     pick = next((t for t in trees if t.sha == prev), trees[0] if trees else None)
     return {"sha256": pick.sha} if pick is not None else None
 

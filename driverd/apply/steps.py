@@ -68,10 +68,10 @@ def _restore_files_steps(entry: dict, restart: list[str] | None = None, reason: 
 def previous_records(ctx) -> dict:
     """What `driverd rollback` would go back to now (the kernel package's and the user-space's previous
     records): a failed run's rollback puts them back, so its failed package never becomes "previous"."""
+    from driverd.driver.userspace import previous_record
     from driverd.packages import install as pi
-    from driverd.packages import userspace_install as ui
     return {"package": pi.previous_record(ctx.root, ctx.kernel.release, ctx.config["state.dir"]),
-            "userspace": ui.previous_record(ctx.root, places(ctx))}
+            "userspace": previous_record(ctx.root, places(ctx))}
 
 
 class Snapshot(StepImpl):
@@ -276,14 +276,13 @@ class RestorePreviousPackage(StepImpl):
 
 
 def places(ctx):
-    from driverd.packages.userspace_install import Places
+    from driverd.driver.layout import Places
     return Places.from_config(ctx.config)
 
 
 def userspace_now(ctx) -> dict:
     """driverd's user-space in use (userspace.root/current): its package's sha256 (None: none) and version."""
-    from driverd.packages import userspace_install as ui
-    cur = ui.current(ctx.root, places(ctx))
+    cur = DriverState.of(ctx).userspace()
     ok = cur is not None and cur.intact
     return {"sha256": cur.sha if ok else None, "version": cur.version if ok else None}
 

@@ -5,37 +5,17 @@ and the parameters the running modules were loaded with. Read-only; a missing or
 from __future__ import annotations
 
 import json
-import re
-import stat
 from dataclasses import dataclass
 
 from driverd.driver import layout
 from driverd.driver.ident import DriverId
 from driverd.driver.ident import loaded as loaded_driver
-from driverd.errors import DriverdError
-from driverd.packages import userspace as us
-from driverd.packages.manifest import MANIFEST_NAME
+from driverd.driver.records import read_json
+from driverd.driver.userspace import Tree, current_name, lookup, read_tree, trees
 from driverd.root import Root
 
-_SHA = re.compile(r"[0-9a-f]{64}")
-_TREE = re.compile(r"^[0-9][A-Za-z0-9._+-]*$")
 # Values a module shows for a parameter nobody set: passed back, they would set a literal string.
 _UNSET = ("", "(null)")
-
-
-def valid_sha(v: object) -> bool:
-    return isinstance(v, str) and _SHA.fullmatch(v) is not None
-
-
-def read_json(root: Root, hostpath: str) -> dict | None:
-    """None: absent; {}: unreadable or not an object."""
-    if root.lstat(hostpath) is None:
-        return None
-    try:
-        d = json.loads(root.read_bytes(hostpath, 1 << 20) or b"")
-    except (ValueError, RecursionError):
-        return {}
-    return d if isinstance(d, dict) else {}
 
 
 @dataclass(frozen=True)
@@ -45,19 +25,6 @@ class InstalledModules:
     kernel_release: str
     package_sha256: str | None
     path: str                               # host path of its manifest
-
-
-@dataclass(frozen=True)
-class Tree:
-    """One user-space tree under userspace.root."""
-    name: str
-    sha: str | None
-    manifest: us.UserspaceManifest | None
-    intact: bool
-
-    @property
-    def version(self) -> str | None:
-        return self.manifest.driver_version if self.manifest else None
 
 
 def installed_modules(root: Root, release: str | None, warnings: list[str] | None = None) -> InstalledModules | None:
@@ -81,54 +48,6 @@ def installed_modules(root: Root, release: str | None, warnings: list[str] | Non
         return None
     sha = rec.get("package_sha256")
     return InstalledModules(DriverId(fields[1], fields[2]), fields[0], sha if isinstance(sha, str) else None, path)
-
-
-def read_tree(root: Root, places: layout.Places, name: str) -> Tree | None:
-    """The tree `name` under the install root, with whether it is intact: every file of its manifest a
-    regular file of its size and mode class, every link pointing where the manifest says, the install
-    record naming a package. None when there is no directory of that name."""
-    base = places.tree(name)
-    st = root.lstat(base)
-    if st is None or not stat.S_ISDIR(st.st_mode):
-        return None
-    try:
-        m = us.UserspaceManifest.loads(root.read_bytes(f"{base}/{MANIFEST_NAME}", 1 << 20) or b"",
-                                       f"{base}/{MANIFEST_NAME}")
-    except DriverdError:
-        return Tree(name, None, None, False)
-    rec = read_json(root, f"{base}/{layout.USERSPACE_RECORD}") or {}
-    sha = rec.get("package_sha256") if valid_sha(rec.get("package_sha256")) else None
-    return Tree(name, sha, m, sha is not None and _intact(root, base, m))
-
-
-def _intact(root: Root, base: str, m: us.UserspaceManifest) -> bool:
-    for f in m.files:
-        st = root.lstat(f"{base}/{f.path}")
-        if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != f.size:
-            return False
-        if bool(st.st_mode & 0o111) != bool(f.mode & 0o111):
-            return False
-    return all(root.readlink(f"{base}/{ln.path}") == ln.target for ln in m.links)
-
-
-def current_name(root: Root, places: layout.Places) -> str | None:
-    """The tree name `current` points to (a plain name), None when there is no such link."""
-    target = root.readlink(places.current)
-    return target if target and _TREE.match(target) else None
-
-
-def trees(root: Root, places: layout.Places) -> list[Tree]:
-    """Every user-space tree under userspace.root."""
-    out = []
-    for n in root.listdir(places.root):
-        if _TREE.match(n) and (t := read_tree(root, places, n)) is not None:
-            out.append(t)
-    return out
-
-
-def lookup(root: Root, places: layout.Places, sha: str) -> Tree | None:
-    """The intact tree of the package `sha`, when there is one."""
-    return next((t for t in trees(root, places) if t.sha == sha and t.intact), None)
 
 
 def running_parameters(kernel, names=None) -> dict[str, dict[str, str]]:

@@ -51,7 +51,6 @@ import errno
 import os
 import platform
 import shutil
-import stat
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -59,7 +58,11 @@ from pathlib import Path
 from driverd import driverfiles
 from driverd.driver import layout
 from driverd.driver.layout import Places
-from driverd.driver.state import Tree, current_name, lookup, read_json, read_tree, trees, valid_sha  # noqa: F401
+from driverd.driver.records import read_json, valid_sha
+from driverd.driver.userspace import (PATH_DIRS, Tree, activation_ok, current, current_name,  # noqa: F401
+                                      foreign_userspace, installed_sha256, is_installed as _is_installed,
+                                      ldconf_ours, link_state, lookup, our_links, path_clash,
+                                      previous_record, previous_sha, read_tree, trees, wanted_links)
 from driverd.errors import DriverdError, PackageError
 from driverd.fsutil import atomic_write_at, dump_json, fsync_fd
 from driverd.packages import userspace as us
@@ -122,22 +125,6 @@ _os_errors = os_errors("user-space", disk_full=True)
 _read_json = read_json
 
 
-def current(root: Root | str | os.PathLike, places: Places = Places()) -> Tree | None:
-    root = _root(root)
-    name = current_name(root, places)
-    return read_tree(root, places, name) if name else None
-
-
-def installed_sha256(root: Root | str | os.PathLike, places: Places = Places()) -> str | None:
-    t = current(root, places)
-    return t.sha if t and t.intact else None
-
-
-def previous_record(root: Root | str | os.PathLike, places: Places = Places()) -> dict | None:
-    """The previous record as it is (None: absent), for a run's snapshot to put back when it rolls back."""
-    return _read_json(_root(root), places.previous)
-
-
 def put_previous_record(root: Root | str | os.PathLike, rec: dict | None, places: Places = Places()) -> None:
     """Make the previous record `rec` again (None: none): a failed run's rollback, after its restore."""
     root = _root(root)
@@ -148,124 +135,7 @@ def put_previous_record(root: Root | str | os.PathLike, rec: dict | None, places
         root.atomic_write_json(places.previous, rec)
 
 
-def previous_sha(root: Root | str | os.PathLike, places: Places = Places()) -> tuple[bool, str | None]:
-    """(known, sha256) of what the last install/restore replaced (sha None: no user-space then)."""
-    rec = _read_json(_root(root), places.previous)
-    if not rec or "sha256" not in rec:
-        return False, None
-    return True, rec["sha256"] if _valid_sha(rec["sha256"]) else None
-
-
-def foreign_userspace(root: Root, places: Places) -> driverfiles.UserSpace | None:
-    """A user-space on the host that driverd did not install (its library directories, /usr/local/nvidia,
-    /run/nvidia/driver, the ld cache), or None."""
-    try:
-        mine = root.resolve(places.root).rstrip("/") + "/"
-    except (OSError, ValueError):
-        mine = None
-    # driverd's own trees are not foreign, nor its driver-root link to them (left out of the search, so
-    # that a host's own libraries behind that link are still seen)
-    found = driverfiles.find(root, driverd=False, exclude=mine)
-    if not found.found or found.lib_dir is None:
-        return None
-    try:
-        assert mine is not None
-        where = root.resolve(found.lib_dir)
-    except (OSError, ValueError):
-        return found
-    return None if where.startswith(mine) else found
-
-
-def _link_state(root: Root, places: Places) -> str | None:
-    """The driver-root link's name: None (no link configured), "free", "ours" (a link to driverd's
-    `current`, relative or absolute) or "other" (a directory, file or link driverd did not make)."""
-    if not places.driver_link:
-        return None
-    st = root.lstat(places.driver_link)
-    if st is None:
-        return "free"
-    if stat.S_ISLNK(st.st_mode) and root.readlink(places.driver_link) in (places.link_target(root), places.current):
-        return "ours"
-    return "other"
-
-
-def _link_ok(root: Root, places: Places, activate: bool) -> bool:
-    state = _link_state(root, places)
-    return state in (None, "ours", "other") if activate else state != "ours"
-
-
-def _ldconf_ours(root: Root, places: Places) -> bool:
-    return root.read_text(LDCONF, 64 << 10) == places.ldconf_text()
-
-
-def _our_links(root: Root, places: Places) -> dict[str, str]:
-    """name -> target of the PATH links that are driverd's: a link in userspace.bin_dir that points exactly
-    at <current>/bin/<name>, whether the record (`links_record`) names it or not (a link an older driverd
-    made for any name is found by its target, so a restore removes every one)."""
-    if not places.bin_dir:
-        return {}
-    rec = _read_json(root, places.links_record) or {}
-    names = set(rec.get("links") or []) | set(us.BINARIES)
-    names |= {n for n in root.listdir(places.bin_dir) if not n.startswith(".")}
-    out = {}
-    for name in sorted(names):
-        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
-            continue
-        t = root.readlink(f"{places.bin_dir}/{name}")
-        if t == places.bin_target(name):
-            out[name] = t
-    return out
-
-
-# The PATH root's commands and systemd's services get (systemd's default; Debian's root PATH): a link in
-# userspace.bin_dir must neither hide another file of its name there nor be hidden by one.
-PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
-
-
-def _path_clash(root: Root, places: Places, name: str) -> str | None:
-    """Another file of the name `name` on PATH (or a file driverd did not make at the link's own place):
-    a link there would shadow it or be shadowed by it. None when the name is free."""
-    assert places.bin_dir
-    own = f"{places.bin_dir}/{name}"
-    if root.lstat(own) is not None and root.readlink(own) != places.bin_target(name):
-        return own
-    here = root.resolve(places.bin_dir)
-    for d in PATH_DIRS:
-        if root.resolve(d) != here and root.lstat(f"{d}/{name}") is not None:
-            return f"{d}/{name}"
-    return None
-
-
-def _wanted_links(root: Root, places: Places, m: us.UserspaceManifest | None) -> set[str]:
-    """The PATH links a tree gets: NVIDIA's binaries it holds (the manifest's check already refuses any
-    other name), each only where the name is free on PATH."""
-    if m is None or not places.bin_dir:
-        return set()
-    return {n for b in m.binaries for n in [b.rpartition("/")[2]]
-            if n in us.BINARIES and _path_clash(root, places, n) is None}
-
-
-def _activation_ok(root: Root, places: Places, target: Tree | None, activate: bool) -> bool:
-    if not activate or target is None:
-        return root.lstat(LDCONF) is None and not _our_links(root, places) and _link_ok(root, places, False)
-    if not _ldconf_ours(root, places) or not _link_ok(root, places, True):
-        return False
-    return not places.bin_dir or set(_our_links(root, places)) == _wanted_links(root, places, target.manifest)
-
-
-@_os_errors
-def is_installed(root: Root | str | os.PathLike, sha256: str | None, places: Places = Places()) -> bool:
-    """The check: the package `sha256` (None: no driverd user-space) is what `current` points to, its
-    tree intact, no switch pending, and driverd's loader configuration and PATH links are as they must be."""
-    root = _root(root)
-    if root.lstat(places.pending) is not None:
-        return False
-    cur = current(root, places)
-    if sha256 is None:
-        return cur is None and _activation_ok(root, places, None, False)
-    if cur is None or not cur.intact or cur.sha != sha256:
-        return False
-    return _activation_ok(root, places, cur, foreign_userspace(root, places) is None)
+is_installed = _os_errors(_is_installed)
 
 
 # -- install ------------------------------------------------------------------------------------------
@@ -544,7 +414,7 @@ def _apply(root: Root, runner: Runner, places: Places, target: Tree | None, acti
         root.unlink(places.current)
     changed_ld = False
     if activate:
-        if not _ldconf_ours(root, places):
+        if not ldconf_ours(root, places):
             root.atomic_write(LDCONF, places.ldconf_text(), 0o644)
             changed_ld = True
     elif root.lstat(LDCONF) is not None:
@@ -552,19 +422,19 @@ def _apply(root: Root, runner: Runner, places: Places, target: Tree | None, acti
         changed_ld = True
     _ldconfig(root, runner)               # the cache names files of the tree just switched to: always rebuilt
     if places.bin_dir:
-        want = _wanted_links(root, places, target.manifest) if activate and target else set()
+        want = wanted_links(root, places, target.manifest) if activate and target else set()
         if activate and target is not None and target.manifest is not None:
             for name in sorted({b.rpartition("/")[2] for b in target.manifest.binaries} - want):
-                clash = _path_clash(root, places, name)
+                clash = path_clash(root, places, name)
                 where = f"({name} is at {places.current}/bin/{name})"
                 notes.append(f"{clash} is not driverd's: left alone {where}" if clash == f"{places.bin_dir}/{name}"
                              else f"{places.bin_dir}/{name} is not linked: {clash} is on PATH too, and a link would "
                                   f"shadow it or be shadowed by it {where}")
-        mine = _our_links(root, places)
+        mine = our_links(root, places)
         for name in sorted(set(mine) - want):
             root.unlink(f"{places.bin_dir}/{name}")
         # every link is recorded before it is made: a process killed in between leaves a name whose link
-        # is not there, which _our_links ignores
+        # is not there, which our_links ignores
         rec = _read_json(root, places.links_record)
         if (rec or {}).get("links") != sorted(want) and (rec is not None or want):
             root.atomic_write_json(places.links_record, {"bin_dir": places.bin_dir, "links": sorted(want)})
@@ -583,7 +453,7 @@ def _apply(root: Root, runner: Runner, places: Places, target: Tree | None, acti
 def _driver_link(root: Root, places: Places, want: bool) -> list[str]:
     """Make userspace.driver_link (/run/nvidia/driver) driverd's link to `current` when `want` and the name
     is free; remove it when not `want` and it is driverd's. Anything else there is left alone."""
-    state = _link_state(root, places)
+    state = link_state(root, places)
     if state is None:
         return []
     link = places.driver_link
@@ -643,14 +513,14 @@ def _verify(root: Root, places: Places, target: Tree | None, activate: bool) -> 
 
 def _report(root: Root, places: Places, package: str, t: Tree | None, done: _Done | None, *, changed: bool,
             notes: list[str]) -> UserspaceReport:
-    activated = done.activated if done else (t is not None and _ldconf_ours(root, places))
+    activated = done.activated if done else (t is not None and ldconf_ours(root, places))
     replaced = done.replaced if done and done.replaced != (t.sha if t else None) else None
     was = lookup(root, places, replaced) if replaced else None
     return UserspaceReport(
         package, t.sha if t else None, t.version if t else None, places.tree(t.name) if t else None, changed,
         replaced=replaced, replaced_version=was.version if was else None,
         activated=activated, ld_conf=LDCONF if activated else None,
-        bin_links=sorted(f"{places.bin_dir}/{n}" for n in _our_links(root, places)) if places.bin_dir else [],
+        bin_links=sorted(f"{places.bin_dir}/{n}" for n in our_links(root, places)) if places.bin_dir else [],
         libraries=len(t.manifest.libraries) if t and t.manifest else 0, notes=notes)
 
 
@@ -733,7 +603,7 @@ def recover(root: Root | str | os.PathLike, runner: Runner | None = None, *, pla
     _clean(root, places, notes)
     if marker is None:
         # /run is a tmpfs: after a reboot the driver-root link of the user-space in use is made again
-        if _link_state(root, places) == "free" and _ldconf_ours(root, places):
+        if link_state(root, places) == "free" and ldconf_ours(root, places):
             cur = current(root, places)
             if cur is not None and cur.intact and foreign_userspace(root, places) is None:
                 notes += _driver_link(root, places, True)

@@ -102,10 +102,12 @@ def offer(root, cfg, version: str | None, arch: str | None) -> Offer | None:
     there is none to switch to."""
     if not version:
         return None
+    from driverd.driver import userspace as dus
+    from driverd.driver.layout import Places
     from driverd.packages import userspace_install as ui
     arch = arch or os.uname().machine
-    places = ui.Places.from_config(cfg)
-    cur = ui.current(root, places)
+    places = Places.from_config(cfg)
+    cur = dus.current(root, places)
     intact = cur is not None and cur.intact
     try:
         path = local_package(root, cfg, version, arch)
@@ -120,10 +122,10 @@ def offer(root, cfg, version: str | None, arch: str | None) -> Offer | None:
     on_disk = None
     if path is None:
         on_disk = cur.sha if intact and cur.version == version else next(
-            (t.sha for t in ui.trees(root, places) if t.intact and t.sha and t.version == version), None)
+            (t.sha for t in dus.trees(root, places) if t.intact and t.sha and t.version == version), None)
         if on_disk is None and missing is not None:
             raise missing
-    foreign = ui.foreign_userspace(root, places)
+    foreign = dus.foreign_userspace(root, places)
     source = f"userspace.package ({path})" if path else "packages.repositories" if missing is None else \
         f"the installed tree ({missing.message})"
     return Offer(version, arch, str(path) if path else None, _sha(path) if path else None, source,

@@ -115,7 +115,7 @@ def test_the_workload_checks_loader_path_stays_inside_the_root(tmp_path, pk, mon
     assert not os.path.lexists(h / LINK)                   # userspace.driver_link = none: no link
     (h / "run/nvidia").mkdir(parents=True)
     os.symlink(f"{UROOT}/current", h / LINK)               # absolute: counted as driverd's, resolved under the root
-    assert ui._link_state(root, ui.Places()) == "ours"
+    assert ui.link_state(root, ui.Places()) == "ours"
     seen = {}
 
     def popen(argv, **kw):
