@@ -8,7 +8,9 @@ import json
 import sys
 import time
 
+from driverd.cli.cluster_output import _cells, _fmt, _print, _rollout_name, _shown, _yaml
 from driverd.cli.options import add_flavor
+from driverd.cli.rollout_status import _exit, _human_status, status_doc
 
 KUBECTL_EPILOG = """\
 examples:
@@ -180,50 +182,6 @@ def _kube(args):
                 connect_timeout_s=5)
 
 
-def _fmt(args) -> str:
-    return args.output or ("json" if getattr(args, "json", False) else "table")
-
-
-def _shown(text: object, keep: str = "") -> str:
-    """What a node wrote (its reason, message, driver annotations: any holder of that node's credential
-    writes them) as a terminal may show it: control and format characters — escape sequences that move
-    the cursor, retitle the window or hide lines, bidirectional overrides — written as \\xNN / \\uNNNN
-    instead of being sent to the terminal. `keep`: the line breaks of driverd's own layout."""
-    import unicodedata
-    out = []
-    for ch in str(text):
-        if ch in keep or unicodedata.category(ch)[0] != "C":
-            out.append(ch)
-        else:
-            n = ord(ch)
-            out.append(f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}")
-    return "".join(out)
-
-
-def _cells(rows: list[list]) -> list[list[str]]:
-    return [[_shown(c) for c in r] for r in rows]
-
-
-def _print(args, data, human, *, wide=None, names: list[str] | None = None) -> None:
-    """-o: json, yaml, name (`names`, KIND/NAME lines), wide (`wide`, else the table), table (`human`)."""
-    f = _fmt(args)
-    if f == "json":
-        print(json.dumps(data, indent=2, sort_keys=True, default=str))
-    elif f == "yaml":
-        import yaml
-        print(yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip())
-    elif f == "name" and names is not None:
-        if names:
-            print("\n".join(names))
-    else:
-        h = wide if f == "wide" and wide is not None else human
-        print(_shown(h(data) if callable(h) else h, keep="\n"))
-
-
-def _rollout_name(name: str) -> str:
-    return f"driverrollout.driverd.io/{name}"
-
-
 def cmd_start(ctx, args) -> int:
     from driverd.cluster import model as m
     from driverd.cluster.kube import KubeError, rollout_path
@@ -318,78 +276,6 @@ def _pick(kube, name: str | None) -> dict:
     return max(items, key=lambda o: o["metadata"].get("creationTimestamp", ""))
 
 
-NO_STATUS_AFTER_S = 30        # a rollout without any status this long after its creation: no coordinator runs
-
-
-def _age_s(obj: dict) -> float:
-    import time
-
-    from driverd.cluster.kube import parse_time
-    created = parse_time((obj.get("metadata") or {}).get("creationTimestamp"))
-    return max(0.0, time.time() - created) if created else 0.0
-
-
-def status_doc(rollout: dict, nodes: list[dict]) -> dict:
-    from driverd.cluster import model as m
-    try:
-        r = m.Rollout.from_object(rollout)
-        targets = [n for n in nodes if r.selects(n["metadata"].get("labels") or {})]
-    except m.SpecError:
-        targets = []
-    views = sorted((m.NodeView.from_node(n) for n in targets), key=lambda v: v.name)
-    name = rollout["metadata"]["name"]
-    st = rollout.get("status") or {}
-    reason, message = st.get("reason", ""), st.get("message", "")
-    if not st and _age_s(rollout) > NO_STATUS_AFTER_S:
-        # nobody coordinates: the coordinator writes every rollout's status within seconds (issue 44: its own
-        # Deployment, on no GPU node)
-        reason = "NoCoordinator"
-        message = (f"no coordinator has written this rollout's status in {int(_age_s(rollout))}s: is deploy/'s "
-                   "coordinator running? `kubectl -n driverd get deploy driverd-coordinator` (it runs on no GPU "
-                   "node; `kubectl -n driverd get lease driverd-rollout` names its holder)")
-    return {"rollout": name, "driver": rollout["spec"].get("driver"), "flavor": rollout["spec"].get("flavor", "auto"),
-            "phase": st.get("phase", "Pending"), "reason": reason, "message": message,
-            "counts": st.get("nodes") or {}, "preflightFailures": st.get("preflightFailures") or [],
-            "nodes": [{"node": v.name, "state": v.state if v.in_rollout_name(name) else m.IDLE,
-                       "driver": v.driver, "flavor": v.flavor, "reason": v.reason, "message": v.message,
-                       "since": v.since, "cordonedByUs": v.cordoned_by_us, "attempt": v.attempt}
-                      for v in views]}
-
-
-def _human_status(d: dict, wide: bool = False) -> str:
-    from driverd.cli.output import table
-    from driverd.cluster.states import FAILED
-    c = d["counts"]
-    head = _shown(f"rollout {d['rollout']}: driver {d['driver']} ({d['flavor']}) — {d['phase']}"
-                  + (f" ({d['reason']})" if d["reason"] and d["reason"] != d["phase"] else "")
-                  + (f"\n  {d['message']}" if d["message"] else ""), keep="\n")
-    if wide:        # the whole message, and what -o table leaves out
-        rows = [["NODE", "STATE", "DRIVER", "FLAVOR", "REASON", "SINCE", "ATTEMPT", "CORDONED", "MESSAGE"]]
-        rows += [[n["node"], n["state"], n["driver"] or "-", n["flavor"] or "-", n["reason"] or "-",
-                  n["since"] or "-", str(n["attempt"] or "-"), "yes" if n["cordonedByUs"] else "no",
-                  " ".join((n["message"] or "-").split())] for n in d["nodes"]]
-    else:
-        rows = [["NODE", "STATE", "DRIVER", "FLAVOR", "REASON", "SINCE"]]
-        rows += [[n["node"], n["state"], n["driver"] or "-", n["flavor"] or "-",
-                  (n["reason"] + (": " + n["message"] if n["state"] == FAILED and n["message"] else ""))[:100] or "-",
-                  n["since"] or "-"] for n in d["nodes"]]
-    summary = (f"  {c.get('done', 0)}/{c.get('total', len(d['nodes']))} done, {c.get('upgrading', 0)} upgrading, "
-               f"{c.get('pending', 0)} pending, {c.get('failed', 0)} failed"
-               + (f", {c.get('skipped')} skipped" if c.get("skipped") else "")
-               + (f", {c.get('excluded')} excluded" if c.get("excluded") else ""))
-    pre = "".join(f"\n  preflight: {_shown(p['node'])}: {_shown(p['reason'])}" for p in d["preflightFailures"][:10])
-    return head + "\n" + table(_cells(rows)) + "\n" + summary + pre
-
-
-def _exit(d: dict, *, ended_only: bool = False) -> int:
-    """0 for a rollout that is fine (status) or Completed (wait), else 3; a rollout that matched no
-    node is not a success (the selector is probably wrong). Phases come from cluster/states.py."""
-    from driverd.cluster.states import PHASES
-    phase = PHASES.get(d["phase"])
-    ok = phase is not None and (phase.name == "Completed" if ended_only else phase.ok)
-    return 0 if ok and d["reason"] != "NoTargets" else 3
-
-
 def cmd_status(ctx, args) -> int:
     from driverd.cluster.kube import node_path
     kube = _kube(args)
@@ -443,11 +329,6 @@ def _watch_status(kube, args, name: str) -> int:
     finally:
         ro.close()
         nodes.close()
-
-
-def _yaml(d) -> str:
-    import yaml
-    return yaml.safe_dump(d, sort_keys=False).rstrip()
 
 
 def cmd_verb(ctx, args) -> int:

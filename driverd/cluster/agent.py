@@ -23,14 +23,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from driverd.apply.preflight import driver_config
 from driverd.cluster import events
-from driverd.cluster.admission import A_CANARY_APPROVED
 from driverd.cluster import model as m
 from driverd.cluster import operator_components as oc
 from driverd.cluster import pools as pl
-from driverd.cluster import schedulable as sched
 from driverd.cluster import states
+from driverd.cluster.agent_admission import NodeAdmission
+from driverd.cluster.agent_finish import A_BOOT, CONDITION, NodeFinish
 from driverd.cluster.drain import DrainPlan, plan_drain
 from driverd.cluster.gpuusers import PodUse
 from driverd.cluster.informer import Informer
@@ -48,8 +47,6 @@ from driverd.cluster.kube import (
     rollout_path,
 )
 
-A_BOOT = m.PREFIX + "boot-id"
-CONDITION = "GPUDriverReady"
 EVICT_RETRY_S = 5.0          # the longest wait between two eviction rounds (the backoff's cap)
 EVICT_FIRST_S = 0.25         # the first wait; doubled after every round that left pods behind
 # While a node is evicting, its pods are watched (a list, then a watch): the drain goes on as soon as
@@ -58,7 +55,9 @@ EVICT_FIRST_S = 0.25         # the first wait; doubled after every round that le
 DRAIN_WATCH_S = (30, 60)
 
 
-class NodeAgent:
+# The admission side (agent_admission.py) and the finish (agent_finish.py) are mixins of their own; the
+# drain stays here, as tests tune its pace through this module's EVICT_* settings.
+class NodeAgent(NodeAdmission, NodeFinish):
     _pod_watch = None           # the node's pods while it evicts (see _watched_pods)
 
     def __init__(self, kube: Kube, node: str, *, cfg, log: Callable[[str], None], make_context: Callable | None = None,
@@ -291,17 +290,6 @@ class NodeAgent:
             self.event(new, reason, message, warning=warning)
         return new
 
-    def condition(self, ready: bool, reason: str, message: str) -> None:
-        """The Node condition GPUDriverReady (status subresource, merged by type as the kubelet's own
-        conditions are): True while a validated driver runs, False while it is being replaced."""
-        now = now_rfc3339(self.clock())
-        cond = {"type": CONDITION, "status": "True" if ready else "False", "reason": reason,
-                "message": message[:1000], "lastTransitionTime": now, "lastHeartbeatTime": now}
-        try:
-            self.kube.patch(node_path(self.node) + "/status", {"status": {"conditions": [cond]}}, kind="strategic")
-        except KubeError as e:
-            self.log(f"driverd cluster: cannot set the {CONDITION} condition: {e.one_line()}")
-
     def event(self, node: dict, reason: str, message: str, *, warning: bool = False) -> None:
         involved = {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": (node.get("metadata") or {}).get("uid")}
         events.record(self.kube, involved, reason, message, warning=warning, instance=self.node, log=self.log,
@@ -310,236 +298,6 @@ class NodeAgent:
     def _elapsed(self, v: m.NodeView) -> float:
         t = parse_time(v.since)
         return 0.0 if t is None else max(0.0, self.clock() - t)
-
-    # -- preflight (idle/done/failed) ------------------------------------------------------------------
-    def _preflight(self, v: m.NodeView) -> float | None:
-        """Answer the preflight of the oldest unfinished rollout that selects this node, once per
-        rollout generation: can this node take the target, and does it need to?"""
-        for obj in sorted(self.rollouts.snapshot(), key=m.oldest_first):
-            try:
-                r = m.Rollout.from_object(obj)
-            except m.SpecError:
-                continue
-            # an ended rollout (for its current spec) or one being deleted holds no node; a pool's rollout
-            # takes its pool's members only, any other rollout nodes in no pool
-            if m.ended(obj) or r.deleting or not pl.takes(obj, v.labels, self.pool_list()):
-                continue
-            if (v.preflight or {}).get("rollout") == r.key:
-                return None
-            node = self.nodes.get(self.node)
-            try:
-                plan = self._drain_plan(r)
-            except ClusterError as e:
-                self.log(f"driverd cluster: preflight of {r.name}: cannot list the node's pods: {e.one_line()}")
-                return 5.0
-            answer = self.host.preflight(self.cfg, r.key, r.driver, r.flavor,
-                                         leaving=plan.leaving, staying=plan.staying)
-            if not answer["ok"]:
-                # The pods were listed before the host's GPU users were read: a pod that started in
-                # between (a DaemonSet pod coming back, say) holds the GPU but is in no list, so it
-                # looks like a process outside any pod. Judge once more against a fresh list.
-                try:
-                    again = self._drain_plan(r)
-                except ClusterError:
-                    again = plan
-                if (again.leaving, again.staying) != (plan.leaving, plan.staying):
-                    answer = self.host.preflight(self.cfg, r.key, r.driver, r.flavor,
-                                                 leaving=again.leaving, staying=again.staying)
-            patch = {"metadata": {"annotations": {m.A_PREFLIGHT: json.dumps(answer, sort_keys=True)}}}
-            self.nodes.put(self.kube.patch(node_path(self.node), patch))
-            if not answer["ok"] and self.events:
-                self.event(node, "PreflightFailed", "; ".join(answer["reasons"]), warning=True)
-            return None
-        return None
-
-    def _sync_labels(self, node: dict, v: m.NodeView) -> None:
-        """Node labels say what is loaded (and whether it is validated), from the host's facts."""
-        loaded = self.host.loaded(self.cfg)
-        wl = self.workload
-        usable = bool(loaded) and (wl is None or wl[0])
-        want = {m.L_VERSION: loaded["version"] if loaded else None, m.L_FLAVOR: loaded["flavor"] if loaded else None}
-        if v.state not in m.ACTIVE:
-            want[m.L_READY] = "true" if usable else None
-        patch: dict = {}
-        if any(v.labels.get(k) != val for k, val in want.items()):
-            patch["labels"] = want
-        if self.waiting is not None and v.waiting != self.waiting[:1000]:
-            patch["annotations"] = {m.A_WAITING: self.waiting[:1000] or None}
-        if patch:
-            self.nodes.put(self.kube.patch(node_path(self.node), {"metadata": patch}))
-        conds = {c.get("type"): c for c in (node.get("status") or {}).get("conditions") or []}
-        have = conds.get(CONDITION) or {}
-        if not loaded:
-            reason, message = "NoDriver", "no NVIDIA driver is loaded"
-        elif not usable:
-            reason, message = "NotWorkloadReady", f"driver {loaded['version']} ({loaded['flavor']}) loaded, not " \
-                f"workload-ready: {wl[1]}"
-        else:
-            reason, message = "DriverLoaded", f"driver {loaded['version']} ({loaded['flavor']}) loaded" + \
-                (", workload-ready" if wl else "")
-        status = "True" if usable else "False"
-        if v.state not in m.ACTIVE and (have.get("status"), have.get("reason"), have.get("message")) != \
-                (status, reason, message[:1000]):
-            self.condition(usable, reason, message)
-
-    # -- admitted → cordoned --------------------------------------------------------------------------
-    def _admission_problem(self, v: m.NodeView) -> str | None:
-        """Why this node's admission is not one to act on; None when it is. An admission must name a
-        live DriverRollout (this object: name and uid) that has not ended, selects this node, installs
-        exactly the admission's target, and whose preflight this node answered yes to. The admission
-        policy lets only the Lease holder write another node's admission; this is the node's own check
-        of what was written (by hand, by a node that took the Lease, or for a rollout edited since)."""
-        name, _, rest = (v.rollout or "").partition("/")
-        uid = rest.partition("/")[0]
-        if not name:
-            return "it names no rollout"
-        obj = self.rollouts.get(name)
-        if obj is None:
-            return f"no DriverRollout {name} exists"
-        md = obj.get("metadata") or {}
-        if uid and md.get("uid") != uid:
-            return f"DriverRollout {name} is another object (uid {md.get('uid')}, the admission names {uid})"
-        try:
-            r = m.Rollout.from_object(obj)
-        except m.SpecError as e:
-            return f"DriverRollout {name} cannot be carried out: {e.one_line()}"
-        # (an aborted or deleted one is given back by tick(), like every node it holds)
-        if m.ended(obj) and (md.get("annotations") or {}).get(m.A_ABORT) != "true" and not md.get("deletionTimestamp") \
-                and (obj.get("status") or {}).get("phase") != pl.SUPERSEDED:
-            # an operator's retry reopens an ended rollout: the coordinator writes its status before
-            # the admission, but our watch of the rollouts may show it after our watch of the Node
-            fresh = self._fresh_rollout(name)
-            if fresh is None or m.ended(fresh):
-                return f"rollout {name} has ended ({((fresh or obj).get('status') or {}).get('phase')})"
-        if not r.selects(v.labels):
-            return f"rollout {name} does not select this node"
-        if not pl.takes(obj, v.labels, self.pool_list()):
-            own = pl.owner(obj)
-            return (f"the node is not a member of pool {own[0]} alone, whose rollout {name} is" if own else
-                    f"the node belongs to a DriverPool: only its pool's rollouts take it, not {name}")
-        if v.target != r.target:
-            return f"rollout {name} installs {r.target}, not {v.target or '(no target)'}"
-        pre = v.preflight or {}
-        if pre.get("rollout") != v.rollout or not pre.get("ok"):
-            return (f"this node's preflight answer for {v.rollout} is " +
-                    ("a refusal" if pre.get("rollout") == v.rollout else "missing"))
-        return None
-
-    def _fresh_rollout(self, name: str) -> dict | None:
-        """The rollout as the API server has it now (a list by name: the daemons' RBAC lists and
-        watches rollouts, it does not get them), put into the watch's cache."""
-        items = self.kube.list(rollout_path(), fields=f"metadata.name={name}").get("items") or []
-        if items:
-            self.rollouts.put(items[0])
-        return items[0] if items else None
-
-    def _beyond_limits(self, v: m.NodeView, r: m.Rollout) -> str | None:
-        """Why acting on this admission would break the rollout's own rules, as this node can see them
-        (issue 44): the admission policy lets the Lease holder admit nodes, and a node that took the Lease
-        could admit a whole pool at once. Read fresh from the API server (the coordinator admits from a
-        view newer than this agent's cache), and counted so that a coordinator's own admission always
-        passes: the nodes of this rollout other than this one that are being upgraded stay below
-        maxParallel and maxUnavailable, a canary that waits for `rollout resume` takes no more nodes, and
-        a rollout the coordinator wrote paused (a canary done, spec.paused) admits none."""
-        obj = self._fresh_rollout(r.name)
-        if obj is None:
-            return None                   # deleted meanwhile: tick() gives the node back as aborted
-        st, ann = obj.get("status") or {}, (obj.get("metadata") or {}).get("annotations") or {}
-        approved = ann.get(A_CANARY_APPROVED) == "true"
-        if st.get("phase") == "Paused" and (st.get("reason") == "PausedBySpec" and (obj.get("spec") or {}).get("paused")
-                                            or st.get("reason") == "CanaryDone" and not approved):
-            return f"rollout {r.name} is paused ({st.get('reason')})"
-        views = [m.NodeView.from_node(n) for n in self.kube.list(node_path()).get("items") or []]
-        mine = [w for w in views if w.name != v.name and w.in_rollout(r)]
-        busy = sorted(w.name for w in mine if w.active)
-        shown = ", ".join(busy[:5]) + (f" and {len(busy) - 5} more" if len(busy) > 5 else "")
-        if len(busy) >= r.max_parallel:
-            return f"{len(busy)} other node(s) of rollout {r.name} are being upgraded ({shown}); its maxParallel is " \
-                   f"{r.max_parallel}"
-        limit = r.unavailable_limit(sum(1 for w in views if r.selects(w.labels)))
-        if len(busy) >= limit:
-            return f"{len(busy)} other node(s) of rollout {r.name} are being upgraded ({shown}); its maxUnavailable " \
-                   f"allows {limit}"
-        if r.canary and not approved and r.canary_soak_s is None:
-            taken = sorted(w.name for w in mine if w.active or (w.state in (m.DONE, m.FAILED) and w.target == r.target))
-            if len(taken) >= r.canary:
-                return (f"rollout {r.name}'s {r.canary} canary node(s) are taken ({', '.join(taken[:5])}); the rest "
-                        f"waits for `kubectl driverd rollout resume {r.name}`")
-        return None
-
-    def _reject_admission(self, node: dict, v: m.NodeView, why: str) -> float | None:
-        """Hand an admission back without touching the host: the node is recorded failed
-        (AdmissionRejected), out of any rollout, its daemon's reconciles pinned to the driver it runs
-        now (not to the config's, not to what the admission wrote), with a Warning naming the writer."""
-        ann = node["metadata"].get("annotations") or {}
-        by = ann.get(m.A_ADMITTED_BY)
-        writer = (f"admitted by {by} (driverd.io/admitted-by, which the admission policy holds to the writer's "
-                  "own token)" if by else "not written by a live rollout's coordinator (no driverd.io/admitted-by)")
-        last = _writer(node, m.A_STATE)
-        loaded = self.host.loaded(self.cfg)
-        pinned = f"{loaded['version']}/{loaded['flavor']}" if loaded else None
-        message = (f"admission to {v.target or '(no target)'} for rollout {v.rollout or '(none)'} not acted on: {why}; "
-                   f"{writer}" + (f"; managedFields: {last}" if last else "") +
-                   f"; nothing was cordoned, drained or installed, the node keeps "
-                   f"{'driver ' + pinned if pinned else 'its configured driver'}")
-        try:
-            self._to(node, m.FAILED, "AdmissionRejected", message, warning=True, precondition=True,
-                     ann={m.A_ROLLOUT: None, m.A_TARGET: None, m.A_PREVIOUS: None, m.A_ADMITTED_BY: None,
-                          m.A_CORDONED: None, m.A_PINNED: pinned})
-        except KubeError as e:
-            if e.conflict:        # written again meanwhile: judge the new record
-                return 0
-            raise
-        return None
-
-    def _cordon(self, node: dict, v: m.NodeView, r: m.Rollout) -> float | None:
-        why = self._admission_problem(v)
-        if why:
-            return self._reject_admission(node, v, why)
-        beyond = self._beyond_limits(v, r)
-        if beyond:
-            # nothing touched, nothing failed: a coordinator that admitted in good faith admits the node
-            # again once the rollout allows it; a forged one has moved nothing
-            by = (node["metadata"].get("annotations") or {}).get(m.A_ADMITTED_BY) or "an unnamed writer"
-            return self._give_back(node, v, "AdmissionBeyondLimits", f"admission by {by} not acted on: {beyond}; "
-                                   "nothing was cordoned, drained or installed", warning=True)
-        drop_ready = {m.L_READY: None}
-        # what the scheduler can place on the node now: `validating` waits for it to be back
-        before = sched.encode(sched.counts(node, sched.node_slices(self.kube, self.node)))
-        try:
-            if v.unschedulable and not v.cordoned_by_us:
-                self._to(node, m.CORDONED, "AlreadyCordoned", "the node was already cordoned (not by driverd): it "
-                         "stays cordoned after the upgrade", ann={m.A_CORDONED: "false", m.A_GPUS_BEFORE: before},
-                         labels=drop_ready, precondition=True)
-            else:
-                self._to(node, m.CORDONED, "Cordoned", f"cordoned for the upgrade to {r.driver}",
-                         ann={m.A_CORDONED: "true", m.A_GPUS_BEFORE: before}, spec={"unschedulable": True},
-                         labels=drop_ready, precondition=True)
-        except KubeError as e:
-            if e.conflict:        # the node changed under us (an admin's cordon?): look again
-                return 0
-            raise
-        self.condition(False, "Upgrading", f"being upgraded to {r.driver} by rollout {r.name}")
-        return 0
-
-    def _after_cordon(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
-        if r.jobs_selector:
-            self._to(node, m.WAITING, "WaitingForJobs", f"waiting up to {r.jobs_timeout_s}s for pods "
-                     f"{r.jobs_selector!r} on the node to finish")
-        else:
-            self._to(node, m.EVICTING, "Evicting", "evicting the GPU pods through the Eviction API")
-        return 0
-
-    # -- waiting-for-jobs -----------------------------------------------------------------------------
-    def _wait_jobs(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
-        pods = self._pods(r.jobs_selector)
-        running = [p for p in pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
-        if running and self._elapsed(v) < r.jobs_timeout_s:
-            return min(10.0, r.jobs_timeout_s - self._elapsed(v) + 0.1)
-        msg = "no job pods left" if not running else (
-            f"{len(running)} job pod(s) still running after {r.jobs_timeout_s}s ({_refs(running)}): evicting them")
-        self._to(node, m.EVICTING, "Evicting", msg + "; evicting the GPU pods through the Eviction API")
-        return 0
 
     # -- evicting ---------------------------------------------------------------------------------------
     def _pods(self, labels: str | None = None, *, retry: bool = True) -> list[dict]:
@@ -604,27 +362,6 @@ class NodeAgent:
         rounds = rounds + 1 if since == v.since else 1
         self._drain_round = (v.since, rounds)
         return min(EVICT_RETRY_S, EVICT_FIRST_S * 2 ** (rounds - 1))
-
-    def _not_back(self, node: dict) -> list[str]:
-        """The DaemonSets whose pods left with the driver (recorded at the drain) that have no Ready pod on
-        the node again, in words. The kubelet publishes a plugin's leaving and return in its next status
-        (up to 10 s): its count alone read the old plugin's devices as back (seen on the real kubelet)."""
-        try:
-            left = json.loads(((node.get("metadata") or {}).get("annotations") or {}).get(m.A_LEFT_WITH) or "[]")
-        except ValueError:
-            return []
-        if not isinstance(left, list) or not left:
-            return []
-        pods = self.kube.list(pods_path(), fields=f"spec.nodeName={self.node}").get("items") or []
-        out = []
-        for ref in left:
-            ns, _, name = str(ref).partition("/")
-            mine = [p for p in pods if (p.get("metadata") or {}).get("namespace") == ns and any(
-                o.get("kind") == "DaemonSet" and o.get("name") == name for o in p["metadata"].get("ownerReferences") or [])]
-            if not any(_ready_pod(p) for p in mine):
-                out.append(f"DaemonSet {ref}: " + (f"its pod {mine[0]['metadata'].get('name')} is not Ready yet" if mine
-                                                  else "no pod on the node yet"))
-        return out
 
     def _evict(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
         """One eviction round. Every way a pod can stay counts against spec.drain.timeoutSeconds: a
@@ -767,145 +504,6 @@ class NodeAgent:
             raise
         return EVICT_FIRST_S
 
-    def _restore_components(self, node: dict) -> float:
-        """A free node that still records paused components (its upgrade ended without restoring them:
-        the record was edited by hand, or left by another version): they come back now."""
-        labels, ann, keys = oc.restore(node["metadata"].get("labels") or {}, node["metadata"].get("annotations"))
-        patch = {"metadata": {"annotations": ann, "labels": labels}}
-        new = self.kube.patch(node_path(self.node), patch)
-        self.nodes.put(new)
-        message = (f"GPU Operator components back: {oc.names(keys)}" if keys else
-                   "no paused GPU Operator component left to restore") + " (their pause outlived the upgrade)"
-        self.log(f"driverd cluster: node {self.node}: {message}")
-        if self.events and keys:
-            self.event(new, "RestoredOperatorComponents", message)
-        return 0
-
-    # -- the node transaction ---------------------------------------------------------------------------
-    def _transact(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
-        cfg = driver_config(self.cfg, r.driver, r.flavor, source=f"rollout {r.key}")
-        res = self.host.transact(cfg)
-        node, v = self.view()
-        if res.converged:
-            self._to(node, m.VALIDATING, "Validating", f"driver {res.loaded['version']} ({res.loaded['flavor']}) "
-                     "loaded and validated on the host; waiting for the node to be Ready")
-            return 0
-        if res.state == "reboot-required":
-            self._to(node, m.REBOOT, "RebootRequired", res.reason + " (the reboot sentinel /var/run/reboot-required "
-                     "is set for the cluster's reboot coordinator, e.g. kured)", ann={A_BOOT: self.host.boot_id(cfg)},
-                     warning=True)
-            return None
-        reason = {"rolled-back": "RolledBack", "rollback-failed": "RollbackFailed", "blocked": "TransactionBlocked",
-                  "lock": "HostLocked", "validation": "ValidationFailed"}.get(res.failure or "", "TransactionFailed")
-        return self._fail(node, v, reason, res.reason)
-
-    def _after_reboot(self, node: dict, v: m.NodeView, r: m.Rollout) -> float | None:
-        before = (node["metadata"].get("annotations") or {}).get(A_BOOT) or ""
-        now = self.host.boot_id(self.cfg)
-        if before == now and (now or self._reboot_checked):
-            return None          # not rebooted yet: the reboot coordinator's turn
-        # a new boot, or no boot id to tell (then the transaction says whether a reboot is still due,
-        # once per daemon start: a daemon starts again after a reboot)
-        self._reboot_checked = True
-        self._to(node, m.UNLOADING, "Rebooted", f"the node rebooted; finishing the upgrade to {r.driver}")
-        return 0
-
-    # -- validating → done ---------------------------------------------------------------------------------
-    def _validate(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
-        if not v.ready:
-            if self._elapsed(v) < r.validation_timeout_s:
-                return min(5.0, r.validation_timeout_s - self._elapsed(v) + 0.1)
-            return self._fail(node, v, "NodeNotReady", f"the driver is loaded but the node was not Ready within "
-                              f"{r.validation_timeout_s}s (kubelet not posting Ready)")
-        loaded = self.host.loaded(self.cfg)
-        if loaded is None or loaded["version"] != r.driver:
-            return self._fail(node, v, "ValidationFailed", f"the node runs {loaded['version'] if loaded else 'no driver'}"
-                              f", not {r.driver}")
-        before = sched.decode((node["metadata"].get("annotations") or {}).get(m.A_GPUS_BEFORE))
-        if before:
-            # done means its GPUs can be scheduled again. The device plugin (or DRA plugin) comes back with
-            # the driver-ready label and the GPU Operator's component labels (their DaemonSets select
-            # them; DaemonSet pods ignore the cordon): those first, the cordon stays until the count is back
-            back, back_ann, said = _restored(node)
-            if v.labels.get(m.L_READY) != "true" or back:
-                new = self.kube.patch(node_path(self.node), {"metadata": {
-                    "labels": {m.L_READY: "true", **back}, "annotations": back_ann}})
-                self.nodes.put(new)
-                self.log(f"driverd cluster: node {self.node}: validating: driver validated; its GPU DaemonSets may "
-                         f"come back (driverd.io/driver-ready=true{said})")
-                if said and self.events:
-                    self.event(new, "RestoredOperatorComponents", f"driver validated{said}; the node stays cordoned "
-                               "until its GPUs are schedulable again")
-                return 0
-            short = self._not_back(node) + sched.shortfall(
-                before, sched.counts(node, sched.node_slices(self.kube, self.node) if sched.DRA_KEY in before else []))
-            if short:
-                if self._elapsed(v) < r.validation_timeout_s:
-                    self._say(node, v, "WaitingForGPUs", "driver validated; waiting for the node's GPUs to be "
-                              "schedulable again: " + "; ".join(short))
-                    return min(5.0, r.validation_timeout_s - self._elapsed(v) + 0.1)
-                return self._fail(node, v, "GPUsNotSchedulable", "; ".join(short) + f" after "
-                                  f"{r.validation_timeout_s}s (spec.validation.timeoutSeconds): the device plugin or "
-                                  "the DRA kubelet plugin did not come back with the driver")
-        spec = {"unschedulable": None} if v.cordoned_by_us else None
-        back, back_ann, said = _restored(node)
-        self._to(node, m.DONE, "Upgraded", f"driver {loaded['version']} ({loaded['flavor']}) validated"
-                 + ("; uncordoned" if v.cordoned_by_us else "; left cordoned: it was cordoned before driverd") + said,
-                 ann={m.A_CORDONED: None, m.A_GPUS_BEFORE: None, m.A_LEFT_WITH: None, **back_ann}, spec=spec,
-                 labels={m.L_VERSION: loaded["version"], m.L_FLAVOR: loaded["flavor"], m.L_READY: "true", **back})
-        self.condition(True, "DriverValidated", f"driver {loaded['version']} ({loaded['flavor']}) loaded and validated")
-        return None
-
-    # -- endings that give the node back --------------------------------------------------------------------
-    def _fail(self, node: dict, v: m.NodeView, reason: str, message: str) -> float | None:
-        """The node leaves the rollout failed. The daemon's own reconciles are pinned to the driver
-        that runs *now* (driverd.io/pinned-driver): after a rollback that is the previous one, after
-        a driver that loaded but left the node NotReady it is the new one — changing it again is a
-        decision for an admitted retry or a new rollout, never for the periodic reconcile."""
-        loaded = self.host.loaded(self.cfg)
-        labels = {m.L_VERSION: loaded["version"] if loaded else None,
-                  m.L_FLAVOR: loaded["flavor"] if loaded else None, m.L_READY: "true" if loaded else None}
-        spec = {"unschedulable": None} if v.cordoned_by_us else None
-        pinned = f"{loaded['version']}/{loaded['flavor']}" if loaded else None
-        back, back_ann, said = _restored(node)
-        self._to(node, m.FAILED, reason, message + ("; uncordoned" if v.cordoned_by_us else "") + said,
-                 ann={m.A_CORDONED: None, m.A_GPUS_BEFORE: None, m.A_LEFT_WITH: None, m.A_PINNED: pinned, **back_ann},
-                 spec=spec,
-                 labels={**labels, **back},
-                 warning=True)
-        self.condition(bool(loaded), reason, (f"the upgrade failed; driver {loaded['version']} runs: " if loaded
-                                              else "the upgrade failed and no driver is loaded: ") + message)
-        return None
-
-    def _give_back(self, node: dict, v: m.NodeView, reason: str, message: str, *,
-                   warning: bool = False) -> float | None:
-        spec = {"unschedulable": None} if v.cordoned_by_us else None
-        back, back_ann, said = _restored(node)
-        self._to(node, m.IDLE, reason, message + ("; uncordoned" if v.cordoned_by_us else "") + said,
-                 ann={m.A_CORDONED: None, m.A_GPUS_BEFORE: None, m.A_LEFT_WITH: None, **back_ann}, spec=spec,
-                 labels={m.L_READY: "true", **back}, warning=warning)
-        self.condition(True, reason, message)
-        return None
-
-
-def _ready_pod(p: dict) -> bool:
-    st = p.get("status") or {}
-    return st.get("phase") == "Running" and not (p.get("metadata") or {}).get("deletionTimestamp") and any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
-
-
-def _restored(node: dict) -> tuple[dict, dict, str]:
-    """What ends the pause of the GPU Operator's components, for the patch that ends the node's
-    upgrade (done, failed, given back): labels, annotations, and words for the message."""
-    md = node.get("metadata") or {}
-    back, back_ann, keys = oc.restore(md.get("labels") or {}, md.get("annotations"))
-    return back, back_ann, (f"; GPU Operator components back: {oc.names(keys)}" if keys else "")
-
-
-def _refs(pods: list[dict]) -> str:
-    return ", ".join(f"{p['metadata'].get('namespace')}/{p['metadata']['name']}" for p in pods[:5]) + \
-        (f" and {len(pods) - 5} more" if len(pods) > 5 else "")
-
 
 def _pdb_words(e: KubeError) -> str:
     """Kubernetes' own words for a refused eviction: the DisruptionBudget cause names the PDB."""
@@ -914,12 +512,4 @@ def _pdb_words(e: KubeError) -> str:
     return "; ".join(named) or e.api_message
 
 
-def _writer(node: dict, annotation: str) -> str:
-    """Who last wrote `annotation` of the Node, as far as the API tells: the managedFields entry that
-    owns it (the manager's name is what the writing client called itself; the time is the server's)."""
-    key = "f:" + annotation
-    for e in (node.get("metadata") or {}).get("managedFields") or []:
-        if key in (((e.get("fieldsV1") or {}).get("f:metadata") or {}).get("f:annotations") or {}):
-            return f"{annotation} last written by manager {e.get('manager')!r} ({e.get('operation')}" + \
-                (f" of {e['subresource']}" if e.get("subresource") else "") + f", {e.get('time')})"
-    return ""
+__all__ = ["A_BOOT", "CONDITION", "DRAIN_WATCH_S", "EVICT_FIRST_S", "EVICT_RETRY_S", "NodeAgent"]

@@ -25,36 +25,33 @@ from typing import Any
 from driverd.errors import RuntimeConfigError
 from driverd.root import Root
 from driverd.runtime import adopt, textblock, tomldoc
-from driverd.runtime.base import Runtime, dig, first, read_toml
+from driverd.runtime.base import Runtime, first
+from driverd.runtime.containerd_detect import (
+    _K3S_BIN,
+    containerd_cdi,
+    containerd_default_runtime,
+    containerd_handlers,
+    handler_table,
+)
+from driverd.runtime.containerd_tables import (
+    CDI_DIRS,
+    CRI_PLUGIN,
+    DEFAULT_RUNC,
+    adoption_fixes,
+    binaries,
+    config_version,
+    deep_merge,
+    derive,
+    handler_key,
+    legacy_default,
+    parse_version,
+    runc_family,
+    runs,
+)
 from driverd.runtime.model import CdiFacts, Change, ChangeReport, FileEdit, Options, RuntimeFacts
 
-CRI_PLUGIN = {1: ["plugins", "cri"], 2: ["plugins", "io.containerd.grpc.v1.cri"],
-              3: ["plugins", "io.containerd.cri.v1.runtime"]}
-RUNC_V2 = "io.containerd.runc.v2"
-LINUX_V1 = "io.containerd.runtime.v1.linux"      # containerd 1.x's v1 shim: options are RuncOptions
-RUNC_TYPES = (RUNC_V2, "io.containerd.runc.v1", LINUX_V1)
-DEFAULT_RUNC = {"runtime_type": RUNC_V2}
-CDI_DIRS = ["/etc/cdi", "/var/run/cdi"]
 K3S_DIRS = ("/var/lib/rancher/k3s/agent/etc/containerd/", "/var/lib/rancher/rke2/agent/etc/containerd/")
 _VERSION_RE = re.compile(r"^\s*version\s*=\s*(\S+)", re.M)
-
-
-def parse_version(text: str | None) -> tuple[int, int] | None:
-    m = re.match(r"v?(\d+)\.(\d+)", text or "")
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def config_version(doc: dict, path: str) -> int:
-    v = doc.get("version", 1)
-    if isinstance(v, bool) or not isinstance(v, int) or v not in CRI_PLUGIN:
-        raise RuntimeConfigError(f"{path}: unsupported containerd config version {v!r}",
-                                 cause="driverd knows versions 1, 2 (containerd 1.x/2.x) and 3 (containerd 2.x)",
-                                 fix="set version = 2 or 3 (see `containerd config migrate`); nothing was written")
-    return v
-
-
-def handler_key(version: int, handler: str) -> list[str]:
-    return CRI_PLUGIN[version] + ["containerd", "runtimes", handler]
 
 
 # -- which files containerd loads ------------------------------------------------------------------
@@ -85,97 +82,6 @@ def _read(root: Root, path: str) -> str | None:
     return data.decode() if data is not None else None
 
 
-def deep_merge(a: dict, b: dict) -> dict:
-    out = copy.deepcopy(a)
-    for k, v in b.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
-
-
-# -- the handler we add ----------------------------------------------------------------------------
-def runtime_type(table: dict) -> str:
-    """The runtime_type containerd's CRI plugin sees ('' when the key is missing or empty)."""
-    t = table.get("runtime_type") if isinstance(table, dict) else None
-    return t if isinstance(t, str) else ""
-
-
-def runc_family(table: dict) -> bool:
-    """A runc-shim table (an empty runtime_type is a runc table someone wrote without the type)."""
-    return runtime_type(table) in RUNC_TYPES + ("",)
-
-
-def _options(table: dict) -> dict:
-    o = table.get("options") if isinstance(table, dict) else None
-    return o if isinstance(o, dict) else {}
-
-
-def binaries(table: dict) -> list[str | None]:
-    """The binaries a runtime table names, the one containerd executes first: the v1 shim
-    (io.containerd.runtime.v1.linux) reads RuncOptions.Runtime (runtime_engine without options);
-    the runc v1/v2 shims read BinaryName."""
-    o = _options(table)
-    if runtime_type(table) == LINUX_V1:
-        first = o.get("Runtime") if o else table.get("runtime_engine")
-        return [first, o.get("BinaryName")]
-    return [o.get("BinaryName"), o.get("Runtime")]
-
-
-def runs(table: dict) -> str:
-    """What containerd actually runs for a runtime table, in words (for one-line messages)."""
-    t = runtime_type(table)
-    if not runc_family(table):
-        return f"the {t} shim"
-    first = binaries(table)[0]
-    what = repr(first) if first else "plain runc (no binary set)"
-    return f"{what} with an empty runtime_type (containerd then ignores BinaryName)" if not t else what
-
-
-def legacy_default(ctd: dict, binv: tuple[int, int] | None) -> dict | None:
-    """The deprecated [.containerd.default_runtime] table when containerd honours it: 1.x makes it
-    runtime "default" and the default, overriding default_runtime_name, as soon as its runtime_type is
-    set; 2.x ignores it (measured: "Ignoring unknown key ... default_runtime")."""
-    t = ctd.get("default_runtime")
-    if not isinstance(t, dict) or not runtime_type(t) or (binv and binv[0] >= 2):
-        return None
-    return t
-
-
-def derive(runtimes: dict, default_name: str, handler: str, binary: str, legacy: dict | None = None,
-           plugin_systemd: bool = False) -> tuple[dict, str, list[str]]:
-    """The handler's table: a copy of the runc-type runtime it derives from (the runtime pods run by
-    default, else runc, else containerd's built-in runc), so SystemdCgroup and friends are inherited;
-    the binary set where that shim reads it. Returns (table, derived from, notes)."""
-    cands = [(legacy, "the deprecated default_runtime table (containerd's effective default)")]
-    if default_name != handler:
-        cands.append((runtimes.get(default_name), default_name))
-    if handler != "runc":
-        cands.append((runtimes.get("runc"), "runc"))
-    base, name = next(((t, n) for t, n in cands if isinstance(t, dict) and runc_family(t)),
-                      (None, "containerd's built-in runc"))
-    new = copy.deepcopy(base) if base else dict(DEFAULT_RUNC)
-    notes: list[str] = []
-    if not runtime_type(new):
-        # containerd reads an empty type's options as generic runtime options: BinaryName would be lost.
-        new["runtime_type"] = RUNC_V2
-        for k in ("runtime_engine", "runtime_root"):     # 1.x accepts these only for the v1 shim
-            if new.get(k):
-                del new[k]
-        if base is not None:
-            notes.append(f"{name} has an empty runtime_type (containerd then ignores BinaryName); "
-                         f"the handler uses {RUNC_V2}")
-    opts = dict(_options(new))
-    opts["BinaryName"] = binary
-    if new["runtime_type"] == LINUX_V1:
-        opts["Runtime"] = binary          # the v1 shim runs RuncOptions.Runtime, not BinaryName
-        if plugin_systemd and "SystemdCgroup" not in opts:
-            opts["SystemdCgroup"] = True  # what the plugin-wide systemd_cgroup gave the option-less table
-        if new.get("runtime_engine"):
-            del new["runtime_engine"]     # read only when a v1 table has no options; ours has
-        notes.append(f"{name} uses the v1 shim ({LINUX_V1}): the handler sets options.Runtime, which that shim runs")
-    new["options"] = opts
-    return new, name, notes
-
-
 def _ensure(doc: Any, key: list[str], value: Any, changes: list[Change]) -> None:
     if tomldoc.plain(tomldoc.get(doc, key, tomldoc.MISSING)) != value:
         changes.append(tomldoc.set_key(doc, key, value))
@@ -188,24 +94,6 @@ def _is_ours(rec: dict | None, path: str, key: list[str]) -> bool:
     if frec.get("fmt") in ("owned", "block"):
         return True
     return any(not c.get("had_old") and key[:len(c["key"])] == c["key"] for c in frec.get("changes", []))
-
-
-def adoption_fixes(existing: dict, hkey: list[str], binary: str, derived: dict) -> list[tuple[list[str], Any]]:
-    """The keys to set so another tool's handler runs `binary` with the shim it names; everything
-    else it had (annotations, privileged_without_host_devices, other options) stays."""
-    if not runc_family(existing):
-        return [(hkey, derived)]          # another shim taken over with --adopt-foreign: driverd's table
-    fixes: list[tuple[list[str], Any]] = []
-    t = runtime_type(existing)
-    if not t:
-        fixes.append((hkey + ["runtime_type"], RUNC_V2))
-    if t == LINUX_V1:
-        fixes.append((hkey + ["options", "Runtime"], binary))
-        if "BinaryName" in _options(existing):
-            fixes.append((hkey + ["options", "BinaryName"], binary))
-    else:
-        fixes.append((hkey + ["options", "BinaryName"], binary))
-    return fixes
 
 
 # -- entry point -----------------------------------------------------------------------------------
@@ -529,136 +417,6 @@ def restart_unit(root: Root, config_path: str) -> str:
                         return u
             return units[0]
     return "containerd"
-
-
-# -- what detect reads (tomllib only: detect never pays for tomlkit) --------------------------------
-# Where the CRI runtimes live, per containerd config version: v1 (containerd 1.x, the default when
-# `version` is absent) keys plugins by short name `cri`; v2 by `io.containerd.grpc.v1.cri`; v3
-# (containerd 2.x) by `io.containerd.cri.v1.runtime`. 2.x migrates v2 files, so both are read.
-CONTAINERD_CRI_PLUGINS = ("io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime")
-CONTAINERD_V1_CRI_PLUGIN = "cri"
-_K3S_BIN = ("/usr/local/bin/k3s", "/usr/local/bin/rke2")
-_MAX_IMPORT_DEPTH = 8
-
-
-def _containerd_files(root: Root, path: str, depth: int = 0, seen: set[str] | None = None) -> list[tuple[str, dict]]:
-    """The config and the files its `imports` name (recursively, as containerd does), in load order,
-    each with its parsed content. A relative import is relative to the importing file's directory;
-    each pattern is a filepath.Glob."""
-    seen = set() if seen is None else seen
-    if path in seen or depth > _MAX_IMPORT_DEPTH:
-        return []
-    seen.add(path)
-    doc = read_toml(root, path)
-    files = [(path, doc)]
-    imports = doc.get("imports", [])
-    for pattern in imports if isinstance(imports, list) else []:
-        if not isinstance(pattern, str) or not pattern:
-            continue
-        if not pattern.startswith("/"):
-            pattern = f"{path.rpartition('/')[0]}/{pattern}"
-        d, _, glob = pattern.rpartition("/")
-        for n in root.listdir(d or "/"):
-            if fnmatch.fnmatchcase(n, glob):
-                files.extend(_containerd_files(root, f"{d}/{n}", depth + 1, seen))
-    return files
-
-
-def _containerd_docs(root: Root, path: str) -> list[dict]:
-    return [doc for _, doc in _containerd_files(root, path)]
-
-
-def containerd_handlers(root: Root, config_path: str) -> tuple[list[str], str | None]:
-    docs = _containerd_docs(root, config_path)
-    version = docs[0].get("version", 1)
-    names: list[str] = []
-    for doc in docs:
-        plugins = dig(doc, "plugins")
-        keys = CONTAINERD_CRI_PLUGINS + ((CONTAINERD_V1_CRI_PLUGIN,) if version in (1, None) or
-                                         not isinstance(version, int) else ())
-        for plugin in keys:
-            runtimes = dig(plugins, plugin, "containerd", "runtimes")
-            names.extend(n for n in runtimes if n not in names)
-    note = None if docs[0] or not root.read_text(config_path) else f"{config_path} is not valid TOML"
-    return names, note
-
-
-def _cri_tables(files: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
-    """(file, CRI plugin table) for every file of the load order that defines one (the short `cri`
-    key only where the root config is version 1, as containerd_handlers reads it)."""
-    version = files[0][1].get("version", 1) if files else 1
-    keys = CONTAINERD_CRI_PLUGINS + ((CONTAINERD_V1_CRI_PLUGIN,) if version in (1, None) or
-                                     not isinstance(version, int) else ())
-    out = []
-    for path, doc in files:
-        plugins = dig(doc, "plugins")
-        out.extend((path, plugins[k]) for k in keys if isinstance(plugins.get(k), dict))
-    return out
-
-
-def handler_table(root: Root, config_path: str, handler: str) -> dict:
-    """The handler's runtime table as the configuration in effect defines it ({} when it does not)."""
-    table: dict = {}
-    for _, cri in _cri_tables(_containerd_files(root, config_path)):
-        t = dig(cri, "containerd", "runtimes", handler)
-        if t:
-            table = deep_merge(table, t)
-    return table
-
-
-# CDI in containerd's CRI plugin — the facts and where they come from:
-# - containerd 1.6 has no CDI: the 1.6.20 binary's `containerd config default` has no enable_cdi key
-#   (measured: tests/runtime/test_handler_needs_real.py).
-# - 1.7 added it, off by default: `enable_cdi` (false) and `cdi_spec_dirs` (["/etc/cdi", "/var/run/cdi"])
-#   in the CRI plugin's table (containerd PR #6654 "CRI: add support for CDI device injection";
-#   release/1.7 pkg/cri/config/config_unix.go DefaultConfig: EnableCDI false).
-# - 2.0 turned it on by default (containerd PR #9621 "Enable CDI by default";
-#   internal/cri/config/config_unix.go DefaultRuntimeConfig: EnableCDI true); measured: 2.1's `config
-#   default` prints enable_cdi = true under plugins.'io.containerd.cri.v1.runtime', and `config dump`
-#   carries an enable_cdi of a version 2 file (plugins."io.containerd.grpc.v1.cri") over.
-# - Which file wins: 1.x replaces a whole plugin table with a later file's (services/server/config/
-#   config.go mergeConfig, "Replace entire sections"; measured for runtimes on 1.6), 2.x merges key by key.
-CDI_SINCE = (1, 7)
-CDI_DEFAULT_ON_SINCE = (2, 0)
-
-
-def _effective_cri(root: Root, facts: RuntimeFacts) -> tuple[tuple[int, int] | None, list[tuple[str, dict]]]:
-    """containerd's (major, minor) (None for k3s/RKE2, whose binary is not containerd's) and the CRI
-    tables that decide its settings, in load order: under 1.x only the last file that defines the CRI
-    table (it replaces the table whole), under 2.x every one (merged key by key)."""
-    k3s = facts.binary in _K3S_BIN
-    binv = None if k3s else parse_version(facts.version)
-    files = _containerd_files(root, facts.config_path) if facts.config_exists and facts.config_path else []
-    tables = _cri_tables(files)
-    return binv, tables[-1:] if binv and binv[0] < 2 else tables
-
-
-def containerd_default_runtime(root: Root, facts: RuntimeFacts) -> str | None:
-    binv, tables = _effective_cri(root, facts)
-    name = "runc"
-    for _, cri in tables:
-        ctd = dig(cri, "containerd")
-        if isinstance(ctd.get("default_runtime_name"), str) and ctd["default_runtime_name"]:
-            name = ctd["default_runtime_name"]
-        if legacy_default(ctd, binv) is not None:
-            name = "default"        # 1.x: the deprecated default_runtime table wins (see legacy_default)
-    return name
-
-
-def containerd_cdi(root: Root, facts: RuntimeFacts) -> CdiFacts:
-    k3s = facts.binary in _K3S_BIN
-    binv, tables = _effective_cri(root, facts)
-    enabled, where, dirs = None, None, tuple(CDI_DIRS)
-    for path, cri in tables:
-        if isinstance(cri.get("enable_cdi"), bool):
-            enabled, where = cri["enable_cdi"], path
-        spec_dirs = cri.get("cdi_spec_dirs")
-        if isinstance(spec_dirs, list) and all(isinstance(d, str) for d in spec_dirs):
-            dirs = tuple(spec_dirs)
-    why = "k3s/RKE2 embed containerd, whose version is not known here" if k3s else "containerd's version is unknown"
-    return CdiFacts.by_version("containerd", binv, "enable_cdi", enabled, where, dirs, since=CDI_SINCE,
-                               since_word="1.7", default_on=CDI_DEFAULT_ON_SINCE, unknown=why,
-                               off_word="defaults to false")
 
 
 class Containerd(Runtime):

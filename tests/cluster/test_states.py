@@ -6,7 +6,9 @@ from __future__ import annotations
 import types
 
 import ast
+import inspect
 import re
+from pathlib import Path
 
 import pytest
 
@@ -15,14 +17,19 @@ from driverd.cluster import states
 from driverd.cluster.agent import NodeAgent
 from tests.conftest import REPO
 
-AGENT = REPO / "driverd/cluster/agent.py"
 STATE_BY_CONST = {name: getattr(states, name) for name in dir(states)
                   if name.isupper() and isinstance(getattr(states, name), str) and getattr(states, name) in states.NODE_STATES}
 
 
 def _agent_methods() -> dict[str, ast.FunctionDef]:
-    cls = next(n for n in ast.parse(AGENT.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "NodeAgent")
-    return {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
+    """NodeAgent's methods with its mixins' (cluster/agent_admission.py, agent_finish.py), as Python
+    looks them up."""
+    out: dict[str, ast.FunctionDef] = {}
+    for klass in reversed(NodeAgent.__mro__[:-1]):
+        tree = ast.parse(Path(inspect.getsourcefile(klass)).read_text())
+        cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == klass.__name__)
+        out.update({f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)})
+    return out
 
 
 def _direct(fn: ast.FunctionDef) -> tuple[set[str], set[str]]:
@@ -104,6 +111,7 @@ def test_no_state_outside_the_table():
     """Every state name the cluster code or the CLI spells is one of the table's."""
     known = set(states.NODE_STATES)
     for path in [*(REPO / "driverd/cluster").glob("*.py"), REPO / "driverd/cli/cluster_cmds.py",
+                 REPO / "driverd/cli/rollout_status.py",
                  REPO / "driverd/daemon/cluster_mode.py"]:
         for attr in re.findall(r"\bm\.([A-Z][A-Z_]+)\b", path.read_text()):
             val = getattr(m, attr, None)

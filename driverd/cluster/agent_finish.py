@@ -1,0 +1,238 @@
+"""The node agent (driverd.cluster.agent.NodeAgent) from the node transaction to the node given back:
+the transaction and the reboot it may need, validation (the node Ready, its GPUs schedulable again),
+the endings (done, failed, given back), and what the node says of its driver all along: its labels
+and the GPUDriverReady condition."""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from driverd.apply.preflight import driver_config
+from driverd.cluster import model as m
+from driverd.cluster import operator_components as oc
+from driverd.cluster import schedulable as sched
+from driverd.cluster.informer import Informer
+from driverd.cluster.kube import Kube, KubeError, node_path, now_rfc3339, pods_path
+from driverd.cluster.nodehost import NodeHost
+
+A_BOOT = m.PREFIX + "boot-id"
+CONDITION = "GPUDriverReady"
+
+
+class NodeFinish:
+    """NodeAgent's side from the transaction to the end of its upgrade (a mixin: NodeAgent holds these)."""
+    kube: Kube
+    node: str
+    cfg: Any
+    host: NodeHost
+    nodes: Informer
+    events: bool
+    log: Callable[[str], None]
+    clock: Callable[[], float]
+    workload: tuple[bool, str] | None
+    waiting: str | None
+    _reboot_checked: bool
+    _to: Callable[..., dict]
+    _elapsed: Callable[[m.NodeView], float]
+    _say: Callable[[dict, m.NodeView, str, str], None]
+    event: Callable[..., None]
+    view: Callable[[], tuple[dict | None, m.NodeView | None]]
+
+    # -- labels and GPUDriverReady -------------------------------------------------------------------
+    def condition(self, ready: bool, reason: str, message: str) -> None:
+        """The Node condition GPUDriverReady (status subresource, merged by type as the kubelet's own
+        conditions are): True while a validated driver runs, False while it is being replaced."""
+        now = now_rfc3339(self.clock())
+        cond = {"type": CONDITION, "status": "True" if ready else "False", "reason": reason,
+                "message": message[:1000], "lastTransitionTime": now, "lastHeartbeatTime": now}
+        try:
+            self.kube.patch(node_path(self.node) + "/status", {"status": {"conditions": [cond]}}, kind="strategic")
+        except KubeError as e:
+            self.log(f"driverd cluster: cannot set the {CONDITION} condition: {e.one_line()}")
+
+    def _sync_labels(self, node: dict, v: m.NodeView) -> None:
+        """Node labels say what is loaded (and whether it is validated), from the host's facts."""
+        loaded = self.host.loaded(self.cfg)
+        wl = self.workload
+        usable = bool(loaded) and (wl is None or wl[0])
+        want = {m.L_VERSION: loaded["version"] if loaded else None, m.L_FLAVOR: loaded["flavor"] if loaded else None}
+        if v.state not in m.ACTIVE:
+            want[m.L_READY] = "true" if usable else None
+        patch: dict = {}
+        if any(v.labels.get(k) != val for k, val in want.items()):
+            patch["labels"] = want
+        if self.waiting is not None and v.waiting != self.waiting[:1000]:
+            patch["annotations"] = {m.A_WAITING: self.waiting[:1000] or None}
+        if patch:
+            self.nodes.put(self.kube.patch(node_path(self.node), {"metadata": patch}))
+        conds = {c.get("type"): c for c in (node.get("status") or {}).get("conditions") or []}
+        have = conds.get(CONDITION) or {}
+        if not loaded:
+            reason, message = "NoDriver", "no NVIDIA driver is loaded"
+        elif not usable:
+            reason, message = "NotWorkloadReady", f"driver {loaded['version']} ({loaded['flavor']}) loaded, not " \
+                f"workload-ready: {wl[1]}"
+        else:
+            reason, message = "DriverLoaded", f"driver {loaded['version']} ({loaded['flavor']}) loaded" + \
+                (", workload-ready" if wl else "")
+        status = "True" if usable else "False"
+        if v.state not in m.ACTIVE and (have.get("status"), have.get("reason"), have.get("message")) != \
+                (status, reason, message[:1000]):
+            self.condition(usable, reason, message)
+
+    # -- the GPU Operator's components (operator_components.py) ------------------------------------------
+    def _restore_components(self, node: dict) -> float:
+        """A free node that still records paused components (its upgrade ended without restoring them:
+        the record was edited by hand, or left by another version): they come back now."""
+        labels, ann, keys = oc.restore(node["metadata"].get("labels") or {}, node["metadata"].get("annotations"))
+        patch = {"metadata": {"annotations": ann, "labels": labels}}
+        new = self.kube.patch(node_path(self.node), patch)
+        self.nodes.put(new)
+        message = (f"GPU Operator components back: {oc.names(keys)}" if keys else
+                   "no paused GPU Operator component left to restore") + " (their pause outlived the upgrade)"
+        self.log(f"driverd cluster: node {self.node}: {message}")
+        if self.events and keys:
+            self.event(new, "RestoredOperatorComponents", message)
+        return 0
+
+    # -- the node transaction ---------------------------------------------------------------------------
+    def _transact(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
+        cfg = driver_config(self.cfg, r.driver, r.flavor, source=f"rollout {r.key}")
+        res = self.host.transact(cfg)
+        node, v = self.view()
+        if res.converged:
+            self._to(node, m.VALIDATING, "Validating", f"driver {res.loaded['version']} ({res.loaded['flavor']}) "
+                     "loaded and validated on the host; waiting for the node to be Ready")
+            return 0
+        if res.state == "reboot-required":
+            self._to(node, m.REBOOT, "RebootRequired", res.reason + " (the reboot sentinel /var/run/reboot-required "
+                     "is set for the cluster's reboot coordinator, e.g. kured)", ann={A_BOOT: self.host.boot_id(cfg)},
+                     warning=True)
+            return None
+        reason = {"rolled-back": "RolledBack", "rollback-failed": "RollbackFailed", "blocked": "TransactionBlocked",
+                  "lock": "HostLocked", "validation": "ValidationFailed"}.get(res.failure or "", "TransactionFailed")
+        return self._fail(node, v, reason, res.reason)
+
+    def _after_reboot(self, node: dict, v: m.NodeView, r: m.Rollout) -> float | None:
+        before = (node["metadata"].get("annotations") or {}).get(A_BOOT) or ""
+        now = self.host.boot_id(self.cfg)
+        if before == now and (now or self._reboot_checked):
+            return None          # not rebooted yet: the reboot coordinator's turn
+        # a new boot, or no boot id to tell (then the transaction says whether a reboot is still due,
+        # once per daemon start: a daemon starts again after a reboot)
+        self._reboot_checked = True
+        self._to(node, m.UNLOADING, "Rebooted", f"the node rebooted; finishing the upgrade to {r.driver}")
+        return 0
+
+    # -- validating → done ---------------------------------------------------------------------------------
+    def _not_back(self, node: dict) -> list[str]:
+        """The DaemonSets whose pods left with the driver (recorded at the drain) that have no Ready pod on
+        the node again, in words. The kubelet publishes a plugin's leaving and return in its next status
+        (up to 10 s): its count alone read the old plugin's devices as back (seen on the real kubelet)."""
+        try:
+            left = json.loads(((node.get("metadata") or {}).get("annotations") or {}).get(m.A_LEFT_WITH) or "[]")
+        except ValueError:
+            return []
+        if not isinstance(left, list) or not left:
+            return []
+        pods = self.kube.list(pods_path(), fields=f"spec.nodeName={self.node}").get("items") or []
+        out = []
+        for ref in left:
+            ns, _, name = str(ref).partition("/")
+            mine = [p for p in pods if (p.get("metadata") or {}).get("namespace") == ns and any(
+                o.get("kind") == "DaemonSet" and o.get("name") == name for o in p["metadata"].get("ownerReferences") or [])]
+            if not any(_ready_pod(p) for p in mine):
+                out.append(f"DaemonSet {ref}: " + (f"its pod {mine[0]['metadata'].get('name')} is not Ready yet" if mine
+                                                  else "no pod on the node yet"))
+        return out
+
+    def _validate(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
+        if not v.ready:
+            if self._elapsed(v) < r.validation_timeout_s:
+                return min(5.0, r.validation_timeout_s - self._elapsed(v) + 0.1)
+            return self._fail(node, v, "NodeNotReady", f"the driver is loaded but the node was not Ready within "
+                              f"{r.validation_timeout_s}s (kubelet not posting Ready)")
+        loaded = self.host.loaded(self.cfg)
+        if loaded is None or loaded["version"] != r.driver:
+            return self._fail(node, v, "ValidationFailed", f"the node runs {loaded['version'] if loaded else 'no driver'}"
+                              f", not {r.driver}")
+        before = sched.decode((node["metadata"].get("annotations") or {}).get(m.A_GPUS_BEFORE))
+        if before:
+            # done means its GPUs can be scheduled again. The device plugin (or DRA plugin) comes back with
+            # the driver-ready label and the GPU Operator's component labels (their DaemonSets select
+            # them; DaemonSet pods ignore the cordon): those first, the cordon stays until the count is back
+            back, back_ann, said = _restored(node)
+            if v.labels.get(m.L_READY) != "true" or back:
+                new = self.kube.patch(node_path(self.node), {"metadata": {
+                    "labels": {m.L_READY: "true", **back}, "annotations": back_ann}})
+                self.nodes.put(new)
+                self.log(f"driverd cluster: node {self.node}: validating: driver validated; its GPU DaemonSets may "
+                         f"come back (driverd.io/driver-ready=true{said})")
+                if said and self.events:
+                    self.event(new, "RestoredOperatorComponents", f"driver validated{said}; the node stays cordoned "
+                               "until its GPUs are schedulable again")
+                return 0
+            short = self._not_back(node) + sched.shortfall(
+                before, sched.counts(node, sched.node_slices(self.kube, self.node) if sched.DRA_KEY in before else []))
+            if short:
+                if self._elapsed(v) < r.validation_timeout_s:
+                    self._say(node, v, "WaitingForGPUs", "driver validated; waiting for the node's GPUs to be "
+                              "schedulable again: " + "; ".join(short))
+                    return min(5.0, r.validation_timeout_s - self._elapsed(v) + 0.1)
+                return self._fail(node, v, "GPUsNotSchedulable", "; ".join(short) + f" after "
+                                  f"{r.validation_timeout_s}s (spec.validation.timeoutSeconds): the device plugin or "
+                                  "the DRA kubelet plugin did not come back with the driver")
+        spec = {"unschedulable": None} if v.cordoned_by_us else None
+        back, back_ann, said = _restored(node)
+        self._to(node, m.DONE, "Upgraded", f"driver {loaded['version']} ({loaded['flavor']}) validated"
+                 + ("; uncordoned" if v.cordoned_by_us else "; left cordoned: it was cordoned before driverd") + said,
+                 ann={m.A_CORDONED: None, m.A_GPUS_BEFORE: None, m.A_LEFT_WITH: None, **back_ann}, spec=spec,
+                 labels={m.L_VERSION: loaded["version"], m.L_FLAVOR: loaded["flavor"], m.L_READY: "true", **back})
+        self.condition(True, "DriverValidated", f"driver {loaded['version']} ({loaded['flavor']}) loaded and validated")
+        return None
+
+    # -- endings that give the node back --------------------------------------------------------------------
+    def _fail(self, node: dict, v: m.NodeView, reason: str, message: str) -> float | None:
+        """The node leaves the rollout failed. The daemon's own reconciles are pinned to the driver
+        that runs *now* (driverd.io/pinned-driver): after a rollback that is the previous one, after
+        a driver that loaded but left the node NotReady it is the new one — changing it again is a
+        decision for an admitted retry or a new rollout, never for the periodic reconcile."""
+        loaded = self.host.loaded(self.cfg)
+        labels = {m.L_VERSION: loaded["version"] if loaded else None,
+                  m.L_FLAVOR: loaded["flavor"] if loaded else None, m.L_READY: "true" if loaded else None}
+        spec = {"unschedulable": None} if v.cordoned_by_us else None
+        pinned = f"{loaded['version']}/{loaded['flavor']}" if loaded else None
+        back, back_ann, said = _restored(node)
+        self._to(node, m.FAILED, reason, message + ("; uncordoned" if v.cordoned_by_us else "") + said,
+                 ann={m.A_CORDONED: None, m.A_GPUS_BEFORE: None, m.A_LEFT_WITH: None, m.A_PINNED: pinned, **back_ann},
+                 spec=spec,
+                 labels={**labels, **back},
+                 warning=True)
+        self.condition(bool(loaded), reason, (f"the upgrade failed; driver {loaded['version']} runs: " if loaded
+                                              else "the upgrade failed and no driver is loaded: ") + message)
+        return None
+
+    def _give_back(self, node: dict, v: m.NodeView, reason: str, message: str, *,
+                   warning: bool = False) -> float | None:
+        spec = {"unschedulable": None} if v.cordoned_by_us else None
+        back, back_ann, said = _restored(node)
+        self._to(node, m.IDLE, reason, message + ("; uncordoned" if v.cordoned_by_us else "") + said,
+                 ann={m.A_CORDONED: None, m.A_GPUS_BEFORE: None, m.A_LEFT_WITH: None, **back_ann}, spec=spec,
+                 labels={m.L_READY: "true", **back}, warning=warning)
+        self.condition(True, reason, message)
+        return None
+
+
+def _ready_pod(p: dict) -> bool:
+    st = p.get("status") or {}
+    return st.get("phase") == "Running" and not (p.get("metadata") or {}).get("deletionTimestamp") and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+
+
+def _restored(node: dict) -> tuple[dict, dict, str]:
+    """What ends the pause of the GPU Operator's components, for the patch that ends the node's
+    upgrade (done, failed, given back): labels, annotations, and words for the message."""
+    md = node.get("metadata") or {}
+    back, back_ann, keys = oc.restore(md.get("labels") or {}, md.get("annotations"))
+    return back, back_ann, (f"; GPU Operator components back: {oc.names(keys)}" if keys else "")
