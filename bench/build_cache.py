@@ -82,7 +82,7 @@ def main() -> None:
     cases = [c for c in a.cases.split(",") if c]
     if not a.older_source:
         cases = [c for c in cases if c not in ("older-P", "point-P")]
-    from driverd.packages.build import prepare_source
+    from driverd.build.modules import prepare_source
     from driverd.runner import which
     if which("ccache") is None:
         sys.exit("ccache is not installed; fix: apt-get install ccache")

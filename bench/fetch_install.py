@@ -28,8 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from driverd.packages.archive import read_manifest  # noqa: E402
-from driverd.packages.repo import write_index  # noqa: E402
+from driverd.package.archive import read_manifest  # noqa: E402
+from driverd.repo.index import write_index  # noqa: E402
 from driverd.sim.hosttree import HostSpec, write_host  # noqa: E402
 
 
@@ -57,8 +57,8 @@ def main() -> None:
         repo.mkdir()
         shutil.copy(pkg, repo / pkg.name)
         write_index(repo)
-        from driverd.packages.fetch import Want, fetch
-        from driverd.packages.install import install
+        from driverd.repo.fetch import Want, fetch
+        from driverd.install.modules import install
         from driverd.root import Root
         from driverd.runner import Runner
         times: dict[str, list[float]] = {"in-process": [], "cli-1": [], "cli-2": []}

@@ -37,7 +37,7 @@ def median_wall(cmd: list[str], n: int, env: dict, ok=(0,)) -> float:
 
 
 def converged_host(base: Path, enforce: bool) -> Path:
-    from driverd.packages.install import install
+    from driverd.install.modules import install
     from driverd.root import Root
     from driverd.runner import Runner
     from driverd.sim.fakepkg import make_fake_package

@@ -21,7 +21,7 @@ from driverd.runtime.model import HANDLER_NAME
 CONFIG_PATH = "/etc/driverd/config.toml"
 VERSION_RE = re.compile(r"^\d{3}(\.\d{1,3}){1,2}$")
 LISTEN_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$")
-# What driverd.packages.fetch can read: http(s) with a host, file:// (no host but localhost: the path is
+# What driverd.repo.fetch can read: http(s) with a host, file:// (no host but localhost: the path is
 # read on this machine) or an absolute directory. Anything else (ftp://, a typo like htps://) would only
 # fail at the first fetch, far from the line that says it.
 REPO_URL_RE = re.compile(r"^(?:https?://[^/?#\s]+(?:[/?#].*)?|file://(?:localhost)?/.*|/.*)$", re.IGNORECASE)

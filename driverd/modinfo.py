@@ -8,8 +8,8 @@ container and on a host without kmod installed:
   before a real load judge the same bytes;
 - `module_bytes`: the module's ELF image, decompressed (.ko.xz, .ko.zst, .ko.gz).
 
-Who signed a module (the PKCS#7 signer) is decoded by driverd.packages.modsig; the two are combined
-into kmod's `modinfo` fields by driverd.packages.modfields."""
+Who signed a module (the PKCS#7 signer) is decoded by driverd.package.modsig; the two are combined
+into kmod's `modinfo` fields by driverd.package.modfields."""
 from __future__ import annotations
 
 import lzma

@@ -18,12 +18,15 @@ LAYERS = [
     {"data", "redact"}, {"errors"},
     {"backends", "fsutil", "log", "modinfo", "nvproc", "observe", "runner", "safetar"},
     {"root"},
-    {"driverfiles"},
+    {"package"},
+    {"driver"},
     {"distro", "runtime"},
     {"config"},
     {"host"},
     {"kmod", "plan"},
-    {"packages"},
+    {"repo"},
+    {"build"},
+    {"install"},
     {"apply"},
     {"cluster"},
     {"daemon"},
@@ -229,7 +232,7 @@ def test_readme_points_inside_the_repository():
 
 def test_sign_file_is_looked_up_inside_the_root_only(tmp_path):
     import os
-    from driverd.packages.sign import find_sign_file, signing_pair
+    from driverd.build.sign import find_sign_file, signing_pair
     from driverd.root import Root
     root = tmp_path / "host"
     (root / "usr/src").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""driverd.driverfiles: where the driver's user-space is and which of its files a container needs, on
+"""driverd.driver.files: where the driver's user-space is and which of its files a container needs, on
 the layouts driverd meets — the device's /usr/local/nvidia, the GPU Operator's /run/nvidia/driver,
 Debian's nvidia/current behind alternatives links, a directory only the ld cache names, two versions
 side by side — built from real ELF shared objects (tests/runtime/driver_trees.py)."""
@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from driverd import driverfiles
-from driverd.driverfiles import find, inventory
+from driverd.driver import files as driverfiles
+from driverd.driver.files import find, inventory
 from driverd.root import Root
 from tests.conftest import require_binary
 from tests.runtime.driver_trees import DEBIAN, DEVICE, NEW, OLD, OPERATOR, Layout, _build, add_socket, add_userspace

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from driverd.driverfiles import elf_soname
+from driverd.driver.files import elf_soname
 from driverd.sim.fakelib import LIBRARIES, run_dir, shared_object
 from tests.conftest import require_binary
 

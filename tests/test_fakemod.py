@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from driverd.packages.archive import read_manifest, unpack
-from driverd.packages.modfields import modinfo
+from driverd.package.archive import read_manifest, unpack
+from driverd.package.modfields import modinfo
 from driverd.sim import fakemod
 from driverd.sim.fakepkg import make_fake_package
 from tests.conftest import require_binary

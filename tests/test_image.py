@@ -236,7 +236,7 @@ def _tiny_source(path: Path) -> Path:
 
 
 def test_builder_image_builds_a_matrix_cell_as_the_indexed_job_pod_does(builder, tmp_path):
-    from driverd.packages.archive import verify_package
+    from driverd.package.archive import verify_package
     inp, repo, work, cache = tmp_path / "in", tmp_path / "repo", tmp_path / "work", tmp_path / "ccache"
     for d in (inp, repo, work, cache):
         d.mkdir()
@@ -246,7 +246,7 @@ def test_builder_image_builds_a_matrix_cell_as_the_indexed_job_pod_does(builder,
         '[[drivers]]\nversion = "535.261.03"\nflavors = ["open"]\nsources = { open = "/in/nv.tar.xz" }\n'
         f'[[kernels]]\nrelease = "{KERNEL}"\ndistro = "debian"\narch = "x86_64"\n')
     (inp / "cells").write_text(f"535.261.03-open-{KERNEL}-x86_64\n")
-    # The pod's arguments, as driverd.packages.matrix_job renders them (no /host: a build pod has none).
+    # The pod's arguments, as driverd.build.job renders them (no /host: a build pod has none).
     args = ["/usr/local/bin/driverd", "build-matrix", "/in/matrix.toml", "--cells", "/in/cells", "--only-index", "0",
             "--no-index", "--out", "/repo", "--work-dir", "/work", "--jobs", "1", "--ccache", "on",
             "--ccache-dir", "/ccache", "--json"]

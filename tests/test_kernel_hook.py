@@ -15,7 +15,7 @@ RUNNING, NEW, NONE = "6.1.0-47-cloud-amd64", "6.1.0-50-cloud-amd64", "6.1.0-53-c
 
 
 def _tree(tmp_path: Path) -> tuple[Path, Path]:
-    from driverd.packages.repo import write_index
+    from driverd.repo.index import write_index
     from driverd.sim.fakepkg import make_fake_package
     from driverd.sim.scenario import dgx_spec, make_host
     root = make_host(tmp_path / "host", dgx_spec(gpus=1, nvswitches=0, nic=False, nouveau=False))

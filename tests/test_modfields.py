@@ -1,4 +1,4 @@
-"""A module's modinfo read from the file itself (driverd.packages.modfields) gives kmod's `modinfo`
+"""A module's modinfo read from the file itself (driverd.package.modfields) gives kmod's `modinfo`
 fields: compared with the real kmod 30 on real ELF modules — unsigned, signed by the kernel's own
 sign-file (issuer+serial and SKID), compressed with xz and zstd, and with the parameter layouts
 kmod rewrites."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from driverd.errors import PackageError
-from driverd.packages.modfields import first, module_fields, modinfo
+from driverd.package.modfields import first, module_fields, modinfo
 from driverd.sim import fakemod
 from tests.conftest import CI_PREFIX, require_binary
 from tests.kmodtools import kmod_modinfo, kmod_sig_key
@@ -139,7 +139,7 @@ def test_skid_signature_is_shown_where_kmod_shows_none(tmp_path):
     ours, tool = _compare([p], ignore_sig=True)
     t, o = tool[str(p.resolve())], ours[str(p.resolve())]
     assert not any(k.startswith("sig") for k in t)
-    from driverd.packages.modsig import read_certificates
+    from driverd.package.modsig import read_certificates
     [c] = read_certificates(cert)
     assert o["sig_id"] == ["PKCS#7"] and "signer" not in o
     assert o["sig_key"][0].replace(":", "").lower() == c.skid

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from driverd.errors import PackageError
-from driverd.packages import fetch as fetch_mod
-from driverd.packages.fetch import Want, fetch, prune_cache
-from driverd.packages.repo import INDEX_NAME, parse_index, write_index
+from driverd.repo import fetch as fetch_mod
+from driverd.repo.fetch import Want, fetch, prune_cache
+from driverd.repo.index import INDEX_NAME, parse_index, write_index
 from driverd.root import Root
 from driverd.runner import Runner
 from driverd.sim.fakepkg import make_fake_package
@@ -224,7 +224,7 @@ def test_cli_repo_index_fetch_install(tmp_path, repo, host, index_key):
 def test_local_build_fallback_decision(tmp_path):
     """fetch builds locally only when a source of the wanted version and the kernel's headers exist."""
     from driverd.config import Config
-    from driverd.packages.build import local_builder
+    from driverd.build.modules import local_builder
     root = Root(write_host(tmp_path / "h", HostSpec(release=REL)))
     want = Want("535.261.03", "open", REL, "x86_64")
 
@@ -261,7 +261,7 @@ def _closed_port() -> int:
 def test_unreachable_repository_is_a_connection_failure_not_a_missing_package(host, repo, capsys):
     """Issue 32: a refused connection was reported as "no repository holds a package for this kernel … fix:
     build it". It names the URL, the error in words and the fix for a connection; each retry is said."""
-    from driverd.packages.fetch import Unreachable
+    from driverd.repo.fetch import Unreachable
     url = f"http://127.0.0.1:{_closed_port()}/"
     with pytest.raises(Unreachable) as ei:
         fetch(host, WANT, [url], attempts=2, no_build_reason="packages.source is not set")

@@ -14,9 +14,10 @@ import zstandard
 
 from driverd.errors import PackageError
 from driverd.host import collect
-from driverd.packages import archive, install as inst
-from driverd.packages.archive import read_manifest, unpack, verify_package
-from driverd.packages.manifest import MANIFEST_NAME
+from driverd.package import archive
+from driverd.install import modules as inst
+from driverd.package.archive import read_manifest, unpack, verify_package
+from driverd.package.manifest import MANIFEST_NAME
 from driverd.root import Root
 from driverd.runner import Runner
 from driverd.sim import fakemod

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from driverd.errors import PackageError, UsageError
-from driverd.packages import matrix as mx
-from driverd.packages.build import BuildResult, first_compiler_error
+from driverd.build import matrix as mx
+from driverd.build.modules import BuildResult, first_compiler_error
 from driverd.sim.fakepkg import make_fake_package
 from tests.conftest import REPO, require_binary
 
@@ -112,7 +112,7 @@ def test_progress_bar_on_a_terminal():
 def test_progress_shows_what_each_running_cell_does():
     """The bar carries the running cells' phases and compile counts (issue 32); without a terminal each
     phase is one line."""
-    from driverd.packages.buildprogress import Status
+    from driverd.build.progress import Status
     a = mx.Cell("535.261.03", "open", "6.1.0-47-cloud-amd64", "x86_64", "/src", "debian")
     b = mx.Cell("535.261.03", "open", "6.1.0-50-cloud-amd64", "x86_64", "/src", "debian")
     s = io.StringIO()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from driverd.packages.archive import read_manifest
+from driverd.package.archive import read_manifest
 from driverd.sim import fakemod
 from driverd.sim.hosttree import HostSpec, write_host
 from driverd.sim.httprepo import RepoServer
@@ -71,7 +71,7 @@ def test_matrix_builds_good_cell_and_reports_failing_cell(real):
 def test_matrix_reports_the_real_compiles_phases_and_counts(real):
     """Issue 32: the phases of the real NVIDIA build, and the compile's count of objects against those
     NVIDIA's Kbuild files name (an estimate: a Makefile may filter a file out)."""
-    from driverd.packages import buildprogress as bp
+    from driverd.build import progress as bp
     cell = f"535.261.03-open-{GOOD}-x86_64"
     said = [ln.split()[1] for ln in real["result"].stderr.splitlines() if f" {cell}: " in ln]
     assert said == ["copy", "make", "conftest", "compile", "link", "strip", "sign", "pack", "built"], said
@@ -141,14 +141,14 @@ def test_fetch_install_real_package_under_signature_enforcement(real, tmp_path):
     subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-out", str(key)], check=True, capture_output=True)
     subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out", str(pub)], check=True, capture_output=True)
     (host / "etc/driverd/config.toml").write_text('[packages]\nindex_public_key = "/etc/driverd/index.pub"\n')
-    from driverd.packages.repo import write_index
+    from driverd.repo.index import write_index
     write_index(real["repo"], sign_key=str(key), verify=False)
     with RepoServer(real["repo"]) as srv:
         r = run_cli("fetch", "--root", str(host), "--driver", "535.261.03", "--flavor", "open", "--repo", srv.url,
                     "--json")
     assert r.returncode == 0, r.stderr
     pkg = json.loads(r.stdout)["package"]
-    from driverd.packages.signers import package_signatures
+    from driverd.build.signers import package_signatures
     assert {s.signers[0].signer for s in package_signatures(pkg)} == {"driverd test signing key"}
     r = run_cli("install", "--root", str(host), pkg, "--json", env=KERNEL_ENV_REAL)   # kmod's depmod, as on a host
     assert r.returncode == 0, r.stderr

@@ -111,7 +111,7 @@ def test_captured_hosts_unpack_with_their_links(unpack_host):
 
 
 def test_source_tarball_with_an_escaping_link_is_refused_and_nothing_kept(tmp_path):
-    from driverd.packages.build import prepare_source
+    from driverd.build.modules import prepare_source
     good = [("nv/modules/nvidia-open-kernel/Kbuild", "file", 'ccflags-y += -DNV_VERSION_STRING=\\"535.261.03\\"\n'),
             ("nv/modules/nvidia-open-kernel/Makefile", "file", ""),
             ("nv/modules/nvidia-open-kernel/nvidia/nv.c", "file", ""),

@@ -180,7 +180,7 @@ def test_a_config_owned_by_nobody_is_refused_by_every_command(tmp_path):
 # -- the node's keys, certificates and repository credentials -------------------------------------
 
 def test_node_key_paths_are_checked_under_the_root(tmp_path):
-    from driverd.packages.sign import node_path
+    from driverd.root.nodefiles import node_path
     root = Root(tmp_path)
     key = _file(tmp_path / "etc/driverd/keys/repo-index.pub", mode=0o666)
     with pytest.raises(ConfigError) as e:
@@ -192,7 +192,7 @@ def test_node_key_paths_are_checked_under_the_root(tmp_path):
 
 
 def test_a_trusted_cert_others_can_write_blocks_the_signer_preflight(tmp_path):
-    from driverd.packages.signers import declared_certs
+    from driverd.build.signers import declared_certs
     from driverd.sim.fakemod import make_signing_key
     _, cert = make_signing_key(tmp_path / "etc/driverd/keys")
     os.chmod(cert, 0o666)

@@ -63,7 +63,7 @@ def matches(rec: dict, sctx, cfg) -> bool:
     us = state.userspace()
     if us is None:
         return True
-    from driverd.packages import userspace_install as ui
+    from driverd.install import userspace as ui
     return bool(us.intact and us.sha and ui.is_installed(sctx.root, us.sha, state.places))
 
 

@@ -24,14 +24,14 @@ class HostPlan:
 
 def plan_for_host(root, cfg, *, facts: Facts | None = None, nvml: bool = False) -> HostPlan:
     from driverd.host import collect
-    from driverd.packages.signers import for_plan
+    from driverd.build.signers import for_plan
     from driverd.plan import plan
     if facts is None:
         facts = collect(root, nvml=nvml, handler=cfg["runtime.handler"], binary=cfg["runtime.binary"],
                         driver_root=cfg["validation.driver_root"])
-    from driverd.packages.fetch import unavailable
-    from driverd.packages.kept import kept_for
-    from driverd.packages.userspace_source import offer
+    from driverd.build.obtain import unavailable
+    from driverd.install.kept import kept_for
+    from driverd.repo.userspace import offer
     return HostPlan(facts, plan(facts, Desired.from_config(cfg), for_plan(root, facts, cfg),
                                 userspace=workload_applies(root, cfg),
                                 us_offer=offer(root, cfg, cfg["driver.version"], facts.kernel.arch),
@@ -41,7 +41,7 @@ def plan_for_host(root, cfg, *, facts: Facts | None = None, nvml: bool = False) 
 
 def _want(facts: Facts, cfg):
     """The package the plan would fetch for the running kernel (None: it cannot be named yet)."""
-    from driverd.packages.fetch import Want
+    from driverd.repo.fetch import Want
     from driverd.plan.flavor import decide
     k, version = facts.kernel, cfg["driver.version"]
     if not facts.gpus or not version or not k.release:

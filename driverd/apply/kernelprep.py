@@ -4,7 +4,7 @@ reboots into it; a kernel the host no longer has loses what driverd kept for it 
 
 Each pass (`KernelWatch.run`, called by apply.reconcile after the host's own reconcile):
 - every installed kernel newer than the running one (driverd.host.kernels) is judged as `driverd
-  reboot-ready` judges it (driverd.packages.rebootgate); one that lacks the node's driver package is
+  reboot-ready` judges it (driverd.install.rebootgate); one that lacks the node's driver package is
   prepared — `prepare-kernel`'s transaction: fetched, else built (packages.build_fallback), verified,
   installed into its /lib/modules — when its retry is due;
 - a kernel that cannot be prepared is named with the reason and tried again with a backoff per kernel
@@ -55,7 +55,7 @@ class KernelWatch:
     def _run(self, sctx, cfg, lock_wait_s: float, res) -> None:
         from driverd.host.kernel import running_release
         from driverd.host.kernels import family, installed_kernels, newer_than
-        from driverd.packages import rebootgate as rg
+        from driverd.install import rebootgate as rg
         root = sctx.root
         running = running_release(root)
         if running is None or cfg["driver.manage"] == "never" or not cfg["driver.version"]:
@@ -107,7 +107,7 @@ class KernelWatch:
         """prepare-kernel's transaction for `release`; None when it ran to its end, else why not."""
         from driverd.apply import lifecycle as lc
         from driverd.host.kernel import read_kernel
-        from driverd.packages.fetch import Want
+        from driverd.repo.fetch import Want
         arch = read_kernel(sctx.root, []).arch or "x86_64"
         w = Want(want["version"], want["flavor"], release, arch)
         try:
@@ -132,7 +132,7 @@ class KernelWatch:
         """Releases older than the running kernel that are no longer installed but still have driverd's kept
         packages, records or tree: removed in one journalled run."""
         from driverd.apply import lifecycle as lc
-        from driverd.packages.install import release_leftovers
+        from driverd.install.modules import release_leftovers
         installed = {k.release for k in kernels} | {running}
         cands = set(sctx.root.listdir("/lib/modules")) | _kept_releases(sctx.root, cfg["state.dir"])
         gone = []
@@ -158,7 +158,7 @@ class KernelWatch:
 
 
 def _kept_releases(root, state_dir: str) -> set[str]:
-    from driverd.packages import kept as kp
+    from driverd.install import kept as kp
     out = set()
     for sha in kp.kept_shas(root, state_dir):
         m = kp.tree_manifest(kp.kept_base(root, state_dir) / sha / "modules")

@@ -55,16 +55,16 @@ class Request:
 
 def _reload_steps(package: str | None, ctx=None, userspace: str | None = None) -> list[dict]:
     """`userspace`: --userspace PACKAGE; else userspace.package's package of the new driver's version
-    (driverd.packages.userspace_source), when it is not in use already."""
+    (driverd.repo.userspace), when it is not in use already."""
     expect, us = None, None
     if package:
-        from driverd.packages.archive import read_manifest
+        from driverd.package.archive import read_manifest
         m = read_manifest(package)
         expect = [m.driver_version, m.flavor]
         if userspace:
             us = {"package": userspace, "driver": m.driver_version}
         elif ctx is not None:
-            from driverd.packages.userspace_source import offer
+            from driverd.repo.userspace import offer
             o = offer(ctx.root, ctx.config, m.driver_version, m.arch)
             if o is not None and o.package and not o.in_place:
                 us = {"package": o.package, "sha256": o.sha256, "driver": m.driver_version}
@@ -75,7 +75,7 @@ def _reload_steps(package: str | None, ctx=None, userspace: str | None = None) -
 
 
 def previous_target(ctx, release: str | None = None) -> str | None:
-    from driverd.packages.install import previous_sha
+    from driverd.install.modules import previous_sha
     release = release or ctx.kernel.release
     known, sha = previous_sha(ctx.root, release, ctx.config["state.dir"])
     if not known:
@@ -94,7 +94,7 @@ def previous_userspace(ctx, target_sha256: str | None) -> dict | None:
     in use is already that version, or no tree of it is kept: the validation's workload check judges)."""
     from driverd.driver import userspace as dus
     from driverd.driver.layout import Places
-    from driverd.packages.kept import lookup
+    from driverd.install.kept import lookup
     p = Places.from_config(ctx.config)
     known, prev = dus.previous_sha(ctx.root, p)
     if not known:
@@ -137,7 +137,7 @@ def prepare_kernel_request(cfg, want, allow_build: bool) -> Request:
     package (install is atomic and kept)."""
     def build(ctx) -> list[dict]:
         from driverd.driver.state import DriverState
-        from driverd.packages.install import is_installed
+        from driverd.install.modules import is_installed
         p = DriverState.of(ctx).installed(want.kernel_release)
         have = p is not None and (p.driver.version, p.driver.flavor) == (want.driver, want.flavor) and \
             bool(p.package_sha256) and is_installed(ctx.root, want.kernel_release, p.package_sha256,
@@ -149,7 +149,7 @@ def prepare_kernel_request(cfg, want, allow_build: bool) -> Request:
 
 def forget_kernels_request(releases: list[str]) -> Request:
     """The daemon's cleanup after a reboot into a newer kernel: driverd's packages of kernels no longer
-    installed (driverd.packages.install.forget_release). The running kernel is not touched."""
+    installed (driverd.install.modules.forget_release). The running kernel is not touched."""
     return Request("forget-kernels", lambda ctx: sl.forget_kernel_steps(releases), {"kernels": list(releases)},
                    changes_kernel=False)
 
@@ -367,9 +367,9 @@ def status(ctx) -> dict:
 
 
 def reboot_gate(ctx) -> dict | None:
-    """`driverd reboot-ready`'s answer (driverd.packages.rebootgate): the installed kernels newer than the running
+    """`driverd reboot-ready`'s answer (driverd.install.rebootgate): the installed kernels newer than the running
     one and whether each has the node's driver, with the daemon's last preparation of each."""
-    from driverd.packages.rebootgate import judge
+    from driverd.install.rebootgate import judge
     try:
         return judge(ctx.root, ctx.config).to_json()
     except DriverdError as e:
@@ -379,7 +379,7 @@ def reboot_gate(ctx) -> dict | None:
 def userspace_in_use(ctx) -> dict | None:
     """driverd's user-space `current` points to (None: driverd installed none)."""
     from driverd.driver.state import DriverState
-    from driverd.packages import userspace_install as ui
+    from driverd.install import userspace as ui
     state = DriverState.of(ctx)
     cur = state.userspace()
     if cur is None:

@@ -67,7 +67,8 @@ def preflight(make_context, cfg, key: str, driver: str, flavor: str, *, leaving:
         if where.startswith("package "):
             # pre-pull it into the node's cache (verified): the upgrade then starts from local files,
             # and the kernel's verdict on its signer is known now, not after the node is drained
-            from driverd.packages.fetch import Want, fetch_configured
+            from driverd.build.obtain import fetch_configured
+            from driverd.repo.fetch import Want
             fetch_configured(sctx.root, c, Want(driver, p.flavor or "", sctx.kernel.release, _arch(sctx)),
                              runner=sctx.runner, allow_build=False)
             again = plan_for_host(sctx.root, c, facts=facts).plan
@@ -110,9 +111,9 @@ def _staying_words(facts, staying: dict[str, str]) -> list[str]:
 def package_source(sctx, cfg, driver: str, flavor: str | None) -> str:
     """Where the node would get the package: "package … in URL", a local build, or "none: why"."""
     from driverd.errors import DriverdError
-    from driverd.packages.build import local_builder
-    from driverd.packages.fetch import Want, read_index
-    from driverd.packages.sign import node_path
+    from driverd.build.modules import local_builder
+    from driverd.repo.fetch import Want, read_index
+    from driverd.root.nodefiles import node_path
     from driverd.redact import redact
     release, arch = sctx.kernel.release, _arch(sctx)
     # the node's key, a host path under the root, refused when others can change it (not skipped below)

@@ -69,7 +69,7 @@ def previous_records(ctx) -> dict:
     """What `driverd rollback` would go back to now (the kernel package's and the user-space's previous
     records): a failed run's rollback puts them back, so its failed package never becomes "previous"."""
     from driverd.driver.userspace import previous_record
-    from driverd.packages import install as pi
+    from driverd.install import modules as pi
     return {"package": pi.previous_record(ctx.root, ctx.kernel.release, ctx.config["state.dir"]),
             "userspace": previous_record(ctx.root, places(ctx))}
 
@@ -148,7 +148,8 @@ class FetchPackage(StepImpl):
         return bool(params.get("package")) and os.path.isfile(params["package"])
 
     def do(self, ctx, params):
-        from driverd.packages.fetch import Want, fetch_configured
+        from driverd.build.obtain import fetch_configured
+        from driverd.repo.fetch import Want
         want = Want(params["driver"], params["flavor"], params["kernel"], params.get("arch") or "x86_64")
         res = fetch_configured(ctx.root, ctx.config, want, params.get("repositories") or None, runner=ctx.runner,
                                allow_build=params.get("allow_build", True))
@@ -179,7 +180,7 @@ class VerifyPackage(StepImpl):
     action = "verify-package"
 
     def do(self, ctx, params):
-        from driverd.packages.archive import verify_package
+        from driverd.package.archive import verify_package
         m = verify_package(package_path(ctx, params), _expected_sha(ctx, params))
         return {"driver": m.driver_version, "flavor": m.flavor, "kernel": m.kernel_release}
 
@@ -196,13 +197,13 @@ class InstallPackage(StepImpl):
 
     def preflight(self, ctx, params):
         if params.get("package"):        # a fetched package is checked when the fetch has run
-            from driverd.packages.install import preflight
+            from driverd.install.modules import preflight
             preflight(ctx.root, params["package"], ctx.runner, kernel=params.get("kernel_release"),
                       enforce=params.get("enforce"), trusted_certs=ctx.config["signing.trusted_certs"])
 
     def check(self, ctx, params):
-        from driverd.packages.archive import sha256_file
-        from driverd.packages.install import is_installed
+        from driverd.package.archive import sha256_file
+        from driverd.install.modules import is_installed
         try:
             path = package_path(ctx, params)
         except PackageError:            # not fetched yet: a run is needed
@@ -211,7 +212,7 @@ class InstallPackage(StepImpl):
                                                      ctx.config["state.dir"])
 
     def do(self, ctx, params):
-        from driverd.packages.install import install
+        from driverd.install.modules import install
         rep = install(ctx.root, package_path(ctx, params), ctx.runner, kernel=params.get("kernel_release"),
                       enforce=params.get("enforce"), state_dir=ctx.config["state.dir"],
                       expected_sha256=_expected_sha(ctx, params), trusted_certs=ctx.config["signing.trusted_certs"],
@@ -227,12 +228,12 @@ class RestorePackage(StepImpl):
     action = "restore-package"
 
     def check(self, ctx, params):
-        from driverd.packages.install import is_installed
+        from driverd.install.modules import is_installed
         return is_installed(ctx.root, _release(ctx, params), params.get("sha256"), ctx.config["state.dir"])
 
     def do(self, ctx, params):
-        from driverd.packages.install import installed_sha256, put_previous_record, restore
-        from driverd.packages.kept import forget, kept_hostdir
+        from driverd.install.modules import installed_sha256, put_previous_record, restore
+        from driverd.install.kept import forget, kept_hostdir
         release, state_dir = _release(ctx, params), ctx.config["state.dir"]
         # a rollback takes away the package its run installed: that package failed on this host, so it is
         # not kept as a way back (the planner restores a kept package of the wanted version instead of
@@ -262,11 +263,11 @@ class RestorePreviousPackage(StepImpl):
     action = "restore-previous-package"
 
     def check(self, ctx, params):
-        from driverd.packages.install import is_installed
+        from driverd.install.modules import is_installed
         return is_installed(ctx.root, _release(ctx, params), params.get("target_sha256"), ctx.config["state.dir"])
 
     def do(self, ctx, params):
-        from driverd.packages.install import restore
+        from driverd.install.modules import restore
         return restore(ctx.root, _release(ctx, params), params.get("target_sha256"), ctx.runner,
                        state_dir=ctx.config["state.dir"], kernel_tools=ctx.kernel).to_json()
 
@@ -289,14 +290,14 @@ def userspace_now(ctx) -> dict:
 
 class FetchUserspace(StepImpl):
     """The user-space package of the driver version: userspace.package's, or fetched from the repositories'
-    index into the download cache and checked against it (driverd.packages.userspace_source)."""
+    index into the download cache and checked against it (driverd.repo.userspace)."""
     action = "fetch-userspace"
 
     def check(self, ctx, params):
         return bool(params.get("package")) and os.path.isfile(params["package"])
 
     def do(self, ctx, params):
-        from driverd.packages.userspace_source import fetch
+        from driverd.repo.userspace import fetch
         res = fetch(ctx.root, ctx.config, params["driver"], params.get("arch") or os.uname().machine, ctx.runner)
         return {"package": res.package, "sha256": res.sha256, "source": res.source}
 
@@ -317,7 +318,7 @@ def _userspace_package(ctx, params) -> tuple[str | None, str | None]:
 
 
 class InstallUserspace(StepImpl):
-    """Switch the driver's user-space (driverd.packages.userspace_install) in the transaction that switches
+    """Switch the driver's user-space (driverd.install.userspace) in the transaction that switches
     its modules, before the validation (whose workload check then runs with these libraries). The
     preimage is the snapshot's record of the user-space in use (lkg.userspace); undo puts back what the
     install replaced, and the rollback's convergence puts back the recorded one."""
@@ -325,8 +326,8 @@ class InstallUserspace(StepImpl):
 
     def preflight(self, ctx, params):
         if params.get("package"):
-            from driverd.packages.archive import read_manifest
-            from driverd.packages.userspace import KIND
+            from driverd.package.archive import read_manifest
+            from driverd.package.userspace import KIND
             m = read_manifest(params["package"], kind=KIND)
             if params.get("driver") and m.driver_version != params["driver"]:
                 raise PackageError(f"{params['package']} is the {m.driver_version} user-space, the driver is "
@@ -335,8 +336,8 @@ class InstallUserspace(StepImpl):
                                    fix=f"give the {params['driver']} user-space package (driverd build-userspace)")
 
     def check(self, ctx, params):
-        from driverd.packages.archive import sha256_file
-        from driverd.packages.userspace_install import is_installed
+        from driverd.package.archive import sha256_file
+        from driverd.install.userspace import is_installed
         path, sha = _userspace_package(ctx, params)
         if params.get("installed"):
             return is_installed(ctx.root, sha, places(ctx))
@@ -345,7 +346,7 @@ class InstallUserspace(StepImpl):
         return is_installed(ctx.root, sha or sha256_file(path), places(ctx))
 
     def do(self, ctx, params):
-        from driverd.packages.userspace_install import install, restore
+        from driverd.install.userspace import install, restore
         path, sha = _userspace_package(ctx, params)
         if params.get("installed"):
             # the tree is on disk (its package need not be): switched to, or made active again, from it
@@ -375,11 +376,11 @@ class ForgetKernel(StepImpl):
     action = "forget-kernel"
 
     def check(self, ctx, params):
-        from driverd.packages.install import release_leftovers
+        from driverd.install.modules import release_leftovers
         return not release_leftovers(ctx.root, params["kernel_release"], ctx.config["state.dir"])
 
     def do(self, ctx, params):
-        from driverd.packages.install import forget_release
+        from driverd.install.modules import forget_release
         return {"removed": forget_release(ctx.root, params["kernel_release"], ctx.config["state.dir"])}
 
     def describe(self, params):
@@ -391,11 +392,11 @@ class RestoreUserspace(StepImpl):
     action = "restore-userspace"
 
     def check(self, ctx, params):
-        from driverd.packages.userspace_install import is_installed
+        from driverd.install.userspace import is_installed
         return is_installed(ctx.root, params.get("sha256"), places(ctx))
 
     def do(self, ctx, params):
-        from driverd.packages.userspace_install import put_previous_record, restore
+        from driverd.install.userspace import put_previous_record, restore
         out = restore(ctx.root, params.get("sha256"), ctx.runner, places=places(ctx)).to_json()
         if "previous" in params:
             put_previous_record(ctx.root, params["previous"], places(ctx))
@@ -552,8 +553,8 @@ class CheckSigners(StepImpl):
     def do(self, ctx, params):
         from driverd.host.kernel import read_kernel
         from driverd.host.keyrings import read_keyrings
-        from driverd.packages import signers
-        from driverd.packages.install import modules_dir
+        from driverd.build import signers
+        from driverd.install.modules import modules_dir
         try:
             pkg = package_path(ctx, params)
         except PackageError:
@@ -578,8 +579,8 @@ class CheckSigners(StepImpl):
 def _package_modinfo(package: str) -> dict:
     """ModInfo of every module in a package, read from its files (nothing is installed)."""
     from driverd.modinfo import read_modinfo
-    from driverd.packages.archive import unpack
-    from driverd.packages.manifest import MODULES_DIR
+    from driverd.package.archive import unpack
+    from driverd.package.manifest import MODULES_DIR
     with tempfile.TemporaryDirectory(prefix="driverd-modinfo-") as tmp:
         unpack(package, os.path.join(tmp, "pkg"))
         d = os.path.join(tmp, "pkg", MODULES_DIR)
@@ -678,10 +679,10 @@ def _runtime_files(ctx, params, verb: str) -> list[str]:
     import dataclasses
     from driverd.runtime import registry
     from driverd.runtime.handler import configure, revert
-    from driverd.runtime.state import STATE_FILE
+    from driverd.runtime.state import STATE_FILE, state_file
     from driverd.runner import Runner
     opts = dataclasses.replace(runtime_options(ctx, params, dry_run=True), restart="none")
-    files = {STATE_FILE}
+    files = {state_file(ctx.config["state.dir"]), STATE_FILE}    # the default's: a record moved from there
     if params["runtime"] in registry.names():
         files.add(opts.config_path or registry.get(params["runtime"]).default_config)
     if opts.cdi or params["runtime"] == "cdi":

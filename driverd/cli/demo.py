@@ -122,7 +122,7 @@ def _run_demo(workdir: str | None, as_json: bool, kubeconfig: str | None, keep: 
          "simulated kernel (its /proc and /sys live in the sandbox)")
     make_host(root, dgx_spec())
     marker = repo / ".built"
-    from driverd.packages.repo import write_index
+    from driverd.repo.index import write_index
     from driverd.sim.scenario import make_index_key
     key, pub = make_index_key(wd / "keys")
     if not marker.exists():

@@ -275,7 +275,7 @@ def register(sub, common) -> None:
 def cmd_prepare_kernel(ctx, args) -> int:
     from driverd.apply import lifecycle as lc
     from driverd.cli.lifecycle_cmds import finish
-    from driverd.packages.fetch import want_for_host
+    from driverd.repo.fetch import want_for_host
     cfg = ctx.config.with_overrides({"driver.version": args.driver, "driver.flavor": args.flavor})
     want = want_for_host(ctx.root, cfg, args.release, args.arch)
     req = lc.prepare_kernel_request(cfg, want, allow_build=not args.no_build)
@@ -287,7 +287,7 @@ def cmd_prepare_kernel(ctx, args) -> int:
 
 def cmd_reboot_ready(ctx, args) -> int:
     from driverd.errors import EXIT_UNEXPECTED
-    from driverd.packages.rebootgate import judge
+    from driverd.install.rebootgate import judge
     cfg = ctx.config
     g = judge(ctx.root, cfg, version=args.driver, flavor=args.flavor)
     out = g.to_json()
@@ -324,7 +324,7 @@ def cmd_install(ctx, args) -> int:
     enforce = {"auto": None, "yes": True, "no": False}[args.enforce_signatures]
     package = os.path.abspath(args.package)
     if ctx.dry_run:
-        from driverd.packages.install import install
+        from driverd.install.modules import install
         rep = install(ctx.root, package, ctx.runner, kernel=args.kernel, enforce=enforce,
                       state_dir=ctx.config["state.dir"]).to_json()
         emit(ctx.json, rep, lambda r: f"dry run: would install {r['driver_version']} ({r['flavor']}) for "
@@ -358,13 +358,13 @@ def cmd_rollback(ctx, args) -> int:
 
 def cmd_build(ctx, args) -> int:
     from driverd.cli.interrupt import terminate_as_interrupt
-    from driverd.packages.build import build
-    from driverd.packages.buildprogress import Reporter, clock
+    from driverd.build.modules import build
+    from driverd.build.progress import Reporter, clock
     cfg = ctx.config
-    from driverd.packages.sign import signing_pair
+    from driverd.build.sign import signing_pair
     key, cert = signing_pair(cfg, args.sign_key, args.sign_cert)
     work = args.work_dir or str(ctx.root.real(f"{cfg['packages.cache_dir']}/build"))
-    from driverd.packages.compiler_cache import from_config
+    from driverd.build.compiler_cache import from_config
     cache = from_config(ctx.root, cfg, work, args.ccache, args.ccache_dir)
     progress = Reporter()           # stderr: a script reading --json's stdout still sees progress in its log
     try:
@@ -382,7 +382,7 @@ def cmd_build(ctx, args) -> int:
 
 
 def cmd_build_userspace(ctx, args) -> int:
-    from driverd.packages import userspace_build as ub
+    from driverd.build import userspace as ub
     src = args.from_debs or args.from_run_dir
     if not os.path.isdir(src):
         raise UsageError(f"{src} is not a directory", fix="pass the directory holding the .debs (--from-debs) or "
@@ -409,8 +409,8 @@ def _cell_list(path: str | None) -> list[str] | None:
 def cmd_render_job(ctx, args, m, out: str | None) -> int:
     import json
     import sys
-    from driverd.packages import matrix as mx
-    from driverd.packages import matrix_job as mj
+    from driverd.build import matrix as mx
+    from driverd.build import job as mj
     cells = mx.select(m, args.only, _cell_list(args.cells))
     todo = cells if args.all_cells or not out else mx.missing(m, out, cells)
     opts = mj.JobOptions(image=args.image or mj.DEFAULT_IMAGE, repo_volume=args.repo_volume or mj.DEFAULT_REPO_VOLUME,
@@ -434,7 +434,7 @@ def cmd_render_job(ctx, args, m, out: str | None) -> int:
 
 def cmd_build_matrix(ctx, args) -> int:
     from driverd.errors import EXIT_BLOCKED
-    from driverd.packages import matrix as mx
+    from driverd.build import matrix as mx
     m = mx.load(args.matrix)
     out = args.out or m.repository
     if args.render_job:
@@ -442,10 +442,10 @@ def cmd_build_matrix(ctx, args) -> int:
     if not out:
         raise UsageError("no output repository", fix="pass --out DIR or set `repository` in the matrix")
     work = args.work_dir or str(ctx.root.real(f"{ctx.config['packages.cache_dir']}/build"))
-    from driverd.packages.sign import signing_pair
+    from driverd.build.sign import signing_pair
     key, cert = signing_pair(ctx.config, args.sign_key, args.sign_cert)
     from driverd.cli.interrupt import terminate_as_interrupt
-    from driverd.packages.compiler_cache import from_config
+    from driverd.build.compiler_cache import from_config
     cache = None if args.dry_run else from_config(ctx.root, ctx.config, work, args.ccache, args.ccache_dir)
     with terminate_as_interrupt():
         results = mx.run(m, out, jobs=args.jobs, make_jobs=args.make_jobs, work_dir=work, only=args.only,
@@ -465,8 +465,8 @@ def cmd_build_matrix(ctx, args) -> int:
 def cmd_repo_index(ctx, args) -> int:
     from driverd.errors import EXIT_BLOCKED
     from driverd.fsutil import trusted_dir
-    from driverd.packages.repo import INDEX_NAME, write_index
-    from driverd.packages.trust import DEFAULT_VALID_DAYS
+    from driverd.repo.index import INDEX_NAME, write_index
+    from driverd.repo.trust import DEFAULT_VALID_DAYS
     if bool(args.accept) != bool(args.cells):
         raise UsageError("--accept and --cells go together",
                          fix="pass both (a rendered Job's index pod does), or neither")
@@ -474,7 +474,7 @@ def cmd_repo_index(ctx, args) -> int:
     trusted_dir(args.dir, "repository directory")
     intake = []
     if args.accept:
-        from driverd.packages.intake import accept
+        from driverd.build.intake import accept
         trusted_dir(args.accept, "--accept directory", missing_ok=True)
         cells = _cell_list(args.cells) or []
         intake = accept(args.dir, args.accept, cells) if os.path.isdir(args.accept) else \
@@ -502,7 +502,7 @@ def cmd_repo_index(ctx, args) -> int:
 
 
 def _missing(i: int, cell: str, incoming: str):
-    from driverd.packages.intake import Intake
+    from driverd.build.intake import Intake
     return Intake(i, cell, "missing", f"{incoming} does not exist (no pod built anything)")
 
 
@@ -521,7 +521,8 @@ def repo_arg(url: str) -> str:
 
 
 def cmd_fetch(ctx, args) -> int:
-    from driverd.packages.fetch import fetch_configured, want_for_host
+    from driverd.build.obtain import fetch_configured
+    from driverd.repo.fetch import want_for_host
     cfg = ctx.config.with_overrides({"driver.version": args.driver, "driver.flavor": args.flavor})
     repos = [repo_arg(u) for u in args.repo] if args.repo else cfg["packages.repositories"]
     reason = None

@@ -125,7 +125,7 @@ def cmd_configure(ctx, args) -> int:
 
 def cmd_revert(ctx, args) -> int:
     from driverd.runtime.handler import recorded_runtimes
-    targets = recorded_runtimes(ctx.root) if args.runtime == "auto" else [args.runtime]
+    targets = recorded_runtimes(ctx.root, ctx.config["state.dir"]) if args.runtime == "auto" else [args.runtime]
     return _run(ctx, args, "revert", targets)
 
 

@@ -1,5 +1,5 @@
 """`driverd reboot-gate`: for hosts without kured, hold a systemd shutdown inhibitor lock while the reboot gate
-(driverd.packages.rebootgate, `driverd reboot-ready`) is closed, and release it once it opens.
+(driverd.install.rebootgate, `driverd reboot-ready`) is closed, and release it once it opens.
 
 The lock is logind's (`systemd-inhibit --what=shutdown --mode=block`): while it is held, logind refuses a
 shutdown or reboot that checks inhibitors — a user's or session's request, `systemctl reboot` from a terminal
@@ -84,7 +84,7 @@ def run(root, load_config: Callable, *, interval_s: float, log: Callable[..., No
     """The gate's loop until SIGTERM/SIGINT; exit 0 (the lock released)."""
     from driverd.daemon.kernelwatch import KernelDirs
     from driverd.errors import DriverdError
-    from driverd.packages.rebootgate import judge
+    from driverd.install.rebootgate import judge
     stop = threading.Event()
 
     def on_stop(signum, frame) -> None:

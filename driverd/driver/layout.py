@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from driverd.driverfiles import DRIVER_ROOTS, DRIVERD_LDCONF
+from driverd.driver.files import DRIVER_ROOTS, DRIVERD_LDCONF
 from driverd.root import Root
 
 DEFAULT_STATE_DIR = "/var/lib/driverd"

@@ -9,12 +9,12 @@ import re
 import stat
 from dataclasses import dataclass
 
-from driverd import driverfiles
+from driverd.driver import files as driverfiles
 from driverd.driver.layout import LDCONF, USERSPACE_RECORD, Places
 from driverd.driver.records import read_json, valid_sha
 from driverd.errors import DriverdError
-from driverd.packages import userspace as us
-from driverd.packages.manifest import MANIFEST_NAME
+from driverd.package import userspace as us
+from driverd.package.manifest import MANIFEST_NAME
 from driverd.root import Root
 
 _TREE = re.compile(r"^[0-9][A-Za-z0-9._+-]*$")
@@ -220,3 +220,12 @@ def is_installed(root: Root | str | os.PathLike, sha256: str | None, places: Pla
     return activation_ok(root, places, cur, foreign_userspace(root, places) is None)
 
 
+def check_root(root: Root, places: Places) -> None:
+    """userspace.root holds the trees the loader configuration and the PATH links point into: whoever can
+    rename an entry in it, or in any directory on the way to it, can swap the libraries every process on
+    the node loads. Refused (ConfigError, one line) unless root owns it and every directory on the way
+    and none of them is group- or world-writable (driverd.fsutil.trusted_dir; a missing root is judged by
+    the directories it would be made in)."""
+    from driverd.fsutil import trusted_dir
+    real = places.root if root.is_slash else str(root.real(places.root))
+    trusted_dir(real, "userspace.root", shown=places.root, missing_ok=True)

@@ -181,7 +181,7 @@ class Facts:
     keyrings: KeyringFacts | None = None    # the kernel's trusted keyrings (driverd.host.keyrings)
     rdma: RdmaFacts | None = None           # GPUDirect RDMA: MLNX_OFED peer-memory API (driverd.host.rdma); None without a Mellanox NIC
     driver_owner: OwnershipFacts | None = None   # who owns the installed driver (driverd.host.ownership)
-    # the driver's user-space (driverd.driverfiles) and, with a loaded driver, what the file-only half of the
+    # the driver's user-space (driverd.driver.files) and, with a loaded driver, what the file-only half of the
     # workload check says of it ("problems": e.g. its version is not the loaded module's)
     userspace: dict | None = None
 

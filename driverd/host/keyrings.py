@@ -19,7 +19,7 @@ Sources, in the kernel's own formats:
 What userspace cannot see: the system keyrings' keys have permissions 0x1f010000 (possessor: all;
 owner uid 0: view) — an unprivileged reader, or root in a user namespace, sees none of them; and
 /proc/keys shows a key's subject and SKID but not its issuer or serial, which are what the kernel
-matches a sign-file signature against (see driverd.packages.modsig).
+matches a sign-file signature against (see driverd.package.modsig).
 """
 from __future__ import annotations
 

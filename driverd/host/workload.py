@@ -3,7 +3,7 @@
 "Loaded" is not "ready": a kernel-only upgrade leaves the old libcuda and libnvidia-ml in front of the
 new modules (NVML: "RM has detected an NVML/RM version mismatch", cuInit: 803), and a GPU can be visible
 to the driver while CUDA cannot open it (no fabric on an NVSwitch system, a wedged GPU). So the check
-loads the very libraries containers will get (`driverd.driverfiles.find`, the CDI spec's finder) in a
+loads the very libraries containers will get (`driverd.driver.files.find`, the CDI spec's finder) in a
 short-lived child (`driverd.host.cudaprobe`) and judges what it saw:
 
 1. the user-space exists, and its version (the libraries' real file names) is the loaded module's;
@@ -24,7 +24,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 
-from driverd.driverfiles import UserSpace, find
+from driverd.driver.files import UserSpace, find
 from driverd.root import Root
 from driverd.runner import CHILD_CWD, python_child
 

@@ -63,7 +63,7 @@ class Plan:
     reboot_reasons: tuple[str, ...] = ()
     blocked_by: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
-    signatures: dict | None = None      # the signer preflight's verdict (driverd.packages.signers)
+    signatures: dict | None = None      # the signer preflight's verdict (driverd.build.signers)
     driver_managed_by: str | None = None  # set when driverd leaves the driver to another package manager
     # What "converged" means for this host, checked by every validation (the transaction's last step,
     # the daemon's pass, the cluster agent): these NVIDIA modules loaded, persistence when driverd runs

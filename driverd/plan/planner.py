@@ -119,7 +119,7 @@ def userspace_blocks(facts: Facts, loading: str | None) -> list[str]:
 
 def userspace_steps(offer, version: str, arch: str | None) -> tuple[list[Step], list[Step]]:
     """(fetch, install) steps that switch driverd's user-space to `version` with the modules: `offer` is
-    driverd.packages.userspace_source.Offer (None: no package of it to switch to)."""
+    driverd.repo.userspace.Offer (None: no package of it to switch to)."""
     if offer is None or offer.version != version or offer.in_place:
         return [], []
     now = f"driverd's user-space is {offer.current_version}" if offer.current_version else \
@@ -146,15 +146,15 @@ def userspace_steps(offer, version: str, arch: str | None) -> tuple[list[Step], 
 def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, us_offer=None,
          no_package: str | None = None, kept: dict | None = None) -> Plan:
     """`signers`: the signer preflight's verdict on the package that would be loaded
-    (driverd.packages.signers.SignerVerdict, computed from its files and the kernel's keyrings), or
+    (driverd.build.signers.SignerVerdict, computed from its files and the kernel's keyrings), or
     None when nobody looked. Only a verdict that the kernel would refuse blocks the plan.
     `userspace`: judge the driver's user-space (`userspace_blocks`) — where the workload check applies.
     `us_offer`: the user-space package of the wanted version this node can switch to
-    (driverd.packages.userspace_source.Offer): its install goes into the same transaction as the modules.
-    `no_package`: why no repository or local build can provide a package (driverd.packages.fetch.unavailable),
+    (driverd.repo.userspace.Offer): its install goes into the same transaction as the modules.
+    `no_package`: why no repository or local build can provide a package (driverd.build.obtain.unavailable),
     None when one may: a plan that needs to fetch one is then blocked instead of failing at fetch-package.
     `kept`: (version, flavour) -> sha256 of the packages for the running kernel in driverd's kept store
-    (driverd.packages.kept.kept_for): the wanted one comes back from there, with nothing fetched."""
+    (driverd.install.kept.kept_for): the wanted one comes back from there, with nothing fetched."""
     if not facts.gpus:
         return Plan(desired.driver_version, None, "no NVIDIA GPU on this host", facts.kernel.release, (),
                     warnings=facts.warnings)

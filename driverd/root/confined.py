@@ -320,7 +320,7 @@ class ConfinedOps(HostPaths):
     @contextlib.contextmanager
     def open_dir(self, hostpath: str, create: bool = False, mode: int = 0o755) -> Iterator[int]:
         """An O_RDONLY|O_DIRECTORY fd of `hostpath` resolved inside the root (created with its parents
-        when `create`), for writers that work relative to a directory (driverd.packages.archive.unpack_at)."""
+        when `create`), for writers that work relative to a directory (driverd.package.archive.unpack_at)."""
         hp = self._norm(os.fspath(hostpath))
         with self._guard(hp, "create" if create else "open"):
             fd = self._open_dir(hp, create=create, mode=mode)

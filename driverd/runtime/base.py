@@ -107,10 +107,10 @@ class Runtime(ABC):
         config_path; notes go into report. `record` is what driverd recorded for this runtime
         before (its own earlier edits). Writes nothing; raises RuntimeConfigError to refuse."""
 
-    def revert(self, root: Root, report: ChangeReport, dry_run: bool) -> None:
+    def revert(self, root: Root, report: ChangeReport, dry_run: bool, state_dir: str = "/var/lib/driverd") -> None:
         """Undo what driverd recorded for this runtime (surgically: later edits by others stay)."""
         from driverd.runtime import state
-        state.revert(root, self.name, report, dry_run)
+        state.revert(root, self.name, report, dry_run, state_dir)
 
     # -- restart -------------------------------------------------------------------------------------
     def unit(self, root: Root, config_path: str) -> str:

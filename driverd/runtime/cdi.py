@@ -4,7 +4,7 @@ device nodes, the driver's user-space and a way for the container's loader to fi
 
 The user-space is what NVIDIA's own generator gives a container (`nvidia-ctk cdi generate`,
 nvidia-container-toolkit v1.20.2, pkg/nvcdi/driver-nvml.go and common-nvml.go), found by
-`driverd.driverfiles.inventory` — the finder the workload validation uses too:
+`driverd.driver.files.inventory` — the finder the workload validation uses too:
 - every library of the driver's version (`*.so.<version>` in its library directories) and the binaries
   (nvidia-smi, nvidia-debugdump, nvidia-persistenced, nvidia-cuda-mps-control/-server, nvidia-imex[-ctl]),
   read-only bind mounts; GSP firmware (`/lib/firmware/nvidia/<version>/gsp*.bin`); the IPC sockets that
@@ -44,7 +44,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 
-from driverd import driverfiles
+from driverd.driver import files as driverfiles
 from driverd.errors import RuntimeConfigError
 from driverd.nvproc import gpu_addresses, gpu_information
 from driverd.root import Root
@@ -383,21 +383,21 @@ def commit(root: Root, options, report, sp: SpecPlan, dry: bool = False) -> None
     elif sp.spec is None:
         report.notes.append(PENDING.format(path=sp.path))
     else:
-        _forget_rewritten(root, report, dry, keep=sp.path)
+        _forget_rewritten(root, options.state_dir, report, dry, keep=sp.path)
         write_spec(root, options, report, None, dry, sp.spec)
 
 
-def _recorded_specs(root: Root) -> dict[str, dict]:
+def _recorded_specs(root: Root, state_dir: str) -> dict[str, dict]:
     from driverd.runtime import state
-    return dict((state.recorded(root, "cdi") or {}).get("files") or {})
+    return dict((state.recorded(root, "cdi", state_dir) or {}).get("files") or {})
 
 
-def _forget_rewritten(root: Root, report, dry: bool, keep: str | None = None) -> list[str]:
+def _forget_rewritten(root: Root, state_dir: str, report, dry: bool, keep: str | None = None) -> list[str]:
     """Drop from driverd's record the spec files (but `keep`) someone else rewrote since driverd wrote
     them (the toolkit's refresh writes the same file): they are theirs now, and a revert must not remove
     them. Returns the paths dropped."""
     from driverd.runtime import state
-    files = _recorded_specs(root)
+    files = _recorded_specs(root, state_dir)
     drop = [p for p, f in files.items() if p != keep and (cur := state.read(root, p)) is not None
             and state.sha256(cur) != f.get("written_sha256")]
     for p in drop:
@@ -405,7 +405,7 @@ def _forget_rewritten(root: Root, report, dry: bool, keep: str | None = None) ->
                             "(driverd's record of it dropped, the file left as it is)")
     if not drop or dry:
         return drop
-    data = state.load(root)
+    data = state.load(root, state_dir)
     rec = data["runtimes"].get("cdi") or {}
     for p in drop:
         frec = rec.get("files", {}).pop(p, None)
@@ -413,7 +413,7 @@ def _forget_rewritten(root: Root, report, dry: bool, keep: str | None = None) ->
             root.unlink(frec["backup"])
     if not rec.get("files"):
         data["runtimes"].pop("cdi", None)
-    state.save(root, data)
+    state.save(root, data, state_dir)
     return drop
 
 
@@ -423,15 +423,15 @@ def _step_back(root: Root, options, report, sp: SpecPlan, dry: bool) -> None:
     a second time)."""
     from driverd.runtime import state
     from driverd.runtime.model import ChangeReport
-    dropped = _forget_rewritten(root, report, dry)
-    files = {p: f for p, f in _recorded_specs(root).items() if p not in dropped}
+    dropped = _forget_rewritten(root, options.state_dir, report, dry)
+    files = {p: f for p, f in _recorded_specs(root, options.state_dir).items() if p not in dropped}
     if not files:
         return
     if sp.owner == "toolkit" and set(files) == {sp.toolkit_output}:
         report.notes.append(f"{sp.toolkit_output} still holds driverd's spec until the toolkit's refresh rewrites it")
         return
     sub = ChangeReport("cdi", options.handler, "revert", dry_run=dry)
-    state.revert(root, "cdi", sub, dry)
+    state.revert(root, "cdi", sub, dry, options.state_dir)
     report.files_changed += sub.files_changed
     report.diffs.update(sub.diffs)
     report.notes += [f"driverd's own spec taken back: {n}" for n in sub.notes]
@@ -472,11 +472,11 @@ def revert(root: Root, options, report, dry: bool = False) -> None:
     """`driverd runtime revert --runtime cdi`: take back the spec driverd wrote; a spec file another tool
     rewrote since (the toolkit's refresh) is left to it."""
     from driverd.runtime import state
-    dropped = _forget_rewritten(root, report, dry)
-    if dropped and not set(_recorded_specs(root)) - set(dropped):
+    dropped = _forget_rewritten(root, options.state_dir, report, dry)
+    if dropped and not set(_recorded_specs(root, options.state_dir)) - set(dropped):
         report.skipped = "every spec driverd wrote has been rewritten by another tool since: nothing to take back"
         return
-    state.revert(root, "cdi", report, dry)
+    state.revert(root, "cdi", report, dry, options.state_dir)
 
 
 def write_spec(root: Root, options, report, facts=None, dry: bool = False, spec: dict | None = None) -> None:
@@ -488,7 +488,8 @@ def write_spec(root: Root, options, report, facts=None, dry: bool = False, spec:
     new = render(spec).encode()
     old = root.read_bytes(options.cdi_spec_path)
     sub = ChangeReport("cdi", options.handler)
-    state.apply(root, "cdi", options.handler, [FileEdit(options.cdi_spec_path, new, old, "owned")], sub, dry)
+    state.apply(root, "cdi", options.handler, [FileEdit(options.cdi_spec_path, new, old, "owned")], sub, dry,
+                options.state_dir)
     report.files_changed += sub.files_changed
     report.backups += sub.backups
     report.diffs.update(sub.diffs)

@@ -56,7 +56,8 @@ def configure(root: Root, runtime: str, options: Options, runner: Runner | None 
     report = ChangeReport(runtime, options.handler, "configure", config_path, dry_run=dry)
     if rf is None and options.config_path is None and not root.exists(config_path):
         report.notes.append(f"{runtime} was not detected on this host; configuring {config_path} anyway")
-    edits: list[FileEdit] = rt.configure(root, config_path, options, report, rf, state.recorded(root, runtime))
+    edits: list[FileEdit] = rt.configure(root, config_path, options, report, rf,
+                                             state.recorded(root, runtime, options.state_dir))
     binary = report.binary or options.binary
     _path, found = resolve_binary(root, binary)
     if found != "present" and not rt.checks_binary:
@@ -72,7 +73,7 @@ def configure(root: Root, runtime: str, options: Options, runner: Runner | None 
         # spec is left to NVIDIA's toolkit where its own refresh writes it (cdi.plan says who writes).
         from driverd.runtime import cdi
         spec_plan = cdi.plan(root, options, facts)
-    state.apply(root, runtime, options.handler, edits, report, dry)
+    state.apply(root, runtime, options.handler, edits, report, dry, options.state_dir)
     if spec_plan is not None:
         cdi.commit(root, options, report, spec_plan, dry)
     runtime_changed = any(p in report.files_changed for p in (e.path for e in edits))
@@ -93,7 +94,7 @@ def _undo_after_failed_start(root, rt, config_path, rf, options, runner, report,
     Left as it was, the node would run no containers at all."""
     from driverd.runtime.restart import start_again
     undo = ChangeReport(rt.name, options.handler, "revert", config_path)
-    rt.revert(root, undo, False)
+    rt.revert(root, undo, False, options.state_dir)
     unit, sock = _unit_and_socket(root, rt, config_path, rf)
     try:
         again = start_again(root, rt.name, unit, sock, runner, options.wait_timeout_s)[1]
@@ -142,7 +143,7 @@ def revert(root: Root, runtime: str, options: Options, runner: Runner | None = N
         cdi.revert(root, options, report, dry)
         return report
     rt = registry.get(runtime)
-    rt.revert(root, report, dry)
+    rt.revert(root, report, dry, options.state_dir)
     if not report.files_changed:
         return report
     rf = _facts_for(root, runtime, options.handler, facts)
@@ -152,8 +153,8 @@ def revert(root: Root, runtime: str, options: Options, runner: Runner | None = N
     return report
 
 
-def recorded_runtimes(root: Root) -> list[str]:
-    return list(state.load(root)["runtimes"])
+def recorded_runtimes(root: Root, state_dir: str = state.DEFAULT_STATE_DIR) -> list[str]:
+    return list(state.load(root, state_dir)["runtimes"])
 
 
 __all__ = ["configure", "revert", "write_cdi_spec", "recorded_runtimes", "RuntimeConfigError"]

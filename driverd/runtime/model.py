@@ -100,6 +100,7 @@ class Options:
     wait_timeout_s: float = 30.0             # bounded wait for the runtime's socket after a restart
     adopt_foreign: bool = False              # take over a same-named handler that runs something else
     binary_explicit: bool = False            # the binary was asked for (flag or runtime.binary), not defaulted
+    state_dir: str = "/var/lib/driverd"      # state.dir: driverd's record of what it changed lives under it
 
     @property
     def binary_chosen(self) -> bool:
@@ -112,7 +113,8 @@ class Options:
         """Options from driverd's configuration (runtime.* keys); CLI flags override (None = keep)."""
         base = dict(handler=cfg["runtime.handler"], binary=cfg["runtime.binary"],
                     set_as_default=cfg["runtime.set_as_default"], cdi=cfg["runtime.cdi"],
-                    restart=cfg["runtime.restart"], adopt_foreign=cfg["runtime.adopt_foreign"])
+                    restart=cfg["runtime.restart"], adopt_foreign=cfg["runtime.adopt_foreign"],
+                    state_dir=cfg["state.dir"])
         explicit = overrides.get("binary") is not None or "runtime.binary" in (getattr(cfg, "sources", None) or {})
         base.update({k: v for k, v in overrides.items() if v is not None})
         base["binary_explicit"] = bool(base.get("binary_explicit")) or explicit

@@ -1,6 +1,6 @@
 """What driverd changed in runtime configuration, so that `revert` undoes exactly that.
 
-<root>/var/lib/driverd/runtime/state.json records, per runtime, every file we edited or created: the
+<root>/<state.dir>/runtime/state.json (state.dir: /var/lib/driverd) records, per runtime, every file we edited or created: the
 backup of the original (taken before our first recorded edit, one file per runtime and path; a failed
 run leaves none), the hash of what we wrote and the changes we made, and the handlers another tool
 wrote that driverd took over ("adopted"). Revert restores the backup byte for byte when nobody
@@ -19,38 +19,59 @@ from driverd.errors import HostPathError, RuntimeConfigError
 from driverd.root import Root
 from driverd.runtime.model import Change, ChangeReport, FileEdit
 
-STATE_DIR = "/var/lib/driverd/runtime"
-STATE_FILE = f"{STATE_DIR}/state.json"
-BACKUP_DIR = f"{STATE_DIR}/backups"
+DEFAULT_STATE_DIR = "/var/lib/driverd"           # state.dir's default
+STATE_FILE = f"{DEFAULT_STATE_DIR}/runtime/state.json"     # the record under the default state.dir
+
+
+def state_file(state_dir: str = DEFAULT_STATE_DIR) -> str:
+    return f"{state_dir.rstrip('/')}/runtime/state.json"
+
+
+def backup_dir(state_dir: str = DEFAULT_STATE_DIR) -> str:
+    return f"{state_dir.rstrip('/')}/runtime/backups"
 
 
 def sha256(data: bytes | None) -> str | None:
     return hashlib.sha256(data).hexdigest() if data is not None else None
 
 
-def load(root: Root) -> dict:
-    raw = root.read_text(STATE_FILE)
+def _source(root: Root, state_dir: str) -> str:
+    """The record to read: state.dir's; with another state.dir than the default and nothing recorded there
+    yet, the default's, which driverd before issue 45 wrote whatever state.dir said (its backups are named
+    in it by their full paths, so they are found where they are)."""
+    path = state_file(state_dir)
+    if path != STATE_FILE and root.lstat(path) is None and root.lstat(STATE_FILE) is not None:
+        return STATE_FILE
+    return path
+
+
+def load(root: Root, state_dir: str = DEFAULT_STATE_DIR) -> dict:
+    path = _source(root, state_dir)
+    raw = root.read_text(path)
     if not raw:
         return {"version": 1, "runtimes": {}}
     try:
         data = json.loads(raw)
     except ValueError as e:
-        raise RuntimeConfigError(f"{STATE_FILE} is corrupt ({e})", fix=f"inspect or remove {STATE_FILE}") from None
+        raise RuntimeConfigError(f"{path} is corrupt ({e})", fix=f"inspect or remove {path}") from None
     data.setdefault("runtimes", {})
     return data
 
 
-def save(root: Root, data: dict) -> None:
-    root.atomic_write_json(STATE_FILE, data)
+def save(root: Root, data: dict, state_dir: str = DEFAULT_STATE_DIR) -> None:
+    legacy = _source(root, state_dir)
+    root.atomic_write_json(state_file(state_dir), data)
+    if legacy != state_file(state_dir):
+        root.unlink(legacy)           # moved: read once more from the default state.dir, it would be stale
 
 
-def backup_path(hostpath: str, runtime: str) -> str:
+def backup_path(hostpath: str, runtime: str, state_dir: str = DEFAULT_STATE_DIR) -> str:
     """The backup of `hostpath`'s original for `runtime`'s record: the path made flat to be read by a
     person, plus a hash of the exact (runtime, path), so that two files never share one backup
     ('/etc/a__b/c' and '/etc/a/b__c' flatten alike) and neither do two records of one file."""
     flat = hostpath.strip("/").replace("/", "__")[:150]
     key = hashlib.sha256(runtime.encode() + b"\0" + hostpath.encode()).hexdigest()[:16]
-    return f"{BACKUP_DIR}/{flat}.{key}.orig"
+    return f"{backup_dir(state_dir)}/{flat}.{key}.orig"
 
 
 def read(root: Root, hostpath: str) -> bytes | None:
@@ -95,7 +116,7 @@ def _put(root: Root, hostpath: str, data: bytes | None) -> None:
 
 
 def apply(root: Root, runtime: str, handler: str, edits: list[FileEdit], report: ChangeReport,
-          dry_run: bool) -> None:
+          dry_run: bool, state_dir: str = DEFAULT_STATE_DIR) -> None:
     """Write `edits` (skipping those that change nothing), back up originals once, record state."""
     edits = [e for e in edits if not e.noop]
     for e in edits:
@@ -103,10 +124,10 @@ def apply(root: Root, runtime: str, handler: str, edits: list[FileEdit], report:
     if dry_run or not edits:
         report.files_changed = [e.path for e in edits]
         if edits:                       # the backups a run would take (a transaction's preimage keeps them)
-            have = (load(root)["runtimes"].get(runtime) or {}).get("files") or {}
-            report.backups = [backup_path(e.path, runtime) for e in edits if e.path not in have and e.old is not None]
+            have = (load(root, state_dir)["runtimes"].get(runtime) or {}).get("files") or {}
+            report.backups = [backup_path(e.path, runtime, state_dir) for e in edits if e.path not in have and e.old is not None]
         return
-    data = load(root)
+    data = load(root, state_dir)
     rec = data["runtimes"].setdefault(runtime, {"handler": handler, "files": {}})
     done: list[FileEdit] = []
     made: list[str] = []                 # backups this run wrote: removed again when it fails
@@ -123,7 +144,7 @@ def apply(root: Root, runtime: str, handler: str, edits: list[FileEdit], report:
                     # The original, taken before driverd's first recorded edit and kept while the record
                     # lives. Without a record, a file of that name can only be a failed run's leftover:
                     # what is there now (an admin's edit since, maybe) is the original.
-                    bp = backup_path(e.path, runtime)
+                    bp = backup_path(e.path, runtime, state_dir)
                     root.atomic_write(bp, e.old, 0o600)
                     made.append(bp)
                     frec["backup"] = bp
@@ -137,7 +158,7 @@ def apply(root: Root, runtime: str, handler: str, edits: list[FileEdit], report:
         for a in report.adopted:
             if a["file"] in report.files_changed:
                 rec.setdefault("adopted", {}).setdefault(a["handler"], a)   # the first takeover is the record
-        save(root, data)
+        save(root, data, state_dir)
     except (OSError, HostPathError) as err:
         for e in reversed(done):          # put back what this run already wrote
             try:
@@ -153,19 +174,20 @@ def apply(root: Root, runtime: str, handler: str, edits: list[FileEdit], report:
         if isinstance(err, HostPathError):   # already one line naming the path, cause and fix
             raise
         raise _write_error(getattr(err, "filename", None) or (edits[len(done)].path if len(done) < len(edits)
-                                                               else STATE_FILE), err) from None
+                                                               else state_file(state_dir)), err) from None
 
 
-def recorded(root: Root, runtime: str) -> dict | None:
-    return load(root)["runtimes"].get(runtime)
+def recorded(root: Root, runtime: str, state_dir: str = DEFAULT_STATE_DIR) -> dict | None:
+    return load(root, state_dir)["runtimes"].get(runtime)
 
 
-def revert(root: Root, runtime: str, report: ChangeReport, dry_run: bool) -> None:
+def revert(root: Root, runtime: str, report: ChangeReport, dry_run: bool, state_dir: str = DEFAULT_STATE_DIR) -> None:
     """Undo everything recorded for `runtime`; keep edits other people made since."""
-    data = load(root)
+    data = load(root, state_dir)
     rec = data["runtimes"].get(runtime)
     if not rec:
-        report.skipped = f"driverd has not changed {runtime}'s configuration (nothing recorded in {STATE_FILE})"
+        report.skipped = (f"driverd has not changed {runtime}'s configuration (nothing recorded in "
+                          f"{state_file(state_dir)})")
         return
     plans: list[tuple[str, bytes | None, bytes | None, str]] = []
     for path, frec in rec["files"].items():
@@ -204,7 +226,7 @@ def revert(root: Root, runtime: str, report: ChangeReport, dry_run: bool) -> Non
         if frec.get("backup"):
             root.unlink(frec["backup"])
     del data["runtimes"][runtime]
-    save(root, data)
+    save(root, data, state_dir)
 
 
 def _surgical(path: str, cur: bytes, frec: dict) -> bytes | None:

@@ -254,7 +254,7 @@ def write_nvidia_build(directory: str | os.PathLike, version: str = DEFAULT_VERS
 
 def find_sign_file(headers: str | os.PathLike | None = None) -> str | None:
     """The signer for this machine's fake modules (tests sign with this machine's kbuild)."""
-    from driverd.packages.sign import find_sign_file as find
+    from driverd.build.sign import find_sign_file as find
     return find(headers)
 
 

@@ -8,9 +8,9 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from driverd.packages.archive import PackageRef
-from driverd.packages.assemble import PackageSpec, assemble
-from driverd.packages.manifest import Provenance
+from driverd.package.archive import PackageRef
+from driverd.build.assemble import PackageSpec, assemble
+from driverd.package.manifest import Provenance
 from driverd.sim.fakemod import DEFAULT_RELEASE, DEFAULT_VERSION, Signer, write_nvidia_build
 
 

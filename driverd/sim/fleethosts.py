@@ -75,7 +75,7 @@ class FleetHosts:
                                                                    kernel=RELEASE))
 
     def _host_trees(self) -> None:
-        from driverd.packages.repo import write_index
+        from driverd.repo.index import write_index
         from driverd.sim import install_backends
         from driverd.sim.fakepkg import make_fake_package
         install_backends()

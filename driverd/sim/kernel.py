@@ -211,7 +211,7 @@ class SimKernel(Kernel):
         from driverd.sim import keys
         if not keys.enabled(self.root):
             return None                 # no simulated keyrings: every signature verifies
-        from driverd.packages.modsig import read_signature
+        from driverd.package.modsig import read_signature
         sig = read_signature(info.path)
         if sig.error or not sig.signers:
             return "module with unavailable key"

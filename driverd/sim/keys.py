@@ -6,7 +6,7 @@
                                                        answers on a live host; driverd.host.keyrings)
 
 The simulated kernel (driverd.sim.kernel) matches a module's signature against these certificates the
-way the real one does (issuer + serial, or SKID: driverd.packages.modsig.signer_matches_cert), so
+way the real one does (issuer + serial, or SKID: driverd.package.modsig.signer_matches_cert), so
 driverd's preflight, which sees only /proc/keys, is checked against an independent judge.
 A tree without this directory has no simulated keyrings: its kernel accepts any signature (as if
 every signing key were enrolled), which keeps older trees working.
@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 
 from driverd.host.keyrings import BLACKLIST, BUILTIN, CAPTURE_PATH, MACHINE, PLATFORM, SECONDARY
-from driverd.packages.modsig import CertIdentity, certificates_in, cert_identity
+from driverd.package.modsig import CertIdentity, certificates_in, cert_identity
 from driverd.root import Root
 
 KEYRINGS_DIR = "/run/driverd-sim/keyrings"
@@ -54,7 +54,7 @@ def certificates(root: Root) -> list[tuple[str, CertIdentity]]:
 def module_keyrings_trust(root: Root, signer) -> str | None:
     """The keyring whose certificate the signature names (as the kernel looks it up for a module:
     .builtin_trusted_keys, .secondary_trusted_keys and .machine linked into it), else None."""
-    from driverd.packages.modsig import signer_matches_cert
+    from driverd.package.modsig import signer_matches_cert
     for ring, c in certificates(root):
         if ring in (BUILTIN, SECONDARY, MACHINE) and signer_matches_cert(signer, c):
             return ring

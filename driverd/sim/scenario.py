@@ -50,7 +50,7 @@ def make_userspace_packages(out: str | os.PathLike, versions: tuple[str, ...] = 
     """The user-space half of those drivers (driverd.sim.fakelib's miniature, real ELF sonames), packed by
     the same builder as NVIDIA's files (build-userspace --from-run-dir) into `out`: version -> package."""
     import tempfile
-    from driverd.packages.userspace_build import build_from_run_dir
+    from driverd.build.userspace import build_from_run_dir
     from driverd.sim.fakelib import run_dir
     out = Path(out)
     made = {}
@@ -67,7 +67,7 @@ def make_packages(out: str | os.PathLike, release: str = RELEASE, sign_key: str 
     from driverd.sim.fakepkg import make_fake_package
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    from driverd.packages.repo import write_index
+    from driverd.repo.index import write_index
     pk = {"old": make_fake_package(out, "535.261.03", release).path,
           "new": make_fake_package(out, "550.127.05", release).path,
           "broken": make_fake_package(out / "broken", "550.127.08", release, with_firmware=False).path}

@@ -36,7 +36,7 @@ def pending_markers(root) -> list[str]:
 
 def us_in_use(root) -> tuple[str | None, bool]:
     """(version of driverd's user-space in use, a user-space switch pending)."""
-    from driverd.packages import userspace_install as ui
+    from driverd.install import userspace as ui
     from driverd.root import Root
     cur = ui.current(Root(root), ui.Places())
     return (cur.version if cur and cur.intact else None), (Path(root) / "var/lib/driverd/userspace/pending.json").exists()
@@ -46,7 +46,7 @@ def us_in_use(root) -> tuple[str | None, bool]:
 def us_packages(tmp_path_factory):
     """User-space packages (tests/packages/usfake: real ELF objects, the cudastandin libraries) of both versions
     and of the broken package's version; the crash matrix validates without the workload check."""
-    from driverd.packages.userspace_build import build_from_run_dir
+    from driverd.build.userspace import build_from_run_dir
     from tests.conftest import require_binary
     from tests.packages import usfake
     require_binary("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig")
@@ -56,7 +56,7 @@ def us_packages(tmp_path_factory):
 
 
 def _host(base: Path, kind: str, packages) -> Path:
-    from driverd.packages.install import install
+    from driverd.install.modules import install
     from driverd.root import Root
     from driverd.runner import Runner
     from driverd.sim.scenario import dgx_spec, make_host
@@ -69,7 +69,7 @@ def _host(base: Path, kind: str, packages) -> Path:
         return root
     install(Root(root), packages["old"], Runner())
     if kind == "loaded-us":
-        from driverd.packages import userspace_install as ui
+        from driverd.install import userspace as ui
         (root / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
         (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
         ui.install(Root(root), packages["us-old"], Runner())

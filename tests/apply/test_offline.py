@@ -107,7 +107,7 @@ def node(host):
 
 def test_a_cached_userspace_package_serves_when_the_repository_refuses_connections(node, packages, tmp_path):
     from driverd.config import load
-    from driverd.packages.userspace_source import fetch
+    from driverd.repo.userspace import fetch
     repo = tmp_path / "repo"
     repo.mkdir()
     ref = us_package(node, OLD)

@@ -12,8 +12,8 @@ import shutil
 import pytest
 
 from driverd.host import pci, workload
-from driverd.packages import userspace_install as ui
-from driverd.packages.userspace_build import build_from_run_dir
+from driverd.install import userspace as ui
+from driverd.build.userspace import build_from_run_dir
 from driverd.root import Root
 from tests import cudastandin
 from tests.apply.conftest import drv, journal, kernel_of
@@ -355,7 +355,7 @@ def test_a_repository_entry_whose_sha256_does_not_match_is_refused_and_nothing_i
 
 def test_userspace_fetch_reuses_its_cache_and_replaces_a_damaged_entry(node, packages, tmp_path):
     from driverd.config import load
-    from driverd.packages.userspace_source import fetch
+    from driverd.repo.userspace import fetch
     ref, repo = _fetch_repo(node, packages, tmp_path, OLD)
     root = Root(node)
     cfg = load(root, None, {})

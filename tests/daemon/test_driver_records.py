@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from driverd.packages.userspace_build import build_from_run_dir
+from driverd.build.userspace import build_from_run_dir
 from tests.apply.test_userspace_txn import USDIR, gpus, in_use, us_package
 from tests.daemon.conftest import OLD, journal_runs, write_config
 from tests.packages import usfake
@@ -85,7 +85,7 @@ def test_the_cluster_side_reads_the_driver_of_the_last_converge(node, packages, 
     from driverd.config import load as load_config
     from driverd.driver.ident import DriverId
     from driverd.driver.state import DriverState
-    from driverd.packages import rebootgate as rg
+    from driverd.install import rebootgate as rg
     from driverd.root import Root
     from tests.daemon.conftest import kernel_of
     repo = packages["old"].parent
@@ -113,7 +113,7 @@ def test_a_host_converged_by_the_previous_driverd_is_read_as_converged(tmp_path)
     the driverd before issue 45 (commit 82863cb: its container entrypoint, two starts, the second on the fast
     path), packed as it left it. Its records are read as they are: the plan is empty, the record of the
     converge is about this host (the fast path's test), and a damaged user-space still is not."""
-    import tarfile
+    from driverd import safetar
     from driverd.apply import fingerprint as fpr
     from driverd.apply import lifecycle as lc
     from driverd.config import load as load_config
@@ -121,8 +121,7 @@ def test_a_host_converged_by_the_previous_driverd_is_read_as_converged(tmp_path)
     from driverd.runner import Runner
     from tests.conftest import REPO
     from tests.apply.conftest import drv
-    with tarfile.open(REPO / FIXTURE) as t:
-        t.extractall(tmp_path)            # our own fixture (Python 3.11.2 has no extraction filters)
+    safetar.extract_file(REPO / FIXTURE, tmp_path, links="rooted")
     node = tmp_path / "root"
     cfg_file = node / "etc/driverd/config.toml"
     # its stand-in libraries answer for the path of the version file where the fixture was made: no CUDA

@@ -97,7 +97,7 @@ def test_after_a_reboot_into_a_newer_kernel_the_packages_of_a_removed_kernel_are
     kept = host / "var/lib/driverd/packages/kept"
 
     def kept_for(rel: str) -> list[str]:
-        from driverd.packages.kept import tree_manifest
+        from driverd.install.kept import tree_manifest
         return [e.name for e in kept.iterdir() if tree_manifest(e / "modules").kernel_release == rel]
     assert kept_for(BEFORE) and kept_for(NEXT) and kept_for(RELEASE)
 

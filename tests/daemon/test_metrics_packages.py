@@ -108,8 +108,8 @@ def test_one_shot_commands_never_import_prometheus(host, packages, tmp_path):
 def test_observe_events_from_fetch_and_build(host, packages, tmp_path):
     from driverd import observe
     from driverd.errors import PackageError
-    from driverd.packages.build import build
-    from driverd.packages.fetch import Want, fetch
+    from driverd.build.modules import build
+    from driverd.repo.fetch import Want, fetch
     from driverd.root import Root
     seen: list[tuple[str, dict]] = []
     stop = observe.subscribe(lambda e, f: seen.append((e, f)))

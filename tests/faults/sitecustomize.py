@@ -19,7 +19,7 @@ Durable effects, counted when the call returns without raising (wrapped once, he
 the module attributes, so every later `os.replace(...)` / `shutil.rmtree(...)` anywhere goes through
 the wrapper): os.replace, rename, unlink, remove, rmdir, fsync, mknod, symlink, link, mkdir;
 shutil.rmtree (one effect: what it calls inside is not counted separately); a successful
-driverd.packages.switch.exchange; driverd.runner.Runner.run with mutates=True outside dry-run (one
+driverd.install.switch.exchange; driverd.runner.Runner.run with mutates=True outside dry-run (one
 effect, after the command ran). The last two are wrapped when their module is first imported (a
 meta path finder patches the module right after it executes, before anyone imports names from it).
 
@@ -195,7 +195,7 @@ def _patch_methods(cls, op: str, names: tuple[str, ...], quiet: tuple[str, ...] 
 
 _LATE = {
     "driverd.runner": lambda m: setattr(m.Runner, "run", _run_wrapper(m.Runner.run)),
-    "driverd.packages.switch": lambda m: setattr(m, "exchange", _counted("exchange", m.exchange, 2)),
+    "driverd.install.switch": lambda m: setattr(m, "exchange", _counted("exchange", m.exchange, 2)),
     "driverd.sim.kernel": lambda m: _patch_methods(m.SimKernel, "kernel", (
         "load", "unload", "spawn", "signal", "mknod", "set_firmware_path"), quiet=("__init__", "modules", "_render")),
     "driverd.sim.services": lambda m: (_patch_methods(m.SimServices, "daemon", ("start", "stop")),

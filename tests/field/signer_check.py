@@ -45,7 +45,7 @@ def module_file(release: str, name: str) -> str | None:
 
 
 def read_sig(path: str):
-    from driverd.packages.modsig import read_signature, signature_of_bytes
+    from driverd.package.modsig import read_signature, signature_of_bytes
     if path.endswith(".zst"):
         try:
             import zstandard  # noqa: F401
@@ -58,7 +58,7 @@ def read_sig(path: str):
 def main(extra: list[str]) -> int:
     from driverd.host.kernel import read_kernel
     from driverd.host.keyrings import read_keyrings
-    from driverd.packages.signers import judge
+    from driverd.build.signers import judge
     from driverd.root import Root
     root = Root("/")
     k = read_kernel(root, [])

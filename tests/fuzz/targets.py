@@ -117,7 +117,7 @@ def pkcs7_seeds() -> tuple[bytes, ...]:
 
 
 def trailer(sig: bytes, id_type: int = 2, signer: bytes = b"", key_id: bytes = b"") -> bytes:
-    from driverd.packages.modsig import SIG_MAGIC
+    from driverd.package.modsig import SIG_MAGIC
     return signer + key_id + sig + struct.pack(">BBBBB3xI", 0, 4, id_type, len(signer), len(key_id), len(sig)) + \
         SIG_MAGIC
 
@@ -149,7 +149,7 @@ def userspace_seed() -> tuple[bytes, bytes]:
 
 @functools.lru_cache(maxsize=None)
 def index_seed() -> bytes:
-    from driverd.packages.repo import write_index
+    from driverd.repo.index import write_index
     raw, _ = package_seed()
     d = seed_dir() / "pkg"
     write_index(d)
@@ -210,8 +210,8 @@ ROLLOUT = {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
 # -- the targets -------------------------------------------------------------------------------------
 
 def t_module_signature(data: bytes) -> None:
-    """The trailer and the PKCS#7 inside it (driverd/packages/modsig.py), as read from a .ko."""
-    from driverd.packages.modsig import signature_of_bytes
+    """The trailer and the PKCS#7 inside it (driverd/package/modsig.py), as read from a .ko."""
+    from driverd.package.modsig import signature_of_bytes
     sig = contract(lambda: signature_of_bytes("m.ko", data))
     if sig is not None:
         one_line(sig.error, "ModuleSignature.error")
@@ -225,7 +225,7 @@ def t_pkcs7(der: bytes) -> None:
 
 
 def t_index(data: bytes) -> None:
-    from driverd.packages.repo import parse_index
+    from driverd.repo.index import parse_index
     contract(lambda: parse_index(data, "https://repo.example/index.json"))
 
 
@@ -234,18 +234,18 @@ def t_index_json(doc: Any) -> None:
 
 
 def t_manifest(data: bytes) -> None:
-    from driverd.packages.manifest import Manifest
+    from driverd.package.manifest import Manifest
     contract(lambda: Manifest.loads(data, "pkg: manifest.json"))
 
 
 def t_userspace_manifest(data: bytes) -> None:
-    from driverd.packages.userspace import UserspaceManifest
+    from driverd.package.userspace import UserspaceManifest
     contract(lambda: UserspaceManifest.loads(data, "pkg: manifest.json"))
 
 
 def t_userspace_archive(data: bytes) -> None:
     """A user-space package as downloaded: verified as one, and read as whichever kind it says it is."""
-    from driverd.packages.archive import read_manifest, verify_package
+    from driverd.package.archive import read_manifest, verify_package
     p = _as_file(data)
     try:
         contract(lambda: verify_package(p, kind="userspace"))
@@ -263,7 +263,7 @@ def _as_file(data: bytes, suffix: str = ".tar.zst") -> str:
 
 def t_archive_file(data: bytes) -> None:
     """The package archive reader on the file as downloaded (zstd + tar)."""
-    from driverd.packages.archive import read_manifest, verify_package
+    from driverd.package.archive import read_manifest, verify_package
     p = _as_file(data)
     try:
         contract(lambda: verify_package(p))
@@ -348,9 +348,9 @@ def elf_seeds() -> tuple[bytes, ...]:
 
 
 def t_module_fields(data: bytes) -> None:
-    """kmod's modinfo fields read from the file itself (driverd/packages/modfields.py): .modinfo
+    """kmod's modinfo fields read from the file itself (driverd/package/modfields.py): .modinfo
     section plus signature trailer (kmod's own modinfo output is no longer parsed anywhere)."""
-    from driverd.packages.modfields import module_fields
+    from driverd.package.modfields import module_fields
     p = _as_file(data, ".ko")
     try:
         contract(lambda: module_fields(p))
@@ -359,8 +359,8 @@ def t_module_fields(data: bytes) -> None:
 
 
 def t_ld_cache(data: bytes) -> None:
-    """The host's /etc/ld.so.cache as driverd.driverfiles reads it to find the driver's libraries."""
-    from driverd.driverfiles import parse_ld_cache
+    """The host's /etc/ld.so.cache as driverd.driver.files reads it to find the driver's libraries."""
+    from driverd.driver.files import parse_ld_cache
     for k, v in contract(lambda: parse_ld_cache(data)) or []:
         if not (isinstance(k, str) and isinstance(v, str) and v.startswith("/")):
             raise Finding(f"ld cache entry {k!r} -> {v!r}")
@@ -377,8 +377,8 @@ def ld_cache_seeds() -> tuple[bytes, ...]:
 
 
 def t_library_soname(data: bytes) -> None:
-    """A driver library's DT_SONAME (driverd.driverfiles.elf_soname) on the file's bytes."""
-    from driverd.driverfiles import elf_soname
+    """A driver library's DT_SONAME (driverd.driver.files.elf_soname) on the file's bytes."""
+    from driverd.driver.files import elf_soname
     p = _as_file(data, ".so")
     try:
         name = contract(lambda: elf_soname(p))

@@ -43,7 +43,7 @@ def test_os_release_picks_the_family(os_id, id_like, family):
 
 def test_build_hints_come_from_the_family(tmp_path):
     from driverd.errors import PackageError
-    from driverd.packages.build import find_headers
+    from driverd.build.modules import find_headers
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc/os-release").write_text("ID=rocky\nID_LIKE=\"rhel centos fedora\"\n")
     with pytest.raises(PackageError) as e:

@@ -7,8 +7,8 @@ import json
 
 from driverd.host.keyrings import (BUILTIN, CAPTURE_PATH, MACHINE, PLATFORM, SECONDARY, parse_asymmetric,
                                    parse_proc_keys, read_keyrings)
-from driverd.packages.modsig import SignerId, fabricate_name
-from driverd.packages.signers import match
+from driverd.package.modsig import SignerId, fabricate_name
+from driverd.build.signers import match
 from driverd.root import Root
 
 # Lines as the kernel prints them (uid 0 reader). Debian 12 (6.1, Secure Boot: .platform holds the

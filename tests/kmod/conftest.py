@@ -17,7 +17,7 @@ def packages(tmp_path_factory):
 @pytest.fixture
 def host(tmp_path, packages):
     """A 2-GPU, 1-NVSwitch host with NIC, no nouveau, package `old` installed (not loaded)."""
-    from driverd.packages.install import install
+    from driverd.install.modules import install
     from driverd.sim.scenario import dgx_spec, make_host
     root = tmp_path / "root"
     make_host(root, dgx_spec(gpus=2, nvswitches=1, nouveau=False))

@@ -130,7 +130,7 @@ def test_missing_firmware_fails_load_and_firmware_path_fixes_it(host):
 
 
 def test_nouveau_bound_gpu_is_not_driven(tmp_path, packages):
-    from driverd.packages.install import install
+    from driverd.install.modules import install
     from driverd.sim.scenario import dgx_spec, make_host
     from driverd.kmod import nouveau
     root = make_host(tmp_path / "r", dgx_spec(gpus=1, nvswitches=0, nic=False, nouveau=True, nouveau_in_use=True))

@@ -68,7 +68,7 @@ def test_any_type_is_split_first():
 
 def test_the_quoting_is_modprobes(tmp_path):
     """modprobe_option() says what kmod's modprobe really passes (its dry run prints it)."""
-    from driverd.packages.install import install
+    from driverd.install.modules import install
     from driverd.runner import Runner
     from driverd.sim.fakepkg import make_fake_package
     from driverd.sim.hosttree import HostSpec, write_host

@@ -36,7 +36,7 @@ def pk(tmp_path_factory):
 def templates(tmp_path_factory, pk):
     """Host trees, written once and copied per test: `a` has A installed (and kept), `a_unkept` the
     same with an empty kept store (as an older driverd left it), `b` has A then B installed."""
-    from driverd.packages.install import install
+    from driverd.install.modules import install
     from driverd.runner import Runner
     from driverd.sim.hosttree import HostSpec, write_host
     base = tmp_path_factory.mktemp("templates")
@@ -151,8 +151,8 @@ def leftovers(root: Path) -> list[str]:
 
 def problems(root: Path, ref, *, kept: tuple = ()) -> list[str]:
     """What is wrong with `root` for 'package ref is installed, complete, and nothing is pending'."""
-    from driverd.packages import install as inst
-    from driverd.packages import kept as kp
+    from driverd.install import modules as inst
+    from driverd.install import kept as kp
     bad = []
     if not inst.is_installed(root, REL, ref.sha256):
         bad.append(f"is_installed({ref.sha256[:12]}) is false (installed: {inst.installed_sha256(root, REL)})")

@@ -1,14 +1,14 @@
 """One package operation in its own process, for the crash tests (run under tests/faults' injector).
 
-    python pkgop.py ROOT install PACKAGE          driverd.packages.install.install
+    python pkgop.py ROOT install PACKAGE          driverd.install.modules.install
     python pkgop.py ROOT restore RELEASE SHA|-    restore (- : no package)
     python pkgop.py ROOT rollback RELEASE         rollback_install
-    python pkgop.py ROOT us-install PACKAGE       driverd.packages.userspace_install.install
+    python pkgop.py ROOT us-install PACKAGE       driverd.install.userspace.install
     python pkgop.py ROOT us-restore SHA|-         its restore (- : no user-space)
     python pkgop.py --serve                       a fork server (below)
 
 Prints one JSON line: {"ok": true, ...} or {"ok": false, "error": one line, "type": class name}.
-Imports only what the call needs (driverd.packages.install and its dependencies).
+Imports only what the call needs (driverd.install.modules and its dependencies).
 
 --serve (started with FAULTS_ARMED=1) imports driverd once, then reads one JSON request per line on
 stdin, {"argv": [ROOT, OP, ...], "env": {"FAULTS_KILL_AFTER": "7"}}, and runs each in a forked child
@@ -25,7 +25,7 @@ import sys
 
 def run(argv: list[str]) -> dict:
     from driverd.errors import DriverdError
-    from driverd.packages import install as inst
+    from driverd.install import modules as inst
     from driverd.runner import Runner
     root, op, args = argv[0], argv[1], argv[2:]
     if op.startswith("us-"):
@@ -46,7 +46,7 @@ def run(argv: list[str]) -> dict:
 
 def run_userspace(root: str, op: str, args: list[str]) -> dict:
     from driverd.errors import DriverdError
-    from driverd.packages import userspace_install as ui
+    from driverd.install import userspace as ui
     from driverd.runner import Runner
     try:
         if op == "us-install":
@@ -64,8 +64,8 @@ def serve() -> int:
     import sh  # noqa: F401
     import zstandard  # noqa: F401
 
-    import driverd.packages.install
-    import driverd.packages.userspace_install  # noqa: F401
+    import driverd.install.modules
+    import driverd.install.userspace  # noqa: F401
     import driverd.runner
     assert driverd.runner
     for line in sys.stdin:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from driverd.packages import buildprogress as bp
+from driverd.build import progress as bp
 from tests.conftest import driverd_env, missing_component, require_binary, run_cli
 from tests.vm.harness import standin_source
 

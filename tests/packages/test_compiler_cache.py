@@ -19,11 +19,11 @@ import pytest
 
 from driverd import observe
 from driverd.errors import PackageError
-from driverd.packages import compiler_cache as cc
-from driverd.packages.build import WrongModule, build
-from driverd.packages.archive import read_manifest, unpack
-from driverd.packages.compiler_cache import CompilerCache
-from driverd.packages.modfields import module_fields
+from driverd.build import compiler_cache as cc
+from driverd.build.modules import WrongModule, build
+from driverd.package.archive import read_manifest, unpack
+from driverd.build.compiler_cache import CompilerCache
+from driverd.package.modfields import module_fields
 from tests.conftest import missing_component, require_binary, run_cli
 from tests.vm.harness import standin_source
 
@@ -66,7 +66,7 @@ def test_a_cache_or_repository_directory_others_can_write_is_refused(tmp_path, c
     """Issue 44, items 3 and 7: whoever else can write the compiler cache can store objects under a build's
     keys, and whoever can write the repository can replace a package before it is indexed and signed: both
     directories must be root's (or the building user's), not group/world-writable, on such a path."""
-    from driverd.packages.build import check_out
+    from driverd.build.modules import check_out
     require_binary("ccache")
     d = tmp_path / "shared" / "dir"
     d.mkdir(parents=True)
@@ -396,8 +396,8 @@ def test_a_poisoned_cache_entry_from_another_cells_pod_never_reaches_the_victims
     the pod of cell B is compromised and poisons, with real kbuild and the real ccache, the objects of cell
     A's exact inputs in every cache directory it can write. The pod of cell A then builds A: no object of
     the attacker's is in its modules, because no pod reads a cache another pod can write."""
-    from driverd.packages import matrix as mx
-    from driverd.packages import matrix_job as mj
+    from driverd.build import matrix as mx
+    from driverd.build import job as mj
     from tests.packages.test_matrix_job import _as_kubelet, _pod_args
     _need()
     require_binary("objcopy")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from driverd.errors import PackageError
-from driverd.packages.fetch import Credentials, Want, fetch, read_header_file
+from driverd.repo.fetch import Credentials, Want, fetch, read_header_file
 from driverd.redact import redact, redact_obj
 from driverd.root import Root
 
@@ -167,7 +167,7 @@ def test_credentials_go_to_the_exact_origin_not_another_port_of_the_same_host(tm
 
 
 def test_origin_is_scheme_host_and_port():
-    from driverd.packages.fetch import _RepoAuth, origin
+    from driverd.repo.fetch import _RepoAuth, origin
     assert origin("https://Mirror.Example/repo") == ("https", "mirror.example", 443)
     assert origin("http://h:8080/x") == ("http", "h", 8080) != origin("http://h:8081/x")
     assert origin("http://h/x") == origin("http://h:80/y") != origin("https://h/x")
@@ -268,7 +268,7 @@ def test_the_user_space_fetch_sends_netrc_credentials_to_the_repository(tmp_path
     """userspace.fetch reads the same repositories with the same credentials (packages.netrc): the index is
     read authenticated, and the answer is about the user-space package, not a 401."""
     from driverd.config import load
-    from driverd.packages import userspace_source
+    from driverd.repo import userspace as userspace_source
     seen: list = []
     basic = "Basic " + base64.b64encode(f"robot:{SECRET}".encode()).decode()
     srv, url = _auth_server("127.0.0.1", basic, seen)

@@ -9,8 +9,8 @@ import stat
 
 import pytest
 
-from driverd.packages import install as inst
-from driverd.packages.archive import pack, unpack, unusual_modes, verify_package
+from driverd.install import modules as inst
+from driverd.package.archive import pack, unpack, unusual_modes, verify_package
 from driverd.root import Root
 from driverd.runner import Runner
 from driverd.sim.fakepkg import make_fake_package

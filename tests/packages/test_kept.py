@@ -10,8 +10,8 @@ import shutil
 import pytest
 
 from driverd.errors import PackageError
-from driverd.packages import install as inst
-from driverd.packages import kept as kp
+from driverd.install import modules as inst
+from driverd.install import kept as kp
 from driverd.root import Root
 from driverd.runner import Runner
 from tests.packages.conftest import (

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from driverd.packages import matrix as mx
-from driverd.packages import matrix_job as mj
-from driverd.packages.build import BuildResult
+from driverd.build import matrix as mx
+from driverd.build import job as mj
+from driverd.build.modules import BuildResult
 from driverd.sim.fakepkg import make_fake_package
 from tests.conftest import REPO, run_cli
 from tests.kubetools import kubectl, kubectl_binary

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from driverd.packages.repo import INDEX_NAME, write_index
-from driverd.packages.trust import STATE_SUBDIR
+from driverd.repo.index import INDEX_NAME, write_index
+from driverd.repo.trust import STATE_SUBDIR
 from driverd.sim.fakepkg import make_fake_package
 from driverd.sim.hosttree import HostSpec, write_host
 from driverd.sim.httprepo import RepoServer
@@ -206,7 +206,7 @@ def test_another_key_has_its_own_sequence(tmp_path, repo, keys):
     host = _host(tmp_path, keys["good"][1])
     with RepoServer(repo) as srv:
         assert _fetch(host, srv.url).returncode == 0
-    from driverd.packages.trust import key_fingerprint
+    from driverd.repo.trust import key_fingerprint
     fps = {key_fingerprint(str(keys[k][1])) for k in ("good", "other")}
     assert len(fps) == 2
     names = {p.name for p in (host / "var/lib/driverd" / STATE_SUBDIR).iterdir()}
@@ -216,7 +216,7 @@ def test_another_key_has_its_own_sequence(tmp_path, repo, keys):
 def test_fingerprint_is_the_spki_sha256_in_any_encoding(tmp_path, keys):
     import hashlib
     import subprocess
-    from driverd.packages.trust import key_fingerprint
+    from driverd.repo.trust import key_fingerprint
     pub = str(keys["good"][1])
     der = subprocess.run(["openssl", "pkey", "-pubin", "-in", pub, "-outform", "DER"], capture_output=True,
                          check=True).stdout
@@ -224,7 +224,7 @@ def test_fingerprint_is_the_spki_sha256_in_any_encoding(tmp_path, keys):
     (tmp_path / "k.der").write_bytes(der)                       # not PEM: read through openssl pkey
     assert key_fingerprint(str(tmp_path / "k.der")) == key_fingerprint(pub)
     (tmp_path / "junk").write_text("not a key\n")
-    from driverd.packages.trust import IndexRefused
+    from driverd.repo.trust import IndexRefused
     with pytest.raises(IndexRefused, match="cannot be read as a public key"):
         key_fingerprint(str(tmp_path / "junk"))
 

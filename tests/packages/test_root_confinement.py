@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from driverd.errors import PackageError
-from driverd.packages import fetch as fetch_mod
-from driverd.packages import install as inst
-from driverd.packages import kept as kp
-from driverd.packages.fetch import Want, fetch
-from driverd.packages.repo import write_index
+from driverd.repo import fetch as fetch_mod
+from driverd.install import modules as inst
+from driverd.install import kept as kp
+from driverd.repo.fetch import Want, fetch
+from driverd.repo.index import write_index
 from driverd.root import Root
 from driverd.runner import Runner
 from driverd.sim.fakepkg import make_fake_package

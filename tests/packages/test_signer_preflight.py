@@ -15,10 +15,10 @@ import pytest
 from driverd.errors import ModuleError, PackageError
 from driverd.host.keyrings import read_keyrings
 from tests.kmodtools import kmod_modinfo
-from driverd.packages import install as inst
-from driverd.packages.modsig import read_certificates, read_signature, signature_of_bytes
-from driverd.packages.repo import write_index
-from driverd.packages.signers import package_signatures
+from driverd.install import modules as inst
+from driverd.package.modsig import read_certificates, read_signature, signature_of_bytes
+from driverd.repo.index import write_index
+from driverd.build.signers import package_signatures
 from driverd.root import Root
 from driverd.runner import Runner
 from driverd.sim import fakemod, keys
@@ -75,7 +75,7 @@ def test_parser_agrees_with_modinfo(world, kmod_tools):
     mods = [p for p in world["pk"]["A"].manifest.module_files]
     tmp = world["base"] / "unpacked"
     if not tmp.exists():
-        from driverd.packages.archive import unpack
+        from driverd.package.archive import unpack
         unpack(world["pk"]["A"].path, tmp)
     paths = [tmp / f.path for f in mods]
     tool = kmod_modinfo(paths)

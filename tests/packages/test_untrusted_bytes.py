@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from driverd.packages.repo import INDEX_NAME, SIG_NAME
+from driverd.repo.index import INDEX_NAME, SIG_NAME
 from tests.conftest import REPO
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -127,7 +127,7 @@ def test_a_bomb_under_the_wrong_hash_is_refused_before_decompression(tmp_path):
     err, rss, secs = run_child(f"""
         import sys
         sys.modules["zstandard"] = None
-        from driverd.packages.archive import verify_package
+        from driverd.package.archive import verify_package
         verify_package({str(p)!r}, {honest!r}, {p.stat().st_size})
     """)
     assert err.startswith("package b.tar.zst has sha256 ") and f"expected {honest}" in err, err
@@ -136,7 +136,7 @@ def test_a_bomb_under_the_wrong_hash_is_refused_before_decompression(tmp_path):
     err, _, _ = run_child(f"""
         import sys
         sys.modules["zstandard"] = None
-        from driverd.packages.archive import unpack
+        from driverd.package.archive import unpack
         unpack({str(p)!r}, {str(tmp_path / 'dest')!r}, {honest!r}, 1234)
     """)
     assert err.startswith(f"package b.tar.zst is {p.stat().st_size} bytes, expected 1234"), err
@@ -175,7 +175,7 @@ def test_caps_refuse_from_the_header_with_bounded_rss_and_time(tmp_path, case):
         if call == "read_manifest" and case in ("total", "members", "member"):
             continue                                  # read_manifest reads the first member only
         err, rss, secs = run_child(f"""
-            from driverd.packages import archive
+            from driverd.package import archive
             {cap}
             archive.{call}({str(p)!r})
         """)
@@ -249,7 +249,7 @@ def test_a_900_mib_index_is_refused_at_the_cap(declare):
     srv, url = _server({INDEX_NAME: ("huge", 900 * MiB, declare)})
     try:
         err, rss, secs = run_child(f"""
-            from driverd.packages.fetch import read_index
+            from driverd.repo.fetch import read_index
             read_index({url!r}, insecure=True)
         """)
     finally:
@@ -263,7 +263,7 @@ def test_an_oversized_signature_is_refused(tmp_path):
     srv, url = _server({INDEX_NAME: ("ok", b'{"format": 1, "packages": []}'), SIG_NAME: ("huge", 5 * MiB, True)})
     try:
         err, _, _ = run_child(f"""
-            from driverd.packages.fetch import read_index
+            from driverd.repo.fetch import read_index
             read_index({url!r}, public_key={str(tmp_path / 'k.pem')!r})
         """)
     finally:
@@ -272,7 +272,7 @@ def test_an_oversized_signature_is_refused(tmp_path):
     # the same caps on a file:// repository
     (tmp_path / INDEX_NAME).write_bytes(b" " * (33 * MiB))
     err, _, _ = run_child(f"""
-        from driverd.packages.fetch import read_index
+        from driverd.repo.fetch import read_index
         read_index("file://{tmp_path}")
     """)
     assert err.startswith(f"refusing index {tmp_path}/index.json: 34603008 bytes"), err
@@ -283,7 +283,7 @@ def test_a_trickling_index_and_package_meet_their_whole_deadline(tmp_path):
     srv, url = _server({INDEX_NAME: ("trickle", body, 0.3), "p.tar.zst": ("trickle", b"x" * 100, 0.3)})
     try:
         err, _, secs = run_child(f"""
-            from driverd.packages import fetch
+            from driverd.repo import fetch
             fetch.INDEX_DEADLINE_S = 1.5
             fetch.read_index({url!r}, insecure=True)
         """)
@@ -292,8 +292,8 @@ def test_a_trickling_index_and_package_meet_their_whole_deadline(tmp_path):
         assert 1.2 < secs < 8, secs              # each byte came within the 60 s read timeout
         err, _, secs = run_child(f"""
             from pathlib import Path
-            from driverd.packages import fetch
-            from driverd.packages.repo import IndexEntry
+            from driverd.repo import fetch
+            from driverd.repo.index import IndexEntry
             e = IndexEntry("1.0", "open", "k", "x86_64", "00" * 32, 100, "p.tar.zst")
             fetch.download({url!r}, e, {str(tmp_path / 'p.tar.zst')!r}, deadline_s=1.5)
         """)

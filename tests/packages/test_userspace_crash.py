@@ -1,4 +1,4 @@
-"""kill -9 after every durable effect of a user-space install and restore (driverd.packages.userspace_install),
+"""kill -9 after every durable effect of a user-space install and restore (driverd.install.userspace),
 then a new process: the node ends on one complete user-space — the one asked for — with `current`, the
 loader's configuration and cache, the PATH links and the finder agreeing, nothing pending and nothing left
 over, and the replaced tree still there. The effects are counted by tests/faults' injector (renames, fsyncs,
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from driverd import driverfiles
-from driverd.packages import userspace_install as ui
-from driverd.packages.userspace_build import build_from_run_dir
+from driverd.driver import files as driverfiles
+from driverd.install import userspace as ui
+from driverd.build.userspace import build_from_run_dir
 from driverd.root import Root
 from tests.conftest import missing_component, require_binary
 from tests.packages import usfake

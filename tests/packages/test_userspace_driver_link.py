@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from driverd import driverfiles
+from driverd.driver import files as driverfiles
 from driverd.host import workload
-from driverd.packages import userspace_install as ui
+from driverd.install import userspace as ui
 from driverd.root import Root
 from tests import cudastandin
 from tests.packages.test_userspace_install import GPUS, NEW, OLD, UROOT, _ldconfig, host, package, pk  # noqa: F401

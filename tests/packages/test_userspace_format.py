@@ -1,4 +1,4 @@
-"""The user-space package format (driverd.packages.userspace): what a build from NVIDIA's .run layout puts in
+"""The user-space package format (driverd.package.userspace): what a build from NVIDIA's .run layout puts in
 it (a miniature .run directory of real ELF objects compiled with the driver's sonames: tests/packages/usfake.py),
 the manifest's checks, verification before use, and that it and the kernel-module package never mix."""
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 import zstandard
 
 from driverd.errors import PackageError
-from driverd.packages import userspace as us
-from driverd.packages.archive import read_manifest, unpack, verify_package
-from driverd.packages.userspace_build import build_from_run_dir
+from driverd.package import userspace as us
+from driverd.package.archive import read_manifest, unpack, verify_package
+from driverd.build.userspace import build_from_run_dir
 from tests.conftest import run_cli
 from tests.packages import usfake
 
@@ -202,7 +202,7 @@ def test_what_a_user_space_package_may_not_hold(plain, tmp_path, case, expect):
 
 
 def test_the_two_kinds_of_package_never_mix(plain, tmp_path):
-    from driverd.packages.install import install
+    from driverd.install.modules import install
     from driverd.sim.fakepkg import make_fake_package
     kpkg = make_fake_package(tmp_path / "k", "550.163.01", "6.1.0-47-cloud-amd64", with_firmware=False)
     with pytest.raises(PackageError) as e:
@@ -219,7 +219,7 @@ def test_the_two_kinds_of_package_never_mix(plain, tmp_path):
 
 def test_the_repository_index_lists_user_space_packages_beside_the_kernel_ones(plain, tmp_path):
     import shutil
-    from driverd.packages.repo import INDEX_NAME, parse_index, write_index
+    from driverd.repo.index import INDEX_NAME, parse_index, write_index
     from driverd.sim.fakepkg import make_fake_package
     repo = tmp_path / "repo"
     repo.mkdir()

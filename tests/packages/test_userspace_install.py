@@ -1,4 +1,4 @@
-"""Installing user-space packages into a versioned driver root on a node (driverd.packages.userspace_install),
+"""Installing user-space packages into a versioned driver root on a node (driverd.install.userspace),
 on host trees with the real ldconfig (`ldconfig -X -r ROOT`) and user-space packages built from miniature .run
 directories of real ELF objects (tests/packages/usfake.py; libcuda and libnvidia-ml are the stand-ins of
 tests/cudastandin, which answer the workload check like NVIDIA's for the tree's loaded-driver version)."""
@@ -10,11 +10,11 @@ import platform
 
 import pytest
 
-from driverd import driverfiles
+from driverd.driver import files as driverfiles
 from driverd.errors import PackageError
 from driverd.host import workload
-from driverd.packages import userspace_install as ui
-from driverd.packages.userspace_build import build_from_run_dir
+from driverd.install import userspace as ui
+from driverd.build.userspace import build_from_run_dir
 from driverd.root import Root
 from driverd.runner import Runner
 from driverd.sim.hosttree import HostSpec, h100, nvidia_version_line, write_host

@@ -6,7 +6,7 @@ directory's firmware/ is never followed out of it.
 
 What NVIDIA ships is read from real data here: Debian's .debs of 535.261.03 and 550.163.01 (every library they
 hold, with its DT_SONAME read by binutils' objdump, must be one driverd packs) and NVIDIA's own lists cited in
-driverd/packages/userspace.py (libnvidia-container's nvc_info.c, nvidia-container-toolkit)."""
+driverd/package/userspace.py (libnvidia-container's nvc_info.c, nvidia-container-toolkit)."""
 from __future__ import annotations
 
 import hashlib
@@ -20,11 +20,11 @@ import tarfile
 import pytest
 import zstandard
 
-from driverd import driverfiles
+from driverd.driver import files as driverfiles
 from driverd.errors import PackageError
-from driverd.packages import userspace as us
-from driverd.packages import userspace_install as ui
-from driverd.packages.userspace_build import build_from_run_dir
+from driverd.package import userspace as us
+from driverd.install import userspace as ui
+from driverd.build.userspace import build_from_run_dir
 from driverd.root import Root
 from tests.conftest import CI_PREFIX, missing_component, require_binary
 from tests.packages import usfake

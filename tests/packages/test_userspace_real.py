@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from driverd import driverfiles
+from driverd.driver import files as driverfiles
 from driverd.errors import PackageError
-from driverd.packages import userspace_install as ui
-from driverd.packages.archive import verify_package
-from driverd.packages.userspace_build import build_from_debs, build_from_run_dir
+from driverd.install import userspace as ui
+from driverd.package.archive import verify_package
+from driverd.build.userspace import build_from_debs, build_from_run_dir
 from driverd.root import Root
 from tests.conftest import CI_PREFIX, missing_component, require_binary
 

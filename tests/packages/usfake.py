@@ -86,8 +86,8 @@ def run_dir(dest: Path, version: str, *, rm_file: Path | None = None, gpus: tupl
 
 def plain_package(out: Path, version: str = "550.163.01"):
     """A user-space package packed straight from a manifest (its libraries are not ELF files)."""
-    from driverd.packages import userspace as us
-    from driverd.packages.archive import file_entry, pack
+    from driverd.package import userspace as us
+    from driverd.package.archive import file_entry, pack
     stage = out / f"stage-{version}"
     files = {f"lib64/libcuda.so.{version}": b"cuda", f"lib64/libnvidia-ml.so.{version}": b"nvml",
              "bin/nvidia-smi": b"#!/bin/sh\n", f"firmware/nvidia/{version}/gsp_ga10x.bin": b"gsp" * 10,

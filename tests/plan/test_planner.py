@@ -75,7 +75,7 @@ def test_no_unload_support_means_reboot(tmp_path):
 
 
 def test_signature_enforcement_blocks_only_when_the_kernel_would_refuse(tmp_path):
-    from driverd.packages.signers import ModuleVerdict, SignerVerdict
+    from driverd.build.signers import ModuleVerdict, SignerVerdict
     f = facts(tmp_path, pci=[h100("0000:1b:00.0")], sig_enforce=True)
     assert not plan(f, Desired("570.195.03")).blocked_by          # nobody looked at the package: not blocked
     ok = SignerVerdict("accepted", "nvidia: signed by 'k' serial 01…; found in .machine", True, False)

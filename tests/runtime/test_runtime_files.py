@@ -323,3 +323,31 @@ def test_two_files_whose_backup_names_once_collided_revert_to_their_own_bytes(tm
     state.revert(root, "containerd", ChangeReport("containerd", "nvidia", "revert"), dry_run=False)
     assert (host / "etc/rt/a__b/c.conf").read_text() == "first original\n"
     assert (host / "etc/rt/a/b__c.conf").read_text() == "second original\n"
+
+
+def test_the_runtime_record_lives_under_state_dir_and_an_older_one_is_moved_there(tmp_path):
+    """Issue 45: driverd's record of its runtime changes (and the originals it backs up) go under state.dir,
+    not a fixed /var/lib/driverd; a record an older driverd left at the fixed place is still reverted from."""
+    original = (RT / "containerd/v2.toml").read_text()
+    host = _ctd_host(tmp_path, original)
+    (host / "etc/driverd").mkdir(parents=True)
+    (host / "etc/driverd/config.toml").write_text('[state]\ndir = "/srv/driverd"\n')
+    res = run_cli("runtime", "configure", "--root", str(host), "--runtime", "containerd", "--restart", "none")
+    assert res.returncode == 0, res.stderr
+    rec = json.loads((host / "srv/driverd/runtime/state.json").read_text())
+    backup = rec["runtimes"]["containerd"]["files"]["/etc/containerd/config.toml"]["backup"]
+    assert backup.startswith("/srv/driverd/runtime/backups/") and (host / backup.lstrip("/")).is_file()
+    assert not (host / "var/lib/driverd/runtime").exists()
+    res = run_cli("runtime", "revert", "--root", str(host), "--restart", "none")
+    assert res.returncode == 0, res.stderr
+    assert (host / "etc/containerd/config.toml").read_text() == original
+
+    # an older driverd's record, at the fixed place whatever state.dir said: reverted, and moved
+    (host / "srv/driverd/runtime/state.json").unlink()
+    configure(Root(host), "containerd", _opts())
+    assert (host / STATE_FILE.lstrip("/")).is_file()
+    res = run_cli("runtime", "revert", "--root", str(host), "--restart", "none")
+    assert res.returncode == 0, res.stderr
+    assert (host / "etc/containerd/config.toml").read_text() == original
+    assert not (host / STATE_FILE.lstrip("/")).exists()
+    assert json.loads((host / "srv/driverd/runtime/state.json").read_text())["runtimes"] == {}

@@ -148,7 +148,7 @@ def build_all(base: Path) -> Packages:
 
 
 def extract_module(package: Path, dest: Path, name: str) -> Path:
-    from driverd.packages.archive import _open_stream
+    from driverd.package.archive import _open_stream
     dest.mkdir(parents=True, exist_ok=True)
     with _open_stream(package) as tar:
         for ti in tar:

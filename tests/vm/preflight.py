@@ -15,8 +15,8 @@ import tarfile
 
 from driverd.host.kernel import read_kernel
 from driverd.host.keyrings import read_keyrings
-from driverd.packages import signers
-from driverd.packages.modsig import read_signature
+from driverd.build import signers
+from driverd.package.modsig import read_signature
 from driverd.root import Root
 
 
@@ -47,7 +47,7 @@ def main() -> int:
 
 
 def _zst(pkg: str):
-    from driverd.packages.archive import _open_stream
+    from driverd.package.archive import _open_stream
     return _open_stream(pkg)
 
 

@@ -289,7 +289,7 @@ def _nvidia_smi_says(phase: dict, version: str) -> None:
 
 
 def _sha(path) -> str:
-    from driverd.packages.archive import sha256_file
+    from driverd.package.archive import sha256_file
     return sha256_file(path)
 
 
@@ -347,7 +347,7 @@ def test_rollback_returns_both_halves_to_535(vm):
 @pytest.fixture(scope="module")
 def sim(vm, tmp_path_factory):
     """A simulated host with the SAME package installed, and its kernel."""
-    from driverd.packages.install import install
+    from driverd.install.modules import install
     from driverd.root import Root
     from driverd.runner import Runner
     from driverd.sim.hosttree import HostSpec, h100, write_host

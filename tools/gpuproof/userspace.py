@@ -3,7 +3,7 @@ trees of its own beside the host's — the running 580's files laid out as NVIDI
 and Debian's 535.261.03 libcuda/libnvidia-ml — into a private driver root, switches `current` between
 them, and the workload check against that root tells the matching set from the stale one. The host's
 driver and user-space are never touched: with a host user-space present driverd writes no loader
-configuration and no PATH links (driverd.packages.userspace_install)."""
+configuration and no PATH links (driverd.install.userspace)."""
 import glob
 import os
 import shutil
@@ -12,8 +12,8 @@ import time
 
 from driverd.host import pci, workload
 from driverd.driver.ident import parse_version_file as parse_nvidia_version
-from driverd.packages import userspace_build as ub
-from driverd.packages import userspace_install as ui
+from driverd.build import userspace as ub
+from driverd.install import userspace as ui
 from driverd.root import Root
 
 debs, out = sys.argv[1], sys.argv[2]

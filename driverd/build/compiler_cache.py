@@ -26,7 +26,7 @@ Two things would defeat even that on a kbuild build, and are handled here:
   directory by default (hash_dir): see env().
 
 What is never trusted to the cache: the built modules are checked after every build against the
-tree they were built from (driverd.packages.build: vermagic, version, srcversion).
+tree they were built from (driverd.build.modules: vermagic, version, srcversion).
 
 What a cache may be trusted for, and by whom. ccache keys a result on its inputs, not on who stored it:
 whoever can write the cache directory can store any object under another build's key (CCACHE_PREFIX
@@ -34,7 +34,7 @@ is not part of the key; with CCACHE_RECACHE it replaces what is there), and that
 into its module — vermagic, version and srcversion come from the sources, so the check above cannot
 see it, and a signing build signs it. So a cache is shared only by builds that trust each other:
 - a cell's cache is its own (`for_cell`: <dir>/cells/<cell id>; a rendered Job mounts each pod's
-  subdirectory of the volume only, driverd.packages.matrix_job), so a build-matrix cell never reads
+  subdirectory of the volume only, driverd.build.job), so a build-matrix cell never reads
   what another cell's pod could have written; what it gets back is a rebuild of its own inputs (a
   retried pod, --rebuild), which is nearly all a cache gives anyway (a new kernel ABI or driver point
   release recompiles almost every file: docs/testing.md);

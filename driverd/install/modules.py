@@ -5,7 +5,7 @@ Installed layout (a contract with the module lifecycle and the host fact reader)
     <root>/lib/firmware/nvidia/<version>/           gsp_*.bin (open flavour, when the package has them)
 State (under the state dir, /var/lib/driverd):
     packages/kept/<sha256>/             every package installed or replaced, restorable by sha256
-                                        (driverd.packages.kept: complete or absent)
+                                        (driverd.install.kept: complete or absent)
     packages/pending-<release>.json     an unfinished switch: {"target": sha|null, "replaced": ...}
     packages/previous/<release>.json    what the last install/restore replaced: {"sha256": sha|null}
 
@@ -50,10 +50,10 @@ from pathlib import Path
 
 from driverd.errors import DriverdError, PackageError
 from driverd.host.modules import INSTALL_DIR
-from driverd.packages import kept as kp
-from driverd.packages.kept import (INSTALL_RECORD, OLD_PREFIX, STAGING_PREFIX, Additions, Kept, kept_base, lookup,
+from driverd.install import kept as kp
+from driverd.install.kept import (INSTALL_RECORD, OLD_PREFIX, STAGING_PREFIX, Additions, Kept, kept_base, lookup,
                                    prune_kept)
-from driverd.packages.manifest import FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR, Manifest
+from driverd.package.manifest import FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR, Manifest
 # archive (tarfile, zstandard), modinfo and switch are imported where they are used: `driverd reboot-ready`
 # and the daemon's pass read this module's queries (is_installed, kernel_vermagic) on every call
 from driverd.root import Root
@@ -187,12 +187,12 @@ def check_signatures(root: Root, package: str | os.PathLike, release: str, enfor
                      sources: tuple[str, ...] = (), trusted_certs: list[str] | None = None) -> None:
     """The signer preflight on the package's own files (not the manifest's claim): refuse modules
     that are unsigned, damaged, or — for the running kernel, whose keyrings can be read — signed by a
-    key the kernel does not hold (driverd.packages.signers)."""
+    key the kernel does not hold (driverd.build.signers)."""
     if not enforced:
         return
     from driverd.host.kernel import running_release
     from driverd.host.keyrings import KeyringFacts, read_keyrings
-    from driverd.packages import signers
+    from driverd.build import signers
     sigs = signers.package_signatures(package)
     unsigned = [s.module for s in sigs if not s.signed]
     if unsigned:
@@ -397,7 +397,7 @@ def _switch(ctx: _Ctx, target: Kept | None, *, adds: Additions, set_previous: bo
     Before the marker: the current tree is kept, staging is filled; any failure undoes `adds` and
     changes nothing. After it: an OSError leaves the marker for recover(); a failed depmod/modprobe
     check (when `verify`) switches back to what was replaced and raises."""
-    from driverd.packages.switch import replace_dir
+    from driverd.install.switch import replace_dir
     cur = _current(ctx)
     want = target.sha if target else None
     mods_ok = (cur.intact and cur.sha == want) if target else not cur.exists
@@ -496,7 +496,7 @@ def _has_files(root: Root, d: str) -> bool:
 def _keep_package(ctx: _Ctx, package: Path, manifest: Manifest, sha: str, expected: str | None,
                   adds: Additions) -> Kept:
     """Unpack and verify the package into a new kept entry (complete or absent)."""
-    from driverd.packages.archive import unpack_at
+    from driverd.package.archive import unpack_at
     root = ctx.root
     base = kp.kept_hostdir(ctx.state_dir)
     adds.dirs += kp.mkdirs(root, base)
@@ -566,7 +566,7 @@ def preflight(root: Root, package_path: str | os.PathLike, runner: Runner | None
     """What decides, before anything is written (or a transaction is even started), whether the
     package can go onto this kernel: its manifest, its vermagic against the target kernel, its
     signatures against the kernel's enforcement. Returns (manifest, target release)."""
-    from driverd.packages.archive import read_manifest
+    from driverd.package.archive import read_manifest
     manifest = read_manifest(package_path)
     release = target_release(root, manifest, kernel)
     check_vermagic(root, manifest, release)
@@ -588,24 +588,24 @@ def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, run
     Installing the package that is installed, intact, with no switch pending writes nothing.
     `kernel_tools` (a driverd.kmod.kernel.Kernel) runs depmod and resolves the modules; default:
     the real kernel's kmod tools."""
-    from driverd.packages.archive import sha256_file
+    from driverd.package.archive import sha256_file
     root, runner = _root(root), runner or Runner()
     package_path = Path(package_path)
     if expected_sha256 is not None:
         # The file is the one the index names before any of it is decompressed (issue 21).
         kp.check_sha(expected_sha256)
-        from driverd.packages.archive import check_file
+        from driverd.package.archive import check_file
         check_file(package_path, expected_sha256)
     manifest, release = preflight(root, package_path, runner, kernel=kernel, enforce=enforce,
                                   trusted_certs=trusted_certs)
     if expected_sha256 is not None:
         kp.check_sha(expected_sha256)
-    from driverd.packages.archive import unusual_modes
+    from driverd.package.archive import unusual_modes
     odd = unusual_modes(manifest)
     sha = expected_sha256 or sha256_file(package_path)
     ctx = _Ctx(root, release, runner, state_dir, kernel_tools)
     if runner.dry_run:    # every check a real install makes before writing, and nothing written
-        from driverd.packages.archive import verify_package
+        from driverd.package.archive import verify_package
         cur = _current(ctx)
         verify_package(package_path, expected_sha256)
         return _report(ctx, str(package_path), Kept(sha, ctx.mdir, manifest), _Done(True, "", [], cur.sha), odd,

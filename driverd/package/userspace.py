@@ -1,6 +1,6 @@
 """The user-space package: NVIDIA's user-space of one driver version for one arch, kernel-independent.
 
-The kernel-module package (driverd.packages.manifest) is one (version, flavour, kernel release, arch);
+The kernel-module package (driverd.package.manifest) is one (version, flavour, kernel release, arch);
 the user-space does not depend on the kernel, so it is its own package, one per (version, arch):
 
     driverd-userspace-<version>-<arch>.<sha256>.tar.zst
@@ -12,7 +12,7 @@ the user-space does not depend on the kernel, so it is its own package, one per 
         firmware/nvidia/<version>/*.bin     GSP firmware
         share/glvnd/egl_vendor.d/*.json     EGL vendor (ICD) file; share/vulkan/icd.d, implicit_layer.d
 
-The archive layout is the layout of the installed tree (driverd.packages.userspace_install puts it
+The archive layout is the layout of the installed tree (driverd.install.userspace puts it
 under <userspace.root>/<version>/ as it is), so nothing is renamed on the node. Symbolic links are
 never archive members (driverd.safetar refuses them in packages): the soname links (libcuda.so.1 ->
 libcuda.so.<version>) and development links (libcuda.so -> libcuda.so.1) are listed in the manifest's
@@ -30,7 +30,7 @@ manifest.json:
 
 Every file's mode is 0644 or 0755 (binaries 0755; setuid is never carried: Debian's nvidia-modprobe
 is 4755, the package's is 0755) and is what the installer writes, after the archive's bytes were
-checked against this list (driverd.packages.archive). A manifest that says anything else is refused.
+checked against this list (driverd.package.archive). A manifest that says anything else is refused.
 """
 from __future__ import annotations
 
@@ -39,9 +39,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from driverd.driverfiles import KEY_LIBS
 from driverd.errors import PackageError
-from driverd.packages.manifest import MANIFEST_NAME, FileEntry, malformed, parse_json
+from driverd.package.manifest import MANIFEST_NAME, FileEntry, malformed, parse_json
 
 KIND = "userspace"
 SCHEMA_VERSION = 1
@@ -53,8 +52,9 @@ SHARE_DIRS = ("share/glvnd/egl_vendor.d", "share/vulkan/icd.d", "share/vulkan/im
               "share/egl/egl_external_platform.d")
 LIB_DIRS = (LIB_DIR, VDPAU_DIR)
 FILE_MODES = (0o644, 0o755)
-# The libraries whose presence makes a user-space usable: the finder's key libraries, both required.
-KEY_SONAMES = KEY_LIBS
+# The libraries whose presence makes a user-space usable, both required (driver/files.py finds a user-space
+# by them).
+KEY_SONAMES = ("libcuda.so.1", "libnvidia-ml.so.1")
 # What NVIDIA ships, by name: a user-space package holds these and nothing else (checked when it is built
 # and again when a node installs it: a library of another name or soname would be given to every process
 # on the node by the loader's cache, a binary of another name would be linked onto root's PATH).

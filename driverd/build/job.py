@@ -16,7 +16,7 @@ What is rendered (in this order, one `kubectl apply -f` for all of them):
    `.driverd-incoming/<batch>/<i>` at /repo, the cache volume's `<batch>/<i>` at /ccache
    (`--ccache-volume`; `none`: no cache). What one pod writes, no other pod reads: a compromised or
    buggy pod can plant neither a compiled object under another cell's ccache key (ccache trusts
-   whatever its directory holds: driverd.packages.compiler_cache) nor a package in another cell's
+   whatever its directory holds: driverd.build.compiler_cache) nor a package in another cell's
    place. A retried pod of the same index (or a re-applied render of the same cell list) picks up what
    its earlier attempt compiled. A cell that does not compile (exit 3) fails only its own index
    (podFailurePolicy FailIndex, no retry: it would fail the same way); other failures are retried
@@ -26,7 +26,7 @@ What is rendered (in this order, one `kubectl apply -f` for all of them):
    directories of earlier batches stay on the volume until an operator deletes them.
 3. a Job `<name>-index`, created suspended, that takes the packages in and rewrites the repository
    index once the cells are built (`driverd repo index /repo --accept /repo/.driverd-incoming/<batch>
-   --cells ...`: driverd.packages.intake — from each pod's directory only the verified package of that
+   --cells ...`: driverd.build.intake — from each pod's directory only the verified package of that
    index's own cell, renamed into the repository, never over one it holds; then the index, signed over
    the repository's packages). Pods never write the index themselves: several writers would race, and
    a pod's word is trusted for its own cell only. A pipeline waits for the
@@ -46,7 +46,7 @@ import re
 from dataclasses import dataclass, field
 
 from driverd.errors import UsageError
-from driverd.packages.matrix import Cell, Matrix
+from driverd.build.matrix import Cell, Matrix
 
 MATRIX_MOUNT = "/etc/driverd/matrix"
 REPO_MOUNT = "/repo"
@@ -135,7 +135,7 @@ def render_id(cells: list[Cell]) -> str:
 
 def render(matrix: Matrix, cells: list[Cell], opts: JobOptions) -> list[dict]:
     """ConfigMap + Indexed build Job + suspended index Job for `cells` (the missing ones)."""
-    from driverd.packages.intake import INCOMING
+    from driverd.build.intake import INCOMING
     name = job_name(matrix, opts.name)
     batch = render_id(cells)
     own = f"{batch}/$(JOB_COMPLETION_INDEX)"     # expanded by the kubelet from the container's env

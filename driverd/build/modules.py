@@ -14,7 +14,7 @@ kbuild facts this relies on (NVIDIA's top-level Makefile):
 - Modules are stripped of debug info (`strip --strip-debug`, what INSTALL_MOD_STRIP=1 does) before
   they are signed: signing must come last, it appends the signature to the file.
 - The sources are copied to src/ of a cell directory. With a compiler cache
-  (driverd.packages.compiler_cache) a view of the kernel's header trees sits beside them (kernel/),
+  (driverd.build.compiler_cache) a view of the kernel's header trees sits beside them (kernel/),
   and make gets SYSSRC/SYSOUT of the view, so every compile sees the same paths in every cell.
   Cached or not, every module is checked against the tree it was built from before it is packed
   (check_modules: vermagic, version, srcversion).
@@ -35,12 +35,14 @@ from pathlib import Path
 from driverd import safetar
 from driverd.errors import PackageError, UsageError
 from driverd.fsutil import atomic_write_json, writable_dir
-from driverd.packages.archive import SUFFIX, PackageRef, read_manifest, sha256_file
-from driverd.packages import buildhost, buildprogress, compiler_cache
-from driverd.packages.assemble import PackageSpec, assemble
-from driverd.packages.compiler_cache import CompilerCache
-from driverd.packages.modfields import first, module_fields
-from driverd.packages.manifest import Provenance, package_basename
+from driverd.package.archive import SUFFIX, PackageRef, read_manifest, sha256_file
+from driverd.build import host as buildhost
+from driverd.build import progress as buildprogress
+from driverd.build import compiler_cache
+from driverd.build.assemble import PackageSpec, assemble
+from driverd.build.compiler_cache import CompilerCache
+from driverd.package.modfields import first, module_fields
+from driverd.package.manifest import Provenance, package_basename
 from driverd.root import Root
 from driverd.runner import Runner, which
 
@@ -494,7 +496,7 @@ def _firmware(src: Source, flavor: str) -> list[Path]:
 
 
 def _sign_file(hdr: Headers, root: Root) -> str:
-    from driverd.packages.sign import find_sign_file
+    from driverd.build.sign import find_sign_file
     sf = find_sign_file(str(hdr.output), root)
     if sf is None:
         raise PackageError("scripts/sign-file not found", cause=f"neither {hdr.output}/scripts/sign-file nor an "
@@ -533,7 +535,7 @@ def local_builder(root: Root, cfg, want, runner: Runner):
     src_path = str(root.real(source)) if not root.is_slash else source
     work = root.real(f"{cfg['packages.cache_dir']}/build")       # resolved inside the root, link by link
     v = peek_version(src_path, work)
-    from driverd.packages.sign import node_path
+    from driverd.root.nodefiles import node_path
     key, cert = (node_path(root, cfg["signing.key"], "signing.key"),     # the node's own keys
                  node_path(root, cfg["signing.cert"], "signing.cert"))
 

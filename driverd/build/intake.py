@@ -1,5 +1,5 @@
 """Taking into a repository the packages the pods of a rendered build-matrix Job built (the index Job's
-first half: `driverd repo index DIR --accept INCOMING --cells FILE`, driverd.packages.matrix_job).
+first half: `driverd repo index DIR --accept INCOMING --cells FILE`, driverd.build.job).
 
 Each build pod writes into a directory of its own on the repository volume, and only there: the Job
 mounts <INCOMING>/<index> at /repo for the pod of that index, so no pod can put a file where another
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from driverd.errors import PackageError
-from driverd.packages.archive import SUFFIX, package_filename, verify_package
+from driverd.package.archive import SUFFIX, package_filename, verify_package
 
 # The build pods' directories inside the repository volume: hidden, so that `repo index` (which scans
 # the repository's tree) never lists what only a pod vouches for.
@@ -45,14 +45,14 @@ class Intake:
 
 
 def cell_id(m) -> str:
-    """The id build-matrix gives the cell a kernel-module package is of (driverd.packages.matrix.Cell.id)."""
+    """The id build-matrix gives the cell a kernel-module package is of (driverd.build.matrix.Cell.id)."""
     return f"{m.driver_version}-{m.flavor}-{m.kernel_release}-{m.arch}"
 
 
 def accept(repo: str | os.PathLike, incoming: str | os.PathLike, cells: list[str]) -> list[Intake]:
     """Move the package each index's pod built for its own cell from <incoming>/<index>/ into `repo`
     (module docstring); one Intake per index and per refused file."""
-    from driverd.packages.build import existing
+    from driverd.build.modules import existing
     repo, incoming = Path(repo), Path(incoming)
     out: list[Intake] = []
     for i, cell in enumerate(cells):
@@ -101,5 +101,5 @@ def _check(p: Path, cell: str):
     if cell_id(m) != cell:
         return (f"it is the package of cell {cell_id(m)}, not of this index's cell {cell}: a pod may only "
                 "deliver its own cell"), None, m
-    from driverd.packages.archive import sha256_file
+    from driverd.package.archive import sha256_file
     return None, sha256_file(p), m

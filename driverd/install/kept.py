@@ -25,7 +25,7 @@ from pathlib import Path
 
 from driverd.errors import PackageError
 from driverd.host.modules import INSTALL_DIR
-from driverd.packages.manifest import MANIFEST_NAME, Manifest
+from driverd.package.manifest import MANIFEST_NAME, Manifest
 from driverd.root import Root
 
 KEPT_DIR = "packages/kept"          # under the state dir (/var/lib/driverd)
@@ -101,7 +101,7 @@ def firmware_present(fdir: Path, manifest: Manifest) -> bool:
 
 def firmware_same(fdir: Path, manifest: Manifest) -> bool:
     """`fdir` holds exactly the manifest's firmware files (names, sizes, sha256)."""
-    from driverd.packages.archive import file_entry
+    from driverd.package.archive import file_entry
     try:
         if not fdir.is_dir():
             return False

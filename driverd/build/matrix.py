@@ -25,7 +25,7 @@ from driverd.root import Root
 from driverd.runner import Runner
 
 if TYPE_CHECKING:
-    from driverd.packages.compiler_cache import CompilerCache
+    from driverd.build.compiler_cache import CompilerCache
 
 _ARCH = {"amd64": "x86_64", "arm64": "aarch64"}
 
@@ -127,7 +127,7 @@ class Progress:
         self.drawn = 0.0
 
     def cell(self, cell: Cell) -> "_CellProgress":
-        """What one cell's build reports to (driverd.packages.build's progress)."""
+        """What one cell's build reports to (driverd.build.modules's progress)."""
         return _CellProgress(self, cell.id)
 
     def _status(self, cell_id: str, st) -> None:
@@ -140,7 +140,7 @@ class Progress:
                     self._write("\r\033[K" + self._bar())
                     self.drawn = now
             elif old is None or old.phase != st.phase:
-                from driverd.packages.buildprogress import Reporter
+                from driverd.build.progress import Reporter
                 self._emit(f"{st.phase:<7} {Reporter.line(st)}", cell=cell_id, status=st.phase,
                            elapsed_s=round(st.elapsed, 1))
 
@@ -172,7 +172,7 @@ class Progress:
         self.stream.flush()
 
     def _bar(self) -> str:
-        from driverd.packages.buildprogress import clock
+        from driverd.build.progress import clock
         n = sum(self.done.values())
         width = 24
         fill = int(width * n / max(self.total, 1))
@@ -199,7 +199,7 @@ class Progress:
 
 
 class _CellProgress:
-    """One cell's build reporting into the matrix's bar (driverd.packages.buildprogress.Sink)."""
+    """One cell's build reporting into the matrix's bar (driverd.build.progress.Sink)."""
 
     def __init__(self, matrix_progress: Progress, cell_id: str) -> None:
         self.p, self.cell_id = matrix_progress, cell_id
@@ -237,7 +237,7 @@ def select(matrix: Matrix, only: list[str] | None = None, cell_ids: list[str] | 
 
 def missing(matrix: Matrix, out: str | os.PathLike, cells: list[Cell] | None = None) -> list[Cell]:
     """The cells the repository directory `out` does not hold (all of them when it does not exist)."""
-    from driverd.packages.build import existing
+    from driverd.build.modules import existing
     outp = Path(out)
     cells = matrix.cells if cells is None else cells
     if not outp.is_dir():
@@ -253,11 +253,11 @@ def run(matrix: Matrix, out: str | os.PathLike, *, jobs: int | None = None, make
         only_index: int | None = None, index: bool = True) -> list[CellResult]:
     """Build the selected cells (see select()). index=False leaves the repository index alone: a
     Job's pods each build one cell into a directory of their own, and one indexer takes them in after
-    them (driverd.packages.intake). Every cell compiles through `ccache` when given, each in a cache of
+    them (driverd.build.intake). Every cell compiles through `ccache` when given, each in a cache of
     its own (compiler_cache.for_cell: no cell trusts what another cell's build stored)."""
-    from driverd.packages.build import build, check_out, existing, find_headers
-    from driverd.packages.compiler_cache import for_cell
-    from driverd.packages.repo import write_index
+    from driverd.build.modules import build, check_out, existing, find_headers
+    from driverd.build.compiler_cache import for_cell
+    from driverd.repo.index import write_index
     root, runner = root or Root("/"), runner or Runner()
     outp = Path(out)
     check_out(outp)         # before any cell compiles, not once per cell after it did

@@ -8,14 +8,14 @@ index.json:
      "userspace": [{"driver": "535.261.03", "arch": "x86_64", "sha256": "...", "size": 139873560,
                     "path": "driverd-userspace-535.261.03-x86_64....tar.zst"}]}
 
-`userspace` (present when the repository holds user-space packages, driverd.packages.userspace) lists
+`userspace` (present when the repository holds user-space packages, driverd.package.userspace) lists
 one kernel-independent package per (driver, arch); a reader that knows only `packages` ignores it.
 
 The signature is `openssl dgst -sha256 -sign KEY` over the exact bytes of index.json; a fetcher
 configured with packages.index_public_key refuses an index whose signature is missing or wrong. Each
 index entry pins a package's sha256, and each package's manifest pins every file, so one signature
 covers everything a node installs. `serial` only grows and `expires` bounds the index's life: a
-node refuses an older serial than it has seen, or an expired index (driverd.packages.trust).
+node refuses an older serial than it has seen, or an expired index (driverd.repo.trust).
 """
 from __future__ import annotations
 
@@ -30,10 +30,10 @@ from pathlib import Path
 
 from driverd.errors import PackageError
 from driverd.fsutil import atomic_write, fsync_dir
-from driverd.packages.archive import SUFFIX, read_manifest, sha256_file
-from driverd.packages.manifest import package_basename
-from driverd.packages.userspace import KIND as USERSPACE, package_basename as userspace_basename
-from driverd.packages.trust import DEFAULT_VALID_DAYS, IndexRefused
+from driverd.package.archive import SUFFIX, read_manifest, sha256_file
+from driverd.package.manifest import package_basename
+from driverd.package.userspace import KIND as USERSPACE, package_basename as userspace_basename
+from driverd.repo.trust import DEFAULT_VALID_DAYS, IndexRefused
 from driverd.runner import Runner
 
 INDEX_NAME = "index.json"

@@ -28,10 +28,10 @@ from urllib.parse import unquote, urlsplit
 
 from driverd.errors import PackageError
 from driverd.redact import redact
-from driverd.packages.archive import SUFFIX, verify_package
-from driverd.packages.manifest import package_basename
-from driverd.packages import trust
-from driverd.packages.repo import INDEX_NAME, SIG_NAME, Index, IndexEntry, parse_index, verify_signature
+from driverd.package.archive import SUFFIX, verify_package
+from driverd.package.manifest import package_basename
+from driverd.repo import trust
+from driverd.repo.index import INDEX_NAME, SIG_NAME, Index, IndexEntry, parse_index, verify_signature
 from driverd.root import Root
 from driverd.runner import Runner
 
@@ -374,7 +374,7 @@ def _read_small_file(path: Path, limit: int, what: str) -> bytes:
 def read_index(url: str, *, public_key: str | None = None, runner: Runner | None = None, session=None,
                insecure: bool = False, root: Root | None = None, state_dir: str | None = None, now=None,
                attempts: int = ATTEMPTS) -> Index:
-    """The repository's index, authentic and fresh (driverd.packages.trust): signed with
+    """The repository's index, authentic and fresh (driverd.repo.trust): signed with
     `public_key` when one is given, else only from file:// or with `insecure`; a signed index is
     refused when expired or older than the serial this node recorded under `state_dir` (then
     recorded). Raises trust.IndexRefused for an index that must not be used."""
@@ -458,7 +458,7 @@ def from_cache(root: Root, cdir: str, name: str, files: bool = True,
     asked: what an earlier fetch verified against a repository's index (or `driverd fetch --repo` brought
     from a medium) serves when no repository can (none configured, none answering). A damaged entry is
     removed. None: none here."""
-    from driverd.packages.archive import check_file
+    from driverd.package.archive import check_file
     for n, sha in cached_candidates(root, cdir, name):
         dest = f"{cdir}/{n}"
         try:
@@ -619,7 +619,7 @@ def _copy_file(url: str, entry: IndexEntry, root: Root, dest: str) -> None:
 def _verify_into_cache(root: Root, dest: str, entry: IndexEntry, where: str, files: bool = True) -> Path:
     """Size, then sha256 of the compressed file against the index — before anything is
     decompressed — then (with `files`) every member against the manifest. Returns its real path."""
-    from driverd.packages.archive import check_file
+    from driverd.package.archive import check_file
     path = root.real(dest)
     try:
         st = root.lstat(dest)
@@ -717,7 +717,7 @@ def _fetch(root: Root, want: Want, repos: list[str], *, cache: str = "/var/cache
         # The build writes into the cache directory as resolved inside the root (a path for the
         # build's tools); what it made is then judged and pruned through the confined writers.
         built = Path(builder(root.makedirs(cdir)))
-        from driverd.packages.archive import sha256_file
+        from driverd.package.archive import sha256_file
         real = root.real(cdir)
         if built.parent != real:
             raise PackageError(f"the local build wrote {built}, outside the cache {real}",
@@ -775,42 +775,8 @@ def not_found(name: str, looked: list[Looked], no_build_reason: str | None, buil
 
 
 def sha256_of(path: str | os.PathLike) -> str:
-    from driverd.packages.archive import sha256_file
+    from driverd.package.archive import sha256_file
     return sha256_file(path)
-
-
-def fetch_configured(root: Root, cfg, want: Want, repos: list[str] | None = None, *, runner: Runner | None = None,
-                     allow_build: bool = True, verify_files: bool = True) -> FetchResult:
-    """fetch() with everything taken from driverd's configuration, including the decision whether
-    this host may build the package itself when no repository has it (packages.build_fallback)."""
-    builder, reason = None, "disabled (--no-build or packages.build_fallback=false)"
-    if allow_build and cfg["packages.build_fallback"]:
-        from driverd.packages.build import local_builder
-        builder, reason = local_builder(root, cfg, want, runner or Runner())
-    from driverd.packages.sign import node_path
-    creds = Credentials(node_path(root, cfg["packages.netrc"]), node_path(root, cfg["packages.auth_header_file"]))
-    return fetch(root, want, list(repos if repos is not None else cfg["packages.repositories"]),
-                 cache=cfg["packages.cache_dir"], cache_max_mb=cfg["packages.cache_max_mb"],
-                 public_key=node_path(root, cfg["packages.index_public_key"]), runner=runner, builder=builder,
-                 no_build_reason=reason, verify_files=verify_files, insecure=cfg["packages.insecure"],
-                 state_dir=cfg["state.dir"], credentials=creds)
-
-
-def unavailable(root: Root, cfg, release: str | None, want: Want | None = None) -> str | None:
-    """Why no package for `release` can come from anywhere — no repository is configured, the download
-    cache holds no package for `want` (what `driverd fetch --repo file:///media/...` leaves on an air-gapped
-    host) and this host cannot build it (packages.build_fallback, packages.source, the kernel's headers) —
-    or None when a fetch may succeed. The plan is blocked on it rather than fail at fetch-package."""
-    if cfg["packages.repositories"] or not release:
-        return None
-    if want is not None and cached_candidates(root, cache_hostdir(cfg["packages.cache_dir"]), want.name):
-        return None
-    if not cfg["packages.build_fallback"]:
-        why = "packages.build_fallback = false"
-    else:
-        from driverd.packages.build import cannot_build
-        why = cannot_build(root, cfg, release)
-    return None if why is None else f"no repository is configured (packages.repositories) and no local build: {why}"
 
 
 def want_for_host(root: Root, cfg, kernel: str | None = None, arch: str | None = None) -> Want:

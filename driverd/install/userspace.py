@@ -1,4 +1,4 @@
-"""Installing a user-space package (driverd.packages.userspace) into a versioned driver root on a node.
+"""Installing a user-space package (driverd.package.userspace) into a versioned driver root on a node.
 
 Installed layout (host paths; `userspace.root`, default /var/lib/driverd/driver — writable on immutable
 hosts, where /usr is read-only):
@@ -28,7 +28,7 @@ loader configuration and links are removed there.
 
 Order of an install (each effect durable before the next):
     1. the package is verified while it is unpacked into `<root>/.driverd-staging-*` (bounded, checked
-       against its manifest: driverd.packages.archive), its links and install.json made, every file and
+       against its manifest: driverd.package.archive), its links and install.json made, every file and
        directory fsync'd, then renamed to its tree name: a tree is complete or absent;
     2. the pending marker names the target and what it replaces;
     3. `current` is switched (a new link renamed over it: atomic);
@@ -55,19 +55,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from driverd import driverfiles
+from driverd.driver import files as driverfiles
 from driverd.driver import layout
 from driverd.driver.layout import Places
 from driverd.driver.records import read_json, valid_sha
-from driverd.driver.userspace import (PATH_DIRS, Tree, activation_ok, current, current_name,  # noqa: F401
+from driverd.driver.userspace import (PATH_DIRS, Tree, activation_ok, check_root, current, current_name,  # noqa: F401
                                       foreign_userspace, installed_sha256, is_installed as _is_installed,
                                       ldconf_ours, link_state, lookup, our_links, path_clash,
                                       previous_record, previous_sha, read_tree, trees, wanted_links)
 from driverd.errors import DriverdError, PackageError
 from driverd.fsutil import atomic_write_at, dump_json, fsync_fd
-from driverd.packages import userspace as us
-from driverd.packages.install import os_errors
-from driverd.packages.archive import check_file, read_manifest, sha256_file, unpack_at, verify_package
+from driverd.package import userspace as us
+from driverd.install.modules import os_errors
+from driverd.package.archive import check_file, read_manifest, sha256_file, unpack_at, verify_package
 from driverd.root import Root
 from driverd.runner import Runner
 
@@ -139,17 +139,6 @@ is_installed = _os_errors(_is_installed)
 
 
 # -- install ------------------------------------------------------------------------------------------
-
-def check_root(root: Root, places: Places) -> None:
-    """userspace.root holds the trees the loader configuration and the PATH links point into: whoever can
-    rename an entry in it, or in any directory on the way to it, can swap the libraries every process on
-    the node loads. Refused (ConfigError, one line) unless root owns it and every directory on the way
-    and none of them is group- or world-writable (driverd.fsutil.trusted_dir; a missing root is judged by
-    the directories it would be made in)."""
-    from driverd.fsutil import trusted_dir
-    real = places.root if root.is_slash else str(root.real(places.root))
-    trusted_dir(real, "userspace.root", shown=places.root, missing_ok=True)
-
 
 def _check_arch(m: us.UserspaceManifest) -> None:
     node = platform.machine()

@@ -4,7 +4,7 @@ Open when every installed kernel the boot loader would start instead of the runn
 than it (driverd.host.kernels: the family's boot images and package database) — has a driverd package of the
 node's driver installed and verified:
 - the package's manifest names the driver (version, flavour) the node runs, its install record and every
-  module file are there and of their recorded size (driverd.packages.install.is_installed: what an install
+  module file are there and of their recorded size (driverd.install.modules.is_installed: what an install
   verified against the manifest's sha256s), and no install into that tree is pending;
 - every module's vermagic, read from the .ko itself, is that kernel's (its release, and the whole string its
   own modules carry);
@@ -105,7 +105,7 @@ def wanted_driver(root, cfg, version: str | None = None, flavor: str | None = No
 
 
 def _flavor_of_running(root, version: str) -> str | None:
-    from driverd.packages.kept import tree_manifest
+    from driverd.install.kept import tree_manifest
     rel = running_release(root)
     m = tree_manifest(root.real(f"/lib/modules/{rel}/{INSTALL_DIR}")) if rel else None
     return m.flavor if m is not None and m.driver_version == version else None
@@ -177,8 +177,8 @@ def _daemon_record(root, release: str) -> dict | None:
 
 def judge_kernel(root, cfg, fam, k: InstalledKernel, want: dict) -> KernelVerdict:
     """One newer kernel against the node's driver `want` (the module docstring's rules)."""
-    from driverd.packages.install import is_installed
-    from driverd.packages.kept import tree_manifest, tree_sha
+    from driverd.install.modules import is_installed
+    from driverd.install.kept import tree_manifest, tree_sha
     rel = k.release
     v = KernelVerdict(rel, False, headers=_headers(root, fam, rel), daemon=_daemon_record(root, rel))
     shorts, fixes = [], []
@@ -231,7 +231,7 @@ def judge_kernel(root, cfg, fam, k: InstalledKernel, want: dict) -> KernelVerdic
 def _vermagic_problems(root, d, m, rel: str) -> list[str]:
     from driverd.errors import DriverdError
     from driverd.modinfo import vermagic_of
-    from driverd.packages.install import kernel_vermagic
+    from driverd.install.modules import kernel_vermagic
     out = []
     try:
         own = kernel_vermagic(root, rel)
@@ -278,7 +278,7 @@ def _signature_problem(root, cfg, fam, d, rel: str) -> tuple[str, str] | None:
     if not sources:
         return None
     from driverd.host.keyrings import read_keyrings
-    from driverd.packages import signers
+    from driverd.build import signers
     v = signers.check(root, read_keyrings(root), signers.tree_signatures(d), cfg, enforced=True,
                       source=f"installed {d}")
     if not v.blocks:

@@ -1,4 +1,4 @@
-"""Building a user-space package (driverd.packages.userspace) from the sources that exist.
+"""Building a user-space package (driverd.package.userspace) from the sources that exist.
 
 - **Debian's packages** (`build_from_debs`): a directory of the .debs of one driver version (libcuda1,
   libnvidia-ml1, nvidia-smi, nvidia-persistenced, libnvidia-ptxjitcompiler1, firmware-nvidia-gsp, ...).
@@ -26,7 +26,7 @@
 
 Both give the same package: the libraries named `*.so.<version>` of the one version libcuda and
 libnvidia-ml carry (a directory holding two versions is refused), each with its ELF soname
-(driverd.driverfiles.elf_soname) and the links the loader and linkers use (the soname link, and the
+(driverd.driver.files.elf_soname) and the links the loader and linkers use (the soname link, and the
 development link `lib<x>.so` of the libraries Debian ships one for), the binaries, the firmware of that
 version, and the ICD files whose `library_path` is one of the package's libraries. Setuid bits are
 dropped (a package holds 0644 and 0755 files only). The manifest carries no build time: the same inputs
@@ -50,10 +50,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from driverd.driverfiles import elf_soname
+from driverd.driver.files import elf_soname
 from driverd.errors import PackageError
-from driverd.packages import userspace as us
-from driverd.packages.archive import PackageRef, file_entry, pack, sha256_file
+from driverd.package import userspace as us
+from driverd.package.archive import PackageRef, file_entry, pack, sha256_file
 from driverd.safetar import UnsafeMember, check_member
 
 TRIPLETS = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}
@@ -172,7 +172,7 @@ def _finish(stage: _Stage, version: str, arch: str, prov: us.Provenance, out: st
         elif us.stem(p.rpartition("/")[2]) not in us.NVIDIA_LIBRARIES:
             # a file that only looks like one (libz.so.<version>): the loader's cache would hand it to
             # every process on the node under its own soname
-            stage.drop(p, "not one of NVIDIA's libraries (driverd.packages.userspace.COMPONENTS)")
+            stage.drop(p, "not one of NVIDIA's libraries (driverd.package.userspace.COMPONENTS)")
     for p in stage.paths("firmware/"):
         if not p.startswith(f"{us.FIRMWARE_BASE}/{version}/"):
             stage.drop(p, f"firmware of another driver version than {version}")

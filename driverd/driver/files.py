@@ -4,7 +4,7 @@ loads exactly these libraries in a child) and the CDI spec (which gives exactly 
 
 `find()` says where the user-space is. It is looked for, in order, in: an explicit driver root
 (configuration), the GPU Operator's driver root `/run/nvidia/driver`, the user-space driverd installed
-(driverd.packages.userspace_install: the loader configuration `DRIVERD_LDCONF` it writes names
+(driverd.install.userspace: the loader configuration `DRIVERD_LDCONF` it writes names
 `<userspace.root>/current/lib64`; the driver root is `current` resolved to its versioned tree, so a
 switch during a read never mixes two versions), `/usr/local/nvidia` (the layout of GKE/COS-style hosts
 and of the machines driverd is validated on: lib64/, bin/, firmware/), then the host's own library
@@ -33,11 +33,12 @@ import stat
 import struct
 from dataclasses import dataclass, field
 
+from driverd.package.userspace import KEY_SONAMES
 from driverd.root import Root
 
 # The libraries every compute/utility container needs to talk to the driver: their presence decides
 # where the user-space is; their real file names carry the driver version (libcuda.so.580.159.04).
-KEY_LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
+KEY_LIBS = KEY_SONAMES
 DRIVER_ROOTS = ("/run/nvidia/driver", "/usr/local/nvidia")
 # Relative to a driver root (or to / for the host's own directories).
 LIB_SUBDIRS = ("lib64", "usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu/nvidia/current",
@@ -60,7 +61,7 @@ IPC = (("/run/nvidia-persistenced/socket", ("/run/nvidia-persistenced/socket", "
        ("/tmp/nvidia-mps", ("/tmp/nvidia-mps",)))
 LD_CACHE = "/etc/ld.so.cache"
 # The loader configuration driverd writes for the user-space it installed: its one line names
-# <userspace.root>/current/lib64 (driverd.packages.userspace_install owns the file).
+# <userspace.root>/current/lib64 (driverd.install.userspace owns the file).
 DRIVERD_LDCONF = "/etc/ld.so.conf.d/00-driverd-nvidia.conf"
 FIRMWARE_PATTERNS = ("gsp", "ucodes")           # nvidia/<version>/gsp*.bin, ucodes*.bin
 _VERSIONED = re.compile(r"^lib[\w+-]+\.so\.(\d+\.\d+(?:\.\d+)?)$")

@@ -1,5 +1,5 @@
 """Turn built modules (+ firmware) into a package: copy into a staging tree, read each module's modinfo
-fields from the file (driverd.packages.modfields, no kmod needed), write the manifest, pack. Shared by `driverd build` (real kbuild output) and the simulated package set."""
+fields from the file (driverd.package.modfields, no kmod needed), write the manifest, pack. Shared by `driverd build` (real kbuild output) and the simulated package set."""
 from __future__ import annotations
 
 import os
@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Sequence
 
 from driverd.errors import PackageError
-from driverd.packages.archive import PackageRef, file_entry, pack
-from driverd.packages.manifest import (FIRMWARE_DIR, MODULES_DIR, Manifest, ModuleInfo, Provenance)
+from driverd.package.archive import PackageRef, file_entry, pack
+from driverd.package.manifest import (FIRMWARE_DIR, MODULES_DIR, Manifest, ModuleInfo, Provenance)
 from driverd.modinfo import module_name_from_file
-from driverd.packages.modfields import first, modinfo
+from driverd.package.modfields import first, modinfo
 
 
 @dataclass(frozen=True)

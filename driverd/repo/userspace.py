@@ -1,7 +1,7 @@
 """Where the user-space package of the wanted driver version comes from, for the transaction that switches
 it with the kernel modules (issue 31): `userspace.package` (one package file, or a directory of
 driverd-userspace-<version>-<arch>*.tar.zst packages) first, then — with `userspace.fetch` — the
-repositories' index ("userspace" entries, driverd.packages.repo), fetched into the download cache and
+repositories' index ("userspace" entries, driverd.repo.index), fetched into the download cache and
 checked against the index's size and sha256 before anything of it is decompressed (the install checks
 every file against the manifest while it unpacks).
 
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from driverd.errors import PackageError
-from driverd.packages import userspace as us
-from driverd.packages.archive import SUFFIX
+from driverd.package import userspace as us
+from driverd.package.archive import SUFFIX
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Offer:
 
 
 def _manifest(path: Path):
-    from driverd.packages.archive import read_manifest
+    from driverd.package.archive import read_manifest
     return read_manifest(path, kind=us.KIND)
 
 
@@ -87,7 +87,7 @@ _SHA_CACHE: dict[tuple, str] = {}
 
 def _sha(path: Path) -> str:
     """sha256 of a local package, remembered by (path, size, mtime, inode): the daemon plans every pass."""
-    from driverd.packages.archive import sha256_file
+    from driverd.package.archive import sha256_file
     st = path.stat()
     key = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
     if key not in _SHA_CACHE:
@@ -104,7 +104,6 @@ def offer(root, cfg, version: str | None, arch: str | None) -> Offer | None:
         return None
     from driverd.driver import userspace as dus
     from driverd.driver.layout import Places
-    from driverd.packages import userspace_install as ui
     arch = arch or os.uname().machine
     places = Places.from_config(cfg)
     cur = dus.current(root, places)
@@ -118,7 +117,7 @@ def offer(root, cfg, version: str | None, arch: str | None) -> Offer | None:
         path, missing = None, e
     if path is None and not cfg["userspace.fetch"] and missing is None:
         return None
-    ui.check_root(root, places)
+    dus.check_root(root, places)
     on_disk = None
     if path is None:
         on_disk = cur.sha if intact and cur.version == version else next(
@@ -131,7 +130,7 @@ def offer(root, cfg, version: str | None, arch: str | None) -> Offer | None:
     return Offer(version, arch, str(path) if path else None, _sha(path) if path else None, source,
                  cur.sha if intact else None, cur.version if intact else None,
                  foreign.lib_dir if foreign is not None else None,
-                 inactive=intact and cur.version == version and not ui.is_installed(root, cur.sha, places),
+                 inactive=intact and cur.version == version and not dus.is_installed(root, cur.sha, places),
                  installed_sha=on_disk)
 
 
@@ -145,11 +144,11 @@ class Fetched:
 def fetch(root, cfg, version: str, arch: str, runner=None) -> Fetched:
     """The package of `version`/`arch`: userspace.package's, else the first repository whose index lists it,
     copied or downloaded into the cache and checked against the index (size, then sha256)."""
-    from driverd.packages import fetch as f
-    from driverd.packages.archive import check_file, sha256_file
+    from driverd.repo import fetch as f
+    from driverd.package.archive import check_file, sha256_file
     from driverd.root import Root
     root = root if isinstance(root, Root) else Root(str(root))
-    from driverd.packages.sign import node_path
+    from driverd.root.nodefiles import node_path
     path = local_package(root, cfg, version, arch)
     if path is not None:
         return Fetched(str(path), sha256_file(path), f"userspace.package ({path})")

@@ -1,5 +1,5 @@
 """kmod's `modinfo FILE` fields, read from the module file itself: the ELF `.modinfo` strings
-(driverd.modinfo) and the appended signature (driverd.packages.modsig). No subprocess and no kmod,
+(driverd.modinfo) and the appended signature (driverd.package.modsig). No subprocess and no kmod,
 so packaging and installing work in a minimal container and on a host without kmod.
 
 The fields are those kmod 30 prints (checked against it on real modules in tests/test_modfields.py):
@@ -26,7 +26,7 @@ from typing import Sequence
 
 from driverd.errors import PackageError
 from driverd.modinfo import modinfo_of_bytes, module_bytes
-from driverd.packages.modsig import ModuleSignature, signature_of_bytes
+from driverd.package.modsig import ModuleSignature, signature_of_bytes
 
 Fields = dict[str, list[str]]
 

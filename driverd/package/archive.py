@@ -28,7 +28,7 @@ File modes are never taken from the archive: every file is written 0644 and ever
 executable, setuid...) is still checked against the manifest, and `unusual_modes` reports it.
 
 Two kinds of package share this format (`LAYOUTS`): the kernel-module package above (no `kind` in its
-manifest) and the user-space package (`"kind": "userspace"`, driverd.packages.userspace: lib64/, bin/,
+manifest) and the user-space package (`"kind": "userspace"`, driverd.package.userspace: lib64/, bin/,
 firmware/nvidia/<version>/, share/...). Each kind says which members it may hold and how its manifest
 is read; a user-space package's files are written 0755 when the member is executable and 0644
 otherwise — what its verified manifest says, since the manifest admits those two modes only. Every
@@ -51,8 +51,8 @@ from typing import Any, BinaryIO, Callable
 from driverd.errors import PackageError
 from driverd.fsutil import fsync_dir
 from driverd.safetar import UnsafeMember, check_member
-from driverd.packages import userspace as us
-from driverd.packages.manifest import FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR, FileEntry, Manifest
+from driverd.package import userspace as us
+from driverd.package.manifest import FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR, FileEntry, Manifest
 
 SUFFIX = ".tar.zst"
 ZSTD_LEVEL = 3

@@ -27,7 +27,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from driverd.host.keyrings import BLACKLIST, BUILTIN, MACHINE, PLATFORM, SECONDARY, KeyringFacts
-from driverd.packages.modsig import CertIdentity, ModuleSignature, SignerId, signer_matches_cert
+from driverd.package.modsig import CertIdentity, ModuleSignature, SignerId, signer_matches_cert
 
 MODULE_KEYRINGS = (BUILTIN, SECONDARY, MACHINE)
 REFUSED = "Key was rejected by service"
@@ -177,9 +177,9 @@ def _is_pem(path: str) -> bool:
 
 def package_signatures(package: str | os.PathLike) -> list[ModuleSignature]:
     """The signature of every module in a package archive, read from the archive (nothing written)."""
-    from driverd.packages.archive import _open_stream, _stream_errors
-    from driverd.packages.manifest import MODULES_DIR
-    from driverd.packages.modsig import signature_of_bytes
+    from driverd.package.archive import _open_stream, _stream_errors
+    from driverd.package.manifest import MODULES_DIR
+    from driverd.package.modsig import signature_of_bytes
     from driverd.errors import PackageError
     out = []
     try:
@@ -196,7 +196,7 @@ def package_signatures(package: str | os.PathLike) -> list[ModuleSignature]:
 
 
 def tree_signatures(directory: str | os.PathLike) -> list[ModuleSignature]:
-    from driverd.packages.modsig import read_signature
+    from driverd.package.modsig import read_signature
     d = os.fspath(directory)
     try:
         names = sorted(n for n in os.listdir(d) if ".ko" in n)
@@ -207,8 +207,8 @@ def tree_signatures(directory: str | os.PathLike) -> list[ModuleSignature]:
 
 def declared_certs(root, paths: list[str] | None) -> tuple[list[CertIdentity], list[str]]:
     """Certificates from signing.trusted_certs (host paths under the root); problems as notes."""
-    from driverd.packages.modsig import read_certificates
-    from driverd.packages.sign import node_path
+    from driverd.package.modsig import read_certificates
+    from driverd.root.nodefiles import node_path
     certs, notes = [], []
     for p in paths or []:
         try:
@@ -220,8 +220,8 @@ def declared_certs(root, paths: list[str] | None) -> tuple[list[CertIdentity], l
 
 def signing_cert_signer(root, cert_path: str | None) -> list[ModuleSignature]:
     """The signatures a local build (signing.key/cert on this node) will carry: one per core module."""
-    from driverd.packages.modsig import read_certificates
-    from driverd.packages.sign import node_path
+    from driverd.package.modsig import read_certificates
+    from driverd.root.nodefiles import node_path
     if not cert_path:
         return []
     try:
@@ -235,8 +235,8 @@ def signing_cert_signer(root, cert_path: str | None) -> list[ModuleSignature]:
 def check(root, keyrings: KeyringFacts, signatures: list[ModuleSignature], cfg, *, enforced: bool,
           source: str | None) -> SignerVerdict:
     """judge() with the configuration's declared certificates and signing.cert as the enrol hint."""
-    from driverd.packages.modsig import read_certificates
-    from driverd.packages.sign import node_path
+    from driverd.package.modsig import read_certificates
+    from driverd.root.nodefiles import node_path
     declared, notes = declared_certs(root, cfg["signing.trusted_certs"])
     hints = list(declared)
     if cfg["signing.cert"]:
@@ -254,7 +254,7 @@ def for_plan(root, facts, cfg) -> SignerVerdict | None:
     would sign with (signing.cert); else "not checked yet" (checked after the fetch, before anything
     is unloaded: the check-signers step)."""
     from driverd.host.keyrings import read_keyrings
-    from driverd.packages.manifest import package_basename
+    from driverd.package.manifest import package_basename
     from driverd.plan.flavor import decide
     k, version = facts.kernel, cfg["driver.version"]
     if not facts.gpus or not version or not k.release:

@@ -1,0 +1,2 @@
+"""Where packages come from: a repository's index and its signature, fetching (kernel and user-space
+packages), the download cache."""
