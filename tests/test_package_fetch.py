@@ -261,7 +261,7 @@ def _closed_port() -> int:
 def test_unreachable_repository_is_a_connection_failure_not_a_missing_package(host, repo, capsys):
     """Issue 32: a refused connection was reported as "no repository holds a package for this kernel … fix:
     build it". It names the URL, the error in words and the fix for a connection; each retry is said."""
-    from driverd.repo.fetch import Unreachable
+    from driverd.repo.http import Unreachable
     url = f"http://127.0.0.1:{_closed_port()}/"
     with pytest.raises(Unreachable) as ei:
         fetch(host, WANT, [url], attempts=2, no_build_reason="packages.source is not set")

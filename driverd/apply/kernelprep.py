@@ -132,7 +132,7 @@ class KernelWatch:
         """Releases older than the running kernel that are no longer installed but still have driverd's kept
         packages, records or tree: removed in one journalled run."""
         from driverd.apply import lifecycle as lc
-        from driverd.install.modules import release_leftovers
+        from driverd.install.leftovers import release_leftovers
         installed = {k.release for k in kernels} | {running}
         cands = set(sctx.root.listdir("/lib/modules")) | _kept_releases(sctx.root, cfg["state.dir"])
         gone = []

@@ -3,7 +3,9 @@ when packages.build_fallback allows and the kernel's headers are there — this 
 from __future__ import annotations
 
 from driverd.build.modules import cannot_build, local_builder
-from driverd.repo.fetch import Credentials, FetchResult, Want, cache_hostdir, cached_candidates, fetch
+from driverd.repo.cache import cache_hostdir, cached_candidates
+from driverd.repo.fetch import FetchResult, Want, fetch
+from driverd.repo.http import Credentials
 from driverd.root import Root
 from driverd.root.nodefiles import node_path
 from driverd.runner import Runner

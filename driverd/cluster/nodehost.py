@@ -38,8 +38,9 @@ class LocalHost:
         self.make_context, self.reconciler = make_context, reconciler
 
     def loaded(self, cfg) -> dict | None:
-        from driverd.apply import steps as st
-        return st.loaded(self.make_context(cfg))
+        from driverd.driver.state import DriverState
+        got = DriverState.of(self.make_context(cfg)).loaded()
+        return got.as_dict() if got else None
 
     def gpu_users(self, cfg) -> dict[str, str]:
         from driverd.cluster.gpuusers import host_users
@@ -54,5 +55,5 @@ class LocalHost:
         return self.reconciler.reconcile(cfg)
 
     def boot_id(self, cfg) -> str:
-        from driverd.apply import steps as st
-        return st.boot_id(self.make_context(cfg)) or ""
+        from driverd.apply.hostview import boot_id
+        return boot_id(self.make_context(cfg)) or ""

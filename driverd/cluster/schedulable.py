@@ -6,7 +6,7 @@ A driver that loads and validates on the host is not yet a node that serves GPU 
 of its ResourceSlices, driver gpu.nvidia.com) must come back with it. A plugin that kept NVML handles of
 the old driver reports its devices unhealthy (the kubelet's allocatable drops to 0) until someone
 restarts it; NVIDIA's own validator checks the allocatable count for that reason. Pure functions over
-API objects, and one read of the ResourceSlices; the agent (cluster/agent.py) records the counts at the
+API objects, and one read of the ResourceSlices; the agent (cluster/agent/__init__.py) records the counts at the
 cordon (driverd.io/gpus-before) and compares them in `validating`.
 """
 from __future__ import annotations

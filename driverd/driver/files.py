@@ -33,13 +33,14 @@ import stat
 import struct
 from dataclasses import dataclass, field
 
-from driverd.package.userspace import KEY_SONAMES
+from driverd.driver.layout import LDCONF, USERSPACE_DRIVER_LINK
+from driverd.package import KEY_SONAMES
 from driverd.root import Root
 
 # The libraries every compute/utility container needs to talk to the driver: their presence decides
 # where the user-space is; their real file names carry the driver version (libcuda.so.580.159.04).
 KEY_LIBS = KEY_SONAMES
-DRIVER_ROOTS = ("/run/nvidia/driver", "/usr/local/nvidia")
+DRIVER_ROOTS = (USERSPACE_DRIVER_LINK, "/usr/local/nvidia")
 # Relative to a driver root (or to / for the host's own directories).
 LIB_SUBDIRS = ("lib64", "usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu/nvidia/current",
                "lib/x86_64-linux-gnu", "usr/lib", "lib")
@@ -60,9 +61,7 @@ IPC = (("/run/nvidia-persistenced/socket", ("/run/nvidia-persistenced/socket", "
                                              "/var/run/nvidia-fabricmanager/socket")),
        ("/tmp/nvidia-mps", ("/tmp/nvidia-mps",)))
 LD_CACHE = "/etc/ld.so.cache"
-# The loader configuration driverd writes for the user-space it installed: its one line names
-# <userspace.root>/current/lib64 (driverd.install.userspace owns the file).
-DRIVERD_LDCONF = "/etc/ld.so.conf.d/00-driverd-nvidia.conf"
+DRIVERD_LDCONF = LDCONF                    # driverd.install.userspace owns the file
 FIRMWARE_PATTERNS = ("gsp", "ucodes")           # nvidia/<version>/gsp*.bin, ucodes*.bin
 _VERSIONED = re.compile(r"^lib[\w+-]+\.so\.(\d+\.\d+(?:\.\d+)?)$")
 

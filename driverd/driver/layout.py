@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from driverd.driver.files import DRIVER_ROOTS, DRIVERD_LDCONF
 from driverd.root import Root
 
 DEFAULT_STATE_DIR = "/var/lib/driverd"
@@ -33,7 +32,8 @@ def state_path(state_dir: str, name: str) -> str:
 # -- the user-space half -------------------------------------------------------------------------------
 USERSPACE_ROOT = "/var/lib/driverd/driver"
 USERSPACE_BIN_DIR = "/usr/local/bin"
-USERSPACE_DRIVER_LINK = DRIVER_ROOTS[0]         # /run/nvidia/driver
+# The GPU Operator's driver root (nvidia-ctk --driver-root): driverd links it to its `current` tree.
+USERSPACE_DRIVER_LINK = "/run/nvidia/driver"
 USERSPACE_MAX_KEPT = 3
 CURRENT = "current"
 USERSPACE_STATE = "userspace"                   # under state.dir: pending.json, previous.json, links.json
@@ -94,4 +94,6 @@ class Places:
         return os.path.relpath(root.resolve(self.root).rstrip("/") + f"/{CURRENT}", base)
 
 
-LDCONF = DRIVERD_LDCONF
+# The loader configuration driverd writes for the user-space it installed: its one line names
+# <userspace.root>/current/lib64.
+LDCONF = "/etc/ld.so.conf.d/00-driverd-nvidia.conf"

@@ -8,14 +8,20 @@ import os
 import re
 import stat
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from driverd.driver import files as driverfiles
 from driverd.driver.layout import LDCONF, USERSPACE_RECORD, Places
 from driverd.driver.records import read_json, valid_sha
 from driverd.errors import DriverdError
-from driverd.package import userspace as us
-from driverd.package.manifest import MANIFEST_NAME
 from driverd.root import Root
+
+if TYPE_CHECKING:
+    from driverd.driver import files as driverfiles
+    from driverd.package import userspace as us
+
+# The user-space package's format and the finder are imported where a tree is read: `driverd detect`
+# and `status` read what is loaded and installed without them.
+MANIFEST_NAME = "manifest.json"             # driverd.package.manifest.MANIFEST_NAME
 
 _TREE = re.compile(r"^[0-9][A-Za-z0-9._+-]*$")
 
@@ -46,6 +52,7 @@ def read_tree(root: Root, places: Places, name: str) -> Tree | None:
     if st is None or not stat.S_ISDIR(st.st_mode):
         return None
     try:
+        from driverd.package import userspace as us
         m = us.UserspaceManifest.loads(root.read_bytes(f"{base}/{MANIFEST_NAME}", 1 << 20) or b"",
                                        f"{base}/{MANIFEST_NAME}")
     except DriverdError:
@@ -118,6 +125,7 @@ def foreign_userspace(root: Root, places: Places) -> driverfiles.UserSpace | Non
         mine = None
     # driverd's own trees are not foreign, nor its driver-root link to them (left out of the search, so
     # that a host's own libraries behind that link are still seen)
+    from driverd.driver import files as driverfiles
     found = driverfiles.find(root, driverd=False, exclude=mine)
     if not found.found or found.lib_dir is None:
         return None
@@ -158,7 +166,8 @@ def our_links(root: Root, places: Places) -> dict[str, str]:
     if not places.bin_dir:
         return {}
     rec = read_json(root, places.links_record) or {}
-    names = set(rec.get("links") or []) | set(us.BINARIES)
+    from driverd.package.userspace import BINARIES
+    names = set(rec.get("links") or []) | set(BINARIES)
     names |= {n for n in root.listdir(places.bin_dir) if not n.startswith(".")}
     out = {}
     for name in sorted(names):
@@ -192,10 +201,11 @@ def path_clash(root: Root, places: Places, name: str) -> str | None:
 def wanted_links(root: Root, places: Places, m: us.UserspaceManifest | None) -> set[str]:
     """The PATH links a tree gets: NVIDIA's binaries it holds (the manifest's check already refuses any
     other name), each only where the name is free on PATH."""
+    from driverd.package.userspace import BINARIES
     if m is None or not places.bin_dir:
         return set()
     return {n for b in m.binaries for n in [b.rpartition("/")[2]]
-            if n in us.BINARIES and path_clash(root, places, n) is None}
+            if n in BINARIES and path_clash(root, places, n) is None}
 
 
 def activation_ok(root: Root, places: Places, target: Tree | None, activate: bool) -> bool:

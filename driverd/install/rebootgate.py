@@ -4,7 +4,7 @@ Open when every installed kernel the boot loader would start instead of the runn
 than it (driverd.host.kernels: the family's boot images and package database) — has a driverd package of the
 node's driver installed and verified:
 - the package's manifest names the driver (version, flavour) the node runs, its install record and every
-  module file are there and of their recorded size (driverd.install.modules.is_installed: what an install
+  module file are there and of their recorded size (driverd.install.records.is_installed: what an install
   verified against the manifest's sha256s), and no install into that tree is pending;
 - every module's vermagic, read from the .ko itself, is that kernel's (its release, and the whole string its
   own modules carry);
@@ -177,7 +177,7 @@ def _daemon_record(root, release: str) -> dict | None:
 
 def judge_kernel(root, cfg, fam, k: InstalledKernel, want: dict) -> KernelVerdict:
     """One newer kernel against the node's driver `want` (the module docstring's rules)."""
-    from driverd.install.modules import is_installed
+    from driverd.install.records import is_installed
     from driverd.install.kept import tree_manifest, tree_sha
     rel = k.release
     v = KernelVerdict(rel, False, headers=_headers(root, fam, rel), daemon=_daemon_record(root, rel))
@@ -231,7 +231,7 @@ def judge_kernel(root, cfg, fam, k: InstalledKernel, want: dict) -> KernelVerdic
 def _vermagic_problems(root, d, m, rel: str) -> list[str]:
     from driverd.errors import DriverdError
     from driverd.modinfo import vermagic_of
-    from driverd.install.modules import kernel_vermagic
+    from driverd.install.checks import kernel_vermagic
     out = []
     try:
         own = kernel_vermagic(root, rel)

@@ -66,8 +66,9 @@ from driverd.driver.userspace import (PATH_DIRS, Tree, activation_ok, check_root
 from driverd.errors import DriverdError, PackageError
 from driverd.fsutil import atomic_write_at, dump_json, fsync_fd
 from driverd.package import userspace as us
-from driverd.install.modules import os_errors
+from driverd.install.checks import os_errors
 from driverd.package.archive import check_file, read_manifest, sha256_file, unpack_at, verify_package
+from driverd.install.activate import activate_tree, driver_link, ldconfig
 from driverd.root import Root
 from driverd.runner import Runner
 
@@ -359,7 +360,7 @@ def _switch(root: Root, runner: Runner, places: Places, target: Tree | None, *, 
     root.atomic_write_json(places.pending, {
         "target": want, "target_tree": target.name if target else None, "replaced": replaced,
         "set_previous": set_previous, "verify": verify, "started_at": _now()})
-    notes = _apply(root, runner, places, target, activate)
+    notes = activate_tree(root, runner, places, target, activate)
     if foreign is not None and target is not None:
         notes.append(f"the host has its own NVIDIA user-space ({foreign.version or 'unknown version'} in "
                      f"{foreign.lib_dir}): driverd's loader configuration and PATH links are not written (the "
@@ -374,7 +375,7 @@ def _switch(root: Root, runner: Runner, places: Places, target: Tree | None, *, 
         if problem is not None:
             back = lookup(root, places, replaced) if replaced and replaced != want else None
             try:
-                _apply(root, runner, places, back, back is not None and foreign is None)
+                activate_tree(root, runner, places, back, back is not None and foreign is None)
                 root.unlink(places.pending)
             except (OSError, DriverdError) as e2:
                 raise PackageError(f"{problem}; switching back failed too: {e2}",
@@ -391,88 +392,6 @@ def _switch(root: Root, runner: Runner, places: Places, target: Tree | None, *, 
 
 _VERIFY_FIX = ("check /etc/ld.so.conf includes /etc/ld.so.conf.d/*.conf and that no other directory ld.so.conf "
                "names holds libcuda.so.1 / libnvidia-ml.so.1; then install again")
-
-
-def _apply(root: Root, runner: Runner, places: Places, target: Tree | None, activate: bool) -> list[str]:
-    """Point `current` at `target` and make the loader configuration and the PATH links what they must be
-    (each step idempotent)."""
-    notes: list[str] = []
-    if target is not None:
-        root.symlink(places.current, target.name)
-    else:
-        root.unlink(places.current)
-    changed_ld = False
-    if activate:
-        if not ldconf_ours(root, places):
-            root.atomic_write(LDCONF, places.ldconf_text(), 0o644)
-            changed_ld = True
-    elif root.lstat(LDCONF) is not None:
-        root.unlink(LDCONF)
-        changed_ld = True
-    _ldconfig(root, runner)               # the cache names files of the tree just switched to: always rebuilt
-    if places.bin_dir:
-        want = wanted_links(root, places, target.manifest) if activate and target else set()
-        if activate and target is not None and target.manifest is not None:
-            for name in sorted({b.rpartition("/")[2] for b in target.manifest.binaries} - want):
-                clash = path_clash(root, places, name)
-                where = f"({name} is at {places.current}/bin/{name})"
-                notes.append(f"{clash} is not driverd's: left alone {where}" if clash == f"{places.bin_dir}/{name}"
-                             else f"{places.bin_dir}/{name} is not linked: {clash} is on PATH too, and a link would "
-                                  f"shadow it or be shadowed by it {where}")
-        mine = our_links(root, places)
-        for name in sorted(set(mine) - want):
-            root.unlink(f"{places.bin_dir}/{name}")
-        # every link is recorded before it is made: a process killed in between leaves a name whose link
-        # is not there, which our_links ignores
-        rec = _read_json(root, places.links_record)
-        if (rec or {}).get("links") != sorted(want) and (rec is not None or want):
-            root.atomic_write_json(places.links_record, {"bin_dir": places.bin_dir, "links": sorted(want)})
-        for name in sorted(want - set(mine)):
-            try:
-                root.symlink(f"{places.bin_dir}/{name}", places.bin_target(name), replace=False)
-            except FileExistsError:
-                notes.append(f"{places.bin_dir}/{name} is not driverd's: left alone ({name} is at "
-                             f"{places.current}/bin/{name})")
-    if changed_ld:
-        notes.append(f"{'wrote' if activate else 'removed'} {LDCONF}")
-    notes += _driver_link(root, places, activate and target is not None)
-    return notes
-
-
-def _driver_link(root: Root, places: Places, want: bool) -> list[str]:
-    """Make userspace.driver_link (/run/nvidia/driver) driverd's link to `current` when `want` and the name
-    is free; remove it when not `want` and it is driverd's. Anything else there is left alone."""
-    state = link_state(root, places)
-    if state is None:
-        return []
-    link = places.driver_link
-    if want and state == "free":
-        try:
-            root.symlink(link, places.link_target(root), replace=False)
-        except FileExistsError:
-            state = "other"
-        else:
-            return [f"linked {link} to {places.current} (the toolkit's driver root)"]
-    if want and state == "other":
-        return [f"{link} is not driverd's: left alone (nvidia-container-toolkit's driver root there is not "
-                f"driverd's tree; point it at {places.current} with NVIDIA_CTK_DRIVER_ROOT / --driver-root, or "
-                f"remove {link})"]
-    if not want and state == "ours":
-        root.unlink(link)
-        return [f"removed {link}"]
-    return []
-
-
-def _ldconfig(root: Root, runner: Runner) -> None:
-    argv = ["ldconfig", "-X"] + ([] if root.is_slash else ["-r", root.base])
-    try:
-        res = runner.run(argv, timeout=300, check=False)
-    except DriverdError as e:
-        raise PackageError(f"cannot rebuild the loader cache: {e.message}", cause=e.cause,
-                           fix="install glibc's ldconfig (Debian: libc-bin)") from None
-    if not res.ok:
-        raise PackageError(f"ldconfig failed: {res.first_error_line()}", cause=" ".join(argv),
-                           fix="check the host's /etc/ld.so.conf and that its file system is writable")
 
 
 def _verify(root: Root, places: Places, target: Tree | None, activate: bool) -> str | None:
@@ -595,7 +514,7 @@ def recover(root: Root | str | os.PathLike, runner: Runner | None = None, *, pla
         if link_state(root, places) == "free" and ldconf_ours(root, places):
             cur = current(root, places)
             if cur is not None and cur.intact and foreign_userspace(root, places) is None:
-                notes += _driver_link(root, places, True)
+                notes += driver_link(root, places, True)
         return notes
     target_sha = marker.get("target") if _valid_sha(marker.get("target")) else None
     replaced = marker.get("replaced") if _valid_sha(marker.get("replaced")) else None

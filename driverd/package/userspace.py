@@ -39,6 +39,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from driverd import package
 from driverd.errors import PackageError
 from driverd.package.manifest import MANIFEST_NAME, FileEntry, malformed, parse_json
 
@@ -52,9 +53,7 @@ SHARE_DIRS = ("share/glvnd/egl_vendor.d", "share/vulkan/icd.d", "share/vulkan/im
               "share/egl/egl_external_platform.d")
 LIB_DIRS = (LIB_DIR, VDPAU_DIR)
 FILE_MODES = (0o644, 0o755)
-# The libraries whose presence makes a user-space usable, both required (driver/files.py finds a user-space
-# by them).
-KEY_SONAMES = ("libcuda.so.1", "libnvidia-ml.so.1")
+KEY_SONAMES = package.KEY_SONAMES
 # What NVIDIA ships, by name: a user-space package holds these and nothing else (checked when it is built
 # and again when a node installs it: a library of another name or soname would be given to every process
 # on the node by the loader's cache, a binary of another name would be linked onto root's PATH).

@@ -22,7 +22,7 @@ STATE_BY_CONST = {name: getattr(states, name) for name in dir(states)
 
 
 def _agent_methods() -> dict[str, ast.FunctionDef]:
-    """NodeAgent's methods with its mixins' (cluster/agent_admission.py, agent_finish.py), as Python
+    """NodeAgent's methods with its mixins' (cluster/agent/admission.py, agent/finish.py), as Python
     looks them up."""
     out: dict[str, ast.FunctionDef] = {}
     for klass in reversed(NodeAgent.__mro__[:-1]):

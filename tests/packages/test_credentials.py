@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from driverd.errors import PackageError
-from driverd.repo.fetch import Credentials, Want, fetch, read_header_file
+from driverd.repo.fetch import Want, fetch
+from driverd.repo.http import Credentials, read_header_file
 from driverd.redact import redact, redact_obj
 from driverd.root import Root
 
@@ -167,7 +168,7 @@ def test_credentials_go_to_the_exact_origin_not_another_port_of_the_same_host(tm
 
 
 def test_origin_is_scheme_host_and_port():
-    from driverd.repo.fetch import _RepoAuth, origin
+    from driverd.repo.http import _RepoAuth, origin
     assert origin("https://Mirror.Example/repo") == ("https", "mirror.example", 443)
     assert origin("http://h:8080/x") == ("http", "h", 8080) != origin("http://h:8081/x")
     assert origin("http://h/x") == origin("http://h:80/y") != origin("https://h/x")

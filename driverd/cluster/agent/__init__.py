@@ -28,8 +28,8 @@ from driverd.cluster import model as m
 from driverd.cluster import operator_components as oc
 from driverd.cluster import pools as pl
 from driverd.cluster import states
-from driverd.cluster.agent_admission import NodeAdmission
-from driverd.cluster.agent_finish import A_BOOT, CONDITION, NodeFinish
+from driverd.cluster.agent.admission import NodeAdmission
+from driverd.cluster.agent.finish import A_BOOT, CONDITION, NodeFinish
 from driverd.cluster.drain import DrainPlan, plan_drain
 from driverd.cluster.gpuusers import PodUse
 from driverd.cluster.informer import Informer
@@ -55,7 +55,7 @@ EVICT_FIRST_S = 0.25         # the first wait; doubled after every round that le
 DRAIN_WATCH_S = (30, 60)
 
 
-# The admission side (agent_admission.py) and the finish (agent_finish.py) are mixins of their own; the
+# The admission side (agent/admission.py) and the finish (agent/finish.py) are mixins of their own; the
 # drain stays here, as tests tune its pace through this module's EVICT_* settings.
 class NodeAgent(NodeAdmission, NodeFinish):
     _pod_watch = None           # the node's pods while it evicts (see _watched_pods)
