@@ -29,9 +29,10 @@ import re
 from dataclasses import dataclass
 
 from driverd import distro
+from driverd.driver.layout import MODULES_DIR
 from driverd.root import Root
 
-INSTALL_DIR = "updates/driverd"       # driverd.host.modules.INSTALL_DIR (not imported: no cycle)
+INSTALL_DIR = MODULES_DIR
 _KO = re.compile(r"^(nvidia[\w-]*)\.ko(\.xz|\.zst|\.gz)?$")
 FOREIGN = ("dkms", "nvidia-installer", "host")      # besides every distribution family's package manager
 _CORE_SUFFIXES = ("-uvm", "-modeset", "-drm", "-peermem", "_uvm", "_modeset", "_drm", "_peermem", "-fs", "_fs",

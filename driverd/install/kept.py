@@ -26,10 +26,11 @@ from pathlib import Path
 from driverd.errors import PackageError
 from driverd.host.modules import INSTALL_DIR
 from driverd.package.manifest import MANIFEST_NAME, Manifest
+from driverd.driver.layout import MODULES_RECORD
 from driverd.root import Root
 
 KEPT_DIR = "packages/kept"          # under the state dir (/var/lib/driverd)
-INSTALL_RECORD = "install.json"
+INSTALL_RECORD = MODULES_RECORD
 STAGING_PREFIX = ".driverd-staging-"
 OLD_PREFIX = ".driverd-old-"
 _SHA = re.compile(r"[0-9a-f]{64}")

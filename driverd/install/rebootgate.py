@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from driverd.driver.state import DriverState
 from driverd.host.kernels import InstalledKernel, family, installed_kernels, newer_than
 from driverd.host.kernel import running_release
-from driverd.host.modules import INSTALL_DIR
+from driverd.driver.ident import VERSION_FILE
+from driverd.driver.layout import MODULES_DIR as INSTALL_DIR
 
 DAEMON_STATE = "/run/driverd/daemon.json"   # driverd.apply.statefile: the daemon's kernel preparations
 
@@ -142,7 +143,7 @@ def _judge(root, cfg, version, flavor) -> Gate:
         return Gate(True, running, None, [], "driver.manage = never: driverd does not provide the driver")
     if not has_gpus(root):
         return Gate(True, running, None, [], "no NVIDIA GPU on this host: no driver to come back with")
-    if cfg["driver.manage"] == "auto" and root.lexists("/proc/driver/nvidia/version") and \
+    if cfg["driver.manage"] == "auto" and root.lexists(VERSION_FILE) and \
             not root.lexists(f"/lib/modules/{running}/{INSTALL_DIR}/manifest.json"):
         # a driver runs that driverd did not install (a distribution's or DKMS package): driver.manage = auto
         # leaves it to its package manager, which rebuilds it for a new kernel (DKMS) or not — not driverd's gate
