@@ -78,7 +78,7 @@ def test_no_import_cycles():
 
 
 def _unit(module: str) -> str:
-    """The layer unit of a module: its subpackage (driverd.apply.steps -> apply) or its own name
+    """The layer unit of a module: its subpackage (driverd.apply.steps.modules -> apply) or its own name
     (driverd.errors -> errors)."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "driverd"
@@ -162,14 +162,80 @@ def test_no_test_hooks_in_production_code():
 
 
 def test_step_registry_is_explicit():
-    from driverd.apply.steps import REGISTRY
-    from driverd.apply.step import StepImpl
+    """One table in apply/steps/__init__.py, built from the step classes its modules declare; no step
+    module touches it (so nothing registers itself on import)."""
+    import importlib
+    import pkgutil
+
     import driverd.apply.steps as steps
-    declared = {c.action for c in vars(steps).values() if isinstance(c, type) and issubclass(c, StepImpl)
-                and c.action and not c.__name__.startswith("_")}
+    from driverd.apply.step import StepImpl
+    from driverd.apply.steps import REGISTRY
+    declared = {c.action for info in pkgutil.iter_modules(steps.__path__)
+                for c in vars(importlib.import_module(f"{steps.__name__}.{info.name}")).values()
+                if isinstance(c, type) and issubclass(c, StepImpl) and c.action and not c.__name__.startswith("_")}
     assert declared == set(REGISTRY), declared ^ set(REGISTRY)
+    tree = ast.parse((PKG / "apply/steps/__init__.py").read_text())
+    (table,) = [n for n in tree.body if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "REGISTRY"]
+    built = [c.func.id for c in ast.walk(table.value) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)]
+    assert sorted(built) == sorted(type(r).__name__ for r in REGISTRY.values())
+    registering = [p.name for p in (PKG / "apply/steps").glob("*.py") if p.name != "__init__.py"
+                   and "REGISTRY" in p.read_text()]
+    assert not registering, registering
     from driverd.plan.actions import ACTIONS
     assert set(ACTIONS) == set(REGISTRY), set(ACTIONS) ^ set(REGISTRY)     # one implementation per action
+
+
+def _step_reaches(rel: str, tree: ast.Module) -> list[str]:
+    """Where a module outside driverd/apply/ imports driverd.apply.steps (or a module of it), and where
+    code outside driverd/apply/steps/ runs a step's do() through the registry (REGISTRY[...].do(...))."""
+    out = []
+    outside_apply = not rel.startswith("driverd/apply/")
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        if outside_apply and any(n == "driverd.apply.steps" or n.startswith("driverd.apply.steps.") for n in names):
+            out.append(f"{rel}:{node.lineno} imports driverd.apply.steps")
+        if (not rel.startswith("driverd/apply/steps/") and isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute) and node.func.attr == "do"
+                and isinstance(node.func.value, ast.Subscript)
+                and getattr(node.func.value.value, "id", getattr(node.func.value.value, "attr", None)) == "REGISTRY"):
+            out.append(f"{rel}:{node.lineno} calls a step's do() through REGISTRY")
+    return out
+
+
+def test_only_apply_reaches_into_the_steps():
+    """The steps are the transaction's: the layers above apply read the driver through driver.state and
+    validate through apply/validation.py. Nothing but the executor runs a step: no REGISTRY[...].do() in
+    driverd, tests, bench or tools (tests may import the steps they test)."""
+    offenders = []
+    for base in ("driverd", "tests", "bench", "tools"):
+        for p in (REPO / base).rglob("*.py"):
+            rel = str(p.relative_to(REPO))
+            if rel == "tests/test_architecture.py":
+                continue
+            try:
+                tree = ast.parse(p.read_text(), rel)
+            except (SyntaxError, UnicodeDecodeError):      # a fixture that is not Python source
+                continue
+            offenders += [h for h in _step_reaches(rel, tree) if base == "driverd" or "do()" in h]
+    assert not offenders, offenders
+
+
+def test_the_step_reach_check_sees_imports_and_registry_do_calls():
+    tree = ast.parse("from driverd.apply import steps as st\nimport driverd.apply.steps.modules\n"
+                     "def f(c):\n    from driverd.apply.steps.common import loaded\n    st.REGISTRY['validate'].do(c, {})\n"
+                     "    REGISTRY[k].do(c, {})\n")
+    assert _step_reaches("driverd/daemon/x.py", tree) == [
+        "driverd/daemon/x.py:1 imports driverd.apply.steps", "driverd/daemon/x.py:2 imports driverd.apply.steps",
+        "driverd/daemon/x.py:4 imports driverd.apply.steps", "driverd/daemon/x.py:5 calls a step's do() through REGISTRY",
+        "driverd/daemon/x.py:6 calls a step's do() through REGISTRY"]
+    assert _step_reaches("driverd/apply/reconcile.py", tree) == [
+        "driverd/apply/reconcile.py:5 calls a step's do() through REGISTRY",
+        "driverd/apply/reconcile.py:6 calls a step's do() through REGISTRY"]
+    assert _step_reaches("driverd/apply/steps/x.py", tree) == []
 
 
 def test_step_lists_name_only_known_actions():

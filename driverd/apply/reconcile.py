@@ -13,6 +13,7 @@ from driverd.apply import lifecycle as lc
 from driverd.apply import steps as st
 from driverd.apply.hostplan import verdict_for_host
 from driverd.apply.lock import LockHeld
+from driverd.apply.validation import validate_driver
 from driverd.apply import fingerprint as fpr
 from driverd.errors import ConfigError, DriverdError, PlanError, UsageError
 
@@ -250,7 +251,7 @@ class Reconciler:
         if keep is not None:
             params["workload"] = False
         try:
-            out = st.REGISTRY["validate"].do(sctx, params)
+            out = validate_driver(sctx, params)
         except DriverdError:
             self._workload = None
             raise

@@ -5,8 +5,9 @@ unload anything, restart daemons or touch the runtimes: it goes ready at once an
 the reconcile loop's next pass. Read-only: no lock, no journal, no file written."""
 from __future__ import annotations
 
-from driverd.apply import steps as st
 from driverd.apply import fingerprint as fpr
+from driverd.apply.validation import validate_driver
+from driverd.driver.state import DriverState
 from driverd.errors import DriverdError
 
 
@@ -28,7 +29,8 @@ def fast_path(sctx, cfg) -> tuple[dict | None, str]:
         return None, f"the {doc['command']} run {doc['run_id']} was interrupted and must be finished first"
     if reboot_record(sctx) is not None:
         return None, "a reboot is recorded as required"
-    loaded = st.loaded(sctx)
+    running = DriverState.of(sctx).loaded()
+    loaded = running.as_dict() if running else None
     if loaded is None or loaded != rec.get("driver"):
         return None, f"the loaded driver ({_name(loaded)}) is not the one last converged ({_name(rec.get('driver'))})"
     from driverd.host import pci
@@ -37,7 +39,7 @@ def fast_path(sctx, cfg) -> tuple[dict | None, str]:
     if missing:
         return None, f"{', '.join(missing)} not running: the first reconcile starts it (no reload)"
     try:
-        st.REGISTRY["validate"].do(sctx, {})
+        validate_driver(sctx, {})
     except DriverdError as e:
         return None, e.one_line()
     return loaded, f"driver {loaded['version']} ({loaded['flavor']}) is loaded and valid and the configuration is " \

@@ -1,17 +1,21 @@
 """The step list of every command that changes a host, in one place: what `driverd load`, `unload`,
 `reload`, `rollback`, `install`, `rollback-install`, `prepare-kernel`, `runtime configure|revert` and
-`apply` (a Plan made executable) run, in order. Pure: whatever must be read from the host first (the
-package to roll back to, a package's manifest, whether a kernel already has its package) is read by
-driverd.apply.lifecycle and handed in. driverd.apply.executor runs these lists."""
+`apply` (a Plan made executable) run, in order, and a failed run's convergence back to its snapshot. Pure:
+whatever must be read from the host first (the package to roll back to, a package's manifest, whether a
+kernel already has its package, whether the kernel still runs the recorded driver) is read by driverd.apply
+(lifecycle, the steps' converge) and handed in. driverd.apply.executor runs these lists."""
 from __future__ import annotations
 
-from driverd.plan.actions import touches_host_driver
+from driverd.plan.actions import MODULES, PACKAGE, USERSPACE, touches_host_driver
 
 # What may still be done when the plan needs a reboot first: nothing that touches the running driver.
 SAFE_BEFORE_REBOOT = ("blacklist-nouveau", "fetch-package", "verify-package", "install-package", "restore-package",
                       "fetch-userspace", "configure-runtime")
 
 SNAPSHOT = {"action": "snapshot"}
+
+# kmod.daemons.PERSISTENCED, by value: plan sits beside kmod in the layers, not above it.
+PERSISTENCED = "nvidia-persistenced"
 
 
 def load_steps() -> list[dict]:
@@ -139,3 +143,67 @@ def apply_steps(plan, *, rebooted_since_required: bool) -> list[dict]:
     elif rebooted_since_required:
         steps.append({"action": "clear-reboot", "reason": "the host rebooted since the reboot was required"})
     return steps
+
+
+def converge_steps(lkg: dict | None, touched: set, *, driver_is_lkg: bool) -> list[dict]:
+    """A failed run's way back to the last-known-good state the snapshot recorded (`lkg`), for exactly
+    what the run touched: the installed package (from the kept store), the user-space, and/or the loaded
+    driver (stop daemons, unload whatever is loaded, load the LKG modules with the parameters they were
+    running with, re-create MIG, restart its daemons, validate). `driver_is_lkg`: the kernel still runs
+    the recorded driver, same modules and parameters (driverd.apply reads it; only asked when the run
+    touched the modules and a driver was loaded)."""
+    steps: list[dict] = []
+    now = (lkg or {}).get("loaded")
+    if MODULES in touched and now and driver_is_lkg:
+        # e.g. the unload was refused (a process holds the GPU): tearing the driver down to load it again
+        # would fail the same way and report a failed rollback of a working driver. Keep it, start what the
+        # run stopped, and prove it.
+        if PACKAGE in touched:
+            steps.append(_restore_package(lkg))
+        steps += _restore_userspace(lkg, touched)
+        expect = [now["version"], now["flavor"]]
+        return steps + [{"action": "restore-mig", "params": {}},
+                        {"action": "start-gpu-daemons", "params": {"daemons": lkg["daemons"]}},
+                        {"action": "validate", "params": {"expect": expect, "modules": lkg["modules"],
+                                                          "persistence": PERSISTENCED in lkg["daemons"],
+                                                          "workload": False}}]
+    if MODULES in touched:
+        steps += [{"action": "stop-gpu-daemons", "params": {"daemons": "all"}},
+                  {"action": "unload-modules", "params": {}}]
+    if lkg is None:
+        return steps
+    if PACKAGE in touched:
+        steps.append(_restore_package(lkg))
+    steps += _restore_userspace(lkg, touched)
+    if MODULES in touched and now:
+        expect = [now["version"], now["flavor"]]
+        steps += [{"action": "load-modules", "params": {"modules": lkg["modules"], "parameters": lkg["parameters"],
+                                                        "expect": expect}},
+                  {"action": "restore-mig", "params": {}},
+                  {"action": "start-gpu-daemons", "params": {"daemons": lkg["daemons"]}},
+                  {"action": "validate", "params": {"expect": expect, "modules": lkg["modules"],
+                                                    "persistence": PERSISTENCED in lkg["daemons"],
+                                                    # the rollback restores the driver that ran; whether its
+                                                    # user-space still serves CUDA is the next pass's verdict,
+                                                    # not a failed rollback
+                                                    "workload": False}}]
+    return steps
+
+
+def _restore_package(lkg: dict) -> dict:
+    inst = lkg.get("installed")
+    params = {"sha256": inst["sha256"] if inst else None}
+    if "previous" in lkg:
+        params["previous"] = lkg["previous"]["package"]
+    return {"action": "restore-package", "params": params}
+
+
+def _restore_userspace(lkg: dict, touched: set) -> list[dict]:
+    """The user-space the snapshot recorded, back with the modules (before they load and their daemons start,
+    so persistenced comes from the same version)."""
+    if USERSPACE not in touched or "userspace" not in lkg:
+        return []
+    params = {"sha256": (lkg["userspace"] or {}).get("sha256")}
+    if "previous" in lkg:
+        params["previous"] = lkg["previous"]["userspace"]
+    return [{"action": "restore-userspace", "params": params}]

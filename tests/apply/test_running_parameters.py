@@ -4,7 +4,7 @@ reloads with and the drift a daemon reloads for read the same values, nvidia's r
 from __future__ import annotations
 
 from driverd.apply import lifecycle as lc
-from driverd.apply import steps as st
+from driverd.apply.steps.common import running_parameters as snapshot_parameters
 from driverd.apply.hostplan import verdict_for_host
 from driverd.config import load
 from driverd.driver.state import running_parameters
@@ -30,7 +30,7 @@ def test_the_snapshot_and_the_drift_see_the_registry_keys_the_kernel_shows_in_pr
     seen = running_parameters(ctx.kernel, ["nvidia"])["nvidia"]
     assert seen["NVreg_EnableGpuFirmware"] == "18" and seen["NVreg_RegistryDwords"] == ""
     # what the snapshot records, and a rollback loads the last-known-good driver with again
-    snap = st.running_parameters(ctx, ["nvidia"])["nvidia"]
+    snap = snapshot_parameters(ctx, ["nvidia"])["nvidia"]
     assert snap["NVreg_EnableGpuFirmware"] == "18" and snap["NVreg_TemporaryFilePath"] == "/var/tmp"
     assert "NVreg_RegistryDwords" not in snap          # unset: passed back it would set a literal ""
     assert {k: v for k, v in seen.items() if v not in ("", "(null)")} == snap
