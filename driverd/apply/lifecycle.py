@@ -75,7 +75,7 @@ def _reload_steps(package: str | None, ctx=None, userspace: str | None = None) -
 
 
 def previous_target(ctx, release: str | None = None) -> str | None:
-    from driverd.install.modules import previous_sha
+    from driverd.install.records import previous_sha
     release = release or ctx.kernel.release
     known, sha = previous_sha(ctx.root, release, ctx.config["state.dir"])
     if not known:
@@ -137,7 +137,7 @@ def prepare_kernel_request(cfg, want, allow_build: bool) -> Request:
     package (install is atomic and kept)."""
     def build(ctx) -> list[dict]:
         from driverd.driver.state import DriverState
-        from driverd.install.modules import is_installed
+        from driverd.install.records import is_installed
         p = DriverState.of(ctx).installed(want.kernel_release)
         have = p is not None and (p.driver.version, p.driver.flavor) == (want.driver, want.flavor) and \
             bool(p.package_sha256) and is_installed(ctx.root, want.kernel_release, p.package_sha256,
@@ -149,7 +149,7 @@ def prepare_kernel_request(cfg, want, allow_build: bool) -> Request:
 
 def forget_kernels_request(releases: list[str]) -> Request:
     """The daemon's cleanup after a reboot into a newer kernel: driverd's packages of kernels no longer
-    installed (driverd.install.modules.forget_release). The running kernel is not touched."""
+    installed (driverd.install.leftovers.forget_release). The running kernel is not touched."""
     return Request("forget-kernels", lambda ctx: sl.forget_kernel_steps(releases), {"kernels": list(releases)},
                    changes_kernel=False)
 
