@@ -35,7 +35,8 @@ def build_host(work: Path) -> Path:
     cfg = root / "etc/driverd/config.toml"
     cfg.parent.mkdir(parents=True, exist_ok=True)
     cfg.write_text(f'[driver]\nversion = "535.261.03"\nflavor = "open"\n[packages]\nrepositories = '
-                   f'["file://{pk["old"].parent}"]\n[runtime]\nrestart = "none"\n')
+                   f'["file://{pk["old"].parent}"]\n[runtime]\nrestart = "none"\n'
+                   '[modules]\nkernel = "sim"\n')          # a simulated tree: the simulated kernel changes it
     return root
 
 
