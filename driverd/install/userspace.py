@@ -59,16 +59,15 @@ from driverd.driver import files as driverfiles
 from driverd.driver import layout
 from driverd.driver.layout import Places
 from driverd.driver.records import read_json, valid_sha
-from driverd.driver.userspace import (PATH_DIRS, Tree, activation_ok, check_root, current, current_name,  # noqa: F401
-                                      foreign_userspace, installed_sha256, is_installed as _is_installed,
-                                      ldconf_ours, link_state, lookup, our_links, path_clash,
-                                      previous_record, previous_sha, read_tree, trees, wanted_links)
+from driverd.driver.userspace import (Tree, check_root, current, current_name, foreign_userspace,
+                                      is_installed as _is_installed, ldconf_ours, link_state, lookup,
+                                      our_links, previous_sha, read_tree, trees)
 from driverd.errors import DriverdError, PackageError
 from driverd.fsutil import atomic_write_at, dump_json, fsync_fd
 from driverd.package import userspace as us
 from driverd.install.checks import os_errors
 from driverd.package.archive import check_file, read_manifest, sha256_file, unpack_at, verify_package
-from driverd.install.activate import activate_tree, driver_link, ldconfig
+from driverd.install.activate import activate_tree, driver_link
 from driverd.root import Root
 from driverd.runner import Runner
 

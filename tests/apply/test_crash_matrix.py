@@ -37,8 +37,9 @@ def pending_markers(root) -> list[str]:
 def us_in_use(root) -> tuple[str | None, bool]:
     """(version of driverd's user-space in use, a user-space switch pending)."""
     from driverd.install import userspace as ui
+    from driverd.driver import userspace as dus
     from driverd.root import Root
-    cur = ui.current(Root(root), ui.Places())
+    cur = dus.current(Root(root), ui.Places())
     return (cur.version if cur and cur.intact else None), (Path(root) / "var/lib/driverd/userspace/pending.json").exists()
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from driverd.host import pci, workload
 from driverd.install import userspace as ui
+from driverd.driver import userspace as dus
 from driverd.build.userspace import build_from_run_dir
 from driverd.root import Root
 from tests import cudastandin
@@ -68,7 +69,7 @@ def node(host):
 
 
 def in_use(root) -> str | None:
-    return ui.installed_sha256(Root(root), ui.Places())
+    return dus.installed_sha256(Root(root), ui.Places())
 
 
 def loaded(root) -> str:

@@ -15,6 +15,7 @@ import pytest
 
 from driverd.driver import files as driverfiles
 from driverd.install import userspace as ui
+from driverd.driver import userspace as dus
 from driverd.build.userspace import build_from_run_dir
 from driverd.root import Root
 from tests.conftest import missing_component, require_binary
@@ -51,7 +52,7 @@ def us_problems(root: Path, ref, *, kept: tuple = ()) -> list[str]:
     r, places, bad = Root(root), ui.Places(), []
     v = ref.manifest.driver_version
     if not ui.is_installed(r, ref.sha256):
-        bad.append(f"is_installed({v}) is false (current: {ui.current(r)})")
+        bad.append(f"is_installed({v}) is false (current: {dus.current(r)})")
     if (root / "var/lib/driverd/userspace/pending.json").exists():
         bad.append("a switch is pending")
     found = driverfiles.find(r)
@@ -69,7 +70,7 @@ def us_problems(root: Path, ref, *, kept: tuple = ()) -> list[str]:
     for d in (root / UROOT.lstrip("/"), root / "etc/ld.so.conf.d", root / "var/lib/driverd/userspace"):
         bad += [f"leftover {d / n}" for n in os.listdir(d) if n.startswith(".")]
     for k in kept:
-        if ui.lookup(r, places, k.sha256) is None:
+        if dus.lookup(r, places, k.sha256) is None:
             bad.append(f"the {k.manifest.driver_version} tree is not kept intact")
     return bad
 

@@ -12,6 +12,7 @@ import pytest
 from driverd.driver import files as driverfiles
 from driverd.host import workload
 from driverd.install import userspace as ui
+from driverd.driver import userspace as dus
 from driverd.root import Root
 from tests import cudastandin
 from tests.packages.test_userspace_install import GPUS, NEW, OLD, UROOT, _ldconfig, host, package, pk  # noqa: F401
@@ -28,7 +29,7 @@ def test_the_install_links_the_toolkits_driver_root_and_both_finders_agree_throu
     rep = ui.install(root, pk[OLD].path)
     assert os.readlink(h / LINK) == REL                    # relative: the same tree on the host and under /host
     assert any(n == f"linked /run/nvidia/driver to {UROOT}/current (the toolkit's driver root)" for n in rep.notes)
-    assert ui.foreign_userspace(root, ui.Places()) is None  # driverd's own link is not a foreign user-space
+    assert dus.foreign_userspace(root, ui.Places()) is None  # driverd's own link is not a foreign user-space
     assert ui.is_installed(root, pk[OLD].sha256)
     tree = f"{UROOT}/{OLD}"
     # found through the link (it is searched first), reported at the real tree, as through the loader configuration
@@ -89,7 +90,7 @@ def test_the_hosts_own_libraries_behind_driverds_link_are_still_foreign(tmp_path
     root = host(h)
     ui.install(root, pk[NEW].path)
     cudastandin.install(h, OLD, GPUS)                      # the host's own libcuda1, installed afterwards
-    foreign = ui.foreign_userspace(root, ui.Places())
+    foreign = dus.foreign_userspace(root, ui.Places())
     assert foreign is not None and foreign.version == OLD
     assert not ui.is_installed(root, pk[NEW].sha256)
     rep = ui.install(root, pk[NEW].path)
@@ -115,7 +116,7 @@ def test_the_workload_checks_loader_path_stays_inside_the_root(tmp_path, pk, mon
     assert not os.path.lexists(h / LINK)                   # userspace.driver_link = none: no link
     (h / "run/nvidia").mkdir(parents=True)
     os.symlink(f"{UROOT}/current", h / LINK)               # absolute: counted as driverd's, resolved under the root
-    assert ui.link_state(root, ui.Places()) == "ours"
+    assert dus.link_state(root, ui.Places()) == "ours"
     seen = {}
 
     def popen(argv, **kw):

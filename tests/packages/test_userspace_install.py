@@ -14,6 +14,7 @@ from driverd.driver import files as driverfiles
 from driverd.errors import PackageError
 from driverd.host import workload
 from driverd.install import userspace as ui
+from driverd.driver import userspace as dus
 from driverd.build.userspace import build_from_run_dir
 from driverd.root import Root
 from driverd.runner import Runner
@@ -132,16 +133,16 @@ def test_installing_what_is_installed_writes_nothing(tmp_path, pk):
 def test_upgrade_rollback_and_back_keep_both_trees_and_say_what_they_replaced(tmp_path, pk):
     root = host(tmp_path / "h")
     assert ui.install(root, pk[OLD].path).replaced is None
-    assert ui.previous_sha(root) == (True, None)
+    assert dus.previous_sha(root) == (True, None)
     rep = ui.install(root, pk[NEW].path)
     assert (rep.replaced, rep.replaced_version) == (pk[OLD].sha256, OLD)
-    assert ui.previous_sha(root) == (True, pk[OLD].sha256)
-    assert ui.installed_sha256(root) == pk[NEW].sha256
+    assert dus.previous_sha(root) == (True, pk[OLD].sha256)
+    assert dus.installed_sha256(root) == pk[NEW].sha256
     rep = ui.rollback(root)
     assert (rep.driver_version, rep.replaced) == (OLD, pk[NEW].sha256) and driverfiles.find(root).version == OLD
     rep = ui.rollback(root)
     assert rep.driver_version == NEW and driverfiles.find(root).version == NEW
-    assert sorted(t.name for t in ui.trees(root, ui.Places())) == [OLD, NEW]
+    assert sorted(t.name for t in dus.trees(root, ui.Places())) == [OLD, NEW]
     # no user-space at all: `current`, the loader configuration and driverd's links go; the trees stay
     rep = ui.restore(root, None)
     assert rep.changed and rep.replaced == pk[NEW].sha256
@@ -214,7 +215,7 @@ def test_old_trees_are_pruned_but_never_the_current_or_previous_one(tmp_path, pk
     ui.install(root, pk[OLD].path, places=places)
     rep = ui.install(root, pk[NEW].path, places=places)
     assert any(f"pruned the {OLDER} user-space tree" in n for n in rep.notes), rep.notes
-    assert sorted(t.name for t in ui.trees(root, places)) == [OLD, NEW]
+    assert sorted(t.name for t in dus.trees(root, places)) == [OLD, NEW]
     assert not any(n.startswith(".driverd-") for n in os.listdir(tmp_path / f"h{UROOT}"))
     assert ui.rollback(root, places=places).driver_version == OLD
 
@@ -231,7 +232,7 @@ def test_a_switch_the_loader_would_not_follow_is_undone(tmp_path, pk):
     line = e.value.one_line()
     assert "the loader resolves libcuda.so.1 to /opt/stale/lib/libcuda.so.1, not driverd's" in line, line
     assert f"the {OLD} user-space is current again" in line and "fix:" in line and len(line.splitlines()) == 1
-    assert ui.current(root).version == OLD and ui.previous_sha(root) == (True, None)
+    assert dus.current(root).version == OLD and dus.previous_sha(root) == (True, None)
     assert not (tmp_path / "h/var/lib/driverd/userspace/pending.json").exists()
 
 
@@ -271,4 +272,4 @@ def test_a_removed_loader_configuration_is_repaired_by_installing_again(tmp_path
     assert not ui.is_installed(root, pk[NEW].sha256)
     rep = ui.install(root, pk[NEW].path)
     assert rep.changed and rep.replaced is None and ui.is_installed(root, pk[NEW].sha256)
-    assert driverfiles.find(root).version == NEW and ui.previous_sha(root) == (True, None)
+    assert driverfiles.find(root).version == NEW and dus.previous_sha(root) == (True, None)

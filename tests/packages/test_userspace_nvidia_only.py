@@ -24,6 +24,7 @@ from driverd.driver import files as driverfiles
 from driverd.errors import PackageError
 from driverd.package import userspace as us
 from driverd.install import userspace as ui
+from driverd.driver import userspace as dus
 from driverd.build.userspace import build_from_run_dir
 from driverd.root import Root
 from tests.conftest import CI_PREFIX, missing_component, require_binary
@@ -174,7 +175,7 @@ def test_a_package_that_is_not_nvidias_files_is_refused_at_install(tmp_path, goo
     line = e.value.one_line()
     assert words in line and "\n" not in line, line
     h = tmp_path / "h"
-    assert not os.path.lexists(h / "usr/local/bin/sudo") and ui.current(root) is None
+    assert not os.path.lexists(h / "usr/local/bin/sudo") and dus.current(root) is None
     assert not (h / "etc/ld.so.conf.d/00-driverd-nvidia.conf").exists()
     assert not list((h / UROOT.lstrip("/")).glob("[0-9]*"))            # no tree of it either
 
