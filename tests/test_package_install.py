@@ -15,6 +15,7 @@ import zstandard
 from driverd.errors import PackageError
 from driverd.host import collect
 from driverd.package import archive
+from driverd.install import checks
 from driverd.install import modules as inst
 from driverd.package.archive import read_manifest, unpack, verify_package
 from driverd.package.manifest import MANIFEST_NAME
@@ -185,7 +186,7 @@ def test_vermagic_of_compressed_kernel_modules(host, tmp_path):
     ko.with_name("ext4.ko.zst").write_bytes(zstandard.ZstdCompressor().compress(ko.read_bytes()))
     ko.unlink()
     pkg = make_fake_package(tmp_path / "p", "535.261.03", REL)
-    assert inst.kernel_vermagic(Root(host), REL) == f"{REL} SMP mod_unload"
+    assert checks.kernel_vermagic(Root(host), REL) == f"{REL} SMP mod_unload"
     _refused(host, pkg.path, "differs from kernel")
     (d / "ext4.ko.zst").write_bytes(b"not zstd")
     _refused(host, pkg.path, "cannot read kernel .* module .*ext4.ko.zst: cannot decompress")
@@ -228,7 +229,7 @@ def test_disk_full_during_install(host, pkgs, monkeypatch):
 def test_disk_full_up_front(host, pkgs, monkeypatch):
     import collections
     usage = collections.namedtuple("usage", "total used free")
-    monkeypatch.setattr(inst.shutil, "disk_usage", lambda p: usage(1 << 30, (1 << 30) - 1024, 1024))
+    monkeypatch.setattr(checks.shutil, "disk_usage", lambda p: usage(1 << 30, (1 << 30) - 1024, 1024))
     _refused(host, pkgs["535"].path, "not enough space")
 
 

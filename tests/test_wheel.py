@@ -24,8 +24,15 @@ pytestmark = [pytest.mark.slow]
 
 # The source tree as a clean checkout has it: no venv, no stale setuptools build/ (which would carry
 # files deleted since into the wheel), no caches.
-_IGNORE = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".sandbox",
-                                 ".whl", ".gl")
+_PATTERNS = shutil.ignore_patterns(".git", ".venv", "*.egg-info", "__pycache__", ".pytest_cache", ".sandbox",
+                                   ".whl", ".gl")
+
+
+def _IGNORE(d: str, names: list[str]) -> set[str]:
+    """The patterns anywhere; setuptools' build/ only at the top (driverd/build/ is a package of ours)."""
+    return set(_PATTERNS(d, names)) | ({"build"} & set(names) if os.path.samefile(d, REPO) else set())
+
+
 FORBIDDEN = ("unexpected error", "Traceback (most recent call last)")
 
 
