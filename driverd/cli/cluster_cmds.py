@@ -10,7 +10,6 @@ import time
 
 from driverd.cli.cluster_output import _cells, _fmt, _print, _rollout_name, _shown, _yaml
 from driverd.cli.options import add_flavor
-from driverd.cli.rollout_status import _exit, _human_status, status_doc
 
 KUBECTL_EPILOG = """\
 examples:
@@ -277,6 +276,7 @@ def _pick(kube, name: str | None) -> dict:
 
 
 def cmd_status(ctx, args) -> int:
+    from driverd.cli.rollout_status import _exit, _human_status, status_doc
     from driverd.cluster.kube import node_path
     kube = _kube(args)
     obj = _pick(kube, args.name)
@@ -289,6 +289,7 @@ def cmd_status(ctx, args) -> int:
 
 
 def _watch_status(kube, args, name: str) -> int:
+    from driverd.cli.rollout_status import _exit, _human_status, status_doc
     import threading
 
     from driverd.cluster.informer import Informer

@@ -4,7 +4,7 @@ Readers (state.py) and writers (packages' installers, the daemon's records) take
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from driverd.root import Root
 
@@ -40,8 +40,7 @@ USERSPACE_STATE = "userspace"                   # under state.dir: pending.json,
 USERSPACE_RECORD = "install.json"               # in each tree: {"package_sha256", ...}
 
 
-@dataclass(frozen=True)
-class Places:
+class Places(NamedTuple):
     """Where a node's user-space goes (host paths, from the configuration)."""
     root: str = USERSPACE_ROOT                  # userspace.root
     bin_dir: str | None = USERSPACE_BIN_DIR     # userspace.bin_dir (None; "none" in the configuration: no PATH links)

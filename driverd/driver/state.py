@@ -4,50 +4,20 @@ and the parameters the running modules were loaded with. Read-only; a missing or
 "not there", never an exception (a damaged one may add a warning)."""
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from driverd.driver import layout
 from driverd.driver.ident import DriverId
 from driverd.driver.ident import loaded as loaded_driver
+from driverd.driver.modules import InstalledModules, installed_modules
 from driverd.driver.records import read_json
-from driverd.driver.userspace import Tree, current_name, lookup, read_tree, trees
 from driverd.root import Root
+
+if TYPE_CHECKING:
+    from driverd.driver.userspace import Tree
 
 # Values a module shows for a parameter nobody set: passed back, they would set a literal string.
 _UNSET = ("", "(null)")
-
-
-@dataclass(frozen=True)
-class InstalledModules:
-    """The kernel half driverd installed for one kernel release."""
-    driver: DriverId
-    kernel_release: str
-    package_sha256: str | None
-    path: str                               # host path of its manifest
-
-
-def installed_modules(root: Root, release: str | None, warnings: list[str] | None = None) -> InstalledModules | None:
-    """The driverd package installed for `release` (None: none, or a damaged manifest: not usable)."""
-    if not release:
-        return None
-    base = layout.modules_dir(release)
-    path = f"{base}/{layout.MODULES_MANIFEST}"
-    text = root.read_text(path)
-    if text is None:
-        return None
-    try:
-        m = json.loads(text)
-        fields = (m["kernel"]["release"], m["driver"]["version"], m["flavor"])
-        if not all(isinstance(f, str) and f for f in fields):
-            raise TypeError("manifest fields are not strings")
-        rec = read_json(root, f"{base}/{layout.MODULES_RECORD}") or {}
-    except (ValueError, KeyError, TypeError, RecursionError) as e:
-        if warnings is not None:
-            warnings.append(f"{path}: unreadable driverd manifest ({e.__class__.__name__}); treated as not installed")
-        return None
-    sha = rec.get("package_sha256")
-    return InstalledModules(DriverId(fields[1], fields[2]), fields[0], sha if isinstance(sha, str) else None, path)
 
 
 def running_parameters(kernel, names=None) -> dict[str, dict[str, str]]:
@@ -108,16 +78,20 @@ class DriverState:
         """The kernel half installed for `release` (default: the running kernel's)."""
         return installed_modules(self.root, release or self.release, warnings)
 
+    # The user-space half is read by driver/userspace.py, imported when asked: `detect` never asks.
     def userspace(self) -> Tree | None:
         """driverd's user-space tree `current` points to (None: driverd installed none)."""
+        from driverd.driver.userspace import current_name, read_tree
         name = current_name(self.root, self.places)
         return read_tree(self.root, self.places, name) if name else None
 
     def userspace_trees(self) -> list[Tree]:
+        from driverd.driver.userspace import trees
         return trees(self.root, self.places)
 
     def userspace_of(self, sha: str) -> Tree | None:
         """The intact user-space tree of the package `sha` (kept or current)."""
+        from driverd.driver.userspace import lookup
         return lookup(self.root, self.places, sha)
 
     def converged_record(self) -> dict | None:

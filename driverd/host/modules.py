@@ -6,7 +6,7 @@ import re
 
 from driverd.driver import layout
 from driverd.driver.ident import VERSION_FILE, parse_version_file
-from driverd.driver.state import installed_modules
+from driverd.driver.modules import installed_modules
 from driverd.host.facts import DriverFacts, InstalledPackage, ModuleFacts
 from driverd.host.textfmt import kernel_int
 from driverd.root import Root

@@ -29,7 +29,7 @@ def test_rollout_status_says_when_no_coordinator_has_written_a_rollout():
     Pending). Said with what to look at; a fresh rollout and one with a status are shown as they are."""
     import time
 
-    from driverd.cli.cluster_cmds import _exit, _human_status, status_doc
+    from driverd.cli.rollout_status import _exit, _human_status, status_doc
     from driverd.cluster.kube import now_rfc3339
 
     def ro(age_s: float, status: dict | None = None) -> dict:

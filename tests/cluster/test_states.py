@@ -138,7 +138,7 @@ def test_every_phase_the_coordinator_writes_is_in_the_phase_table():
     ("Refused", "PreflightFailed", 3, 3), ("Aborted", "Aborted", 0, 3), ("Progressing", "Progressing", 0, 3),
     ("Bogus", "", 3, 3)])
 def test_cli_exit_codes_follow_the_phase_table(phase, reason, status_rc, wait_rc):
-    from driverd.cli.cluster_cmds import _exit
+    from driverd.cli.rollout_status import _exit
     assert _exit({"phase": phase, "reason": reason}) == status_rc
     assert _exit({"phase": phase, "reason": reason}, ended_only=True) == wait_rc
 
