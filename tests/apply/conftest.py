@@ -64,6 +64,17 @@ def tree_files(root) -> dict[str, bytes]:
 
 
 @pytest.fixture
+def node(host):
+    """The host with a loader configuration (/etc/ld.so.conf including ld.so.conf.d), for a user-space
+    install: its `ldconfig -r ROOT` chroots, so these tests run as root (CI does)."""
+    from tests.packages import usfake
+    usfake.require_ldconfig()
+    (host / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
+    (host / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+    return host
+
+
+@pytest.fixture
 def loaded_host(host):
     """The 2-GPU host with 535 (open) loaded, daemons running, through driverd itself."""
     r = drv(host, "load")

@@ -9,14 +9,12 @@ import json
 import os
 import shutil
 
-import pytest
 
 from driverd.root import Root
 from driverd.sim.httprepo import RepoServer
 from tests.apply.conftest import drv, journal, kernel_of
 from tests.apply.test_userspace_txn import in_use, us_package
 from tests.conftest import run_cli
-from tests.packages import usfake
 
 OLD, NEW = "535.261.03", "550.127.05"
 
@@ -95,14 +93,6 @@ def test_a_cached_kernel_package_serves_when_the_repository_refuses_connections(
     got = next(s for s in journal(host)["steps"] if s["action"] == "fetch-package")["result"]
     assert os.path.basename(got["package"]) == os.path.basename(packages["new"])
     assert kernel_of(host).modules()["nvidia"].version == NEW
-
-
-@pytest.fixture
-def node(host):
-    usfake.require_ldconfig()
-    (host / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
-    (host / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
-    return host
 
 
 def test_a_cached_userspace_package_serves_when_the_repository_refuses_connections(node, packages, tmp_path):

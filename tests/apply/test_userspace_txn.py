@@ -26,11 +26,6 @@ USDIR = "/var/cache/driverd-userspace"
 ON = '[validation]\nworkload = "on"\nworkload_timeout_s = 20\n'
 
 
-@pytest.fixture(autouse=True)
-def _ldconfig():
-    usfake.require_ldconfig()
-
-
 def gpus(root) -> list[str]:
     g, _, _ = pci.classify(Root(root), pci.scan(Root(root), []), [])
     return [x.pci_address for x in g]
@@ -59,13 +54,6 @@ def configure(root, version: str, repo, extra: str = "") -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(f'[driver]\nversion = "{version}"\nflavor = "open"\n[packages]\nrepositories = ["file://{repo}"]\n'
                  f'[runtime]\nrestart = "none"\n[userspace]\npackage = "{USDIR}"\n{ON}{extra}')
-
-
-@pytest.fixture
-def node(host):
-    (host / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
-    (host / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
-    return host
 
 
 def in_use(root) -> str | None:

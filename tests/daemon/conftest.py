@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.apply.conftest import node  # noqa: F401  (fixture)
 from tests.kmod.conftest import host, kernel_of, packages  # noqa: F401  (fixtures)
 from tests.conftest import driverd_env
 

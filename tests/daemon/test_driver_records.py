@@ -7,9 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-
-import pytest
 
 from driverd.build.userspace import build_from_run_dir
 from tests.apply.test_userspace_txn import USDIR, gpus, in_use, us_package
@@ -19,18 +16,6 @@ from tests.packages import usfake
 ON = '[validation]\nworkload = "on"\nworkload_timeout_s = 20\n'
 FAST = re.escape(f"fast path: driver {OLD} (open) is loaded and valid")
 CHANGED = re.escape("no fast path: the configuration, kernel or installed driver (package or user-space) changed")
-
-
-@pytest.fixture(autouse=True)
-def _ldconfig():
-    usfake.require_ldconfig()
-
-
-@pytest.fixture
-def node(host):
-    (host / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
-    (host / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
-    return host
 
 
 def _rebuilt(node, version: str, into: str):

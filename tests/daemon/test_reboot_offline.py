@@ -18,22 +18,9 @@ from tests.apply.conftest import drv, journal
 from tests.apply.test_userspace_txn import USDIR, in_use, us_package
 from tests.conftest import run_cli
 from tests.daemon.conftest import OLD, journal_runs, kernel_of, write_config
-from tests.packages import usfake
 
 LDCONF = "etc/ld.so.conf.d/00-driverd-nvidia.conf"
 ON = '[validation]\nworkload = "on"\nworkload_timeout_s = 20\n'
-
-
-@pytest.fixture(autouse=True)
-def _ldconfig():
-    usfake.require_ldconfig()
-
-
-@pytest.fixture
-def node(host):
-    (host / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
-    (host / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
-    return host
 
 
 def _repository(node, packages, tmp_path, source: str):
