@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+from driverd.package import MANIFEST_NAME
 from driverd.root import Root
 
 DEFAULT_STATE_DIR = "/var/lib/driverd"
 
 # -- the kernel half, per kernel release ---------------------------------------------------------------
 MODULES_DIR = "updates/driverd"                 # relative to /lib/modules/<release>/
-MODULES_MANIFEST = "manifest.json"
+MODULES_MANIFEST = MANIFEST_NAME
 MODULES_RECORD = "install.json"                 # {"package_sha256", ...}
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from driverd.driver.layout import LDCONF, USERSPACE_RECORD, Places
 from driverd.driver.records import read_json, valid_sha
 from driverd.errors import DriverdError
+from driverd.package import MANIFEST_NAME
 from driverd.root import Root
 
 if TYPE_CHECKING:
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
 
 # The user-space package's format and the finder are imported where a tree is read: `driverd detect`
 # and `status` read what is loaded and installed without them.
-MANIFEST_NAME = "manifest.json"             # driverd.package.manifest.MANIFEST_NAME
 
 _TREE = re.compile(r"^[0-9][A-Za-z0-9._+-]*$")
 

@@ -11,10 +11,11 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from driverd import package
 from driverd.errors import PackageError
 
 SCHEMA_VERSION = 1
-MANIFEST_NAME = "manifest.json"
+MANIFEST_NAME = package.MANIFEST_NAME
 MODULES_DIR = "modules"        # archive dir -> <root>/lib/modules/<release>/updates/driverd/
 FIRMWARE_DIR = "firmware"      # archive dir -> <root>/lib/firmware/nvidia/<version>/
 FLAVORS = ("open", "proprietary")
