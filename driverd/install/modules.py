@@ -45,9 +45,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from driverd.errors import DriverdError, PackageError
+from driverd.driver.records import read_json
 from driverd.install import kept as kp
 from driverd.install.checks import check_signatures, check_space, check_vermagic, os_errors, signature_enforced, target_release
-from driverd.install.records import FIRMWARE_BASE, _Ctx, _current, _now, _read_json, _root, _sha_or_none, firmware_dir, installed_sha256, is_installed, kept_dir, modules_dir, previous_sha
+from driverd.install.records import FIRMWARE_BASE, _Ctx, _current, _now, _root, _sha_or_none, firmware_dir, installed_sha256, is_installed, kept_dir, modules_dir, previous_sha
 from driverd.install.kept import (INSTALL_RECORD, OLD_PREFIX, STAGING_PREFIX, Additions, Kept, kept_base, lookup,
                                    prune_kept)
 from driverd.package.manifest import FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR, Manifest
@@ -433,7 +434,7 @@ def recover(root: Root | str | os.PathLike, release: str, runner: Runner | None 
     root, runner = _root(root), runner or Runner()
     ctx = _Ctx(root, release, runner, state_dir, kernel_tools)
     notes: list[str] = []
-    marker = _read_json(root, ctx.marker_hp)
+    marker = read_json(root, ctx.marker_hp)
     if runner.dry_run:
         if marker is not None:
             notes.append(f"would finish the interrupted switch to {marker.get('target')}")
@@ -530,8 +531,8 @@ def _migrate_legacy(ctx: _Ctx, notes: list[str]) -> None:
     legacy = f"{ctx.prev_dir_hp}/{ctx.release}"
     if not _is_dir(root, legacy):
         return
-    st = _read_json(root, f"{legacy}/state.json")
-    if st and _read_json(root, ctx.prev_rec_hp) is None:
+    st = read_json(root, f"{legacy}/state.json")
+    if st and read_json(root, ctx.prev_rec_hp) is None:
         if st.get("had_modules"):
             real = root.safe_real(f"{legacy}/{MODULES_DIR}")
             m = kp.tree_manifest(real) if real is not None else None

@@ -29,6 +29,7 @@ from driverd.driver.state import DriverState
 from driverd.host.kernels import InstalledKernel, family, installed_kernels, newer_than
 from driverd.host.kernel import running_release
 from driverd.driver.ident import VERSION_FILE
+from driverd.driver.records import read_json
 from driverd.driver.layout import MODULES_DIR as INSTALL_DIR
 
 DAEMON_STATE = "/run/driverd/daemon.json"   # driverd.apply.statefile: the daemon's kernel preparations
@@ -75,16 +76,6 @@ class Gate:
     def text(self) -> str:
         head = ("reboot-ready: yes, " if self.ready else "reboot-ready: no, ") + self.reason
         return "\n".join([head] + [f"  {k.line()}" for k in self.kernels])
-
-
-def _read_json(root, path: str) -> dict | None:
-    import json
-    text = root.read_text(path)
-    try:
-        doc = json.loads(text) if text else None
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def wanted_driver(root, cfg, version: str | None = None, flavor: str | None = None) -> dict | None:
@@ -170,7 +161,7 @@ def _headers(root, fam, release: str) -> bool:
 
 
 def _daemon_record(root, release: str) -> dict | None:
-    doc = _read_json(root, DAEMON_STATE) or {}
+    doc = read_json(root, DAEMON_STATE) or {}
     kernels = doc.get("kernels") if isinstance(doc.get("kernels"), dict) else {}
     rec = kernels.get(release)
     return rec if isinstance(rec, dict) else None

@@ -3,7 +3,6 @@ writes for one kernel release), the tree installed now, the previous and pending
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from driverd.driver.layout import MODULES_DIR as INSTALL_DIR
+from driverd.driver.records import read_json
 from driverd.errors import PackageError
 from driverd.install import kept as kp
 from driverd.install.kept import kept_base
@@ -97,17 +97,6 @@ def installed_sha256(root: Root | str | os.PathLike, release: str) -> str | None
     return kp.tree_sha(modules_dir(_root(root), release))
 
 
-def _read_json(root: Root, hp: str) -> dict | None:
-    try:
-        with open(root.real(hp), "rb") as f:
-            d = json.loads(f.read(1 << 20))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return {}
-    return d if isinstance(d, dict) else {}
-
-
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
@@ -124,7 +113,7 @@ def previous_sha(root: Root | str | os.PathLike, release: str,
     """(known, sha256) of what the last install/restore for `release` replaced; sha None means no
     driverd package was installed then. known is False when nothing was ever replaced."""
     ctx = _Ctx(_root(root), release, Runner(), state_dir)
-    rec = _read_json(ctx.root, ctx.prev_rec_hp)
+    rec = read_json(ctx.root, ctx.prev_rec_hp)
     if not rec or "sha256" not in rec:
         return False, None
     return True, _sha_or_none(rec["sha256"])
@@ -134,7 +123,7 @@ def previous_sha(root: Root | str | os.PathLike, release: str,
 def previous_record(root: Root | str | os.PathLike, release: str, state_dir: str = DEFAULT_STATE_DIR) -> dict | None:
     """The previous record as it is (None: absent), for a run's snapshot to put back when it rolls back."""
     ctx = _Ctx(_root(root), release, Runner(), state_dir)
-    return _read_json(ctx.root, ctx.prev_rec_hp)
+    return read_json(ctx.root, ctx.prev_rec_hp)
 
 
 @_os_errors

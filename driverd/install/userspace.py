@@ -120,10 +120,7 @@ _valid_sha = valid_sha
 _os_errors = os_errors("user-space", disk_full=True)
 
 
-# -- reading the installed state ------------------------------------------------------------------------
-
-_read_json = read_json
-
+# -- the previous record (read by driver/userspace.py) ----------------------------------------------------
 
 def put_previous_record(root: Root | str | os.PathLike, rec: dict | None, places: Places = Places()) -> None:
     """Make the previous record `rec` again (None: none): a failed run's rollback, after its restore."""
@@ -436,7 +433,7 @@ def _report(root: Root, places: Places, package: str, t: Tree | None, done: _Don
 def _protected(root: Root, places: Places) -> set[str]:
     out = set()
     cur = current_name(root, places)
-    for rec in (_read_json(root, places.previous), _read_json(root, places.pending)):
+    for rec in (read_json(root, places.previous), read_json(root, places.pending)):
         for k in ("sha256", "target", "replaced"):
             if rec and _valid_sha(rec.get(k)):
                 out.add(rec[k])
@@ -502,7 +499,7 @@ def recover(root: Root | str | os.PathLike, runner: Runner | None = None, *, pla
     root, runner = _root(root), runner or Runner()
     check_root(root, places)
     notes: list[str] = []
-    marker = _read_json(root, places.pending)
+    marker = read_json(root, places.pending)
     if runner.dry_run:
         if marker is not None:
             notes.append(f"would finish the interrupted user-space switch to {marker.get('target')}")
