@@ -70,3 +70,30 @@ def test_the_driver_and_the_formats_sit_low():
     rank = {u: i for i, layer in enumerate(LAYERS) for u in layer}
     assert rank["root"] < rank["package"] < rank["driver"] < rank["runtime"] < rank["host"]
     assert rank["driver"] < rank["repo"] < rank["build"] < rank["install"] < rank["apply"]
+
+
+def test_one_engine_writes_the_switch_records_of_every_part():
+    """Every change to a driver tree goes through install/store.py: the pending marker and the previous
+    record (their fields "set_previous", "replaced_by") are written there only; the parts supply their
+    layout and their activate/verify hooks (install/modules.py's ModulesPart, install/userspace.py's
+    UserspacePart)."""
+    assert not _holders({"set_previous", "replaced_by"}, {"driverd/install/store.py"})
+    from driverd.install.modules import ModulesPart
+    from driverd.install.store import Part
+    from driverd.install.userspace import UserspacePart
+    assert issubclass(ModulesPart, Part) and issubclass(UserspacePart, Part)
+    for p in (PKG / "install").glob("*.py"):
+        names = {n.name for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.FunctionDef)}
+        if p.name != "store.py":        # the protocol's own steps, written once
+            assert not names & {"_switch_back", "_redrive", "_verify_and_back"}, p
+
+
+def test_no_prefix_families_where_a_folder_says_it():
+    """Names are nouns of the domain: no `userspace_*.py` family beside `userspace.py` (a folder says it);
+    cli's `<group>_cmds.py` (one file per command group) is the one suffix convention."""
+    fam: dict[tuple, list[str]] = {}
+    for p in PKG.rglob("*.py"):
+        if p.stem != "__init__" and "_" in p.stem and not p.stem.endswith("_cmds") and "__pycache__" not in p.parts:
+            fam.setdefault((p.parent, p.stem.split("_")[0]), []).append(p.stem)
+    bad = {f"{d.relative_to(REPO)}/{k}_*": v for (d, k), v in fam.items() if len(v) > 1 or (d / f"{k}.py").exists()}
+    assert not bad, bad

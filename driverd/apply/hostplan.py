@@ -30,7 +30,7 @@ def plan_for_host(root, cfg, *, facts: Facts | None = None, nvml: bool = False) 
         facts = collect(root, nvml=nvml, handler=cfg["runtime.handler"], binary=cfg["runtime.binary"],
                         driver_root=cfg["validation.driver_root"])
     from driverd.build.obtain import unavailable
-    from driverd.install.kept import kept_for
+    from driverd.driver.kept import kept_for
     from driverd.repo.userspace import offer
     return HostPlan(facts, plan(facts, Desired.from_config(cfg), for_plan(root, facts, cfg),
                                 userspace=workload_applies(root, cfg),

@@ -158,7 +158,7 @@ class KernelWatch:
 
 
 def _kept_releases(root, state_dir: str) -> set[str]:
-    from driverd.install import kept as kp
+    from driverd.driver import kept as kp
     out = set()
     for sha in kp.kept_shas(root, state_dir):
         m = kp.tree_manifest(kp.kept_base(root, state_dir) / sha / "modules")

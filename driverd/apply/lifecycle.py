@@ -75,7 +75,7 @@ def _reload_steps(package: str | None, ctx=None, userspace: str | None = None) -
 
 
 def previous_target(ctx, release: str | None = None) -> str | None:
-    from driverd.install.records import previous_sha
+    from driverd.driver.modules import previous_sha
     release = release or ctx.kernel.release
     known, sha = previous_sha(ctx.root, release, ctx.config["state.dir"])
     if not known:
@@ -94,7 +94,7 @@ def previous_userspace(ctx, target_sha256: str | None) -> dict | None:
     in use is already that version, or no tree of it is kept: the validation's workload check judges)."""
     from driverd.driver import userspace as dus
     from driverd.driver.layout import Places
-    from driverd.install.kept import lookup
+    from driverd.driver.kept import lookup
     p = Places.from_config(ctx.config)
     known, prev = dus.previous_sha(ctx.root, p)
     if not known:
@@ -137,7 +137,7 @@ def prepare_kernel_request(cfg, want, allow_build: bool) -> Request:
     package (install is atomic and kept)."""
     def build(ctx) -> list[dict]:
         from driverd.driver.state import DriverState
-        from driverd.install.records import is_installed
+        from driverd.driver.modules import is_installed
         p = DriverState.of(ctx).installed(want.kernel_release)
         have = p is not None and (p.driver.version, p.driver.flavor) == (want.driver, want.flavor) and \
             bool(p.package_sha256) and is_installed(ctx.root, want.kernel_release, p.package_sha256,

@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from driverd.cli.cluster_output import _cells, _fmt, _print, _rollout_name, _shown, _yaml
+from driverd.cli.kubeprint import _cells, _fmt, _print, _rollout_name, _shown, _yaml
 from driverd.cli.options import add_flavor
 
 KUBECTL_EPILOG = """\

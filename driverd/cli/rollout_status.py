@@ -2,7 +2,7 @@
 table, and the exit code that follows the phase table (cluster/states.py)."""
 from __future__ import annotations
 
-from driverd.cli.cluster_output import _cells, _shown
+from driverd.cli.kubeprint import _cells, _shown
 
 NO_STATUS_AFTER_S = 30        # a rollout without any status this long after its creation: no coordinator runs
 

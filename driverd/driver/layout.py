@@ -17,8 +17,24 @@ MODULES_MANIFEST = MANIFEST_NAME
 MODULES_RECORD = "install.json"                 # {"package_sha256", ...}
 
 
+FIRMWARE_BASE = "/lib/firmware/nvidia"          # <version>/gsp_*.bin (the open flavour's)
+PACKAGES_DIR = "packages"                       # under state.dir: pending-<release>.json
+PREVIOUS_DIR = "packages/previous"              # under state.dir: <release>.json
+KEPT_DIR = "packages/kept"                      # under state.dir: <sha256>/ (driver/kept.py)
+
+
 def modules_dir(release: str) -> str:
     return f"/lib/modules/{release}/{MODULES_DIR}"
+
+
+def modules_marker(state_dir: str, release: str) -> str:
+    """The pending marker of an unfinished switch of the kernel half for `release`."""
+    return f"{state_dir.rstrip('/')}/{PACKAGES_DIR}/pending-{release}.json"
+
+
+def modules_previous(state_dir: str, release: str) -> str:
+    """What the last install/restore for `release` replaced."""
+    return f"{state_dir.rstrip('/')}/{PREVIOUS_DIR}/{release}.json"
 
 
 # -- records of the last converge (under state.dir) ----------------------------------------------------

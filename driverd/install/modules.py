@@ -48,7 +48,9 @@ from driverd.errors import DriverdError, PackageError
 from driverd.driver.records import read_json
 from driverd.install import kept as kp
 from driverd.install.checks import check_signatures, check_space, check_vermagic, os_errors, signature_enforced, target_release
-from driverd.install.records import FIRMWARE_BASE, _Ctx, _current, _now, _root, _sha_or_none, firmware_dir, installed_sha256, is_installed, kept_dir, modules_dir, previous_sha
+from driverd.install.records import (FIRMWARE_BASE, _Ctx, _current, _now, _root, firmware_dir, installed_sha256,
+                                     is_installed, kept_dir, modules_dir, previous_record, previous_sha)
+from driverd.install.store import Current, Done, Part, Store, Switch
 from driverd.install.kept import (INSTALL_RECORD, OLD_PREFIX, STAGING_PREFIX, Additions, Kept, kept_base, lookup,
                                    prune_kept)
 from driverd.package.manifest import FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR, Manifest
@@ -57,15 +59,15 @@ from driverd.package.manifest import FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR, M
 from driverd.root import Root
 from driverd.runner import Runner
 
-__all__ = ["InstallReport", "firmware_dir", "install", "installed_sha256", "is_installed", "kept_dir", "modules_dir",
-           "previous_sha", "prune_kept", "recover", "restore", "rollback_install"]
+__all__ = ["InstallReport", "ModulesPart", "firmware_dir", "install", "installed_sha256", "is_installed", "kept_dir",
+           "modules_dir", "previous_record", "previous_sha", "prune_kept", "put_previous_record", "recover", "restore",
+           "rollback_install"]
 
 DEFAULT_STATE_DIR = "/var/lib/driverd"
 PACKAGES_DIR = "packages"               # under the state dir
 PREVIOUS_DIR = "packages/previous"      # <release>.json records (and, before, <release>/ trees)
 MAX_KEPT = 3
 _RELEASE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
-_UNSET = object()
 
 
 @dataclass
@@ -103,13 +105,6 @@ def _disk_error(e: OSError, where: Path) -> PackageError:
                         cause=str(e), fix="check permissions and that the filesystem is writable")
 
 
-def _interrupted(ctx: _Ctx, target: str | None, e: OSError) -> PackageError:
-    return PackageError(f"switching kernel {ctx.release} to package {(target or 'none')[:12]} was interrupted: "
-                        f"{e.strerror or e} ({e.filename})", cause=str(e),
-                        fix=f"fix the filesystem; the switch is recorded in {ctx.marker} and the next driverd "
-                        "install/rollback-install completes or undoes it")
-
-
 def _drop(root: Root, d: str) -> None:
     """Delete a directory under /lib: renamed to a leftover name first, so a crash mid-delete leaves
     something recover() removes, never a half tree under the real name."""
@@ -121,101 +116,134 @@ def _drop(root: Root, d: str) -> None:
 
 
 @dataclass
-class _Done:
-    changed: bool
-    depmod: str
-    resolves: list[str]
-    replaced: str | None
+class _Staged:
+    """What a switch readied before its marker."""
+    mods_ok: bool                       # the modules directory is the target's already
+    stage: str | None = None            # staging directory of the target's modules
+    fw_stage: str | None = None         # of its firmware, when the version's directory differs
+    fdir: str | None = None
+    created_fw: str | None = None       # the firmware directory this switch creates (removed on a switch back)
 
 
-def _switch(ctx: _Ctx, target: Kept | None, *, adds: Additions, set_previous: bool, verify: bool = True,
-            replaced: object = _UNSET, drop_fw: str | None = None, created_fw: str | None = None) -> _Done:
-    """Make the installed package `target` (None: none), through the pending marker (module docstring).
+class ModulesPart(Part):
+    """The kernel half of one release as install/store.py switches it: the tree under
+    /lib/modules/<release>/updates/driverd (and the version's firmware directory), its complete copies in
+    the kept store."""
+    noun = "package"
+    gone = "it is not kept"
+    again_fix = "run driverd install or rollback-install again"
 
-    Before the marker: the current tree is kept, staging is filled; any failure undoes `adds` and
-    changes nothing. After it: an OSError leaves the marker for recover(); a failed depmod/modprobe
-    check (when `verify`) switches back to what was replaced and raises."""
-    from driverd.install.switch import replace_dir
-    cur = _current(ctx)
-    want = target.sha if target else None
-    mods_ok = (cur.intact and cur.sha == want) if target else not cur.exists
-    if replaced is _UNSET:
-        replaced = cur.sha if cur.intact else None
-    if not mods_ok and cur.exists and cur.sha is None and _has_files(ctx.root, ctx.mdir_hp):
-        raise PackageError(f"{ctx.mdir} holds files driverd did not install (no install record); nothing was changed",
-                           cause="every driverd installation has an install.json naming its package",
-                           fix=f"move {ctx.mdir} away, then run the command again")
-    root = ctx.root
-    stage = fw_stage = fdir = None
-    try:
-        if not mods_ok and cur.intact:          # keep what is about to be replaced, first
-            kp.keep_tree(root, ctx.state_dir, ctx.mdir_hp, ctx.fw_hp(cur.manifest.driver_version), adds)
-        if not mods_ok and target is not None:
-            adds.dirs += kp.mkdirs(root, ctx.updates_hp)
-            stage = kp.stage_from(root, target.modules_hp, ctx.updates_hp)
-        if target is not None and target.firmware is not None:
-            fdir = ctx.fw_hp(target.version)
-            if not kp.firmware_same(ctx.fw(target.version), target.manifest):
-                adds.dirs += kp.mkdirs(root, FIRMWARE_BASE)
-                fw_stage = kp.stage_from(root, target.firmware_hp, FIRMWARE_BASE)
-                if not root.lexists(fdir):
-                    created_fw = target.version
-        adds.dirs += kp.mkdirs(root, ctx.pkgs_hp)
-        root.atomic_write_json(ctx.marker_hp, {
-            "release": ctx.release, "target": want, "replaced": replaced, "set_previous": set_previous,
-            "verify": verify, "drop_fw": drop_fw, "created_fw": created_fw, "started_at": _now()})
-    except BaseException as e:
-        for d in (stage, fw_stage):
+    def __init__(self, ctx: _Ctx) -> None:
+        self.ctx, self.root, self.runner = ctx, ctx.root, ctx.runner
+        self.marker, self.previous = ctx.marker_hp, ctx.prev_rec_hp
+
+    def current(self) -> Current:
+        cur = _current(self.ctx)
+        return Current(cur.exists, cur.sha, cur.intact)
+
+    def lookup(self, sha: str) -> Kept | None:
+        return lookup(self.root, self.ctx.state_dir, sha)
+
+    def prepare(self, sw: Switch, adds: Additions) -> _Staged:
+        ctx, root, target = self.ctx, self.root, sw.target
+        cur = _current(ctx)
+        st = _Staged((cur.intact and cur.sha == sw.want) if target else not cur.exists,
+                     created_fw=sw.extra.get("created_fw"))
+        if not st.mods_ok and cur.exists and cur.sha is None and _has_files(root, ctx.mdir_hp):
+            raise PackageError(f"{ctx.mdir} holds files driverd did not install (no install record); nothing was changed",
+                               cause="every driverd installation has an install.json naming its package",
+                               fix=f"move {ctx.mdir} away, then run the command again")
+        try:
+            if not st.mods_ok and cur.intact:          # keep what is about to be replaced, first
+                kp.keep_tree(root, ctx.state_dir, ctx.mdir_hp, ctx.fw_hp(cur.manifest.driver_version), adds)
+            if not st.mods_ok and target is not None:
+                adds.dirs += kp.mkdirs(root, ctx.updates_hp)
+                st.stage = kp.stage_from(root, target.modules_hp, ctx.updates_hp)
+            if target is not None and target.firmware is not None:
+                st.fdir = ctx.fw_hp(target.version)
+                if not kp.firmware_same(ctx.fw(target.version), target.manifest):
+                    adds.dirs += kp.mkdirs(root, FIRMWARE_BASE)
+                    st.fw_stage = kp.stage_from(root, target.firmware_hp, FIRMWARE_BASE)
+                    if not root.lexists(st.fdir):
+                        st.created_fw = target.version
+            adds.dirs += kp.mkdirs(root, ctx.pkgs_hp)
+        except BaseException:
+            self.discard(st)
+            raise
+        sw.extra.update(release=ctx.release, drop_fw=sw.extra.get("drop_fw"), created_fw=st.created_fw)
+        return st
+
+    def discard(self, st: _Staged | None) -> None:
+        for d in (st.stage, st.fw_stage) if st is not None else ():
             if d is not None:
-                root.rmtree(d, ignore_errors=True)
-        adds.undo()
-        if isinstance(e, OSError):
-            raise _disk_error(e, root.path(ctx.updates_hp)) from None
-        raise
-    changed = not mods_ok or fw_stage is not None
-    try:
-        if not mods_ok:
+                self.root.rmtree(d, ignore_errors=True)
+
+    def make_current(self, sw: Switch, st: _Staged) -> tuple[bool, list[str]]:
+        from driverd.install.switch import replace_dir
+        ctx, root, target = self.ctx, self.root, sw.target
+        changed = not st.mods_ok or st.fw_stage is not None
+        if not st.mods_ok:
             if target is not None:
-                old = replace_dir(root, stage, ctx.mdir_hp)
+                old = replace_dir(root, st.stage, ctx.mdir_hp)
                 if old is not None:
                     root.rmtree(old, ignore_errors=True)
             else:
                 _drop(root, ctx.mdir_hp)
+        drop_fw = sw.extra.get("drop_fw")
         if drop_fw and (target is None or drop_fw != target.version):
             _drop(root, ctx.fw_hp(drop_fw))
             changed = True
-        if fw_stage is not None:
-            old = replace_dir(root, fw_stage, fdir)
+        if st.fw_stage is not None:
+            old = replace_dir(root, st.fw_stage, st.fdir)
             if old is not None:
                 root.rmtree(old, ignore_errors=True)
         if target is not None:
             kp.touch(root, target.hostpath)
-    except OSError as e:
-        raise _interrupted(ctx, want, e) from None
-    try:
-        dep = ctx.tools.depmod(ctx.release, check=verify)
-        resolves = _resolves(ctx, strict=verify) if target is not None else []
-    except DriverdError as e:
-        if not verify:
-            raise
-        back = lookup(ctx.root, ctx.state_dir, replaced) if replaced and replaced != want else None
-        try:
-            _switch(ctx, back, adds=Additions(root), set_previous=False, verify=False, drop_fw=created_fw)
-        except (OSError, DriverdError) as e2:
-            raise PackageError(f"{e.message}; switching back failed too: {e2}", cause=e.cause,
-                               fix="run driverd install or rollback-install again") from None
-        adds.undo(keep={back.sha} if back else set())
-        what = f"package {back.sha[:12]} is installed again" if back else "no driverd package is installed now"
-        raise PackageError(f"{e.message}; {what}", cause=e.cause, fix=e.fix) from None
-    except OSError as e:
-        raise _interrupted(ctx, want, e) from None
-    try:
-        if set_previous and replaced != want:
-            root.atomic_write_json(ctx.prev_rec_hp, {"sha256": replaced, "replaced_by": want, "at": _now()})
-        root.unlink(ctx.marker_hp, missing_ok=False)
-    except OSError as e:
-        raise _interrupted(ctx, want, e) from None
-    return _Done(changed, dep, resolves, replaced if isinstance(replaced, str) else None)
+        return changed, []
+
+    def settle(self, sw: Switch, st: _Staged) -> tuple[str, list[str]]:
+        dep = self.ctx.tools.depmod(self.ctx.release, check=sw.verify)
+        return dep, (_resolves(self.ctx, strict=sw.verify) if sw.target is not None else [])
+
+    def back_extra(self, sw: Switch, st: _Staged | None) -> dict:
+        return {"drop_fw": st.created_fw if st is not None else sw.extra.get("created_fw")}
+
+    def resumed(self, marker: dict) -> dict:
+        def version(v: object) -> str | None:
+            return v if isinstance(v, str) and _RELEASE.fullmatch(v) else None
+        return {"drop_fw": version(marker.get("drop_fw")), "created_fw": version(marker.get("created_fw"))}
+
+    def clean(self, notes: list[str]) -> None:
+        _migrate_legacy(self.ctx, notes)
+        _clean(self.ctx, notes)     # depmod must not see a leftover tree (everything is kept by now)
+
+    def prune(self) -> list[str]:
+        return _prune(self.ctx)
+
+    def describe(self, entry: Kept | None, *, again: bool) -> str:
+        if entry is None:
+            return "no driverd package is installed now"
+        return f"package {entry.sha[:12]} is installed {'again' if again else 'still'}"
+
+    def switch_to(self, sha: str | None, entry: Kept | None) -> str:
+        return f"switch of kernel {self.ctx.release} to package {(sha or 'none')[:12]}"
+
+    def interrupted(self, sw: Switch, e: OSError) -> Exception:
+        return PackageError(f"switching kernel {self.ctx.release} to package {(sw.want or 'none')[:12]} was "
+                            f"interrupted: {e.strerror or e} ({e.filename})", cause=str(e),
+                            fix=f"fix the filesystem; the switch is recorded in {self.ctx.marker} and the next driverd "
+                            "install/rollback-install completes or undoes it")
+
+    def refused(self, e: OSError) -> Exception:
+        return _disk_error(e, self.root.path(self.ctx.updates_hp))
+
+
+def _store(ctx: _Ctx) -> Store:
+    return Store(ModulesPart(ctx))
+
+
+def _switch(ctx: _Ctx, target: Kept | None, **kw) -> Done:
+    return _store(ctx).switch(target, **kw)
 
 
 def _has_files(root: Root, d: str) -> bool:
@@ -279,7 +307,7 @@ def _prune(ctx: _Ctx) -> list[str]:
         return [f"pruning kept packages failed: {e.message}"]
 
 
-def _report(ctx: _Ctx, package: str, k: Kept | None, done: _Done | None, notes: list[str], *,
+def _report(ctx: _Ctx, package: str, k: Kept | None, done: Done | None, notes: list[str], *,
             changed: bool, dry_run: bool = False) -> InstallReport:
     m = k.manifest if k else None
     fw = str(ctx.fw(m.driver_version)) if m and m.firmware_files else None
@@ -290,10 +318,10 @@ def _report(ctx: _Ctx, package: str, k: Kept | None, done: _Done | None, notes: 
         prev = previous_sha(ctx.root, ctx.release, ctx.state_dir)[1]
     prev_dir = str(kept_base(ctx.root, ctx.state_dir) / prev) if prev and lookup(
         ctx.root, ctx.state_dir, prev) else None
-    resolves = done.resolves if done else (_resolves(ctx) if k else [])
+    dep, resolves = done.settled if done and done.settled else ("", [] if done else (_resolves(ctx) if k else []))
     return InstallReport(package, k.sha if k else "", m.driver_version if m else "", m.flavor if m else "",
                          ctx.release, str(ctx.mdir), fw, prev_dir, changed=changed,
-                         depmod=done.depmod if done else "", resolves=resolves, dry_run=dry_run, notes=notes)
+                         depmod=dep, resolves=resolves, dry_run=dry_run, notes=notes)
 
 
 # -- install / restore / rollback -----------------------------------------------------------------
@@ -346,27 +374,18 @@ def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, run
         from driverd.package.archive import verify_package
         cur = _current(ctx)
         verify_package(package_path, expected_sha256)
-        return _report(ctx, str(package_path), Kept(sha, ctx.mdir, manifest), _Done(True, "", [], cur.sha), odd,
+        return _report(ctx, str(package_path), Kept(sha, ctx.mdir, manifest), Done(True, cur.sha), odd,
                        changed=not (cur.intact and cur.sha == sha), dry_run=True)
-    notes = recover(root, release, runner, state_dir, kernel_tools=kernel_tools)
-    cur = _current(ctx)
-    have = lookup(root, state_dir, sha)
-    if cur.intact and cur.sha == sha and not root.lexists(ctx.marker_hp):
+
+    def unpack(adds: Additions) -> Kept:
+        check_space(kept_base(root, state_dir), manifest)
+        return _keep_package(ctx, package_path, manifest, sha, expected_sha256, adds)
+    have, done, notes = _store(ctx).install(sha, unpack)
+    if done is None:
+        cur = _current(ctx)
         return _report(ctx, str(package_path), have or Kept(sha, ctx.mdir.parent, cur.manifest), None, notes,
                        changed=False)
-    adds = Additions(root)
-    if have is None:
-        check_space(kept_base(root, state_dir), manifest)
-        try:
-            have = _keep_package(ctx, package_path, manifest, sha, expected_sha256, adds)
-        except PackageError:
-            adds.undo()
-            raise
-        except OSError as e:
-            adds.undo()
-            raise _disk_error(e, root.path(ctx.updates_hp)) from None
-    done = _switch(ctx, have, adds=adds, set_previous=True)
-    return _report(ctx, str(package_path), have, done, notes + odd + _prune(ctx), changed=True)
+    return _report(ctx, str(package_path), have, done, notes + odd + done.notes, changed=True)
 
 
 @_os_errors
@@ -399,9 +418,9 @@ def restore(root: Root | str | os.PathLike, release: str, sha256: str | None, ru
             raise PackageError(f"kept package {sha256[:12]} is for kernel {k.manifest.kernel_release}, not {release}",
                                fix=f"restore a package built for {release}")
     if runner.dry_run:
-        return _report(ctx, "", k, _Done(True, "", [], cur.sha), notes, changed=True, dry_run=True)
-    done = _switch(ctx, k, adds=Additions(root), set_previous=True)
-    return _report(ctx, str(k.path) if k else "", k, done, notes + _prune(ctx), changed=True)
+        return _report(ctx, "", k, Done(True, cur.sha), notes, changed=True, dry_run=True)
+    done = _store(ctx).restore(k)
+    return _report(ctx, str(k.path) if k else "", k, done, notes + done.notes, changed=True)
 
 
 @_os_errors
@@ -421,6 +440,14 @@ def rollback_install(root: Root | str | os.PathLike, release: str, runner: Runne
     return rep
 
 
+@_os_errors
+def put_previous_record(root: Root | str | os.PathLike, release: str, rec: dict | None,
+                        state_dir: str = DEFAULT_STATE_DIR) -> None:
+    """Make the previous record `rec` again (None: none). A failed run's rollback does this after its
+    restore: the package the run failed with must not become what `driverd rollback` goes back to."""
+    _store(_Ctx(_root(root), release, Runner(), state_dir)).put_previous(rec)
+
+
 # -- recovery -------------------------------------------------------------------------------------
 
 @_os_errors
@@ -431,48 +458,7 @@ def recover(root: Root | str | os.PathLike, release: str, runner: Runner | None 
     any complete installation found in leftover staging/holding directories, then delete them;
     move a `previous/<release>/` tree of older driverd versions into the kept store. Returns notes
     of what it did; writes nothing when there is nothing to do (or on a dry-run runner)."""
-    root, runner = _root(root), runner or Runner()
-    ctx = _Ctx(root, release, runner, state_dir, kernel_tools)
-    notes: list[str] = []
-    marker = read_json(root, ctx.marker_hp)
-    if runner.dry_run:
-        if marker is not None:
-            notes.append(f"would finish the interrupted switch to {marker.get('target')}")
-        return notes
-    _migrate_legacy(ctx, notes)
-    _clean(ctx, notes)          # first: depmod must not see a leftover tree (everything is kept by now)
-    if marker is not None:
-        _redrive(ctx, marker, notes)
-    return notes
-
-
-def _redrive(ctx: _Ctx, m: dict, notes: list[str]) -> None:
-    cur = _current(ctx)
-    if not m:                                  # unreadable: settle on what is installed
-        m = {"target": cur.sha if cur.intact else None, "replaced": None, "set_previous": False, "verify": False}
-    target, replaced = _sha_or_none(m.get("target")), _sha_or_none(m.get("replaced"))
-    k = lookup(ctx.root, ctx.state_dir, target) if target else None
-    def version(v: object) -> str | None:
-        return v if isinstance(v, str) and _RELEASE.fullmatch(v) else None
-    kw = {"set_previous": bool(m.get("set_previous")), "verify": bool(m.get("verify", True)), "replaced": replaced,
-          "drop_fw": version(m.get("drop_fw")), "created_fw": version(m.get("created_fw"))}
-    if target is None or k is not None:
-        try:
-            _switch(ctx, k, adds=Additions(ctx.root), **kw)
-            notes.append(f"finished the interrupted switch of kernel {ctx.release} to package "
-                         f"{(target or 'none')[:12]}")
-        except PackageError as e:
-            notes.append(f"the interrupted switch to package {(target or 'none')[:12]} failed its checks and was "
-                         f"undone: {e.message}")
-        return
-    back = lookup(ctx.root, ctx.state_dir, replaced) if replaced else None
-    if replaced and back is None:
-        raise PackageError(f"cannot finish the interrupted switch of kernel {ctx.release}: neither package "
-                           f"{target[:12]} nor {replaced[:12]} is kept", cause=f"{ctx.marker} names them",
-                           fix="install the wanted package with driverd install")
-    kw.update(set_previous=False, verify=False, drop_fw=kw["created_fw"])
-    _switch(ctx, back, adds=Additions(ctx.root), **kw)
-    notes.append(f"undid the interrupted switch to package {target[:12]} (it is not kept)")
+    return _store(_Ctx(_root(root), release, runner or Runner(), state_dir, kernel_tools)).recover()
 
 
 def _leftovers(root: Root, d: str, prefixes=(STAGING_PREFIX, OLD_PREFIX)) -> list[str]:
@@ -541,9 +527,9 @@ def _migrate_legacy(ctx: _Ctx, notes: list[str]) -> None:
                              fw if fw is not None and _is_dir(root, fw) else (ctx.fw_hp(m.driver_version) if m else None),
                              Additions(root))
             if k is not None:
-                root.atomic_write_json(ctx.prev_rec_hp, {"sha256": k.sha, "replaced_by": None, "at": _now()})
+                _store(ctx).record_previous(k.sha)
         else:
-            root.atomic_write_json(ctx.prev_rec_hp, {"sha256": None, "replaced_by": None, "at": _now()})
+            _store(ctx).record_previous(None)
     root.rmtree(legacy)
     notes.append(f"moved the previous installation of {ctx.release} from {root.path(legacy)} into the kept store")
 

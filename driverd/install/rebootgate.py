@@ -97,7 +97,7 @@ def wanted_driver(root, cfg, version: str | None = None, flavor: str | None = No
 
 
 def _flavor_of_running(root, version: str) -> str | None:
-    from driverd.install.kept import tree_manifest
+    from driverd.driver.kept import tree_manifest
     rel = running_release(root)
     m = tree_manifest(root.real(f"/lib/modules/{rel}/{INSTALL_DIR}")) if rel else None
     return m.flavor if m is not None and m.driver_version == version else None
@@ -170,7 +170,7 @@ def _daemon_record(root, release: str) -> dict | None:
 def judge_kernel(root, cfg, fam, k: InstalledKernel, want: dict) -> KernelVerdict:
     """One newer kernel against the node's driver `want` (the module docstring's rules)."""
     from driverd.install.records import is_installed
-    from driverd.install.kept import tree_manifest, tree_sha
+    from driverd.driver.kept import tree_manifest, tree_sha
     rel = k.release
     v = KernelVerdict(rel, False, headers=_headers(root, fam, rel), daemon=_daemon_record(root, rel))
     shorts, fixes = [], []

@@ -9,20 +9,24 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from driverd.driver import layout
 from driverd.driver.layout import MODULES_DIR as INSTALL_DIR
-from driverd.driver.records import read_json
+from driverd.driver.modules import ModulesTree, current_tree
+from driverd.driver.modules import installed_sha256 as _installed_sha256
+from driverd.driver.modules import is_installed as _is_installed
+from driverd.driver.modules import previous_record as _previous_record
+from driverd.driver.modules import previous_sha as _previous_sha
 from driverd.errors import PackageError
 from driverd.install import kept as kp
 from driverd.install.kept import kept_base
 from driverd.install.checks import os_errors
-from driverd.package.manifest import Manifest
 from driverd.root import Root
 from driverd.runner import Runner
 
-DEFAULT_STATE_DIR = "/var/lib/driverd"
-PACKAGES_DIR = "packages"               # under the state dir
-PREVIOUS_DIR = "packages/previous"      # <release>.json records (and, before, <release>/ trees)
-FIRMWARE_BASE = "/lib/firmware/nvidia"
+DEFAULT_STATE_DIR = layout.DEFAULT_STATE_DIR
+PACKAGES_DIR = layout.PACKAGES_DIR
+PREVIOUS_DIR = layout.PREVIOUS_DIR      # <release>.json records (and, before, <release>/ trees)
+FIRMWARE_BASE = layout.FIRMWARE_BASE
 _RELEASE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 _os_errors = os_errors()
 
@@ -47,9 +51,9 @@ class _Ctx:
         self.mdir_hp = f"/lib/modules/{self.release}/{INSTALL_DIR}"
         self.updates_hp = os.path.dirname(self.mdir_hp)
         self.pkgs_hp = f"{self.state_dir.rstrip('/')}/{PACKAGES_DIR}"
-        self.marker_hp = f"{self.pkgs_hp}/pending-{self.release}.json"
+        self.marker_hp = layout.modules_marker(self.state_dir, self.release)
         self.prev_dir_hp = f"{self.state_dir.rstrip('/')}/{PREVIOUS_DIR}"
-        self.prev_rec_hp = f"{self.prev_dir_hp}/{self.release}.json"
+        self.prev_rec_hp = layout.modules_previous(self.state_dir, self.release)
 
     # Real paths, resolved inside the root when asked: for reading and for reports.
     @property
@@ -77,24 +81,8 @@ class _Ctx:
         return RealKernel(self.root, self.runner)
 
 
-@dataclass
-class _Cur:
-    exists: bool
-    sha: str | None = None
-    manifest: Manifest | None = None
-    intact: bool = False
-
-
-def _current(ctx: _Ctx) -> _Cur:
-    if not ctx.root.lexists(ctx.mdir_hp):
-        return _Cur(False)
-    d = ctx.mdir
-    m, sha = kp.tree_manifest(d), kp.tree_sha(d)
-    return _Cur(True, sha, m, m is not None and sha is not None and kp.modules_intact(d, m))
-
-
-def installed_sha256(root: Root | str | os.PathLike, release: str) -> str | None:
-    return kp.tree_sha(modules_dir(_root(root), release))
+def _current(ctx: _Ctx) -> ModulesTree:
+    return current_tree(ctx.root, ctx.release)
 
 
 def _now() -> str:
@@ -105,52 +93,31 @@ def _sha_or_none(v: object) -> str | None:
     return v if kp.valid_sha(v) else None
 
 
-# -- queries --------------------------------------------------------------------------------------
+# -- queries: driver/modules.py's readers, with the release checked and OS errors said as driverd's -------
+
+@_os_errors
+def installed_sha256(root: Root | str | os.PathLike, release: str) -> str | None:
+    return _installed_sha256(_root(root), release)
+
 
 @_os_errors
 def previous_sha(root: Root | str | os.PathLike, release: str,
                  state_dir: str = DEFAULT_STATE_DIR) -> tuple[bool, str | None]:
-    """(known, sha256) of what the last install/restore for `release` replaced; sha None means no
-    driverd package was installed then. known is False when nothing was ever replaced."""
     ctx = _Ctx(_root(root), release, Runner(), state_dir)
-    rec = read_json(ctx.root, ctx.prev_rec_hp)
-    if not rec or "sha256" not in rec:
-        return False, None
-    return True, _sha_or_none(rec["sha256"])
+    return _previous_sha(ctx.root, release, state_dir)
 
 
 @_os_errors
 def previous_record(root: Root | str | os.PathLike, release: str, state_dir: str = DEFAULT_STATE_DIR) -> dict | None:
-    """The previous record as it is (None: absent), for a run's snapshot to put back when it rolls back."""
     ctx = _Ctx(_root(root), release, Runner(), state_dir)
-    return read_json(ctx.root, ctx.prev_rec_hp)
-
-
-@_os_errors
-def put_previous_record(root: Root | str | os.PathLike, release: str, rec: dict | None,
-                        state_dir: str = DEFAULT_STATE_DIR) -> None:
-    """Make the previous record `rec` again (None: none). A failed run's rollback does this after its
-    restore: the package the run failed with must not become what `driverd rollback` goes back to."""
-    ctx = _Ctx(_root(root), release, Runner(), state_dir)
-    if rec is None:
-        ctx.root.unlink(ctx.prev_rec_hp)
-    else:
-        ctx.root.makedirs(ctx.prev_dir_hp)
-        ctx.root.atomic_write_json(ctx.prev_rec_hp, rec)
+    return _previous_record(ctx.root, release, state_dir)
 
 
 @_os_errors
 def is_installed(root: Root | str | os.PathLike, release: str, sha256: str | None,
                  state_dir: str = DEFAULT_STATE_DIR) -> bool:
-    """The package `sha256` (None: no driverd package) is installed for `release`, complete: its
-    install record names it, no switch is pending and every module file has its manifest size."""
     ctx = _Ctx(_root(root), release, Runner(), state_dir)
-    if ctx.root.lexists(ctx.marker_hp):
-        return False
-    cur = _current(ctx)
-    if sha256 is None:
-        return not cur.exists
-    return cur.intact and cur.sha == sha256
+    return _is_installed(ctx.root, release, sha256, state_dir)
 
 
 def modules_dir(root: Root, release: str) -> Path:

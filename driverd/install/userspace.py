@@ -68,6 +68,7 @@ from driverd.package import userspace as us
 from driverd.install.checks import os_errors
 from driverd.package.archive import check_file, read_manifest, sha256_file, unpack_at, verify_package
 from driverd.install.activate import activate_tree, driver_link
+from driverd.install.store import Current, Done, Part, Store, Switch
 from driverd.root import Root
 from driverd.runner import Runner
 
@@ -124,12 +125,7 @@ _os_errors = os_errors("user-space", disk_full=True)
 
 def put_previous_record(root: Root | str | os.PathLike, rec: dict | None, places: Places = Places()) -> None:
     """Make the previous record `rec` again (None: none): a failed run's rollback, after its restore."""
-    root = _root(root)
-    if rec is None:
-        root.unlink(places.previous)
-    else:
-        root.makedirs(places.previous.rpartition("/")[0])
-        root.atomic_write_json(places.previous, rec)
+    _store(_root(root), Runner(), places).put_previous(rec)
 
 
 is_installed = _os_errors(_is_installed)
@@ -271,25 +267,14 @@ def install(root: Root | str | os.PathLike, package_path: str | os.PathLike, run
                                changed=not is_installed(root, sha, places), replaced=cur.sha if cur else None,
                                replaced_version=cur.version if cur else None, libraries=len(m.libraries),
                                dry_run=True, notes=["dry run: the package was verified; nothing was written"])
-    notes = recover(root, runner, places=places)
-    if is_installed(root, sha, places):
-        cur = current(root, places)
-        return _report(root, places, str(package), cur, None, changed=False, notes=notes)
-    target = lookup(root, places, sha)
-    if target is None:
+
+    def unpack(adds) -> Tree:
         _check_space(root, places, m)
-        try:
-            target = _keep(root, places, package, m, sha, expected_sha256)
-        except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise PackageError(f"disk full while unpacking the {m.driver_version} user-space into {places.root}; "
-                                   "nothing was changed", cause=os.strerror(e.errno),
-                                   fix="free space there and install again") from None
-            raise
-    cur = current(root, places)
-    replaced = cur.sha if cur and cur.intact else None
-    done = _switch(root, runner, places, target, replaced=replaced, set_previous=True)
-    return _report(root, places, str(package), target, done, changed=True, notes=notes + done.notes + _prune(root, places))
+        return _keep(root, places, package, m, sha, expected_sha256)
+    target, done, notes = _store(root, runner, places).install(sha, unpack)
+    if done is None:
+        return _report(root, places, str(package), current(root, places), None, changed=False, notes=notes)
+    return _report(root, places, str(package), target, done, changed=True, notes=notes + done.notes)
 
 
 @_os_errors
@@ -317,10 +302,8 @@ def restore(root: Root | str | os.PathLike, sha256: str | None, runner: Runner |
             raise PackageError(f"user-space package {sha256[:12]} is not installed under {places.root}",
                                cause="no intact tree of it is there (pruned, or never installed)",
                                fix="install that package again")
-    cur = current(root, places)
-    done = _switch(root, runner, places, target, replaced=cur.sha if cur and cur.intact else None,
-                   set_previous=True)
-    return _report(root, places, "", target, done, changed=True, notes=notes + done.notes + _prune(root, places))
+    done = _store(root, runner, places).restore(target)
+    return _report(root, places, "", target, done, changed=True, notes=notes + done.notes)
 
 
 @_os_errors
@@ -340,50 +323,73 @@ def rollback(root: Root | str | os.PathLike, runner: Runner | None = None, *,
 
 # -- the switch ---------------------------------------------------------------------------------------
 
-@dataclass
-class _Done:
-    replaced: str | None
-    activated: bool
-    notes: list[str] = field(default_factory=list)
+class UserspacePart(Part):
+    """The user-space half as install/store.py switches it: the trees under userspace.root, `current`,
+    the loader configuration and cache, the PATH links and the driver-root link."""
+    noun = "user-space"
+    gone = "its tree is gone"
+
+    def __init__(self, root: Root, runner: Runner, places: Places) -> None:
+        self.root, self.runner, self.places = root, runner, places
+        self.marker, self.previous = places.pending, places.previous
+        self.again_fix = "run the user-space install or rollback again"
+
+    def current(self) -> Current:
+        cur = current(self.root, self.places)
+        return Current(cur is not None, cur.sha if cur else None, bool(cur and cur.intact))
+
+    def lookup(self, sha: str) -> Tree | None:
+        return lookup(self.root, self.places, sha)
+
+    def installed(self, sha: str | None) -> bool:
+        return is_installed(self.root, sha, self.places)
+
+    def prepare(self, sw: Switch, adds) -> bool:
+        """Whether the tree is activated: not where the host has a user-space of its own."""
+        sw.extra["target_tree"] = sw.target.name if sw.target else None
+        self.foreign = foreign_userspace(self.root, self.places)
+        return sw.target is not None and self.foreign is None
+
+    def make_current(self, sw: Switch, activate: bool) -> tuple[bool, list[str]]:
+        notes = activate_tree(self.root, self.runner, self.places, sw.target, activate)
+        if self.foreign is not None and sw.target is not None:
+            notes.append(f"the host has its own NVIDIA user-space ({self.foreign.version or 'unknown version'} in "
+                         f"{self.foreign.lib_dir}): driverd's loader configuration and PATH links are not written (the "
+                         f"tree is at {self.places.tree(sw.target.name)}; validation.driver_root can point at it)")
+        return True, notes
+
+    def settle(self, sw: Switch, activate: bool) -> bool:
+        if sw.verify and (problem := _verify(self.root, self.places, sw.target, activate)) is not None:
+            raise PackageError(problem, cause="the switched user-space did not verify", fix=_VERIFY_FIX)
+        return activate
+
+    def clean(self, notes: list[str]) -> None:
+        _clean(self.root, self.places, notes)
+
+    def idle(self, notes: list[str]) -> None:
+        # /run is a tmpfs: after a reboot the driver-root link of the user-space in use is made again
+        root, places = self.root, self.places
+        if link_state(root, places) == "free" and ldconf_ours(root, places):
+            cur = current(root, places)
+            if cur is not None and cur.intact and foreign_userspace(root, places) is None:
+                notes += driver_link(root, places, True)
+
+    def prune(self) -> list[str]:
+        return _prune(self.root, self.places)
+
+    def describe(self, entry: Tree | None, *, again: bool) -> str:
+        if entry is None:
+            return "no driverd user-space is current"
+        return f"the {entry.version} user-space is current again" if again else \
+            f"the {entry.version} user-space stays current"
+
+    def switch_to(self, sha: str | None, entry: Tree | None) -> str:
+        return f"user-space switch to {entry.version if entry else (sha or 'none')[:12]}"
 
 
-def _switch(root: Root, runner: Runner, places: Places, target: Tree | None, *, replaced: str | None,
-            set_previous: bool, verify: bool = True) -> _Done:
-    """Make `current` the tree `target` (None: no user-space), through the pending marker."""
-    want = target.sha if target else None
-    foreign = foreign_userspace(root, places)
-    activate = target is not None and foreign is None
-    root.atomic_write_json(places.pending, {
-        "target": want, "target_tree": target.name if target else None, "replaced": replaced,
-        "set_previous": set_previous, "verify": verify, "started_at": _now()})
-    notes = activate_tree(root, runner, places, target, activate)
-    if foreign is not None and target is not None:
-        notes.append(f"the host has its own NVIDIA user-space ({foreign.version or 'unknown version'} in "
-                     f"{foreign.lib_dir}): driverd's loader configuration and PATH links are not written (the "
-                     f"tree is at {places.tree(target.name)}; validation.driver_root can point at it)")
-    if verify:
-        problem = _verify(root, places, target, activate)
-        if problem is not None and replaced == want and want is not None:
-            # a repair of the current tree's configuration: there is nothing else to switch back to
-            root.unlink(places.pending)
-            raise PackageError(f"{problem}; the {target.version} user-space stays current",
-                               cause="the user-space did not verify", fix=_VERIFY_FIX)
-        if problem is not None:
-            back = lookup(root, places, replaced) if replaced and replaced != want else None
-            try:
-                activate_tree(root, runner, places, back, back is not None and foreign is None)
-                root.unlink(places.pending)
-            except (OSError, DriverdError) as e2:
-                raise PackageError(f"{problem}; switching back failed too: {e2}",
-                                   fix="run the user-space install or rollback again (the switch is recorded in "
-                                       f"{places.pending})") from None
-            what = f"the {back.version} user-space is current again" if back else "no driverd user-space is current"
-            raise PackageError(f"{problem}; {what}", cause="the switched user-space did not verify",
-                               fix=_VERIFY_FIX)
-    if set_previous and replaced != want:
-        root.atomic_write_json(places.previous, {"sha256": replaced, "replaced_by": want, "at": _now()})
-    root.unlink(places.pending)
-    return _Done(replaced, activate, notes)
+def _store(root: Root, runner: Runner, places: Places) -> Store:
+    check_root(root, places)
+    return Store(UserspacePart(root, runner, places))
 
 
 _VERIFY_FIX = ("check /etc/ld.so.conf includes /etc/ld.so.conf.d/*.conf and that no other directory ld.so.conf "
@@ -415,9 +421,9 @@ def _verify(root: Root, places: Places, target: Tree | None, activate: bool) -> 
     return None
 
 
-def _report(root: Root, places: Places, package: str, t: Tree | None, done: _Done | None, *, changed: bool,
+def _report(root: Root, places: Places, package: str, t: Tree | None, done: Done | None, *, changed: bool,
             notes: list[str]) -> UserspaceReport:
-    activated = done.activated if done else (t is not None and ldconf_ours(root, places))
+    activated = bool(done.settled) if done else (t is not None and ldconf_ours(root, places))
     replaced = done.replaced if done and done.replaced != (t.sha if t else None) else None
     was = lookup(root, places, replaced) if replaced else None
     return UserspaceReport(
@@ -496,37 +502,4 @@ def recover(root: Root | str | os.PathLike, runner: Runner | None = None, *, pla
     """Finish what an interrupted install/restore left (module docstring): leftovers removed, a pending
     switch driven to its target (whose tree is complete) through the same checks — or, when the target
     is gone, back to what it replaced. Writes nothing when there is nothing to do (or on a dry run)."""
-    root, runner = _root(root), runner or Runner()
-    check_root(root, places)
-    notes: list[str] = []
-    marker = read_json(root, places.pending)
-    if runner.dry_run:
-        if marker is not None:
-            notes.append(f"would finish the interrupted user-space switch to {marker.get('target')}")
-        return notes
-    _clean(root, places, notes)
-    if marker is None:
-        # /run is a tmpfs: after a reboot the driver-root link of the user-space in use is made again
-        if link_state(root, places) == "free" and ldconf_ours(root, places):
-            cur = current(root, places)
-            if cur is not None and cur.intact and foreign_userspace(root, places) is None:
-                notes += driver_link(root, places, True)
-        return notes
-    target_sha = marker.get("target") if _valid_sha(marker.get("target")) else None
-    replaced = marker.get("replaced") if _valid_sha(marker.get("replaced")) else None
-    if not marker:                                  # unreadable: settle on what is current
-        cur = current(root, places)
-        target_sha = cur.sha if cur and cur.intact else None
-    target = lookup(root, places, target_sha) if target_sha else None
-    try:
-        if target_sha is None or target is not None:
-            _switch(root, runner, places, target, replaced=replaced, set_previous=bool(marker.get("set_previous")),
-                    verify=bool(marker.get("verify", True)))
-            notes.append(f"finished the interrupted user-space switch to {target.version if target else 'none'}")
-        else:
-            back = lookup(root, places, replaced) if replaced else None
-            _switch(root, runner, places, back, replaced=replaced, set_previous=False, verify=False)
-            notes.append(f"undid the interrupted user-space switch to {target_sha[:12]} (its tree is gone)")
-    except PackageError as e:
-        notes.append(f"the interrupted user-space switch failed its checks and was undone: {e.message}")
-    return notes
+    return _store(_root(root), runner or Runner(), places).recover()

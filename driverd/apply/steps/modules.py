@@ -182,7 +182,7 @@ class CheckSigners(StepImpl):
         from driverd.host.kernel import read_kernel
         from driverd.host.keyrings import read_keyrings
         from driverd.build import signers
-        from driverd.install.records import modules_dir
+        from driverd.driver.layout import modules_dir
         try:
             pkg = package_path(ctx, params)
         except PackageError:
@@ -190,7 +190,7 @@ class CheckSigners(StepImpl):
         if pkg:
             sigs, source = signers.package_signatures(pkg), f"package {os.path.basename(pkg)}"
         else:
-            d = modules_dir(ctx.root, ctx.kernel.release)
+            d = ctx.root.real(modules_dir(ctx.kernel.release))
             sigs, source = signers.tree_signatures(d), f"installed {d}"
         enforced = read_kernel(ctx.root, []).module_signature_enforced
         v = signers.check(ctx.root, read_keyrings(ctx.root), sigs, ctx.config, enforced=enforced, source=source)

@@ -61,7 +61,7 @@ class InstallPackage(StepImpl):
 
     def check(self, ctx, params):
         from driverd.package.archive import sha256_file
-        from driverd.install.records import is_installed
+        from driverd.driver.modules import is_installed
         try:
             path = package_path(ctx, params)
         except PackageError:            # not fetched yet: a run is needed
@@ -86,12 +86,12 @@ class RestorePackage(StepImpl):
     action = "restore-package"
 
     def check(self, ctx, params):
-        from driverd.install.records import is_installed
+        from driverd.driver.modules import is_installed
         return is_installed(ctx.root, _release(ctx, params), params.get("sha256"), ctx.config["state.dir"])
 
     def do(self, ctx, params):
         from driverd.install.modules import restore
-        from driverd.install.records import installed_sha256, put_previous_record
+        from driverd.install.modules import installed_sha256, put_previous_record
         from driverd.install.kept import forget, kept_hostdir
         release, state_dir = _release(ctx, params), ctx.config["state.dir"]
         # a rollback takes away the package its run installed: that package failed on this host, so it is
@@ -122,7 +122,7 @@ class RestorePreviousPackage(StepImpl):
     action = "restore-previous-package"
 
     def check(self, ctx, params):
-        from driverd.install.records import is_installed
+        from driverd.driver.modules import is_installed
         return is_installed(ctx.root, _release(ctx, params), params.get("target_sha256"), ctx.config["state.dir"])
 
     def do(self, ctx, params):

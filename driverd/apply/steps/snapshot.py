@@ -20,9 +20,9 @@ def userspace_now(ctx) -> dict:
 def previous_records(ctx) -> dict:
     """What `driverd rollback` would go back to now (the kernel package's and the user-space's previous
     records): a failed run's rollback puts them back, so its failed package never becomes "previous"."""
+    from driverd.driver.modules import previous_record as previous_modules
     from driverd.driver.userspace import previous_record
-    from driverd.install import records as pi
-    return {"package": pi.previous_record(ctx.root, ctx.kernel.release, ctx.config["state.dir"]),
+    return {"package": previous_modules(ctx.root, ctx.kernel.release, ctx.config["state.dir"]),
             "userspace": previous_record(ctx.root, places(ctx))}
 
 

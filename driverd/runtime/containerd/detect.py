@@ -7,7 +7,7 @@ import fnmatch
 
 from driverd.root import Root
 from driverd.runtime.base import dig, read_toml
-from driverd.runtime.containerd_tables import CDI_DIRS, deep_merge, legacy_default, parse_version
+from driverd.runtime.containerd.tables import CDI_DIRS, deep_merge, legacy_default, parse_version
 from driverd.runtime.model import CdiFacts, RuntimeFacts
 
 # Where the CRI runtimes live, per containerd config version: v1 (containerd 1.x, the default when

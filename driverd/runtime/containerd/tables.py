@@ -1,6 +1,6 @@
 """containerd's configuration as tables: where each config version keeps the CRI plugin, what a
 runtime table makes containerd run, and the handler table driverd derives from the runtime pods run
-by default. Shared by the planner (containerd.py) and what detect reads (containerd_detect.py)."""
+by default. Shared by the planner (containerd.py) and what detect reads (containerd/detect.py)."""
 from __future__ import annotations
 
 import copy

@@ -26,14 +26,14 @@ from driverd.errors import RuntimeConfigError
 from driverd.root import Root
 from driverd.runtime import adopt, textblock, tomldoc
 from driverd.runtime.base import Runtime, first
-from driverd.runtime.containerd_detect import (
+from driverd.runtime.containerd.detect import (
     _K3S_BIN,
     containerd_cdi,
     containerd_default_runtime,
     containerd_handlers,
     handler_table,
 )
-from driverd.runtime.containerd_tables import (
+from driverd.runtime.containerd.tables import (
     CDI_DIRS,
     CRI_PLUGIN,
     DEFAULT_RUNC,

@@ -48,7 +48,7 @@ from driverd.driver import files as driverfiles
 from driverd.errors import RuntimeConfigError
 from driverd.nvproc import gpu_addresses, gpu_information
 from driverd.root import Root
-from driverd.runtime.cdi_validate import validate
+from driverd.runtime.cdi.validate import validate
 
 CDI_VERSION = "0.5.0"
 KIND = "nvidia.com/gpu"
