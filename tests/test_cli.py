@@ -376,7 +376,7 @@ def test_bash_completion_from_the_parser(tmp_path):
     script = run_cli("completion", "bash", check=True).stdout
     (tmp_path / "c.bash").write_text(script)
     (tmp_path / "out").mkdir()
-    cases = [(["driverd", "bu"], "build build-userspace build-matrix"),
+    cases = [(["driverd", "bu"], "build build-userspace build-companion build-matrix"),
              (["driverd", "--root", "/x", "pl"], "plan"),
              (["driverd", "cluster", "rollout", "s"], "start status"),
              (["driverd", "build", "--fl"], "--flavor --flavour"),        # the alias completes too

@@ -1,4 +1,4 @@
-"""build, build-userspace, build-matrix, repo index, fetch, install, prepare-kernel, rollback-install: the
+"""build, build-userspace, build-companion, build-matrix, repo index, fetch, install, prepare-kernel, rollback-install: the
 package commands."""
 from __future__ import annotations
 
@@ -78,6 +78,32 @@ def register(sub, common) -> None:
     p.add_argument("--arch", metavar="ARCH", help="architecture (default: the .debs', or the .run directory's name)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory (or repository) to write the package to")
     p.set_defaults(handler=cmd_build_userspace)
+
+    p = sub.add_parser(
+        "build-companion", parents=[common], formatter_class=F,
+        help="pack NVIDIA's fabric manager, nscq, NVLSM or IMEX of one driver version as a package",
+        description="NVSwitch/NVLink hosts run companions that must be exactly the loaded driver's version: "
+        "NVIDIA's fabric manager, libnvidia-nscq, NVLSM and nvidia-imex. Pack one of NVIDIA's per-version "
+        "redistributable archives (<component>-linux-<x86_64|sbsa>-<version>-archive.tar.xz) as a package per "
+        "(component, driver version, arch), driverd-companion-<component>-<version>-<arch>.<sha256>.tar.zst: its "
+        "bin/, sbin/, lib/ (each library with its soname), etc/, share/ and systemd/ and NVIDIA's documents, every "
+        "file with its size, mode and sha256, NVIDIA's links in the manifest. With --redistrib, the archive's size "
+        "and sha256 are checked against NVIDIA's redistrib_<version>.json before it is unpacked. Refused in one "
+        "line, writing nothing: an archive of another version than --driver, a link out of the tree, a setuid or "
+        "setgid file, a damaged archive, a sha256 other than the JSON's, an unknown component. The same archive "
+        "gives the same package (same sha256).",
+        epilog="examples:\n"
+               "  driverd build-companion fabricmanager-linux-x86_64-550.163.01-archive.tar.xz \\\n"
+               "      --redistrib redistrib_550.163.01.json --driver 550.163.01 --out /srv/driverd-repo\n"
+               "  driverd build-companion nvlsm-linux-sbsa-2025.03.9-archive.tar.xz --driver 570.133.20 --out repo/ --json\n"
+               "  driverd repo index /srv/driverd-repo     # lists them under \"companions\"")
+    p.add_argument("archive", metavar="ARCHIVE", help="NVIDIA's <component>-linux-<platform>-<version>-archive.tar.xz")
+    p.add_argument("--redistrib", metavar="JSON", help="NVIDIA's redistrib_<driver version>.json listing the archive: "
+                   "its size and sha256 are checked before anything is unpacked")
+    p.add_argument("--driver", metavar="VERSION", help="the driver version it must be (NVLSM, versioned on its own: "
+                   "the driver it goes with, unless --redistrib says)")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory (or repository) to write the package to")
+    p.set_defaults(handler=cmd_build_companion)
 
     d = _default_distro(sub, "build-matrix")
     p = sub.add_parser(
@@ -396,6 +422,21 @@ def cmd_build_userspace(ctx, args) -> int:
     return EXIT_OK
 
 
+def cmd_build_companion(ctx, args) -> int:
+    from driverd.build.companion import build_from_archive
+    for what, path in (("ARCHIVE", args.archive), ("--redistrib", args.redistrib)):
+        if path is not None and not os.path.isfile(path):
+            raise UsageError(f"{what} {path} is not a file", fix="pass NVIDIA's archive (and its redistrib JSON) as "
+                             "downloaded")
+    res = build_from_archive(args.archive, args.out, redistrib=args.redistrib, driver=args.driver)
+    emit(ctx.json, res.to_json(), lambda r: f"{r['package']}\n  {r['component']} {r['component_version']} for driver "
+         f"{r['driver']} {r['arch']}: {r['files']} files, {len(r['binaries'])} binaries, {len(r['libraries'])} "
+         f"libraries, {len(r['configs'])} config files, {len(r['links'])} links"
+         + (f"; checked against {r['checked_against']}" if r["checked_against"] else "")
+         + "".join(f"\n  note: {n}" for n in r["notes"]))
+    return EXIT_OK
+
+
 def _cell_list(path: str | None) -> list[str] | None:
     if path is None:
         return None
@@ -482,7 +523,8 @@ def cmd_repo_index(ctx, args) -> int:
     idx = write_index(args.dir, sign_key=args.sign_key, runner=ctx.runner, verify=not args.no_verify,
                       valid_days=args.valid_days if args.valid_days is not None else DEFAULT_VALID_DAYS)
     out = {"index": os.path.join(args.dir, INDEX_NAME), "packages": len(idx.packages),
-           "userspace_packages": len(idx.userspace), "signed": bool(args.sign_key),
+           "userspace_packages": len(idx.userspace), "companion_packages": len(idx.companions),
+           "signed": bool(args.sign_key),
            "serial": idx.serial, "expires": idx.expires, "entries": idx.to_json()["packages"]}
     if args.accept:
         out["intake"] = [r.to_json() for r in intake]
@@ -493,7 +535,8 @@ def cmd_repo_index(ctx, args) -> int:
                  for x in r.get("intake", [])]
         return "\n".join(lines + [
             f"wrote {r['index']}: {r['packages']} packages"
-            + (f" and {r['userspace_packages']} user-space packages" if r["userspace_packages"] else "")
+            + (f", {r['userspace_packages']} user-space packages" if r["userspace_packages"] else "")
+            + (f", {r['companion_packages']} companion packages" if r["companion_packages"] else "")
             + f", serial {r['serial']}, expires "
             f"{r['expires']}" + (" (signed)" if r["signed"] else " (UNSIGNED: nodes accept it only from file:// or "
                                                                   "with packages.insecure)")])

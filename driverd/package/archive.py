@@ -27,13 +27,15 @@ File modes are never taken from the archive: every file is written 0644 and ever
 (owned by the installing user, root on a node). A member whose mode differs (world-writable,
 executable, setuid...) is still checked against the manifest, and `unusual_modes` reports it.
 
-Two kinds of package share this format (`LAYOUTS`): the kernel-module package above (no `kind` in its
-manifest) and the user-space package (`"kind": "userspace"`, driverd.package.userspace: lib64/, bin/,
-firmware/nvidia/<version>/, share/...). Each kind says which members it may hold and how its manifest
-is read; a user-space package's files are written 0755 when the member is executable and 0644
-otherwise — what its verified manifest says, since the manifest admits those two modes only. Every
-function takes `kind` ("kernel" unless said otherwise; None: whichever the manifest names), so a
-package of the other kind is refused with one line, never half-read.
+Three kinds of package share this format (`LAYOUTS`): the kernel-module package above (no `kind` in its
+manifest), the user-space package (`"kind": "userspace"`, driverd.package.userspace: lib64/, bin/,
+firmware/nvidia/<version>/, share/...) and the companion package (`"kind": "companion"`,
+driverd.package.companion: fabric manager, nscq, NVLSM, IMEX — bin/, sbin/, lib/, etc/, share/, systemd/).
+Each kind says which members it may hold and how its manifest is read; a user-space or companion
+package's files are written 0755 when the member is executable and 0644 otherwise — what its verified
+manifest says, since those manifests admit those two modes only. Every function takes `kind` ("kernel"
+unless said otherwise; None: whichever the manifest names), so a package of another kind is refused
+with one line, never half-read.
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ from typing import Any, BinaryIO, Callable
 from driverd.errors import PackageError
 from driverd.fsutil import fsync_dir
 from driverd.safetar import UnsafeMember, check_member
+from driverd.package import companion as cp
 from driverd.package import userspace as us
 from driverd.package.manifest import FIRMWARE_DIR, MANIFEST_NAME, MODULES_DIR, FileEntry, Manifest
 
@@ -86,7 +89,20 @@ def _kernel_member_ok(rel: str, is_dir: bool) -> bool:
 KERNEL = Layout("kernel", Manifest.loads, _kernel_member_ok, "manifest.json, modules/ and firmware/")
 USERSPACE = Layout(us.KIND, us.UserspaceManifest.loads, us.member_ok,
                    "manifest.json, lib64/, bin/, firmware/nvidia/<version>/ and share/", exec_modes=True)
-LAYOUTS = {KERNEL.kind: KERNEL, USERSPACE.kind: USERSPACE}
+COMPANION = Layout(cp.KIND, cp.CompanionManifest.loads, cp.member_ok,
+                   "manifest.json, bin/, sbin/, lib/, etc/, share/, systemd/ and documents at the top", exec_modes=True)
+LAYOUTS = {KERNEL.kind: KERNEL, USERSPACE.kind: USERSPACE, COMPANION.kind: COMPANION}
+
+
+def _named(data: bytes) -> Layout:
+    """The layout a manifest's `kind` names: a kernel package names none (and an unknown kind is read as
+    one, whose reader then refuses it in one line)."""
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return KERNEL
+    kind = obj.get("kind") if isinstance(obj, dict) else None
+    return LAYOUTS.get(kind, KERNEL) if isinstance(kind, str) else KERNEL
 
 
 def _layout(kind: str | None) -> Layout | None:
@@ -101,13 +117,7 @@ def _layout(kind: str | None) -> Layout | None:
 def _load_manifest(package, data: bytes, layout: Layout | None):
     """The manifest of `layout` (None: the kind the manifest names; none named is a kernel package)."""
     where = f"{os.path.basename(os.fspath(package))}: manifest.json"
-    if layout is None:
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            obj = None
-        layout = USERSPACE if us.is_userspace_json(obj) else KERNEL
-    return layout.loads(data, where)
+    return (layout or _named(data)).loads(data, where)
 
 
 @dataclass(frozen=True)
@@ -122,6 +132,9 @@ class PackageRef:
         if getattr(m, "kind", "kernel") == us.KIND:
             return {"package": str(self.path), "sha256": self.sha256, "size": self.size, "kind": us.KIND,
                     "driver": m.driver_version, "arch": m.arch}
+        if getattr(m, "kind", "kernel") == cp.KIND:
+            return {"package": str(self.path), "sha256": self.sha256, "size": self.size, "kind": cp.KIND,
+                    "component": m.component, "driver": m.driver_version, "arch": m.arch}
         return {"package": str(self.path), "sha256": self.sha256, "size": self.size,
                 "driver": m.driver_version, "flavor": m.flavor, "kernel_release": m.kernel_release,
                 "arch": m.arch}
@@ -171,7 +184,7 @@ def _tarinfo(name: str, size: int, mode: int, is_dir: bool = False) -> tarfile.T
 
 def pack(staging: str | os.PathLike, manifest, out_dir: str | os.PathLike,
          level: int = ZSTD_LEVEL) -> PackageRef:
-    """Write `manifest` (a kernel-module or user-space one) and the files it lists (read from `staging`)
+    """Write `manifest` (a kernel-module, user-space or companion one) and the files it lists (read from `staging`)
     as a package in `out_dir`."""
     import zstandard
 
@@ -318,8 +331,8 @@ def check_file(package: str | os.PathLike, expected_sha256: str, expected_size: 
 
 def read_manifest(package: str | os.PathLike, kind: str | None = "kernel"):
     """The manifest of a package, reading only the archive's first member. `kind` "kernel" (a
-    Manifest), "userspace" (a UserspaceManifest) or None (whichever the package is); a package of
-    another kind is refused with one line."""
+    Manifest), "userspace" (a UserspaceManifest), "companion" (a CompanionManifest) or None (whichever
+    the package is); a package of another kind is refused with one line."""
     layout = _layout(kind)
     try:
         with _open_stream(package) as tar:
@@ -426,10 +439,7 @@ def _unpack_pass(package, dest: int | None, expected_sha256: str | None, layout:
                     ef = tar.extractfile(ti)
                     assert ef is not None
                     manifest_bytes = ef.read()
-                    try:
-                        named = USERSPACE if us.is_userspace_json(json.loads(manifest_bytes)) else KERNEL
-                    except ValueError:
-                        named = KERNEL
+                    named = _named(manifest_bytes)
                     if layout is None:
                         layout = named
                     elif named is not layout:
@@ -468,7 +478,7 @@ def _unpack_pass(package, dest: int | None, expected_sha256: str | None, layout:
                             n += len(chunk)
                             out.write(chunk)
                         # never the archive's mode: 0644 (a kernel package reports other modes), or
-                        # 0644/0755 as a user-space package's verified manifest must say
+                        # 0644/0755 as a user-space or companion package's verified manifest must say
                         os.fchmod(out.fileno(), 0o755 if (layout is not None and layout.exec_modes
                                                           and mode & 0o111) else FILE_MODE)
                 actual[rel] = FileEntry(rel, n, mode, h.hexdigest())

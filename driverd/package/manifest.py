@@ -119,9 +119,10 @@ class Manifest:
                 raise TypeError("not an object")
             if d.get("kind") not in (None, "kernel"):
                 raise PackageError(f"{where} is a {d.get('kind')} package's manifest, not a kernel-module package's",
-                                   cause="user-space packages (driverd-userspace-*) hold no kernel modules",
+                                   cause="user-space and companion packages (driverd-userspace-*, "
+                                         "driverd-companion-*) hold no kernel modules",
                                    fix="pass a driverd-<version>-<flavor>-<release>-<arch> package here; a "
-                                       "user-space package is installed by the user-space install")
+                                       "user-space or companion package is installed by its own install")
             schema = int(d.get("schema", 0))
             if schema != SCHEMA_VERSION:
                 raise PackageError(f"{where}: unsupported manifest schema {schema}",

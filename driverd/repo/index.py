@@ -6,10 +6,14 @@ index.json:
      "packages": [{"driver": "535.261.03", "flavor": "open", "kernel_release": "6.1.0-47-cloud-amd64",
                    "arch": "x86_64", "sha256": "...", "size": 17123456, "path": "driverd-....tar.zst"}],
      "userspace": [{"driver": "535.261.03", "arch": "x86_64", "sha256": "...", "size": 139873560,
-                    "path": "driverd-userspace-535.261.03-x86_64....tar.zst"}]}
+                    "path": "driverd-userspace-535.261.03-x86_64....tar.zst"}],
+     "companions": [{"component": "fabricmanager", "driver": "550.163.01", "arch": "x86_64", "sha256": "...",
+                     "size": 4123456, "path": "driverd-companion-fabricmanager-550.163.01-x86_64....tar.zst"}]}
 
 `userspace` (present when the repository holds user-space packages, driverd.package.userspace) lists
-one kernel-independent package per (driver, arch); a reader that knows only `packages` ignores it.
+one kernel-independent package per (driver, arch); `companions` (present when it holds companion packages,
+driverd.package.companion) one per (component, driver, arch). A reader that knows only `packages` ignores
+both, and an index written before either existed reads as one without them.
 
 The signature is `openssl dgst -sha256 -sign KEY` over the exact bytes of index.json; a fetcher
 configured with packages.index_public_key refuses an index whose signature is missing or wrong. Each
@@ -31,6 +35,7 @@ from pathlib import Path
 from driverd.errors import PackageError
 from driverd.fsutil import atomic_write, fsync_dir
 from driverd.package.archive import SUFFIX, read_manifest, sha256_file
+from driverd.package.companion import KIND as COMPANION, package_basename as companion_basename
 from driverd.package.manifest import package_basename
 from driverd.package.userspace import KIND as USERSPACE, package_basename as userspace_basename
 from driverd.repo.trust import DEFAULT_VALID_DAYS, IndexRefused
@@ -79,12 +84,31 @@ class UserspaceEntry:
 
 
 @dataclass(frozen=True)
+class CompanionEntry:
+    component: str                 # fabricmanager | nscq | nvlsm | imex (driverd.package.companion.COMPONENTS)
+    driver: str
+    arch: str
+    sha256: str
+    size: int
+    path: str                      # relative to the repository root
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.component, self.driver, self.arch)
+
+    @property
+    def name(self) -> str:
+        return companion_basename(*self.key)
+
+
+@dataclass(frozen=True)
 class Index:
     packages: tuple[IndexEntry, ...]
     generated_at: str | None = None
     serial: int | None = None              # only grows (rollback protection)
     expires: str | None = None             # RFC 3339 (freeze protection)
     userspace: tuple[UserspaceEntry, ...] = ()
+    companions: tuple[CompanionEntry, ...] = ()
 
     def find(self, driver: str, flavor: str, release: str, arch: str) -> IndexEntry | None:
         return next((e for e in self.packages if e.key == (driver, flavor, release, arch)), None)
@@ -92,11 +116,16 @@ class Index:
     def find_userspace(self, driver: str, arch: str) -> UserspaceEntry | None:
         return next((e for e in self.userspace if e.key == (driver, arch)), None)
 
+    def find_companion(self, component: str, driver: str, arch: str) -> CompanionEntry | None:
+        return next((e for e in self.companions if e.key == (component, driver, arch)), None)
+
     def to_json(self) -> dict:
         out = {"schema": INDEX_SCHEMA, "generated_at": self.generated_at, "serial": self.serial,
                "expires": self.expires, "packages": [asdict(e) for e in sorted(self.packages, key=lambda e: (e.key, e.sha256))]}
         if self.userspace:
             out["userspace"] = [asdict(e) for e in sorted(self.userspace, key=lambda e: (e.key, e.sha256))]
+        if self.companions:
+            out["companions"] = [asdict(e) for e in sorted(self.companions, key=lambda e: (e.key, e.sha256))]
         return out
 
 
@@ -113,6 +142,8 @@ def parse_index(data: bytes | str, where: str) -> Index:
                               str(p["sha256"]), int(p["size"]), str(p["path"])) for p in d["packages"]]
         us_entries = [UserspaceEntry(str(p["driver"]), str(p["arch"]), str(p["sha256"]), int(p["size"]),
                                      str(p["path"])) for p in d.get("userspace") or ()]
+        cp_entries = [CompanionEntry(str(p["component"]), str(p["driver"]), str(p["arch"]), str(p["sha256"]),
+                                     int(p["size"]), str(p["path"])) for p in d.get("companions") or ()]
         serial = d.get("serial")
         if serial is not None and (isinstance(serial, bool) or not isinstance(serial, int) or serial < 0):
             raise bad(f"serial {serial!r} is not a whole number")
@@ -121,7 +152,7 @@ def parse_index(data: bytes | str, where: str) -> Index:
             raise bad(f"expires {expires!r} is not a date")
     except PackageError:
         raise
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:
         raise bad(f"malformed ({e.__class__.__name__}: {e})") from None
     def unique(items: list) -> list:
         seen: dict[tuple, object] = {}
@@ -141,18 +172,33 @@ def parse_index(data: bytes | str, where: str) -> Index:
             seen[e.key] = e
             out.append(e)
         return out
-    return Index(tuple(unique(entries)), d.get("generated_at"), serial, expires, tuple(unique(us_entries)))
+    return Index(tuple(unique(entries)), d.get("generated_at"), serial, expires, tuple(unique(us_entries)),
+                 tuple(unique(cp_entries)))
 
 
 def scan(directory: str | os.PathLike, verify: bool = True) -> list[IndexEntry]:
-    """The kernel-module packages DIR holds (scan_all: the user-space ones too)."""
+    """The kernel-module packages DIR holds (scan_all: the user-space ones too; scan_packages: every kind)."""
     return scan_all(directory, verify)[0]
 
 
 def scan_all(directory: str | os.PathLike, verify: bool = True) -> tuple[list[IndexEntry], list[UserspaceEntry]]:
+    found = scan_packages(directory, verify)
+    return found.packages, found.userspace
+
+
+@dataclass
+class Scanned:
+    """The packages of a repository directory, by kind."""
+    packages: list[IndexEntry]
+    userspace: list[UserspaceEntry]
+    companions: list[CompanionEntry]
+
+
+def scan_packages(directory: str | os.PathLike, verify: bool = True) -> Scanned:
     root = Path(directory)
     out: list[IndexEntry] = []
     us_out: list[UserspaceEntry] = []
+    cp_out: list[CompanionEntry] = []
     for p in sorted(root.rglob("*" + SUFFIX)):
         if any(part.startswith(".") for part in p.relative_to(root).parts):
             continue       # temp files of a pack in progress; build pods' own directories (intake.INCOMING)
@@ -166,9 +212,11 @@ def scan_all(directory: str | os.PathLike, verify: bool = True) -> tuple[list[In
         rel = p.relative_to(root).as_posix()
         if getattr(m, "kind", None) == USERSPACE:
             us_out.append(UserspaceEntry(m.driver_version, m.arch, sha, p.stat().st_size, rel))
+        elif getattr(m, "kind", None) == COMPANION:
+            cp_out.append(CompanionEntry(m.component, m.driver_version, m.arch, sha, p.stat().st_size, rel))
         else:
             out.append(IndexEntry(m.driver_version, m.flavor, m.kernel_release, m.arch, sha, p.stat().st_size, rel))
-    return out, us_out
+    return Scanned(out, us_out, cp_out)
 
 
 def previous_serial(directory: Path) -> int:
@@ -187,13 +235,14 @@ def write_index(directory: str | os.PathLike, *, sign_key: str | None = None, ru
     d = Path(directory)
     if not d.is_dir():
         raise PackageError(f"repository {d} is not a directory", fix="create it or pass the right path")
-    entries, us_entries = scan_all(d, verify)
+    found = scan_packages(d, verify)
     now = datetime.now(timezone.utc)
     if serial is None:
         serial = max(previous_serial(d) + 1, int(time.time()))
     if expires is None:
         expires = (now + timedelta(days=valid_days)).isoformat(timespec="seconds")
-    idx = Index(tuple(entries), now.isoformat(timespec="seconds"), serial, expires, tuple(us_entries))
+    idx = Index(tuple(found.packages), now.isoformat(timespec="seconds"), serial, expires, tuple(found.userspace),
+                tuple(found.companions))
     data = (json.dumps(idx.to_json(), indent=2) + "\n").encode()
     parse_index(data, str(d / INDEX_NAME))      # the same checks a fetcher applies (duplicates!)
     if sign_key:

@@ -148,6 +148,19 @@ def userspace_seed() -> tuple[bytes, bytes]:
 
 
 @functools.lru_cache(maxsize=None)
+def companion_seed() -> tuple[bytes, bytes, bytes, bytes]:
+    """(NVIDIA's nscq archive as the build reads it, its redistrib JSON, the companion package's .tar.zst bytes,
+    its manifest.json): tests/packages/companionfake.py's miniature."""
+    from driverd.build.companion import build_from_archive
+    from tests.packages import companionfake as cf
+    d = seed_dir() / "companion"
+    a = cf.archive(d, "nscq")
+    js = cf.redistrib(d, [a])
+    ref = build_from_archive(a, d / "out").ref
+    return a.read_bytes(), js.read_bytes(), ref.path.read_bytes(), ref.manifest.dumps()
+
+
+@functools.lru_cache(maxsize=None)
 def index_seed() -> bytes:
     from driverd.repo.index import write_index
     raw, _ = package_seed()
@@ -252,6 +265,51 @@ def t_userspace_archive(data: bytes) -> None:
         contract(lambda: read_manifest(p, kind=None))
     finally:
         os.unlink(p)
+
+
+def t_companion_manifest(data: bytes) -> None:
+    from driverd.package.companion import CompanionManifest
+    contract(lambda: CompanionManifest.loads(data, "pkg: manifest.json"))
+
+
+def t_companion_archive(data: bytes) -> None:
+    """A companion package as downloaded: verified as one, and read as whichever kind it says it is."""
+    from driverd.package.archive import read_manifest, verify_package
+    p = _as_file(data)
+    try:
+        contract(lambda: verify_package(p, kind="companion"))
+        contract(lambda: read_manifest(p, kind=None))
+    finally:
+        os.unlink(p)
+
+
+def t_companion_source(data: bytes) -> None:
+    """NVIDIA's archive as `driverd build-companion` reads it (xz + tar), under its name, into a throwaway
+    output directory."""
+    import shutil
+    from driverd.build.companion import build_from_archive
+    d = Path(tempfile.mkdtemp(prefix="fuzz-", dir=seed_dir()))
+    try:
+        a = d / "libnvidia_nscq-linux-x86_64-550.163.01-archive.tar.xz"
+        a.write_bytes(data)
+        contract(lambda: build_from_archive(a, d / "out"))
+    finally:
+        shutil.rmtree(d)
+
+
+def t_redistrib(data: bytes) -> None:
+    """NVIDIA's redistrib JSON, the archive it is asked about checked against it."""
+    from driverd.build.companion import check_archive, parse_archive_name, redistrib_entry
+    d = Path(tempfile.mkdtemp(prefix="fuzz-", dir=seed_dir()))
+    try:
+        js, a = d / "redistrib_550.163.01.json", d / "libnvidia_nscq-linux-x86_64-550.163.01-archive.tar.xz"
+        js.write_bytes(data)
+        a.write_bytes(companion_seed()[0])
+        contract(lambda: check_archive(a, redistrib_entry(js, parse_archive_name(a.name))))
+    finally:
+        for p in d.iterdir():
+            p.unlink()
+        d.rmdir()
 
 
 def _as_file(data: bytes, suffix: str = ".tar.zst") -> str:
@@ -476,6 +534,12 @@ TARGETS = [
     Target("userspace-manifest", t_userspace_manifest, lambda: st.one_of(mutated([userspace_seed()[1]]),
                                                                          JSON.map(lambda o: json.dumps(o).encode()))),
     Target("userspace-archive", t_userspace_archive, lambda: mutated([userspace_seed()[0]], max_random=4096)),
+    Target("companion-manifest", t_companion_manifest, lambda: st.one_of(mutated([companion_seed()[3]]),
+                                                                         JSON.map(lambda o: json.dumps(o).encode()))),
+    Target("companion-archive", t_companion_archive, lambda: mutated([companion_seed()[2]], max_random=4096)),
+    Target("companion-source", t_companion_source, lambda: mutated([companion_seed()[0]], max_random=4096)),
+    Target("redistrib-json", t_redistrib, lambda: st.one_of(mutated([companion_seed()[1]]),
+                                                            JSON.map(lambda o: json.dumps(o).encode()))),
     Target("containerd-toml", t_containerd, lambda: mutated_text([CONTAINERD])),
     Target("crio-toml", t_crio, lambda: mutated_text([CRIO])),
     Target("docker-json", t_docker, lambda: st.one_of(mutated_text([DOCKER]), JSON.map(json.dumps))),
