@@ -95,6 +95,7 @@ def render_facts(f: dict) -> str:
         lines.append(f"nvswitches  {len(f['nvswitches'])}: " + ", ".join(s["pci_address"] for s in f["nvswitches"]))
     if f["mellanox_nics"]:
         lines.append(f"mellanox    {len(f['mellanox_nics'])}: " + ", ".join(n["pci_address"] for n in f["mellanox_nics"]))
+    lines.extend(render_fabric(f.get("fabric")))
     nv = f["nouveau"]
     lines.append(f"nouveau     loaded: {yesno(nv['loaded'])}  blacklisted: {yesno(nv['blacklisted'])}"
                  + (f"  bound: {', '.join(nv['bound_devices'])}" if nv["bound_devices"] else ""))
@@ -135,6 +136,26 @@ def render_facts(f: dict) -> str:
     for w in f["warnings"]:
         lines.append(f"warning     {w}")
     return "\n".join(lines)
+
+
+def render_fabric(fab: dict | None) -> list[str]:
+    """The fabric's kind and why (driverd.host.fabric), then what it needs beside the driver, each with what
+    holds it back now (modules not loaded yet, a device node not there)."""
+    if not fab:
+        return []
+    out = [f"fabric      {fab['kind']}: {fab['why']}"]
+    wants = []
+    for c in fab["wants"]:
+        extra = []
+        if c["after_modules"]:
+            extra.append("after " + ", ".join(c["after_modules"])
+                         + (f"; not loaded yet: {', '.join(c['waiting_for'])}" if c["waiting_for"] else ""))
+        if c["path"]:
+            extra.append(c["path"] + ("" if c["present"] else f" missing: {c['how']}"))
+        wants.append(c["name"] + (f" ({'; '.join(extra)})" if extra else ""))
+    if wants:
+        out.append("  wants: " + ", ".join(wants))
+    return out
 
 
 def render_needs(n: dict | None, indent: str = "  ") -> list[str]:

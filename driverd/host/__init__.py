@@ -11,7 +11,7 @@ def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia",
     """`handler` and `binary`: runtime.handler and runtime.binary, whose needs each runtime reports;
     `driver_root`: validation.driver_root, where the driver's user-space is looked for first."""
     from driverd.host import kernel, keyrings, modules, nouveau, osrelease, ownership, pci, processes, rdma, runtimes
-    from driverd.host import workload
+    from driverd.host import fabric, workload
     from driverd.host.facts import NvmlFacts
     from driverd.host.nvml import read_nvml
 
@@ -35,7 +35,8 @@ def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia",
         warnings=tuple(warnings), keyrings=keyrings.read_keyrings(root),
         rdma=rdma.read_rdma(root, k.release, modules.loaded_modules(root)) if nics else None,
         driver_owner=ownership.read_ownership(root, k.release, (drv.version, drv.flavor) if drv.loaded else None),
-        userspace=_userspace(workload, root, drv.version if drv.loaded else None, driver_root))
+        userspace=_userspace(workload, root, drv.version if drv.loaded else None, driver_root),
+        fabric=fabric.read_fabric(root, gpus, switches, nics, k.arch))
 
 
 def _userspace(workload, root: Root, loaded: str | None, driver_root: str | None) -> dict:

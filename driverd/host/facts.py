@@ -162,6 +162,45 @@ class NvmlFacts:
 
 
 @dataclass(frozen=True)
+class FabricDevice:
+    pci_address: str
+    role: str                        # nvswitch | switch-tray-manager (a ConnectX LPF) | gpu
+    device_id: str
+    name: str
+    evidence: str                    # what makes it one
+    ib_device: str | None = None     # the RDMA device of an LPF (mlx5_N): what FM and NVLSM are pointed at
+
+
+@dataclass(frozen=True)
+class Companion:
+    """Something beside the driver that the fabric needs, of the driver's exact version where it is NVIDIA's."""
+    name: str                        # fabricmanager | nscq | nvlsm | imex | imex-channel0
+    kind: str                        # daemon | library | device
+    detail: str                      # what it is and does, one phrase
+    after_modules: tuple[str, ...] = ()   # kernel modules that must be live before it starts
+    waiting_for: tuple[str, ...] = ()     # those of after_modules not loaded now
+    path: str | None = None          # a device node's path
+    present: bool | None = None      # a device node: there now (None for daemons and libraries)
+    how: str | None = None           # how a missing device node is made
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """Which GPU fabric the host has (driverd.host.fabric reads it; its docstring has the kinds and sources)."""
+    kind: str                        # none | nvswitch | nvlink5-switch-tray | nvlink5-imex | unknown
+    why: str                         # one sentence naming the evidence
+    devices: tuple[FabricDevice, ...] = ()
+    wants: tuple[Companion, ...] = ()
+    cpu: str | None = None           # "NVIDIA Grace (soc_id jep106:036b:0241)" when seen
+    imex_channels: tuple[str, ...] = ()   # /dev/nvidia-caps-imex-channels/channel<N> present
+    imex_major: int | None = None    # /proc/devices' nvidia-caps-imex-channels, while the driver has it
+    unreadable: tuple[str, ...] = ()      # evidence that exists but could not be read (root only)
+
+    def want(self, name: str) -> Companion | None:
+        return next((c for c in self.wants if c.name == name), None)
+
+
+@dataclass(frozen=True)
 class Facts:
     root: str
     hostname: str | None
@@ -184,6 +223,9 @@ class Facts:
     # the driver's user-space (driverd.driver.files) and, with a loaded driver, what the file-only half of the
     # workload check says of it ("problems": e.g. its version is not the loaded module's)
     userspace: dict | None = None
+    # which GPU fabric the host has and why, and the companions it needs (driverd.host.fabric); None only in
+    # facts made by hand. `nvswitches` stays the PCI list the planner reads.
+    fabric: Fabric | None = None
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -18,7 +18,9 @@ MELLANOX = "0x15b3"
 # nv_pci_table); other display functions (0x0380) are not GPUs it will drive.
 GPU_CLASSES = {0x0300, 0x0302}      # VGA-compatible, 3D controller
 DISPLAY_BASE = 0x03
-NVSWITCH_CLASS = 0x0680             # bridge: other
+# bridge: other. nvidia.ko's nvswitch driver binds every NVIDIA function of this class (linux_nvswitch.c,
+# nvswitch_pci_table) and os_is_nvswitch_present() counts them (os-interface.c); host/fabric.py names them.
+NVSWITCH_CLASS = 0x0680
 PASSTHROUGH_DRIVERS = ("vfio-pci", "pci-stub", "nvgrace_gpu_vfio_pci", "nvgrace-gpu-vfio-pci")
 # pci_name(): "%04x:%02x:%02x.%d"; the domain is wider than 4 digits behind Intel VMD (10000:e1:00.0).
 _ADDR = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")

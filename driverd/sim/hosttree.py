@@ -23,6 +23,8 @@ class Pci:
     numa_node: int = -1
     subsystem_vendor: str = "0x10de"
     subsystem_device: str = "0x0000"
+    vpd: bytes | None = None        # the device's Vital Product Data (vpd_image), as sysfs gives it
+    ib_device: str | None = None    # its RDMA device (mlx5_N): <dev>/infiniband/<name> and /sys/class/infiniband
 
 
 @dataclass
@@ -68,6 +70,24 @@ class HostSpec:
     # Simulated trusted keyrings (driverd.sim.keys): keyring -> certificate files to enrol. None: the
     # tree has no keyrings, and its kernel accepts any signature.
     keyrings: dict[str, list[str]] | None = None
+    # Character devices (host path -> (major, minor)): real nodes when this process may mknod, else empty
+    # files of that name (what a tree test can look for without root).
+    char_devices: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def vpd_image(identifier: str, readonly: list[tuple[str, str | bytes]]) -> bytes:
+    """PCI VPD bytes (PCI Local Bus Specification 3.0, 6.4 and appendix I): the identifier string (large
+    item 0x82), VPD-R (0x90) with `readonly` keywords and an RV keyword whose checksum byte makes every byte
+    through it sum to zero, and the end tag (0x78). driverd.host.vpd parses it."""
+    def large(tag: int, data: bytes) -> bytes:
+        return bytes((tag, len(data) & 0xFF, len(data) >> 8)) + data
+
+    head = large(0x82, identifier.encode("latin-1"))
+    words = b"".join(k.encode() + bytes((len(v),)) + (v.encode("latin-1") if isinstance(v, str) else v)
+                     for k, v in readonly)
+    body = words + b"RV\x01"                       # RV: one checksum byte, no reserved space
+    vpd_r = bytes((0x90, (len(body) + 1) & 0xFF, (len(body) + 1) >> 8)) + body
+    return head + vpd_r + bytes(((-sum(head + vpd_r)) & 0xFF, 0x78))
 
 
 def h100(addr: str, driver: str | None = None, numa: int = 0) -> Pci:
@@ -162,6 +182,13 @@ def write_host(root: str | os.PathLike, spec: HostSpec) -> Path:
         _w(r, f"{d}/numa_node", f"{dev.numa_node}\n")
         (r / "sys/bus/pci/devices").mkdir(parents=True, exist_ok=True)
         os.symlink(f"../../../devices/pci0000:00/{dev.address}", r / "sys/bus/pci/devices" / dev.address)
+        if dev.vpd is not None:
+            _w(r, f"{d}/vpd", dev.vpd, 0o600)              # drivers/pci/vpd.c: S_IRUSR | S_IWUSR
+        if dev.ib_device:
+            (r / d.lstrip("/") / "infiniband" / dev.ib_device).mkdir(parents=True, exist_ok=True)
+            (r / "sys/class/infiniband").mkdir(parents=True, exist_ok=True)
+            os.symlink(f"../../devices/pci0000:00/{dev.address}/infiniband/{dev.ib_device}",
+                       r / "sys/class/infiniband" / dev.ib_device)
         if dev.driver:
             drv = r / "sys/bus/pci/drivers" / dev.driver
             drv.mkdir(parents=True, exist_ok=True)
@@ -180,10 +207,24 @@ def write_host(root: str | os.PathLike, spec: HostSpec) -> Path:
         _w(r, f"/proc/{p.pid}/cgroup", p.cgroup + "\n")
         for i, target in enumerate(p.fds, 3):
             os.symlink(target, base / "fd" / str(i))
+    for path, (major, minor) in spec.char_devices.items():
+        _char_device(r, path, major, minor)
     if spec.keyrings is not None:
         from driverd.sim import keys
         keys.setup(r, spec.keyrings)
     return r
+
+
+def _char_device(root: Path, hostpath: str, major: int, minor: int) -> None:
+    import stat
+    p = root / hostpath.lstrip("/")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.exists():
+        return
+    try:
+        os.mknod(p, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+    except PermissionError:
+        p.touch()
 
 
 def gzip_config(text: str) -> bytes:

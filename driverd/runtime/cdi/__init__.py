@@ -23,6 +23,13 @@ nvidia-container-toolkit v1.20.2, pkg/nvcdi/driver-nvml.go and common-nvml.go), 
 NVIDIA_VISIBLE_DEVICES=void and the "void" device-list mount keep nvidia-container-runtime from
 injecting the GPUs a second time. docs/cdi.md lists every difference from nvidia-ctk's spec and why.
 
+IMEX channels (GB200/GB300 NVL72-class hosts: driverd.host.fabric): each /dev/nvidia-caps-imex-channels/
+channel<N> the host has is a device of its own, `imex-channel<N>`, whose one edit is that node — path and
+hostPath, the shape nvidia-ctk's imex mode gives it (pkg/nvcdi/lib-imex.go, imexChannel.GetDeviceSpecs;
+NVIDIA names it nvidia.com/imex-channel=<N> in a spec of its own kind). A container asks for it beside its
+GPUs; neither `all` nor the spec-wide edits carry it: a channel is the right to import memory other nodes
+exported into it, which NVIDIA's runtime also gives only on request (NVIDIA_IMEX_CHANNELS).
+
 Who writes the spec: driverd writes /var/run/cdi/nvidia.yaml — the file the toolkit's own
 nvidia-cdi-refresh service writes — unless that service is installed and can run on this host, or
 another spec of kind nvidia.com/gpu sits in the same directory; then the spec is left to the toolkit
@@ -46,7 +53,7 @@ from dataclasses import dataclass, field
 
 from driverd.driver import files as driverfiles
 from driverd.errors import RuntimeConfigError
-from driverd.nvproc import gpu_addresses, gpu_information
+from driverd.nvproc import gpu_addresses, gpu_information, imex_channels
 from driverd.root import Root
 from driverd.runtime.cdi.validate import validate
 
@@ -232,6 +239,8 @@ def build_with_notes(root: Root, facts=None, driver_root: str | None = None) -> 
         devices.append({"name": str(minor), "containerEdits": edits})
         if uuid:
             devices.append({"name": uuid, "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{minor}"}]}})
+    channels = imex_devices(root)
+    devices += channels
     devices.append({"name": "all", "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{m}"} for m, _ in gpus]}})
     inv = driverfiles.inventory(root, driver_root=driver_root)
     us = user_space_edits(inv, find_hook(root))
@@ -249,11 +258,21 @@ def build_with_notes(root: Root, facts=None, driver_root: str | None = None) -> 
     if problems:   # a bug of ours: never write a spec the runtimes would reject
         raise RuntimeConfigError("generated CDI spec is invalid: " + "; ".join(problems))
     notes = us.notes
+    if channels:
+        names = ", ".join(d["name"] for d in channels)
+        notes = notes + [f"IMEX channels: {names} (a container asks for one beside its GPUs, e.g. --device "
+                         f"{KIND}={channels[0]['name']}; `all` does not include them)"]
     if inv.libraries:
         notes = [f"driver user-space {inv.version} from {inv.userspace.driver_root} ({len(inv.libraries)} libraries in "
                  f"{', '.join(inv.lib_dirs)}, {len(inv.binaries)} binaries, {len(inv.firmware)} firmware files, "
                  f"IPC: {', '.join(inv.ipc) or 'none'}; loader: {us.loader})"] + notes
     return spec, notes
+
+
+def imex_devices(root: Root) -> list[dict]:
+    """A device per IMEX channel node on the host, by channel number (see the module's docstring)."""
+    return [{"name": f"imex-channel{n}", "containerEdits": {"deviceNodes": [{"path": p, "hostPath": p}]}}
+            for n, p in imex_channels(root)]
 
 
 # -- who writes the spec ----------------------------------------------------------------------------------
