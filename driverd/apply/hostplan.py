@@ -33,10 +33,20 @@ def plan_for_host(root, cfg, *, facts: Facts | None = None, nvml: bool = False) 
     from driverd.driver.kept import kept_for
     from driverd.repo.userspace import offer
     return HostPlan(facts, plan(facts, Desired.from_config(cfg), for_plan(root, facts, cfg),
+                                fm_offer=_fm_offer(root, cfg, facts),
                                 userspace=workload_applies(root, cfg),
                                 us_offer=offer(root, cfg, cfg["driver.version"], facts.kernel.arch),
                                 no_package=unavailable(root, cfg, facts.kernel.release, _want(facts, cfg)),
                                 kept=kept_for(root, cfg["state.dir"], facts.kernel.release)))
+
+
+def _fm_offer(root, cfg, facts: Facts):
+    """Only where a fabric manager is wanted: running its --version is not free."""
+    fm = cfg["daemons.fabricmanager"]
+    if not (fm == "true" or (fm == "auto" and facts.nvswitches)):
+        return None
+    from driverd.apply.fabricmanager import offer
+    return offer(root, cfg["driver.version"])
 
 
 def _want(facts: Facts, cfg):

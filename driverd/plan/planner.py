@@ -144,7 +144,7 @@ def userspace_steps(offer, version: str, arch: str | None) -> tuple[list[Step], 
 
 
 def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, us_offer=None,
-         no_package: str | None = None, kept: dict | None = None) -> Plan:
+         no_package: str | None = None, kept: dict | None = None, fm_offer=None) -> Plan:
     """`signers`: the signer preflight's verdict on the package that would be loaded
     (driverd.build.signers.SignerVerdict, computed from its files and the kernel's keyrings), or
     None when nobody looked. Only a verdict that the kernel would refuse blocks the plan.
@@ -154,7 +154,9 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
     `no_package`: why no repository or local build can provide a package (driverd.build.obtain.unavailable),
     None when one may: a plan that needs to fetch one is then blocked instead of failing at fetch-package.
     `kept`: (version, flavour) -> sha256 of the packages for the running kernel in driverd's kept store
-    (driverd.install.kept.kept_for): the wanted one comes back from there, with nothing fetched."""
+    (driverd.install.kept.kept_for): the wanted one comes back from there, with nothing fetched.
+    `fm_offer`: the fabric managers this host could start after the load (driverd.apply.fabricmanager.
+    FabricManagerOffer): a load of a version none of them is blocks the plan on a host that needs one."""
     if not facts.gpus:
         return Plan(desired.driver_version, None, "no NVIDIA GPU on this host", facts.kernel.release, (),
                     warnings=facts.warnings)
@@ -261,10 +263,20 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
     if desired.persistenced and (loading or not (persist and persist.running)) and not reboot_only(reboot, d, k):
         steps.append(Step("start-persistenced", "keeps the GPUs initialised between jobs (daemons.persistenced)"))
     fm = facts.daemon("nv-fabricmanager")
+    fm_warnings: list[str] = []
     want_fm = desired.fabricmanager == "true" or (desired.fabricmanager == "auto" and facts.nvswitches)
     if want_fm and (loading or not (fm and fm.running)) and not reboot_only(reboot, d, k):
+        which = ""
+        if fm_offer is not None and fm_offer.version == version:
+            src = fm_offer.ours if fm_offer.ours is not None and fm_offer.ours.version == version else fm_offer.host
+            which = f"; {src.describe()} is started" if src is not None and fm_offer.ok else ""
+            if loading and fm_offer.known_wrong:
+                blocked.append(fm_offer.why_not())
+            elif loading and not fm_offer.ok and (fm_offer.ours or fm_offer.host) is not None:
+                fm_warnings.append(f"cannot tell that the fabric manager started after the load is {version}'s: "
+                                   + fm_offer.why_not().partition(": ")[2])
         steps.append(Step("start-fabricmanager", f"{len(facts.nvswitches)} NVSwitch(es) need fabric manager "
-                          "before CUDA can use NVLink"))
+                          f"before CUDA can use NVLink{which}"))
     steps += runtime_steps(facts, desired)
     persistence = desired.persistenced and not reboot_only(reboot, d, k)
     if loading or switching_us:
@@ -283,7 +295,7 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
             blocked.extend(userspace_blocks(facts, version if loading else None))
     return Plan(version, flavor, decision.reason, k.release, tuple(steps), bool(reboot), tuple(reboot),
                 tuple(blocked), tuple(facts.warnings) + decision.warnings + ms.warnings
-                + tuple(runtime_warnings(facts, desired)),
+                + tuple(runtime_warnings(facts, desired)) + tuple(fm_warnings),
                 signers.to_json() if signers is not None and not want_loaded else None,
                 modules=tuple(mods), persistence=persistence, runtimes=tuple(runtime_needs(facts, desired)))
 

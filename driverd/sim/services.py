@@ -11,6 +11,7 @@ from driverd.errors import ModuleError
 from driverd.fsutil import atomic_write, atomic_write_json
 from driverd.kmod.daemons import DAEMONS, FABRICMANAGER, Services
 from driverd.kmod.mig import GpuMig
+from driverd.sim.fabricmanager import LOG
 from driverd.sim.kernel import FABRIC, MIG_DIR
 
 
@@ -28,10 +29,29 @@ class SimServices(Services):
                                           if p[11:].isdigit() and p.startswith("/dev/nvidia"))
         if name == FABRICMANAGER:
             devs.append("/dev/nvidia-nvswitchctl")
+        if name == FABRICMANAGER:
+            self._run_fabricmanager()
         comm = DAEMONS[name][0]
         self.kernel.spawn(comm, devs, cmdline=" ".join(self.command(name)))
-        if name == FABRICMANAGER:
+
+    def _run_fabricmanager(self) -> None:
+        """Run the tree's fabric manager (driverd's companion tree's, else the host's): a stand-in
+        (sim/fabricmanager.py) refuses a driver of another version as NVIDIA's does. A tree with no fabric
+        manager binary at all (the older scenarios) plays one of the loaded driver's version."""
+        argv = self.command(FABRICMANAGER)
+        exe = self.root.real(argv[0])
+        if not exe.is_file():
             atomic_write(self.root.path(FABRIC), "completed\n")
+            return
+        import subprocess
+        res = subprocess.run([str(exe), *argv[1:]], env={"PATH": "/usr/bin:/bin", "DRIVERD_SIM_ROOT": str(self.root.base)},
+                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        if res.returncode != 0:
+            err = (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
+            raise ModuleError(f"{FABRICMANAGER} ({argv[0]}) exited with status {res.returncode}: {err}",
+                              cause=f"its log: {LOG}",
+                              fix="the fabric manager must be of the loaded driver's version: provide the driver "
+                                  "version's fabric manager companion package (driverd build-companion)")
 
     def stop(self, name: str) -> None:
         for pid in self.pids(name):

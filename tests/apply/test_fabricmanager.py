@@ -1,0 +1,89 @@
+"""Issue 46 (first slice): the fabric manager that would start after the load must be the loaded driver's
+version — NVIDIA's refuses another ("... don't match with driver version ..."), the fabric never completes,
+and the upgrade rolls back. The plan is BLOCKED before anything is unloaded when the fabric manager the host
+would start is known to be of another version; the fabric manager stand-in (driverd/sim/fabricmanager.py) is
+a real executable that refuses as NVIDIA's does."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from driverd.sim import fabricmanager as fmsim
+from tests.apply.conftest import drv, journal, kernel_of
+
+OLD, NEW = "535.261.03", "550.127.05"
+
+
+def _version_file(root, version: str) -> None:
+    p = root / "proc/driver/nvidia/version"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  (dvs-builder@U16)\n"
+                 "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+
+
+def test_the_stand_in_refuses_another_driver_with_nvidias_message_and_completes_the_fabric_with_its_own(tmp_path):
+    exe = fmsim.write(tmp_path / "usr/bin/nv-fabricmanager", NEW)
+    env = {"PATH": "/usr/bin:/bin", "DRIVERD_SIM_ROOT": str(tmp_path)}
+    _version_file(tmp_path, OLD)
+    r = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1
+    assert (f"fabric manager NVIDIA GPU driver interface version {NEW} don't match with driver version {OLD}. "
+            "Please update with matching NVIDIA driver package.") in r.stderr
+    assert "don't match" in (tmp_path / fmsim.LOG.lstrip("/")).read_text()
+    assert not (tmp_path / "run/driverd-sim/fabric-state").exists()
+    _version_file(tmp_path, NEW)
+    r = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "run/driverd-sim/fabric-state").read_text() == "completed\n"
+    r = subprocess.run([str(exe), "--version"], env=env, capture_output=True, text=True, timeout=30)
+    assert r.stdout.strip() == f"Fabric Manager version is : {NEW}"
+
+
+def _want_new(root, packages) -> None:
+    cfg = root / "etc/driverd/config.toml"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(f'[driver]\nversion = "{NEW}"\nflavor = "open"\n[packages]\nrepositories = '
+                   f'["file://{packages["new"].parent}"]\n[runtime]\nrestart = "none"\n')
+
+
+def test_an_upgrade_whose_fabric_manager_is_the_hosts_other_version_is_blocked_before_anything_is_unloaded(
+        host, packages):
+    """The HGX host's fabric manager came with its 535 driver (a distribution package, or here the
+    stand-in): loading 550 would start it, it would refuse 550 and the upgrade would roll back. Before,
+    the plan went ahead; now it is BLOCKED naming both versions and the ways to provide 550's."""
+    fmsim.write(host / "usr/bin/nv-fabricmanager", OLD)
+    assert drv(host, "load").returncode == 0
+    assert (host / "run/driverd-sim/fabric-state").read_text() == "completed\n"      # 535's runs with 535
+    _want_new(host, packages)
+    r = drv(host, "plan")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert f"no fabric manager of driver {NEW} is available: /usr/bin/nv-fabricmanager ({OLD}" in r.stdout, r.stdout
+    assert "driverd build-companion" in r.stdout and "daemons.fabricmanager = false" in r.stdout
+    before = journal(host)["run_id"]
+    r = drv(host, "apply")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "fabric manager" in r.stdout + r.stderr
+    k = kernel_of(host)
+    assert k.is_loaded("nvidia") and OLD in (host / "proc/driver/nvidia/version").read_text()   # nothing unloaded
+    assert journal(host)["run_id"] == before                                                  # no run started
+
+
+@pytest.mark.parametrize("fm", [NEW, None], ids=["the-hosts-fm-is-the-new-version", "no-fm-binary-in-the-tree"])
+def test_an_upgrade_with_the_new_versions_fabric_manager_goes_ahead_and_the_fabric_completes(host, packages, fm):
+    if fm:
+        fmsim.write(host / "usr/bin/nv-fabricmanager", OLD)
+    assert drv(host, "load").returncode == 0
+    if fm:
+        fmsim.write(host / "usr/bin/nv-fabricmanager", fm)        # the operator installed 550's
+    _want_new(host, packages)
+    r = drv(host, "plan")
+    assert r.returncode == 0, r.stdout + r.stderr
+    if fm:
+        assert f"/usr/bin/nv-fabricmanager ({NEW}: its --version) is started" in r.stdout, r.stdout
+    r = drv(host, "apply")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert NEW in (host / "proc/driver/nvidia/version").read_text()
+    assert (host / "run/driverd-sim/fabric-state").read_text() == "completed\n"
+    if fm:
+        assert f"fabric manager {NEW}: fabric configured" in (host / fmsim.LOG.lstrip("/")).read_text()
