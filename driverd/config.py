@@ -141,6 +141,10 @@ SCHEMA: dict[str, Key] = {
     "userspace.fetch": Key("bool", False, "fetch driver.version's user-space package from packages.repositories (their "
                            "index's \"userspace\" entries) when userspace.package has none, and switch it with the modules",
                            driver=True),
+    "companions.fetch": Key("bool", False, "fetch driver.version's companion packages (the fabric manager, where the "
+                            "host needs one) from packages.repositories (their index's \"companions\" entries) and switch "
+                            "them with the modules (driverd build-companion makes them); a companion tree of the version "
+                            "already installed is switched to without it", driver=True),
     "userspace.max_kept": Key("int", 3, "versioned user-space trees kept under userspace.root (the current one, the "
                               "previous one and a pending switch's are never removed)"),
     "state.dir": Key("str", "/var/lib/driverd", "journal and state directory, under the root"),

@@ -35,6 +35,8 @@ class FabricManagerOffer:
     version: str                                    # the driver version wanted
     ours: FabricManagerSource | None                # driverd's companion (installed tree or package offered)
     host: FabricManagerSource | None                # the host's own
+    # the install-companion step's parameters that make `ours` current (None: it is current, or none)
+    install: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -89,9 +91,24 @@ def binary_version(root: Root, path: str) -> str | None:
     return m.group(1) if m else None
 
 
-def offer(root: Root, version: str | None, ours: FabricManagerSource | None = None) -> FabricManagerOffer | None:
-    """None when no driver version is wanted yet. `ours`: driverd's own fabric manager of `version`
-    (a companion tree or package), when there is one."""
+def offer(root: Root, cfg, version: str | None, arch: str | None = None) -> FabricManagerOffer | None:
+    """None when no driver version is wanted yet. driverd's own fabric manager of `version`: its companion
+    tree installed on this node (switched to without the network), else — with companions.fetch — its
+    companion package from packages.repositories, fetched by the run (companions.fetch)."""
     if not version:
         return None
-    return FabricManagerOffer(version, ours, host_fabricmanager(root))
+    from driverd.driver.companions import CompanionPlaces, current, of_version
+    places = CompanionPlaces.from_config(cfg, "fabricmanager")
+    ours, install = None, None
+    tree = of_version(root, places, version)
+    if tree is not None:
+        ours = FabricManagerSource(f"{places.tree(tree.name)}/bin/nv-fabricmanager", version,
+                                   f"driverd's companion tree {tree.sha[:12]}")
+        cur = current(root, places)
+        if cur is None or cur.name != tree.name or root.lexists(places.pending):
+            install = {"component": "fabricmanager", "driver": version, "sha256": tree.sha, "installed": True}
+    elif cfg["companions.fetch"] and cfg["packages.repositories"]:
+        ours = FabricManagerSource(f"{places.current}/bin/nv-fabricmanager", version,
+                                   "driverd's companion package from packages.repositories, fetched by the run")
+        install = {"component": "fabricmanager", "driver": version, "arch": arch}
+    return FabricManagerOffer(version, ours, host_fabricmanager(root), install)

@@ -24,7 +24,7 @@ DESIRED_KEYS = ("driver.version", "driver.flavor", "driver.manage", "modules.par
                 "daemons.mode")
 # The user-space half: where it comes from and where it goes.
 USERSPACE_KEYS = ("userspace.package", "userspace.fetch", "userspace.root", "userspace.bin_dir",
-                  "userspace.driver_link")
+                  "userspace.driver_link", "companions.fetch")
 
 
 def fingerprint(cfg, kernel_release: str | None, package_sha256: str | None, userspace_sha256: str | None = None,

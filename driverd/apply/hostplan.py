@@ -46,7 +46,7 @@ def _fm_offer(root, cfg, facts: Facts):
     if not (fm == "true" or (fm == "auto" and facts.nvswitches)):
         return None
     from driverd.apply.fabricmanager import offer
-    return offer(root, cfg["driver.version"])
+    return offer(root, cfg, cfg["driver.version"], facts.kernel.arch)
 
 
 def _want(facts: Facts, cfg):

@@ -27,9 +27,12 @@ def make_context(root, runner, config, kernel_choice: str | None = None, log=Non
     from driverd.kmod.daemons import select_services
     from driverd.kmod.kernel import select_kernel
     kernel = select_kernel(root, runner, kernel_choice or config["modules.kernel"])
-    # the daemons come from driverd's user-space tree when it installed one (the driver's version)
+    # the daemons come from driverd's trees when it installed them (the driver's version): the fabric
+    # manager from its companion tree, persistenced from the user-space's
+    from driverd.driver.companions import CompanionPlaces
     services = select_services(kernel, config["daemons.mode"],
-                               bin_dirs=(f"{config['userspace.root'].rstrip('/')}/current/bin",))
+                               bin_dirs=(CompanionPlaces.from_config(config, "fabricmanager").bin_dir,
+                                         f"{config['userspace.root'].rstrip('/')}/current/bin"))
     from driverd.log import log as default_log
     return StepContext(root, runner, kernel, config, services, log=log or default_log)
 

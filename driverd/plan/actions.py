@@ -29,6 +29,8 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     _a("fetch-package"), _a("verify-package", read_only=True),
     _a("install-package", PACKAGE),
     _a("fetch-userspace"), _a("install-userspace", USERSPACE), _a("restore-userspace", USERSPACE),
+    # the companions (fabric manager ...) live beside the user-space: a rollback restores both
+    _a("install-companion", USERSPACE), _a("restore-companion", USERSPACE),
     _a("restore-package", PACKAGE), _a("restore-previous-package", PACKAGE),
     _a("stop-gpu-daemons", MODULES), _a("start-gpu-daemons", MODULES),
     _a("start-persistenced", MODULES), _a("start-fabricmanager", MODULES),

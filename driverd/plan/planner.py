@@ -250,6 +250,10 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
         if not (replacing and not k.module_unload_supported):
             steps += us_install     # with the old driver out of the kernel, before the new one loads
             us_install = []
+            if fm_offer is not None and fm_offer.version == version and fm_offer.install is not None:
+                # the fabric manager of the new driver, from driverd's companion tree: before its daemons start
+                steps.append(Step("install-companion", f"the {version} fabric manager: "
+                                  f"{fm_offer.ours.evidence}", dict(fm_offer.install)))
             params = {m: p for m, p in desired.module_parameters.items() if m in mods}
             steps.append(Step("load-modules", f"{version} ({flavor}) is not loaded; nvidia_peermem: "
                               f"{ms.reasons['nvidia_peermem']}", {"modules": mods, "parameters": params,

@@ -19,6 +19,7 @@ from driverd.apply.steps.package import (FetchPackage, ForgetKernel, InstallPack
 from driverd.apply.steps.reboot import ClearReboot, RequireReboot, reboot_record
 from driverd.apply.steps.runtime import ConfigureRuntime, RestoreFiles, RevertRuntime
 from driverd.apply.steps.snapshot import Snapshot
+from driverd.apply.steps.companion import InstallCompanion, RestoreCompanion
 from driverd.apply.steps.userspace import FetchUserspace, InstallUserspace, RestoreUserspace
 from driverd.apply.steps.validate import Validate
 from driverd.plan import steplists as sl
@@ -49,7 +50,7 @@ def _driver_is_lkg(ctx, lkg: dict) -> bool:
 
 REGISTRY: Registry = {impl.action: impl for impl in (
     Snapshot(), BlacklistNouveau(), UnloadNouveau(), FetchPackage(), VerifyPackage(), InstallPackage(),
-    FetchUserspace(), InstallUserspace(), RestoreUserspace(),
+    FetchUserspace(), InstallUserspace(), RestoreUserspace(), InstallCompanion(), RestoreCompanion(),
     RestorePackage(), RestorePreviousPackage(), StopDaemons(), StartDaemons(), StartPersistenced(),
     StartFabricManager(), UnloadModules(), CheckSigners(), CheckParameters(), LoadModules(), RestoreMig(), Validate(),
     ConfigureRuntime(), RevertRuntime(), RestoreFiles(), RequireReboot(), ClearReboot(), ForgetKernel())}
