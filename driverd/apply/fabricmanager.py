@@ -37,6 +37,7 @@ class FabricManagerOffer:
     host: FabricManagerSource | None                # the host's own
     # the install-companion step's parameters that make `ours` current (None: it is current, or none)
     install: dict | None = None
+    carry: str = ""                                 # what of the operator's configuration is carried over
 
     @property
     def ok(self) -> bool:
@@ -99,7 +100,7 @@ def offer(root: Root, cfg, version: str | None, arch: str | None = None) -> Fabr
         return None
     from driverd.driver.companions import CompanionPlaces, current, of_version
     places = CompanionPlaces.from_config(cfg, "fabricmanager")
-    ours, install = None, None
+    ours, install, carry = None, None, ""
     tree = of_version(root, places, version)
     if tree is not None:
         ours = FabricManagerSource(f"{places.tree(tree.name)}/bin/nv-fabricmanager", version,
@@ -107,8 +108,31 @@ def offer(root: Root, cfg, version: str | None, arch: str | None = None) -> Fabr
         cur = current(root, places)
         if cur is None or cur.name != tree.name or root.lexists(places.pending):
             install = {"component": "fabricmanager", "driver": version, "sha256": tree.sha, "installed": True}
+            from driverd.apply.fmconfig import carried
+            settings, src = carried(root, places, tree, cur if cur is not None and cur.intact else None)
+            carry = f"; carries {', '.join(f'{k}={v}' for k, v in settings.items())} from {src}" if settings else ""
     elif cfg["companions.fetch"] and cfg["packages.repositories"]:
         ours = FabricManagerSource(f"{places.current}/bin/nv-fabricmanager", version,
                                    "driverd's companion package from packages.repositories, fetched by the run")
         install = {"component": "fabricmanager", "driver": version, "arch": arch}
-    return FabricManagerOffer(version, ours, host_fabricmanager(root), install)
+        from driverd.apply.fmconfig import in_use
+        src = in_use(root, places)[0]
+        carry = f"; the settings edited in {src} are carried to its configuration" if src else ""
+    return FabricManagerOffer(version, ours, host_fabricmanager(root), install, carry)
+
+
+def companion_step(root: Root, cfg, version: str | None) -> dict | None:
+    """The install-companion parameters that make driverd's fabric manager of driver `version` current
+    again from its installed tree — for `reload --package` and `rollback`, which name the driver by its
+    package: None when there is no such tree, or it is current already."""
+    if not version:
+        return None
+    from driverd.driver.companions import CompanionPlaces, current, of_version
+    places = CompanionPlaces.from_config(cfg, "fabricmanager")
+    tree = of_version(root, places, version)
+    if tree is None:
+        return None
+    cur = current(root, places)
+    if cur is not None and cur.name == tree.name and not root.lexists(places.pending):
+        return None
+    return {"component": "fabricmanager", "driver": version, "sha256": tree.sha, "installed": True}

@@ -43,7 +43,8 @@ def plan_for_host(root, cfg, *, facts: Facts | None = None, nvml: bool = False) 
 def _fm_offer(root, cfg, facts: Facts):
     """Only where a fabric manager is wanted: running its --version is not free."""
     fm = cfg["daemons.fabricmanager"]
-    if not (fm == "true" or (fm == "auto" and facts.nvswitches)):
+    fab = getattr(facts, "fabric", None)
+    if not (fm == "true" or (fm == "auto" and (facts.nvswitches or (fab is not None and fab.want("fabricmanager"))))):
         return None
     from driverd.apply.fabricmanager import offer
     return offer(root, cfg, cfg["driver.version"], facts.kernel.arch)

@@ -18,3 +18,17 @@ def pci_view(ctx) -> tuple:
 def boot_id(ctx) -> str | None:
     """This boot's id: a reboot requirement recorded under another one has been met."""
     return ctx.root.read_first_line("/proc/sys/kernel/random/boot_id") or None
+
+
+def wants_fabricmanager(ctx) -> bool:
+    """The host's fabric needs a fabric manager (PCI NVSwitches, or NVLink5 switch trays managed from this
+    host: driverd.host.fabric), read once per transaction."""
+    got = ctx.memo.get("fabric-fm")
+    if got is None:
+        import os
+        from driverd.host.fabric import read_fabric
+        gpus, sw, nics = pci_view(ctx)
+        got = ctx.memo["fabric-fm"] = bool(sw) or read_fabric(
+            ctx.root, gpus, sw, nics, getattr(ctx.kernel, "arch", None) or os.uname().machine).want(
+            "fabricmanager") is not None
+    return got

@@ -24,15 +24,17 @@ from driverd.errors import EXIT_REBOOT, ConfigError, DriverdError, ModuleError, 
 
 
 def make_context(root, runner, config, kernel_choice: str | None = None, log=None) -> StepContext:
-    from driverd.kmod.daemons import select_services
+    from driverd.kmod.daemons import FABRICMANAGER, select_services
     from driverd.kmod.kernel import select_kernel
     kernel = select_kernel(root, runner, kernel_choice or config["modules.kernel"])
     # the daemons come from driverd's trees when it installed them (the driver's version): the fabric
     # manager from its companion tree, persistenced from the user-space's
+    from driverd.apply.fmconfig import config_path
     from driverd.driver.companions import CompanionPlaces
+    fm = CompanionPlaces.from_config(config, "fabricmanager")
     services = select_services(kernel, config["daemons.mode"],
-                               bin_dirs=(CompanionPlaces.from_config(config, "fabricmanager").bin_dir,
-                                         f"{config['userspace.root'].rstrip('/')}/current/bin"))
+                               bin_dirs=(fm.bin_dir, f"{config['userspace.root'].rstrip('/')}/current/bin"),
+                               configs={FABRICMANAGER: config_path(fm)})
     from driverd.log import log as default_log
     return StepContext(root, runner, kernel, config, services, log=log or default_log)
 
@@ -59,11 +61,14 @@ class Request:
 def _reload_steps(package: str | None, ctx=None, userspace: str | None = None) -> list[dict]:
     """`userspace`: --userspace PACKAGE; else userspace.package's package of the new driver's version
     (driverd.repo.userspace), when it is not in use already."""
-    expect, us = None, None
+    expect, us, fm = None, None, None
     if package:
         from driverd.package.archive import read_manifest
         m = read_manifest(package)
         expect = [m.driver_version, m.flavor]
+        if ctx is not None:
+            from driverd.apply.fabricmanager import companion_step
+            fm = companion_step(ctx.root, ctx.config, m.driver_version)
         if userspace:
             us = {"package": userspace, "driver": m.driver_version}
         elif ctx is not None:
@@ -74,7 +79,7 @@ def _reload_steps(package: str | None, ctx=None, userspace: str | None = None) -
     elif userspace:
         raise UsageError("--userspace needs --package", cause="a reload without a new package keeps the driver and "
                          "its user-space", fix="pass the driver package with --package, or use driverd apply")
-    return sl.reload_steps(package, expect, us)
+    return sl.reload_steps(package, expect, us, fm)
 
 
 def previous_target(ctx, release: str | None = None) -> str | None:
@@ -115,8 +120,12 @@ def previous_userspace(ctx, target_sha256: str | None) -> dict | None:
 
 
 def _rollback_steps(ctx) -> list[dict]:
+    from driverd.apply.fabricmanager import companion_step
+    from driverd.driver.kept import lookup
     target = previous_target(ctx)
-    return sl.rollback_steps(target, previous_userspace(ctx, target))
+    k = lookup(ctx.root, ctx.config["state.dir"], target) if target else None
+    return sl.rollback_steps(target, previous_userspace(ctx, target),
+                             companion_step(ctx.root, ctx.config, k.version) if k is not None else None)
 
 
 def rollback_install_request(release: str) -> Request:

@@ -28,7 +28,6 @@ same package, byte for byte, with or without it.
 """
 from __future__ import annotations
 
-import hashlib
 import lzma
 import os
 import posixpath

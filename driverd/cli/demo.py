@@ -1,7 +1,8 @@
 """`driverd demo`: the whole product on a simulated DGX-class host in well under a minute, no GPU.
 
 detect -> plan -> apply (fetch, verify, install, load, validate) -> status, an upgrade to 550.127.05
-that switches both halves of the driver (kernel modules and user-space) in one transaction, then an
+that switches the driver (kernel modules, user-space and the fabric manager of its version) in one
+transaction, then an
 upgrade to a package whose GSP firmware is missing: the load fails with the kernel's NVRM lines and the
 host rolls back to the last-known-good driver, validated; `driverd rollback` goes back to 535, both halves.
 The user-space half needs root (its install runs `ldconfig -r`, which chroots): without it the demo
@@ -31,6 +32,8 @@ UPGRADE = "550.127.05"
 # the driver's user-space from the same repository (its index lists the "userspace" packages)
 USERSPACE = """[userspace]
 fetch = true
+[companions]
+fetch = true          # and its fabric manager (the host has 4 NVSwitches), switched with the driver
 """
 
 
@@ -111,7 +114,8 @@ def run_demo(workdir: str | None, as_json: bool = False, kubeconfig: str | None 
 def _run_demo(workdir: str | None, as_json: bool, kubeconfig: str | None, keep: bool = False) -> int:
     from driverd.cli import main
     from driverd.cli.interrupt import EXIT_INTERRUPTED, EXIT_TERMINATED
-    from driverd.sim.scenario import dgx_spec, make_host, make_packages, make_userspace_packages
+    from driverd.sim.scenario import (dgx_spec, make_companion_packages, make_host, make_packages,
+                                      make_userspace_packages)
     t0 = time.monotonic()
     wd = prepare_workdir(workdir)
     root, repo = wd / "host", wd / "repo"
@@ -129,6 +133,7 @@ def _run_demo(workdir: str | None, as_json: bool, kubeconfig: str | None, keep: 
         _say("   building the package repository (fake but real ELF modules and user-space libraries) ...")
         pk = make_packages(repo, sign_key=key)
         make_userspace_packages(repo)
+        make_companion_packages(repo)
         marker.write_text("\n".join(f"{k} {v}" for k, v in pk.items()) + "\n")
     # a fresh serial and expiry for the index (signed, so the node checks both)
     write_index(repo, sign_key=str(key), verify=False)
@@ -150,8 +155,8 @@ def _run_demo(workdir: str | None, as_json: bool, kubeconfig: str | None, keep: 
               ("plan: what driverd will do, and why", ["plan", "--root", r]),
               ("apply: fetch -> verify -> install -> load -> validate (journaled step by step)", ["apply", "--root", r]),
               ("status", ["status", "--root", r]),
-              ("upgrade to 550.127.05: " + ("both halves — kernel modules and user-space — in one transaction"
-                                            if both else "the kernel modules"),
+              ("upgrade to 550.127.05: " + ("the whole driver — kernel modules, user-space and its fabric manager — "
+                                            "in one transaction" if both else "the kernel modules"),
                ["apply", "--root", r, "--driver", UPGRADE]),
               ("upgrade to 550.127.08, whose package lacks its GSP firmware: the load fails, driverd rolls back",
                ["reload", "--root", r, "--package", pk["broken"]]),

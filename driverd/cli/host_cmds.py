@@ -298,6 +298,8 @@ def render_plan(p: dict) -> str:
         lines.append(f"modules: {', '.join(p['modules'])}")
     if p["persistence"]:            # a daemon, not a module: a line of its own
         lines.append("daemons: nvidia-persistenced")
+    if p.get("fabric"):
+        lines.append(f"fabric: {p['fabric']}")
     sig = p.get("signatures")
     if sig:
         lines.append(f"signatures: {sig['status']}: {sig['summary']}"

@@ -43,20 +43,27 @@ class DaemonStatus:
 class Services(ABC):
     mode = "abstract"
 
-    def __init__(self, kernel, bin_dirs: tuple[str, ...] = ()) -> None:
+    def __init__(self, kernel, bin_dirs: tuple[str, ...] = (), configs: dict[str, str] | None = None) -> None:
         self.kernel = kernel
         self.root = kernel.root
         self.runner = kernel.runner
         self.bin_dirs = bin_dirs
+        self.configs = configs or {}
 
     def command(self, name: str) -> list[str]:
-        """The daemon's argv: its binary from the first of `bin_dirs` that has it, else the host's."""
+        """The daemon's argv: its binary from the first of `bin_dirs` that has it, else the host's. A binary
+        of driverd's runs with driverd's configuration for it (`configs`: the fabric manager's, written with
+        its companion tree), when there is one."""
         argv = list(COMMANDS[name])
         exe = os.path.basename(argv[0])
         for d in self.bin_dirs:
             p = f"{d.rstrip('/')}/{exe}"
             if self.root.is_executable(p):
-                return [p, *argv[1:]]
+                argv = [p, *argv[1:]]
+                cfg = self.configs.get(name)
+                if cfg and "-c" in argv and self.root.is_file(cfg):
+                    argv[argv.index("-c") + 1] = cfg
+                return argv
         return argv
 
     def from_userspace(self, name: str) -> bool:
@@ -183,7 +190,8 @@ def transient_unit(name: str) -> str:
     return "driverd-" + UNITS[name]
 
 
-def select_services(kernel, mode: str = "auto", bin_dirs: tuple[str, ...] = ()) -> Services:
+def select_services(kernel, mode: str = "auto", bin_dirs: tuple[str, ...] = (),
+                    configs: dict[str, str] | None = None) -> Services:
     """systemd on a host that runs it, child processes in the driver container; a kernel backend
     with its own services (the simulated one) brings them through driverd.backends. `bin_dirs`: where
     the driver's own binaries are looked for first (driverd's user-space tree)."""
@@ -200,14 +208,16 @@ def select_services(kernel, mode: str = "auto", bin_dirs: tuple[str, ...] = ()) 
         from driverd.errors import ConfigError
         raise ConfigError(f"daemons.mode {mode} is not available in this process",
                           fix="use daemons.mode auto, systemd or child")
-    return factory(kernel, bin_dirs)
+    return factory(kernel, bin_dirs, configs)
 
 
-def wanted_daemons(cfg, nvswitches: int) -> list[str]:
+def wanted_daemons(cfg, nvswitches: int, fabric_wants_fm: bool = False) -> list[str]:
+    """`fabric_wants_fm`: the host's fabric needs one although no NVSwitch is on PCI (NVLink5 switch trays
+    managed from this host, driverd.host.fabric)."""
     out = []
     if cfg["daemons.persistenced"]:
         out.append(PERSISTENCED)
     fm = cfg["daemons.fabricmanager"]
-    if fm == "true" or (fm == "auto" and nvswitches):
+    if fm == "true" or (fm == "auto" and (nvswitches or fabric_wants_fm)):
         out.append(FABRICMANAGER)
     return out

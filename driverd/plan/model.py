@@ -73,6 +73,8 @@ class Plan:
     # Per runtime the plan configures: what the handler needs on this host and whether it has it (its
     # binary, CDI). A missing binary is a warning, never a block: the toolkit may come after driverd.
     runtimes: tuple[HandlerNeeds, ...] = ()
+    # The host's GPU fabric and what it needs (driverd.host.fabric), None where it has none
+    fabric: str | None = None
 
     @property
     def changes(self) -> tuple[Step, ...]:

@@ -253,7 +253,7 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
             if fm_offer is not None and fm_offer.version == version and fm_offer.install is not None:
                 # the fabric manager of the new driver, from driverd's companion tree: before its daemons start
                 steps.append(Step("install-companion", f"the {version} fabric manager: "
-                                  f"{fm_offer.ours.evidence}", dict(fm_offer.install)))
+                                  f"{fm_offer.ours.evidence}{fm_offer.carry}", dict(fm_offer.install)))
             params = {m: p for m, p in desired.module_parameters.items() if m in mods}
             steps.append(Step("load-modules", f"{version} ({flavor}) is not loaded; nvidia_peermem: "
                               f"{ms.reasons['nvidia_peermem']}", {"modules": mods, "parameters": params,
@@ -268,7 +268,9 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
         steps.append(Step("start-persistenced", "keeps the GPUs initialised between jobs (daemons.persistenced)"))
     fm = facts.daemon("nv-fabricmanager")
     fm_warnings: list[str] = []
-    want_fm = desired.fabricmanager == "true" or (desired.fabricmanager == "auto" and facts.nvswitches)
+    fab = getattr(facts, "fabric", None)
+    want_fm = desired.fabricmanager == "true" or (desired.fabricmanager == "auto" and (
+        facts.nvswitches or (fab is not None and fab.want("fabricmanager") is not None)))
     if want_fm and (loading or not (fm and fm.running)) and not reboot_only(reboot, d, k):
         which = ""
         if fm_offer is not None and fm_offer.version == version:
@@ -279,8 +281,9 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
             elif loading and not fm_offer.ok and (fm_offer.ours or fm_offer.host) is not None:
                 fm_warnings.append(f"cannot tell that the fabric manager started after the load is {version}'s: "
                                    + fm_offer.why_not().partition(": ")[2])
-        steps.append(Step("start-fabricmanager", f"{len(facts.nvswitches)} NVSwitch(es) need fabric manager "
-                          f"before CUDA can use NVLink{which}"))
+        need = (f"{len(facts.nvswitches)} NVSwitch(es) need fabric manager" if facts.nvswitches else
+                "the NVLink5 switch trays managed from this host need fabric manager")
+        steps.append(Step("start-fabricmanager", f"{need} before CUDA can use NVLink{which}"))
     steps += runtime_steps(facts, desired)
     persistence = desired.persistenced and not reboot_only(reboot, d, k)
     if loading or switching_us:
@@ -301,7 +304,25 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
                 tuple(blocked), tuple(facts.warnings) + decision.warnings + ms.warnings
                 + tuple(runtime_warnings(facts, desired)) + tuple(fm_warnings),
                 signers.to_json() if signers is not None and not want_loaded else None,
-                modules=tuple(mods), persistence=persistence, runtimes=tuple(runtime_needs(facts, desired)))
+                modules=tuple(mods), persistence=persistence, runtimes=tuple(runtime_needs(facts, desired)),
+                fabric=fabric_summary(fab))
+
+
+def fabric_summary(fab) -> str | None:
+    """The plan's line on the host's fabric: its kind, why, and what it needs (waiting or missing said)."""
+    if fab is None or fab.kind == "none":
+        return None
+    wants = []
+    for c in fab.wants:
+        w = c.name
+        if c.waiting_for:
+            w += f" (after {', '.join(c.after_modules)}; not loaded yet: {', '.join(c.waiting_for)})"
+        elif c.after_modules:
+            w += f" (after {', '.join(c.after_modules)})"
+        if c.present is False:
+            w += f" ({c.path} is missing: {c.how})" if c.how else f" ({c.path} is missing)"
+        wants.append(w)
+    return f"{fab.kind}: {fab.why}" + (f"; wants {', '.join(wants)}" if wants else "")
 
 
 def runtime_needs(facts: Facts, desired: Desired) -> list:

@@ -164,3 +164,43 @@ def make_packages(out: str | os.PathLike, release: str = RELEASE, sign_key: str 
     write_index(out, sign_key=key)
     write_index(out / "broken", sign_key=key)
     return pk
+
+
+def make_companion_packages(out: str | os.PathLike, versions: tuple[str, ...] = ("535.261.03", "550.127.05"),
+                            arch: str = "x86_64") -> dict[str, Path]:
+    """The fabric manager companion of those drivers: an archive in NVIDIA's redistributable layout
+    (fabricmanager-linux-<arch>-<version>-archive/: bin/, etc/, share/, LICENSE) whose nv-fabricmanager is the
+    version-checking stand-in (sim/fabricmanager.py), packed by the same builder as NVIDIA's archives
+    (driverd build-companion) into `out`: version -> package."""
+    import io
+    import lzma
+    import tarfile
+    import tempfile
+    from driverd.build.companion import build_from_archive
+    from driverd.sim.fabricmanager import script
+    out = Path(out)
+    made = {}
+    with tempfile.TemporaryDirectory(prefix="driverd-sim-companion.") as t:
+        for v in versions:
+            top = f"fabricmanager-linux-{arch}-{v}-archive"
+            files = {"LICENSE": (b"NVIDIA Software License Agreement (simulated)\n", 0o644),
+                     "bin/nv-fabricmanager": (script(v).encode(), 0o755),
+                     "etc/fabricmanager.cfg": (b"LOG_LEVEL=4\nLOG_FILE_NAME=/var/log/fabricmanager.log\nDAEMONIZE=1\n"
+                                               b"FABRIC_MODE=0\nTOPOLOGY_FILE_PATH=/usr/share/nvidia/nvswitch\n", 0o644),
+                     "share/nvidia/nvswitch/dgxh100_hgxh100_topology": (b"simulated HGX H100 topology\n", 0o644)}
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+                dirs = sorted({top} | {f"{top}/{'/'.join(p.split('/')[:i])}" for p in files
+                                       for i in range(1, p.count('/') + 1)})
+                for d in dirs:
+                    ti = tarfile.TarInfo(d)
+                    ti.type, ti.mode, ti.mtime = tarfile.DIRTYPE, 0o755, 1700000000
+                    tar.addfile(ti)
+                for p, (data, mode) in sorted(files.items()):
+                    ti = tarfile.TarInfo(f"{top}/{p}")
+                    ti.size, ti.mode, ti.mtime = len(data), mode, 1700000000
+                    tar.addfile(ti, io.BytesIO(data))
+            a = Path(t) / f"{top}.tar.xz"
+            a.write_bytes(lzma.compress(buf.getvalue(), preset=1))
+            made[v] = build_from_archive(a, out).ref.path
+    return made

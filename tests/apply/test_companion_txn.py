@@ -42,6 +42,9 @@ def _hgx(tmp_path, packages, new_fm_script: str):
     write_index(repo)
     root = make_host(tmp_path / "root", dgx_spec(gpus=8, nvswitches=4, nouveau=False))
     fmsim.write(root / "usr/bin/nv-fabricmanager", OLD)             # the distribution's, of the host's driver
+    cfg = root / "usr/share/nvidia/nvswitch/fabricmanager.cfg"      # and its configuration, edited by the operator
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text("LOG_LEVEL=2\nDAEMONIZE=1\nFABRIC_MODE=1\nTOPOLOGY_FILE_PATH=/usr/share/nvidia/nvswitch\n")
     install(Root(root), packages["old"], Runner())
     ci.install(Root(root), _fm(tmp_path / "b-old", OLD, fmsim.script(OLD)), places=P, driver=OLD)
     assert drv(root, "load").returncode == 0
@@ -58,14 +61,22 @@ def test_535_to_550_switches_the_fabric_manager_with_the_driver(tmp_path, packag
     r = drv(root, "plan")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "install-companion" in r.stdout and "driverd's companion package from packages.repositories" in r.stdout
+    assert "the settings edited in /usr/share/nvidia/nvswitch/fabricmanager.cfg are carried" in r.stdout, r.stdout
     r = drv(root, "apply")
     assert r.returncode == 0, r.stdout + r.stderr
     assert NEW in (root / "proc/driver/nvidia/version").read_text()
     assert current(Root(root), P).version == NEW
     assert (root / "run/driverd-sim/fabric-state").read_text() == "completed\n"
     assert f"fabric manager {NEW}: fabric configured" in (root / fmsim.LOG.lstrip("/")).read_text()
+    # the operator's FABRIC_MODE and LOG_LEVEL carried into 550's configuration (not the host's file path), which
+    # the running fabric manager was started with
+    conf = (root / P.records.lstrip("/") / "fabricmanager.cfg").read_text()
+    assert "FABRIC_MODE=1" in conf and "LOG_LEVEL=2" in conf and "TOPOLOGY_FILE_PATH" not in conf, conf
+    cmdlines = [p.read_text() for p in (root / "proc").glob("*/cmdline")]
+    assert any("nv-fabricmanager" in c and f"{P.records}/fabricmanager.cfg" in c for c in cmdlines), cmdlines
     steps = {s["action"]: s for s in journal(root)["steps"]}
     comp = steps["install-companion"]
+    assert comp["result"]["carried"] == {"LOG_LEVEL": "2", "FABRIC_MODE": "1"}
     assert comp["status"] == "done" and comp["finished_at"] >= comp["started_at"]
     order = [s["action"] for s in journal(root)["steps"]]
     assert order.index("unload-modules") < order.index("install-companion") < order.index("load-modules") \

@@ -56,6 +56,31 @@ def us_packages(tmp_path_factory):
             for k, v in (("old", OLD[0]), ("new", NEW[0]), ("broken", "550.127.08"))}
 
 
+def fm_in_use(root) -> tuple[str | None, bool]:
+    """(version of driverd's fabric manager companion in use, a companion switch pending)."""
+    from driverd.driver.companions import CompanionPlaces, current
+    from driverd.root import Root
+    p = CompanionPlaces("fabricmanager")
+    cur = current(Root(root), p)
+    return (cur.version if cur and cur.intact else None), (Path(root) / p.pending.lstrip("/")).exists()
+
+
+@pytest.fixture(scope="module")
+def fm_packages(tmp_path_factory):
+    """Fabric manager companion packages of both versions (issue 46), built by build-companion from archives in
+    NVIDIA's layout made by tests/packages/companionfake.py; nv-fabricmanager is the version-checking stand-in."""
+    from driverd.build.companion import build_from_archive
+    from driverd.sim import fabricmanager as fmsim
+    from tests.packages import companionfake as cf
+    t = tmp_path_factory.mktemp("fm")
+    out = {}
+    for key, v in (("fm-old", OLD[0]), ("fm-new", NEW[0])):
+        arch = cf.archive(t / key, "fabricmanager", v,
+                          edit=lambda ms, v=v: cf.swap(ms, "bin/nv-fabricmanager", data=fmsim.script(v).encode()))
+        out[key] = build_from_archive(arch, t / "out").ref.path
+    return out
+
+
 def _host(base: Path, kind: str, packages) -> Path:
     from driverd.install.modules import install
     from driverd.root import Root
@@ -74,6 +99,12 @@ def _host(base: Path, kind: str, packages) -> Path:
         (root / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
         (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
         ui.install(Root(root), packages["us-old"], Runner())
+    if kind == "loaded-fm":           # both companions installed, 535's in use: a reload switches to 550's tree
+        from driverd.driver.companions import CompanionPlaces
+        from driverd.install import companion as ci
+        p = CompanionPlaces("fabricmanager")
+        ci.install(Root(root), packages["fm-new"], places=p)
+        ci.install(Root(root), packages["fm-old"], places=p)
     r = drv(root, "load")
     assert r.returncode == 0, r.stderr
     return root
@@ -115,6 +146,8 @@ SCENARIOS = {
     "reload-with-userspace": ("loaded-us", ("reload", "--package", "new", "--userspace", "us-new"), (NEW, "done")),
     "failing-reload-with-userspace": ("loaded-us", ("reload", "--package", "broken", "--userspace", "us-broken"),
                                       (OLD, "rolled-back")),
+    # issue 46: the fabric manager's companion tree switched with the modules (install-companion)
+    "reload-with-fabricmanager": ("loaded-fm", ("reload", "--package", "new"), (NEW, "done")),
 }
 
 
@@ -128,6 +161,8 @@ def test_kill9_after_every_durable_effect(tmp_path, packages, name, request):
             from tests.conftest import missing_component
             missing_component("ldconfig -r ROOT chroots: the user-space crash matrix runs as root (CI does)")
         packages = {**packages, **request.getfixturevalue("us_packages")}
+    if kind == "loaded-fm":
+        packages = {**packages, **request.getfixturevalue("fm_packages")}
     args = tuple(str(packages[a]) if a in packages else a for a in cmd)
     template = _host(tmp_path / "template", kind, packages)
     count = tmp_path / "count"
@@ -139,6 +174,9 @@ def test_kill9_after_every_durable_effect(tmp_path, packages, name, request):
     assert final(count)[0] == want and journal(count)["state"] == want_state
     if kind == "loaded-us":
         assert us_in_use(count) == (want[0], False)
+    if kind == "loaded-fm":
+        assert fm_in_use(count) == (want[0], False)
+        assert any("install-companion" in s["action"] for s in journal(count)["steps"])
     assert len(labels) >= 20, labels
 
     def trial(n: int) -> tuple[int, str, str]:
@@ -157,6 +195,8 @@ def test_kill9_after_every_durable_effect(tmp_path, packages, name, request):
         assert not pending_markers(root), (where, pending_markers(root))
         if kind == "loaded-us":       # both halves of one driver: the user-space in use is the loaded version's
             assert us_in_use(root) == (loaded[0], False), (where, us_in_use(root))
+        if kind == "loaded-fm":       # and its fabric manager
+            assert fm_in_use(root) == (loaded[0], False), (where, fm_in_use(root))
         shutil.rmtree(root)
         return n, labels[n - 1], doc["state"]
 

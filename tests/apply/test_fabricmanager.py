@@ -87,3 +87,27 @@ def test_an_upgrade_with_the_new_versions_fabric_manager_goes_ahead_and_the_fabr
     assert (host / "run/driverd-sim/fabric-state").read_text() == "completed\n"
     if fm:
         assert f"fabric manager {NEW}: fabric configured" in (host / fmsim.LOG.lstrip("/")).read_text()
+
+
+@pytest.mark.parametrize("spec, kind, wants", [
+    ("hgx_b200_spec", "nvlink5-switch-tray", ["wants fabricmanager", "nvlsm (after mlx5_core, ib_core, ib_umad"]),
+    ("gb200_spec", "nvlink5-imex", ["wants imex", "imex-channel0 (/dev/nvidia-caps-imex-channels/channel0 is missing",
+                                    "NVreg_CreateImexChannel0=1"]),
+])
+def test_plan_says_which_nvlink5_fabric_the_host_has_and_what_it_needs(tmp_path, spec, kind, wants):
+    import json
+    from driverd.sim import scenario
+    root = scenario.make_host(tmp_path / "h", getattr(scenario, spec)())
+    r = drv(root, "plan", "--driver", "570.172.08", "--json")
+    assert r.returncode in (0, 3), r.stdout + r.stderr
+    p = json.loads(r.stdout)
+    assert p["fabric"].startswith(f"{kind}: "), p["fabric"]
+    for w in wants:
+        assert w in p["fabric"], (w, p["fabric"])
+    text = drv(root, "plan", "--driver", "570.172.08").stdout
+    assert f"fabric: {kind}: " in text, text
+    fm = [s for s in p["steps"] if s["action"] == "start-fabricmanager"]
+    if kind == "nvlink5-switch-tray":      # no NVSwitch on PCI: the switch trays still want fabric manager
+        assert fm and "NVLink5 switch trays managed from this host" in fm[0]["reason"], p["steps"]
+    else:
+        assert not fm                      # GB200: no local fabric manager (IMEX instead)

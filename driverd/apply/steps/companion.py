@@ -14,6 +14,28 @@ def _places(ctx, component: str):
     return CompanionPlaces.from_config(ctx.config, component)
 
 
+def _config_done(ctx, places, tree) -> bool:
+    if places.component != "fabricmanager":
+        return True
+    from driverd.apply.fmconfig import written_for
+    return written_for(ctx.root, places, tree)
+
+
+def _configured(ctx, places, res: dict) -> dict:
+    """The fabric manager's configuration for the tree now current, with the operator's settings carried
+    from the one in use (apply/fmconfig.py)."""
+    if places.component != "fabricmanager":
+        return res
+    from driverd.apply import fmconfig
+    from driverd.driver.companions import current, lookup
+    new = current(ctx.root, places)
+    if new is None or not new.intact:
+        return res
+    old = lookup(ctx.root, places, res["replaced"]) if res.get("replaced") else None
+    path, carried = fmconfig.write(ctx.root, places, new, old)
+    return {**res, "config": path, "carried": carried}
+
+
 class InstallCompanion(StepImpl):
     """The driver version's companion: its installed tree (`installed`: found on disk by the planner: nothing
     is fetched), else its package from packages.repositories (driverd.repo.companion), checked while unpacked."""
@@ -21,21 +43,22 @@ class InstallCompanion(StepImpl):
 
     def check(self, ctx, params):
         from driverd.driver.companions import current
-        cur = current(ctx.root, _places(ctx, params["component"]))
+        places = _places(ctx, params["component"])
+        cur = current(ctx.root, places)
         return cur is not None and cur.intact and cur.version == params["driver"] and \
-            not ctx.root.lexists(_places(ctx, params["component"]).pending)
+            not ctx.root.lexists(places.pending) and _config_done(ctx, places, cur)
 
     def do(self, ctx, params):
         from driverd.install import companion as ci
         places = _places(ctx, params["component"])
         if params.get("installed"):
-            return ci.restore(ctx.root, params["sha256"], ctx.runner, places=places).to_json()
+            return _configured(ctx, places, ci.restore(ctx.root, params["sha256"], ctx.runner, places=places).to_json())
         from driverd.repo.companion import fetch
         found = fetch(ctx.root, ctx.config, params["component"], params["driver"],
                       params.get("arch") or os.uname().machine, runner=ctx.runner)
         rep = ci.install(ctx.root, found.package, ctx.runner, places=places, driver=params["driver"],
                          expected_sha256=found.sha256)
-        return {**rep.to_json(), "source": found.source}
+        return _configured(ctx, places, {**rep.to_json(), "source": found.source})
 
     def undo(self, ctx, params, entry):
         res = entry.get("result") or {}
@@ -53,15 +76,19 @@ class RestoreCompanion(StepImpl):
     action = "restore-companion"
 
     def check(self, ctx, params):
-        from driverd.driver.companions import is_installed
-        return is_installed(ctx.root, _places(ctx, params["component"]), params.get("sha256"))
+        from driverd.driver.companions import current, is_installed
+        places = _places(ctx, params["component"])
+        if not is_installed(ctx.root, places, params.get("sha256")):
+            return False
+        cur = current(ctx.root, places)
+        return cur is None or _config_done(ctx, places, cur)
 
     def do(self, ctx, params):
         from driverd.install import companion as ci
         if params.get("sha256") is not None and not isinstance(params["sha256"], str):
             raise PackageError("restore-companion: sha256 is not a string", fix="report this journal")
-        return ci.restore(ctx.root, params.get("sha256"), ctx.runner,
-                          places=_places(ctx, params["component"])).to_json()
+        places = _places(ctx, params["component"])
+        return _configured(ctx, places, ci.restore(ctx.root, params.get("sha256"), ctx.runner, places=places).to_json())
 
     def describe(self, params):
         sha = params.get("sha256")

@@ -67,7 +67,8 @@ def _daemons(ctx, params) -> list[str]:
     if d == "all" or d is None and params.get("all"):
         return [dmn.PERSISTENCED, dmn.FABRICMANAGER]
     if d is None:
-        return dmn.wanted_daemons(ctx.config, _nics_switches(ctx)[1])
+        from driverd.apply.hostview import wants_fabricmanager
+        return dmn.wanted_daemons(ctx.config, _nics_switches(ctx)[1], wants_fabricmanager(ctx))
     return list(d)
 
 
