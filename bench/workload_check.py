@@ -37,11 +37,19 @@ def main() -> int:
         print(f"no loaded driver or user-space here (driver {version}, user-space {us.to_json()})")
         return 2
     cuda = str(root.path(us.libs["libcuda.so.1"]))
-    bare, full, last = [], [], None
+    bare, full, finding, last = [], [], [], None
     for _ in range(a.n):
+        # each measurement starts with the GPU idle: the check's child ends (its contexts torn down) after
+        # the check has its answer, and that teardown must not land in the next measurement
+        time.sleep(0.5)
         t = time.perf_counter()
         subprocess.run([sys.executable, "-c", BARE, cuda], check=True, capture_output=True)
         bare.append(time.perf_counter() - t)
+        time.sleep(0.5)
+        t = time.perf_counter()
+        quick(root, version, a.driver_root)
+        finding.append(time.perf_counter() - t)
+        time.sleep(0.5)
         t = time.perf_counter()
         last = check(root, version, expected, driver_root=a.driver_root)
         full.append(time.perf_counter() - t)
@@ -50,6 +58,7 @@ def main() -> int:
     print(f"driver {version}, user-space {us.version} in {us.lib_dir}, {len(expected)} GPU(s)")
     print(f"bare cuInit child          median {b:6.3f} s")
     print(f"workload check (ok={ok})   median {f:6.3f} s   {f / max(1, len(expected)):6.3f} s per GPU")
+    print(f"  of which finding the user-space (in driverd's process): median {statistics.median(finding):6.3f} s")
     print(f"ratio workload check / bare cuInit: {f / b:.2f}")
     if last and not ok:
         print("problems: " + "; ".join(last.problems))

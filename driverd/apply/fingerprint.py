@@ -89,14 +89,19 @@ def recorded_settings(rec: dict | None) -> dict | None:
     return settings if isinstance(settings, dict) else None
 
 
-def write(sctx, cfg, loaded: dict | None) -> bool:
+def write(sctx, cfg, loaded: dict | None, left_to: str | None = None, validation: dict | None = None) -> bool:
     """Record a converge of the host as it is now; written only when something in it changed (an idle
-    daemon writes nothing)."""
+    daemon writes nothing). `left_to`: the driver is another package manager's (the plan's
+    driver_managed_by): the record says so, so that a restarted container goes ready at once on it too
+    (issue 47) while nothing takes that driver for driverd's (DriverState.last_converged skips it)."""
     root = sctx.root
     _, package, userspace = _halves(sctx, cfg)
     rec = {"fingerprint": fingerprint(cfg, sctx.kernel.release, package, userspace), "driver": loaded,
            "package_sha256": package, "userspace_sha256": userspace, "kernel": sctx.kernel.release,
            "parameters": cfg["modules.parameters"], "settings": cfg.driver_settings()}
+    if left_to:
+        # and what its validation expects (the modules as the host runs them, no daemon of driverd's)
+        rec["left_to"], rec["validation"] = left_to, validation or {}
     old = read(root, cfg)
     if old is not None and {k: old.get(k) for k in rec} == rec:
         return False

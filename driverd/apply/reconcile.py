@@ -217,10 +217,11 @@ class Reconciler:
             (f", workload-ready (CUDA on {len((wl.get('cuda') or {}).get('devices') or [])} GPU(s))" if wl else "") + \
             (f" ({', '.join(p.modules)}; left to {p.driver_managed_by})" if left_alone else "")
         self._refresh_cdi(sctx, cfg, res)
-        if left_alone:
-            return          # nothing of driverd's to record: the fast path must not take this driver for ours
         try:
-            fpr.write(sctx, cfg, loaded)
+            # a driver left to the host is recorded as such: a restarted container goes ready at once on it
+            # too, and nothing takes it for driverd's (the record's left_to)
+            fpr.write(sctx, cfg, loaded, left_to=p.driver_managed_by if left_alone else None,
+                      validation=p.validation() if left_alone else None)
         except (OSError, DriverdError) as e:
             res.warnings.append(f"cannot record the converged state: {e}")
 

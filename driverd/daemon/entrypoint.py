@@ -2,7 +2,14 @@
 roll, an eviction); when the host already is what the configuration asks - the same driver loaded
 and valid, the same configuration, kernel and package as the last converge recorded - it must not
 unload anything, restart daemons or touch the runtimes: it goes ready at once and leaves the host to
-the reconcile loop's next pass. Read-only: no lock, no journal, no file written."""
+the reconcile loop's next pass. Read-only: no lock, no journal, no file written.
+
+What it checks, and why that is enough: the record of the last converge (its fingerprint: the configuration
+that decides the host, the kernel, the kernel package's and the user-space's sha256) matches the host now; no
+run is pending and no reboot is required; the kernel runs the driver the record names (a driver left to the
+host — the record's left_to — included: its package manager changing it changes what is loaded); the GPU
+daemons it wants run; and the validation passes, workload check included, so ready still means CUDA works.
+Anything else that could differ is decided by those inputs, which the converge that wrote the record proved."""
 from __future__ import annotations
 
 from driverd.apply import fingerprint as fpr
@@ -35,15 +42,18 @@ def fast_path(sctx, cfg) -> tuple[dict | None, str]:
         return None, f"the loaded driver ({_name(loaded)}) is not the one last converged ({_name(rec.get('driver'))})"
     from driverd.host import pci
     _, switches, _ = pci.classify(sctx.root, pci.scan(sctx.root, []), [])
-    missing = [d for d in dmn.wanted_daemons(cfg, len(switches)) if not sctx.services.running(d)]
+    # a driver left to the host has the host's daemons, or none: driverd starts none for it (as its reconcile)
+    wanted = [] if rec.get("left_to") else dmn.wanted_daemons(cfg, len(switches))
+    missing = [d for d in wanted if not sctx.services.running(d)]
     if missing:
         return None, f"{', '.join(missing)} not running: the first reconcile starts it (no reload)"
     try:
-        validate_driver(sctx, {})
+        validate_driver(sctx, dict(rec.get("validation") or {}) if rec.get("left_to") else {})
     except DriverdError as e:
         return None, e.one_line()
-    return loaded, f"driver {loaded['version']} ({loaded['flavor']}) is loaded and valid and the configuration is " \
-                   "unchanged since the last converge: nothing reloaded or restarted"
+    left = f", left to {rec['left_to']}" if rec.get("left_to") else ""
+    return loaded, f"driver {loaded['version']} ({loaded['flavor']}{left}) is loaded and valid and the configuration " \
+                   "is unchanged since the last converge: nothing reloaded or restarted"
 
 
 def _name(d: dict | None) -> str:

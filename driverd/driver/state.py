@@ -104,6 +104,8 @@ class DriverState:
         by an older driverd in cluster mode may only have its node-driver record."""
         rec = self.converged_record()
         if rec is not None:
+            if rec.get("left_to"):
+                return None         # the host's own driver, converged as it is: not one driverd keeps
             got = DriverId.from_dict(rec.get("driver"))
             if got is not None:
                 return got

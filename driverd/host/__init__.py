@@ -1,15 +1,23 @@
 """Read-only host facts. `collect(root)` returns one immutable snapshot; nothing is changed."""
 from __future__ import annotations
 
-from driverd.host.facts import Facts
-from driverd.root import Root
-from driverd.runtime.model import DEFAULT_BINARY
+from typing import TYPE_CHECKING
+
+# Nothing is imported here at module level: driverd.host.cudaprobe, the workload check's child, is a module of
+# this package and pays for every import of it (the facts' classes alone are ~50 ms) at every check.
+if TYPE_CHECKING:
+    from driverd.host.facts import Facts
+    from driverd.root import Root
 
 
 def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia",
-            binary: str = DEFAULT_BINARY, driver_root: str | None = None) -> Facts:
-    """`handler` and `binary`: runtime.handler and runtime.binary, whose needs each runtime reports;
-    `driver_root`: validation.driver_root, where the driver's user-space is looked for first."""
+            binary: str | None = None, driver_root: str | None = None) -> Facts:
+    """`handler` and `binary`: runtime.handler and runtime.binary (default the toolkit's
+    /usr/bin/nvidia-container-runtime), whose needs each runtime reports; `driver_root`:
+    validation.driver_root, where the driver's user-space is looked for first."""
+    from driverd.host.facts import Facts
+    from driverd.runtime.model import DEFAULT_BINARY
+    binary = binary or DEFAULT_BINARY
     from driverd.host import kernel, keyrings, modules, nouveau, osrelease, ownership, pci, processes, rdma, runtimes
     from driverd.host import fabric, workload
     from driverd.host.facts import NvmlFacts

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import sys
+import threading
 
 # CUDA driver API result codes (cuda.h, CUresult) we name when cuGetErrorName itself is unusable.
 _CU_NAMES = {0: "CUDA_SUCCESS", 3: "CUDA_ERROR_NOT_INITIALIZED", 100: "CUDA_ERROR_NO_DEVICE",
@@ -22,9 +24,15 @@ _CU_NAMES = {0: "CUDA_SUCCESS", 3: "CUDA_ERROR_NOT_INITIALIZED", 100: "CUDA_ERRO
              46: "CUDA_ERROR_DEVICES_UNAVAILABLE", 214: "CUDA_ERROR_ECC_UNCORRECTABLE"}
 
 
+_EMIT = threading.Lock()
+CUINIT_DONE = threading.Event()          # cuInit returned (or failed): NVML may open the GPUs now
+
+
 def emit(doc: dict) -> None:
-    sys.stdout.write(json.dumps(doc) + "\n")
-    sys.stdout.flush()
+    line = json.dumps(doc) + "\n"
+    with _EMIT:                 # the GPUs' threads report at once: whole lines, never interleaved
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def _s(v) -> str:
@@ -98,11 +106,15 @@ def probe_cuda(path: str, nbytes: int) -> None:
     try:
         cu = _Cuda(path)
     except OSError as e:
+        CUINIT_DONE.set()
         emit({"cuda": {"ok": False, "error": "load", "message": str(e)}})
         return
     emit({"stage": "cuInit"})
     try:
-        cu.call("cuInit", 0)
+        try:
+            cu.call("cuInit", 0)
+        finally:
+            CUINIT_DONE.set()
         ver, count = ctypes.c_int(), ctypes.c_int()
         cu.call("cuDriverGetVersion", ctypes.byref(ver))
         cu.call("cuDeviceGetCount", ctypes.byref(count))
@@ -111,9 +123,22 @@ def probe_cuda(path: str, nbytes: int) -> None:
         return
     out: dict = {"ok": True, "driver_api": ver.value, "devices": []}
     pattern = bytes((i * 7 + 3) & 0xFF for i in range(nbytes))
-    for ordinal in range(count.value):
+    # Every GPU at once, a thread each: the driver API is thread-safe, a context is current per thread, and
+    # ctypes lets go of the GIL inside each call, so N contexts cost about one (each GPU's context creation
+    # is most of the check's time). Each thread says when it starts and ends: the parent names the GPUs
+    # still in their calls when it has to kill a hung check.
+    results: list[dict | None] = [None] * count.value
+
+    def run(ordinal: int) -> None:
         emit({"stage": f"device {ordinal}"})
-        out["devices"].append(_device(cu, ordinal, pattern))
+        results[ordinal] = _device(cu, ordinal, pattern)
+        emit({"device_done": ordinal})
+    threads = [threading.Thread(target=run, args=(o,), daemon=True, name=f"gpu{o}") for o in range(count.value)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out["devices"] = [r for r in results if r is not None]
     out["ok"] = all(d["ok"] for d in out["devices"])
     emit({"cuda": out})
 
@@ -148,20 +173,36 @@ def _device(cu: _Cuda, ordinal: int, pattern: bytes) -> dict:
     except _CudaError as e:
         d.update(error=e.cu_name, call=e.fn, code=e.rc)
     finally:
-        if retained:
-            cu.lib.cuDevicePrimaryCtxRelease_v2(dev)
+        if retained and not d["ok"]:
+            cu.lib.cuDevicePrimaryCtxRelease_v2(dev)     # a good one is left to the process's end (main)
     return d
 
 
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[1])
-    if spec.get("nvml"):
+    # NVML beside CUDA (issue 47): NVML's init and queries take about as long as a context, and neither needs
+    # the other. Each reports its own result line; "done" follows both.
+    def nvml_after_cuinit() -> None:
+        # Both opening the GPUs at the same moment makes each slower (measured on an H200: cuInit ~100 ms
+        # alone, ~250 ms beside nvmlInit); NVML beside the contexts costs nothing. A cuInit that hangs
+        # holds NVML back 2 s at most: its answer is kept for the report.
+        CUINIT_DONE.wait(2.0)
         probe_nvml(spec["nvml"])
+    nvml = threading.Thread(target=nvml_after_cuinit, daemon=True, name="nvml") if spec.get("nvml") else None
+    if nvml is not None:
+        nvml.start()
     if spec.get("cuda"):
         probe_cuda(spec["cuda"], int(spec.get("bytes", 1 << 20)))
+    else:
+        CUINIT_DONE.set()
+    if nvml is not None:
+        nvml.join()
     emit({"stage": "done"})
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    rc = main(sys.argv)
+    # The contexts are torn down by the process's end, after the parent has its answer (it stops waiting
+    # at "done"): tearing them down here first would only make the parent wait for it.
+    os._exit(rc)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -125,26 +126,70 @@ def _run_child(root: Root, us: UserSpace, spec: dict, timeout_s: float, python: 
     env["LD_LIBRARY_PATH"] = str(root.safe_real(us.lib_dir or "/") or root.path(us.lib_dir or "/"))
     # isolated, in /: nothing from the caller's working directory or environment is imported as root
     argv = python_child("driverd.host.cudaprobe", json.dumps(spec), python=python)
-    events: list[dict] = []
     try:
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                              env=env, text=True, start_new_session=True, cwd=CHILD_CWD)
     except OSError as e:
         return [{"nvml": {"ok": False, "error": "spawn", "message": str(e)}}], None
-    try:
-        out, err = p.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+    # The answer is complete at the child's "done" line: its GPU contexts are torn down by its exit, which
+    # nobody needs to wait for (issue 47: about a sixth of the check); a reaper collects it, and kills one
+    # whose teardown hangs.
+    out: list[str] = []
+    err: list[str] = []
+    done = threading.Event()
+
+    def read_out() -> None:
+        for line in p.stdout:
+            out.append(line)
+            if '"stage": "done"' in line:
+                done.set()
+        done.set()                                  # EOF: the child ended, with or without "done"
+    readers = [threading.Thread(target=read_out, daemon=True),
+               threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)]
+    for t in readers:
+        t.start()
+    if not done.wait(timeout_s):
         p.kill()
-        out, err = p.communicate()
-        events = _parse(out)
-        stages = [e["stage"] for e in events if "stage" in e]
-        return events, stages[-1] if stages else "start"
-    events = _parse(out)
+        p.wait()
+        for t in readers:
+            t.join(5)
+        events = _parse("".join(out))
+        return events, _hung_at(events)
+    events = _parse("".join(out))
     if not any(e.get("stage") == "done" for e in events):
-        tail = (err or "").strip().splitlines()[-1:] or [f"exit {p.returncode}"]
+        p.wait()
+        readers[1].join(5)
+        tail = "".join(err).strip().splitlines()[-1:] or [f"exit {p.returncode}"]
         stages = [e["stage"] for e in events if "stage" in e]
         events.append({"crash": f"the check process died at {stages[-1] if stages else 'start'}: {tail[0][:200]}"})
+    threading.Thread(target=_reap, args=(p,), daemon=True, name="cudaprobe-reaper").start()
     return events, None
+
+
+def _reap(p: subprocess.Popen, grace_s: float = 30.0) -> None:
+    try:
+        p.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+def _hung_at(events: list[dict]) -> str:
+    """Where a killed check was: the GPUs whose calls had started and not ended (the devices run at once),
+    else its last stage."""
+    stages = [e["stage"] for e in events if "stage" in e]
+    done = {e["device_done"] for e in events if "device_done" in e}
+    pending = [s for s in stages if s.startswith("device ") and s[7:].isdigit() and int(s[7:]) not in done]
+    if pending:
+        return pending[0] if len(pending) == 1 else f"devices {', '.join(s[7:] for s in pending)}"
+    # NVML and CUDA run at once: the stage of the one without its result
+    nvml = [s for s in stages if s.startswith("nvml")]
+    cuda = [s for s in stages if not s.startswith("nvml")]
+    if any("nvml" in e for e in events) and cuda:
+        return cuda[-1]
+    if any("cuda" in e for e in events) and nvml:
+        return nvml[-1]
+    return stages[-1] if stages else "start"
 
 
 def _parse(out: str) -> list[dict]:

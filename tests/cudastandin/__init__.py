@@ -38,6 +38,7 @@ def _compile(src: str, soname: str, defines: dict[str, str]) -> Path:
 
 def install(root: Path, version: str, gpus: list[str], *, libdir: str = "/usr/lib/x86_64-linux-gnu",
             hang: bool = False, fail_device: int | None = None, corrupt: bool = False,
+            hang_device: int | None = None, together: bool = False,
             fabric_state: int | None = None, rm_file: Path | None = None,
             only: tuple[str, ...] = ("nvml", "cuda")) -> Path:
     """Put the stand-ins of `version` into `root`/`libdir`; returns that directory."""
@@ -57,6 +58,10 @@ def install(root: Path, version: str, gpus: list[str], *, libdir: str = "/usr/li
             cuda["STANDIN_FAIL_DEVICE"] = str(fail_device)
         if corrupt:
             cuda["STANDIN_CORRUPT"] = "1"
+        if hang_device is not None:
+            cuda["STANDIN_HANG_DEVICE"] = str(hang_device)
+        if together:
+            cuda["STANDIN_TOGETHER"] = "1"
         _place(_compile("cuda.c", "libcuda.so.1", cuda), d, "libcuda", version)
     return d
 

@@ -32,9 +32,22 @@ int cuDeviceGetCount(int *c) { if (ngpus < 0) return 3; *c = ngpus; return 0; }
 int cuDeviceGet(int *d, int ordinal) { if (ordinal >= ngpus) return 101; *d = ordinal; return 0; }
 int cuDeviceGetPCIBusId(char *buf, int len, int d) { upper_bus(ids[d], buf, len, 0); return 0; }
 int cuDeviceGetName(char *buf, int len, int d) { snprintf(buf, len, "Stand-in GPU %d", d); return 0; }
+#ifdef STANDIN_TOGETHER
+static volatile int in_retain = 0;
+#endif
 int cuDevicePrimaryCtxRetain(void **ctx, int d) {
 #ifdef STANDIN_FAIL_DEVICE
     if (d == STANDIN_FAIL_DEVICE) return 2;
+#endif
+#ifdef STANDIN_HANG_DEVICE
+    if (d == STANDIN_HANG_DEVICE) for (;;) pause();      /* one wedged GPU: its context never comes */
+#endif
+#ifdef STANDIN_TOGETHER
+    /* every GPU's context is made at once or not at all: each waits (up to 5 s) until all are being made,
+     * so a check that makes them one after the other gets CUDA_ERROR_UNKNOWN (999) on the first */
+    __sync_add_and_fetch(&in_retain, 1);
+    for (int i = 0; i < 500 && in_retain < ngpus; i++) usleep(10000);
+    if (in_retain < ngpus) return 999;
 #endif
     *ctx = (void *)(long)(d + 1);
     return 0;

@@ -32,3 +32,29 @@ def test_daemon_converges_on_the_captured_h200_host(unpack_host, daemons, tmp_pa
     assert rc == 0
     assert _etc(root) == before              # no blacklist, no module options written
     assert not (root / "etc/modprobe.d").exists()
+
+
+def test_a_restarted_container_on_the_captured_host_takes_the_fast_path_with_the_driver_left_to_the_host(
+        unpack_host, daemons, tmp_path):
+    """Issue 47: on the live H200 hosts every restart of the driver container reconciled in full ("no fast
+    path: no converged state is recorded") because a driver left to the host was never recorded. Now the
+    converge is recorded with left_to, and the restart goes ready through the fast path: the same checks,
+    the validation included, and no reconcile."""
+    root = unpack_host("h200-ubuntu-fc-580-open.tar.gz")
+    write_config(root, "580.159.04", tmp_path / "no-repo")
+    env = {"DRIVERD_MODULES_KERNEL": "real", "DRIVERD_ROOT": str(root)}
+    d = daemons(root, "container-entrypoint", env=env, root_arg=False)
+    d.wait_notify("READY=1", 60)
+    d.wait_log(re.escape("no fast path: no converged state is recorded"), 10)
+    assert d.stop()[0] == 0
+    import json
+    rec = json.loads((root / "var/lib/driverd/daemon/converged.json").read_text())
+    assert rec["left_to"] == "the host (owner unknown)" and rec["driver"]["version"] == "580.159.04", rec
+    from driverd.driver.state import DriverState
+    from driverd.root import Root
+    assert DriverState(Root(root)).last_converged() is None         # never taken for a driver of driverd's
+    d = daemons(root, "container-entrypoint", env=env, root_arg=False)
+    _, msg = d.wait_notify("READY=1", 30)
+    d.wait_log(re.escape("fast path: driver 580.159.04 (open, left to the host (owner unknown)) is loaded and valid"), 10)
+    assert "converged" in msg
+    assert d.stop()[0] == 0

@@ -94,6 +94,26 @@ def test_a_hung_cuinit_is_killed_and_says_where(tmp_path):
     assert r.nvml["ok"], "what finished before the hang is kept"
 
 
+def test_every_gpus_context_is_made_at_once(tmp_path):
+    """Issue 47: the check makes the GPUs' contexts concurrently (an 8-GPU node waited 8 contexts one after
+    the other). The stand-in makes a context only while every GPU's is being made at the same time."""
+    gpus = [f"0000:{0x1b + 0x20 * i:02x}:00.0" for i in range(4)]
+    root = host(tmp_path, gpus=gpus)
+    cudastandin.install(tmp_path, NEW, gpus, together=True)
+    r = workload.check(root, NEW, gpus)
+    assert r.ok, r.problems
+    assert [d["pci_bus_id"] for d in r.cuda["devices"]] == gpus          # in the GPUs' order, whatever finished first
+
+
+def test_one_hung_gpu_among_several_is_named_while_the_others_finish(tmp_path):
+    gpus = [f"0000:{0x1b + 0x20 * i:02x}:00.0" for i in range(4)]
+    root = host(tmp_path, gpus=gpus)
+    cudastandin.install(tmp_path, NEW, gpus, hang_device=2)
+    r = workload.check(root, NEW, gpus, timeout_s=3)
+    assert not r.ok and r.hung_at == "device 2", r.hung_at
+    assert r.problems == ["the CUDA check did not finish within 3s (stuck at device 2): a hung GPU or driver"]
+
+
 def test_one_gpu_whose_context_fails_is_named_by_bus_id(tmp_path):
     root = host(tmp_path)
     cudastandin.install(tmp_path, NEW, GPUS, fail_device=1)
