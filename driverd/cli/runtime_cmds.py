@@ -59,6 +59,9 @@ def register(sub, common) -> None:
     p.add_argument("--restart", choices=("systemd", "signal", "none"), help="how to restart after a change "
                    "(default: runtime.restart)")
     p.add_argument("--config-path", metavar="FILE", help="a custom runtime config file (host path)")
+    p.add_argument("--allow-mismatch", dest="force_cdi", action="store_true", default=None,
+                   help="write the CDI spec even when the driver's user-space is not the loaded driver's version "
+                   "(refused otherwise: containers given it fail with an NVML/RM version mismatch)")
     p.add_argument("--dry-run", action="store_true", help="print the diff; write and restart nothing")
     add_wait(p)
     p.set_defaults(handler=cmd_configure)
@@ -83,12 +86,13 @@ def _options(ctx, args):
     return Options.from_config(ctx.config, handler=getattr(args, "handler_name", None) or None,
                                binary=getattr(args, "binary", None), set_as_default=getattr(args, "set_as_default", None),
                                cdi=getattr(args, "cdi", None), restart=args.restart, dry_run=args.dry_run,
-                               config_path=args.config_path, adopt_foreign=getattr(args, "adopt_foreign", None))
+                               config_path=args.config_path, adopt_foreign=getattr(args, "adopt_foreign", None),
+                               force_cdi=getattr(args, "force_cdi", None))
 
 
 def _step_options(args) -> dict:
     """The flags given, as the configure/revert step's options (the rest comes from the config)."""
-    keys = ("binary", "set_as_default", "cdi", "restart", "config_path", "adopt_foreign")
+    keys = ("binary", "set_as_default", "cdi", "restart", "config_path", "adopt_foreign", "force_cdi")
     out = {k: getattr(args, k, None) for k in keys}
     out["handler"] = getattr(args, "handler_name", None)
     return {k: v for k, v in out.items() if v is not None}

@@ -101,6 +101,8 @@ class Options:
     adopt_foreign: bool = False              # take over a same-named handler that runs something else
     binary_explicit: bool = False            # the binary was asked for (flag or runtime.binary), not defaulted
     state_dir: str = "/var/lib/driverd"      # state.dir: driverd's record of what it changed lives under it
+    # write the CDI spec even of a user-space whose version is not the loaded driver's (runtime configure --allow-mismatch)
+    force_cdi: bool = False
 
     @property
     def binary_chosen(self) -> bool:

@@ -248,3 +248,23 @@ def test_configure_reports_the_decision(tmp_path, so_cache):
     toolkit(host)
     rep = configure(Root(host), "docker", _opts())
     assert rep.files_changed == ["/etc/docker/daemon.json"] and any("leaves the spec to it" in n for n in rep.notes)
+
+
+def test_a_spec_of_a_user_space_that_is_not_the_loaded_drivers_is_refused_unless_forced(tmp_path, so_cache):
+    """Issue 48: on a live host with 535 libraries in front of a loaded 580, `runtime configure --cdi` wrote a
+    spec whose containers failed (nvidia-smi: version mismatch, cuInit 803) without a word. Now it is refused,
+    naming both versions, and nothing is written; --allow-mismatch (force_cdi) writes it."""
+    from driverd.errors import RuntimeConfigError
+    from driverd.sim.hosttree import nvidia_version_line
+    host = device_host(tmp_path, so_cache)                         # the user-space is NEW
+    (host / "proc/driver/nvidia").mkdir(parents=True, exist_ok=True)
+    (host / "proc/driver/nvidia/version").write_text(nvidia_version_line(OLD, "open"))
+    with pytest.raises(RuntimeConfigError) as e:
+        cdi.refresh(Root(host), _opts())
+    msg = e.value.one_line()
+    assert f"is {NEW}, the loaded driver is {OLD}" in msg and "--allow-mismatch" in msg and "\n" not in msg, msg
+    assert not (host / SPEC.lstrip("/")).exists()
+    rep = cdi.refresh(Root(host), _opts(force_cdi=True))
+    assert rep.files_changed == [SPEC]
+    (host / "proc/driver/nvidia/version").write_text(nvidia_version_line(NEW, "open"))
+    assert cdi.refresh(Root(host), _opts()).files_changed == []      # the matching driver: written as before

@@ -388,9 +388,29 @@ def plan(root: Root, options, facts=None) -> SpecPlan:
                      f"does not write {path} beside it (the CDI registry refuses devices defined twice at one priority)")
         return sp
     if gpu_devices(root, facts):
+        _refuse_mismatch(root, options)
         sp.spec, notes = build_with_notes(root, facts)
         sp.notes += notes
     return sp
+
+
+def _refuse_mismatch(root: Root, options) -> None:
+    """A spec of a user-space that is not the loaded driver's gives every container an NVML/RM version
+    mismatch (nvidia-smi: "Failed to initialize NVML: Driver/library version mismatch"; cuInit
+    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH): refused, naming both versions, unless asked for (force_cdi)."""
+    from driverd.driver.ident import loaded
+    drv = loaded(root)
+    us = driverfiles.find(root)
+    if drv is None or not us.found or not us.version or us.version == drv.version:
+        return
+    if getattr(options, "force_cdi", False):
+        return
+    raise RuntimeConfigError(f"not writing the CDI spec: the driver's user-space under {us.driver_root} is "
+                             f"{us.version}, the loaded driver is {drv.version}; containers given it would fail with "
+                             "an NVML/RM version mismatch (cuInit CUDA_ERROR_SYSTEM_DRIVER_MISMATCH)",
+                             cause="the user-space found first is not the loaded driver's version",
+                             fix=f"install the {drv.version} user-space (or load the {us.version} driver), then run "
+                                 "again; runtime configure --allow-mismatch writes the spec anyway")
 
 
 def commit(root: Root, options, report, sp: SpecPlan, dry: bool = False) -> None:
