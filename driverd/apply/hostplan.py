@@ -36,7 +36,7 @@ def plan_for_host(root, cfg, *, facts: Facts | None = None, nvml: bool = False) 
                                 fm_offer=_fm_offer(root, cfg, facts),
                                 userspace=workload_applies(root, cfg),
                                 us_offer=offer(root, cfg, cfg["driver.version"], facts.kernel.arch),
-                                no_package=unavailable(root, cfg, facts.kernel.release, _want(facts, cfg)),
+                                no_package=lambda: unavailable(root, cfg, facts.kernel.release, _want(facts, cfg)),
                                 kept=kept_for(root, cfg["state.dir"], facts.kernel.release)))
 
 

@@ -31,12 +31,44 @@ def unavailable(root: Root, cfg, release: str | None, want: Want | None = None) 
     cache holds no package for `want` (what `driverd fetch --repo file:///media/...` leaves on an air-gapped
     host) and this host cannot build it (packages.build_fallback, packages.source, the kernel's headers) —
     or None when a fetch may succeed. The plan is blocked on it rather than fail at fetch-package."""
-    if cfg["packages.repositories"] or not release:
+    if not release:
         return None
+    missing = None
+    if cfg["packages.repositories"]:
+        missing = _not_listed(root, cfg, want)
+        if missing is None:
+            return None
     if want is not None and cached_candidates(root, cache_hostdir(cfg["packages.cache_dir"]), want.name):
         return None
     if not cfg["packages.build_fallback"]:
         why = "packages.build_fallback = false"
     else:
         why = cannot_build(root, cfg, release)
-    return None if why is None else f"no repository is configured (packages.repositories) and no local build: {why}"
+    if why is None:
+        return None
+    return f"{missing} and no local build: {why}" if missing else \
+        f"no repository is configured (packages.repositories) and no local build: {why}"
+
+
+def _not_listed(root: Root, cfg, want: Want | None) -> str | None:
+    """Where the repositories are all local (file://: read without the network), that none of their indexes
+    lists `want` — `plan --driver` of a version nobody built said it would run. None: one lists it, or it
+    cannot be told here (a network repository: the fetch step says; an index that cannot be read or is
+    refused: the fetch step says why). Writes nothing (the index's serial is recorded by the fetch)."""
+    from driverd.errors import PackageError
+    from driverd.repo.fetch import _is_file_repo, read_index
+    from driverd.redact import redact
+    repos = list(cfg["packages.repositories"])
+    if want is None or not all(_is_file_repo(u) for u in repos):
+        return None
+    said = []
+    for url in repos:
+        try:
+            idx = read_index(url, public_key=node_path(root, cfg["packages.index_public_key"]),
+                             insecure=cfg["packages.insecure"], root=root, state_dir=None)
+        except PackageError:
+            return None
+        if idx.find(want.driver, want.flavor, want.kernel_release, want.arch) is not None:
+            return None
+        said.append(f"{redact(url)} lists {len(idx.packages)} packages, not this one")
+    return f"no repository lists {want.name} ({'; '.join(said)})"

@@ -144,7 +144,7 @@ def userspace_steps(offer, version: str, arch: str | None) -> tuple[list[Step], 
 
 
 def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, us_offer=None,
-         no_package: str | None = None, kept: dict | None = None, fm_offer=None) -> Plan:
+         no_package=None, kept: dict | None = None, fm_offer=None) -> Plan:
     """`signers`: the signer preflight's verdict on the package that would be loaded
     (driverd.build.signers.SignerVerdict, computed from its files and the kernel's keyrings), or
     None when nobody looked. Only a verdict that the kernel would refuse blocks the plan.
@@ -152,7 +152,8 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
     `us_offer`: the user-space package of the wanted version this node can switch to
     (driverd.repo.userspace.Offer): its install goes into the same transaction as the modules.
     `no_package`: why no repository or local build can provide a package (driverd.build.obtain.unavailable),
-    None when one may: a plan that needs to fetch one is then blocked instead of failing at fetch-package.
+    None when one may: a plan that needs to fetch one is then blocked instead of failing at fetch-package; a
+    callable giving that answer is called only when the plan needs to fetch (it may read local indexes).
     `kept`: (version, flavour) -> sha256 of the packages for the running kernel in driverd's kept store
     (driverd.install.kept.kept_for): the wanted one comes back from there, with nothing fetched.
     `fm_offer`: the fabric managers this host could start after the load (driverd.apply.fabricmanager.
@@ -209,8 +210,9 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
     if not installed and not want_loaded and not restore_sha:
         steps.append(Step("fetch-package", f"no driverd package for {version} ({flavor}) is installed for kernel "
                           f"{k.release}", {"driver": version, "flavor": flavor, "kernel": k.release, "arch": k.arch}))
-        if no_package:
-            blocked.append(f"nothing can provide the {version} ({flavor}) package for kernel {k.release}: {no_package}; "
+        why = no_package() if callable(no_package) else no_package      # asked only when a fetch is planned
+        if why:
+            blocked.append(f"nothing can provide the {version} ({flavor}) package for kernel {k.release}: {why}; "
                            "fix: set packages.repositories to a repository that holds it (driverd build, driverd repo "
                            "index), or packages.source to the driver's source with the kernel's headers installed")
     if signers is not None and signers.blocks and not want_loaded:
