@@ -433,6 +433,7 @@ def wanted(ctx, inst: dict | None = None) -> dict:
            "config": {k: cfg[k] for k in _WANTED_KEYS},
            "sources": {k: cfg.sources.get(k, "default") for k in _WANTED_KEYS if k in cfg.sources},
            "config_path": cfg.path, "differs": [], "in_sync": None, "verdict": None, "plan": [], "left_to": None,
+           "not_applied": None,
            "cluster": None if cluster is None else {k: cluster.get(k) for k in ("node", "source", "waiting")}}
     if not version:
         return out
@@ -444,9 +445,12 @@ def wanted(ctx, inst: dict | None = None) -> dict:
         return out
     out.update(verdict=v.verdict, in_sync=v.in_sync, plan=[s.action for s in v.plan.changes],
                left_to=v.plan.driver_managed_by)
+    lo = st.loaded(ctx)
+    if v.plan.driver_managed_by and lo is not None and lo["version"] != version:
+        out["not_applied"] = (f"driver.version {version} is not applied: driver {lo['version']} is left to "
+                              f"{v.plan.driver_managed_by} (driver.manage = auto; `always` replaces it)")
     if v.in_sync:
         return out
-    lo = st.loaded(ctx)
     summary: list[str] = []
     if v.plan.driver_managed_by is None:
         if lo is None:

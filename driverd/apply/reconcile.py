@@ -47,6 +47,8 @@ class Result:
     kernels: dict | None = None
     retry_in_s: float | None = None    # the kernel watch's next due retry: the loop's next pass comes no later
     left_to: str | None = None         # the driver is another package manager's (the plan's driver_managed_by)
+    # the configured driver.version is not what runs, and why (a driver left to the host): one line, or None
+    not_applied: str | None = None
 
     @property
     def converged(self) -> bool:
@@ -216,6 +218,11 @@ class Reconciler:
         res.reason = f"driver {loaded['version']} ({loaded['flavor']}) loaded and validated" + \
             (f", workload-ready (CUDA on {len((wl.get('cuda') or {}).get('devices') or [])} GPU(s))" if wl else "") + \
             (f" ({', '.join(p.modules)}; left to {p.driver_managed_by})" if left_alone else "")
+        if left_alone and want and loaded["version"] != want:
+            # ready (the driver works), but the configuration's driver is not what runs: said, not hidden
+            res.not_applied = (f"driver.version {want} is not applied: driver {loaded['version']} is left to "
+                               f"{p.driver_managed_by} (driver.manage = auto; `always` replaces it)")
+            res.reason += f"; {res.not_applied}"
         self._refresh_cdi(sctx, cfg, res)
         try:
             # a driver left to the host is recorded as such: a restarted container goes ready at once on it

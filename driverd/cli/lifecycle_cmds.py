@@ -258,6 +258,8 @@ def render_wanted(w: dict) -> list[str]:
         lines.append("  in sync: the host runs what " + ("the cluster keeps for this node" if cl else
                                                           "the configuration wants")
                      + (f" (the driver is left to {w['left_to']})" if w.get("left_to") else ""))
+    if w.get("not_applied"):
+        lines.append(f"  NOT APPLIED: {w['not_applied']}")
         return lines
     lines += ["  DIFFERS: " + d for d in w["differs"]]
     if w.get("plan"):

@@ -30,6 +30,7 @@ class Health:
         self.last = None                         # the last reconcile.Result
         self.config_problem: str | None = None
         self.fast_path: str | None = None
+        self.not_applied: str | None = None      # the configured driver.version is not what runs (left to the host)
 
     def begin(self, why: str) -> None:
         with self._lock:
@@ -42,6 +43,7 @@ class Health:
             self.converged = result.converged
             self.degraded = None if result.converged else getattr(result, "degraded", None)
             self.loaded = result.loaded if result.converged else (self.degraded or {}).get("running")
+            self.not_applied = getattr(result, "not_applied", None) if result.converged else None
             self.since = result.finished or time.time()
 
     def converged_at_start(self, loaded: dict, reason: str) -> None:
@@ -76,6 +78,7 @@ class Health:
         with self._lock:
             state, reason, converged, loaded, degraded = (self.state, self.reason, self.converged, self.loaded,
                                                           self.degraded)
+            not_applied = self.not_applied
         if not converged and degraded is None:
             return False, f"{state}: {reason}"
         if loaded is None:
@@ -91,7 +94,8 @@ class Health:
                            f"{loaded['version']} ({loaded['flavor']})")
         if degraded is not None:
             return True, _degraded_line(degraded)
-        return True, f"driver {loaded['version']} ({loaded['flavor']}) loaded and validated; last reconcile converged"
+        return True, f"driver {loaded['version']} ({loaded['flavor']}) loaded and validated; last reconcile converged" \
+            + (f"; {not_applied}" if not_applied else "")
 
     def status_line(self) -> str:
         with self._lock:

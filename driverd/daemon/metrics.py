@@ -73,6 +73,9 @@ class Metrics:
                               "validated: ready on it, not on the configured one (/readyz says why)", registry=r)
         self.workload_ready = Gauge("driverd_workload_ready", "1 when the last workload check passed (NVML and the "
                                     "loaded module agree, CUDA works on every GPU), 0 when it failed", registry=r)
+        self.version_applied = Gauge("driverd_configured_version_applied", "1 when the driver that runs is "
+                                     "driver.version, 0 when it is not (a driver left to the host: /readyz says why)",
+                                     registry=r)
         self.workload_seconds = Histogram("driverd_workload_check_duration_seconds", "Wall time of the workload "
                                           "checks (CUDA calls in a child process)", buckets=_STEP_BUCKETS, registry=r)
         self.reconciles = Counter("driverd_reconciles", "Reconcile passes by result", ["result"], registry=r)
@@ -159,6 +162,7 @@ class Metrics:
             if getattr(result, "workload_ran", False):
                 self.workload_seconds.observe(wl.get("seconds") or 0.0)
         if result.converged:
+            self.version_applied.set(0 if getattr(result, "not_applied", None) else 1)
             self.last_converged.set(result.finished)
             self.driver.clear()
             if result.loaded:

@@ -58,3 +58,23 @@ def test_a_restarted_container_on_the_captured_host_takes_the_fast_path_with_the
     d.wait_log(re.escape("fast path: driver 580.159.04 (open, left to the host (owner unknown)) is loaded and valid"), 10)
     assert "converged" in msg
     assert d.stop()[0] == 0
+
+
+def test_a_configured_version_the_host_driver_is_not_is_said_while_ready(unpack_host, daemons, tmp_path):
+    """Issue 48: driver.version 570.195.03 on a host whose 580 driver is left to the host went READY saying
+    only "converged: driver 580.159.04 ... workload-ready". It stays ready (the driver works), and the reason,
+    /readyz, the metrics and `driverd status` say the configured version is not applied, and why."""
+    root = unpack_host("h200-ubuntu-fc-580-open.tar.gz")
+    write_config(root, "570.195.03", tmp_path / "no-repo")
+    (root / "etc/driverd/config.toml").write_text((root / "etc/driverd/config.toml").read_text()
+                                                  .replace('flavor = "open"', 'flavor = "auto"'))
+    d = daemons(root, env={"DRIVERD_MODULES_KERNEL": "real"})
+    _, msg = d.wait_notify("READY=1", 60)
+    code, body = d.get("/readyz")
+    said = "driver.version 570.195.03 is not applied: driver 580.159.04 is left to the host (owner unknown)"
+    assert code == 200 and said in body, body
+    assert d.metric("driverd_configured_version_applied") == 0
+    assert d.stop()[0] == 0
+    from tests.conftest import run_cli
+    r = run_cli("status", "--root", str(root), "--kernel-backend", "real", env={"DRIVERD_CONFIG": str(root / "etc/driverd/config.toml")})
+    assert f"NOT APPLIED: {said}" in r.stdout, r.stdout + r.stderr
