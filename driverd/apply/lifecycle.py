@@ -358,6 +358,15 @@ def status(ctx) -> dict:
     lock = HostLock(ctx.root, ctx.config["state.dir"], "status")
     holder = lock.held_by()
     rec = reboot_record(ctx)
+    want = wanted(ctx, inst)
+    if doc is not None and doc["state"] in UNFINISHED and want.get("driver"):
+        # the host is mid-run: whatever it runs now, the next command first finishes (or rolls back) that run
+        left = [s["action"] for s in doc.get("steps", []) if s.get("status") not in ("done", "skipped")]
+        want["in_sync"], want["verdict"] = False, "unfinished"
+        want["differs"] = [f"the {doc['command']} run {doc['run_id']} was interrupted ({doc['state']}): the next "
+                           f"driverd command finishes it first" + (f" ({', '.join(left[:6])}"
+                                                                    + (" ..." if len(left) > 6 else "") + " left)"
+                                                                    if left else "")] + list(want.get("differs") or [])
     return {"loaded": st.loaded(ctx), "installed": inst,
             "modules": {n: {"refcount": m.refcount, "holders": list(m.holders), "parameters": m.parameters}
                         for n, m in ctx.kernel.modules(sorted(n for n in ctx.kernel.loaded_names()
@@ -372,7 +381,7 @@ def status(ctx) -> dict:
             "journal_problem": problem, "history": j.history()[-5:],
             "lock_holder": holder,
             "reboot_required": rec, "kernel": ctx.kernel.name,
-            "wanted": wanted(ctx, inst),
+            "wanted": want,
             "activity": activity(holder, doc, rec, ctx),
             "daemon": daemon_state(ctx),
             "kernels": reboot_gate(ctx)}

@@ -30,3 +30,23 @@ def test_a_version_the_local_repository_lists_plans_as_before(host, packages):
     r = drv(host, "plan")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "fetch-package" in r.stdout and "BLOCKED" not in r.stdout
+
+
+def test_status_after_a_reload_killed_at_its_first_step_is_not_in_sync(host, packages):
+    """Issue 48: after a kill -9 at a reload's first step `status` said "in sync" while the next apply
+    finished the reload (an upgrade) and then went back (a downgrade). Status now says the run is unfinished
+    and that the next command finishes it first."""
+    import json
+    from tests.apply.conftest import journal
+    _config(host, packages["old"].parent, "535.261.03")
+    assert drv(host, "load").returncode == 0
+    r = drv(host, "reload", "--package", str(packages["new"]), faults={"FAULTS_KILL_AFTER": 8, "FAULTS_UNDER": host})
+    assert r.returncode < 0, r.stdout + r.stderr                       # killed
+    assert journal(host)["state"] == "running"
+    r = drv(host, "status", "--json")
+    assert r.returncode == 0, r.stderr
+    w = json.loads(r.stdout)["wanted"]
+    assert w["in_sync"] is False and w["verdict"] == "unfinished", w
+    assert "the reload run" in w["differs"][0] and "the next driverd command finishes it first" in w["differs"][0]
+    text = drv(host, "status").stdout
+    assert "DIFFERS: the reload run" in text and "in sync" not in text, text
