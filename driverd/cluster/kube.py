@@ -250,10 +250,24 @@ class Kube:
                 return False
             return _retryable(e) and (retry_429 or not (isinstance(e, KubeError) and e.status == 429))
         for attempt in Retrying(retry=retry_if_exception(retryable), stop=stop_after_delay(self.retry_for_s),
-                                wait=wait_random_exponential(multiplier=0.2, max=5), reraise=True):
+                                wait=wait_random_exponential(multiplier=0.2, max=5), reraise=True,
+                                before_sleep=self._said_unreachable):
             with attempt:
-                return self._call(method, path, **kw)
+                out = self._call(method, path, **kw)
+                self._outage_said = False
+                return out
         raise AssertionError("unreachable")
+
+    def _said_unreachable(self, state) -> None:
+        """The first failed try of an outage is said at once (a daemon or agent on an API server it cannot
+        reach sat silent for its whole retry window; kubectl answers in a second), once until a call
+        succeeds again."""
+        e = state.outcome.exception() if state.outcome is not None else None
+        if not isinstance(e, Unreachable) or getattr(self, "_outage_said", False):
+            return
+        self._outage_said = True
+        from driverd.log import warning
+        warning(f"{e.message}; retrying for up to {self.retry_for_s:.0f}s")
 
     # -- objects ---------------------------------------------------------------------------------
     def get(self, path: str) -> dict:
