@@ -425,3 +425,37 @@ def test_kubectl_driverd_nodes_escapes_what_a_node_wrote(tmp_path):
         assert json.loads(res.stdout)["nodes"][0]["reason"] == evil
     finally:
         srv.stop()
+
+
+def test_o_json_is_accepted_wherever_json_is(tmp_path):
+    """Issue 48: `driverd status -o json` was refused ("unrecognized arguments") although every cluster verb
+    takes -o; a command with --json takes kubectl's -o json / --output=json / -ojson for it, and a command
+    with an -o of its own (the cluster verbs, build-matrix) keeps it."""
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
+    want = run_cli("status", "--root", str(tmp_path), "--kernel-backend", "sim", "--json")
+    assert want.returncode == 0, want.stderr
+    for spelling in (["-o", "json"], ["--output=json"], ["-ojson"], ["--output", "json"]):
+        r = run_cli("status", "--root", str(tmp_path), "--kernel-backend", "sim", *spelling)
+        assert r.returncode == 0 and json.loads(r.stdout).keys() == json.loads(want.stdout).keys(), (spelling, r.stderr)
+    r = run_cli("status", "--root", str(tmp_path), "--kernel-backend", "sim", "-o", "yaml")
+    assert r.returncode == 2 and "-o" in r.stderr
+    from driverd.cli import build_parser
+    a = build_parser("build-matrix").parse_args(["build-matrix", "m.yaml", "-o", "json"])
+    assert a.output == "json"
+
+
+def test_kubectl_driverd_names_a_host_command_only_where_there_is_one():
+    """Issue 48: `kubectl driverd get` pointed to a `driverd get` that does not exist."""
+    r = run_cli_kubectl("get")
+    assert r.returncode == 2 and "`driverd get`" not in r.stderr and "`driverd --help` lists the host commands" in r.stderr
+    r = run_cli_kubectl("status")
+    assert r.returncode == 2 and "`driverd status` is the host command, run on the node" in r.stderr
+
+
+def run_cli_kubectl(*args: str):
+    import subprocess
+    import sys
+    from tests.conftest import driverd_env
+    return subprocess.run([sys.executable, "-c", "import sys; from driverd.cli import kubectl_main; "
+                           "sys.exit(kubectl_main())", *args], capture_output=True, text=True, env=driverd_env(),
+                          timeout=60, cwd="/")

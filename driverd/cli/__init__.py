@@ -114,10 +114,48 @@ def main(argv: list[str] | None = None) -> int:
     return _run(build_parser(command_name(words)), words)
 
 
+def _output_as_json(words: list[str]) -> list[str] | None:
+    """kubectl's `-o json` / `--output json` (and `-ojson`, `--output=json`) as `--json`, for the commands that
+    print JSON with --json and take no -o of their own (issue 48: `driverd status -o json` was refused).
+    None: no -o json in `words`."""
+    out, i, found = [], 0, False
+    while i < len(words):
+        w = words[i]
+        if w in ("-o", "--output") and i + 1 < len(words) and words[i + 1] == "json":
+            out.append("--json")
+            i, found = i + 2, True
+            continue
+        if w in ("-ojson", "--output=json"):
+            out.append("--json")
+            i, found = i + 1, True
+            continue
+        out.append(w)
+        i += 1
+    return out if found else None
+
+
+def _parse(parser: argparse.ArgumentParser, words: list[str]) -> argparse.Namespace:
+    """parse_args; a command without an -o of its own takes `-o json` as --json."""
+    alias = _output_as_json(words)
+    if alias is None:
+        return parser.parse_args(words)
+    import contextlib
+    import io
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return parser.parse_args(words)           # the command's own -o (cluster verbs, build-matrix)
+    except SystemExit:
+        if "-o" not in err.getvalue() and "--output" not in err.getvalue():
+            sys.stderr.write(err.getvalue())
+            raise
+    return parser.parse_args(alias)
+
+
 def _run(parser: argparse.ArgumentParser, words: list[str]) -> int:
     """Parse `words` and run the command's handler: errors as one line and their exit code."""
     try:
-        args = parser.parse_args(words)
+        args = _parse(parser, words)
     except SystemExit as e:   # argparse already printed the usage error
         return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
     if not getattr(args, "handler", None):
@@ -215,7 +253,13 @@ def kubectl_main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     commands = ("rollout", "pools", "pool", "node", "nodes")
     if args[0] not in (*commands, "-h", "--help", "--version"):
+        # name a host command only when driverd has one of that name (`kubectl driverd get` pointed to a
+        # `driverd get` that does not exist)
+        from driverd.cli.completion import _subparsers
+        host = args[0] in _subparsers(build_parser(args[0]))
+        where = f"; `driverd {args[0]}` is the host command, run on the node" if host else \
+            "; `driverd --help` lists the host commands, run on a node"
         print(f"{KUBECTL_PROG}: unknown command {args[0]!r}: {KUBECTL_PROG} acts on the cluster "
-              f"({', '.join(commands)}); host commands are `driverd {args[0]}` on the node", file=sys.stderr)
+              f"({', '.join(commands)}){where}", file=sys.stderr)
         return EXIT_USAGE
     return _run(kubectl_parser(), args + lead)

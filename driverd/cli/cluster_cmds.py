@@ -120,7 +120,9 @@ def register_kubectl(sub, common) -> None:
     p.add_argument("--drain-timeout", type=int, default=None, metavar="SECONDS", help="default 600")
     p.add_argument("--force", action="store_true", help="delete GPU pods whose eviction is still refused after "
                    "the drain timeout (default: the node fails, naming the PodDisruptionBudget)")
-    p.add_argument("--delete-emptydir-data", action="store_true")
+    p.add_argument("--delete-emptydir-data", action="store_true",
+                   help="also evict pods with emptyDir volumes, whose data is lost (as kubectl drain's flag; "
+                   "default: such pods fail the node's drain, naming them)")
     p.add_argument("--wait-for-jobs", default="", metavar="LABELS", help="pods to let finish before evicting")
     p.add_argument("--name", help="rollout name (default: driver-<version>)")
     p.add_argument("--dry-run", nargs="?", const="client", default="none", choices=("none", "client", "server"),
@@ -133,7 +135,8 @@ def register_kubectl(sub, common) -> None:
                         description="The rollout's phase, its nodes (state, reason, since) and a summary; "
                         "--watch follows it until it ends.")
     p.add_argument("name", nargs="?", help="rollout (default: the only or newest one)")
-    p.add_argument("--watch", "-w", action="store_true")
+    p.add_argument("--watch", "-w", action="store_true", help="print again at every change until the rollout "
+                   "ends (Completed, Paused or Failed); exit 0 only when it completed")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="with --watch: give up after this")
     _kube_args(p)
     p.set_defaults(handler=cmd_status)
@@ -168,7 +171,8 @@ def register_kubectl(sub, common) -> None:
     from driverd.cli import pool_cmds
     pool_cmds.register(sub, common, _kube_args, _kube, _print)
     p = sub.add_parser("nodes", parents=[common], help="driver, flavour, state, reason and since, per node")
-    p.add_argument("--selector", "-l", default="", metavar="LABELS")
+    p.add_argument("--selector", "-l", default="", metavar="LABELS",
+                   help="only the nodes with these labels (kubectl syntax: key=value,key!=value,key)")
     _kube_args(p)
     p.set_defaults(handler=cmd_nodes)
 

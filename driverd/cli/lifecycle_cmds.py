@@ -122,7 +122,17 @@ def register(sub, common) -> None:
     add_kernel_backend(p)
     p.set_defaults(handler=cmd_status)
 
-    p = sub.add_parser("demo", parents=[common], formatter_class=fmt, help="a full provisioning run on a simulated 8-GPU host",
+    # the demo's own: it makes its sandbox host and configuration, so --root and --config are not offered (given
+    # before the command name, they are refused with the reason, below)
+    import argparse
+    demo_common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    g = demo_common.add_argument_group("common options")
+    g.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    g.add_argument("--log-format", choices=("text", "json"), help="logs on stderr: text (default) or one JSON "
+                   "object per line (default: log.format)")
+    g.add_argument("--root", help=argparse.SUPPRESS)          # accepted only to be refused with the reason
+    g.add_argument("--config", help=argparse.SUPPRESS)
+    p = sub.add_parser("demo", parents=[demo_common], formatter_class=fmt, help="a full provisioning run on a simulated 8-GPU host",
                        description="Build a sandbox host (8x H100, 4 NVSwitch, a Mellanox NIC, nouveau loaded, "
                        "containerd) with the simulated kernel and a small package repository, then run detect, plan, "
                        "fetch, verify, install, load, validate, status, and an upgrade with a forced failure that "
