@@ -255,8 +255,8 @@ def kubectl_main(argv: list[str] | None = None) -> int:
     if args[0] not in (*commands, "-h", "--help", "--version"):
         # name a host command only when driverd has one of that name (`kubectl driverd get` pointed to a
         # `driverd get` that does not exist)
-        from driverd.cli.completion import _subparsers
-        host = args[0] in _subparsers(build_parser(args[0]))
+        host = any(isinstance(a, argparse._SubParsersAction) and args[0] in a.choices
+                   for a in build_parser(args[0])._actions)
         where = f"; `driverd {args[0]}` is the host command, run on the node" if host else \
             "; `driverd --help` lists the host commands, run on a node"
         print(f"{KUBECTL_PROG}: unknown command {args[0]!r}: {KUBECTL_PROG} acts on the cluster "

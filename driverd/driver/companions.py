@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from driverd.driver.layout import CURRENT, DEFAULT_STATE_DIR, USERSPACE_RECORD, USERSPACE_ROOT
 from driverd.driver.records import read_json, valid_sha
+from driverd.driver.userspace import tree_intact
 from driverd.errors import DriverdError
 from driverd.root import Root
 
@@ -91,17 +92,7 @@ def read_tree(root: Root, places: CompanionPlaces, name: str) -> CompanionTree |
         return CompanionTree(name, None, None, False)
     rec = read_json(root, f"{base}/{RECORD}") or {}
     sha = rec.get("package_sha256") if valid_sha(rec.get("package_sha256")) else None
-    return CompanionTree(name, sha, m, sha is not None and _intact(root, base, m))
-
-
-def _intact(root: Root, base: str, m) -> bool:
-    for f in m.files:
-        st = root.lstat(f"{base}/{f.path}")
-        if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != f.size:
-            return False
-        if bool(st.st_mode & 0o111) != bool(f.mode & 0o111):
-            return False
-    return all(root.readlink(f"{base}/{ln.path}") == ln.target for ln in m.links)
+    return CompanionTree(name, sha, m, sha is not None and tree_intact(root, base, m))
 
 
 def current_name(root: Root, places: CompanionPlaces) -> str | None:

@@ -59,10 +59,12 @@ def read_tree(root: Root, places: Places, name: str) -> Tree | None:
         return Tree(name, None, None, False)
     rec = read_json(root, f"{base}/{USERSPACE_RECORD}") or {}
     sha = rec.get("package_sha256") if valid_sha(rec.get("package_sha256")) else None
-    return Tree(name, sha, m, sha is not None and _intact(root, base, m))
+    return Tree(name, sha, m, sha is not None and tree_intact(root, base, m))
 
 
-def _intact(root: Root, base: str, m: us.UserspaceManifest) -> bool:
+def tree_intact(root: Root, base: str, m) -> bool:
+    """Every file of the manifest a regular file of its size and mode class, every link where it says (the
+    user-space's and the companions' trees)."""
     for f in m.files:
         st = root.lstat(f"{base}/{f.path}")
         if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != f.size:

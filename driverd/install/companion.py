@@ -20,15 +20,12 @@ from driverd.driver.companions import (RECORD, CompanionPlaces, CompanionTree, c
                                        is_installed, lookup, read_tree, trees)
 from driverd.driver.records import valid_sha
 from driverd.errors import PackageError
-from driverd.fsutil import atomic_write_at, dump_json
 from driverd.install.checks import os_errors
 from driverd.install.store import Current, Done, Part, Store, Switch
-from driverd.install.userspace import _fsync_tree, _subdir_fd
+from driverd.install.tree import OLD_PREFIX, STAGING_PREFIX, put_tree
 from driverd.root import Root
 from driverd.runner import Runner
 
-STAGING_PREFIX = ".driverd-staging-"
-OLD_PREFIX = ".driverd-old-"
 _os_errors = os_errors("companion", disk_full=True)
 
 
@@ -135,37 +132,15 @@ def _store(root: Root, runner: Runner, places: CompanionPlaces) -> Store:
 
 
 def _unpack(root: Root, places: CompanionPlaces, package: Path, m, sha: str, expected: str | None) -> CompanionTree:
-    from driverd.package.archive import unpack_at
     from driverd.package.companion import KIND
     t = read_tree(root, places, m.driver_version)
     name = m.driver_version if t is None or t.sha == sha else f"{m.driver_version}-{sha[:12]}"
     if read_tree(root, places, name) is not None:          # damaged, or a leftover of that name: out of the way
         _retire(root, places, name)
-    root.makedirs(places.root)
-    staging = places.tree(f"{STAGING_PREFIX}{os.urandom(6).hex()}")
-    try:
-        with root.open_dir(staging, create=True) as fd:
-            unpack_at(package, fd, expected, kind=KIND)
-            for ln in m.links:
-                d, _, leaf = ln.path.rpartition("/")
-                dfd = _subdir_fd(fd, d)
-                try:
-                    os.symlink(ln.target, leaf, dir_fd=dfd)
-                finally:
-                    os.close(dfd)
-            atomic_write_at(fd, RECORD, dump_json({
-                "package_sha256": sha, "package": package.name, "component": m.component,
-                "installed_at": datetime.now(UTC).isoformat(timespec="seconds"),
-                "driver_version": m.driver_version, "arch": m.arch, "tree": name}), 0o644)
-            os.fchmod(fd, 0o755)
-            _fsync_tree(fd)
-        root.rename(staging, places.tree(name), replace=False)
-    except BaseException:
-        try:
-            root.rmtree(staging)
-        except OSError:
-            pass
-        raise
+    put_tree(root, places.root, name, package, expected, KIND, m.links, RECORD, {
+        "package_sha256": sha, "package": package.name, "component": m.component,
+        "installed_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "driver_version": m.driver_version, "arch": m.arch, "tree": name})
     t = read_tree(root, places, name)
     if t is None or not t.intact or t.sha != sha:
         raise PackageError(f"the {m.driver_version} {m.component} tree {places.tree(name)} is incomplete right after "

@@ -63,12 +63,12 @@ from driverd.driver.userspace import (Tree, check_root, current, current_name, f
                                       is_installed as _is_installed, ldconf_ours, link_state, lookup,
                                       our_links, previous_sha, read_tree, trees)
 from driverd.errors import DriverdError, PackageError
-from driverd.fsutil import atomic_write_at, dump_json, fsync_fd
 from driverd.package import userspace as us
 from driverd.install.checks import os_errors
-from driverd.package.archive import check_file, read_manifest, sha256_file, unpack_at, verify_package
+from driverd.package.archive import check_file, read_manifest, sha256_file, verify_package
 from driverd.install.activate import activate_tree, driver_link
 from driverd.install.store import Current, Done, Part, Store, Switch
+from driverd.install.tree import OLD_PREFIX, STAGING_PREFIX, put_tree
 from driverd.root import Root
 from driverd.runner import Runner
 
@@ -79,12 +79,9 @@ DEFAULT_DRIVER_LINK = layout.USERSPACE_DRIVER_LINK
 CURRENT = layout.CURRENT
 STATE_SUBDIR = layout.USERSPACE_STATE
 INSTALL_RECORD = layout.USERSPACE_RECORD
-STAGING_PREFIX = ".driverd-staging-"
-OLD_PREFIX = ".driverd-old-"
 LDCONF = driverfiles.DRIVERD_LDCONF
 LD_CACHE = driverfiles.LD_CACHE
 MAX_KEPT = layout.USERSPACE_MAX_KEPT
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 @dataclass
@@ -159,64 +156,15 @@ def _tree_name(root: Root, places: Places, m: us.UserspaceManifest, sha: str) ->
     return m.driver_version if t.sha == sha else f"{m.driver_version}-{sha[:12]}"
 
 
-def _subdir_fd(top: int, rel: str) -> int:
-    fd = os.dup(top)
-    for part in filter(None, rel.split("/")):
-        nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC, dir_fd=fd)
-        os.close(fd)
-        fd = nfd
-    return fd
-
-
-def _fsync_tree(top: int) -> None:
-    """Every regular file and directory under the directory open as `top` (links: their directory's)."""
-    for _dp, _dns, fns, dfd in os.fwalk(".", dir_fd=top):
-        for n in fns:
-            try:
-                fd = os.open(n, os.O_RDONLY | os.O_NOFOLLOW | _CLOEXEC, dir_fd=dfd)
-            except OSError as e:
-                if e.errno == errno.ELOOP:       # a symbolic link: fsync'd with its directory
-                    continue
-                raise
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_fd(dfd)
-    fsync_fd(top)
-
-
 def _keep(root: Root, places: Places, package: Path, m: us.UserspaceManifest, sha: str,
           expected: str | None) -> Tree:
     """Unpack and verify the package into a new complete tree (staging, then renamed: complete or absent)."""
     name = _tree_name(root, places, m, sha)
     if read_tree(root, places, name) is not None:      # damaged, or a leftover of that name: out of the way
         _retire(root, places, name)
-    root.makedirs(places.root)
-    staging = places.tree(f"{STAGING_PREFIX}{os.urandom(6).hex()}")
-    try:
-        with root.open_dir(staging, create=True) as fd:
-            unpack_at(package, fd, expected, kind=us.KIND)
-            _check_sonames(fd, m)
-            for ln in m.links:
-                d, _, leaf = ln.path.rpartition("/")
-                dfd = _subdir_fd(fd, d)
-                try:
-                    os.symlink(ln.target, leaf, dir_fd=dfd)
-                finally:
-                    os.close(dfd)
-            atomic_write_at(fd, INSTALL_RECORD, dump_json({
-                "package_sha256": sha, "package": package.name, "installed_at": _now(),
-                "driver_version": m.driver_version, "arch": m.arch, "tree": name}), 0o644)
-            os.fchmod(fd, 0o755)
-            _fsync_tree(fd)
-        root.rename(staging, places.tree(name), replace=False)
-    except BaseException:
-        try:
-            root.rmtree(staging)
-        except OSError:
-            pass
-        raise
+    put_tree(root, places.root, name, package, expected, us.KIND, m.links, INSTALL_RECORD, {
+        "package_sha256": sha, "package": package.name, "installed_at": _now(),
+        "driver_version": m.driver_version, "arch": m.arch, "tree": name}, check=lambda fd: _check_sonames(fd, m))
     t = read_tree(root, places, name)
     if t is None or not t.intact or t.sha != sha:
         raise PackageError(f"the {m.driver_version} user-space tree {places.tree(name)} is incomplete right after "
@@ -376,6 +324,12 @@ class UserspacePart(Part):
 
     def prune(self) -> list[str]:
         return _prune(self.root, self.places)
+
+    def refused(self, e: OSError) -> Exception | None:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return PackageError(f"disk full while unpacking the user-space into {self.places.root}; nothing was "
+                                "changed", cause=os.strerror(e.errno), fix="free space there and install again")
+        return None
 
     def describe(self, entry: Tree | None, *, again: bool) -> str:
         if entry is None:
