@@ -97,7 +97,6 @@ def fetch(root: "Root | str", cfg: "Config", component: str, version: str, arch:
     from driverd.package.archive import check_file, sha256_file
     from driverd.repo import fetch as f
     from driverd.root import Root
-    from driverd.root.nodefiles import node_path
     _known(component)
     arch = _arch(arch)
     root = root if isinstance(root, Root) else Root(str(root))
@@ -107,24 +106,8 @@ def fetch(root: "Root | str", cfg: "Config", component: str, version: str, arch:
                              arch, shown=directory)
         if local is not None:
             return Found(component, version, arch, str(local), sha256_file(local), directory)
-    repos = list(cfg["packages.repositories"])
     looked: list[f.Looked] = []
-    session = None
-    creds = f.Credentials(node_path(root, cfg["packages.netrc"]), node_path(root, cfg["packages.auth_header_file"]))
-    for url in repos:
-        if not f._is_file_repo(url) and session is None:
-            # the repositories' exact origins, as every fetch: credentials go nowhere else
-            session = f._session(creds.load({o for u in repos if not f._is_file_repo(u) for o in [f.origin(u)] if o}))
-        try:
-            idx = f.read_index(url, public_key=node_path(root, cfg["packages.index_public_key"]), runner=runner,
-                               session=session, insecure=cfg["packages.insecure"], root=root,
-                               state_dir=cfg["state.dir"])
-        except PackageError as e:
-            if isinstance(e, f.trust.IndexRefused):
-                raise
-            looked.append(f.Looked(f.redact(url), "unreachable" if isinstance(e, f.Unreachable) else "unusable",
-                                   e.message))
-            continue
+    for url, idx, session in f.each_index(root, cfg, runner, looked):
         entry = idx.find_companion(component, version, arch)
         if entry is None:
             looked.append(f.Looked(f.redact(url), "missing",

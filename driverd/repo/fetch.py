@@ -23,7 +23,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from driverd.errors import PackageError
 from driverd.redact import redact
@@ -106,6 +106,30 @@ def read_index(url: str, *, public_key: str | None = None, runner: Runner | None
 
 
 # -- download -----------------------------------------------------------------------------------
+
+def each_index(root: Root, cfg, runner: Runner | None, looked: list) -> Iterator[tuple[str, Index, object]]:
+    """The configured repositories' indexes, in order (packages.repositories, with the configuration's key,
+    credentials — sent to the repositories' exact origins only — and trust settings): an index that cannot
+    be read is noted in `looked` and skipped, one that must not be used (trust.IndexRefused) raises. Each
+    comes with the HTTP session its packages are downloaded with (None for a local repository)."""
+    from driverd.root.nodefiles import node_path
+    repos = list(cfg["packages.repositories"])
+    session = None
+    creds = Credentials(node_path(root, cfg["packages.netrc"]), node_path(root, cfg["packages.auth_header_file"]))
+    for url in repos:
+        if not _is_file_repo(url) and session is None:
+            session = _session(creds.load({o for u in repos if not _is_file_repo(u) for o in [origin(u)] if o}))
+        try:
+            idx = read_index(url, public_key=node_path(root, cfg["packages.index_public_key"]), runner=runner,
+                             session=session, insecure=cfg["packages.insecure"], root=root,
+                             state_dir=cfg["state.dir"])
+        except PackageError as e:
+            if isinstance(e, trust.IndexRefused):
+                raise
+            looked.append(Looked(redact(url), "unreachable" if isinstance(e, Unreachable) else "unusable", e.message))
+            continue
+        yield url, idx, session
+
 
 def _part(dest: str) -> str:
     d, n = dest.rsplit("/", 1)
