@@ -56,8 +56,20 @@ def test_fetch_and_build_metrics_of_a_running_daemon(host, packages, daemons, tm
     assert d.metric("driverd_package_cache_hits_total") == 1
     assert d.metric("driverd_package_cache_misses_total") == 1
 
+    # a version a local (file://) repository does not list is blocked by the plan, before any fetch (issue 48)
     n = len(d.lines)
-    write_config(host, "560.35.03", repo)    # no repository has it, no source to build it from
+    write_config(host, "560.35.03", repo)
+    d.wait_log(r"not converged: blocked: .*no repository lists driverd-560\.35\.03", 60, start=n)
+    assert not _count(d, "driverd_package_fetch_failures_total", reason="not-found")
+    # over HTTP the plan does not ask: the fetch does, and fails, counted (no source to build it from)
+    from driverd.sim.httprepo import RepoServer
+    srv = RepoServer(repo).__enter__()
+    n = len(d.lines)
+    write_config(host, "560.35.03", repo)
+    text = (host / "etc/driverd/config.toml").read_text().replace(f'"file://{repo}"', f'"{srv.url}"').replace(
+        "[packages]\n", "[packages]\ninsecure = true\n")
+    (host / "etc/driverd/config.toml.new").write_text(text)
+    os.replace(host / "etc/driverd/config.toml.new", host / "etc/driverd/config.toml")
     d.wait_log(r"not converged: failed: .*no package driverd-560\.35\.03", 60, start=n)
     assert _count(d, "driverd_package_fetch_failures_total", reason="not-found") >= 1
     assert _count(d, "driverd_package_fetch_duration_seconds_count", source="none", result="error") >= 1
@@ -90,6 +102,7 @@ def test_fetch_and_build_metrics_of_a_running_daemon(host, packages, daemons, tm
                    "driverd_package_build_duration_seconds", "driverd_package_build_failures_total"):
         assert f"# TYPE {family.removesuffix('_total')}" in text, family
     assert d.stop()[0] == 0
+    srv.__exit__(None, None, None)
 
 
 def test_one_shot_commands_never_import_prometheus(host, packages, tmp_path):
