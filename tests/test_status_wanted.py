@@ -32,6 +32,7 @@ def test_wanted_next_to_running_and_every_difference(host, packages):
     text = drv(host, "status").stdout
     assert f"wanted     {OLD} (open) from " in text and "in sync: the host runs what the configuration wants" in text
     assert "activity   idle" in text
+    assert text.splitlines()[0] == "now        in sync (judged now, as `driverd plan` does)"   # the live verdict first
 
     write_config(host, NEW, repo, extra='[modules.parameters.nvidia]\nNVreg_EnableGpuFirmware = "0"\n')
     s = status(host)
@@ -40,6 +41,7 @@ def test_wanted_next_to_running_and_every_difference(host, packages):
     assert any(d.startswith("nvidia.NVreg_EnableGpuFirmware:") for d in s["wanted"]["differs"]), s["wanted"]
     text = drv(host, "status").stdout
     assert f"wanted     {NEW} (open)" in text and f"  DIFFERS: driver {NEW} is wanted, {OLD} is loaded" in text
+    assert text.splitlines()[0].startswith("now        NOT IN SYNC (judged now"), text
 
 
 def test_auto_flavour_is_decided_from_the_gpus(host, packages):
@@ -110,7 +112,7 @@ def test_the_daemons_last_reconcile(host, packages, daemons):
     assert dm["last_reconcile"]["state"] == "converged" and OLD in dm["last_reconcile"]["reason"]
     assert dm["next_reconcile_at"] > time.time()
     text = drv(host, "status").stdout
-    assert f"daemon     daemon pid {d.proc.pid}, ready; last reconcile converged " in text, text
+    assert f"daemon     daemon pid {d.proc.pid}, ready; last reconcile (history) converged " in text, text
     rc, _ = d.stop()
     assert rc == 0
     s = status(host)

@@ -316,7 +316,7 @@ def render_daemon(d: dict | None) -> list[str]:
             f"{dg.get('why')}"
         lr = {}                          # the reason was just said
     if lr:
-        head += f"; last reconcile {lr.get('state')} {_ago(lr.get('finished_at'))}: {lr.get('reason')}"
+        head += f"; last reconcile (history) {lr.get('state')} {_ago(lr.get('finished_at'))}: {lr.get('reason')}"
     import time
     nxt = d.get("next_reconcile_at")
     if nxt and not d.get("stopped"):
@@ -362,9 +362,24 @@ def render_phases(run: dict) -> list[str]:
     return out
 
 
+def render_now(w: dict | None) -> list[str]:
+    """The verdict on the host as it is now (the plan's, as `driverd plan` gives it), first: what follows the
+    daemon's line is history (issue 48: a status that showed only the last reconcile's "converged" after the
+    host had changed)."""
+    if not w or not w.get("driver") or w.get("in_sync") is None:
+        return []
+    if w["in_sync"]:
+        return ["now        in sync (judged now, as `driverd plan` does)"]
+    n = len(w.get("differs") or [])
+    what = {"blocked": "BLOCKED", "unfinished": "AN INTERRUPTED RUN IS UNFINISHED"}.get(w.get("verdict") or "",
+                                                                                    "NOT IN SYNC")
+    return [f"now        {what} (judged now, as `driverd plan` does; {n} line{'s' if n != 1 else ''} below)"]
+
+
 def render_status(s: dict) -> str:
     lo, ins, lr = s["loaded"], s["installed"], s["last_run"]
-    lines = render_wanted(s["wanted"]) if s.get("wanted") else []
+    lines = render_now(s.get("wanted"))
+    lines += render_wanted(s["wanted"]) if s.get("wanted") else []
     lines += [f"loaded     {lo['version']} ({lo['flavor']})" if lo else "loaded     no NVIDIA driver",
               f"installed  {ins['version']} ({ins['flavor']})" if ins else "installed  none"]
     us = s.get("userspace")
