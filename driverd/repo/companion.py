@@ -94,7 +94,7 @@ def fetch(root: "Root | str", cfg: "Config", component: str, version: str, arch:
           directory: str | None = None, runner: "Runner | None" = None) -> Found:
     """The companion package of (component, version, arch) on this machine: `directory`'s (a host path under
     the root), else the repositories', else the cache's (module docstring)."""
-    from driverd.package.archive import check_file, sha256_file
+    from driverd.package.archive import sha256_file
     from driverd.repo import fetch as f
     from driverd.root import Root
     _known(component)
@@ -113,26 +113,8 @@ def fetch(root: "Root | str", cfg: "Config", component: str, version: str, arch:
             looked.append(f.Looked(f.redact(url), "missing",
                                    f"its index lists {len(idx.companions)} companion packages, not this one"))
             continue
-        cdir = f.cache_hostdir(cfg["packages.cache_dir"])
-        root.makedirs(cdir)                 # only now: a refused index writes nothing
-        dest = f"{cdir}/{f.cache_name(entry)}"
-        if root.lexists(dest):
-            try:
-                check_file(root.real(dest), entry.sha256, entry.size)
-                root.utime(dest)
-                return Found(component, version, arch, str(root.real(dest)), entry.sha256, f.redact(url))
-            except PackageError:
-                root.unlink(dest)           # a damaged cache entry: fetched again
-        if f._is_file_repo(url):
-            f._copy_file(url, entry, root, dest)
-        else:
-            f.download(url, entry, dest, session, root=root)
-        try:
-            check_file(root.real(dest), entry.sha256, entry.size)
-        except PackageError as e:
-            root.unlink(dest)               # never keep a bad package in the cache
-            raise PackageError(f"{e.message} (from {f.redact(url)})", cause=e.cause, fix=e.fix) from None
-        return Found(component, version, arch, str(root.real(dest)), entry.sha256, f.redact(url))
+        path = f.into_cache(root, cfg, url, entry, session)
+        return Found(component, version, arch, str(path), entry.sha256, f.redact(url))
     hit = f.from_cache(root, f.cache_hostdir(cfg["packages.cache_dir"]), name, files=False, kind=cp.KIND)
     if hit is not None:
         return Found(component, version, arch, str(hit[0]), hit[1], "cache")

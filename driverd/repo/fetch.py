@@ -131,6 +131,33 @@ def each_index(root: Root, cfg, runner: Runner | None, looked: list) -> Iterator
         yield url, idx, session
 
 
+def into_cache(root: Root, cfg, url: str, entry, session) -> Path:
+    """A listed package (user-space, companion) in the download cache, checked against its index entry (size,
+    then sha256) before anything of it is decompressed: the cached copy when it is intact (a damaged one is
+    fetched again), else copied or downloaded. A package that does not match is never kept in the cache."""
+    from driverd.package.archive import check_file
+    cdir = cache_hostdir(cfg["packages.cache_dir"])
+    root.makedirs(cdir)                 # only now: a refused index writes nothing
+    dest = f"{cdir}/{cache_name(entry)}"
+    if root.lexists(dest):
+        try:
+            check_file(root.real(dest), entry.sha256, entry.size)
+            root.utime(dest)
+            return root.real(dest)
+        except PackageError:
+            root.unlink(dest)           # a damaged cache entry: fetched again
+    if _is_file_repo(url):
+        _copy_file(url, entry, root, dest)
+    else:
+        download(url, entry, dest, session, root=root)
+    try:
+        check_file(root.real(dest), entry.sha256, entry.size)
+    except PackageError as e:
+        root.unlink(dest)
+        raise PackageError(f"{e.message} (from {redact(url)})", cause=e.cause, fix=e.fix) from None
+    return root.real(dest)
+
+
 def _part(dest: str) -> str:
     d, n = dest.rsplit("/", 1)
     return f"{d}/.{n}.part"

@@ -145,7 +145,7 @@ def fetch(root, cfg, version: str, arch: str, runner=None) -> Fetched:
     """The package of `version`/`arch`: userspace.package's, else the first repository whose index lists it,
     copied or downloaded into the cache and checked against the index (size, then sha256)."""
     from driverd.repo import fetch as f
-    from driverd.package.archive import check_file, sha256_file
+    from driverd.package.archive import sha256_file
     from driverd.root import Root
     root = root if isinstance(root, Root) else Root(str(root))
     path = local_package(root, cfg, version, arch)
@@ -158,27 +158,7 @@ def fetch(root, cfg, version: str, arch: str, runner=None) -> Fetched:
             looked.append(f.Looked(f.redact(url), "missing",
                                    f"its index lists {len(idx.userspace)} user-space packages, not this one"))
             continue
-        # the cache as the kernel packages' fetch writes it: host paths, every write confined to the root
-        cdir = f.cache_hostdir(cfg["packages.cache_dir"])
-        root.makedirs(cdir)                 # only now: a refused index writes nothing
-        dest = f"{cdir}/{f.cache_name(entry)}"
-        if root.lexists(dest):
-            try:
-                check_file(root.real(dest), entry.sha256, entry.size)
-                root.utime(dest)
-                return Fetched(str(root.real(dest)), entry.sha256, f.redact(url))
-            except PackageError:
-                root.unlink(dest)           # a damaged cache entry: fetched again
-        if f._is_file_repo(url):
-            f._copy_file(url, entry, root, dest)
-        else:
-            f.download(url, entry, dest, session, root=root)
-        try:
-            check_file(root.real(dest), entry.sha256, entry.size)
-        except PackageError as e:
-            root.unlink(dest)               # never keep a bad package in the cache
-            raise PackageError(f"{e.message} (from {f.redact(url)})", cause=e.cause, fix=e.fix) from None
-        return Fetched(str(root.real(dest)), entry.sha256, f.redact(url))
+        return Fetched(str(f.into_cache(root, cfg, url, entry, session)), entry.sha256, f.redact(url))
     # no repository gave it: a package an earlier fetch verified and left in the cache, checked again
     hit = f.from_cache(root, f.cache_hostdir(cfg["packages.cache_dir"]), us.package_basename(version, arch),
                        files=False, kind=us.KIND)

@@ -46,7 +46,7 @@ int cuDevicePrimaryCtxRetain(void **ctx, int d) {
     /* every GPU's context is made at once or not at all: each waits (up to 5 s) until all are being made,
      * so a check that makes them one after the other gets CUDA_ERROR_UNKNOWN (999) on the first */
     __sync_add_and_fetch(&in_retain, 1);
-    for (int i = 0; i < 500 && in_retain < ngpus; i++) usleep(10000);
+    for (int i = 0; i < 2000 && in_retain < ngpus; i++) usleep(10000);
     if (in_retain < ngpus) return 999;
 #endif
     *ctx = (void *)(long)(d + 1);
