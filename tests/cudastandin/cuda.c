@@ -43,7 +43,7 @@ int cuDevicePrimaryCtxRetain(void **ctx, int d) {
     if (d == STANDIN_HANG_DEVICE) for (;;) pause();      /* one wedged GPU: its context never comes */
 #endif
 #ifdef STANDIN_TOGETHER
-    /* every GPU's context is made at once or not at all: each waits (up to 5 s) until all are being made,
+    /* every GPU's context is made at once or not at all: each waits (up to 20 s: a busy machine) until all are being made,
      * so a check that makes them one after the other gets CUDA_ERROR_UNKNOWN (999) on the first */
     __sync_add_and_fetch(&in_retain, 1);
     for (int i = 0; i < 2000 && in_retain < ngpus; i++) usleep(10000);
