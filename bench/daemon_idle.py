@@ -29,14 +29,17 @@ sys.path.insert(0, str(REPO))
 
 
 def build_host(work: Path) -> Path:
-    from driverd.sim.scenario import dgx_spec, make_host, make_packages
+    from driverd.repo.index import write_index
+    from driverd.sim.scenario import dgx_spec, make_companion_packages, make_host, make_packages
     pk = make_packages(work / "repo")
+    make_companion_packages(work / "repo")          # the NVSwitches' fabric manager, of the driver's version
+    write_index(work / "repo", verify=False)
     root = make_host(work / "root", dgx_spec(gpus=8, nvswitches=4, nouveau=False))
     cfg = root / "etc/driverd/config.toml"
     cfg.parent.mkdir(parents=True, exist_ok=True)
     cfg.write_text(f'[driver]\nversion = "535.261.03"\nflavor = "open"\n[packages]\nrepositories = '
                    f'["file://{pk["old"].parent}"]\n[runtime]\nrestart = "none"\n'
-                   '[modules]\nkernel = "sim"\n')          # a simulated tree: the simulated kernel changes it
+                   '[modules]\nkernel = "sim"\n[companions]\nfetch = true\n')          # a simulated tree: the simulated kernel changes it
     return root
 
 

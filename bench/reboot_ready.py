@@ -45,7 +45,7 @@ def converged_host(base: Path, enforce: bool) -> Path:
     from driverd.sim.scenario import RELEASE, dgx_spec, make_host
     from driverd.sim.kernel import SimKernel
     root = base / "root"
-    make_host(root, dgx_spec(gpus=2, nvswitches=1, nouveau=False))
+    make_host(root, dgx_spec(gpus=2, nvswitches=0, nouveau=False))
     version = "535.261.03"
     install(Root(root), make_fake_package(base / "pkgs", version, RELEASE).path, Runner(),
             kernel_tools=SimKernel(Root(root), Runner()))

@@ -162,7 +162,7 @@ def _stop(cid: str, proc: subprocess.Popen, state: str) -> float:
 
 def test_entrypoint_goes_ready_takes_the_fast_path_on_restart_and_stops_on_sigterm(image, tmp_path):
     from driverd.sim.scenario import dgx_spec, make_host, make_packages
-    host = make_host(tmp_path / "host", dgx_spec(gpus=2, nvswitches=1, nouveau=False))
+    host = make_host(tmp_path / "host", dgx_spec(gpus=2, nvswitches=0, nouveau=False))
     repo = host / "srv/driverd-repo"                    # the repository, seen by the container at /host/srv/...
     make_packages(repo)
     cfg = host / "etc/driverd/config.toml"

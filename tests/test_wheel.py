@@ -107,7 +107,7 @@ def _run(installed, *argv: str, ok: bool = True, timeout: float = 300, **env: st
 def host(tmp_path):
     """A sample host tree (as the demo builds), with packages in a file:// repository and a config."""
     from driverd.sim.scenario import dgx_spec, make_host, make_packages
-    root = make_host(tmp_path / "host", dgx_spec(gpus=2, nvswitches=1))
+    root = make_host(tmp_path / "host", dgx_spec(gpus=2, nvswitches=0))
     make_packages(root / "srv/repo")
     cfg = root / "etc/driverd/config.toml"
     cfg.parent.mkdir(parents=True, exist_ok=True)

@@ -60,7 +60,7 @@ class FabricManagerOffer:
                 f"provide it: build the {self.version} companion package (driverd build-companion "
                 f"fabricmanager-linux-<arch>-{self.version}-archive.tar.xz) into packages.repositories, or install "
                 f"the distribution's nvidia-fabricmanager of {self.version} on the host, or set "
-                f"daemons.fabricmanager = false")
+                f"daemons.fabricmanager = \"false\"")
 
 
 def host_fabricmanager(root: Root) -> FabricManagerSource | None:

@@ -278,8 +278,8 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
         if fm_offer is not None and fm_offer.version == version:
             src = fm_offer.ours if fm_offer.ours is not None and fm_offer.ours.version == version else fm_offer.host
             which = f"; {src.describe()} is started" if src is not None and fm_offer.ok else ""
-            if loading and fm_offer.known_wrong:
-                blocked.append(fm_offer.why_not())
+            if fm_offer.known_wrong or (fm_offer.ours or fm_offer.host) is None:
+                blocked.append(fm_offer.why_not())      # none at all, or one that will refuse the driver
             elif loading and not fm_offer.ok and (fm_offer.ours or fm_offer.host) is not None:
                 fm_warnings.append(f"cannot tell that the fabric manager started after the load is {version}'s: "
                                    + fm_offer.why_not().partition(": ")[2])

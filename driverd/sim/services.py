@@ -8,7 +8,7 @@ import signal
 from dataclasses import asdict
 
 from driverd.errors import ModuleError
-from driverd.fsutil import atomic_write, atomic_write_json
+from driverd.fsutil import atomic_write_json
 from driverd.kmod.daemons import DAEMONS, FABRICMANAGER, Services
 from driverd.kmod.mig import GpuMig
 from driverd.sim.fabricmanager import LOG
@@ -36,13 +36,15 @@ class SimServices(Services):
 
     def _run_fabricmanager(self) -> None:
         """Run the tree's fabric manager (driverd's companion tree's, else the host's): a stand-in
-        (sim/fabricmanager.py) refuses a driver of another version as NVIDIA's does. A tree with no fabric
-        manager binary at all (the older scenarios) plays one of the loaded driver's version."""
+        (sim/fabricmanager.py) refuses a driver of another version as NVIDIA's does; with none at all it
+        cannot start, as systemd's unit cannot."""
         argv = self.command(FABRICMANAGER)
         exe = self.root.real(argv[0])
         if not exe.is_file():
-            atomic_write(self.root.path(FABRIC), "completed\n")
-            return
+            raise ModuleError(f"{FABRICMANAGER} could not start: {argv[0]} is missing",
+                              cause="no fabric manager is installed on this host or in driverd's companion tree",
+                              fix="provide the driver version's fabric manager companion package (driverd "
+                                  "build-companion) or set daemons.fabricmanager = \"false\"")
         import subprocess
         res = subprocess.run([str(exe), *argv[1:]], env={"PATH": "/usr/bin:/bin", "DRIVERD_SIM_ROOT": str(self.root.base)},
                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)

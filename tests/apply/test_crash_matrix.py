@@ -86,7 +86,7 @@ def _host(base: Path, kind: str, packages) -> Path:
     from driverd.root import Root
     from driverd.runner import Runner
     from driverd.sim.scenario import dgx_spec, make_host
-    root = make_host(base, dgx_spec(gpus=2, nvswitches=1, nouveau=(kind == "fresh")))
+    root = make_host(base, dgx_spec(gpus=2, nvswitches=1 if kind == "loaded-fm" else 0, nouveau=(kind == "fresh")))
     if kind == "fresh":
         cfg = root / "etc/driverd/config.toml"
         cfg.parent.mkdir(parents=True, exist_ok=True)

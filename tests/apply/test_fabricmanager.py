@@ -15,6 +15,19 @@ from tests.apply.conftest import drv, journal, kernel_of
 OLD, NEW = "535.261.03", "550.127.05"
 
 
+@pytest.fixture
+def host(tmp_path, packages):
+    """A 2-GPU host with one NVSwitch (fabric manager wanted), package `old` installed, not loaded."""
+    from driverd.install.modules import install
+    from driverd.root import Root
+    from driverd.runner import Runner
+    from driverd.sim.scenario import dgx_spec, make_host
+    root = tmp_path / "root"
+    make_host(root, dgx_spec(gpus=2, nvswitches=1, nouveau=False))
+    install(Root(root), packages["old"], Runner())
+    return root
+
+
 def _version_file(root, version: str) -> None:
     p = root / "proc/driver/nvidia/version"
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -59,7 +72,7 @@ def test_an_upgrade_whose_fabric_manager_is_the_hosts_other_version_is_blocked_b
     r = drv(host, "plan")
     assert r.returncode == 3, r.stdout + r.stderr
     assert f"no fabric manager of driver {NEW} is available: /usr/bin/nv-fabricmanager ({OLD}" in r.stdout, r.stdout
-    assert "driverd build-companion" in r.stdout and "daemons.fabricmanager = false" in r.stdout
+    assert "driverd build-companion" in r.stdout and 'daemons.fabricmanager = "false"' in r.stdout
     before = journal(host)["run_id"]
     r = drv(host, "apply")
     assert r.returncode == 3, r.stdout + r.stderr
@@ -69,24 +82,39 @@ def test_an_upgrade_whose_fabric_manager_is_the_hosts_other_version_is_blocked_b
     assert journal(host)["run_id"] == before                                                  # no run started
 
 
-@pytest.mark.parametrize("fm", [NEW, None], ids=["the-hosts-fm-is-the-new-version", "no-fm-binary-in-the-tree"])
-def test_an_upgrade_with_the_new_versions_fabric_manager_goes_ahead_and_the_fabric_completes(host, packages, fm):
-    if fm:
-        fmsim.write(host / "usr/bin/nv-fabricmanager", OLD)
+def test_an_nvswitch_host_with_no_fabric_manager_at_all_is_blocked_and_nothing_is_loaded(host, packages):
+    """No fabric manager on the host and none of driverd's: CUDA could never use the GPUs (the fabric
+    never completes). Before, the plan went ahead; now load and upgrade are BLOCKED, exit 3, nothing loaded."""
+    cfg = host / "etc/driverd/config.toml"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    want = f'[driver]\nversion = "{OLD}"\nflavor = "open"\n[runtime]\nrestart = "none"\n'
+    cfg.write_text(want)
+    r = drv(host, "plan")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert (f"no fabric manager of driver {OLD} is available: the host has none (/usr/bin/nv-fabricmanager is "
+            "missing)") in r.stdout, r.stdout
+    r = drv(host, "load")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert not kernel_of(host).is_loaded("nvidia")
+    assert not (host / "run/driverd-sim/fabric-state").exists()
+    # the way out the message names: the host does not want one
+    cfg.write_text(want + "[daemons]\nfabricmanager = \"false\"\n")
+    assert drv(host, "plan").returncode == 0
+
+
+def test_an_upgrade_with_the_new_versions_fabric_manager_goes_ahead_and_the_fabric_completes(host, packages):
+    fmsim.write(host / "usr/bin/nv-fabricmanager", OLD)
     assert drv(host, "load").returncode == 0
-    if fm:
-        fmsim.write(host / "usr/bin/nv-fabricmanager", fm)        # the operator installed 550's
+    fmsim.write(host / "usr/bin/nv-fabricmanager", NEW)           # the operator installed 550's
     _want_new(host, packages)
     r = drv(host, "plan")
     assert r.returncode == 0, r.stdout + r.stderr
-    if fm:
-        assert f"/usr/bin/nv-fabricmanager ({NEW}: its --version) is started" in r.stdout, r.stdout
+    assert f"/usr/bin/nv-fabricmanager ({NEW}: its --version) is started" in r.stdout, r.stdout
     r = drv(host, "apply")
     assert r.returncode == 0, r.stdout + r.stderr
     assert NEW in (host / "proc/driver/nvidia/version").read_text()
     assert (host / "run/driverd-sim/fabric-state").read_text() == "completed\n"
-    if fm:
-        assert f"fabric manager {NEW}: fabric configured" in (host / fmsim.LOG.lstrip("/")).read_text()
+    assert f"fabric manager {NEW}: fabric configured" in (host / fmsim.LOG.lstrip("/")).read_text()
 
 
 @pytest.mark.parametrize("spec, kind, wants", [

@@ -13,12 +13,26 @@ from tests.daemon.conftest import OLD, write_config
 from tests.kmod.conftest import kernel_of, packages  # noqa: F401  (fixture)
 
 
-def _sandbox(tmp_path, packages):
-    """The demo's shape: 4 NVSwitches (fabric manager wanted), OLD applied through driverd."""
+@pytest.fixture(scope="module")
+def hgx_repo(packages, tmp_path_factory):
+    """The driver packages and their fabric manager companions (the demo's repository)."""
+    import shutil
+    from driverd.repo.index import write_index
+    from driverd.sim.scenario import make_companion_packages
+    repo = tmp_path_factory.mktemp("hgx-repo") / "repo"
+    shutil.copytree(packages["old"].parent, repo)
+    make_companion_packages(repo)
+    write_index(repo, verify=False)
+    return repo
+
+
+def _sandbox(tmp_path, hgx_repo):
+    """The demo's shape: 4 NVSwitches (fabric manager wanted, its companion fetched with the driver), OLD
+    applied through driverd."""
     from driverd.sim.scenario import dgx_spec, make_host
     root = tmp_path / "root"
     make_host(root, dgx_spec(gpus=2, nvswitches=4, nouveau=False))
-    write_config(root, OLD, packages["old"].parent)
+    write_config(root, OLD, hgx_repo, extra="[companions]\nfetch = true\n")
     r = drv(root, "apply")
     assert r.returncode == 0, r.stderr
     return root
@@ -37,8 +51,8 @@ def _plan(root) -> dict:
     return json.loads(r.stdout)
 
 
-def test_status_plan_and_the_daemons_pass_agree_on_a_stopped_fabric_manager(tmp_path, packages):
-    root = _sandbox(tmp_path, packages)
+def test_status_plan_and_the_daemons_pass_agree_on_a_stopped_fabric_manager(tmp_path, hgx_repo):
+    root = _sandbox(tmp_path, hgx_repo)
     s, p = status(root), _plan(root)
     assert s["wanted"]["in_sync"] is True and p["verdict"] == "converged", (s["wanted"], p["steps"])
     assert "in sync" in drv(root, "status").stdout
@@ -80,9 +94,9 @@ def _stop_persistenced(root) -> None:
 
 @pytest.mark.parametrize("drift,action", [(_stop_persistenced, "start-persistenced"),
                                           (_restore_containerd_config, "configure-runtime")])
-def test_status_is_not_in_sync_where_the_plan_has_a_step(tmp_path, packages, drift, action):
+def test_status_is_not_in_sync_where_the_plan_has_a_step(tmp_path, hgx_repo, drift, action):
     """Any step the plan would take, not only a different driver, means "not in sync"."""
-    root = _sandbox(tmp_path, packages)
+    root = _sandbox(tmp_path, hgx_repo)
     drift(root)
     p = _plan(root)
     assert p["verdict"] == "steps" and action in [st["action"] for st in p["steps"]], p["steps"]
@@ -94,12 +108,12 @@ def test_status_is_not_in_sync_where_the_plan_has_a_step(tmp_path, packages, dri
     assert w["in_sync"] is True and w["differs"] == [] and _plan(root)["verdict"] == "converged", w
 
 
-def test_a_blocked_plan_is_not_in_sync(tmp_path, packages):
+def test_a_blocked_plan_is_not_in_sync(tmp_path, hgx_repo):
     """An upgrade the GPU's users block: plan says blocked (exit 3), and so does status."""
     from tests.daemon.conftest import NEW
-    root = _sandbox(tmp_path, packages)
+    root = _sandbox(tmp_path, hgx_repo)
     kernel_of(root).spawn("python3", ["/dev/nvidiactl", "/dev/nvidia0"], cmdline="python3 train.py")
-    write_config(root, NEW, packages["old"].parent)
+    write_config(root, NEW, hgx_repo, extra="[companions]\nfetch = true\n")
     r = drv(root, "plan", "--json")
     assert r.returncode == 3, r.stderr
     p = json.loads(r.stdout)

@@ -16,11 +16,12 @@ def packages(tmp_path_factory):
 
 @pytest.fixture
 def host(tmp_path, packages):
-    """A 2-GPU, 1-NVSwitch host with NIC, no nouveau, package `old` installed (not loaded)."""
+    """A 2-GPU host with NIC, no NVSwitch (its fabric manager: tests/apply/test_fabricmanager.py), no nouveau,
+    package `old` installed (not loaded)."""
     from driverd.install.modules import install
     from driverd.sim.scenario import dgx_spec, make_host
     root = tmp_path / "root"
-    make_host(root, dgx_spec(gpus=2, nvswitches=1, nouveau=False))
+    make_host(root, dgx_spec(gpus=2, nvswitches=0, nouveau=False))
     install(Root(root), packages["old"], Runner())
     return root
 

@@ -104,16 +104,19 @@ def _tree(root):
 
 
 def test_dry_run_changes_nothing_and_writes_no_journal(tmp_path):
-    from driverd.sim.scenario import dgx_spec, make_host, make_packages
+    from driverd.repo.index import write_index
+    from driverd.sim.scenario import dgx_spec, make_companion_packages, make_host, make_packages
     root, repo = tmp_path / "host", tmp_path / "repo"
     make_host(root, dgx_spec())
     make_packages(repo)
+    make_companion_packages(repo)           # the host has 4 NVSwitches: its fabric manager comes with the driver
+    write_index(repo, verify=False)
     (root / "etc/driverd").mkdir(parents=True, exist_ok=True)
     (root / "etc/driverd/config.toml").write_text(
         f'[driver]\nversion = "535.261.03"\nflavor = "open"\n[packages]\nrepositories = ["file://{repo}"]\n'
-        '[runtime]\nruntimes = ["containerd"]\nrestart = "none"\n')
+        '[runtime]\nruntimes = ["containerd"]\nrestart = "none"\n[companions]\nfetch = true\n')
     before = _tree(root)
-    for cmd in (["apply"], ["load"], ["unload"], ["reload", "--package", str(next(repo.glob("*550.127.05*")))]):
+    for cmd in (["apply"], ["load"], ["unload"], ["reload", "--package", str(next(repo.glob("driverd-550.127.05-*")))]):
         r = run_cli(*cmd, "--root", str(root), "--dry-run", "--json")
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)

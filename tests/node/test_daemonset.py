@@ -141,7 +141,7 @@ def on_node(real_node, driver_image, tmp_path_factory):
     # The sample host is the node's own host tree: its etc/containerd/config.toml is the file the node's
     # containerd reads, its run/containerd/containerd.sock the socket the kubelet uses, and systemctl
     # there restarts that containerd (systemd is played, nothing else).
-    host = make_host(node.host, dgx_spec(gpus=2, nvswitches=1, nouveau=False))
+    host = make_host(node.host, dgx_spec(gpus=2, nvswitches=0, nouveau=False))
     node.write_containerd_config()
     node.play_systemd()
     make_packages(host / "srv/driverd-repo")

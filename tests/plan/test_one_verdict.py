@@ -99,7 +99,7 @@ def repo(tmp_path_factory):
 def _sim_host(tmp_path: Path, name: str, **kw) -> Path:
     from driverd.sim.scenario import dgx_spec, make_host
     root = tmp_path / name
-    make_host(root, dgx_spec(gpus=2, nvswitches=1, nic=False, **kw))
+    make_host(root, dgx_spec(gpus=2, nvswitches=0, nic=False, **kw))
     return root
 
 
