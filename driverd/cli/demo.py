@@ -215,8 +215,8 @@ def cluster_demo(work: Path, stage: int, kubeconfig: str | None, nodes: int = 4,
         return 0
     import uuid
 
-    from driverd.cluster.kube import node_path
-    from driverd.sim.fleet import NEW, Fleet
+    from driverd.cluster.kube import node_path, rollout_path
+    from driverd.sim.fleet import NEW, Fleet, FleetConflict
     # kubectl finds its plugin on PATH; the installed entry point sits beside this interpreter in a venv,
     # in /usr/local/bin in the image.
     path = f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"
@@ -227,13 +227,24 @@ def cluster_demo(work: Path, stage: int, kubeconfig: str | None, nodes: int = 4,
         return 0
     if work.exists():
         shutil.rmtree(work)
-    fleet = None
-    # The demo's own nodes carry a label of this run: its rollout selects them alone (a cluster's other
-    # nodes are never touched), and the clean-up finds them.
+    # The demo's own objects carry a label of this run: its rollout selects its nodes alone, and the
+    # clean-up deletes nothing else. Its names are the run's too, so that it does not meet the nodes of
+    # an earlier run kept with --keep (or any node of the cluster) under its own names; should a name
+    # still be taken, the fleet refuses it (exclusive) rather than take over a node it did not make.
     run = uuid.uuid4().hex[:6]
     mark, rollout = f"{DEMO_LABEL}={run}", f"demo-{run}"
+    fleet = Fleet(work, nodes, server=_Given(kubeconfig), labels={DEMO_LABEL: run}, prefix=f"demo-{run}",
+                  exclusive=True)
     try:
-        fleet = Fleet(work, nodes, server=_Given(kubeconfig), labels={DEMO_LABEL: run}).build()
+        fleet.build()
+    except FleetConflict as e:
+        fleet.remove()          # what it made before it met the name (nothing, unless that Node came meanwhile)
+        _say(f"\n== {stage}. rolling upgrade across a simulated cluster: refused, {e.kind} {e.name} already "
+             f"exists without this run's label {mark}, so the demo did not make it and will neither change nor "
+             f"delete it (run the demo again: another run picks other names; or, if it is a leftover of "
+             f"yours, `kubectl delete {e.kind.lower()} {e.name}`)")
+        return 1
+    try:
         _say(f"\n== {stage}. a rolling upgrade across a simulated cluster of {nodes} GPU nodes (API server "
              f"{fleet.admin.host}; each node runs driverd's cluster agent on its own simulated host, with a GPU pod "
              f"guarded by a PodDisruptionBudget; the demo's nodes are labelled {mark} and only they are upgraded)")
@@ -261,13 +272,16 @@ def cluster_demo(work: Path, stage: int, kubeconfig: str | None, nodes: int = 4,
             if res.returncode != 0:
                 _say(f"demo: `{' '.join(argv)}` exited {res.returncode}")
                 return 1
+            if argv[1:3] == ["rollout", "start"]:
+                # only now is the rollout known to be this run's (a start that met one of its name failed):
+                # the label lets the clean-up delete it, and nothing of that name it did not make
+                fleet.admin.patch(rollout_path(rollout), {"metadata": {"labels": {DEMO_LABEL: run}}})
         return 0
     finally:
-        if fleet is not None:
-            if keep:
-                fleet.stop()
-                _say(f"demo: kept on the API server (--keep): the nodes labelled {mark} and rollout {rollout}")
-            else:
-                left = fleet.remove((rollout,))
-                _say(f"demo: removed what it made on the API server: {len(fleet.nodes)} nodes ({mark}), their GPU "
-                     f"pods and rollout {rollout}" + (f"; could not remove: {'; '.join(left)}" if left else ""))
+        if keep:
+            fleet.stop()
+            _say(f"demo: kept on the API server (--keep): the nodes labelled {mark} and rollout {rollout}")
+        else:
+            left = fleet.remove((rollout,))
+            _say(f"demo: removed what it made on the API server: {len(fleet.nodes)} nodes ({mark}), their GPU "
+                 f"pods and rollout {rollout}" + (f"; could not remove: {'; '.join(left)}" if left else ""))

@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 
 from driverd.sim.fleethosts import CONFIG, NEW, OLD, FleetHosts, SimNode, _quiet
-from driverd.sim.fleetobjects import FleetObjects
+from driverd.sim.fleetobjects import FleetConflict, FleetObjects
 from driverd.sim.scenario import RELEASE
 from driverd.sim.standins import PLUGIN, PLUGIN_NS, DaemonSetController, Kubelet
 
@@ -45,15 +45,22 @@ class Fleet(FleetHosts, FleetObjects):
     def __init__(self, workdir: str | os.PathLike, nodes: int, *, server, log=_quiet, gpu_pods: int = 1,
                  lease_s: int | None = None, kubeconfig: str | None = None, module_unload: bool = True,
                  gpu_processes: bool = True, device_plugin: bool = False, first: int = 0, hosts: str = "files",
-                 costs=None, namespaces: int = 1, labels: dict | None = None, coordinator: str | None = None) -> None:
+                 costs=None, namespaces: int = 1, labels: dict | None = None, coordinator: str | None = None,
+                 prefix: str = "gpu", exclusive: bool = False) -> None:
         """hosts: "files", every node a simulated host tree (its own root, simulated kernel, journal),
         the node transaction the real one; "timed", every node a driverd.sim.timedhost.TimedHost
         (the node's work is wall-clock time of `costs`, a NodeCosts; no host tree), for fleets of
         hundreds of nodes whose agents must not spend this machine's CPU on the hosts' work.
         namespaces: the GPU pods' namespaces (GPU_NS for 1; else GPU_NS-0 …, the nodes' pods dealt
         round-robin): how many pods each eviction's admission policy takes as its parameters.
-        labels: on every Node the fleet makes (the demo marks its own so that its rollout selects them
-        and its clean-up finds them).
+        labels: on every Node, GPU pod, ReplicaSet and PodDisruptionBudget the fleet makes (the demo marks
+        its own so that its rollout selects them and its clean-up finds them).
+        prefix: node names are <prefix>-<first>… (the demo's are unique to its run, so that it never
+        meets a node of the cluster under its own name).
+        exclusive: the fleet works only on what carries `labels`: an object of one of its names that
+        exists without them is refused (FleetConflict) instead of taken over, and remove() deletes only
+        what carries them. Without it an existing object is taken over (a fleet rebuilt on the same
+        server, as the tests do).
         coordinator: who coordinates. "own": a coordinator of its own identity (deploy/'s Deployment
         driverd-coordinator: start_coordinator, started with the first node), the nodes' daemons run their
         own side only (cluster.coordinate = false); "nodes": every node's daemon is also a coordinator
@@ -90,6 +97,10 @@ class Fleet(FleetHosts, FleetObjects):
         self.cfg = None                    # the configuration every timed node's daemon reads
         self.gpu_namespaces = [GPU_NS] if namespaces <= 1 else [f"{GPU_NS}-{i}" for i in range(namespaces)]
         self.labels = dict(labels or {})
+        self.prefix = prefix
+        if exclusive and not self.labels:
+            raise ValueError("exclusive: the fleet needs labels to tell its own objects from others'")
+        self.exclusive = exclusive
 
     # -- building --------------------------------------------------------------------------------
     def build(self) -> Fleet:
@@ -398,4 +409,4 @@ def _killed(c) -> None:
 
 
 __all__ = ["CONFIG", "FAULTS", "GPU_NS", "NEW", "OLD", "PLUGIN", "PLUGIN_NS", "SIM_WORKERS", "DaemonSetController",
-           "Fleet", "Kubelet", "SimNode", "spawn_coordinator"]
+           "Fleet", "FleetConflict", "Kubelet", "SimNode", "spawn_coordinator"]

@@ -49,6 +49,7 @@ class FleetHosts:
     work: Path
     n: int
     first: int
+    prefix: str
     nodes: dict[str, SimNode]
     repo: Path
     bad_repo: Path
@@ -70,7 +71,7 @@ class FleetHosts:
         (croot / "etc/driverd/config.toml").write_text(CONFIG.format(version=OLD, repo=self.repo))
         self.cfg = load(Root(str(croot)), None, environ={})
         for i in range(self.first, self.first + self.n):
-            name = self.node_name(i)
+            name = self.node_name(i, self.prefix)
             self.nodes[name] = SimNode(name, croot, host=TimedHost(name, self.costs, loaded=(OLD, "open"),
                                                                    kernel=RELEASE))
 
@@ -90,15 +91,15 @@ class FleetHosts:
         if not template.exists():
             self._template(template)
         for i in range(self.first, self.first + self.n):
-            name = self.node_name(i)
+            name = self.node_name(i, self.prefix)
             root = self.work / "nodes" / name
             if not root.exists():
                 shutil.copytree(template, root, symlinks=True)
             self.nodes[name] = SimNode(name, root)
 
     @staticmethod
-    def node_name(i: int) -> str:
-        return f"gpu-{i:04d}"
+    def node_name(i: int, prefix: str = "gpu") -> str:
+        return f"{prefix}-{i:04d}"
 
     def _template(self, root: Path, converge: bool = True) -> None:
         """One host on driver OLD, converged through the real transaction path; every node is a copy.

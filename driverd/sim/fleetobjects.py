@@ -13,6 +13,16 @@ from driverd.sim.scenario import RELEASE
 from driverd.sim.standins import HOLD, PLUGIN, PLUGIN_NS, _report_running
 
 
+class FleetConflict(Exception):
+    """An exclusive fleet met an object of one of its names that is not its own (it lacks the fleet's
+    labels): taking it over would change, and at the end delete, what somebody else made."""
+
+    def __init__(self, kind: str, name: str, labels: dict) -> None:
+        self.kind, self.name = kind, name
+        self.selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        super().__init__(f"{kind} {name} exists and is not this fleet's (it lacks {self.selector})")
+
+
 class FleetObjects:
     """Fleet's API side (a mixin: Fleet sets these attributes in its __init__)."""
     admin: Any
@@ -22,6 +32,7 @@ class FleetObjects:
     gpu_processes: bool
     device_plugin: bool
     labels: dict
+    exclusive: bool
     _ensure_process: Callable[[str, str, str, str], None]
     stop: Callable[[], None]
 
@@ -32,10 +43,14 @@ class FleetObjects:
         return self.gpu_namespaces[int(node.rsplit("-", 1)[1]) % len(self.gpu_namespaces)]
 
     # -- the objects -------------------------------------------------------------------------------
+    def _own(self) -> dict | None:
+        """The labels an existing object must carry to be taken over; None: any is (not exclusive)."""
+        return self.labels if self.exclusive else None
+
     def _node_object(self, name: str, labels: dict) -> None:
         from driverd.cluster.kube import node_path
         k = self.admin
-        _ensure(k, node_path(), {
+        _ensure(k, node_path(), own=self._own(), obj={
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "nvidia.com/gpu.present": "true",
                                                   "feature.node.kubernetes.io/pci-10de.present": "true",
@@ -54,6 +69,7 @@ class FleetObjects:
     def _api_objects(self) -> dict[tuple[str, str], str]:
         """Namespaces, the CRD, Nodes (their status as a kubelet reports it), the GPU pods with their
         ReplicaSets and PDBs, the device plugin's DaemonSet. Returns {(node, pod): pod uid}."""
+        from driverd.cluster.kube import node_path
         k = self.admin
         namespaces = (*self.gpu_namespaces, "driverd", "default") + ((PLUGIN_NS,) if self.device_plugin else ())
         for ns in namespaces:
@@ -65,6 +81,13 @@ class FleetObjects:
             # the pods' account (a cluster's ServiceAccount controller creates it; made here so as not to wait)
             _ensure(k, f"/api/v1/namespaces/{ns}/serviceaccounts",
                     {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": ns}})
+        if self.exclusive:
+            # every name checked before anything is made: a refused fleet leaves nothing of its own behind
+            # (the check at each create still catches a Node made in between)
+            for name in self.nodes:
+                have = k.find(node_path(name))
+                if have is not None and not _carries(have, self.labels):
+                    raise FleetConflict("Node", name, self.labels)
         uids: dict[tuple[str, str], str] = {}
         for name in self.nodes:
             self._node_object(name, {})
@@ -72,13 +95,14 @@ class FleetObjects:
                 pod = f"train-{name}-{j}"
                 uids[(name, pod)] = self._gpu_pod(name, j)
                 ns = self.gpu_ns(name)
-                _ensure(k, f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", {
+                _ensure(k, f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", own=self._own(), obj={
                     "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                    "metadata": {"name": f"{pod}-pdb", "namespace": ns},
+                    "metadata": {"name": f"{pod}-pdb", "namespace": ns, "labels": dict(self.labels)},
                     "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": pod}}}})
         if self.device_plugin:
-            _ensure(k, f"/apis/apps/v1/namespaces/{PLUGIN_NS}/daemonsets", {
-                "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": PLUGIN, "namespace": PLUGIN_NS},
+            _ensure(k, f"/apis/apps/v1/namespaces/{PLUGIN_NS}/daemonsets", own=self._own(), obj={
+                "apiVersion": "apps/v1", "kind": "DaemonSet",
+                "metadata": {"name": PLUGIN, "namespace": PLUGIN_NS, "labels": dict(self.labels)},
                 "spec": {"selector": {"matchLabels": {"app": PLUGIN}},
                          "template": {"metadata": {"labels": {"app": PLUGIN}},
                                       "spec": {"nodeSelector": {"driverd.io/driver-ready": "true"},
@@ -88,14 +112,15 @@ class FleetObjects:
     def _gpu_pod(self, node: str, j: int) -> str:
         """The node's j-th GPU pod, a ReplicaSet's, Running (created unless it exists): its uid."""
         pod, ns = f"train-{node}-{j}", self.gpu_ns(node)
-        rs = _ensure(self.admin, f"/apis/apps/v1/namespaces/{ns}/replicasets", {
-            "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": pod, "namespace": ns},
+        rs = _ensure(self.admin, f"/apis/apps/v1/namespaces/{ns}/replicasets", own=self._own(), obj={
+            "apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": pod, "namespace": ns, "labels": dict(self.labels)},
             "spec": {"replicas": 1, "selector": {"matchLabels": {"app": pod}},
-                     "template": {"metadata": {"labels": {"app": pod}},
+                     "template": {"metadata": {"labels": {"app": pod, **self.labels}},
                                   "spec": {"containers": [{"name": "main", "image": "train:1"}]}}}})
         return self.running_pod(ns, {
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod, "namespace": ns, "labels": {"app": pod},
+            "metadata": {"name": pod, "namespace": ns, "labels": {"app": pod, **self.labels},
                          "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": pod,
                                               "uid": rs["metadata"]["uid"], "controller": True}]},
             "spec": {"nodeName": node, "automountServiceAccountToken": False,
@@ -124,7 +149,7 @@ class FleetObjects:
         kubelet would once its containers run (the disruption controller counts Ready pods). Its uid."""
         from driverd.cluster.kube import pods_path
         k = kube or self.admin
-        obj = _ensure(k, pods_path(namespace), pod)
+        obj = _ensure(k, pods_path(namespace), pod, own=self._own())
         if (obj.get("status") or {}).get("phase") != "Running":
             _report_running(k, namespace, pod["metadata"]["name"])
         return obj["metadata"]["uid"]
@@ -181,21 +206,34 @@ class FleetObjects:
         """Delete what the fleet made on the API server: `rollouts` first (while the daemons still run, so
         that the coordinator gives their nodes back and drops the finalizer), then, with the daemons
         stopped, the GPU pods, their ReplicaSets and PodDisruptionBudgets, the device plugin's DaemonSet
-        and the Nodes. Namespaces and CRDs stay (a cluster may have had them before). What could not be
-        deleted, in words."""
+        and the Nodes. Namespaces and CRDs stay (a cluster may have had them before). An exclusive
+        fleet deletes only what carries its labels (a rollout too: its maker labels it once it made it),
+        each object by its uid, so that an object of the same name someone else made is never deleted.
+        What could not be deleted, in words."""
         from driverd.cluster.kube import KubeError, node_path, rollout_path
         k, left = self.admin, []
 
-        def delete(path: str, now: bool = False) -> None:
+        def delete(path: str, now: bool = False) -> bool:
+            opts: dict = {}
+            if now:     # a pod on a node no kubelet serves would stay Terminating: deleted at once
+                opts["gracePeriodSeconds"] = 0
             try:
-                # a pod on a node no kubelet serves would stay Terminating: deleted at once
-                k.request("DELETE", path, query={"gracePeriodSeconds": "0"}) if now else k.delete(path)
+                if self.exclusive:
+                    have = k.find(path)
+                    if have is None or not _carries(have, self.labels):
+                        return False
+                    opts["preconditions"] = {"uid": have["metadata"]["uid"]}
+                if opts:
+                    k.request("DELETE", path, body={"apiVersion": "v1", "kind": "DeleteOptions", **opts})
+                else:
+                    k.delete(path)
+                return True
             except KubeError as e:
                 if not e.not_found:
                     left.append(f"{path}: {e.one_line()}")
-        for name in rollouts:
-            delete(rollout_path(name))
-        for name in rollouts:
+                return False
+        deleted = [name for name in rollouts if delete(rollout_path(name))]
+        for name in deleted:
             if not self.wait(lambda: not _exists(k, rollout_path(name)), 30):
                 try:        # no coordinator finished it: the finalizer goes with the demo
                     k.patch(rollout_path(name), {"metadata": {"finalizers": None}})
@@ -247,8 +285,9 @@ def _ready_condition(ready: bool, since: float | None = None) -> dict:
             "lastHeartbeatTime": now_rfc3339(), "lastTransitionTime": when}
 
 
-def _ensure(kube, collection: str, obj: dict) -> dict:
-    """Create obj unless it exists (a rebuilt fleet on the same server): the object as stored. A
+def _ensure(kube, collection: str, obj: dict, own: dict | None = None) -> dict:
+    """Create obj unless it exists (a rebuilt fleet on the same server): the object as stored. With
+    `own`, an existing object is taken only if it carries those labels, else FleetConflict. A
     namespace's `default` ServiceAccount may appear a moment after the namespace: retried until it does."""
     from driverd.cluster.kube import KubeError
     end = time.monotonic() + 30
@@ -257,11 +296,19 @@ def _ensure(kube, collection: str, obj: dict) -> dict:
             return kube.create(collection, obj)
         except KubeError as e:
             if e.status == 409:
-                return kube.get(f"{collection}/{obj['metadata']['name']}")
+                have = kube.get(f"{collection}/{obj['metadata']['name']}")
+                if own is not None and not _carries(have, own):
+                    raise FleetConflict(obj["kind"], obj["metadata"]["name"], own) from None
+                return have
             if e.status == 403 and "serviceaccount" in e.api_message.lower() and time.monotonic() < end:
                 time.sleep(0.2)
                 continue
             raise
+
+
+def _carries(obj: dict, labels: dict) -> bool:
+    have = obj["metadata"].get("labels") or {}
+    return all(have.get(k) == v for k, v in labels.items())
 
 
 def _wait_crd(kube, plural: str = "driverrollouts", timeout: float = 30) -> None:
