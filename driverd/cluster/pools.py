@@ -38,6 +38,7 @@ KIND = "DriverPool"
 API_VERSION = "driverd.io/v1alpha1"
 L_POOL = m.PREFIX + "pool"                        # on a pool's DriverRollout: the pool's name
 A_REVISION = m.PREFIX + "pool-revision"           # on a pool's DriverRollout: its revision, 1, 2, ...
+A_SETTINGS = m.PREFIX + "pool-settings"           # on a pool's DriverRollout: the settings changes it was made for
 SUPERSEDED = "Superseded"                         # the phase of a pool's rollout a newer revision replaced
 MAX_LISTED = 50
 
@@ -163,12 +164,14 @@ def taker(rollout: dict, pools: list[Pool]) -> Callable[[dict], bool]:
     return check
 
 
-def rollout_object(pool: Pool, rev: int) -> dict:
+def rollout_object(pool: Pool, rev: int, settings: str = "") -> dict:
     """The DriverRollout of the pool's revision `rev`: its spec a copy of the pool's (the admission policy
-    driverd-pool-rollouts holds a node's creation of one to exactly that), owned by the pool."""
+    driverd-pool-rollouts holds a node's creation of one to exactly that), owned by the pool. `settings`:
+    the digest of the members' waiting settings changes it is made to apply (settings_digest)."""
     name = f"{pool.name[:253 - len(str(rev)) - 1]}-{rev}"
+    ann = {A_REVISION: str(rev)} | ({A_SETTINGS: settings} if settings else {})
     return {"apiVersion": API_VERSION, "kind": "DriverRollout",
-            "metadata": {"name": name, "labels": {L_POOL: pool.name}, "annotations": {A_REVISION: str(rev)},
+            "metadata": {"name": name, "labels": {L_POOL: pool.name}, "annotations": ann,
                          "ownerReferences": [{"apiVersion": API_VERSION, "kind": KIND, "name": pool.name,
                                               "uid": pool.uid, "controller": True}]},
             "spec": dict(pool.obj.get("spec") or {})}
@@ -254,9 +257,28 @@ def _behind(pool: Pool, v: m.NodeView) -> bool:
     return v.driver is not None and not pool.runs_desired(v) and not v.skip
 
 
+def waiting_settings(v: m.NodeView) -> str:
+    """The driver settings changes (module parameters, module set, unload policy, ...) the node's daemon
+    keeps out until a rollout applies them: the `configuration: ...` part of its driverd.io/waiting."""
+    return v.waiting.partition("configuration: ")[2]
+
+
+def settings_digest(pool: Pool, members: list[m.NodeView]) -> str:
+    """One digest of what waits on the pool's members that run its driver: a new revision carries a
+    ConfigMap edit of the settings to them under the pool's policy (drain, canary, limits), once per edit —
+    the same digest after a revision made for it ended means that revision dealt with it (a node that failed
+    there, or whose preflight found nothing to change), and another would only repeat it."""
+    import hashlib
+    import json
+    waiting = sorted((v.name, w) for v in members
+                     if not v.skip and v.driver is not None and pool.runs_desired(v) and (w := waiting_settings(v)))
+    return hashlib.sha256(json.dumps(waiting).encode()).hexdigest()[:16] if waiting else ""
+
+
 def plan(pool: Pool, a: Assignment, rollouts: list[dict], *, now: str, previous: dict | None = None) -> PoolPlan:
     """One pass for `pool`: supersede a revision whose driver the pool no longer wants, create the next
-    revision when a member on another driver is not covered by the current one, and the pool's status.
+    revision when a member on another driver is not covered by the current one — or when members on its
+    driver wait for settings no revision was made for — and the pool's status.
     `now`: the time for a condition that changes; `previous`: the status written last."""
     out = PoolPlan()
     mine = owned(pool, rollouts)
@@ -270,8 +292,12 @@ def plan(pool: Pool, a: Assignment, rollouts: list[dict], *, now: str, previous:
     else:
         cur = latest if latest is not None and _current(pool, latest) else None
         uncovered = [v for v in members if _behind(pool, v) and (cur is None or not _seen_by(v, cur))]
-    if uncovered and not conflicts:
-        out.create = rollout_object(pool, (revision(latest) if latest is not None else 0) + 1)
+    settings = settings_digest(pool, members)
+    made_for = ((latest or {}).get("metadata") or {}).get("annotations", {}).get(A_SETTINGS, "")
+    settings_due = bool(settings) and settings != made_for and (latest is None or _ended(latest)
+                                                                 or not _current(pool, latest))
+    if (uncovered or settings_due) and not conflicts:
+        out.create = rollout_object(pool, (revision(latest) if latest is not None else 0) + 1, settings)
     current = out.create or (latest if latest is not None and _current(pool, latest) else None)
     out.status = status(pool, a, current, now=now, previous=previous)
     return out
@@ -313,6 +339,20 @@ def why_behind(pool: Pool, v: m.NodeView, current: dict | None, overlapped_with:
         (f": {st.get('reason')}" if st.get("reason") else "") + ")"
 
 
+def why_settings(v: m.NodeView, current: dict | None) -> str:
+    """Why a node on the pool's driver is still listed: settings of its configuration wait for a rollout."""
+    name = ((current or {}).get("metadata") or {}).get("name")
+    what = f"its settings wait for a rollout ({waiting_settings(v)[:200]})"
+    if name and v.in_rollout_name(name) and v.state in ACTIVE:
+        return f"{what}: upgrading in rollout {name}: {v.state}"
+    if name and not m.ended(current):
+        return f"{what}: in rollout {name}"
+    if name:
+        return f"{what}: rollout {name} ended ({((current or {}).get('status') or {}).get('phase')}) without " \
+               "applying them (its status says why); the next edit of the settings starts another revision"
+    return what
+
+
 def _condition(kind: str, ok: bool, reason: str, message: str, now: str, previous: dict | None) -> dict:
     status = "True" if ok else "False"
     before = next((c for c in (previous or {}).get("conditions") or [] if c.get("type") == kind), {})
@@ -330,13 +370,16 @@ def status(pool: Pool, a: Assignment, current: dict | None, *, now: str, previou
     joining = 0
     for v in members:
         if pool.runs_desired(v):
+            if waiting_settings(v) and not v.skip:
+                behind.append({"node": v.name, "driver": f"{v.driver}/{v.flavor}",
+                               "reason": why_settings(v, current)})
             continue
         joining += v.driver is None and not v.active
         behind.append({"node": v.name, "driver": f"{v.driver}/{v.flavor}" if v.driver else "",
                        "reason": why_behind(pool, v, current, [])})
     for n in over:
         behind.append({"node": n, "driver": "", "reason": why_behind(pool, _stub(n), current, a.overlapped[n])})
-    on = len(members) - (len(behind) - len(over))
+    on = len(members) - (len(behind) - len(over))       # a node whose settings wait runs the driver, not as kept
     conflicts = a.conflicts.get(pool.name, {})
     if conflicts:
         words = "; ".join(f"pool {q} also selects {', '.join(ns[:5])}" + (f" and {len(ns) - 5} more" if len(ns) > 5

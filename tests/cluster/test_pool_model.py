@@ -201,3 +201,42 @@ def test_behind_nodes_say_why_and_conditions_keep_their_transition_time():
     assert (conv["status"], conv["reason"], conv["lastTransitionTime"]) == ("False", "RollingOut", NOW)
     later = pl.plan(p, pl.assign([p], views), [ro], now="2026-01-02T00:00:00Z", previous=st).status
     assert {c["type"]: c for c in later["conditions"]}["Converged"]["lastTransitionTime"] == NOW
+
+
+def test_settings_waiting_on_members_start_one_revision_per_edit():
+    """Issue 42: a ConfigMap edit of driver settings (module parameters, module set, unload policy) waits on
+    a pool member until a rollout applies it — and a hand-made rollout cannot take pool members. The pool
+    itself starts the next revision for it (its drain, canary and limits), once per edit: never a loop."""
+    p = pl.Pool.from_object(pool("a100"))
+    ident = "a100-1/r-uid-1"
+    wait = {m.A_WAITING: 'configuration: modules.parameters.nvidia.NVreg_EnableGpuFirmware: (unset) -> "0"',
+            m.A_STATE: m.DONE, m.A_ROLLOUT: ident + "/1"}
+    views = [node("n1", labels={"pool": "a100"}, driver=NEW, ann=wait),
+             node("n2", labels={"pool": "a100"}, driver=NEW)]
+    done = rollout_of(p, 1, phase="Completed")
+    plan = pl.plan(p, pl.assign([p], views), [done], now=NOW)
+    assert plan.create is not None and plan.create["metadata"]["name"] == "a100-2", plan.status
+    made_for = plan.create["metadata"]["annotations"][pl.A_SETTINGS]
+    assert made_for and plan.create["spec"]["driver"] == NEW
+    b = {x["node"]: x["reason"] for x in plan.status["behindNodes"]}
+    assert list(b) == ["n1"] and "NVreg_EnableGpuFirmware" in b["n1"] and "in rollout a100-2" in b["n1"]
+    assert plan.status["nodes"]["current"] == 1
+    # while revision 2 runs, and after it ended with the same settings still waiting: no third revision
+    for phase in ("Progressing", "Completed", "Failed"):
+        r2 = rollout_of(p, 2, phase=phase)
+        r2["metadata"]["annotations"][pl.A_SETTINGS] = made_for
+        plan = pl.plan(p, pl.assign([p], views), [done, r2], now=NOW)
+        assert plan.create is None, phase
+    assert "the next edit of the settings starts another revision" in \
+        {x["node"]: x["reason"] for x in plan.status["behindNodes"]}["n1"]
+    # another edit after it: the next revision
+    views[0] = node("n1", labels={"pool": "a100"}, driver=NEW,
+                    ann=wait | {m.A_WAITING: "configuration: modules.load_drm: (unset) -> true"})
+    plan = pl.plan(p, pl.assign([p], views), [done, r2], now=NOW)
+    assert plan.create["metadata"]["name"] == "a100-3"
+    # a skipped node's settings, or a node on another driver (the driver's revision carries them), start none
+    views = [node("n1", labels={"pool": "a100"}, driver=NEW, ann=wait | {m.A_SKIP: "true"})]
+    assert pl.plan(p, pl.assign([p], views), [done], now=NOW).create is None
+    # none waiting: converged
+    plan = pl.plan(p, pl.assign([p], [node("n2", labels={"pool": "a100"}, driver=NEW)]), [done], now=NOW)
+    assert plan.create is None and plan.status["nodes"]["behind"] == 0

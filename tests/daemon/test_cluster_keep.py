@@ -281,3 +281,50 @@ def test_status_on_a_cluster_node_shows_what_the_cluster_keeps_not_a_bypass(tmp_
         assert rc == 0
     finally:
         f.stop()
+
+
+def test_a_settings_edit_on_a_pools_nodes_is_carried_by_the_pools_next_revision(tmp_path, daemons, deployed):
+    """Issue 42: a pool's members cannot be taken by a hand-made rollout, so before, a ConfigMap edit of
+    their settings waited forever. The pool starts its next revision for it: the node is drained and the
+    setting applied under the pool's policy, once — the pool converges and no further revision starts."""
+    from driverd.cluster import pools as pl
+    from driverd.cluster.kube import pool_path, rollout_path
+    from tests.kmod.conftest import kernel_of
+    reset(deployed)
+    f = Fleet(tmp_path / "fleet", 1, server=deployed).build()
+    try:
+        root = cluster_node(f, "gpu-0000", "config_check_s = 1\n")
+        k = Kube(Target(kubeconfig=f.kubeconfig))
+        k.patch(node_path("gpu-0000"), {"metadata": {"labels": {"pool": "h100"}}})
+        k.create(pool_path(), {"apiVersion": pl.API_VERSION, "kind": pl.KIND, "metadata": {"name": "h100"},
+                               "spec": {"driver": OLD, "nodeSelector": {"matchLabels": {"pool": "h100"}}}})
+        d = daemons(root)
+        d.wait_log(r"converged: driver", 30)
+        wait(lambda: ((k.get(pool_path("h100")).get("status") or {}).get("nodes") or {}).get("current") == 1, 30,
+             lambda: k.get(pool_path("h100")).get("status"))
+        assert k.list(rollout_path())["items"] == []            # on the pool's driver: nothing to roll out
+        mark = len(d.lines)
+        add_settings(f, "gpu-0000", '[modules.parameters.nvidia]\nNVreg_EnableGpuFirmware = "0"\n')
+        d.wait_log(r"waits for a DriverRollout to apply: configuration: ", 30, start=mark)
+
+        def rollouts() -> list[dict]:
+            return [o for o in k.list(rollout_path())["items"] if (o["metadata"].get("labels") or {}).get(pl.L_POOL)
+                    == "h100"]
+        wait(lambda: len(rollouts()) == 1, 60, lambda: (k.get(pool_path("h100")).get("status"), d.log[-2000:]))
+        r = rollouts()[0]
+        assert r["metadata"]["name"] == "h100-1" and r["spec"]["driver"] == OLD
+        wait(lambda: m.NodeView.from_node(k.get(node_path("gpu-0000"))).state == m.DONE, 120,
+             lambda: (m.NodeView.from_node(k.get(node_path("gpu-0000"))), d.log[-3000:]))
+        reasons = {e.get("reason") for e in k.list("/api/v1/namespaces/default/events")["items"]
+                   if e["involvedObject"].get("name") == "gpu-0000"}
+        assert {"Cordoned", "Evicting"} <= reasons, reasons                 # drained, as a driver change is
+        assert kernel_of(root).modules()["nvidia"].parameters.get("NVreg_EnableGpuFirmware") == "0"
+        wait(lambda: m.NodeView.from_node(k.get(node_path("gpu-0000"))).waiting == "", 30, lambda: d.log)
+        wait(lambda: ((k.get(pool_path("h100")).get("status") or {}).get("nodes") or {}).get("behind") == 0, 30,
+             lambda: k.get(pool_path("h100")).get("status"))
+        time.sleep(3)
+        assert [o["metadata"]["name"] for o in rollouts()] == ["h100-1"]      # once: no loop
+        rc, _ = d.stop()
+        assert rc == 0
+    finally:
+        f.stop()
