@@ -411,8 +411,9 @@ def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
     """Issue 42 on the real kubelet: a stand-in device plugin (tests/node/deviceplugin: the kubelet's
     device-plugin API) publishes nvidia.com/gpu; the kubelet, not the test, sets the Node's allocatable.
     A plugin whose DaemonSet selects driverd.io/driver-ready leaves with the driver and comes back: the
-    node ends `done` with its 2 GPUs allocatable. (A node whose GPUs do not come back fails
-    GPUsNotSchedulable: tests/cluster/test_rollout.py, on the simulated kubelet.)"""
+    node ends `done` with its 2 GPUs allocatable. A plugin whose replacement never registers (it hangs
+    before registering, as one crash-looping on the new driver would): the kubelet drops the count to 0 and
+    the node fails GPUsNotSchedulable, named, given back uncordoned."""
     from driverd.cluster import model as m
     from driverd.sim.fleet import NEW
     from tests.node import deviceplugin as dp
@@ -465,6 +466,23 @@ def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
     assert allocatable() == 2 and not v.unschedulable
     cp.api("DELETE", f"{dss}/plugin-back")
     wait_gpus(0)
+
+    # the plugin leaves with the driver as before, but its replacement never gets to register
+    ds = dp.daemonset("plugin-gone", host, args=["-devices", "2"], node_selector={m.L_READY: "true"})
+    pod_spec = ds["spec"]["template"]["spec"]
+    pod_spec["runtimeClassName"] = "nvidia"
+    target = "535.261.03" if NEW in (host / "proc/driver/nvidia/version").read_text() else NEW
+    pod_spec["initContainers"] = [{"name": "wait", "image": IMAGE, "imagePullPolicy": "Never",
+                                   "volumeMounts": [{"name": "proc", "mountPath": "/host-proc", "readOnly": True}],
+                                   "command": ["sh", "-c", f"if grep -q {target} /host-proc/driver/nvidia/version; "
+                                               "then sleep 3600; fi"]}]
+    cp.api("POST", dss, ds)
+    wait_gpus(2)
+    v = rollout("gpus-stay-away", 20)
+    assert v.state == m.FAILED and v.reason == "GPUsNotSchedulable", v
+    assert "nvidia.com/gpu allocatable 0, was 2 before the upgrade" in v.message, v.message
+    assert not v.unschedulable                         # given back, uncordoned, with the reason on the Node
+    cp.api("DELETE", f"{dss}/plugin-gone")
 
 
 
