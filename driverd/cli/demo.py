@@ -186,6 +186,36 @@ def _run_demo(workdir: str | None, as_json: bool, kubeconfig: str | None, keep: 
     return 0
 
 
+def _driverd_in_charge(kube) -> str:
+    """What of a driverd already at work on this cluster the demo's nodes would act on, in words ("" for
+    none). The demo's node daemons are coordinator candidates (a fleet's "nodes" mode): holding the
+    Lease, they would carry out every DriverRollout and DriverPool of the cluster, not just the demo's."""
+    from driverd.cluster import model as m
+    from driverd.cluster.kube import KubeError, lease_path, pool_path, rollout_path
+    from driverd.cluster.lease import LEASE_NAME
+    found = []
+    try:
+        rollouts = [o for o in kube.list(rollout_path()).get("items") or []
+                    if DEMO_LABEL not in ((o.get("metadata") or {}).get("labels") or {}) and not m.ended(o)]
+        if rollouts:
+            found.append("DriverRollout " + ", ".join(o["metadata"]["name"] for o in rollouts[:3]) + " in progress")
+        pools = kube.list(pool_path()).get("items") or []
+        if pools:
+            found.append("DriverPool " + ", ".join(o["metadata"]["name"] for o in pools[:3]))
+    except KubeError as e:
+        if e.status != 404:          # 404: driverd's CRDs are not installed, so no driverd runs here
+            raise
+    try:
+        holder = (kube.get(lease_path("driverd", LEASE_NAME)).get("spec") or {}).get("holderIdentity") or ""
+    except KubeError as e:
+        if e.status != 404:
+            raise
+        holder = ""
+    if holder and not holder.startswith("demo-"):
+        found.append(f"a coordinator ({holder} holds Lease driverd/{LEASE_NAME})")
+    return "; ".join(found)
+
+
 class _Given:
     """The API server of a kubeconfig the user gave (the demo never starts one: a test API server is
     no part of the product)."""
@@ -231,6 +261,17 @@ def cluster_demo(work: Path, stage: int, kubeconfig: str | None, nodes: int = 4,
     # clean-up deletes nothing else. Its names are the run's too, so that it does not meet the nodes of
     # an earlier run kept with --keep (or any node of the cluster) under its own names; should a name
     # still be taken, the fleet refuses it (exclusive) rather than take over a node it did not make.
+    from driverd.cluster.kube import Kube, KubeError, Target
+    try:
+        busy = _driverd_in_charge(Kube(Target(kubeconfig=kubeconfig)))
+    except KubeError as e:
+        _say(f"\n== {stage}. rolling upgrade across a simulated cluster: failed, {e.one_line()}")
+        return 1
+    if busy:
+        _say(f"\n== {stage}. rolling upgrade across a simulated cluster: refused, this cluster's driverd is at work "
+             f"({busy}): the demo's nodes coordinate rollouts and would act on them too; run the demo against a "
+             "throwaway test cluster")
+        return 1
     run = uuid.uuid4().hex[:6]
     mark, rollout = f"{DEMO_LABEL}={run}", f"demo-{run}"
     fleet = Fleet(work, nodes, server=_Given(kubeconfig), labels={DEMO_LABEL: run}, prefix=f"demo-{run}",

@@ -110,6 +110,30 @@ def test_demo_refuses_a_node_of_its_names_that_it_did_not_make(deployed, tmp_pat
     assert _labelled(control_plane.api("GET", PODS)["items"], "abc123") == []
 
 
+def test_demo_refuses_a_cluster_whose_driverd_is_at_work(deployed, tmp_path, capsys):
+    """The demo's node daemons are coordinator candidates: holding the Lease they would carry out the
+    cluster's own DriverRollouts and DriverPools on its real nodes. A cluster with a pool, an unfinished
+    rollout or a coordinator holding the Lease is refused in one line naming them; nothing is made."""
+    from driverd.cli.demo import cluster_demo
+    control_plane = deployed
+    reset(control_plane)
+    _bystander(control_plane, "gpu-a")
+    control_plane.api("POST", ROLLOUTS, {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout",
+                                         "metadata": {"name": "prod-upgrade"}, "spec": {"driver": "550.127.05"}})
+    control_plane.api("POST", "/apis/driverd.io/v1alpha1/driverpools", {
+        "apiVersion": "driverd.io/v1alpha1", "kind": "DriverPool", "metadata": {"name": "h100"},
+        "spec": {"driver": "550.127.05", "nodeSelector": {"matchLabels": {"pool": "h100"}}}})
+    before = {name: _node_view(n) for name, n in _nodes(control_plane).items()}
+    rc = cluster_demo(tmp_path / "cluster", 9, control_plane.kubeconfig)
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    (line,) = [ln for ln in out.splitlines() if "refused" in ln]
+    assert "DriverRollout prod-upgrade in progress" in line and "DriverPool h100" in line, line
+    assert "throwaway test cluster" in line
+    assert {name: _node_view(n) for name, n in _nodes(control_plane).items()} == before
+    assert control_plane.api("GET", PODS)["items"] == []
+
+
 def test_demo_without_an_api_server_skips_the_rollout_stage_and_says_how(tmp_path):
     r = run_cli("demo", "--workdir", str(tmp_path / "demo"))
     assert r.returncode == 0, r.stderr[-2000:]
