@@ -483,10 +483,20 @@ def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
     assert "nvidia.com/gpu allocatable 0, was 2 before the upgrade" in v.message, v.message
     assert not v.unschedulable                         # given back, uncordoned, with the reason on the Node
     cp.api("DELETE", f"{dss}/plugin-gone")
+    end = time.monotonic() + 60
+    while cp.api("GET", f"/api/v1/namespaces/{dp.NS}/pods")["items"]:
+        assert time.monotonic() < end, "the plugin's pods never left"
+        time.sleep(0.5)
+    # the first plugin was stopped by the drain mid-serving and its replacement never started serving: the
+    # socket it registered is left in the kubelet's fixed directory, which the real node checks is as it found it
+    for sock in Path("/var/lib/kubelet/device-plugins").glob("standin-*.sock"):
+        sock.unlink(missing_ok=True)
 
 
 
-# What docs/reboots.md tells kured users of the driver container to set (kept in one place for the test).
+# What docs/reboots.md tells kured users to set (kept in one place for the test): the sentinel command of the
+# driver container, and the example blocking pod selector.
+KURED_BLOCKING = "gpu-job=training"
 KURED_SENTINEL = ("/bin/sh -c 'exec nsenter --target \"$(pgrep -o -f \"driverd [c]ontainer-entrypoint --root /host\")\" "
                   "--mount -- /usr/local/bin/driverd reboot-ready --root /host --if-required --quiet'")
 
@@ -497,7 +507,10 @@ def test_kureds_sentinel_loop_reboots_only_once_the_pods_daemon_has_prepared_the
     pkg/checkers: exit 0 = reboot); this test already runs in that namespace (PID 1's namespace file cannot
     be opened from this machine's sandbox), so it runs the split command as is. A newer kernel without its
     package: every check exits 1 (kured: "not required"), no marker. Its package appears in the repository:
-    the driver pod's daemon prepares it, the check exits 0, the marker is written."""
+    the driver pod's daemon prepares it, the check exits 0 — but a GPU job matching the blocking pod selector
+    docs/reboots.md suggests (gpu-job=training) still runs on the node, and kured holds the reboot while it
+    does (cmd/kured: rebootBlocked after rebootRequired; pods not Succeeded, Failed or Unknown count). The
+    job ends: the marker is written."""
     import shlex
     import threading
 
@@ -507,6 +520,8 @@ def test_kureds_sentinel_loop_reboots_only_once_the_pods_daemon_has_prepared_the
     from driverd.sim.hosttree import install_kernel
     from tests.conftest import run_cli
     node, host, pod, _ = on_node
+    docs = (Path(__file__).resolve().parents[2] / "docs/reboots.md").read_text()
+    assert f"--blocking-pod-selector={KURED_BLOCKING}" in docs        # what the docs tell, played here
     nxt = "6.1.0-50-cloud-amd64"
     install_kernel(host, nxt)
     sentinel = Root(str(host)).real("/var/run/reboot-required")
@@ -517,6 +532,15 @@ def test_kureds_sentinel_loop_reboots_only_once_the_pods_daemon_has_prepared_the
     errs: list[str] = []
     stop = threading.Event()
 
+    blocked: list[int] = []
+    cp = node.cp
+
+    def blocking_pods() -> int:
+        """kured's PodBlockingChecker: the node's pods matching --blocking-pod-selector, still running."""
+        pods = cp.api("GET", f"/api/v1/pods?labelSelector={KURED_BLOCKING}&fieldSelector=spec.nodeName%3D"
+                             f"{node.name}")["items"]
+        return sum((p.get("status") or {}).get("phase") not in ("Succeeded", "Failed", "Unknown") for p in pods)
+
     def kured() -> None:
         argv = shlex.split(KURED_SENTINEL)
         while not stop.is_set():
@@ -524,8 +548,12 @@ def test_kureds_sentinel_loop_reboots_only_once_the_pods_daemon_has_prepared_the
             rcs.append(r.returncode)
             errs.append(r.stderr[-500:])
             if r.returncode == 0:
-                marker.write_text("reboot\n")          # kured's rebooter, played
-                return
+                n = blocking_pods()
+                if n:
+                    blocked.append(n)               # "Reboot blocked: n blocking pods": checked again next period
+                else:
+                    marker.write_text("reboot\n")      # kured's rebooter, played
+                    return
             stop.wait(1.0)
     t = threading.Thread(target=kured, daemon=True)
     try:
@@ -540,17 +568,36 @@ def test_kureds_sentinel_loop_reboots_only_once_the_pods_daemon_has_prepared_the
         doc = json.loads(why.stdout)
         assert why.returncode == 1 and doc["kernels"][0]["release"] == nxt and not doc["ready"], why.stdout
         assert doc["reboot_required"] is True
+        # a training job the operator's blocking pod selector names runs on the node
+        key, _, val = KURED_BLOCKING.partition("=")
+        cp.api("POST", "/api/v1/namespaces/default/pods", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "labels": {key: val}},
+            "spec": {"nodeName": node.name, "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                     "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "train", "image": IMAGE, "imagePullPolicy": "Never",
+                                     "command": ["sleep", "3600"]}]}})
+        end = time.monotonic() + 90
+        while blocking_pods() == 0:
+            assert time.monotonic() < end, node.log_tail("kubelet")
+            time.sleep(0.5)
         # its package appears (for whichever driver the node runs: the rollout test may have moved it to NEW)
         repo = host / "srv/driverd-repo"
         for v in (DRIVER, NEW):
             make_fake_package(repo, v, nxt)
         run_cli("repo", "index", str(repo), check=True)
         end = time.monotonic() + 600
+        while len(blocked) < 3 and time.monotonic() < end:
+            time.sleep(1)
+        assert len(blocked) >= 3 and not marker.exists(), (rcs[-5:], blocked,
+                                                           node.container_log(NS, pod["metadata"]["name"], "driverd")[-3000:])
+        assert (host / f"lib/modules/{nxt}/updates/driverd/manifest.json").is_file()   # the gate is open
+        cp.api("DELETE", "/api/v1/namespaces/default/pods/train?gracePeriodSeconds=0")  # the job ends
+        end = time.monotonic() + 120
         while not marker.exists() and time.monotonic() < end:
             time.sleep(1)
-        assert marker.exists(), (rcs[-5:], node.container_log(NS, pod["metadata"]["name"], "driverd")[-3000:])
-        assert (host / f"lib/modules/{nxt}/updates/driverd/manifest.json").is_file()
-        assert set(rcs[:-1]) == {1} and rcs[-1] == 0, rcs
+        assert marker.exists(), (rcs[-5:], blocked)
+        first_open = rcs.index(0)
+        assert set(rcs[:first_open]) == {1} and set(rcs[first_open:]) == {0}, rcs
     finally:
         stop.set()
         t.join(10)
