@@ -109,3 +109,56 @@ def test_a_userspace_package_directory_gone_after_the_reboot_still_comes_back_fr
     assert in_use(node) == ref.sha256 and (node / "run/nvidia/driver").is_symlink()
     assert journal(node)["state"] == "done"
     assert d.stop()[0] == 0
+
+
+def test_a_reboot_of_an_nvswitch_host_starts_its_fabric_manager_from_the_installed_companion_offline(
+        packages, tmp_path, daemons):
+    """Issue 46's companion is part of what comes back from disk (issue 43): an HGX host whose fabric manager
+    came as driverd's companion of its driver reboots while the repository refuses connections; the daemon
+    loads the driver and starts the fabric manager of its version from the installed companion tree, the fabric
+    completes, READY=1 — nothing fetched."""
+    from driverd.install.modules import install
+    from driverd.repo.index import write_index
+    from driverd.root import Root
+    from driverd.runner import Runner
+    from driverd.sim.scenario import dgx_spec, make_companion_packages, make_host
+    from tests.packages import usfake
+    usfake.require_ldconfig()
+    node = make_host(tmp_path / "hgx", dgx_spec(gpus=2, nvswitches=1, nouveau=False))
+    (node / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
+    (node / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+    install(Root(node), packages["old"], Runner())
+    ref, repo = _repository(node, packages, tmp_path, "repository")
+    make_companion_packages(repo, versions=(OLD,))
+    write_index(repo, verify=False)
+    with RepoServer(repo) as srv:
+        _configure(node, srv.url, "repository")
+        cfg = node / "etc/driverd/config.toml"
+        cfg.write_text(cfg.read_text() + "[companions]\nfetch = true\n")
+        r = drv(node, "apply")
+        assert r.returncode == 0, r.stdout + r.stderr
+        asked = [p for p, _, _ in srv.faults.requests]
+    assert any("companion-fabricmanager" in p for p in asked), asked
+    fm_tree = node / "var/lib/driverd/driver/companions/fabricmanager/current"
+    assert fm_tree.is_symlink()
+    runs = len(journal_runs(node))
+
+    reboot(node)
+    (node / "run/driverd-sim/fabric-state").unlink(missing_ok=True)     # the fabric is unconfigured after a boot
+    plan = json.loads(drv(node, "plan", "--json").stdout)
+    assert not plan["blocked_by"], plan
+    assert not any(s["action"].startswith("fetch-") or (s["action"] == "install-companion" and
+                                                        not s["params"].get("installed", True))
+                   for s in plan["steps"]), plan["steps"]
+    assert "start-fabricmanager" in [s["action"] for s in plan["steps"]], plan["steps"]
+    d = daemons(node)
+    _, ready = d.wait_notify("READY=1", 90)
+    assert "workload-ready" in ready, d.log
+    assert (node / "run/driverd-sim/fabric-state").read_text() == "completed\n"
+    fm = [p for p in (node / "proc").iterdir() if p.name.isdigit() and (p / "cmdline").is_file()
+          and "nv-fabricmanager" in (p / "cmdline").read_text()]
+    assert fm and "companions/fabricmanager" in (fm[0] / "cmdline").read_text(), [
+        (p / "cmdline").read_text() for p in fm]
+    steps = [s["action"] for run in journal_runs(node)[runs:] for s in run["steps"]]
+    assert not any(a.startswith("fetch-") for a in steps), steps
+    assert d.stop()[0] == 0
