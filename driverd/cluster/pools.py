@@ -275,6 +275,14 @@ def settings_digest(pool: Pool, members: list[m.NodeView]) -> str:
     return hashlib.sha256(json.dumps(waiting).encode()).hexdigest()[:16] if waiting else ""
 
 
+def _next_revision(pool: Pool, rollouts: list[dict]) -> int:
+    """The next revision's number: past every rollout named for this pool, its own and those of an earlier
+    pool of the same name (deleted and re-created: the garbage collector may not have removed them yet,
+    and their names are taken until it has)."""
+    named = [revision(o) for o in rollouts if ((o.get("metadata") or {}).get("labels") or {}).get(L_POOL) == pool.name]
+    return max(named, default=0) + 1
+
+
 def plan(pool: Pool, a: Assignment, rollouts: list[dict], *, now: str, previous: dict | None = None) -> PoolPlan:
     """One pass for `pool`: supersede a revision whose driver the pool no longer wants, create the next
     revision when a member on another driver is not covered by the current one — or when members on its
@@ -297,7 +305,7 @@ def plan(pool: Pool, a: Assignment, rollouts: list[dict], *, now: str, previous:
     settings_due = bool(settings) and settings != made_for and (latest is None or _ended(latest)
                                                                  or not _current(pool, latest))
     if (uncovered or settings_due) and not conflicts:
-        out.create = rollout_object(pool, (revision(latest) if latest is not None else 0) + 1, settings)
+        out.create = rollout_object(pool, _next_revision(pool, rollouts), settings)
     current = out.create or (latest if latest is not None and _current(pool, latest) else None)
     out.status = status(pool, a, current, now=now, previous=previous)
     return out

@@ -173,6 +173,37 @@ def test_changing_a_pools_driver_rolls_it_out_under_the_pools_policy(cluster):
     assert rc == 0 and "3/3 on it" in out and "rollout a-2" in out, out + err
 
 
+def test_a_pool_deleted_and_recreated_under_its_name_is_a_new_pool_and_rolls_out(cluster):
+    """Issue 42: a re-created pool is a new pool (the coordinator keys it by uid), and its first revision
+    does not meet the name of the old pool's revision the garbage collector may not have removed yet."""
+    srv, make = cluster
+    f = make(2)
+    for n in f.nodes:
+        label(f, n, {"pool": "a"})
+    started(f)
+    rc, out, err = cli(f, "rollout", "start", "--pool", "a", "--selector", "pool=a", "--driver", NEW)
+    assert rc == 0, err
+    assert f.wait(lambda: len(owned_rollouts(f, "a")) == 1, 30), kube(f).get(pool_path("a")).get("status")
+    wait_phase(f, "a-1", ("Completed",), timeout=180)
+    old_uid = kube(f).get(pool_path("a"))["metadata"]["uid"]
+    kube(f).delete(pool_path("a"))
+    rc, out, err = cli(f, "rollout", "start", "--pool", "a", "--selector", "pool=a", "--driver", OLD)
+    assert rc == 0 and "driverpool.driverd.io/a created" in out, out + err
+    new_uid = kube(f).get(pool_path("a"))["metadata"]["uid"]
+    assert new_uid != old_uid
+
+    def mine() -> list[dict]:
+        return [o for o in owned_rollouts(f, "a") if o["metadata"]["ownerReferences"][0]["uid"] == new_uid]
+    assert f.wait(lambda: len(mine()) == 1, 30), (kube(f).get(pool_path("a")).get("status"),
+                                                 [o["metadata"]["name"] for o in owned_rollouts(f, "a")])
+    name = mine()[0]["metadata"]["name"]
+    assert name != "a-1" or not any(o["metadata"]["ownerReferences"][0]["uid"] == old_uid
+                                    for o in owned_rollouts(f, "a")), name
+    wait_phase(f, name, ("Completed",), timeout=180)
+    assert {v.driver for v in views(f).values()} == {OLD}
+    wait_pool(f, "a", lambda st: st["rollout"] == name and st["nodes"]["current"] == 2)
+
+
 def test_overlapping_pools_are_refused_naming_both_and_their_nodes_left_alone(cluster):
     srv, make = cluster
     f = make(3)
