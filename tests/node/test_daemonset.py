@@ -1,12 +1,13 @@
-"""The driver container as Kubernetes runs it: deploy/overlays/container-mode applied with kubectl to a
+"""The driver container as Kubernetes runs it: driverd's Helm chart (deploy/helm/driverd, deploy/base's objects:
+tests/test_helm_chart.py shows it renders what deploy/overlays/container-mode renders) installed with Helm on a
 real node (tests/realnode.py: kubelet v1.34.4, containerd 1.6, runc), the image built by
 images/build-image.sh imported into that node's containerd.
 
-The test overlay (written by `overlay()` below) changes what a user's own overlay would, and nothing of
-how driverd runs: the image is the local one (imagePullPolicy Never: there is no registry), /host is a
-sample host tree (the simulated kernel, asked for in the ConfigMap with the driver and the repository a
-user would set there), and the pod uses the host's network (the test node has no pod network: its CNI is
-the loopback plugin alone). Everything else -- probes, the downward API, the ServiceAccount token the
+The chart's values set what a user's values would (the image, the driver, the repository and more
+configuration: the simulated kernel); a Helm post-renderer (`kubectl kustomize`, as Helm's documentation
+suggests for what values do not reach) changes what only this test machine needs, and nothing of how driverd
+runs: imagePullPolicy Never (there is no registry), /host a sample host tree, and the host's network (the
+test node has no pod network: its CNI is the loopback plugin alone). Everything else -- probes, the downward API, the ServiceAccount token the
 kubelet projects, the ConfigMap mount, OnDelete, system-node-critical -- is deploy/'s, seen through the
 real kubelet: pod status and conditions are the kubelet's, not a test's."""
 from __future__ import annotations
@@ -29,29 +30,15 @@ IMAGE = "localhost/driverd:driver-test"
 NS = "driverd"
 SELECTOR = "app.kubernetes.io/name%3Ddriverd,app.kubernetes.io/component%3Dnode-daemon"
 DRIVER = "535.261.03"
-CONFIG_TEMPLATE = f"""[driver]
-version = "{DRIVER}"
-flavor = "open"
-
-[packages]
-repositories = ["file:///host/srv/driverd-repo"]
-
-[runtime]
+# The chart's config.toml carries the driver, the repository, the daemon's listen address, coordinate = false
+# and JSON logs; the rest of what this node needs, as the chart's `config` value
+CONFIG_EXTRA = """[runtime]
 runtimes = ["containerd"]
 restart = "systemd"
-binary = "{{binary}}"
+binary = "{binary}"
 
 [modules]
 kernel = "sim"
-
-[daemon]
-listen = "0.0.0.0:9477"
-
-[cluster]
-coordinate = false
-
-[log]
-format = "json"
 """
 # The coordinator: deploy/'s Deployment runs it on no GPU node, and this cluster's only node is one (its pod
 # stays Pending); it runs beside the node as `driverd cluster coordinator` with that Deployment's identity (a
@@ -59,25 +46,50 @@ format = "json"
 COORDINATOR = "driverd-coordinator-0"
 
 
-def overlay(where: Path, host: Path, config: str) -> Path:
-    """A user's overlay of deploy/overlays/container-mode, for this node."""
+def post_renderer(where: Path, host: Path) -> Path:
+    """A Helm post-renderer: the chart's objects through `kubectl kustomize` with this machine's patch."""
     where.mkdir(parents=True)
-    base = os.path.relpath(REPO / "deploy/overlays/container-mode", where)
     ds = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "driverd", "namespace": NS},
           "spec": {"template": {"spec": {
               "hostNetwork": True,
               "containers": [{"name": "driverd", "imagePullPolicy": "Never"}],
               "volumes": [{"name": "host", "hostPath": {"path": str(host)}}]}}}}
-    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "driverd-config", "namespace": NS},
-          "data": {"config.toml": config}}
     (where / "daemonset.yaml").write_text(json.dumps(ds))
-    (where / "config.yaml").write_text(json.dumps(cm))
-    (where / "kustomization.yaml").write_text(json.dumps({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [base],
-        "images": [{"name": "driverd", "newName": IMAGE.rsplit(":", 1)[0], "newTag": IMAGE.rsplit(":", 1)[1]}],
-        "patches": [{"path": "daemonset.yaml"}, {"path": "config.yaml"}]}))
-    return where
+    script = where / "post-render"
+    script.write_text(f"""#!/bin/sh
+set -e
+d=$(mktemp -d)
+trap 'rm -rf "$d"' EXIT
+cat > "$d/all.yaml"
+cp {where}/daemonset.yaml "$d/daemonset.yaml"
+printf 'resources: [all.yaml]\\npatches: [{{path: daemonset.yaml}}]\\n' > "$d/kustomization.yaml"
+/usr/bin/kubectl kustomize "$d"
+""")
+    script.chmod(0o755)
+    return script
+
+
+def helm_install(cp, work: Path, host: Path, binary: str) -> str:
+    """`helm install` of the chart on the node's control plane; the ConfigMap's config.toml it made."""
+    import yaml
+
+    from tests.test_helm_chart import CHART, helm
+    values = work / "values.yaml"
+    values.write_text(yaml.safe_dump({
+        "image": {"repository": IMAGE.rsplit(":", 1)[0], "tag": IMAGE.rsplit(":", 1)[1]},
+        "driver": {"version": DRIVER, "flavor": "open"},
+        "repository": {"urls": ["file:///host/srv/driverd-repo"]},
+        "config": CONFIG_EXTRA.replace("{binary}", binary)}))
+    env = {"HOME": str(work), "KUBECONFIG": cp.kubeconfig, "PATH": "/usr/bin:/bin",
+           "HELM_CACHE_HOME": str(work / "helm-cache"), "HELM_CONFIG_HOME": str(work / "helm-config"),
+           "HELM_DATA_HOME": str(work / "helm-data")}
+    r = helm("install", "driverd", str(CHART), "-n", NS, "--create-namespace", "-f", str(values),
+             "--post-renderer", str(post_renderer(work / "post-render", host)), env=env)
+    assert "STATUS: deployed" in r.stdout, r.stdout + r.stderr
+    # the chart leaves the namespace to --create-namespace; the README's label for privileged pods
+    cp.api("PATCH", f"/api/v1/namespaces/{NS}", {"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "privileged"}}}, content_type="application/merge-patch+json")
+    return cp.api("GET", f"/api/v1/namespaces/{NS}/configmaps/driverd-config")["data"]["config.toml"]
 
 
 def _pods(cp) -> list[dict]:
@@ -151,7 +163,6 @@ def on_node(real_node, driver_image, tmp_path_factory):
     wrapper = node.dir / "nvidia-runtime"
     wrapper.write_text(f'#!/bin/sh\necho "$*" >> {node.dir}/nvidia-runtime.calls\nexec {node.bins["runc"]} "$@"\n')
     wrapper.chmod(0o755)
-    config = CONFIG_TEMPLATE.replace("{binary}", str(wrapper))
     # mountPropagation: HostToContainer needs /host's source on a shared (or slave) mount, as / is on a
     # systemd host; this machine's / is private, so the sample tree becomes a shared mount of its own.
     subprocess.run(["mount", "--bind", str(host), str(host)], check=True)
@@ -161,10 +172,7 @@ def on_node(real_node, driver_image, tmp_path_factory):
         cp.api("PATCH", f"/api/v1/nodes/{node.name}",
                {"metadata": {"labels": {"feature.node.kubernetes.io/pci-10de.present": "true"}}},
                content_type="application/merge-patch+json")
-        home = work / "home"
-        home.mkdir()
-        r = cp.apply(cp.kubectl_env(home), "apply", "-k", str(overlay(work / "overlay", host, config)))
-        assert r.returncode == 0, r.stdout + r.stderr
+        config = helm_install(cp, work, host, str(wrapper))
         wait_policies_configured(cp)
         pod, took = wait_pod_ready(node)
         print(f"\ndriverd image imported in {imported:.1f}s; DaemonSet pod Ready {took:.1f}s after apply")
