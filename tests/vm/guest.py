@@ -30,6 +30,11 @@ GPU_ADDR = "0001:00:00.0"          # the stand-in GPU (a PCI domain no real devi
 PCI = "/sys/bus/pci/devices"
 MODULES = ("nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia")
 PYCACHE = "/tmp/driverd-pycache"
+REFUSING = '["http://127.0.0.1:9/driverd"]'      # a repository nothing listens for: connections refused
+# The driver container's mount of the host root (deploy/base/daemonset.yaml's /host; the guest's / is
+# read-only, so the mount point is on /run) and of its ConfigMap.
+CONTAINER_HOST = "/run/driverd-container/host"
+CONTAINER_CONFIG = "/run/driverd-container/config/config.toml"
 
 
 def sh(*argv: str, timeout: float = 120, env: dict | None = None) -> dict:
@@ -467,11 +472,13 @@ class Guest:
                 out[hdr] = sh("mount", "-t", "tmpfs", "driverd-test-no-headers", hdr)["rc"]
         return out
 
-    def reboot_config(self, repos: str, extra: str = "") -> None:
+    def reboot_config(self, repos: str, extra: str = "", userspace: str = "fetch = true\n") -> None:
+        """`userspace`: the [userspace] section's keys (the repository's by default; `package = "FILE"` for
+        userspace.package)."""
         self.config(self.spec["versions"]["535"], extra=extra)
         text = open("/etc/driverd/config.toml").read().replace(f'repositories = ["file://{self.spec["repo"]}"]',
                                                                f"repositories = {repos}\ninsecure = true")
-        text += ('[userspace]\nfetch = true\n[daemon]\ninterval_s = 900\nconfig_check_s = 2\nretry_min_s = 5\n'
+        text += (f'[userspace]\n{userspace}[daemon]\ninterval_s = 900\nconfig_check_s = 2\nretry_min_s = 5\n'
                  'retry_max_s = 20\n')
         with open("/etc/driverd/config.toml", "w") as f:
             f.write(text)
@@ -524,18 +531,18 @@ class Guest:
         tree — remaking the loader configuration and the driver-root link; READY=1. Then the previous kernel is
         removed (its image and dpkg record): the daemon removes what driverd kept for it."""
         out: dict = {"persist": self.persist()}
-        self.reboot_config('["http://127.0.0.1:9/driverd"]')
+        self.reboot_config(REFUSING)
         out["before"] = {"ld_conf": _read("/etc/ld.so.conf.d/00-driverd-nvidia.conf"),
                          "driver_link": _readlink("/run/nvidia/driver"), "kernel": self.kernel_view()}
         out["plan"] = self.driverd("plan", "--json")
-        runs_before = len(journal_runs())
+        runs_before = {x["run_id"] for x in journal_runs()}
         d = GuestDaemon(self)
         try:
             out["ready"] = d.wait_notify("READY=1", 1500)
             out["kernel"] = self.kernel_view()
             out["userspace"] = self.userspace_view()
             out["modinfo_filename"] = sh("modinfo", "-n", "nvidia")
-            out["runs"] = journal_runs()[runs_before:]
+            out["runs"] = [x for x in journal_runs() if x["run_id"] not in runs_before]
             kept = "/var/lib/driverd/packages/kept"
             out["kept_before"] = kept_releases(kept)
             prev = self.spec["running_release"]
@@ -547,11 +554,62 @@ class Guest:
             out["daemon_stop"] = d.stop()
         return out
 
+    def s_userspace_from_package(self) -> dict:
+        """Boot 2, after reboot_next, the repository still refusing connections: the configuration switches the
+        user-space to userspace.package, a local package file of the same 535 version that the repository does
+        not list (built from a smaller set of Debian's .debs: another sha256). `driverd apply` installs it from
+        that file (no fetch) and makes it the one in use: what boot 3 must bring back."""
+        out: dict = {}
+        self.reboot_config(REFUSING, userspace=f'package = "{self.spec["us_package"]}"\n')
+        runs_before = {x["run_id"] for x in journal_runs()}
+        out["apply"] = self.driverd("apply", "--json", timeout=1800)
+        out["runs"] = [x for x in journal_runs() if x["run_id"] not in runs_before]
+        out["current"] = _readlink("/var/lib/driverd/driver/current")
+        out["driver_link"] = _readlink("/run/nvidia/driver")
+        out["trees"] = sorted(os.listdir("/var/lib/driverd/driver"))
+        out["kernel"] = self.kernel_view()
+        return out
+
+    def s_reboot_container(self) -> dict:
+        """Boot 3 (the next kernel again), the repository refusing connections, the user-space configured as
+        userspace.package (installed from it in boot 2): `driverd container-entrypoint` as the driver container
+        runs it (deploy/base/daemonset.yaml): the host's root mounted into the container (an rbind of the
+        guest's / in a mount namespace of its own, propagation slave: hostPath with HostToContainer), given as
+        --root and DRIVERD_ROOT, the configuration from a file of the container's own (DRIVERD_CONFIG, the
+        ConfigMap's mount), the host's PIDs (hostPID). It loads the driver from the package prepared in boot 1,
+        makes the user-space active again from its installed tree, READY=1 and /readyz 200 — no fetch."""
+        out: dict = {"persist": self.persist()}
+        self.reboot_config(REFUSING, userspace=f'package = "{self.spec["us_package"]}"\n')
+        out["before"] = {"ld_conf": _read("/etc/ld.so.conf.d/00-driverd-nvidia.conf"),
+                         "driver_link": _readlink("/run/nvidia/driver"),
+                         "current": _readlink("/var/lib/driverd/driver/current"), "kernel": self.kernel_view()}
+        runs_before = {x["run_id"] for x in journal_runs()}
+        d = GuestDaemon(self, container=True)
+        try:
+            out["ready"] = d.wait_notify("READY=1", 1500)
+            out["readyz"] = d.status("/readyz")
+            out["kernel"] = self.kernel_view()
+            out["userspace"] = self.userspace_view()
+            out["modinfo_filename"] = sh("modinfo", "-n", "nvidia")
+            out["runs"] = [x for x in journal_runs() if x["run_id"] not in runs_before]
+            out["container"] = d.container
+            out["log"] = d.text()
+        finally:
+            out["daemon_stop"] = d.stop()
+        return out
+
 
 class GuestDaemon:
-    """`driverd daemon --root /` in the guest, as systemd runs it: a notify socket, its stderr, its /metrics."""
+    """`driverd daemon --root /` in the guest, as systemd runs it: a notify socket, its stderr, its /metrics.
+    `container`: `driverd container-entrypoint` as the driver container runs it (deploy/base/daemonset.yaml:
+    args container-entrypoint --root /host, DRIVERD_ROOT=/host, DRIVERD_CONFIG the ConfigMap's file, the host
+    root a hostPath mount of / with HostToContainer propagation, hostPID): in a mount namespace of its own
+    (unshare, propagation slave) the guest's / is rbind-mounted at CONTAINER_HOST, and /etc/driverd/config.toml
+    is copied to CONTAINER_CONFIG. The notify socket stands for the kubelet's readiness probe (/readyz is read
+    too)."""
 
-    def __init__(self, g: Guest) -> None:
+    def __init__(self, g: Guest, container: bool = False) -> None:
+        import shutil
         import socket
         import threading
         self.dir = "/tmp/driverd-daemon"
@@ -566,8 +624,20 @@ class GuestDaemon:
         self.messages: list[str] = []
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DRIVERD_", "FAULTS_"))}
         env.update(NOTIFY_SOCKET=self.notify, PYTHONDONTWRITEBYTECODE="1")
-        self.proc = subprocess.Popen([g.py, "-m", "driverd", "daemon", "--root", "/", "--listen", "127.0.0.1:0"],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        argv = [g.py, "-m", "driverd", "daemon", "--root", "/", "--listen", "127.0.0.1:0"]
+        self.container = None
+        if container:
+            for d in (CONTAINER_HOST, os.path.dirname(CONTAINER_CONFIG)):
+                os.makedirs(d, exist_ok=True)
+                os.chmod(d, 0o755)
+            shutil.copyfile("/etc/driverd/config.toml", CONTAINER_CONFIG)
+            os.chmod(CONTAINER_CONFIG, 0o644)        # driverd trusts a configuration only root can change
+            env.update(DRIVERD_ROOT=CONTAINER_HOST, DRIVERD_CONFIG=CONTAINER_CONFIG)
+            argv = ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c",
+                    f'mount --rbind / {CONTAINER_HOST} && exec "$@"', "sh",
+                    g.py, "-m", "driverd", "container-entrypoint", "--root", CONTAINER_HOST, "--listen", "127.0.0.1:0"]
+            self.container = {"argv": argv, "env": {k: env[k] for k in ("DRIVERD_ROOT", "DRIVERD_CONFIG")}}
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      text=True, env=env, cwd="/")
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._notify, daemon=True).start()
@@ -621,6 +691,16 @@ class GuestDaemon:
                 return float(ln.rsplit(" ", 1)[1])
         return None
 
+    def status(self, path: str) -> dict:
+        """An HTTP GET of the daemon's endpoint: its status code and body."""
+        import urllib.error
+        import urllib.request
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=60) as r:
+                return {"code": r.status, "body": r.read().decode(errors="replace")[-2000:]}
+        except urllib.error.HTTPError as e:
+            return {"code": e.code, "body": e.read().decode(errors="replace")[-2000:]}
+
     def wait_metric(self, name: str, labels: dict, value: float, timeout: float) -> dict:
         t0 = time.monotonic()
         got = None
@@ -644,6 +724,8 @@ class GuestDaemon:
 
 
 def journal_runs() -> list[dict]:
+    """Every run on disk, archived ones first (journal.d keeps the newest state.journal_keep: a run is new when
+    its run_id was not there before, not by counting)."""
     d = "/var/lib/driverd"
     out = []
     jd = os.path.join(d, "journal.d")
@@ -652,7 +734,9 @@ def journal_runs() -> list[dict]:
     if os.path.exists(os.path.join(d, "journal.json")):
         out.append(json.loads(open(os.path.join(d, "journal.json")).read()))
     return [{"command": r.get("command"), "state": r.get("state"), "run_id": r.get("run_id"),
-             "steps": [s["action"] for s in r.get("steps") or []]} for r in out]
+             "steps": [s["action"] for s in r.get("steps") or []],
+             "userspace": [s.get("params") for s in r.get("steps") or [] if s["action"] == "install-userspace"]}
+            for r in out]
 
 
 def kept_releases(kept: str) -> list[str]:

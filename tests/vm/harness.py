@@ -179,21 +179,23 @@ def missing_userspace() -> list[str]:
     return out
 
 
-def build_userspace(base: Path, versions: tuple[str, ...] = (OLD, NEW)) -> tuple[Path, dict[str, Path], float]:
+def build_userspace(base: Path, versions: tuple[str, ...] = (OLD, NEW), *, debs_named: tuple[str, ...] = USERSPACE_DEBS,
+                    tag: str = "") -> tuple[Path, dict[str, Path], float]:
     """The user-space packages of OLD and NEW, made as a user makes them: the chosen .debs of one version
     in a directory (checked against the SHA256SUMS apt's verified download wrote), then `driverd
-    build-userspace --from-debs DIR --out OUT`. Returns (OUT, {version: package}, seconds)."""
+    build-userspace --from-debs DIR --out OUT`. Returns (OUT, {version: package}, seconds). `debs_named`:
+    the .debs taken (another set gives another package of the same version); `tag`: OUT is userspace<tag>."""
     import hashlib
     t0 = time.monotonic()
-    out = base / "userspace"
+    out = base / f"userspace{tag}"
     pkgs = {}
     for v in versions:
         src = USERSPACE_DIR / v
         sums = dict(reversed(ln.split()) for ln in (src / "SHA256SUMS").read_text().splitlines() if ln.strip())
-        debs = base / f"debs-{v}"
+        debs = base / f"debs-{v}{tag}"
         debs.mkdir(parents=True)
         for name, sha in sums.items():
-            if name.split("_")[0] in USERSPACE_DEBS:
+            if name.split("_")[0] in debs_named:
                 data = (src / name).read_bytes()
                 assert hashlib.sha256(data).hexdigest() == sha, f"{src / name} does not match its SHA256SUMS"
                 (debs / name).write_bytes(data)
