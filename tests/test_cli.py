@@ -141,7 +141,7 @@ def test_capture_roundtrip(tmp_path):
     write_host(src, HostSpec(pci=[h100("0000:1b:00.0", "nvidia")], sig_enforce=True,
                              modprobe_d={"/etc/modprobe.d/bl.conf": "blacklist nouveau\n"}))
     out = tmp_path / "cap.tar.gz"
-    run_cli("debug", "capture-host", "--root", str(src), "--out", str(out), check=True)
+    run_cli("debug", "capture-host", "--root", str(src), "--archive", str(out), check=True)
     dst = tmp_path / "dst"
     dst.mkdir()
     import tarfile
@@ -247,7 +247,7 @@ def test_capture_into_a_missing_directory_is_one_line(tmp_path):
     write_host(tmp_path / "h", HostSpec(pci=[h100("0000:1b:00.0")]))
     for out, words in ((tmp_path / "nope/dir/x.tar.gz", f"directory {tmp_path / 'nope/dir'} does not exist"),
                        (tmp_path, "it is a directory")):
-        res = run_cli("debug", "capture-host", "--root", str(tmp_path / "h"), "--out", str(out))
+        res = run_cli("debug", "capture-host", "--root", str(tmp_path / "h"), "--archive", str(out))
         assert res.returncode == 2
         [line] = res.stderr.splitlines()
         assert line.startswith(f"driverd: error: cannot write --out {out}: {words}") and "unexpected" not in line

@@ -28,6 +28,19 @@ OUTPUTS = ("table", "wide", "json", "yaml", "name")
 VALUED_FLAGS = ("-n", "--namespace", "--kubeconfig", "--context", "-o", "--output", "-l", "--selector")
 
 
+def _dry_run(p: argparse.ArgumentParser, what: str) -> None:
+    """kubectl's --dry-run for a verb that writes: client prints what it would send, server has the API
+    server judge it (admission included) and stores nothing; a bare --dry-run is client, as in kubectl."""
+    p.add_argument("--dry-run", nargs="?", const="client", default="none", choices=("none", "client", "server"),
+                   help=f"client: print {what} without sending it; server: the API server judges it (schema, "
+                        "RBAC, admission) and stores nothing (as kubectl's --dry-run)")
+
+
+def _dry(args) -> str:
+    """The suffix kubectl puts on what a dry run would have done."""
+    return {"client": " (dry run)", "server": " (server dry run)"}.get(getattr(args, "dry_run", "none"), "")
+
+
 def _kube_args(p: argparse.ArgumentParser, namespace: bool = True) -> None:
     g = p.add_argument_group("cluster access (as kubectl)")
     g.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or "
@@ -103,7 +116,7 @@ def register_kubectl(sub, common) -> None:
                         "examples:\n  kubectl driverd rollout start --pool a100 --driver 570.195.03 --max-parallel 5\n"
                         "  kubectl driverd rollout start --pool h100 --selector gpu=h100 --driver 570.195.03 --canary 1\n"
                         "  kubectl driverd rollout start --driver 570.195.03 --selector zone=lab --max-unavailable 10%")
-    p.add_argument("--driver", required=True, metavar="V", help="driver version, e.g. 570.195.03")
+    p.add_argument("--driver", required=True, metavar="VERSION", help="driver version, e.g. 570.195.03")
     p.add_argument("--pool", metavar="NAME", help="set this DriverPool's driver (created with --selector if missing)")
     add_flavor(p, default=None, help="default: auto (a pool keeps its own)")
     p.add_argument("--selector", "-l", default="", metavar="LABELS", help="node label selector (kubectl syntax)")
@@ -147,6 +160,7 @@ def register_kubectl(sub, common) -> None:
                         "are given back or finished")):
         p = rsub.add_parser(verb, parents=[common], help=what, description=what)
         p.add_argument("name", nargs="?", help="rollout (default: the only or newest one)")
+        _dry_run(p, "the change")
         _kube_args(p)
         p.set_defaults(handler=cmd_verb, verb=verb)
     p = rsub.add_parser("undo", parents=[common], formatter_class=fmt,
@@ -157,6 +171,7 @@ def register_kubectl(sub, common) -> None:
                         "upgraded): one rollout per previous driver, selecting those nodes by kubernetes.io/hostname, "
                         "with NAME's pace (maxParallel, maxUnavailable, drain).")
     p.add_argument("name", help="the rollout to undo")
+    _dry_run(p, "the rollouts (or the pool's change) it would make")
     _kube_args(p)
     p.set_defaults(handler=cmd_undo)
     n = sub.add_parser("node", help="retry or skip one node")
@@ -166,6 +181,7 @@ def register_kubectl(sub, common) -> None:
                        ("unskip", "let a skipped node take part again")):
         p = nsub.add_parser(verb, parents=[common], help=what, description=what)
         p.add_argument("node")
+        _dry_run(p, "the change")
         _kube_args(p)
         p.set_defaults(handler=cmd_node, verb=verb)
     from driverd.cli import pool_cmds
@@ -344,17 +360,22 @@ def cmd_verb(ctx, args) -> int:
     obj = _pick(kube, args.name)
     name = obj["metadata"]["name"]
     if args.verb == "delete":
-        kube.delete(rollout_path(name))
-        _print(args, {"deleted": name}, f"{_rollout_name(name)} deleted: no more nodes are admitted; "
-               "nodes not yet unloading are given back, then the resource goes", names=[_rollout_name(name)])
+        if args.dry_run != "client":
+            kube.delete(rollout_path(name), dry_run=args.dry_run == "server")
+        _print(args, {"deleted": name, "dryRun": args.dry_run}, f"{_rollout_name(name)} deleted{_dry(args)}"
+               + ("" if args.dry_run != "none" else ": no more nodes are admitted; nodes not yet unloading are "
+                  "given back, then the resource goes"), names=[_rollout_name(name)])
         return 0
     patch = {"pause": {"spec": {"paused": True}},
              "resume": {"spec": {"paused": False}, "metadata": {"annotations": {A_CANARY_APPROVED: "true"}}},
              "abort": {"spec": {"paused": True}, "metadata": {"annotations": {A_ABORT: "true"}}}}[args.verb]
-    new = kube.patch(rollout_path(name), patch)
-    _print(args, new, f"{_rollout_name(name)} {args.verb}d" if args.verb != "abort" else
-           f"{_rollout_name(name)} aborted: no more nodes are admitted; nodes not yet unloading are "
-           "given back", names=[_rollout_name(name)])
+    # client: the patch it would send, as kubectl prints the object a dry run would change
+    new = {"patch": patch, "rollout": name} if args.dry_run == "client" else \
+        kube.patch(rollout_path(name), patch, dry_run=args.dry_run == "server")
+    done = "aborted" if args.verb == "abort" else f"{args.verb}d"
+    _print(args, new, f"{_rollout_name(name)} {done}{_dry(args)}" + (
+        ": no more nodes are admitted; nodes not yet unloading are given back"
+        if args.verb == "abort" and args.dry_run == "none" else ""), names=[_rollout_name(name)])
     return 0
 
 
@@ -400,15 +421,16 @@ def cmd_undo(ctx, args) -> int:
                   "nodeSelector": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
                                                           "values": sorted(hosts)}]}}}
         try:
-            kube.create(rollout_path(), new)
+            if args.dry_run != "client":
+                kube.create(rollout_path(), new, dry_run=args.dry_run == "server")
         except KubeError as e:
             if e.status == 409:
                 raise UsageError(f"a rollout named {name} already exists", fix=f"delete it first: kubectl "
                                  f"driverd rollout delete {name}") from None
             raise
-        made.append({"rollout": name, "driver": prev, "nodes": sorted(hosts)})
-    _print(args, {"created": made}, "\n".join(
-        f"{_rollout_name(d['rollout'])} created: back to {d['driver']} on {len(d['nodes'])} node(s)"
+        made.append({"rollout": name, "driver": prev, "nodes": sorted(hosts), "object": new})
+    _print(args, {"created": made, "dryRun": args.dry_run}, "\n".join(
+        f"{_rollout_name(d['rollout'])} created{_dry(args)}: back to {d['driver']} on {len(d['nodes'])} node(s)"
         for d in made), names=[_rollout_name(d["rollout"]) for d in made])
     return 0
 
@@ -428,13 +450,19 @@ def cmd_node(ctx, args) -> int:
             raise UsageError(f"node {args.node} has not failed (state "
                              f"{(node['metadata'].get('annotations') or {}).get(m.A_STATE, m.IDLE)})",
                              fix="only failed nodes are retried")
+    patch = {"metadata": {"annotations": ann}}
     try:
-        new = kube.patch(node_path(args.node), {"metadata": {"annotations": ann}})
+        if args.dry_run == "client":
+            if kube.find(node_path(args.node)) is None:
+                raise UsageError(f"no node named {args.node}", fix="kubectl driverd nodes")
+            new = {"patch": patch, "node": args.node}
+        else:
+            new = kube.patch(node_path(args.node), patch, dry_run=args.dry_run == "server")
     except KubeError as e:
         if e.not_found:
             raise UsageError(f"no node named {args.node}", fix="kubectl driverd nodes") from None
         raise
-    _print(args, new, f"node/{args.node} {args.verb} requested", names=[f"node/{args.node}"])
+    _print(args, new, f"node/{args.node} {args.verb} requested{_dry(args)}", names=[f"node/{args.node}"])
     return 0
 
 

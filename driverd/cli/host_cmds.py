@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from driverd.cli.options import add_flavor
+from driverd.cli.options import Deprecated, add_flavor
 from driverd.cli.output import emit, table, yesno
 from driverd.errors import EXIT_BLOCKED, EXIT_OK
 
@@ -54,7 +54,10 @@ def register(sub, common) -> None:
                         "usable with --root. The NVML report is included when NVML is available. Secret values in "
                         "the copied configs (registry auth, tokens, passwords, private keys) are replaced with "
                         "REDACTED, and the output says which.")
-    p.add_argument("--out", required=True, metavar="FILE", help="tarball to write (.tar.gz)")
+    # --archive, not --out: --out names a directory everywhere else (build's, build-matrix's repository)
+    p.add_argument("--archive", dest="out", required=True, metavar="FILE", help="tarball to write (.tar.gz)")
+    p.add_argument("--out", dest="out", metavar="FILE", action=Deprecated, new="--archive",
+                   why=" here (--out names a directory in build and build-matrix)", help=argparse.SUPPRESS)
     p.set_defaults(handler=cmd_capture)
 
 

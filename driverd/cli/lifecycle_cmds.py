@@ -130,8 +130,8 @@ def register(sub, common) -> None:
     g.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     g.add_argument("--log-format", choices=("text", "json"), help="logs on stderr: text (default) or one JSON "
                    "object per line (default: log.format)")
-    g.add_argument("--root", help=argparse.SUPPRESS)          # accepted only to be refused with the reason
-    g.add_argument("--config", help=argparse.SUPPRESS)
+    g.add_argument("--root", metavar="DIR", help=argparse.SUPPRESS)   # accepted only to be refused with the reason
+    g.add_argument("--config", metavar="FILE", help=argparse.SUPPRESS)
     p = sub.add_parser("demo", parents=[demo_common], formatter_class=fmt, help="a full provisioning run on a simulated 8-GPU host",
                        description="Build a sandbox host (8x H100, 4 NVSwitch, a Mellanox NIC, nouveau loaded, "
                        "containerd) with the simulated kernel and a small package repository, then run detect, plan, "

@@ -6,7 +6,7 @@ import argparse
 import os
 
 from driverd.cli.lifecycle_cmds import add_force, add_wait
-from driverd.cli.options import add_ccache, add_flavor, add_rebuild, add_work_dir, builds
+from driverd.cli.options import Deprecated, add_ccache, add_flavor, add_rebuild, add_work_dir, builds
 from driverd.cli.output import emit
 from driverd.errors import EXIT_OK, UsageError
 
@@ -46,7 +46,10 @@ def register(sub, common) -> None:
     p.add_argument("--sign-cert", metavar="CERT", help="certificate for sign-file, a path on this machine; enrol it "
                    "on the nodes (docs/signing.md: mokutil --import) (default: signing.cert)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory (or repository) to write the package to")
-    p.add_argument("--jobs", "-j", type=int, metavar="N", help="make -jN (default: number of CPUs)")
+    # --make-jobs, as build-matrix names make's -j (its --jobs is how many cells build at once)
+    p.add_argument("--make-jobs", dest="jobs", type=int, metavar="N", help="make -jN (default: number of CPUs)")
+    p.add_argument("--jobs", "-j", dest="jobs", type=int, metavar="N", action=Deprecated, new="--make-jobs",
+                   why=" in build (build-matrix's --jobs counts cells)", help=argparse.SUPPRESS)
     add_work_dir(p, "where sources are unpacked and built (default: <cache_dir>/build); extracted sources are "
                  "reused")
     p.add_argument("--no-strip", action="store_true", help="keep debug info in the modules (10x larger)")

@@ -281,10 +281,14 @@ def undo(kube, args, obj: dict, _print) -> int:
                               "and no node it upgraded"),
                              fix=f"set it: kubectl driverd rollout start --pool {name} --driver V")
         prev = (m.split_driver(seen.pop())[0], pool["spec"].get("flavor") or "auto")   # the pool's flavour stays
-    new = kube.patch(pool_path(name), {"metadata": {"resourceVersion": pool["metadata"]["resourceVersion"]},
-                                        "spec": {"driver": prev[0], "flavor": prev[1]}})
+    patch = {"metadata": {"resourceVersion": pool["metadata"]["resourceVersion"]},
+             "spec": {"driver": prev[0], "flavor": prev[1]}}
+    dry = getattr(args, "dry_run", "none")
+    new = {"patch": patch} if dry == "client" else kube.patch(pool_path(name), patch, dry_run=dry == "server")
+    said = {"client": " (dry run)", "server": " (server dry run)"}.get(dry, "")
     _print(args, {"pool": name, "driver": prev[0], "flavor": prev[1], "undone": obj["metadata"]["name"],
-                  "object": new},
-           f"driverpool.driverd.io/{name}: driver back to {prev[0]} ({prev[1]}), undoing {obj['metadata']['name']}; "
-           f"the coordinator starts the pool's next rollout; follow it with: kubectl driverd pool status {name}")
+                  "object": new, "dryRun": dry},
+           f"driverpool.driverd.io/{name}: driver back to {prev[0]} ({prev[1]}), undoing {obj['metadata']['name']}"
+           + (said if dry != "none" else "; the coordinator starts the pool's next rollout; follow it with: "
+              f"kubectl driverd pool status {name}"))
     return 0

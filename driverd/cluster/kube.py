@@ -294,13 +294,15 @@ class Kube:
     def replace(self, path: str, obj: dict) -> dict:
         return self.request("PUT", path, body=obj)
 
-    def patch(self, path: str, patch: dict | list, kind: str = "merge") -> dict:
+    def patch(self, path: str, patch: dict | list, kind: str = "merge", *, dry_run: bool = False) -> dict:
+        """dry_run: the API server applies the patch, runs admission and answers the result, storing nothing."""
         ctype = {"merge": "application/merge-patch+json", "strategic": "application/strategic-merge-patch+json",
                  "json": "application/json-patch+json"}[kind]
-        return self.request("PATCH", path, body=patch, content_type=ctype)
+        return self.request("PATCH", path, body=patch, content_type=ctype,
+                            query={"dryRun": "All"} if dry_run else None)
 
-    def delete(self, path: str) -> dict:
-        return self.request("DELETE", path)
+    def delete(self, path: str, *, dry_run: bool = False) -> dict:
+        return self.request("DELETE", path, query={"dryRun": "All"} if dry_run else None)
 
     def update(self, path: str, mutate: Callable[[dict], dict | None], attempts: int = 20) -> dict | None:
         """Read, change, write with the read resourceVersion; on 409 read again. `mutate` returns the

@@ -180,3 +180,29 @@ def test_no_targets_refused_then_excluded_and_paused_for_a_node_not_ready(deploy
     assert log.moves("r") == ["Refused", "Progressing", "Paused", "Progressing", "Completed"], log.history("r")
     assert refusals(deployed, f.audit_from) == []
     log.close()
+
+
+def test_every_verb_that_writes_takes_kubectls_dry_run(deployed, make):
+    """Issue 48: --dry-run=client|server on pause, resume, abort, delete, undo and node retry/skip/unskip, as
+    kubectl's: client prints what it would send and sends nothing; server has the API server judge it and
+    store nothing; neither changes the cluster."""
+    f = make(2)
+    f.admin.create(rollout_path(), rollout("r", nodeSelector=hosts("gpu-0001")))
+    before = f.admin.get(rollout_path("r"))
+    for mode in ("client", "server"):
+        said = "(dry run)" if mode == "client" else "(server dry run)"
+        for verb in ("pause", "resume", "abort", "delete"):
+            out = _ok(f, "rollout", verb, "r", f"--dry-run={mode}")
+            assert said in out, (verb, out)
+        assert said in _ok(f, "node", "skip", "gpu-0001", f"--dry-run={mode}")
+        doc = json.loads(_ok(f, "rollout", "pause", "r", f"--dry-run={mode}", "-o", "json"))
+        # client: the patch it would send; server: the object as the API server would store it
+        paused = doc["patch"]["spec"]["paused"] if mode == "client" else doc["spec"]["paused"]
+        assert paused is True, doc
+    now = f.admin.get(rollout_path("r"))
+    assert now["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]       # nothing stored
+    assert f.admin.get("/api/v1/nodes/gpu-0001")["metadata"].get("annotations", {}).get(m.A_SKIP) is None
+    # a bare --dry-run is client, as in kubectl; a server dry run still meets the API's refusals
+    assert "(dry run)" in _ok(f, "rollout", "pause", "r", "--dry-run")
+    rc, out, err = cli(f, "node", "skip", "no-such-node", "--dry-run=server")
+    assert rc != 0 and "no node named no-such-node" in err, (rc, out, err)

@@ -52,7 +52,7 @@ def test_capture_redacts_runtime_secrets_and_says_so(tmp_path):
 
 def test_cli_says_what_it_redacted(tmp_path):
     host = _host(tmp_path)
-    r = run_cli("debug", "capture-host", "--root", str(host), "--out", str(tmp_path / "c.tar.gz"))
+    r = run_cli("debug", "capture-host", "--root", str(host), "--archive", str(tmp_path / "c.tar.gz"))
     assert r.returncode == 0, r.stderr
     assert "redacted" in r.stdout and "/etc/containerd/config.toml (password, auth)" in r.stdout
 

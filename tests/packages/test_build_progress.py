@@ -40,7 +40,7 @@ def standin(tmp_path):
 
 def _argv(src: Path, base: Path, *extra: str) -> list[str]:
     return ["build", "--source", str(src), "--kernel", RELEASE, "--flavor", "open", "--headers", str(HEADERS),
-            "--work-dir", str(base / "work"), "--out", str(base / "out"), "--jobs", "1", *extra]
+            "--work-dir", str(base / "work"), "--out", str(base / "out"), "--make-jobs", "1", *extra]
 
 
 def _cli() -> list[str]:

@@ -254,7 +254,7 @@ def test_a_captured_host_keeps_the_handler_binary_present(tmp_path, capsys):
     os.chmod(big, 0o755)
     assert _needs(host, "containerd").status == "ok"
     out = tmp_path / "cap.tar.gz"
-    _cli(capsys, "debug", "capture-host", "--root", str(host), "--out", str(out))
+    _cli(capsys, "debug", "capture-host", "--root", str(host), "--archive", str(out))
     with tarfile.open(out) as tar:
         member = tar.getmember(BIN.lstrip("/"))
         assert member.isfile() and member.mode & 0o111 and member.size == 0
