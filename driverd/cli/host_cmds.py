@@ -55,7 +55,7 @@ def register(sub, common) -> None:
                         "the copied configs (registry auth, tokens, passwords, private keys) are replaced with "
                         "REDACTED, and the output says which.")
     # --archive, not --out: --out names a directory everywhere else (build's, build-matrix's repository)
-    p.add_argument("--archive", dest="out", required=True, metavar="FILE", help="tarball to write (.tar.gz)")
+    p.add_argument("--archive", dest="out", metavar="FILE", help="tarball to write (.tar.gz); required")
     p.add_argument("--out", dest="out", metavar="FILE", action=Deprecated, new="--archive",
                    why=" here (--out names a directory in build and build-matrix)", help=argparse.SUPPRESS)
     p.set_defaults(handler=cmd_capture)
@@ -347,6 +347,9 @@ def cmd_config(ctx, args) -> int:
 
 def cmd_capture(ctx, args) -> int:
     from driverd.host.capture import capture
+    if not args.out:             # not argparse's required=: the old spelling --out must satisfy it too
+        from driverd.errors import UsageError
+        raise UsageError("capture-host needs the tarball to write", fix="pass --archive FILE (e.g. host.tar.gz)")
     res = capture(ctx.root, args.out)
 
     def say(r: dict) -> str:

@@ -158,7 +158,7 @@ def register(sub, common) -> None:
     g.add_argument("--sign-secret", metavar="SECRET", help="Secret with `key` and `cert`: sign every module")
     g.add_argument("--index-sign-secret", metavar="SECRET", help="Secret with `key`: sign the repository index")
     g.add_argument("--all-cells", action="store_true", help="render every cell, not only those --out lacks")
-    g.add_argument("-o", "--output", choices=("yaml", "json"), default=None,
+    g.add_argument("-o", "--output", metavar="FORMAT", choices=("yaml", "json"), default=None,
                    help="yaml (default; documents separated by ---) or json (a v1 List)")
     p.set_defaults(handler=cmd_build_matrix)
 
