@@ -15,6 +15,7 @@ def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia",
     """`handler` and `binary`: runtime.handler and runtime.binary (default the toolkit's
     /usr/bin/nvidia-container-runtime), whose needs each runtime reports; `driver_root`:
     validation.driver_root, where the driver's user-space is looked for first."""
+    early = _nvml_early(root) if nvml else None       # first: NVML's start overlaps every read below
     from driverd.host.facts import Facts
     from driverd.runtime.model import DEFAULT_BINARY
     binary = binary or DEFAULT_BINARY
@@ -39,12 +40,55 @@ def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia",
         kernel=k, os=o, gpus=tuple(gpus), nvswitches=tuple(switches), mellanox_nics=tuple(nics), nouveau=nv,
         driver=drv, gpu_users=tuple(users), daemons=tuple(processes.daemons(root)),
         runtimes=tuple(runtimes.read_runtimes(root, handler, binary)),
-        nvml=read_nvml(root, drv.loaded) if nvml else NvmlFacts(False, "NVML disabled (--no-nvml)"),
+        nvml=(early() if early is not None and drv.loaded else read_nvml(root, drv.loaded)) if nvml
+        else NvmlFacts(False, "NVML disabled (--no-nvml)"),
         warnings=tuple(warnings), keyrings=keyrings.read_keyrings(root),
         rdma=rdma.read_rdma(root, k.release, modules.loaded_modules(root)) if nics else None,
         driver_owner=ownership.read_ownership(root, k.release, (drv.version, drv.flavor) if drv.loaded else None),
         userspace=_userspace(workload, root, drv.version if drv.loaded else None, driver_root),
         fabric=fabric.read_fabric(root, gpus, switches, nics, k.arch))
+
+
+def _nvml_early(root: Root):
+    """NVML's report, started in a thread before anything else is read, where it will be asked for (a live
+    root with a loaded driver, in this process): nvmlInit is the driver's own work behind ctypes calls that
+    release the GIL (~30-50 ms on an H200 host), so it runs while the imports and the sysfs reads go on, and
+    `detect` costs what the slower of the two does, not their sum. None where NVML is not read in-process
+    (the daemon reads it in a child: driverd.host.nvml.query_in_child, which imported that module)."""
+    import os
+    import sys
+    import threading
+    loaded = sys.modules.get("driverd.host.nvml")
+    if (loaded is not None and loaded._in_child) or not root.is_live() \
+            or not os.path.exists("/proc/driver/nvidia/version"):
+        return None
+    box: list = []
+
+    def run() -> None:
+        started = False
+        try:
+            import pynvml           # the init first: the facts' imports below overlap it
+            pynvml.nvmlInit()
+            started = True
+        except Exception:           # read_nvml below says why, as it always has
+            pass
+        from driverd.host.nvml import read_nvml
+        try:
+            box.append(read_nvml(root, True))
+        finally:
+            if started:
+                try:
+                    pynvml.nvmlShutdown()
+                except Exception:
+                    pass
+    t = threading.Thread(target=run, name="nvml", daemon=True)
+    t.start()
+
+    def result():
+        from driverd.host.nvml import read_nvml
+        t.join()
+        return box[0] if box else read_nvml(root, True)
+    return result
 
 
 def _userspace(workload, root: Root, loaded: str | None, driver_root: str | None) -> dict:
