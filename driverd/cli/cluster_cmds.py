@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from driverd.cli.kubeprint import _cells, _fmt, _print, _rollout_name, _shown, _yaml
+from driverd.cli.kubeprint import _cells, _fmt, _print, _rollout_name, _shown, _yaml, add_watch, watching
 from driverd.cli.options import add_flavor
 
 KUBECTL_EPILOG = """\
@@ -189,6 +189,7 @@ def register_kubectl(sub, common) -> None:
     p = sub.add_parser("nodes", parents=[common], help="driver, flavour, state, reason and since, per node")
     p.add_argument("--selector", "-l", default="", metavar="LABELS",
                    help="only the nodes with these labels (kubectl syntax: key=value,key!=value,key)")
+    add_watch(p, "the nodes")
     _kube_args(p)
     p.set_defaults(handler=cmd_nodes)
 
@@ -467,10 +468,14 @@ def cmd_node(ctx, args) -> int:
 
 
 def cmd_nodes(ctx, args) -> int:
+    kube = _kube(args)
+    return watching(args, lambda: _nodes(kube, args))
+
+
+def _nodes(kube, args) -> int:
     from driverd.cli.output import table
     from driverd.cluster import model as m
     from driverd.cluster.kube import node_path
-    kube = _kube(args)
     views = sorted((m.NodeView.from_node(n) for n in kube.list(node_path(), labels=args.selector or None)
                     .get("items") or []), key=lambda v: v.name)
     data = [{"node": v.name, "driver": v.driver, "flavor": v.flavor, "state": v.state, "rollout": v.rollout,

@@ -3,6 +3,10 @@ a node wrote shown so that it cannot drive the terminal."""
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
+
+WATCH_S = 2.0           # how often -w reads again: a rollout's node moves on in seconds, not in milliseconds
 
 
 def _fmt(args) -> str:
@@ -52,3 +56,38 @@ def _rollout_name(name: str) -> str:
 def _yaml(d) -> str:
     import yaml
     return yaml.safe_dump(d, sort_keys=False).rstrip()
+
+
+def add_watch(p, what: str) -> None:
+    """kubectl's -w for a listing, with --timeout as rollout status has it."""
+    p.add_argument("--watch", "-w", action="store_true",
+                   help=f"print {what} again whenever it changes, until interrupted (Ctrl-C) or --timeout")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="with --watch: give up after this")
+
+
+def watching(args, once: Callable[[], int | None]) -> int:
+    """Print once; with -w, read and print again whenever what would be printed changes (a blank line between
+    two pictures, as kubectl's table watch starts a new block), until interrupted (exit 0) or --timeout."""
+    import contextlib
+    import io
+    import time
+    if not getattr(args, "watch", False):
+        return once() or 0
+    last = None
+    end = time.monotonic() + args.timeout if getattr(args, "timeout", None) else None
+    try:
+        while True:
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                once()
+            if buf.getvalue() != last:
+                if last is not None:
+                    sys.stdout.write("\n")
+                sys.stdout.write(buf.getvalue())
+                sys.stdout.flush()
+                last = buf.getvalue()
+            if end is not None and time.monotonic() >= end:
+                return 0
+            time.sleep(WATCH_S if end is None else max(0.0, min(WATCH_S, end - time.monotonic())))
+    except KeyboardInterrupt:
+        return 0

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import time
 
+from driverd.cli.kubeprint import add_watch, watching
+
 
 def register(sub, common, kube_args, kube_of, emit) -> None:
     """kube_args adds the cluster-access flags, kube_of(args) is the client, emit(args, data, human)
@@ -17,6 +19,7 @@ def register(sub, common, kube_args, kube_of, emit) -> None:
                        "behind and why (joining, upgrading in the pool's rollout, failed, refused by the preflight, "
                        "skipped, NotReady, also selected by another pool), its current rollout and its conditions; "
                        "then the nodes in no pool.")
+    add_watch(p, "the pools")
     kube_args(p)
     p.set_defaults(handler=cmd_pools, kube_of=kube_of, emit=emit)
     g = sub.add_parser("pool", help="one DriverPool's nodes")
@@ -25,6 +28,7 @@ def register(sub, common, kube_args, kube_of, emit) -> None:
                         description="One DriverPool: its desired driver and policy, its current rollout, and every "
                         "node it selects with the driver it runs and, when that is not the pool's, why.")
     p.add_argument("name")
+    add_watch(p, "the pool")
     kube_args(p)
     p.set_defaults(handler=cmd_pool_status, kube_of=kube_of, emit=emit)
 
@@ -96,16 +100,20 @@ def _read(kube) -> tuple[list[dict], list[dict], list[dict]]:
 
 
 def cmd_pools(ctx, args) -> int:
-    d = pools_doc(*_read(args.kube_of(args)))
-    args.emit(args, d, _human_pools)
-    return 0
+    kube = args.kube_of(args)
+    return watching(args, lambda: args.emit(args, pools_doc(*_read(kube)), _human_pools))
 
 
 def cmd_pool_status(ctx, args) -> int:
+    kube = args.kube_of(args)
+    return watching(args, lambda: _pool_status(kube, args))
+
+
+def _pool_status(kube, args) -> int:
     from driverd.cli.output import table
     from driverd.errors import UsageError
     _print = args.emit
-    pools, nodes, rollouts = _read(args.kube_of(args))
+    pools, nodes, rollouts = _read(kube)
     d = pools_doc([p for p in pools if p["metadata"]["name"] == args.name], nodes, rollouts)
     if not d["pools"]:
         raise UsageError(f"no DriverPool named {args.name}", fix="list them with `kubectl driverd pools`")

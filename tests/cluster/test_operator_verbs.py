@@ -206,3 +206,31 @@ def test_every_verb_that_writes_takes_kubectls_dry_run(deployed, make):
     assert "(dry run)" in _ok(f, "rollout", "pause", "r", "--dry-run")
     rc, out, err = cli(f, "node", "skip", "no-such-node", "--dry-run=server")
     assert rc != 0 and "no node named no-such-node" in err, (rc, out, err)
+
+
+def test_nodes_and_pools_take_kubectls_watch(deployed, make):
+    """Issue 48: -w on nodes, pools and pool status prints again when what it shows changes, as kubectl's;
+    --timeout ends it with exit 0."""
+    import threading
+    f = make(2)
+    f.admin.create("/apis/driverd.io/v1alpha1/driverpools", {
+        "apiVersion": "driverd.io/v1alpha1", "kind": "DriverPool", "metadata": {"name": "p"},
+        "spec": {"driver": NEW, "nodeSelector": {"matchLabels": {"pool": "p"}}}})
+
+    def skip_later() -> None:
+        time.sleep(3)
+        f.admin.patch("/api/v1/nodes/gpu-0001", {"metadata": {"annotations": {m.A_SKIP: "true"}}})
+    for argv in (["nodes", "-w", "--timeout", "9"], ["pools", "-w", "--timeout", "4"],
+                 ["pool", "status", "p", "-w", "--timeout", "4"]):
+        t = threading.Thread(target=skip_later) if argv[0] == "nodes" else None
+        if t:
+            t.start()
+        rc, out, err = cli(f, *argv)
+        if t:
+            t.join()
+        assert rc == 0, (argv, err)
+        pictures = out.strip().split("\n\n")
+        if argv[0] == "nodes":
+            assert len(pictures) == 2 and "(skip)" not in pictures[0] and "idle (skip)" in pictures[1], out
+        else:
+            assert len(pictures) == 1 and "p" in pictures[0], out       # nothing changed: printed once
