@@ -243,14 +243,14 @@ def test_plan_is_blocked_when_nothing_can_provide_the_package(tmp_path):
 
 
 def test_capture_into_a_missing_directory_is_one_line(tmp_path):
-    """`capture-host --out /nonexistent/dir/x` ended in an "unexpected error" line after reading the host."""
+    """`capture-host --archive /nonexistent/dir/x` ended in an "unexpected error" line after reading the host."""
     write_host(tmp_path / "h", HostSpec(pci=[h100("0000:1b:00.0")]))
     for out, words in ((tmp_path / "nope/dir/x.tar.gz", f"directory {tmp_path / 'nope/dir'} does not exist"),
                        (tmp_path, "it is a directory")):
         res = run_cli("debug", "capture-host", "--root", str(tmp_path / "h"), "--archive", str(out))
         assert res.returncode == 2
         [line] = res.stderr.splitlines()
-        assert line.startswith(f"driverd: error: cannot write --out {out}: {words}") and "unexpected" not in line
+        assert line.startswith(f"driverd: error: cannot write --archive {out}: {words}") and "unexpected" not in line
 
 
 def _options() -> list[tuple[str, list[str]]]:

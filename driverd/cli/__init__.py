@@ -239,7 +239,9 @@ def kubectl_parser() -> argparse.ArgumentParser:
 def kubectl_main(argv: list[str] | None = None) -> int:
     """`kubectl driverd ...`: the cluster commands only (rollout, pools, pool, node, nodes). A kubectl
     plugin acts on the cluster the kubeconfig names, never on the workstation it runs on."""
+    from driverd.cli import output
     from driverd.cli.cluster_cmds import VALUED_FLAGS
+    output.PROG = KUBECTL_PROG          # its errors in its own name, as kubectl's plugins say theirs
     _escaping_streams()
     args = list(sys.argv[1:] if argv is None else argv)
     # kubectl's flags before the command (`kubectl driverd -n driverd nodes`) go after it

@@ -19,13 +19,16 @@ def emit(as_json: bool, data: dict, human: Callable[[dict], str] | str) -> None:
     sys.stdout.flush()
 
 
+PROG = "driverd"         # the program errors are said in the name of: "kubectl driverd" for the plugin
+
+
 def error(as_json: bool, err: DriverdError) -> int:
     if as_json:
         json.dump(err.to_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     from driverd import log as logs
     kernel_log = err.details.get("kernel_log")
-    logs.log(f"driverd: error: {err.one_line()}", "error", error=err.message, cause=err.cause, fix=err.fix,
+    logs.log(f"{PROG}: error: {err.one_line()}", "error", error=err.message, cause=err.cause, fix=err.fix,
              exit_code=err.exit_code, kernel_log=kernel_log if isinstance(kernel_log, list) and kernel_log else None)
     return err.exit_code
 

@@ -274,17 +274,17 @@ def _resolved(root: Root, hostpath: str) -> str:
 
 
 def _check_out(out: str) -> None:
-    """--out names a file in an existing directory this process may write: said before the host is
+    """--archive names a file in an existing directory this process may write: said before the host is
     read, in one line, rather than as a traceback after it."""
     from driverd.errors import UsageError
     d = os.path.dirname(os.path.abspath(out))
-    fix = "pass a file in an existing, writable directory, e.g. --out /tmp/host.tar.gz"
+    fix = "pass a file in an existing, writable directory, e.g. --archive /tmp/host.tar.gz"
     if os.path.isdir(out):
-        raise UsageError(f"cannot write --out {out}: it is a directory", fix="name the file: " + fix)
+        raise UsageError(f"cannot write --archive {out}: it is a directory", fix="name the file: " + fix)
     if not os.path.isdir(d):
-        raise UsageError(f"cannot write --out {out}: directory {d} does not exist", fix=fix)
+        raise UsageError(f"cannot write --archive {out}: directory {d} does not exist", fix=fix)
     if not os.access(d, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write --out {out}: directory {d} is not writable", fix=fix)
+        raise UsageError(f"cannot write --archive {out}: directory {d} is not writable", fix=fix)
 
 
 def capture(root: Root, out: str) -> dict:
@@ -309,7 +309,7 @@ def capture(root: Root, out: str) -> dict:
     try:
         fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     except OSError as e:
-        raise UsageError(f"cannot write --out {out}: {e.strerror}",
+        raise UsageError(f"cannot write --archive {out}: {e.strerror}",
                          fix="pass a file in an existing, writable directory") from None
     os.fchmod(fd, 0o600)
     with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
