@@ -116,8 +116,12 @@ SCHEMA: dict[str, Key] = {
     "daemons.persistenced": Key("bool", True, "run nvidia-persistenced", driver=True),
     "daemons.mode": Key("str", "auto", "how GPU daemons run: systemd (host), child (driver container), sim; "
                         "auto picks", ("auto", "systemd", "child", "sim"), driver=True),
-    "daemons.fabricmanager": Key("str", "auto", "run fabric manager (auto: when NVSwitches exist)",
+    "daemons.fabricmanager": Key("str", "auto", "run fabric manager (auto: when NVSwitches exist, or NVLink5 switch "
+                                 "trays managed from this host — there with NVLSM before it)",
                                  ("auto", "true", "false"), driver=True),
+    "daemons.imex": Key("str", "auto", "run nvidia-imex of the driver's version (auto: on NVLink5 IMEX trays — "
+                        "GB200/GB300 — unless NVIDIA's DRA driver's ComputeDomains own IMEX on the node; true: always, "
+                        "refused while they do; false: never)", ("auto", "true", "false"), driver=True),
     "userspace.root": Key("str", "/var/lib/driverd/driver", "where driverd installs the driver's user-space: one "
                           "versioned tree per driver (<root>/<version>/lib64, bin, firmware) and the `current` link; a "
                           "host path under --root, writable on immutable hosts (a read-only /usr is never needed)",

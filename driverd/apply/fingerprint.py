@@ -22,6 +22,9 @@ DESIRED_KEYS = ("driver.version", "driver.flavor", "driver.manage", "modules.par
                 "modules.load_peermem", "signing.key", "signing.cert", "runtime.runtimes", "runtime.handler", "runtime.binary",
                 "runtime.set_as_default", "runtime.cdi", "daemons.persistenced", "daemons.fabricmanager",
                 "daemons.mode")
+# Keys added after converges were recorded: part of the fingerprint only when set to other than their default,
+# so that a host an older driverd converged keeps its fingerprint (the container's fast path) until one is used.
+LATER_KEYS = ("daemons.imex",)
 # The user-space half: where it comes from and where it goes.
 USERSPACE_KEYS = ("userspace.package", "userspace.fetch", "userspace.root", "userspace.bin_dir",
                   "userspace.driver_link", "companions.fetch")
@@ -31,6 +34,7 @@ def fingerprint(cfg, kernel_release: str | None, package_sha256: str | None, use
                 *, userspace: bool = True) -> str:
     """`userspace` False: the kernel half only, as driverd before issue 45 fingerprinted a converge."""
     doc = {"config": {k: cfg[k] for k in DESIRED_KEYS}, "kernel": kernel_release, "package": package_sha256}
+    doc["config"].update({k: cfg[k] for k in LATER_KEYS if cfg[k] != SCHEMA[k].default})
     us_config = {k: cfg[k] for k in USERSPACE_KEYS if cfg[k] != SCHEMA[k].default}
     if userspace and (us_config or userspace_sha256):
         # Only then: a host without driverd's user-space keeps the fingerprint an older driverd recorded.

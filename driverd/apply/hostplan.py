@@ -33,21 +33,24 @@ def plan_for_host(root, cfg, *, facts: Facts | None = None, nvml: bool = False) 
     from driverd.driver.kept import kept_for
     from driverd.repo.userspace import offer
     return HostPlan(facts, plan(facts, Desired.from_config(cfg), for_plan(root, facts, cfg),
-                                fm_offer=_fm_offer(root, cfg, facts),
+                                companions=_companion_offers(root, cfg, facts),
                                 userspace=workload_applies(root, cfg),
                                 us_offer=offer(root, cfg, cfg["driver.version"], facts.kernel.arch),
                                 no_package=lambda: unavailable(root, cfg, facts.kernel.release, _want(facts, cfg)),
                                 kept=kept_for(root, cfg["state.dir"], facts.kernel.release)))
 
 
-def _fm_offer(root, cfg, facts: Facts):
-    """Only where a fabric manager is wanted: running its --version is not free."""
-    fm = cfg["daemons.fabricmanager"]
+def _companion_offers(root, cfg, facts: Facts) -> dict:
+    """What this host could use of each companion it wants (driverd.plan.companions decides which; NSCQ where the
+    fabric wants it): only those, since running a daemon's --version is not free."""
+    from driverd.apply.companions import offers
+    from driverd.plan.companions import COMPONENT, decide
     fab = getattr(facts, "fabric", None)
-    if not (fm == "true" or (fm == "auto" and (facts.nvswitches or (fab is not None and fab.want("fabricmanager"))))):
-        return None
-    from driverd.apply.fabricmanager import offer
-    return offer(root, cfg, cfg["driver.version"], facts.kernel.arch)
+    fd = decide(fab, len(facts.nvswitches), cfg["daemons.fabricmanager"], cfg["daemons.imex"])
+    wanted = [c for d, c in COMPONENT.items() if fd.why(d) is not None]
+    if fab is not None and fab.want("nscq") is not None:
+        wanted.append("nscq")
+    return offers(root, cfg, wanted, cfg["driver.version"], facts.kernel.arch)
 
 
 def _want(facts: Facts, cfg):

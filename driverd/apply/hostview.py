@@ -20,15 +20,35 @@ def boot_id(ctx) -> str | None:
     return ctx.root.read_first_line("/proc/sys/kernel/random/boot_id") or None
 
 
-def wants_fabricmanager(ctx) -> bool:
-    """The host's fabric needs a fabric manager (PCI NVSwitches, or NVLink5 switch trays managed from this
-    host: driverd.host.fabric), read once per transaction."""
-    got = ctx.memo.get("fabric-fm")
+def fabric(ctx):
+    """The host's fabric (driverd.host.fabric: its kind, what it wants, the DRA driver's ComputeDomains), read
+    once per transaction."""
+    got = ctx.memo.get("fabric")
     if got is None:
         import os
         from driverd.host.fabric import read_fabric
         gpus, sw, nics = pci_view(ctx)
-        got = ctx.memo["fabric-fm"] = bool(sw) or read_fabric(
-            ctx.root, gpus, sw, nics, getattr(ctx.kernel, "arch", None) or os.uname().machine).want(
-            "fabricmanager") is not None
+        # the host's arch as the facts read it (under a root: the tree's), else this machine's
+        arch = ctx.root.read_first_line("/proc/sys/kernel/arch") or os.uname().machine
+        got = ctx.memo["fabric"] = read_fabric(ctx.root, gpus, sw, nics, arch)
     return got
+
+
+def fabric_daemons(ctx, cfg=None):
+    """driverd.plan.companions' decision for this host under `cfg` (default the context's): which companion
+    daemons driverd runs, who owns IMEX."""
+    from driverd.plan.companions import decide
+    cfg = cfg if cfg is not None else ctx.config
+    return decide(fabric(ctx), len(pci_view(ctx)[1]), cfg["daemons.fabricmanager"], cfg["daemons.imex"])
+
+
+def wanted_daemons(ctx, cfg=None) -> list[str]:
+    """The GPU daemons driverd keeps running on this host, in the order they start."""
+    cfg = cfg if cfg is not None else ctx.config
+    return fabric_daemons(ctx, cfg).wanted(cfg["daemons.persistenced"])
+
+
+def known_daemons(ctx) -> list[str]:
+    """Every GPU daemon of driverd's (what a stop before the unload stops, what a snapshot records): not the
+    IMEX daemons of the DRA driver's ComputeDomains, which are their pods'."""
+    return fabric_daemons(ctx).known()

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from driverd.apply import hostview
 from driverd.apply.executor import Executor
 from driverd.apply.journal import UNFINISHED, Journal, phases
 from driverd.apply.lock import HostLock
@@ -24,17 +25,23 @@ from driverd.errors import EXIT_REBOOT, ConfigError, DriverdError, ModuleError, 
 
 
 def make_context(root, runner, config, kernel_choice: str | None = None, log=None) -> StepContext:
-    from driverd.kmod.daemons import FABRICMANAGER, select_services
+    from driverd.kmod import daemons as dmn
     from driverd.kmod.kernel import select_kernel
     kernel = select_kernel(root, runner, kernel_choice or config["modules.kernel"])
     # the daemons come from driverd's trees when it installed them (the driver's version): the fabric
-    # manager from its companion tree, persistenced from the user-space's
+    # manager, NVLSM and IMEX from their companion trees, persistenced from the user-space's
     from driverd.apply.fmconfig import config_path
     from driverd.driver.companions import CompanionPlaces
-    fm = CompanionPlaces.from_config(config, "fabricmanager")
-    services = select_services(kernel, config["daemons.mode"],
-                               bin_dirs=(fm.bin_dir, f"{config['userspace.root'].rstrip('/')}/current/bin"),
-                               configs={FABRICMANAGER: config_path(fm)})
+    fm, nvlsm, imex = (CompanionPlaces.from_config(config, c) for c in ("fabricmanager", "nvlsm", "imex"))
+    services = dmn.select_services(
+        kernel, config["daemons.mode"],
+        bin_dirs=(fm.bin_dir, f"{nvlsm.current}/sbin", imex.bin_dir,
+                  f"{config['userspace.root'].rstrip('/')}/current/bin"),
+        # the fabric manager's, written with its tree (apply/fmconfig.py); IMEX's: the operator's (where NVIDIA's
+        # IMEX guide has the node list set), else its tree's own; NVLSM's: its tree's
+        configs={dmn.FABRICMANAGER: (config_path(fm),), dmn.IMEX: (dmn.COMMANDS[dmn.IMEX][2],
+                                                                   f"{imex.current}/etc/nvidia-imex/config.cfg"),
+                 dmn.NVLSM: (f"{nvlsm.current}/share/nvidia/nvlsm/nvlsm.conf",)})
     from driverd.log import log as default_log
     return StepContext(root, runner, kernel, config, services, log=log or default_log)
 
@@ -61,14 +68,14 @@ class Request:
 def _reload_steps(package: str | None, ctx=None, userspace: str | None = None) -> list[dict]:
     """`userspace`: --userspace PACKAGE; else userspace.package's package of the new driver's version
     (driverd.repo.userspace), when it is not in use already."""
-    expect, us, fm = None, None, None
+    expect, us, companions = None, None, []
     if package:
         from driverd.package.archive import read_manifest
         m = read_manifest(package)
         expect = [m.driver_version, m.flavor]
         if ctx is not None:
-            from driverd.apply.fabricmanager import companion_step
-            fm = companion_step(ctx.root, ctx.config, m.driver_version)
+            from driverd.apply.companions import companion_steps
+            companions = companion_steps(ctx.root, ctx.config, m.driver_version)
         if userspace:
             us = {"package": userspace, "driver": m.driver_version}
         elif ctx is not None:
@@ -79,7 +86,7 @@ def _reload_steps(package: str | None, ctx=None, userspace: str | None = None) -
     elif userspace:
         raise UsageError("--userspace needs --package", cause="a reload without a new package keeps the driver and "
                          "its user-space", fix="pass the driver package with --package, or use driverd apply")
-    return sl.reload_steps(package, expect, us, fm)
+    return sl.reload_steps(package, expect, us, companions)
 
 
 def previous_target(ctx, release: str | None = None) -> str | None:
@@ -120,12 +127,12 @@ def previous_userspace(ctx, target_sha256: str | None) -> dict | None:
 
 
 def _rollback_steps(ctx) -> list[dict]:
-    from driverd.apply.fabricmanager import companion_step
+    from driverd.apply.companions import companion_steps
     from driverd.driver.kept import lookup
     target = previous_target(ctx)
     k = lookup(ctx.root, ctx.config["state.dir"], target) if target else None
     return sl.rollback_steps(target, previous_userspace(ctx, target),
-                             companion_step(ctx.root, ctx.config, k.version) if k is not None else None)
+                             companion_steps(ctx.root, ctx.config, k.version) if k is not None else [])
 
 
 def rollback_install_request(release: str) -> Request:
@@ -372,7 +379,7 @@ def status(ctx) -> dict:
                         for n, m in ctx.kernel.modules(sorted(n for n in ctx.kernel.loaded_names()
                                                               if n.startswith("nvidia") or n == "nouveau")).items()},
             "holders": h.to_json(),
-            "daemons": {d: ctx.services.running(d) for d in ("nvidia-persistenced", "nv-fabricmanager")},
+            "daemons": daemons_now(ctx),
             "userspace": userspace_in_use(ctx),
             "last_run": None if doc is None else {
                 "run_id": doc["run_id"], "command": doc["command"], "state": doc["state"],
@@ -385,6 +392,18 @@ def status(ctx) -> dict:
             "activity": activity(holder, doc, rec, ctx),
             "daemon": daemon_state(ctx),
             "kernels": reboot_gate(ctx)}
+
+
+def daemons_now(ctx) -> dict[str, bool]:
+    """Each GPU daemon of driverd's this host wants or runs (persistenced and the fabric manager always, as
+    before the companions), and whether it runs."""
+    wanted = set(hostview.wanted_daemons(ctx)) | {"nvidia-persistenced", "nv-fabricmanager"}
+    out = {}
+    for d in hostview.known_daemons(ctx):
+        running = ctx.services.running(d)
+        if running or d in wanted:
+            out[d] = running
+    return out
 
 
 def reboot_gate(ctx) -> dict | None:
@@ -411,7 +430,7 @@ def userspace_in_use(ctx) -> dict | None:
 
 _WANTED_KEYS = ("driver.version", "driver.flavor", "modules.parameters", "modules.load_drm", "modules.load_peermem",
                 "runtime.runtimes", "runtime.handler", "runtime.cdi", "daemons.persistenced", "daemons.fabricmanager",
-                "daemons.mode")
+                "daemons.imex", "daemons.mode")
 
 
 def wanted(ctx, inst: dict | None = None) -> dict:

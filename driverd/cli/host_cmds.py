@@ -65,7 +65,13 @@ def cmd_detect(ctx, args) -> int:
     from driverd.host import collect
     facts = collect(ctx.root, nvml=not args.no_nvml, handler=ctx.config["runtime.handler"],
                     binary=ctx.config["runtime.binary"], driver_root=ctx.config["validation.driver_root"])
-    emit(ctx.json, facts.to_json(), render_facts)
+    out = facts.to_json()
+    if out.get("fabric"):
+        # who owns IMEX here: the facts (the fabric, the DRA driver's kubelet plugin) under daemons.imex
+        from driverd.plan.companions import decide
+        out["fabric"]["imex_owner"] = decide(facts.fabric, len(facts.nvswitches), ctx.config["daemons.fabricmanager"],
+                                             ctx.config["daemons.imex"]).imex_owner
+    emit(ctx.json, out, render_facts)
     return EXIT_OK
 
 
@@ -158,6 +164,10 @@ def render_fabric(fab: dict | None) -> list[str]:
         wants.append(c["name"] + (f" ({'; '.join(extra)})" if extra else ""))
     if wants:
         out.append("  wants: " + ", ".join(wants))
+    if fab.get("imex_owner"):
+        out.append(f"  imex: {fab['imex_owner']}")
+    elif fab.get("compute_domains"):
+        out.append(f"  compute domains: {fab['compute_domains']} (the DRA driver runs IMEX for them)")
     return out
 
 

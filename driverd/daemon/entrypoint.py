@@ -21,7 +21,6 @@ from driverd.errors import DriverdError
 def fast_path(sctx, cfg) -> tuple[dict | None, str]:
     """(the loaded driver, why) when the container may go ready without a reconcile, else (None, why not)."""
     from driverd.apply.lifecycle import journal, reboot_record
-    from driverd.kmod import daemons as dmn
     rec = fpr.read(sctx.root, cfg)
     if rec is None:
         return None, "no converged state is recorded (first start on this host)"
@@ -40,10 +39,9 @@ def fast_path(sctx, cfg) -> tuple[dict | None, str]:
     loaded = running.as_dict() if running else None
     if loaded is None or loaded != rec.get("driver"):
         return None, f"the loaded driver ({_name(loaded)}) is not the one last converged ({_name(rec.get('driver'))})"
-    from driverd.host import pci
-    _, switches, _ = pci.classify(sctx.root, pci.scan(sctx.root, []), [])
+    from driverd.apply.hostview import wanted_daemons
     # a driver left to the host has the host's daemons, or none: driverd starts none for it (as its reconcile)
-    wanted = [] if rec.get("left_to") else dmn.wanted_daemons(cfg, len(switches))
+    wanted = [] if rec.get("left_to") else wanted_daemons(sctx, cfg)
     missing = [d for d in wanted if not sctx.services.running(d)]
     if missing:
         return None, f"{', '.join(missing)} not running: the first reconcile starts it (no reload)"

@@ -6,8 +6,10 @@ user-space's, with its own `current` (install/companion.py writes them, through 
     <userspace.root>/companions/<component>/current                a relative link to the tree in use
     <state.dir>/companions/<component>/pending.json, previous.json the switch records (install/store.py)
 
-The GPU daemons start the component's binary from `current/bin` (kmod/daemons.py's bin_dirs): a fabric
-manager of the loaded driver's version, switched with it in one transaction."""
+The GPU daemons start the component's binary from `current/bin` (`current/sbin` for NVLSM; kmod/daemons.py's
+bin_dirs): a fabric manager, NVLSM and IMEX of the loaded driver's version, switched with it in one transaction.
+A component whose libraries other processes load (NSCQ: nvidia-smi and DCGM) has a loader configuration of its
+own, `/etc/ld.so.conf.d/00-driverd-nvidia-<component>.conf`, naming `current/lib` while a tree is current."""
 from __future__ import annotations
 
 import re
@@ -23,6 +25,7 @@ from driverd.root import Root
 
 COMPANIONS_DIR = "companions"                   # under userspace.root, and under state.dir for the records
 RECORD = USERSPACE_RECORD                       # in each tree too: {"package_sha256", ...}
+LDCONF_DIR = "/etc/ld.so.conf.d"
 _TREE = re.compile(r"^[0-9][A-Za-z0-9._+-]*$")
 
 
@@ -63,6 +66,19 @@ class CompanionPlaces(NamedTuple):
     @property
     def previous(self) -> str:
         return f"{self.records}/previous.json"
+
+    @property
+    def ldconf(self) -> str | None:
+        """The loader configuration that makes the component's libraries findable, as driverd's user-space's
+        (driverd.driver.layout.LDCONF) does its own: one line naming `current/lib`; None for a component whose
+        libraries only its own programs load (driverd.package.companion.Component.loader)."""
+        from driverd.package.companion import COMPONENTS
+        c = COMPONENTS.get(self.component)
+        return f"{LDCONF_DIR}/00-driverd-nvidia-{self.component}.conf" if c is not None and c.loader else None
+
+    def ldconf_text(self) -> str:
+        return (f"# driverd: the NVIDIA driver's {self.component} it installed (the tree {self.current} points to).\n"
+                f"# Written and removed by driverd; do not edit.\n{self.current}/lib\n")
 
 
 @dataclass(frozen=True)
@@ -122,9 +138,18 @@ def of_version(root: Root, places: CompanionPlaces, version: str) -> CompanionTr
     return next((t for t in trees(root, places) if t.intact and t.version == version), None)
 
 
+def loader_ok(root: Root, places: CompanionPlaces) -> bool:
+    """The component's loader configuration is driverd's exactly when a tree of it is current (always true for a
+    component the loader need not find)."""
+    if places.ldconf is None:
+        return True
+    return (root.read_text(places.ldconf, 64 << 10) == places.ldconf_text()) == (current_name(root, places) is not None)
+
+
 def is_installed(root: Root, places: CompanionPlaces, sha: str | None) -> bool:
-    """`sha` (None: none of this component) is current, intact, with no switch pending."""
-    if root.lexists(places.pending):
+    """`sha` (None: none of this component) is current, intact, with no switch pending, and the loader finds its
+    libraries when it must."""
+    if root.lexists(places.pending) or not loader_ok(root, places):
         return False
     cur = current(root, places)
     return cur is None if sha is None else cur is not None and cur.intact and cur.sha == sha

@@ -20,6 +20,9 @@
   neither of the above; the NVLink switch trays are managed off the node (NMX-C in the switch trays),
   and GPU memory crosses nodes through the IMEX daemon and its channel devices
   (/dev/nvidia-caps-imex-channels/channel<N>, driverd/nvproc.py).
+  IMEX is a host service (nvidia-imex) unless NVIDIA's DRA driver runs it: its ComputeDomains start an IMEX
+  daemon per domain themselves, and a host IMEX service beside them must never run (`compute_domains`
+  below: the evidence; driverd.plan.companions decides who owns IMEX).
 - **unknown** — the evidence that decides could not be read (a ConnectX VPD is root's only: an
   unprivileged `detect` cannot tell an HGX B200 from a host without a fabric).
 - **none** — everything else (PCIe GPUs, NVLink bridges between pairs, no GPU).
@@ -32,6 +35,8 @@ switch trays.
 """
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from typing import TYPE_CHECKING, Sequence
 
 from driverd.host import gputable
@@ -54,6 +59,19 @@ GRACE_SOC_ID = "jep106:036b:0241"
 SW_MNG = ("SMDL", "SW_MNG")            # the LPF's vendor-specific VPD field and value (Fabric Manager User Guide)
 NVLSM_AFTER = ("mlx5_core", "ib_core", "ib_umad")   # the LPF's driver and the MAD interface NVLSM opens
 PCI = "/sys/bus/pci/devices"
+# NVIDIA's DRA driver (github.com/NVIDIA/k8s-dra-driver-gpu) runs IMEX itself for ComputeDomains. Its
+# compute-domain kubelet plugin is the DRA driver "compute-domain.nvidia.com" (cmd/compute-domain-kubelet-plugin/
+# main.go: DriverName; its data directory DriverPluginPath = <kubelet plugins directory>/<DriverName>), and it
+# registers through k8s.io/dynamic-resource-allocation/kubeletplugin (cmd/compute-domain-kubelet-plugin/driver.go:
+# kubeletplugin.Start), whose defaults (kubeletplugin/draplugin.go: KubeletPluginsDir, KubeletRegistryDir) put the
+# plugin's socket dra.sock in /var/lib/kubelet/plugins/<DriverName>/ and its registration socket
+# <DriverName>-reg.sock (<DriverName>-<uid>-reg.sock with the helper's rolling update) in
+# /var/lib/kubelet/plugins_registry, where the kubelet's plugin watcher finds it. A kubelet run with another
+# --root-dir is not looked for.
+CD_DRIVER = "compute-domain.nvidia.com"
+KUBELET_REGISTRY = "/var/lib/kubelet/plugins_registry"
+KUBELET_PLUGINS = "/var/lib/kubelet/plugins"
+_CD_REG = re.compile(r"^" + re.escape(CD_DRIVER) + r"(-[0-9A-Za-z-]+)?-reg\.sock$")
 _NEW_ARCH = gputable.ARCH_ORDER.index("Blackwell")
 
 
@@ -155,10 +173,30 @@ def _imex(root: Root, cpu: str, blackwell: list[GpuFacts], channels: tuple[str, 
         cpu=cpu, imex_channels=channels, imex_major=major)
 
 
+def compute_domains(root: Root) -> str | None:
+    """Evidence that NVIDIA's DRA driver's compute-domain kubelet plugin is on this node (None: it is not). Its
+    registration socket is the live sign — the kubelet's plugin watcher reads it and the helper removes it when
+    the plugin stops —; the plugin's own socket counts too (a plugin that has not registered yet). Its
+    directory alone does not: the checkpoint.json in it outlives an uninstall."""
+    for name in sorted(root.listdir(KUBELET_REGISTRY)):
+        if _CD_REG.match(name):
+            return f"the {CD_DRIVER} kubelet plugin is registered: {KUBELET_REGISTRY}/{name}"
+    sock = f"{KUBELET_PLUGINS}/{CD_DRIVER}/dra.sock"
+    if root.lexists(sock):
+        return f"the {CD_DRIVER} kubelet plugin's socket is there: {sock}"
+    return None
+
+
 def read_fabric(root: Root, gpus: Sequence[GpuFacts], switches: Sequence[NvSwitchFacts],
                 nics: Sequence[NicFacts], arch: str | None) -> Fabric:
     """The host's fabric from the facts' PCI classification (`pci.classify`) and the kernel's arch. Never
     raises: what cannot be read is named in `unreadable` and the kind says unknown only when it decides."""
+    fab = _read_fabric(root, gpus, switches, nics, arch)
+    return replace(fab, compute_domains=compute_domains(root)) if gpus else fab
+
+
+def _read_fabric(root: Root, gpus: Sequence[GpuFacts], switches: Sequence[NvSwitchFacts],
+                 nics: Sequence[NicFacts], arch: str | None) -> Fabric:
     if switches:
         return _switches(switches)
     if not gpus:

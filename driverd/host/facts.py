@@ -195,6 +195,9 @@ class Fabric:
     imex_channels: tuple[str, ...] = ()   # /dev/nvidia-caps-imex-channels/channel<N> present
     imex_major: int | None = None    # /proc/devices' nvidia-caps-imex-channels, while the driver has it
     unreadable: tuple[str, ...] = ()      # evidence that exists but could not be read (root only)
+    # NVIDIA's DRA driver's compute-domain kubelet plugin on this node, which runs IMEX itself for
+    # ComputeDomains (driverd.host.fabric.compute_domains): the evidence, None when it is not here
+    compute_domains: str | None = None
 
     def want(self, name: str) -> Companion | None:
         return next((c for c in self.wants if c.name == name), None)

@@ -11,7 +11,8 @@ from driverd.host.facts import DaemonFacts, GpuUser
 from driverd.root import Root
 
 DAEMONS = {"nvidia-persistenced": ("nvidia-persiste", "nvidia-persistenced"),   # comm is cut at 15 chars
-           "nv-fabricmanager": ("nv-fabricmanage", "nv-fabricmanager")}
+           "nv-fabricmanager": ("nv-fabricmanage", "nv-fabricmanager"),
+           "nvlsm": ("nvlsm",), "nvidia-imex": ("nvidia-imex",)}
 _POD_RE = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 _CTR_RE = re.compile(r"(?:cri-containerd-|crio-|docker-|/)([0-9a-f]{64})(?:\.scope)?$")
 

@@ -77,9 +77,26 @@ class CompanionPart(Part):
             self.root.symlink(self.places.current, sw.target.name)
         else:
             self.root.unlink(self.places.current)
-        return True, []
+        return True, self._loader(sw.target is not None)
+
+    def _loader(self, active: bool) -> list[str]:
+        """The loader configuration of a component other processes load (NSCQ), written while a tree of it is
+        current and removed with the last one (each idempotent)."""
+        conf = self.places.ldconf
+        if conf is None:
+            return []
+        if active and self.root.read_text(conf, 64 << 10) != self.places.ldconf_text():
+            self.root.atomic_write(conf, self.places.ldconf_text(), 0o644)
+            return [f"wrote {conf}"]
+        if not active and self.root.lstat(conf) is not None:
+            self.root.unlink(conf)
+            return [f"removed {conf}"]
+        return []
 
     def settle(self, sw: Switch, prepared) -> None:
+        if self.places.ldconf is not None:
+            from driverd.install.activate import ldconfig
+            ldconfig(self.root, self.runner)     # the cache names the files of the tree just switched to: rebuilt
         if not sw.verify or sw.target is None:
             return
         t = read_tree(self.root, self.places, sw.target.name)
@@ -89,6 +106,15 @@ class CompanionPart(Part):
         if current_name(self.root, self.places) != sw.target.name:
             raise PackageError(f"{self.places.current} does not point to {sw.target.name}",
                                fix="check the file system under userspace.root")
+
+    def idle(self, notes: list[str]) -> None:
+        """No switch pending: the loader configuration as `current` says (a file removed by hand, an install of
+        an older driverd that wrote none)."""
+        from driverd.driver.companions import loader_ok
+        if not loader_ok(self.root, self.places):
+            notes += self._loader(current_name(self.root, self.places) is not None)
+            from driverd.install.activate import ldconfig
+            ldconfig(self.root, self.runner)
 
     def clean(self, notes: list[str]) -> None:
         for n in self.root.listdir(self.places.root):

@@ -1,5 +1,8 @@
-"""GPU daemons: nvidia-persistenced (keeps GPUs initialised) and fabric manager (NVSwitch hosts; CUDA
-cannot use NVLink until it has configured the fabric). Three ways to run them, one interface:
+"""GPU daemons: nvidia-persistenced (keeps GPUs initialised), and the fabric's companions — fabric manager
+(NVSwitch hosts and NVLink5 switch trays; CUDA cannot use NVLink until it has configured the fabric), NVLSM (the
+NVLink5 switch trays' subnet manager, before the fabric manager) and nvidia-imex (GB200-class trays: GPU memory
+across nodes). Which of them run on a host is driverd.plan.companions' decision. Three ways to run them, one
+interface:
 
 - systemd (host mode): `systemctl start|stop|is-active <unit>` through the Runner;
 - child processes (driver container, root=/host): started from the host's binaries, pid files under
@@ -7,10 +10,10 @@ cannot use NVLink until it has configured the fabric). Three ways to run them, o
 - simulated (driverd.sim.services, through driverd.backends): processes in the tree's /proc.
 
 A daemon must be of the driver's version (persistenced talks to the kernel module through
-libnvidia-cfg; fabric manager refuses another driver's): when driverd installed the user-space with
-the modules, its tree's binary is the one started (`bin_dirs`, searched first); the host's otherwise.
-Under systemd that binary runs as a transient unit `driverd-<unit>` (the distribution's unit, where
-one exists, names the host's binary).
+libnvidia-cfg; fabric manager, NVLSM and IMEX refuse another driver's): when driverd installed the user-space
+or the companion with the modules, its tree's binary is the one started (`bin_dirs`, searched first); the
+host's otherwise. Under systemd that binary runs as a transient unit `driverd-<unit>` (the distribution's unit,
+where one exists, names the host's binary).
 """
 from __future__ import annotations
 
@@ -27,10 +30,26 @@ from driverd.runner import CHILD_CWD
 
 PERSISTENCED = "nvidia-persistenced"
 FABRICMANAGER = "nv-fabricmanager"
-UNITS = {PERSISTENCED: "nvidia-persistenced.service", FABRICMANAGER: "nvidia-fabricmanager.service"}
+NVLSM = "nvlsm"
+IMEX = "nvidia-imex"
+# The distribution's units (NVIDIA's packages: nvidia-fabricmanager-<branch>, nvidia-imex-<branch>; nvlsm's own
+# unit where the fabric manager's start script does not start it).
+UNITS = {PERSISTENCED: "nvidia-persistenced.service", FABRICMANAGER: "nvidia-fabricmanager.service",
+         NVLSM: "nvlsm.service", IMEX: "nvidia-imex.service"}
+# Where NVIDIA's packages put them and how their units start them: nvidia-fabricmanager.service, the nvlsm line
+# of nvidia-fabricmanager-start.sh (-B: in the background, once configured), nvidia-imex.service.
 COMMANDS = {PERSISTENCED: ["/usr/bin/nvidia-persistenced", "--persistence-mode", "--verbose"],
-            FABRICMANAGER: ["/usr/bin/nv-fabricmanager", "-c", "/usr/share/nvidia/nvswitch/fabricmanager.cfg"]}
+            FABRICMANAGER: ["/usr/bin/nv-fabricmanager", "-c", "/usr/share/nvidia/nvswitch/fabricmanager.cfg"],
+            NVLSM: ["/opt/nvidia/nvlsm/sbin/nvlsm", "-F", "/usr/share/nvidia/nvlsm/nvlsm.conf", "-B"],
+            IMEX: ["/usr/bin/nvidia-imex", "-c", "/etc/nvidia-imex/config.cfg"]}
+# the setting that turns each off (NVLSM goes with the fabric manager)
+SETTING = {PERSISTENCED: "daemons.persistenced", FABRICMANAGER: "daemons.fabricmanager", NVLSM: "daemons.fabricmanager",
+           IMEX: "daemons.imex"}
+# the option that names a daemon's configuration file in COMMANDS (replaced by driverd's where it has one)
+CONFIG_OPTION = {FABRICMANAGER: "-c", NVLSM: "-F", IMEX: "-c"}
 FM_READY_TIMEOUT = 120.0
+LOGS = {FABRICMANAGER: "journalctl -u nvidia-fabricmanager or /var/log/fabricmanager.log",
+        NVLSM: "/var/log/nvlsm.log", IMEX: "journalctl -u nvidia-imex or /var/log/nvidia-imex.log"}
 
 
 @dataclass(frozen=True)
@@ -43,7 +62,8 @@ class DaemonStatus:
 class Services(ABC):
     mode = "abstract"
 
-    def __init__(self, kernel, bin_dirs: tuple[str, ...] = (), configs: dict[str, str] | None = None) -> None:
+    def __init__(self, kernel, bin_dirs: tuple[str, ...] = (), configs: dict[str, tuple[str, ...]] | None = None
+                 ) -> None:
         self.kernel = kernel
         self.root = kernel.root
         self.runner = kernel.runner
@@ -52,17 +72,20 @@ class Services(ABC):
 
     def command(self, name: str) -> list[str]:
         """The daemon's argv: its binary from the first of `bin_dirs` that has it, else the host's. A binary
-        of driverd's runs with driverd's configuration for it (`configs`: the fabric manager's, written with
-        its companion tree), when there is one."""
+        of driverd's runs with the first configuration file of `configs[name]` that exists (the fabric
+        manager's, written with its companion tree; IMEX's: the operator's /etc/nvidia-imex/config.cfg, else
+        its tree's own), when there is one."""
         argv = list(COMMANDS[name])
         exe = os.path.basename(argv[0])
         for d in self.bin_dirs:
             p = f"{d.rstrip('/')}/{exe}"
             if self.root.is_executable(p):
                 argv = [p, *argv[1:]]
-                cfg = self.configs.get(name)
-                if cfg and "-c" in argv and self.root.is_file(cfg):
-                    argv[argv.index("-c") + 1] = cfg
+                opt = CONFIG_OPTION.get(name)
+                cfgs = self.configs.get(name) or ()
+                cfg = next((c for c in ((cfgs,) if isinstance(cfgs, str) else cfgs) if self.root.is_file(c)), None)
+                if cfg and opt in argv:
+                    argv[argv.index(opt) + 1] = cfg
                 return argv
         return argv
 
@@ -85,7 +108,13 @@ class Services(ABC):
 
     def wait_ready(self, name: str, timeout: float = FM_READY_TIMEOUT) -> None:
         """Fabric manager is ready when every GPU reports fabric state Completed (NVML), or, where
-        NVML cannot tell, when the daemon is still alive after it configured the switches."""
+        NVML cannot tell, when the daemon is still alive after it configured the switches. NVLSM and IMEX
+        fork once they are up (their units say Type=forking): alive after their start is ready."""
+        if name != FABRICMANAGER:
+            if not self.running(name):
+                raise ModuleError(f"{name} exited right after it started", cause=f"see its log ({LOGS.get(name)})",
+                                  fix=f"{name} must be of the loaded driver's version")
+            return
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             state = self.fabric_state()
@@ -136,9 +165,9 @@ class SystemdServices(Services):
         if self._active(transient_unit(name)):
             return
         from driverd.runner import which
-        # both daemons fork once they are up (NVIDIA's own units say Type=forking): systemd waits for that
+        # the daemons fork once they are up (NVIDIA's own units say Type=forking): systemd waits for that
         self.runner.run([which("systemd-run") or "systemd-run", f"--unit={transient_unit(name)}", "--collect",
-                         "--property=Type=forking", f"--description=NVIDIA {name} (driverd's driver user-space)",
+                         "--property=Type=forking", f"--description=NVIDIA {name} (driverd's tree of the driver)",
                          "--", *self.command(name)], timeout=180)
 
     def stop(self, name: str) -> None:
@@ -170,7 +199,8 @@ class ChildServices(Services):
         exe = self.root.real(argv[0])
         if not exe.is_file():
             raise ModuleError(f"{name} is not installed on the host", cause=f"{argv[0]} is missing under {self.root.base}",
-                              fix="install the NVIDIA userspace (or set daemons.persistenced=false)")
+                              fix=f"install it: driverd's user-space or companion package of the driver's version, or "
+                                  f"the distribution's (or set {SETTING[name]} = false)")
         if self.runner.dry_run:
             return
         proc = subprocess.Popen([str(exe), *argv[1:]], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -191,10 +221,10 @@ def transient_unit(name: str) -> str:
 
 
 def select_services(kernel, mode: str = "auto", bin_dirs: tuple[str, ...] = (),
-                    configs: dict[str, str] | None = None) -> Services:
+                    configs: dict[str, tuple[str, ...]] | None = None) -> Services:
     """systemd on a host that runs it, child processes in the driver container; a kernel backend
     with its own services (the simulated one) brings them through driverd.backends. `bin_dirs`: where
-    the driver's own binaries are looked for first (driverd's user-space tree)."""
+    the driver's own binaries are looked for first (driverd's companion and user-space trees)."""
     from driverd import backends
     if mode == "auto":
         if kernel.name in backends.SERVICES:
@@ -209,15 +239,3 @@ def select_services(kernel, mode: str = "auto", bin_dirs: tuple[str, ...] = (),
         raise ConfigError(f"daemons.mode {mode} is not available in this process",
                           fix="use daemons.mode auto, systemd or child")
     return factory(kernel, bin_dirs, configs)
-
-
-def wanted_daemons(cfg, nvswitches: int, fabric_wants_fm: bool = False) -> list[str]:
-    """`fabric_wants_fm`: the host's fabric needs one although no NVSwitch is on PCI (NVLink5 switch trays
-    managed from this host, driverd.host.fabric)."""
-    out = []
-    if cfg["daemons.persistenced"]:
-        out.append(PERSISTENCED)
-    fm = cfg["daemons.fabricmanager"]
-    if fm == "true" or (fm == "auto" and (nvswitches or fabric_wants_fm)):
-        out.append(FABRICMANAGER)
-    return out

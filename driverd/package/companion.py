@@ -54,6 +54,10 @@ class Component:
     archives: tuple[str, ...]  # NVIDIA's archive (and redistrib key) names, the first the current one
     title: str
     own_version: bool = False  # versioned on its own, not by the driver's version (NVLSM)
+    # its lib/ is loaded by other processes, so the loader must find it (NSCQ: nvidia-smi and DCGM dlopen
+    # libnvidia-nscq.so.2); the others' libraries are their own programs' (libnvfm is the fabric manager's API
+    # for its clients, which link it by path from the tree)
+    loader: bool = False
 
 
 # NVIDIA's per-version redistributables (the NVIDIA Driver Installation Guide, "Tarballs and Zip Archive
@@ -61,7 +65,7 @@ class Component:
 # redistrib_<driver version>.json). IMEX's archive is "nvidia_imex" there and "imex" in CUDA's own redist.
 COMPONENTS: dict[str, Component] = {c.name: c for c in (
     Component("fabricmanager", ("fabricmanager",), "NVIDIA Fabric Manager"),
-    Component("nscq", ("libnvidia_nscq",), "NVIDIA NSCQ library (libnvidia-nscq)"),
+    Component("nscq", ("libnvidia_nscq",), "NVIDIA NSCQ library (libnvidia-nscq)", loader=True),
     Component("nvlsm", ("nvlsm",), "NVIDIA NVLink Subnet Manager", own_version=True),
     Component("imex", ("nvidia_imex", "imex"), "NVIDIA IMEX"),
 )}

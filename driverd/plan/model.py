@@ -31,6 +31,7 @@ class Desired:
     handler: str = "nvidia"
     persistenced: bool = True
     fabricmanager: str = "auto"
+    imex: str = "auto"                  # daemons.imex (driverd.plan.companions decides with the fabric)
     manage: str = "auto"                # driver.manage: auto | always | never (driverd.host.ownership)
 
     @classmethod
@@ -42,7 +43,7 @@ class Desired:
                    signing_key=cfg["signing.key"], signing_cert=cfg["signing.cert"],
                    runtimes=tuple(cfg["runtime.runtimes"]), handler=cfg["runtime.handler"],
                    persistenced=cfg["daemons.persistenced"], fabricmanager=cfg["daemons.fabricmanager"],
-                   manage=cfg["driver.manage"])
+                   imex=cfg["daemons.imex"], manage=cfg["driver.manage"])
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from dataclasses import dataclass, replace
 
 from driverd.errors import UsageError
 from driverd.host.facts import Facts
+from driverd.plan import companions as comp
 from driverd.plan import flavor as flavor_mod
 from driverd.plan.model import Desired, Plan, Step
 from driverd.plan.peermem import decide_peermem
@@ -144,7 +145,7 @@ def userspace_steps(offer, version: str, arch: str | None) -> tuple[list[Step], 
 
 
 def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, us_offer=None,
-         no_package=None, kept: dict | None = None, fm_offer=None) -> Plan:
+         no_package=None, kept: dict | None = None, companions: dict | None = None) -> Plan:
     """`signers`: the signer preflight's verdict on the package that would be loaded
     (driverd.build.signers.SignerVerdict, computed from its files and the kernel's keyrings), or
     None when nobody looked. Only a verdict that the kernel would refuse blocks the plan.
@@ -156,8 +157,10 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
     callable giving that answer is called only when the plan needs to fetch (it may read local indexes).
     `kept`: (version, flavour) -> sha256 of the packages for the running kernel in driverd's kept store
     (driverd.install.kept.kept_for): the wanted one comes back from there, with nothing fetched.
-    `fm_offer`: the fabric managers this host could start after the load (driverd.apply.fabricmanager.
-    FabricManagerOffer): a load of a version none of them is blocks the plan on a host that needs one."""
+    `companions`: component -> what this host could use of it after the load (driverd.apply.companions.
+    CompanionOffer), for the companions the host wants (driverd.plan.companions decides which): their trees are
+    switched before the load, their daemons started after it; a daemon none of whose offers is the version
+    blocks the plan, NSCQ only warns."""
     if not facts.gpus:
         return Plan(desired.driver_version, None, "no NVIDIA GPU on this host", facts.kernel.release, (),
                     warnings=facts.warnings)
@@ -206,6 +209,9 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
                     for p in d.installed)
     ms = module_set(facts, desired, flavor)
     mods = ms.modules
+    fab = getattr(facts, "fabric", None)
+    fd = comp.decide(fab, len(facts.nvswitches), desired.fabricmanager, desired.imex)
+    offers = {c: o for c, o in (companions or {}).items() if o is not None and o.version == version}
     restore_sha = (kept or {}).get((version, flavor)) if not installed and not want_loaded else None
     if not installed and not want_loaded and not restore_sha:
         steps.append(Step("fetch-package", f"no driverd package for {version} ({flavor}) is installed for kernel "
@@ -231,7 +237,9 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
     if not want_loaded:
         replacing = d.loaded
         if replacing:
-            running = [dm.name for dm in facts.daemons if dm.running]
+            # the ComputeDomains' IMEX daemons are their pods' (driverd.plan.companions): GPU users, not driverd's
+            mine = [dm for dm in facts.daemons if dm.running and not (dm.name == comp.IMEX and fd.dra_imex)]
+            running = [dm.name for dm in mine]
             if not k.module_unload_supported:
                 reboot.append(f"driver {d.version} ({d.flavor}) is loaded and this kernel cannot unload modules "
                               f"({k.module_unload_evidence}); the new modules load at next boot")
@@ -239,7 +247,7 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
                 if running:
                     steps.append(Step("stop-gpu-daemons", "they hold the driver open", {"daemons": running}))
                 # The GPU daemons hold /dev/nvidia* too, but the plan stops them before the unload.
-                ours = {p for dm in facts.daemons if dm.running for p in dm.pids}
+                ours = {p for dm in mine for p in dm.pids}
                 users = [u for u in facts.gpu_users if u.pid not in ours]
                 if users and desired.unload_policy == "refuse":
                     blocked.append("the GPU is in use by " + "; ".join(_user(u) for u in users)
@@ -252,13 +260,15 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
         if not (replacing and not k.module_unload_supported):
             steps += us_install     # with the old driver out of the kernel, before the new one loads
             us_install = []
-            if fm_offer is not None and fm_offer.version == version and fm_offer.install is not None:
-                # the fabric manager of the new driver, from driverd's companion tree: before its daemons start
-                steps.append(Step("install-companion", f"the {version} fabric manager: "
-                                  f"{fm_offer.ours.evidence}{fm_offer.carry}", dict(fm_offer.install)))
-            params = {m: p for m, p in desired.module_parameters.items() if m in mods}
+            # the new driver's companions, from driverd's companion trees: before its daemons start
+            steps += [comp.install_step(o) for c in comp.INSTALL_ORDER if (o := offers.get(c)) is not None
+                      and o.install is not None]
+            params = {m: dict(p) for m, p in desired.module_parameters.items() if m in mods}
+            channel = comp.imex_channel_parameter(fab, fd, desired.module_parameters, version)
+            if channel:
+                params.setdefault("nvidia", {})["NVreg_CreateImexChannel0"] = "1"
             steps.append(Step("load-modules", f"{version} ({flavor}) is not loaded; nvidia_peermem: "
-                              f"{ms.reasons['nvidia_peermem']}", {"modules": mods, "parameters": params,
+                              f"{ms.reasons['nvidia_peermem']}{channel}", {"modules": mods, "parameters": params,
                               "why": ms.reasons}, preconditions=("package installed for the running kernel",)))
     steps += us_install             # the wanted driver runs: only its user-space changes
     switching_us = any(s.action == "install-userspace" for s in steps)
@@ -268,24 +278,13 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
     persist = facts.daemon("nvidia-persistenced")
     if desired.persistenced and (loading or not (persist and persist.running)) and not reboot_only(reboot, d, k):
         steps.append(Step("start-persistenced", "keeps the GPUs initialised between jobs (daemons.persistenced)"))
-    fm = facts.daemon("nv-fabricmanager")
-    fm_warnings: list[str] = []
-    fab = getattr(facts, "fabric", None)
-    want_fm = desired.fabricmanager == "true" or (desired.fabricmanager == "auto" and (
-        facts.nvswitches or (fab is not None and fab.want("fabricmanager") is not None)))
-    if want_fm and (loading or not (fm and fm.running)) and not reboot_only(reboot, d, k):
-        which = ""
-        if fm_offer is not None and fm_offer.version == version:
-            src = fm_offer.ours if fm_offer.ours is not None and fm_offer.ours.version == version else fm_offer.host
-            which = f"; {src.describe()} is started" if src is not None and fm_offer.ok else ""
-            if fm_offer.known_wrong or (fm_offer.ours or fm_offer.host) is None:
-                blocked.append(fm_offer.why_not())      # none at all, or one that will refuse the driver
-            elif loading and not fm_offer.ok and (fm_offer.ours or fm_offer.host) is not None:
-                fm_warnings.append(f"cannot tell that the fabric manager started after the load is {version}'s: "
-                                   + fm_offer.why_not().partition(": ")[2])
-        need = (f"{len(facts.nvswitches)} NVSwitch(es) need fabric manager" if facts.nvswitches else
-                "the NVLink5 switch trays managed from this host need fabric manager")
-        steps.append(Step("start-fabricmanager", f"{need} before CUDA can use NVLink{which}"))
+    companion_warnings: list[str] = []
+    if not reboot_only(reboot, d, k):
+        fsteps, fblocked, companion_warnings = comp.daemon_steps(facts, fd, offers, version, loading)
+        steps += fsteps
+        blocked += fblocked
+    blocked += fd.blocked
+    companion_warnings += comp.imex_channel_warnings(fab, fd, desired.module_parameters, loading)
     steps += runtime_steps(facts, desired)
     persistence = desired.persistenced and not reboot_only(reboot, d, k)
     if loading or switching_us:
@@ -304,14 +303,15 @@ def plan(facts: Facts, desired: Desired, signers=None, userspace: bool = False, 
             blocked.extend(userspace_blocks(facts, version if loading else None))
     return Plan(version, flavor, decision.reason, k.release, tuple(steps), bool(reboot), tuple(reboot),
                 tuple(blocked), tuple(facts.warnings) + decision.warnings + ms.warnings
-                + tuple(runtime_warnings(facts, desired)) + tuple(fm_warnings),
+                + tuple(runtime_warnings(facts, desired)) + tuple(companion_warnings),
                 signers.to_json() if signers is not None and not want_loaded else None,
                 modules=tuple(mods), persistence=persistence, runtimes=tuple(runtime_needs(facts, desired)),
-                fabric=fabric_summary(fab))
+                fabric=fabric_summary(fab, fd))
 
 
-def fabric_summary(fab) -> str | None:
-    """The plan's line on the host's fabric: its kind, why, and what it needs (waiting or missing said)."""
+def fabric_summary(fab, fd=None) -> str | None:
+    """The plan's line on the host's fabric: its kind, why, what it needs (waiting or missing said) and who owns
+    IMEX."""
     if fab is None or fab.kind == "none":
         return None
     wants = []
@@ -324,7 +324,8 @@ def fabric_summary(fab) -> str | None:
         if c.present is False:
             w += f" ({c.path} is missing: {c.how})" if c.how else f" ({c.path} is missing)"
         wants.append(w)
-    return f"{fab.kind}: {fab.why}" + (f"; wants {', '.join(wants)}" if wants else "")
+    owner = f"; {fd.imex_owner}" if fd is not None and fd.imex_owner else ""
+    return f"{fab.kind}: {fab.why}" + (f"; wants {', '.join(wants)}" if wants else "") + owner
 
 
 def runtime_needs(facts: Facts, desired: Desired) -> list:

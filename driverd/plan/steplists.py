@@ -29,13 +29,14 @@ def unload_steps(policy: str | None = None) -> list[dict]:
 
 
 def reload_steps(package: str | None = None, expect: list[str] | None = None,
-                 userspace: dict | None = None, companion: dict | None = None) -> list[dict]:
+                 userspace: dict | None = None, companions: list[dict] | tuple = ()) -> list[dict]:
     """Stage (verify) the new package and check the parameters against it while the old driver still
     runs, then swap it in with the driver out of the kernel. Any failure converges back to the
     recorded last-known-good. `expect`: the package's [version, flavor]. `userspace`: the
     install-userspace parameters of that version's user-space (package, sha256, driver), switched
-    with the driver out of the kernel, before the load and the validation. `companion`: the
-    install-companion parameters of that version's fabric manager, switched the same way."""
+    with the driver out of the kernel, before the load and the validation. `companions`: the
+    install-companion parameters of that version's companions (fabric manager, NSCQ, NVLSM, IMEX) driverd
+    has trees of, switched the same way."""
     steps: list[dict] = [dict(SNAPSHOT)]
     if package:
         steps.append({"action": "verify-package", "params": {"package": package}})
@@ -46,15 +47,15 @@ def reload_steps(package: str | None = None, expect: list[str] | None = None,
         steps.append({"action": "install-package", "params": {"package": package}})
     if userspace:
         steps.append({"action": "install-userspace", "params": dict(userspace)})
-    if companion:
-        steps.append({"action": "install-companion", "params": dict(companion)})
+    steps += [{"action": "install-companion", "params": dict(c)} for c in companions]
     load = {"action": "load-modules", "params": {"expect": expect} if expect else {}}
     steps += [load, {"action": "restore-mig"}, {"action": "start-gpu-daemons"},
               {"action": "validate", "params": {"expect": expect} if expect else {}}]
     return steps
 
 
-def rollback_steps(target_sha256: str, userspace: dict | None = None, companion: dict | None = None) -> list[dict]:
+def rollback_steps(target_sha256: str, userspace: dict | None = None, companions: list[dict] | tuple = ()
+                   ) -> list[dict]:
     """driverd rollback with no pending run: back to the previous installed package, loaded.
     `userspace`: the restore-userspace parameters ({"sha256": sha | None}) of the user-space driverd had
     before (the previous one of the same driver version), switched with the driver out of the kernel, like
@@ -65,9 +66,8 @@ def rollback_steps(target_sha256: str, userspace: dict | None = None, companion:
     if userspace is not None:
         steps.append({"action": "restore-userspace", "params": dict(userspace),
                       "reason": "the previous user-space, with the previous modules"})
-    if companion is not None:
-        steps.append({"action": "install-companion", "params": dict(companion),
-                      "reason": "the previous driver's fabric manager, with its modules"})
+    steps += [{"action": "install-companion", "params": dict(c),
+               "reason": f"the previous driver's {c.get('component')}, with its modules"} for c in companions]
     return steps + [{"action": "check-parameters"}, {"action": "load-modules"}, {"action": "restore-mig"},
                     {"action": "start-gpu-daemons"}, {"action": "validate"}]
 

@@ -121,3 +121,30 @@ def fetch(root: "Root | str", cfg: "Config", component: str, version: str, arch:
     raise f.not_found(name, looked, None,
                       f"driverd build-companion NVIDIA's {component} archive of {version} into the repository and run "
                       "`driverd repo index REPO`", what="companion package")
+
+
+def listed(root: "Root", cfg: "Config", component: str, version: str, arch: str) -> bool | None:
+    """Whether a fetch of the companion package (component, version, arch) can succeed, as far as this can be told
+    without the network — for the plan, which is then blocked (or, for what never blocks, warns) before anything
+    changes instead of failing at the install after the unload: True when the download cache holds it or one of the
+    repositories' indexes lists it, False when every repository is a local one (file://) and none lists it (or
+    none is configured), None when a network repository may (its fetch says). Writes nothing."""
+    from driverd.repo.cache import cache_hostdir, cached_candidates
+    from driverd.repo.fetch import read_index
+    from driverd.repo.http import _is_file_repo
+    from driverd.root.nodefiles import node_path
+    arch = _arch(arch)
+    if cached_candidates(root, cache_hostdir(cfg["packages.cache_dir"]), cp.package_basename(component, version, arch)):
+        return True
+    repos = list(cfg["packages.repositories"])
+    if not all(_is_file_repo(u) for u in repos):
+        return None
+    for url in repos:
+        try:
+            idx = read_index(url, public_key=node_path(root, cfg["packages.index_public_key"]),
+                             insecure=cfg["packages.insecure"], root=root, state_dir=None)
+        except PackageError:
+            return None             # unreadable or refused: the fetch step says why
+        if idx.find_companion(component, version, arch) is not None:
+            return True
+    return False

@@ -202,11 +202,16 @@ def nvidia_modules(version: str = DEFAULT_VERSION, release: str = DEFAULT_RELEAS
     lic = "Dual MIT/GPL" if flavor == "open" else "NVIDIA"
     fw = tuple(f"nvidia/{version}/{f}" for f in NVIDIA_GSP_FIRMWARE) if flavor == "open" else ()
     common = dict(version=version, vermagic=vm, license=lic, text_size=text_size)
+    branch = version.split(".", 1)[0]
+    # IMEX channels came with the 550 branch (nv-caps-imex.c: the nvidia-caps-imex-channels region, channel 0 on
+    # request); the simulated kernel registers the region for a module that declares them
+    imex = (("NVreg_ImexChannelCount", "int", "Number of IMEX channels"),
+            ("NVreg_CreateImexChannel0", "int", "Create IMEX channel 0")) if branch.isdigit() and int(branch) >= 550 else ()
     return [
         FakeModule("nvidia", exports=("nvUvmInterfaceRegisterGpu", "nvUvmInterfaceSessionCreate", "nvidia_get_rm_ops",
                                       "nvidia_p2p_get_pages", "nvidia_p2p_put_pages"),
                    params=(("NVreg_OpenRmEnableUnsupportedGpus", "int", "Enable unsupported GPUs"),
-                           ("NVreg_EnableGpuFirmware", "int", "Use GSP firmware")),
+                           ("NVreg_EnableGpuFirmware", "int", "Use GSP firmware")) + imex,
                    firmware=fw, description="NVIDIA kernel module", **common),
         FakeModule("nvidia_uvm", depends=("nvidia",), imports=("nvUvmInterfaceRegisterGpu",
                                                                  "nvUvmInterfaceSessionCreate"),

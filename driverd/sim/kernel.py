@@ -39,6 +39,7 @@ from driverd.host.modules import parse_proc_modules
 from driverd.kmod.holders import device_owner
 from driverd.kmod.kernel import Kernel, LoadedModule, kernel_error
 from driverd.modinfo import read_modinfo
+from driverd.nvproc import IMEX_CHANNELS, IMEX_REGION
 from driverd.root import Root
 
 STATE = "/run/driverd-sim/state.json"
@@ -49,6 +50,7 @@ BASE_DEVICES = [(1, "mem"), (4, "/dev/vc/0"), (4, "tty"), (5, "/dev/tty"), (5, "
                 (10, "misc"), (13, "input"), (29, "fb"), (128, "ptm"), (136, "pts"), (226, "drm")]
 MODULE_DEVICES = {"nvidia": [(195, "nvidia"), (235, "nvidia-caps")], "nvidia_uvm": [(510, "nvidia-uvm")]}
 NVSWITCH_MAJOR = 509
+IMEX_MAJOR = 237            # dynamic in the kernel (alloc_chrdev_region); driverd.sim.scenario's GB200 tray's
 
 
 class SimKernel(Kernel):
@@ -156,6 +158,8 @@ class SimKernel(Kernel):
             devs += MODULE_DEVICES.get(m["name"], [])
             if m["name"] == "nvidia" and self._nvswitches():
                 devs.append((NVSWITCH_MAJOR, "nvidia-nvswitch"))
+            if m["name"] == "nvidia" and m.get("imex"):
+                devs.append((IMEX_MAJOR, IMEX_REGION))
         text = "Character devices:\n" + "".join(f"{n:3d} {d}\n" for n, d in sorted(devs)) + \
                "\nBlock devices:\n  8 sd\n259 blkext\n"
         _write(self._p("/proc/devices"), text)
@@ -252,13 +256,18 @@ class SimKernel(Kernel):
         accepted = {k: v for k, v in (params or {}).items() if k in info.params}
         self._state["modules"].append({"name": name, "size": _size(self.root.real(path)), "pinned": 0,
                                        "holders": [], "taints": taints, "params": accepted, "path": path,
-                                       "version": info.version})
+                                       "version": info.version, "imex": "NVreg_ImexChannelCount" in info.params})
         for dep in info.depends:
             d = self._mod(dep)
             if d is not None and name not in d["holders"]:
                 d["holders"] = sorted(d["holders"] + [name])
         if name == "nvidia":
             self._nvidia_up(info)
+            if "NVreg_ImexChannelCount" in info.params and accepted.get("NVreg_CreateImexChannel0", "").strip() in (
+                    "1", "Y", "y"):
+                # channel 0 on request: the node made for this load (udev, nvidia-modprobe) with the region's major
+                self.mknod(f"{IMEX_CHANNELS}/channel0", IMEX_MAJOR, 0)
+                self._mod("nvidia")["imex_channel0"] = True
         self._save()
 
     def _check(self, name: str, info, params: dict[str, str]) -> tuple[str, str] | None:
@@ -380,6 +389,8 @@ class SimKernel(Kernel):
                 _unbind(self.root, s.pci_address, "nvidia-nvswitch")
             self._destroy_mig_instances()
             self._p(FABRIC).unlink(missing_ok=True)
+            if m.get("imex_channel0"):          # the node made for the load goes with its region
+                self._p(f"{IMEX_CHANNELS}/channel0").unlink(missing_ok=True)
         if name == "nouveau":
             for g in self._gpus():
                 if g.bound_driver == "nouveau":

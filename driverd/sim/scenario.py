@@ -48,11 +48,12 @@ def cx7_vpd(serial: str, smdl: str | None = None,
                       ("V3", serial.lower().rjust(32, "0")), ("VA", va), ("V0", "PCIeGen5 x16")])
 
 
-def hgx_b200_spec(gpus: int = 8, bridge: bool = True) -> HostSpec:
+def hgx_b200_spec(gpus: int = 8, bridge: bool = True, ib_umad: bool = False) -> HostSpec:
     """An HGX B200 host: 8 B200 GPUs, no NVSwitch on PCI, eight ConnectX-7 compute NICs and the baseboard's
     ConnectX-7 bridge — per port a full-capability PF and a limited PF (LPF) whose VPD says SMDL=SW_MNG (the
     full PFs say SMDL=0 here: the guide's "non-zero value" is the LPF's). mlx5_core and ib_core are loaded,
-    ib_umad not yet (NVLSM waits for it). Without `bridge`: the same host with its bridge hidden."""
+    ib_umad not yet (NVLSM waits for it; `ib_umad`: loaded too). Without `bridge`: the same host with its bridge
+    hidden."""
     buses = (0x1b, 0x43, 0x52, 0x61, 0x9d, 0xc3, 0xd1, 0xdf)       # DGX-style GPU placement, two NUMA nodes
     pci = [Pci(f"0000:{b:02x}:00.0", "0x10de", B200, "0x030200", None, i // 4, "0x10de", B200_SUB)
            for i, b in enumerate(buses[:gpus])]
@@ -66,6 +67,8 @@ def hgx_b200_spec(gpus: int = 8, bridge: bool = True) -> HostSpec:
                         cx7_vpd(f"MT2405BR0{port}1", "SW_MNG"), f"mlx5_{9 + 2 * port}")]
     mods = [Module("ext4", 1000000, 1, (), ""), Module("ib_core", 500000, 1, ("mlx5_ib",), ""),
             Module("mlx5_core", 2000000, 1, ("mlx5_ib",), ""), Module("mlx5_ib", 400000, 0, (), "")]
+    if ib_umad:
+        mods.append(Module("ib_umad", 40000, 0, (), ""))
     return HostSpec(release=RELEASE, pci=pci, modules=mods, hostname="hgx-b200-01",
                     files={"/etc/containerd/config.toml": CONTAINERD_CONFIG, "/usr/bin/containerd": "",
                            "/etc/ld.so.conf": "include /etc/ld.so.conf.d/*.conf\n"})
@@ -167,40 +170,81 @@ def make_packages(out: str | os.PathLike, release: str = RELEASE, sign_key: str 
 
 
 def make_companion_packages(out: str | os.PathLike, versions: tuple[str, ...] = ("535.261.03", "550.127.05"),
-                            arch: str = "x86_64") -> dict[str, Path]:
-    """The fabric manager companion of those drivers: an archive in NVIDIA's redistributable layout
-    (fabricmanager-linux-<arch>-<version>-archive/: bin/, etc/, share/, LICENSE) whose nv-fabricmanager is the
-    version-checking stand-in (sim/fabricmanager.py), packed by the same builder as NVIDIA's archives
-    (driverd build-companion) into `out`: version -> package."""
+                            arch: str = "x86_64", components: tuple[str, ...] = ("fabricmanager",)) -> dict:
+    """The companions of those drivers, each an archive in NVIDIA's redistributable layout
+    (<key>-linux-<platform>-<version>-archive/: bin/, sbin/, lib/, etc/, share/, LICENSE) packed by the same builder
+    as NVIDIA's archives (driverd build-companion) into `out`. Their daemons are the version-checking stand-ins:
+    nv-fabricmanager (sim/fabricmanager.py), nvidia-imex and nvlsm (sim/companiond.py); NSCQ's library is a real
+    ELF shared object with NVIDIA's soname (sim/fakelib.py), so the loader caches it. `components`: any of
+    fabricmanager, nscq, nvlsm, imex. Returns version -> package when only the fabric manager is asked for (the
+    default), else (component, version) -> package."""
+    import tempfile
+    from driverd.build.companion import build_from_archive
+    out = Path(out)
+    made: dict = {}
+    with tempfile.TemporaryDirectory(prefix="driverd-sim-companion.") as t:
+        for c in components:
+            for v in versions:
+                a, driver = companion_archive(Path(t), c, v, arch)
+                made[(c, v)] = build_from_archive(a, out, driver=driver).ref.path
+    return {v: p for (c, v), p in made.items()} if tuple(components) == ("fabricmanager",) else made
+
+
+def companion_archive(dest: Path, component: str, version: str, arch: str = "x86_64",
+                      script: str | None = None) -> tuple[Path, str | None]:
+    """(NVIDIA's archive of `component` for driver `version`, in miniature, the --driver its build needs: NVLSM's
+    name carries its own version). `script`: the daemon's executable instead of the stand-in."""
     import io
     import lzma
     import tarfile
-    import tempfile
-    from driverd.build.companion import build_from_archive
-    from driverd.sim.fabricmanager import script
-    out = Path(out)
-    made = {}
-    with tempfile.TemporaryDirectory(prefix="driverd-sim-companion.") as t:
-        for v in versions:
-            top = f"fabricmanager-linux-{arch}-{v}-archive"
-            files = {"LICENSE": (b"NVIDIA Software License Agreement (simulated)\n", 0o644),
-                     "bin/nv-fabricmanager": (script(v).encode(), 0o755),
-                     "etc/fabricmanager.cfg": (b"LOG_LEVEL=4\nLOG_FILE_NAME=/var/log/fabricmanager.log\nDAEMONIZE=1\n"
-                                               b"FABRIC_MODE=0\nTOPOLOGY_FILE_PATH=/usr/share/nvidia/nvswitch\n", 0o644),
-                     "share/nvidia/nvswitch/dgxh100_hgxh100_topology": (b"simulated HGX H100 topology\n", 0o644)}
-            buf = io.BytesIO()
-            with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
-                dirs = sorted({top} | {f"{top}/{'/'.join(p.split('/')[:i])}" for p in files
-                                       for i in range(1, p.count('/') + 1)})
-                for d in dirs:
-                    ti = tarfile.TarInfo(d)
-                    ti.type, ti.mode, ti.mtime = tarfile.DIRTYPE, 0o755, 1700000000
-                    tar.addfile(ti)
-                for p, (data, mode) in sorted(files.items()):
-                    ti = tarfile.TarInfo(f"{top}/{p}")
-                    ti.size, ti.mode, ti.mtime = len(data), mode, 1700000000
-                    tar.addfile(ti, io.BytesIO(data))
-            a = Path(t) / f"{top}.tar.xz"
-            a.write_bytes(lzma.compress(buf.getvalue(), preset=1))
-            made[v] = build_from_archive(a, out).ref.path
-    return made
+    from driverd.package.companion import COMPONENTS, PLATFORMS
+    from driverd.sim import companiond, fabricmanager
+    from driverd.sim.fakelib import shared_object
+    platform = next(p for p, a in PLATFORMS.items() if a == arch)
+    lic = {"LICENSE": (b"NVIDIA Software License Agreement (simulated)\n", 0o644)}
+    links: dict[str, str] = {}
+    own = version
+    if component == "fabricmanager":
+        files = {"bin/nv-fabricmanager": ((script or fabricmanager.script(version)).encode(), 0o755),
+                 "etc/fabricmanager.cfg": (b"LOG_LEVEL=4\nLOG_FILE_NAME=/var/log/fabricmanager.log\nDAEMONIZE=1\n"
+                                           b"FABRIC_MODE=0\nTOPOLOGY_FILE_PATH=/usr/share/nvidia/nvswitch\n", 0o644),
+                 "share/nvidia/nvswitch/dgxh100_hgxh100_topology": (b"simulated HGX H100 topology\n", 0o644)}
+    elif component == "imex":
+        files = {"bin/nvidia-imex": ((script or companiond.script("imex", version)).encode(), 0o755),
+                 "bin/nvidia-imex-ctl": (b"#!/bin/sh\necho 'nvidia-imex-ctl (simulated)'\n", 0o755),
+                 "etc/nvidia-imex/config.cfg": (b"IMEX_PORT=50000\nIMEX_NODE_CONFIG_FILE=/etc/nvidia-imex/"
+                                                b"nodes_config.cfg\nLOG_FILE_NAME=/var/log/nvidia-imex.log\n", 0o644),
+                 "systemd/nvidia-imex.service": (b"[Service]\nType=forking\nExecStart=/usr/bin/nvidia-imex -c "
+                                                 b"/etc/nvidia-imex/config.cfg\n", 0o644)}
+    elif component == "nvlsm":
+        own = companiond.NVLSM_VERSION
+        files = {"sbin/nvlsm": ((script or companiond.script("nvlsm", version)).encode(), 0o755),
+                 "share/nvidia/nvlsm/nvlsm.conf": (b"# nvlsm (simulated)\nsm_priority 15\n", 0o644)}
+    elif component == "nscq":
+        lib = f"libnvidia-nscq.so.{version}"
+        files = {f"lib/{lib}": (shared_object("libnvidia-nscq.so.2", arch, f"nscq {version}"), 0o755)}
+        links = {"lib/libnvidia-nscq.so.2": lib, "lib/libnvidia-nscq.so": "libnvidia-nscq.so.2"}
+    else:
+        raise ValueError(f"no simulated {component} archive")
+    files.update(lic)
+    top = f"{COMPONENTS[component].archives[0]}-linux-{platform}-{own}-archive"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        dirs = sorted({top} | {f"{top}/{'/'.join(p.split('/')[:i])}" for p in [*files, *links]
+                               for i in range(1, p.count('/') + 1)})
+        for d in dirs:
+            ti = tarfile.TarInfo(d)
+            ti.type, ti.mode, ti.mtime = tarfile.DIRTYPE, 0o755, 1700000000
+            tar.addfile(ti)
+        for p, (data, mode) in sorted(files.items()):
+            ti = tarfile.TarInfo(f"{top}/{p}")
+            ti.size, ti.mode, ti.mtime = len(data), mode, 1700000000
+            tar.addfile(ti, io.BytesIO(data))
+        for p, target in sorted(links.items()):
+            ti = tarfile.TarInfo(f"{top}/{p}")
+            ti.type, ti.linkname, ti.mode, ti.mtime = tarfile.SYMTYPE, target, 0o777, 1700000000
+            tar.addfile(ti)
+    dest.mkdir(parents=True, exist_ok=True)
+    a = dest / f"{top}.tar.xz"
+    a.write_bytes(lzma.compress(buf.getvalue(), preset=1))
+    return a, (version if COMPONENTS[component].own_version else None)

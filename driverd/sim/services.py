@@ -9,10 +9,18 @@ from dataclasses import asdict
 
 from driverd.errors import ModuleError
 from driverd.fsutil import atomic_write_json
-from driverd.kmod.daemons import DAEMONS, FABRICMANAGER, Services
+from driverd.kmod.daemons import DAEMONS, FABRICMANAGER, IMEX, NVLSM, Services
 from driverd.kmod.mig import GpuMig
+from driverd.sim import companiond
 from driverd.sim.fabricmanager import LOG
 from driverd.sim.kernel import FABRIC, MIG_DIR
+
+
+# the daemons whose binary the simulated services run before they play the process: the companions, whose
+# stand-ins refuse another driver as NVIDIA's do (sim/fabricmanager.py, sim/companiond.py)
+COMPANIONS = {FABRICMANAGER: (LOG, "fabricmanager", "daemons.fabricmanager"),
+              NVLSM: (companiond.LOGS["nvlsm"], "nvlsm", "daemons.fabricmanager"),
+              IMEX: (companiond.LOGS["imex"], "imex", "daemons.imex")}
 
 
 class SimServices(Services):
@@ -29,31 +37,33 @@ class SimServices(Services):
                                           if p[11:].isdigit() and p.startswith("/dev/nvidia"))
         if name == FABRICMANAGER:
             devs.append("/dev/nvidia-nvswitchctl")
-        if name == FABRICMANAGER:
-            self._run_fabricmanager()
+        if name == NVLSM:
+            devs = []                   # NVLSM holds the InfiniBand MAD device, not the GPUs
+        if name in COMPANIONS:
+            self._run_companion(name)
         comm = DAEMONS[name][0]
         self.kernel.spawn(comm, devs, cmdline=" ".join(self.command(name)))
 
-    def _run_fabricmanager(self) -> None:
-        """Run the tree's fabric manager (driverd's companion tree's, else the host's): a stand-in
-        (sim/fabricmanager.py) refuses a driver of another version as NVIDIA's does; with none at all it
-        cannot start, as systemd's unit cannot."""
-        argv = self.command(FABRICMANAGER)
+    def _run_companion(self, name: str) -> None:
+        """Run the tree's binary (driverd's companion tree's, else the host's): a stand-in refuses a driver of
+        another version as NVIDIA's does; with none at all the daemon cannot start, as systemd's unit cannot."""
+        log, component, key = COMPANIONS[name]
+        argv = self.command(name)
         exe = self.root.real(argv[0])
         if not exe.is_file():
-            raise ModuleError(f"{FABRICMANAGER} could not start: {argv[0]} is missing",
-                              cause="no fabric manager is installed on this host or in driverd's companion tree",
-                              fix="provide the driver version's fabric manager companion package (driverd "
-                                  "build-companion) or set daemons.fabricmanager = \"false\"")
+            raise ModuleError(f"{name} could not start: {argv[0]} is missing",
+                              cause=f"no {name} is installed on this host or in driverd's companion tree",
+                              fix=f"provide the driver version's {component} companion package (driverd "
+                                  f"build-companion) or set {key} = \"false\"")
         import subprocess
         res = subprocess.run([str(exe), *argv[1:]], env={"PATH": "/usr/bin:/bin", "DRIVERD_SIM_ROOT": str(self.root.base)},
                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         if res.returncode != 0:
             err = (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
-            raise ModuleError(f"{FABRICMANAGER} ({argv[0]}) exited with status {res.returncode}: {err}",
-                              cause=f"its log: {LOG}",
-                              fix="the fabric manager must be of the loaded driver's version: provide the driver "
-                                  "version's fabric manager companion package (driverd build-companion)")
+            raise ModuleError(f"{name} ({argv[0]}) exited with status {res.returncode}: {err}",
+                              cause=f"its log: {log}",
+                              fix=f"the {component} must be of the loaded driver's version: provide the driver "
+                                  f"version's {component} companion package (driverd build-companion)")
 
     def stop(self, name: str) -> None:
         for pid in self.pids(name):

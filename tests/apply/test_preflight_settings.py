@@ -19,10 +19,10 @@ NOT_A_ROLLOUT_SETTING = {"driver.version"}
 SETTINGS = [k for k in DRIVER_SETTINGS if k not in NOT_A_ROLLOUT_SETTING]
 
 # Values an operator would write where the type alone does not give one (free text), or where the first
-# other choice is not what one would set on this node: it has no NVSwitch, so a fabric manager is turned
-# off (the fleet's other nodes may have one), never forced on.
+# other choice is not what one would set on this node: it has no NVSwitch and no NVLink5 fabric, so a fabric
+# manager and IMEX are turned off (the fleet's other nodes may have them), never forced on.
 OPERATOR_VALUES = {"userspace.root": "/srv/driverd/driver", "userspace.package": "/srv/driverd/userspace",
-                   "daemons.fabricmanager": "false"}
+                   "daemons.fabricmanager": "false", "daemons.imex": "false"}
 
 
 def changed_value(key: str, current):

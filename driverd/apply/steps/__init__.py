@@ -12,8 +12,8 @@ from driverd.apply.hostview import boot_id
 from driverd.apply.step import MODULES, Registry, StepContext
 from driverd.apply.steps.common import installed, loaded, running_parameters
 from driverd.apply.steps.modules import (BlacklistNouveau, CheckParameters, CheckSigners, LoadModules, RestoreMig,
-                                         StartDaemons, StartFabricManager, StartPersistenced, StopDaemons,
-                                         UnloadModules, UnloadNouveau)
+                                         StartDaemons, StartFabricManager, StartImex, StartNvlsm, StartPersistenced,
+                                         StopDaemons, UnloadModules, UnloadNouveau)
 from driverd.apply.steps.package import (FetchPackage, ForgetKernel, InstallPackage, RestorePackage,
                                          RestorePreviousPackage, VerifyPackage)
 from driverd.apply.steps.reboot import ClearReboot, RequireReboot, reboot_record
@@ -52,5 +52,5 @@ REGISTRY: Registry = {impl.action: impl for impl in (
     Snapshot(), BlacklistNouveau(), UnloadNouveau(), FetchPackage(), VerifyPackage(), InstallPackage(),
     FetchUserspace(), InstallUserspace(), RestoreUserspace(), InstallCompanion(), RestoreCompanion(),
     RestorePackage(), RestorePreviousPackage(), StopDaemons(), StartDaemons(), StartPersistenced(),
-    StartFabricManager(), UnloadModules(), CheckSigners(), CheckParameters(), LoadModules(), RestoreMig(), Validate(),
+    StartNvlsm(), StartFabricManager(), StartImex(), UnloadModules(), CheckSigners(), CheckParameters(), LoadModules(), RestoreMig(), Validate(),
     ConfigureRuntime(), RevertRuntime(), RestoreFiles(), RequireReboot(), ClearReboot(), ForgetKernel())}

@@ -1,6 +1,8 @@
-"""The companions' steps (issue 46): switch a component of the driver (the fabric manager) to the driver
-version's tree in the transaction that switches the modules — with the old driver out of the kernel, before
-the new one loads and its daemons start from `current/bin` — and put the replaced one back on a rollback."""
+"""The companions' steps (issue 46): switch a component of the driver (fabric manager, NSCQ, NVLSM, IMEX) to the
+driver version's tree in the transaction that switches the modules — with the old driver out of the kernel,
+before the new one loads and its daemons start from `current/bin` — and put the replaced one back on a rollback.
+NSCQ never fails a run: a package of it the repositories turn out not to have is a warning (driverd.apply.
+companions: what CUDA does not need never blocks)."""
 from __future__ import annotations
 
 import os
@@ -54,8 +56,17 @@ class InstallCompanion(StepImpl):
         if params.get("installed"):
             return _configured(ctx, places, ci.restore(ctx.root, params["sha256"], ctx.runner, places=places).to_json())
         from driverd.repo.companion import fetch
-        found = fetch(ctx.root, ctx.config, params["component"], params["driver"],
-                      params.get("arch") or os.uname().machine, runner=ctx.runner)
+        try:
+            found = fetch(ctx.root, ctx.config, params["component"], params["driver"],
+                          params.get("arch") or os.uname().machine, runner=ctx.runner)
+        except PackageError as e:
+            from driverd.apply.companions import KINDS
+            kind = KINDS.get(params["component"])
+            if kind is None or kind.daemon:
+                raise
+            ctx.warn(f"the {params['driver']} {kind.title} is not installed: {e.one_line()} ({kind.refuses}; CUDA "
+                     "does not need it)")
+            return {"skipped": e.one_line()}
         rep = ci.install(ctx.root, found.package, ctx.runner, places=places, driver=params["driver"],
                          expected_sha256=found.sha256)
         return _configured(ctx, places, {**rep.to_json(), "source": found.source})

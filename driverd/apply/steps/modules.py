@@ -5,16 +5,18 @@ from __future__ import annotations
 import os
 import tempfile
 
-from driverd.apply.hostview import pci_view
+from driverd.apply.hostview import fabric, known_daemons, wanted_daemons
 from driverd.apply.step import StepImpl
 from driverd.apply.steps.common import loaded, package_path, restore_files_steps
 from driverd.apply.validation import driver_modules, expected_driver
 from driverd.errors import ModuleError, PackageError
+from driverd.host.fabric import NVLSM_AFTER
 from driverd.kmod import daemons as dmn
 from driverd.kmod import load as ld
 from driverd.kmod import mig, nouveau
 from driverd.kmod import unload as ul
 from driverd.kmod.holders import NVIDIA_FAMILY
+from driverd.nvproc import IMEX_CHANNELS
 
 
 class BlacklistNouveau(StepImpl):
@@ -57,19 +59,34 @@ class UnloadNouveau(StepImpl):
         return res.to_json()
 
 
-def _nics_switches(ctx) -> tuple[int, int]:
-    _, sw, nics = pci_view(ctx)
-    return len(nics), len(sw)
-
-
 def _daemons(ctx, params) -> list[str]:
+    """The daemons a step acts on: its list; "all" — every one of driverd's (driverd.plan.companions: not the DRA
+    driver's IMEX); none given — those the host wants now, in their start order."""
     d = params.get("daemons")
     if d == "all" or d is None and params.get("all"):
-        return [dmn.PERSISTENCED, dmn.FABRICMANAGER]
+        return known_daemons(ctx)
     if d is None:
-        from driverd.apply.hostview import wants_fabricmanager
-        return dmn.wanted_daemons(ctx.config, _nics_switches(ctx)[1], wants_fabricmanager(ctx))
+        return wanted_daemons(ctx)
     return list(d)
+
+
+def _wait_for_modules(ctx, modules: list[str], wait_s: float) -> None:
+    """NVLSM opens the switch trays through the InfiniBand MAD interface: wait (up to `wait_s`) until `modules`
+    are live — at boot the InfiniBand stack comes up beside driverd —, then fail naming those still missing."""
+    import time
+    deadline = time.monotonic() + max(wait_s, 0)
+    while True:
+        missing = [m for m in modules if m not in ctx.kernel.loaded_names()]
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise ModuleError(f"{dmn.NVLSM} cannot start: {', '.join(missing)} not loaded"
+                              + (f" after {wait_s:.0f} s" if wait_s else ""),
+                              cause="NVLSM reaches the NVLink5 switch trays through the ConnectX functions' InfiniBand "
+                                    "MAD interface (mlx5_core, ib_core, ib_umad)",
+                              fix=f"modprobe {' '.join(missing)} (rdma-core's rdma-load-modules@infiniband.service or "
+                                  "MLNX_OFED's openibd loads them at boot), then apply again")
+        time.sleep(1.0)
 
 
 class StopDaemons(StepImpl):
@@ -98,9 +115,14 @@ class StartDaemons(StepImpl):
         started = []
         for d in _daemons(ctx, params):
             if not ctx.services.running(d):
+                if d == dmn.NVLSM:
+                    _wait_for_modules(ctx, list(params.get("after_modules") or NVLSM_AFTER),
+                                      float(params.get("wait_s") or 0))
                 ctx.services.start(d)
                 started.append(d)
-            if d == dmn.FABRICMANAGER:
+                if d != dmn.PERSISTENCED:
+                    ctx.services.wait_ready(d)
+            elif d == dmn.FABRICMANAGER:
                 ctx.services.wait_ready(d)
         return {"started": started}
 
@@ -117,7 +139,7 @@ class _StartOneDaemon(StartDaemons):
         return ctx.services.running(self.daemon)
 
     def do(self, ctx, params):
-        return super().do(ctx, {"daemons": [self.daemon]})
+        return super().do(ctx, {**params, "daemons": [self.daemon]})
 
     def describe(self, params):
         return f"start {self.daemon}"
@@ -128,9 +150,29 @@ class StartPersistenced(_StartOneDaemon):
     daemon = dmn.PERSISTENCED
 
 
+class StartNvlsm(_StartOneDaemon):
+    """NVLSM, before the fabric manager, once the InfiniBand modules are live (`after_modules`; `wait_s`: how
+    long to wait for them, 0 on a host where the plan found them loaded)."""
+    action = "start-nvlsm"
+    daemon = dmn.NVLSM
+
+
 class StartFabricManager(_StartOneDaemon):
     action = "start-fabricmanager"
     daemon = dmn.FABRICMANAGER
+
+
+class StartImex(_StartOneDaemon):
+    """nvidia-imex of the driver's version, after the load (the IMEX channel the load made serves its workloads)."""
+    action = "start-imex"
+    daemon = dmn.IMEX
+
+    def do(self, ctx, params):
+        res = super().do(ctx, params)
+        c = fabric(ctx).want("imex-channel0")
+        if c is not None and not ctx.root.exists(f"{IMEX_CHANNELS}/channel0"):
+            ctx.warn(f"IMEX runs, but {c.path} is missing: workloads cannot use IMEX channel 0 ({c.how})")
+        return res
 
 
 class UnloadModules(StepImpl):

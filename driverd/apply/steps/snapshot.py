@@ -5,7 +5,7 @@ from __future__ import annotations
 from driverd.apply.step import StepImpl
 from driverd.apply.steps.common import installed, loaded, places, running_parameters
 from driverd.driver.state import DriverState
-from driverd.kmod import daemons as dmn
+from driverd.apply.hostview import known_daemons
 from driverd.kmod import mig
 from driverd.kmod.holders import NVIDIA_FAMILY
 
@@ -41,7 +41,7 @@ class Snapshot(StepImpl):
         family = [m for m in reversed(NVIDIA_FAMILY) if m in mods]
         lkg = {"loaded": now, "modules": family, "parameters": running_parameters(ctx, family),
                "installed": installed(ctx),
-               "daemons": [d for d in (dmn.PERSISTENCED, dmn.FABRICMANAGER) if ctx.services.running(d)],
+               "daemons": [d for d in known_daemons(ctx) if ctx.services.running(d)],
                "mig": mig.record(ctx.kernel) if now else None,
                "userspace": userspace_now(ctx), "previous": previous_records(ctx)}
         ctx.doc["lkg"] = lkg
