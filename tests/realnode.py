@@ -5,9 +5,11 @@ VM, root without CAP_SYS_RESOURCE, no container bridge networking) is shared/REA
 node"; docs/testing.md says how the tests use it.
 
 - containerd: config version 2 with its own root, state, socket, runc root, `opt` directory and CNI
-  config directory; `restrict_oom_score_adj = true` (runc cannot raise its oom_score_adj here); the only CNI
-  network is the loopback plugin (Debian's containernetworking-plugins), so the node is Ready and pods
-  run with hostNetwork. The sandbox ("pause") image is a busybox-static image built here with umoci.
+  config directory; `restrict_oom_score_adj = true` (runc cannot raise its oom_score_adj here); the CNI
+  network is the loopback plugin (Debian's containernetworking-plugins) and POD_ADDRESS_PLUGIN (an address,
+  no link), so the node is Ready, pods run with hostNetwork, and a pod without it runs with its loopback
+  interface only (RealNode._write_cni). The sandbox ("pause") image is a busybox-static image built here
+  with umoci.
 - Addresses: the node's InternalIP is a TEST-NET-2 address and kube-apiserver listens on the first
   address of the service range, port 443, both /32 aliases on lo added for the run: a pod reaches the
   apiserver at $KUBERNETES_SERVICE_HOST:443 as in a cluster, without kube-proxy (nothing translates a
@@ -54,6 +56,20 @@ TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/p
             "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
 KUBELET_FIXED_DIRS = ("/var/lib/kubelet/device-plugins", "/var/log/containers")
 SHIM_SOCKETS = "/run/containerd/s"
+# A CNI plugin (the CNI spec's ADD, DEL, CHECK, VERSION over environment and stdin) that changes nothing: its
+# ADD answers the pod's interface with an address of TEST-NET-1 (RFC 5737) drawn from the container id, so
+# that containerd's CRI takes the sandbox; the pod has its loopback interface only. RealNode._write_cni.
+POD_ADDRESS_PLUGIN = r"""#!/bin/sh
+case "$CNI_COMMAND" in
+VERSION) echo '{"cniVersion":"1.0.0","supportedVersions":["0.3.0","0.3.1","0.4.0","1.0.0"]}' ;;
+ADD)
+    cat > /dev/null
+    n=$(( $(printf '%d' "0x$(printf '%s' "$CNI_CONTAINERID" | cut -c1-2)") % 250 + 2 ))
+    printf '{"cniVersion":"1.0.0","interfaces":[{"name":"%s","sandbox":"%s"}],' "$CNI_IFNAME" "$CNI_NETNS"
+    printf '"ips":[{"address":"192.0.2.%s/32","interface":0}]}\n' "$n" ;;
+*) cat > /dev/null ;;
+esac
+"""
 
 
 def find_node_binaries() -> tuple[dict[str, str], str]:
@@ -188,15 +204,31 @@ state = "{d}/state"
 [{cri}.containerd.runtimes.runc.options]
   SystemdCgroup = false
   Root = "{d}/runc"
+  netns_mounts_under_state_dir = true
 [{cri}.cni]
-  bin_dir = "{self.bins['cni']}"
+  bin_dir = "{self.dir}/cni-bin"
   conf_dir = "{self.dir}/cni"
 """)
 
-    def _start_containerd(self) -> None:
+    def _write_cni(self) -> None:
+        """The pod network: Debian's loopback plugin and POD_ADDRESS_PLUGIN, which gives each pod an address
+        and no link (containerd's CRI refuses a sandbox whose network result has no address for eth0, and
+        this machine kind has neither dummy links nor forwarding for a bridge or veth pair). A pod without
+        hostNetwork then runs with only its loopback interface, which is all a pod that reaches nothing
+        needs (driverd's validation workload pod). The network namespaces are mounted under containerd's
+        state directory (netns_mounts_under_state_dir), inside the node's directory, and go with it."""
+        bin_dir = self.dir / "cni-bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        if not (bin_dir / "loopback").exists():
+            (bin_dir / "loopback").symlink_to(Path(self.bins["cni"]) / "loopback")
+        (bin_dir / "pod-address").write_text(POD_ADDRESS_PLUGIN)
+        (bin_dir / "pod-address").chmod(0o755)
         (self.dir / "cni").mkdir(parents=True, exist_ok=True)
-        (self.dir / "cni" / "10-loopback.conf").write_text(json.dumps(
-            {"cniVersion": "1.0.0", "name": "loopback", "type": "loopback"}))
+        (self.dir / "cni" / "10-pod-address.conflist").write_text(json.dumps(
+            {"cniVersion": "1.0.0", "name": "pod-address", "plugins": [{"type": "pod-address"}]}))
+
+    def _start_containerd(self) -> None:
+        self._write_cni()
         (self.dir / "containerd").mkdir(exist_ok=True)
         Path(self.sock).parent.mkdir(parents=True, exist_ok=True)
         if not self.config_toml.exists():

@@ -43,6 +43,9 @@ NODE_NEEDS = [
 ] + [
     ("driverd.io", "driverpools", "list", "cluster"),
     ("driverd.io", "driverpools", "watch", "cluster"),
+] + [
+    # a rollout's validation workload pod (spec.validation.workloadPod), in driverd's namespace only
+    ("", "pods", "create", "ns"),
 ]
 # (issue 44: the Lease, rollout writes and pool status are the coordinator's, COORDINATOR_NEEDS)
 # What `driverd cluster coordinator` calls, as its own ServiceAccount (issue 44): the coordinator's half of
@@ -156,7 +159,10 @@ def _holds_exactly(objs: list[dict], sa: str, needs: list[tuple]) -> tuple[list[
 def test_rbac_covers_the_node_daemons_calls_and_nothing_more(tmp_path, overlay):
     objs = render(tmp_path, overlay)
     cluster, ns = _holds_exactly(objs, SA, NODE_NEEDS)
-    assert ns == [], "the node daemons hold nothing in driverd's namespace (the Lease is the coordinator's)"
+    # in driverd's namespace the node daemons hold only the creation of a validation workload pod (the Lease
+    # is the coordinator's); what such a pod may be is the admission policy's (driverd-node-scope)
+    assert [(g, r, v) for rule in ns for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]] \
+        == [("", "pods", "create")], ns
     op = _by(objs, "ClusterRole")["driverd-operator"]["rules"]
     assert [n for n in OPERATOR_NEEDS if not _allows(op, *n)] == []
     # the coordinator's own ServiceAccount (issue 44): its calls, nothing more
@@ -302,6 +308,7 @@ def test_code_calls_are_listed():
         if (REPO / "driverd" / "cluster").is_dir() else ""
     needs = {(g, r, v) for g, r, v, _ in NODE_NEEDS + COORDINATOR_NEEDS}
     signs = {r'"/eviction"': ("", "pods/eviction", "create"), r"kube\.delete\(pods_path": ("", "pods", "delete"),
+             r"kube\.create\(pods_path\(self\.namespace": ("", "pods", "create"),
              r"runtimeclasses": ("node.k8s.io", "runtimeclasses", "list"),
              r"resourceclaims": ("resource.k8s.io", "resourceclaims", "get"),
              r"/resourceslices": ("resource.k8s.io", "resourceslices", "list"),

@@ -137,6 +137,16 @@ def register_kubectl(sub, common) -> None:
                    help="also evict pods with emptyDir volumes, whose data is lost (as kubectl drain's flag; "
                    "default: such pods fail the node's drain, naming them)")
     p.add_argument("--wait-for-jobs", default="", metavar="LABELS", help="pods to let finish before evicting")
+    p.add_argument("--validation-pod-image", default=None, metavar="IMAGE",
+                   help="once a node's GPUs are schedulable again, run a pod of this image on it (runtimeClassName "
+                        "nvidia, one nvidia.com/gpu when the node publishes it, in driverd's namespace); the node is "
+                        "done only when it succeeds, else it fails WorkloadPodFailed (spec.validation.workloadPod; "
+                        "default: no pod)")
+    p.add_argument("--validation-pod-command", default=None, metavar="COMMAND",
+                   help="the pod's command, split as a shell would (e.g. \"/cuda-samples/vectorAdd\"; default: the "
+                        "image's entrypoint); exit 0 passes")
+    p.add_argument("--validation-pod-timeout", type=int, default=None, metavar="SECONDS",
+                   help="how long the pod may take to succeed (default: the validation timeout, 300)")
     p.add_argument("--name", help="rollout name (default: driver-<version>)")
     p.add_argument("--dry-run", nargs="?", const="client", default="none", choices=("none", "client", "server"),
                    help="client: print the DriverRollout that would be created (with -o yaml: the manifest, for "
@@ -233,6 +243,10 @@ def cmd_start(ctx, args) -> int:
         spec["canarySoakSeconds"] = args.canary_soak
     if args.wait_for_jobs:
         spec["waitForJobs"] = {"podSelector": args.wait_for_jobs}
+    from driverd.cli.pool_cmds import validation_flags
+    validation = validation_flags(args)
+    if validation:
+        spec["validation"] = validation
     obj = {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": name}, "spec": spec}
     try:
         m.Rollout.from_object(dict(obj, metadata={"name": name, "generation": 1}))

@@ -142,6 +142,28 @@ POLICY_FLAGS = (("max_parallel", "maxParallel"), ("max_unavailable", "maxUnavail
                 ("preflight", "preflight"))
 
 
+def validation_flags(args) -> dict | None:
+    """spec.validation as the --validation-pod-* flags give it (None: none given)."""
+    from driverd.errors import UsageError
+    image, command, timeout = (getattr(args, k, None) for k in (
+        "validation_pod_image", "validation_pod_command", "validation_pod_timeout"))
+    if image is None and command is None and timeout is None:
+        return None
+    if not image:
+        raise UsageError("--validation-pod-command and --validation-pod-timeout describe the validation workload pod "
+                         "--validation-pod-image names", fix="add --validation-pod-image IMAGE")
+    pod: dict = {"image": image}
+    if command is not None:
+        import shlex
+        try:
+            pod["command"] = shlex.split(command)
+        except ValueError as e:
+            raise UsageError(f"--validation-pod-command: {e}", fix="quote it as a shell would") from None
+    if timeout is not None:
+        pod["timeoutSeconds"] = timeout
+    return {"workloadPod": pod}
+
+
 def start(kube_of, args, labels: dict, exprs: tuple, mu, _print) -> int:
     """`rollout start --pool NAME --driver V`: the pool's desired driver becomes V (and the policy flags
     given become its policy); the coordinator starts the pool's next rollout. With --selector and no
@@ -156,6 +178,7 @@ def start(kube_of, args, labels: dict, exprs: tuple, mu, _print) -> int:
     drain = {k: v for k, v in (("timeoutSeconds", args.drain_timeout), ("force", args.force or None),
                                ("deleteEmptyDirData", args.delete_emptydir_data or None)) if v is not None}
     selector = {k: v for k, v in (("matchLabels", labels), ("matchExpressions", list(exprs))) if v}
+    validation = validation_flags(args)
     dry = getattr(args, "dry_run", "none") or "none"        # none | client | server (as kubectl's --dry-run)
     client_only = dry == "client"
     if client_only and not args.selector:
@@ -178,6 +201,8 @@ def start(kube_of, args, labels: dict, exprs: tuple, mu, _print) -> int:
             spec["drain"] = drain
         if args.wait_for_jobs:
             spec["waitForJobs"] = {"podSelector": args.wait_for_jobs}
+        if validation:
+            spec["validation"] = validation
         obj = {"apiVersion": pl.API_VERSION, "kind": pl.KIND, "metadata": {"name": args.pool}, "spec": spec}
         _valid(obj)
         if dry != "none":           # server: the API server validates and defaults it, storing nothing
@@ -200,7 +225,14 @@ def start(kube_of, args, labels: dict, exprs: tuple, mu, _print) -> int:
         patch["drain"] = drain
     if args.wait_for_jobs:
         patch["waitForJobs"] = {"podSelector": args.wait_for_jobs}
+    if validation:
+        # a merge patch: the workload pod's fields given change, the others (and timeoutSeconds) stay
+        patch["validation"] = validation
     merged = dict(cur, spec={**spec, **patch})
+    if validation:
+        old = spec.get("validation") or {}
+        merged["spec"]["validation"] = {**old, "workloadPod": {**(old.get("workloadPod") or {}),
+                                                               **validation["workloadPod"]}}
     _valid(merged)
     if dry != "none":
         _print(args, merged, f"driverpool.driverd.io/{args.pool} configured ({dry} dry run): driver {args.driver}")

@@ -92,6 +92,36 @@ _FIELDS = ("driver", "flavor", "nodeSelector", "maxParallel", "maxUnavailable", 
 
 
 @dataclass(frozen=True)
+class WorkloadPod:
+    """spec.validation.workloadPod: a pod the node's daemon runs on the node after its GPUs are schedulable
+    again, before the node is `done` (cluster/workloadpod.py). `timeout_s` None: the validation timeout."""
+    image: str
+    command: tuple[str, ...] = ()
+    timeout_s: int | None = None
+
+    @classmethod
+    def from_spec(cls, spec) -> WorkloadPod | None:
+        """The field as the schema lets it through, or a SpecError naming the part that cannot be used
+        (the API server's schema is not the only writer to trust: fuzzing, older CRDs)."""
+        where = "validation.workloadPod"
+        if spec is None:
+            return None
+        if not isinstance(spec, dict):
+            raise SpecError(where, f"is a {type(spec).__name__}, not an object with image, command, timeoutSeconds")
+        image = spec.get("image")
+        if not isinstance(image, str) or not image.strip() or any(c.isspace() for c in image):
+            raise SpecError(where + ".image", f"{image!r} is not an image reference (required when "
+                            "workloadPod is given)")
+        command = spec.get("command")
+        if command is not None and (not isinstance(command, list) or not all(isinstance(c, str) for c in command)):
+            raise SpecError(where + ".command", f"{command!r} is not a list of strings")
+        timeout = spec.get("timeoutSeconds")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1):
+            raise SpecError(where + ".timeoutSeconds", f"{timeout!r} is not a number of seconds >= 1")
+        return cls(image=image, command=tuple(command or ()), timeout_s=timeout)
+
+
+@dataclass(frozen=True)
 class Rollout:
     name: str
     generation: int
@@ -113,6 +143,7 @@ class Rollout:
     jobs_selector: str = ""
     jobs_timeout_s: int = 3600
     validation_timeout_s: int = 300
+    workload_pod: WorkloadPod | None = None       # spec.validation.workloadPod (optional)
     paused: bool = False
     not_ready_timeout_s: int = NOT_READY_TIMEOUT_S
     deleting: bool = False
@@ -131,6 +162,13 @@ class Rollout:
     @property
     def target(self) -> str:
         return f"{self.driver}/{self.flavor}"
+
+    @property
+    def workload_timeout_s(self) -> int:
+        """How long the validation workload pod may take to succeed (its own timeoutSeconds, else the
+        validation timeout)."""
+        wp = self.workload_pod
+        return wp.timeout_s if wp is not None and wp.timeout_s is not None else self.validation_timeout_s
 
     @classmethod
     def from_object(cls, obj: dict) -> Rollout:
@@ -187,7 +225,7 @@ class Rollout:
                 drain_force=bool(drain.get("force", False)), drain_empty_dir=bool(drain.get("deleteEmptyDirData", False)),
                 jobs_selector=jobs.get("podSelector") or "", jobs_timeout_s=int(jobs.get("timeoutSeconds", 3600)),
                 validation_timeout_s=int(val.get("timeoutSeconds", 300)), paused=bool(spec.get("paused", False)),
-                status=obj.get("status") or {})
+                workload_pod=WorkloadPod.from_spec(val.get("workloadPod")), status=obj.get("status") or {})
         for name, v, lo in (("maxParallel", r.max_parallel, 1), ("canary", r.canary, 0),
                             ("failureBudget", r.failure_budget, 0), ("drain.timeoutSeconds", r.drain_timeout_s, 1),
                             ("validation.timeoutSeconds", r.validation_timeout_s, 1),

@@ -158,7 +158,7 @@ class ClusterMode:
         ns = lease_namespace(cfg, namespace)
         self.kube = Kube(target)
         self.make_context = make_context
-        self.agent = NodeAgent(self.kube, self.node, make_context=make_context, cfg=cfg, log=log)
+        self.agent = NodeAgent(self.kube, self.node, make_context=make_context, cfg=cfg, log=log, namespace=ns)
         # what the last pass kept, for the daemon's state file (driverd status) and the node's annotation
         self.pinned: dict | None = None
         # cluster.coordinate = false: a `driverd cluster coordinator` of its own identity coordinates (issue 44)

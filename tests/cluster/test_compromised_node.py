@@ -292,6 +292,70 @@ def test_evictions_only_of_pods_on_its_own_node(control_plane, fleet):
                {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
 
 
+def test_a_node_creates_only_a_validation_workload_pod_on_itself(control_plane, fleet):
+    """Issue 42: a rollout's validation workload pod (spec.validation.workloadPod) is created by the node's own
+    identity, in driverd's namespace, which allows privileged pods (the DaemonSet's). Its token may create
+    only that pod — on its own node, runtime class nvidia, nothing of the host, no credential — and delete
+    it there; never a privileged pod, one on another node, or one that would carry a ServiceAccount's token
+    (the coordinator's) or a secret onto the node."""
+    from driverd.cluster import workloadpod as wlp
+    cp = control_plane
+    a = cp.token("driverd", "driverd", node=A)
+    pods = "/api/v1/namespaces/driverd/pods"
+    made: list[str] = []
+
+    def pod(name: str, node: str = A, *, spec: dict | None = None, container: dict | None = None,
+            labels: dict | None = None, meta: dict | None = None) -> tuple:
+        p = wlp.manifest(name, "driverd", node, "r", m.WorkloadPod("cuda-check:1", ("/check",)), gpu=True)
+        p["spec"].update(spec or {})
+        p["spec"]["containers"][0].update(container or {})
+        p["metadata"].update(meta or {})
+        if labels is not None:
+            p["metadata"]["labels"] = labels
+        return "POST", pods, p
+    try:
+        # the agent's own pod on its own node, and its deletion
+        _allowed(cp, *pod("validation-a"), a, ctype="application/json")
+        made.append("validation-a")
+        _allowed(cp, "DELETE", f"{pods}/validation-a", None, a, ctype="application/json")
+        made.remove("validation-a")
+        _refused(cp, *pod("on-b", B), a, "own node", B, ctype="application/json")
+        _refused(cp, *pod("unlabelled", labels={}), a, "driverd.io/validation", ctype="application/json")
+        _refused(cp, *pod("runc", spec={"runtimeClassName": None}), a, "runtimeClassName nvidia",
+                 ctype="application/json")
+        _refused(cp, *pod("privileged", container={"securityContext": {"privileged": True}}), a, "privileged",
+                 ctype="application/json")
+        _refused(cp, *pod("sys-admin", container={"securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}), a,
+                 "added capability", ctype="application/json")
+        _refused(cp, *pod("host-root", spec={"volumes": [{"name": "root", "hostPath": {"path": "/"}}]},
+                          container={"volumeMounts": [{"name": "root", "mountPath": "/host"}]}), a,
+                 "nothing of the host", ctype="application/json")
+        for host in ("hostNetwork", "hostPID", "hostIPC"):
+            _refused(cp, *pod(host.lower(), spec={host: True}), a, "nothing of the host", ctype="application/json")
+        # the coordinator's ServiceAccount, whose token kube-apiserver would mount into the pod on this node
+        _refused(cp, *pod("coordinator", spec={"serviceAccountName": "driverd-coordinator",
+                                               "automountServiceAccountToken": True}), a, "validation workload pod",
+                 ctype="application/json")
+        _refused(cp, *pod("coordinator-sa", spec={"serviceAccountName": "driverd-coordinator"}), a,
+                 "without credentials", ctype="application/json")
+        _refused(cp, *pod("secret-env", container={"env": [{"name": "T", "valueFrom": {"secretKeyRef": {
+            "name": "any", "key": "token"}}}]}), a, "without credentials", ctype="application/json")
+        _refused(cp, *pod("pinned", meta={"finalizers": ["example.com/pin"]}), a, "finalizers",
+                 ctype="application/json")
+        # RBAC: in driverd's namespace only
+        gpu_jobs = pod("elsewhere")
+        gpu_jobs[2]["metadata"]["namespace"] = GPU_NS
+        code, msg = _code(cp, "POST", f"/api/v1/namespaces/{GPU_NS}/pods", gpu_jobs[2], a, "application/json")
+        assert code == 403 and "cannot create resource" in msg, (code, msg)
+        # another node's validation pod (made by an admin here) is not its to delete
+        cp.api("POST", pods, pod("validation-b", B)[2])
+        made.append("validation-b")
+        _refused(cp, "DELETE", f"{pods}/validation-b", None, a, "own node", B, ctype="application/json")
+    finally:
+        for name in made:
+            cp.api("DELETE", f"{pods}/{name}", {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+
+
 def _lease(holder: str | None, duration: int, *, name: str = "driverd-rollout", renew: str | None = None,
            transitions: int = 0) -> dict:
     now = renew or time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())

@@ -84,7 +84,10 @@ def test_every_call_of_a_rollout_is_allowed_and_listed(control_plane, fleet):
     tokens of deploy/'s ServiceAccount: every request the apiserver audited from that account is one
     NODE_NEEDS lists, none was refused by RBAC or admission, and every listed need was exercised
     (GPU users by request, by RuntimeClass and by DRA claim are on the nodes, and a device-plugin
-    DaemonSet pod whose DaemonSet driverd reads)."""
+    DaemonSet pod whose DaemonSet driverd reads; the rollout's validation workload pod, which the played
+    kubelet ends Succeeded)."""
+    import threading
+    from tests.cluster.test_workload_pod import _end, _validation_pods
     f = fleet
     f.pdb_never("gpu-0000")
     # GPU users of the other kinds: a pod with the NVIDIA RuntimeClass (driverd lists RuntimeClasses)
@@ -101,13 +104,29 @@ def test_every_call_of_a_rollout_is_allowed_and_listed(control_plane, fleet):
     k = f.admin
     # the daemons are up (their nodes labelled driver-ready) and the device plugin runs on both nodes
     assert f.wait(lambda: len(k.list(f"/api/v1/namespaces/{PLUGIN_NS}/pods")["items"]) == 2, 60)
-    k.create("/apis/driverd.io/v1alpha1/driverrollouts", {
-        "apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
-        "spec": {"driver": NEW, "maxParallel": 2, "maxUnavailable": 2, "drain": {"timeoutSeconds": 2, "force": True}}})
-    assert f.wait(lambda: (k.get("/apis/driverd.io/v1alpha1/driverrollouts/r").get("status") or {}).get("phase")
-                  == "Completed", 120), (k.get("/apis/driverd.io/v1alpha1/driverrollouts/r").get("status"),
-                                         [(n["metadata"]["name"], n["metadata"].get("annotations"))
-                                          for n in k.list("/api/v1/nodes")["items"]])
+    stop = threading.Event()
+
+    def kubelet() -> None:          # each validation workload pod's container runs and exits 0
+        ended: set[str] = set()
+        while not stop.wait(0.2):
+            for p in _validation_pods(f):
+                if p["metadata"]["uid"] not in ended and (p.get("status") or {}).get("phase") == "Running":
+                    ended.add(p["metadata"]["uid"])
+                    _end(f, p, 0)
+    t = threading.Thread(target=kubelet, daemon=True)
+    t.start()
+    try:
+        k.create("/apis/driverd.io/v1alpha1/driverrollouts", {
+            "apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
+            "spec": {"driver": NEW, "maxParallel": 2, "maxUnavailable": 2, "drain": {"timeoutSeconds": 2, "force": True},
+                     "validation": {"workloadPod": {"image": "cuda-check:1"}}}})
+        assert f.wait(lambda: (k.get("/apis/driverd.io/v1alpha1/driverrollouts/r").get("status") or {}).get("phase")
+                      == "Completed", 120), (k.get("/apis/driverd.io/v1alpha1/driverrollouts/r").get("status"),
+                                             [(n["metadata"]["name"], n["metadata"].get("annotations"))
+                                              for n in k.list("/api/v1/nodes")["items"]])
+    finally:
+        stop.set()
+        t.join(5)
     # a DriverPool over one node, on another driver: the coordinator writes its status and creates its
     # first revision (a DriverRollout the pool owns), which takes the node back to OLD
     k.create("/apis/driverd.io/v1alpha1/driverpools", {

@@ -415,6 +415,104 @@ def test_a_rollout_on_the_real_node_evicts_real_pods_and_gives_the_node_back(on_
     assert [le["spec"].get("holderIdentity") for le in leases] == [COORDINATOR], leases
 
 
+def test_a_rollouts_workload_pod_runs_on_the_node_through_the_nvidia_runtime_before_it_is_done(on_node):
+    """Issue 42's optional check on the real kubelet: spec.validation.workloadPod. Once the node's GPUs are
+    schedulable again (the stand-in device plugin publishes 2 nvidia.com/gpu), the driver pod's daemon creates
+    the pod with the node's own token: bound to the node, runtime class nvidia, one nvidia.com/gpu (the
+    kubelet asks the plugin to allocate it), not on the host's network. A command exiting 0: the node is
+    `done`; one exiting 3: it fails WorkloadPodFailed naming the exit code and the log's last line, given back
+    uncordoned. The kubelet ran both through the handler driverd configured; the pod is gone either way."""
+    from driverd.cluster import model as m
+    from driverd.cluster import workloadpod as wlp
+    from driverd.sim.fleet import NEW
+    from tests.node import deviceplugin as dp
+    node, host, _, _ = on_node
+    cp = node.cp
+    dp.image(node)
+    cp.ensure("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": dp.NS}})
+    dss = f"/apis/apps/v1/namespaces/{dp.NS}/daemonsets"
+    ds = dp.daemonset("plugin-wl", host, args=["-devices", "2"], node_selector={m.L_READY: "true"})
+    ds["spec"]["template"]["spec"]["runtimeClassName"] = "nvidia"       # a GPU user: it leaves with the driver
+    cp.api("POST", dss, ds)
+    calls = node.dir / "nvidia-runtime.calls"
+
+    def allocatable() -> int:
+        n = cp.api("GET", f"/api/v1/nodes/{node.name}")
+        return int((n["status"].get("allocatable") or {}).get("nvidia.com/gpu") or 0)
+
+    def validation_pods() -> list[dict]:
+        return cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector={wlp.LABEL}")["items"]
+
+    def rollout(name: str, command: str) -> tuple[m.NodeView, list[dict], float]:
+        driver = "535.261.03" if NEW in (host / "proc/driver/nvidia/version").read_text() else NEW
+        cp.api("POST", "/apis/driverd.io/v1alpha1/driverrollouts", {
+            "apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": name},
+            "spec": {"driver": driver, "validation": {"timeoutSeconds": 120, "workloadPod": {
+                "image": IMAGE, "command": ["sh", "-c", command], "timeoutSeconds": 60}}}})
+        t0 = time.monotonic()
+        seen: dict[str, dict] = {}
+        while True:
+            for p in validation_pods():
+                seen[p["metadata"]["uid"]] = p
+            v = m.NodeView.from_node(cp.api("GET", f"/api/v1/nodes/{node.name}"))
+            if v.in_rollout_name(name) and v.state in (m.DONE, m.FAILED):
+                return v, list(seen.values()), time.monotonic() - t0
+            assert time.monotonic() - t0 < 300, (v, node.container_log(NS, _pods(cp)[0]["metadata"]["name"], "driverd"))
+            time.sleep(0.3)
+
+    end = time.monotonic() + 90
+    while allocatable() != 2:
+        assert time.monotonic() < end, f"nvidia.com/gpu allocatable never became 2: {node.log_tail('kubelet')}"
+        time.sleep(0.3)
+    try:
+        before = calls.read_text() if calls.exists() else ""
+        v, seen, took = rollout("workload-ok", "echo vectorAdd passed; exit 0")
+        print(f"\nrollout with a workload pod exiting 0: {v.state} after {took:.1f}s: {v.message}")
+        assert v.state == m.DONE, v
+        assert len(seen) == 1, seen
+        (pod,) = seen
+        ref = f"{NS}/{pod['metadata']['name']}"
+        assert f"validation workload pod {ref} succeeded" in v.message and not v.unschedulable, v
+        spec = pod["spec"]
+        assert (spec["nodeName"], spec["runtimeClassName"]) == (node.name, "nvidia") and not spec.get("hostNetwork")
+        assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+        # the kubelet ran it: the handler's binary created its sandbox and container
+        assert calls.read_text()[len(before):].count("create") >= 2, calls.read_text()[len(before):]
+
+        v, seen, took = rollout("workload-exits-3", "echo cudaErrorNoDevice >&2; exit 3")
+        print(f"rollout with a workload pod exiting 3: {v.state} after {took:.1f}s: {v.message}")
+        assert v.state == m.FAILED and v.reason == "WorkloadPodFailed", v
+        (pod,) = seen
+        assert f"validation workload pod {NS}/{pod['metadata']['name']}" in v.message, v.message
+        assert "exited with code 3" in v.message and "cudaErrorNoDevice" in v.message, v.message
+        assert not v.unschedulable                    # given back, uncordoned, with the reason on the Node
+        # nothing is left behind: the kubelet confirmed the deletions
+        end = time.monotonic() + 60
+        while validation_pods():
+            assert time.monotonic() < end, validation_pods()
+            time.sleep(0.3)
+    finally:
+        # the failed rollout is paused (its failure budget spent) and keeps its node from later rollouts: deleted,
+        # as an operator would (its finalizer goes once the coordinator has seen it)
+        for name in ("workload-ok", "workload-exits-3"):
+            try:
+                cp.api("DELETE", f"/apis/driverd.io/v1alpha1/driverrollouts/{name}")
+            except urllib.error.HTTPError as e:
+                assert e.code == 404, e
+        end = time.monotonic() + 60
+        while any(r["metadata"]["name"].startswith("workload-")
+                  for r in cp.api("GET", "/apis/driverd.io/v1alpha1/driverrollouts")["items"]):
+            assert time.monotonic() < end, "the rollouts were not deleted"
+            time.sleep(0.3)
+        cp.api("DELETE", f"{dss}/plugin-wl")
+        end = time.monotonic() + 60
+        while cp.api("GET", f"/api/v1/namespaces/{dp.NS}/pods?labelSelector=app%3Dplugin-wl")["items"]:
+            assert time.monotonic() < end, "the plugin's pods never left"
+            time.sleep(0.5)
+        for sock in Path("/var/lib/kubelet/device-plugins").glob("standin-*.sock"):
+            sock.unlink(missing_ok=True)
+
+
 def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
     """Issue 42 on the real kubelet: a stand-in device plugin (tests/node/deviceplugin: the kubelet's
     device-plugin API) publishes nvidia.com/gpu; the kubelet, not the test, sets the Node's allocatable.
@@ -492,7 +590,8 @@ def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
     assert not v.unschedulable                         # given back, uncordoned, with the reason on the Node
     cp.api("DELETE", f"{dss}/plugin-gone")
     end = time.monotonic() + 60
-    while cp.api("GET", f"/api/v1/namespaces/{dp.NS}/pods")["items"]:
+    # its own pods (the earlier rollout test's device-plugin DaemonSet stays in that namespace)
+    while cp.api("GET", f"/api/v1/namespaces/{dp.NS}/pods?labelSelector=app%3Dplugin-gone")["items"]:
         assert time.monotonic() < end, "the plugin's pods never left"
         time.sleep(0.5)
     # the first plugin was stopped by the drain mid-serving and its replacement never started serving: the

@@ -59,13 +59,16 @@ DRAIN_WATCH_S = (30, 60)
 # drain stays here, as tests tune its pace through this module's EVICT_* settings.
 class NodeAgent(NodeAdmission, NodeFinish):
     _pod_watch = None           # the node's pods while it evicts (see _watched_pods)
+    _wl_watch = None            # the validation workload pod while validating (finish.py)
 
     def __init__(self, kube: Kube, node: str, *, cfg, log: Callable[[str], None], make_context: Callable | None = None,
                  reconciler=None, host: NodeHost | None = None, events: bool = True,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, namespace: str = "driverd") -> None:
         """`host`: the machine under the agent (default: this one, through `make_context` and the
-        reconcile pass)."""
+        reconcile pass). `namespace`: where driverd runs (the daemon's pod's own, $POD_NAMESPACE): a
+        rollout's validation workload pod runs there."""
         self.kube, self.node, self.cfg, self.log = kube, node, cfg, log
+        self.namespace = namespace
         if host is None:
             from driverd.apply.reconcile import Reconciler
             assert make_context is not None, "NodeAgent needs a host or a make_context"
@@ -87,6 +90,7 @@ class NodeAgent(NodeAdmission, NodeFinish):
         # each pod's last refusal in the API's words (what the node fails with, should the API server be
         # unreachable on the last try)
         self._pod_watch: Informer | None = None
+        self._wl_watch: Informer | None = None      # while validating: the rollout's workload pod (finish.py)
         # when this daemon's view of the node's pods began: its first read of them, or its first read
         # after one the API server did not answer. The drain's timeout counts from it, so an API server
         # away (or this daemon restarted) mid-drain does not fail the node for pods nobody could see
@@ -177,6 +181,7 @@ class NodeAgent(NodeAdmission, NodeFinish):
         self.wake.set()
         if self._pod_watch is not None:
             self._end_drain_watch()
+        self._end_workload_watch()
         self.nodes.close()
         self.rollouts.close()
         self.pools.close()
@@ -232,6 +237,8 @@ class NodeAgent(NodeAdmission, NodeFinish):
             return 0
         if v.state != m.EVICTING and self._pod_watch is not None:
             self._end_drain_watch()
+        if v.state != m.VALIDATING and self._wl_watch is not None:
+            self._end_workload_watch()
         state = states.node_state(v.state)
         if state is None:
             return self._unknown_state(node, v)

@@ -1,7 +1,8 @@
 """The node agent (driverd.cluster.agent.NodeAgent) from the node transaction to the node given back:
-the transaction and the reboot it may need, validation (the node Ready, its GPUs schedulable again),
-the endings (done, failed, given back), and what the node says of its driver all along: its labels
-and the GPUDriverReady condition."""
+the transaction and the reboot it may need, validation (the node Ready, its GPUs schedulable again, and
+the rollout's validation workload pod when it asks for one: cluster/workloadpod.py), the endings (done,
+failed, given back), and what the node says of its driver all along: its labels and the GPUDriverReady
+condition."""
 from __future__ import annotations
 
 import json
@@ -12,8 +13,9 @@ from driverd.apply.preflight import driver_config
 from driverd.cluster import model as m
 from driverd.cluster import operator_components as oc
 from driverd.cluster import schedulable as sched
+from driverd.cluster import workloadpod as wlp
 from driverd.cluster.informer import Informer
-from driverd.cluster.kube import Kube, KubeError, node_path, now_rfc3339, pods_path
+from driverd.cluster.kube import Kube, KubeError, node_path, now_rfc3339, parse_time, pods_path
 from driverd.cluster.nodehost import NodeHost
 
 A_BOOT = m.PREFIX + "boot-id"
@@ -24,6 +26,7 @@ class NodeFinish:
     """NodeAgent's side from the transaction to the end of its upgrade (a mixin: NodeAgent holds these)."""
     kube: Kube
     node: str
+    namespace: str
     cfg: Any
     host: NodeHost
     nodes: Informer
@@ -32,12 +35,14 @@ class NodeFinish:
     clock: Callable[[], float]
     workload: tuple[bool, str] | None
     waiting: str | None
+    _wl_watch: Informer | None
     _reboot_checked: bool
     _to: Callable[..., dict]
     _elapsed: Callable[[m.NodeView], float]
     _say: Callable[[dict, m.NodeView, str, str], None]
     event: Callable[..., None]
     view: Callable[[], tuple[dict | None, m.NodeView | None]]
+    _changed: Callable[[str, dict], None]
 
     # -- labels and GPUDriverReady -------------------------------------------------------------------
     def condition(self, ready: bool, reason: str, message: str) -> None:
@@ -183,14 +188,100 @@ class NodeFinish:
                 return self._fail(node, v, "GPUsNotSchedulable", "; ".join(short) + f" after "
                                   f"{r.validation_timeout_s}s (spec.validation.timeoutSeconds): the device plugin or "
                                   "the DRA kubelet plugin did not come back with the driver")
+        ran = ""
+        if r.workload_pod is not None:
+            step, ran = self._workload_pod(node, v, r)
+            if step != "ok":
+                return ran
         spec = {"unschedulable": None} if v.cordoned_by_us else None
         back, back_ann, said = _restored(node)
-        self._to(node, m.DONE, "Upgraded", f"driver {loaded['version']} ({loaded['flavor']}) validated"
+        self._to(node, m.DONE, "Upgraded", f"driver {loaded['version']} ({loaded['flavor']}) validated" + ran
                  + ("; uncordoned" if v.cordoned_by_us else "; left cordoned: it was cordoned before driverd") + said,
                  ann={m.A_CORDONED: None, m.A_GPUS_BEFORE: None, m.A_LEFT_WITH: None, **back_ann}, spec=spec,
                  labels={m.L_VERSION: loaded["version"], m.L_FLAVOR: loaded["flavor"], m.L_READY: "true", **back})
         self.condition(True, "DriverValidated", f"driver {loaded['version']} ({loaded['flavor']}) loaded and validated")
         return None
+
+    # -- the validation workload pod (spec.validation.workloadPod, cluster/workloadpod.py) ----------------
+    def _workload_pod(self, node: dict, v: m.NodeView, r: m.Rollout) -> tuple[str, Any]:
+        """The rollout's workload pod on this node, once its GPUs are schedulable again: ("ok", words for
+        the done message) once it Succeeded; ("wait", seconds) while it runs; ("failed", None) when it
+        Failed, did not succeed within its timeout or could not be created — the node is failed
+        (WorkloadPodFailed), through the ending every failure takes (uncordoned, counted against the
+        failure budget). The pod is deleted before the node moves on, either way: nothing is left on the
+        node, and a daemon restarted before the move runs it once more rather than leaving it behind."""
+        wp = r.workload_pod
+        assert wp is not None
+        timeout = r.workload_timeout_s
+        name = wlp.pod_name(self.node, v.rollout or r.key, v.attempt, v.since)
+        ref = f"{self.namespace}/{name}"
+        pod = self._workload_view(name)
+        if pod is None:
+            gpu = wlp.publishes_gpus(node)
+            try:
+                pod = self.kube.create(pods_path(self.namespace), wlp.manifest(
+                    name, self.namespace, self.node, r.name, wp, gpu=gpu))
+            except KubeError as e:
+                if e.conflict:          # created by this daemon before a restart, not in the view yet
+                    return "wait", 1.0
+                if e.status in (400, 403, 404, 422):
+                    # refused for good (the admission policy, RBAC, a namespace that does not exist, an
+                    # image reference the API rejects): waiting out the timeout would change nothing
+                    return "failed", self._fail(node, v, "WorkloadPodFailed", f"the validation workload pod {ref} "
+                                                f"could not be created: {e.status} {e.reason}: {e.api_message}")
+                raise
+            if self._wl_watch is not None:
+                self._wl_watch.put(pod)
+            self._say(node, v, "ValidatingWorkload", f"GPUs schedulable again; running the validation workload pod "
+                      f"{ref} (image {wp.image}, runtime class {wlp.RUNTIME_CLASS}, " +
+                      (f"one {wlp.GPU}" if gpu else f"no {wlp.GPU} limit: the node publishes none") +
+                      f") for up to {timeout}s (spec.validation.workloadPod)")
+            return "wait", min(float(timeout), 10.0)
+        took = max(0.0, self.clock() - (parse_time(pod["metadata"].get("creationTimestamp")) or self.clock()))
+        ok = wlp.finished(pod)
+        if ok is True:
+            self._delete_workload(name)
+            return "ok", f"; validation workload pod {ref} succeeded after {took:.0f}s"
+        if ok is False:
+            self._delete_workload(name)
+            return "failed", self._fail(node, v, "WorkloadPodFailed", f"validation workload pod {ref} (image "
+                                        f"{wp.image}) failed: {wlp.failure(pod)}")
+        left = timeout - took
+        if left > 0:
+            # its watch wakes the agent at every change; the bound only re-reads a watch that broke
+            return "wait", min(left + 0.1, 10.0)
+        self._delete_workload(name)
+        return "failed", self._fail(node, v, "WorkloadPodFailed", f"validation workload pod {ref} (image {wp.image}) "
+                                    f"did not succeed within {timeout}s (spec.validation.workloadPod.timeoutSeconds, "
+                                    f"else spec.validation.timeoutSeconds): {wlp.pending(pod)}")
+
+    def _workload_view(self, name: str) -> dict | None:
+        """The workload pod as its watch shows it (one list, then a watch of that one name, which wakes the
+        agent when the pod changes); listed from the API while the watch is not synced or has failed."""
+        w = self._wl_watch
+        fields = f"metadata.name={name}"
+        if w is None or w.fields != fields:
+            if w is not None:
+                w.close()
+            w = self._wl_watch = Informer(self.kube, pods_path(self.namespace), fields=fields,
+                                          name=f"validation/{self.node}", on_change=self._changed, log=self.log).start()
+        if w.tried.wait(10) and w.synced.is_set() and w.error is None:
+            return w.get(f"{self.namespace}/{name}")
+        items = self.kube.list(pods_path(self.namespace), fields=fields).get("items") or []
+        return items[0] if items else None
+
+    def _delete_workload(self, name: str) -> None:
+        try:
+            self.kube.delete(pods_path(self.namespace, name))
+        except KubeError as e:
+            if not e.not_found:
+                raise
+        self._end_workload_watch()
+
+    def _end_workload_watch(self) -> None:
+        if self._wl_watch is not None:
+            self._wl_watch.close()
+            self._wl_watch = None
 
     # -- endings that give the node back --------------------------------------------------------------------
     def _fail(self, node: dict, v: m.NodeView, reason: str, message: str) -> float | None:
