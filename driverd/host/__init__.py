@@ -58,9 +58,9 @@ def _nvml_early(root: Root):
     import os
     import sys
     import threading
+    from driverd.driver.ident import VERSION_FILE
     loaded = sys.modules.get("driverd.host.nvml")
-    if (loaded is not None and loaded._in_child) or not root.is_live() \
-            or not os.path.exists("/proc/driver/nvidia/version"):
+    if (loaded is not None and loaded._in_child) or not root.is_live() or not os.path.exists(VERSION_FILE):
         return None
     box: list = []
 
