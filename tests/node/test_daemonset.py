@@ -13,7 +13,6 @@ real kubelet: pod status and conditions are the kubelet's, not a test's."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 import urllib.error
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, stop_process
+from tests.conftest import stop_process
 from tests.controlplane import wait_policies_configured
 from tests.kubetools import condition_true
 
@@ -90,6 +89,21 @@ def helm_install(cp, work: Path, host: Path, binary: str) -> str:
     cp.api("PATCH", f"/api/v1/namespaces/{NS}", {"metadata": {"labels": {
         "pod-security.kubernetes.io/enforce": "privileged"}}}, content_type="application/merge-patch+json")
     return cp.api("GET", f"/api/v1/namespaces/{NS}/configmaps/driverd-config")["data"]["config.toml"]
+
+
+def remove_plugin(cp, name: str) -> None:
+    """A stand-in device plugin's DaemonSet deleted and its own pods gone (another test's plugin DaemonSet
+    may stay in that namespace). A plugin stopped by a drain mid-serving, or one whose replacement never
+    served, leaves the socket it registered in the kubelet's fixed directory, which the real node checks is
+    as it found it: removed here."""
+    from tests.node import deviceplugin as dp
+    cp.api("DELETE", f"/apis/apps/v1/namespaces/{dp.NS}/daemonsets/{name}")
+    end = time.monotonic() + 60
+    while cp.api("GET", f"/api/v1/namespaces/{dp.NS}/pods?labelSelector=app%3D{name}")["items"]:
+        assert time.monotonic() < end, f"the pods of {name} never left"
+        time.sleep(0.5)
+    for sock in Path("/var/lib/kubelet/device-plugins").glob("standin-*.sock"):
+        sock.unlink(missing_ok=True)
 
 
 def _pods(cp) -> list[dict]:
@@ -504,13 +518,7 @@ def test_a_rollouts_workload_pod_runs_on_the_node_through_the_nvidia_runtime_bef
                   for r in cp.api("GET", "/apis/driverd.io/v1alpha1/driverrollouts")["items"]):
             assert time.monotonic() < end, "the rollouts were not deleted"
             time.sleep(0.3)
-        cp.api("DELETE", f"{dss}/plugin-wl")
-        end = time.monotonic() + 60
-        while cp.api("GET", f"/api/v1/namespaces/{dp.NS}/pods?labelSelector=app%3Dplugin-wl")["items"]:
-            assert time.monotonic() < end, "the plugin's pods never left"
-            time.sleep(0.5)
-        for sock in Path("/var/lib/kubelet/device-plugins").glob("standin-*.sock"):
-            sock.unlink(missing_ok=True)
+        remove_plugin(cp, "plugin-wl")
 
 
 def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
@@ -588,16 +596,7 @@ def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
     assert v.state == m.FAILED and v.reason == "GPUsNotSchedulable", v
     assert "nvidia.com/gpu allocatable 0, was 2 before the upgrade" in v.message, v.message
     assert not v.unschedulable                         # given back, uncordoned, with the reason on the Node
-    cp.api("DELETE", f"{dss}/plugin-gone")
-    end = time.monotonic() + 60
-    # its own pods (the earlier rollout test's device-plugin DaemonSet stays in that namespace)
-    while cp.api("GET", f"/api/v1/namespaces/{dp.NS}/pods?labelSelector=app%3Dplugin-gone")["items"]:
-        assert time.monotonic() < end, "the plugin's pods never left"
-        time.sleep(0.5)
-    # the first plugin was stopped by the drain mid-serving and its replacement never started serving: the
-    # socket it registered is left in the kubelet's fixed directory, which the real node checks is as it found it
-    for sock in Path("/var/lib/kubelet/device-plugins").glob("standin-*.sock"):
-        sock.unlink(missing_ok=True)
+    remove_plugin(cp, "plugin-gone")
 
 
 

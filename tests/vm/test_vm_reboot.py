@@ -119,6 +119,19 @@ def test_the_second_kernel_closes_the_gate_until_the_daemon_prepares_it(boots):
     assert r["daemon_stop"]["rc"] == 0
 
 
+def came_back_from_disk(r: dict) -> list[dict]:
+    """What a boot's daemon did after the reboot: the stand-in driver loaded from the package prepared for
+    the next kernel, the user-space made active again, and nothing fetched. Its runs."""
+    mods = r["kernel"]["modules"]
+    assert mods["nvidia"]["version"] == h.OLD and h.OLD in r["kernel"]["nvidia_version"], r["kernel"]
+    assert f"/lib/modules/{NEXT}/updates/driverd/" in r["modinfo_filename"]["stdout"], r["modinfo_filename"]
+    runs = r["runs"]
+    steps = [s for run in runs for s in run["steps"]]
+    assert not any(s.startswith("fetch-") for s in steps), runs
+    assert "install-userspace" in steps and "load-modules" in steps, runs
+    return runs
+
+
 def test_the_reboot_into_it_comes_back_ready_from_disk_with_the_repository_refusing_connections(boots):
     r = boots[2].results["reboot_next"]
     assert boots[2].results["setup"]["uname"] == NEXT
@@ -128,13 +141,7 @@ def test_the_reboot_into_it_comes_back_ready_from_disk_with_the_repository_refus
     plan = r["plan"]["json"]
     assert not plan["blocked_by"] and not any(s["action"].startswith("fetch-") for s in plan["steps"]), plan
     assert "READY=1" in r["ready"]["message"]
-    mods = r["kernel"]["modules"]
-    assert mods["nvidia"]["version"] == h.OLD and h.OLD in r["kernel"]["nvidia_version"], r["kernel"]
-    assert f"/lib/modules/{NEXT}/updates/driverd/" in r["modinfo_filename"]["stdout"], r["modinfo_filename"]
-    runs = r["runs"]
-    steps = [s for run in runs for s in run["steps"]]
-    assert not any(s.startswith("fetch-") for s in steps), runs
-    assert "install-userspace" in steps and "load-modules" in steps, runs
+    came_back_from_disk(r)
     u = r["userspace"]
     assert u["driver_link"] and u["ld_conf"] and u["current"] == h.OLD, u
     assert "connection refused" not in r["log"].lower() and "cannot reach" not in r["log"], r["log"][-3000:]
@@ -176,13 +183,7 @@ def test_container_mode_comes_back_ready_after_the_reboot_with_userspace_package
     assert "READY=1" in r["ready"]["message"], r["ready"]
     assert r["readyz"]["code"] == 200, r["readyz"]
     assert "driverd container-entrypoint: no fast path" in r["log"], r["log"][-3000:]
-    mods = r["kernel"]["modules"]
-    assert mods["nvidia"]["version"] == h.OLD and h.OLD in r["kernel"]["nvidia_version"], r["kernel"]
-    assert f"/lib/modules/{NEXT}/updates/driverd/" in r["modinfo_filename"]["stdout"], r["modinfo_filename"]
-    runs = r["runs"]
-    steps = [s for run in runs for s in run["steps"]]
-    assert not any(s.startswith("fetch-") for s in steps), runs
-    assert "install-userspace" in steps and "load-modules" in steps, runs
+    runs = came_back_from_disk(r)
     # from userspace.package (the host's file, through the container's mount of the host), not the repository
     us = [p for run in runs for p in run["userspace"]]
     assert us and all(p.get("sha256") == sha["package"] and
