@@ -459,3 +459,15 @@ def run_cli_kubectl(*args: str):
     return subprocess.run([sys.executable, "-c", "import sys; from driverd.cli import kubectl_main; "
                            "sys.exit(kubectl_main())", *args], capture_output=True, text=True, env=driverd_env(),
                           timeout=60, cwd="/")
+
+
+def test_gpus_flavor_keeps_only_that_flavours_answer():
+    """Issue 48: `gpus --driver` had no --flavor where every other command that judges a driver has one."""
+    both = json.loads(run_cli("gpus", "2330", "--driver", "570.195.03", "--json", check=True).stdout)["gpus"][0]
+    assert set(both["flavors"]) == set(both["verdicts"]) == {"open", "proprietary"}
+    one = json.loads(run_cli("gpus", "2330", "--driver", "570.195.03", "--flavor", "proprietary", "--json",
+                             check=True).stdout)["gpus"][0]
+    assert set(one["flavors"]) == set(one["verdicts"]) == {"proprietary"}
+    assert one["verdicts"]["proprietary"] == both["verdicts"]["proprietary"]
+    text = run_cli("gpus", "2330", "--driver", "570.195.03", "--flavor", "open", check=True).stdout
+    assert "570.195.03 open:" in text and "proprietary:" not in text, text

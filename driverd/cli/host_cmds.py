@@ -35,6 +35,8 @@ def register(sub, common) -> None:
     p.add_argument("ids", nargs="*", metavar="ID", help="PCI device id (2330, 0x2330) or ID:SUBVENDOR:SUBDEVICE "
                    "(2330:10de:16c1)")
     p.add_argument("--driver", metavar="VERSION", help="judge this driver release, e.g. 570.195.03")
+    add_flavor(p, choices=("open", "proprietary"), help="only this kernel-module flavour's branches and verdict "
+               "(default: both)")
     p.set_defaults(handler=cmd_gpus)
 
     p = sub.add_parser("config", parents=[common], help="show the effective configuration and where each value comes from",
@@ -210,6 +212,10 @@ def cmd_gpus(ctx, args) -> int:
     out = []
     for did, sub, addr in wanted:
         d = gputable.describe(did, sub, args.driver)
+        if args.flavor:                 # the one flavour asked about; describe() judges both
+            for key in ("flavors", "verdicts"):
+                if key in d:
+                    d[key] = {f: v for f, v in d[key].items() if f == args.flavor}
         if addr:
             d["pci_address"] = addr
         if sub:
