@@ -443,7 +443,9 @@ def cmd_undo(ctx, args) -> int:
                 raise UsageError(f"a rollout named {name} already exists", fix=f"delete it first: kubectl "
                                  f"driverd rollout delete {name}") from None
             raise
-        made.append({"rollout": name, "driver": prev, "nodes": sorted(hosts), "object": new})
+        # a dry run shows the object it would create, as kubectl's --dry-run -o yaml does
+        made.append({"rollout": name, "driver": prev, "nodes": sorted(hosts)}
+                    | ({"object": new} if args.dry_run != "none" else {}))
     _print(args, {"created": made, "dryRun": args.dry_run}, "\n".join(
         f"{_rollout_name(d['rollout'])} created{_dry(args)}: back to {d['driver']} on {len(d['nodes'])} node(s)"
         for d in made), names=[_rollout_name(d["rollout"]) for d in made])

@@ -99,6 +99,14 @@ class NodeAdmission:
             r = m.Rollout.from_object(obj)
         except m.SpecError as e:
             return f"DriverRollout {name} cannot be carried out: {e.one_line()}"
+        # whom the rollout takes first: it names a forged admission's fault whatever phase the rollout has
+        # reached meanwhile (one that takes no node may have ended at once)
+        if not r.selects(v.labels):
+            return f"rollout {name} does not select this node"
+        if not pl.takes(obj, v.labels, self.pool_list()):
+            own = pl.owner(obj)
+            return (f"the node is not a member of pool {own[0]} alone, whose rollout {name} is" if own else
+                    f"the node belongs to a DriverPool: only its pool's rollouts take it, not {name}")
         # (an aborted or deleted one is given back by tick(), like every node it holds)
         if m.ended(obj) and (md.get("annotations") or {}).get(m.A_ABORT) != "true" and not md.get("deletionTimestamp") \
                 and (obj.get("status") or {}).get("phase") != pl.SUPERSEDED:
@@ -107,12 +115,6 @@ class NodeAdmission:
             fresh = self._fresh_rollout(name)
             if fresh is None or m.ended(fresh):
                 return f"rollout {name} has ended ({((fresh or obj).get('status') or {}).get('phase')})"
-        if not r.selects(v.labels):
-            return f"rollout {name} does not select this node"
-        if not pl.takes(obj, v.labels, self.pool_list()):
-            own = pl.owner(obj)
-            return (f"the node is not a member of pool {own[0]} alone, whose rollout {name} is" if own else
-                    f"the node belongs to a DriverPool: only its pool's rollouts take it, not {name}")
         if v.target != r.target:
             return f"rollout {name} installs {r.target}, not {v.target or '(no target)'}"
         pre = v.preflight or {}
