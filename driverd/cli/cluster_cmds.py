@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from driverd.cli.kubeprint import _cells, _fmt, _print, _rollout_name, _shown, _yaml, add_watch, watching
+from driverd.cli.kubeprint import _cells, _fmt, _print, _rollout_name, _shown, _yaml, add_watch, dry_said, watching
 from driverd.cli.options import add_flavor
 
 KUBECTL_EPILOG = """\
@@ -34,11 +34,6 @@ def _dry_run(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--dry-run", nargs="?", const="client", default="none", choices=("none", "client", "server"),
                    help=f"client: print {what} without sending it; server: the API server judges it (schema, "
                         "RBAC, admission) and stores nothing (as kubectl's --dry-run)")
-
-
-def _dry(args) -> str:
-    """The suffix kubectl puts on what a dry run would have done."""
-    return {"client": " (dry run)", "server": " (server dry run)"}.get(getattr(args, "dry_run", "none"), "")
 
 
 def _kube_args(p: argparse.ArgumentParser, namespace: bool = True) -> None:
@@ -377,7 +372,7 @@ def cmd_verb(ctx, args) -> int:
     if args.verb == "delete":
         if args.dry_run != "client":
             kube.delete(rollout_path(name), dry_run=args.dry_run == "server")
-        _print(args, {"deleted": name, "dryRun": args.dry_run}, f"{_rollout_name(name)} deleted{_dry(args)}"
+        _print(args, {"deleted": name, "dryRun": args.dry_run}, f"{_rollout_name(name)} deleted{dry_said(args)}"
                + ("" if args.dry_run != "none" else ": no more nodes are admitted; nodes not yet unloading are "
                   "given back, then the resource goes"), names=[_rollout_name(name)])
         return 0
@@ -388,7 +383,7 @@ def cmd_verb(ctx, args) -> int:
     new = {"patch": patch, "rollout": name} if args.dry_run == "client" else \
         kube.patch(rollout_path(name), patch, dry_run=args.dry_run == "server")
     done = "aborted" if args.verb == "abort" else f"{args.verb}d"
-    _print(args, new, f"{_rollout_name(name)} {done}{_dry(args)}" + (
+    _print(args, new, f"{_rollout_name(name)} {done}{dry_said(args)}" + (
         ": no more nodes are admitted; nodes not yet unloading are given back"
         if args.verb == "abort" and args.dry_run == "none" else ""), names=[_rollout_name(name)])
     return 0
@@ -447,7 +442,7 @@ def cmd_undo(ctx, args) -> int:
         made.append({"rollout": name, "driver": prev, "nodes": sorted(hosts)}
                     | ({"object": new} if args.dry_run != "none" else {}))
     _print(args, {"created": made, "dryRun": args.dry_run}, "\n".join(
-        f"{_rollout_name(d['rollout'])} created{_dry(args)}: back to {d['driver']} on {len(d['nodes'])} node(s)"
+        f"{_rollout_name(d['rollout'])} created{dry_said(args)}: back to {d['driver']} on {len(d['nodes'])} node(s)"
         for d in made), names=[_rollout_name(d["rollout"]) for d in made])
     return 0
 
@@ -479,7 +474,7 @@ def cmd_node(ctx, args) -> int:
         if e.not_found:
             raise UsageError(f"no node named {args.node}", fix="kubectl driverd nodes") from None
         raise
-    _print(args, new, f"node/{args.node} {args.verb} requested{_dry(args)}", names=[f"node/{args.node}"])
+    _print(args, new, f"node/{args.node} {args.verb} requested{dry_said(args)}", names=[f"node/{args.node}"])
     return 0
 
 

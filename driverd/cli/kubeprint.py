@@ -49,6 +49,11 @@ def _print(args, data, human, *, wide=None, names: list[str] | None = None) -> N
         print(_shown(h(data) if callable(h) else h, keep="\n"))
 
 
+def dry_said(args) -> str:
+    """The suffix kubectl puts on what a dry run would have done ("" for a real run)."""
+    return {"client": " (dry run)", "server": " (server dry run)"}.get(getattr(args, "dry_run", "none"), "")
+
+
 def _rollout_name(name: str) -> str:
     return f"driverrollout.driverd.io/{name}"
 

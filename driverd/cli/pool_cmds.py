@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from driverd.cli.kubeprint import add_watch, watching
+from driverd.cli.kubeprint import add_watch, dry_said, watching
 
 
 def register(sub, common, kube_args, kube_of, emit) -> None:
@@ -325,7 +325,7 @@ def undo(kube, args, obj: dict, _print) -> int:
              "spec": {"driver": prev[0], "flavor": prev[1]}}
     dry = getattr(args, "dry_run", "none")
     new = {"patch": patch} if dry == "client" else kube.patch(pool_path(name), patch, dry_run=dry == "server")
-    said = {"client": " (dry run)", "server": " (server dry run)"}.get(dry, "")
+    said = dry_said(args)
     _print(args, {"pool": name, "driver": prev[0], "flavor": prev[1], "undone": obj["metadata"]["name"],
                   "object": new, "dryRun": dry},
            f"driverpool.driverd.io/{name}: driver back to {prev[0]} ({prev[1]}), undoing {obj['metadata']['name']}"

@@ -34,6 +34,7 @@ A_ADMITTED_BY = PREFIX + "admitted-by"    # the coordinator (Lease holder) that 
 A_GPUS_BEFORE = PREFIX + "gpus-before"    # JSON: what the scheduler could place on the node at its cordon
 A_LEFT_WITH = PREFIX + "left-with-driver"   # JSON: the DaemonSets (ns/name) whose pods left with the driver
 A_WAITING = PREFIX + "waiting"            # what the node's desired driver or settings want that waits for a rollout
+WAITING_SETTINGS = "configuration: "      # in A_WAITING, before the driver settings a rollout must apply
 FINALIZER = "driverd.io/rollout"          # keeps a deleted rollout's spec until its nodes are given back
 # Node labels (what is loaded; selectors and dashboards use them)
 L_VERSION = PREFIX + "driver-version"

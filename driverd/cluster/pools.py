@@ -260,7 +260,7 @@ def _behind(pool: Pool, v: m.NodeView) -> bool:
 def waiting_settings(v: m.NodeView) -> str:
     """The driver settings changes (module parameters, module set, unload policy, ...) the node's daemon
     keeps out until a rollout applies them: the `configuration: ...` part of its driverd.io/waiting."""
-    return v.waiting.partition("configuration: ")[2]
+    return v.waiting.partition(m.WAITING_SETTINGS)[2]
 
 
 def settings_digest(pool: Pool, members: list[m.NodeView]) -> str:

@@ -191,6 +191,7 @@ class ClusterMode:
         from driverd.apply import fingerprint as fpr
         from driverd.apply.preflight import driver_config
         from driverd.cluster import desired as dz
+        from driverd.cluster.model import WAITING_SETTINGS
         from driverd.config import keep_settings
         from driverd.errors import DriverdError
         node = self.agent.nodes.get(self.node)
@@ -213,7 +214,7 @@ class ClusterMode:
             try:
                 kept, changed = keep_settings(cfg, recorded, f"node {self.node}: its last converge")
                 if changed:
-                    waiting.append("configuration: " + "; ".join(changed))
+                    waiting.append(WAITING_SETTINGS + "; ".join(changed))
             except DriverdError as e:         # a damaged record: the configuration as it is, said once
                 self._say_once(f"driverd: node {self.node}: the recorded settings of its last converge are "
                                f"unusable ({e.one_line()}); the configuration's apply")

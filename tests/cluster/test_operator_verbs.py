@@ -218,9 +218,9 @@ def test_nodes_and_pools_take_kubectls_watch(deployed, make):
         "spec": {"driver": NEW, "nodeSelector": {"matchLabels": {"pool": "p"}}}})
 
     def skip_later() -> None:
-        time.sleep(3)
+        time.sleep(8)                   # after the watch's first picture, however slowly its process starts
         f.admin.patch("/api/v1/nodes/gpu-0001", {"metadata": {"annotations": {m.A_SKIP: "true"}}})
-    for argv in (["nodes", "-w", "--timeout", "9"], ["pools", "-w", "--timeout", "4"],
+    for argv in (["nodes", "-w", "--timeout", "20"], ["pools", "-w", "--timeout", "4"],
                  ["pool", "status", "p", "-w", "--timeout", "4"]):
         t = threading.Thread(target=skip_later) if argv[0] == "nodes" else None
         if t:

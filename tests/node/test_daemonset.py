@@ -586,6 +586,7 @@ def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
     pod_spec = ds["spec"]["template"]["spec"]
     pod_spec["runtimeClassName"] = "nvidia"
     target = "535.261.03" if NEW in (host / "proc/driver/nvidia/version").read_text() else NEW
+    pod_spec["terminationGracePeriodSeconds"] = 1      # its sleeping init container goes at once when deleted
     pod_spec["initContainers"] = [{"name": "wait", "image": IMAGE, "imagePullPolicy": "Never",
                                    "volumeMounts": [{"name": "proc", "mountPath": "/host-proc", "readOnly": True}],
                                    "command": ["sh", "-c", f"if grep -q {target} /host-proc/driver/nvidia/version; "
