@@ -243,18 +243,36 @@ _HOME = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What an isolated child runs: driverd's own directory is appended (never prepended: the standard
 # library and site-packages come first) only when the interpreter's own path does not have it, then
 # the module runs as __main__ with its arguments.
-_BOOT = ("import sys, runpy; home, module = sys.argv.pop(1), sys.argv.pop(1); "
-         "home in sys.path or sys.path.append(home); runpy.run_module(module, run_name='__main__', alter_sys=True)")
+_BOOT = ("import os, sys, runpy; homes, module = sys.argv.pop(1), sys.argv.pop(1); "
+         "[h in sys.path or sys.path.append(h) for h in homes.split(os.pathsep)]; "
+         "runpy.run_module(module, run_name='__main__', alter_sys=True)")
 
 # Where driverd's own children run: never the caller's working directory, which another user may write.
 CHILD_CWD = "/"
 
 
-def python_child(module: str, *args: str, python: str | None = None) -> list[str]:
+def python_child(module: str, *args: str, python: str | None = None, site_modules: Sequence[str] = ()) -> list[str]:
     """The argv of a Python child of driverd's own (the workload probe, the NVML query), which runs as
     root. `-I` (isolated): neither the working directory nor the script's nor the user's site directory
     is on its module path and no PYTHON* variable is read, so a `json.py` planted where the caller
     stood, or a PYTHONPATH/PYTHONSTARTUP in root's environment, is never imported. Run it with
     `cwd=CHILD_CWD`. The module name travels as an argument, as runpy's `alter_sys` expects: the child
-    sees `sys.argv == [<module file>, *args]`."""
-    return [python or sys.executable, "-I", "-c", _BOOT, _HOME, module, *args]
+    sees `sys.argv == [<module file>, *args]`.
+
+    `site_modules`: the only third-party modules the child imports. Given, it starts without `site`
+    (`-S`) and gets just their directories, as this process found them: no `.pth` file of the machine's
+    site-packages runs in it (issue 47: one such file cost the GPU hosts' workload check 40 ms a start)."""
+    if not site_modules:
+        return [python or sys.executable, "-I", "-c", _BOOT, _HOME, module, *args]
+    homes = [_HOME] + [d for d in dict.fromkeys(_module_dir(m) for m in site_modules) if d]
+    return [python or sys.executable, "-I", "-S", "-c", _BOOT, os.pathsep.join(homes), module, *args]
+
+
+def _module_dir(name: str) -> str | None:
+    """The sys.path entry a top-level module is found in, without importing it (None: not installed)."""
+    import importlib.util
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
+        return None
+    origin = os.path.dirname(spec.origin)
+    return os.path.dirname(origin) if spec.submodule_search_locations else origin

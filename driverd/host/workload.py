@@ -124,8 +124,13 @@ def _run_child(root: Root, us: UserSpace, spec: dict, timeout_s: float, python: 
     # (links resolved inside the Root: a driver root such as /run/nvidia/driver -> userspace.root/current, or
     # an absolute link in a sample tree, must not make the loader search the machine's own directories)
     env["LD_LIBRARY_PATH"] = str(root.safe_real(us.lib_dir or "/") or root.path(us.lib_dir or "/"))
+    # One work queue per context instead of CUDA's 8 (issue 47: on an H200 a context with 8 took ~100 ms
+    # longer): the check proves the driver makes a context, allocates and copies both ways on each GPU;
+    # how many queues a workload later asks for is its own setting, and the child's environment is the
+    # check's alone.
+    env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     # isolated, in /: nothing from the caller's working directory or environment is imported as root
-    argv = python_child("driverd.host.cudaprobe", json.dumps(spec), python=python)
+    argv = python_child("driverd.host.cudaprobe", json.dumps(spec), python=python, site_modules=("pynvml",))
     try:
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                              env=env, text=True, start_new_session=True, cwd=CHILD_CWD)

@@ -208,3 +208,32 @@ def test_the_root_child_imports_nothing_from_the_callers_directory_or_environmen
     r = workload.check(root, NEW, GPUS)
     assert not marker.exists(), f"planted modules imported by the root child: {marker.read_text().split()}"
     assert r.ok, r.problems
+
+
+def test_the_probe_child_starts_without_site_and_gets_only_the_modules_it_names(tmp_path, monkeypatch):
+    """Issue 47: the probe's child runs without `site` (a site-packages `.pth` cost every check 40 ms on
+    the GPU hosts); the third-party modules it names reach it by the directory this process found them
+    in, and nothing else of site-packages does."""
+    import json
+    import subprocess
+    import sys
+
+    from driverd.runner import CHILD_CWD, python_child
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "named_mod.py").write_text("")
+    (mods / "report_mod.py").write_text(
+        "import json, sys\nimport named_mod\n"
+        "print(json.dumps({'no_site': sys.flags.no_site, 'site': 'site' in sys.modules, "
+        "'named': named_mod.__file__, 'path': sys.path}))\n")
+    monkeypatch.syspath_prepend(str(mods))
+    out = subprocess.run(python_child("report_mod", site_modules=("report_mod", "named_mod", "not_installed")),
+                         capture_output=True, text=True, cwd=CHILD_CWD, check=True).stdout
+    doc = json.loads(out)
+    assert doc["no_site"] == 1 and not doc["site"]
+    assert doc["named"] == str(mods / "named_mod.py")
+    assert not any(p.endswith("site-packages") for p in doc["path"]), doc["path"]
+    # without named modules only driverd's own directory is added: the test's path does not travel
+    bare = subprocess.run(python_child("report_mod"), capture_output=True, text=True, cwd=CHILD_CWD)
+    assert bare.returncode != 0 and "No module named" in bare.stderr and "report_mod" in bare.stderr
+    assert sys.flags.no_site == 0
