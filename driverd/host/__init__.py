@@ -16,10 +16,12 @@ def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia",
     /usr/bin/nvidia-container-runtime), whose needs each runtime reports; `driver_root`:
     validation.driver_root, where the driver's user-space is looked for first."""
     early = _nvml_early(root) if nvml else None       # first: NVML's start overlaps every read below
+    from driverd.host import runtimes
+    versions = runtimes.start(root)                   # so do the runtime binaries' --version runs
     from driverd.host.facts import Facts
     from driverd.runtime.model import DEFAULT_BINARY
     binary = binary or DEFAULT_BINARY
-    from driverd.host import kernel, keyrings, modules, nouveau, osrelease, ownership, pci, processes, rdma, runtimes
+    from driverd.host import kernel, keyrings, modules, nouveau, osrelease, ownership, pci, processes, rdma
     from driverd.host import fabric, workload
     from driverd.host.facts import NvmlFacts
     from driverd.host.nvml import read_nvml
@@ -39,7 +41,7 @@ def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia",
         root=root.base, hostname=hostname,
         kernel=k, os=o, gpus=tuple(gpus), nvswitches=tuple(switches), mellanox_nics=tuple(nics), nouveau=nv,
         driver=drv, gpu_users=tuple(users), daemons=tuple(processes.daemons(root)),
-        runtimes=tuple(runtimes.read_runtimes(root, handler, binary)),
+        runtimes=tuple(runtimes.read_runtimes(root, handler, binary, versions)),
         nvml=(early() if early is not None and drv.loaded else read_nvml(root, drv.loaded)) if nvml
         else NvmlFacts(False, "NVML disabled (--no-nvml)"),
         warnings=tuple(warnings), keyrings=keyrings.read_keyrings(root),

@@ -63,8 +63,10 @@ def cmdline_params(cmdline: str) -> dict[str, str]:
     return {k: ("" if v is None else v) for k, v in cmdline_args(cmdline)}
 
 
-def kernel_config(root: Root, release: str | None) -> tuple[dict[str, str], str | None]:
-    """CONFIG_* options from /boot/config-<release>, else /proc/config.gz (when IKCONFIG_PROC)."""
+def kernel_config(root: Root, release: str | None, keys: tuple[str, ...] | None = None
+                  ) -> tuple[dict[str, str], str | None]:
+    """CONFIG_* options from /boot/config-<release>, else /proc/config.gz (when IKCONFIG_PROC). `keys`:
+    only these (a distribution's config has ~10,000 lines; detect wants three of them)."""
     text = None
     source = None
     if release:
@@ -75,6 +77,8 @@ def kernel_config(root: Root, release: str | None) -> tuple[dict[str, str], str 
         if raw:
             text = _gunzip(raw, 64 << 20)
             source = "/proc/config.gz" if text is not None else None
+    if keys is not None:
+        return _pick(text or "", keys), source
     opts: dict[str, str] = {}
     for line in (text or "").splitlines():
         if line.startswith("CONFIG_") and "=" in line:
@@ -83,6 +87,24 @@ def kernel_config(root: Root, release: str | None) -> tuple[dict[str, str], str 
         elif line.startswith("# CONFIG_") and line.endswith(" is not set"):
             opts[line[2:-len(" is not set")]] = "n"
     return opts, source
+
+
+def _pick(text: str, keys: tuple[str, ...]) -> dict[str, str]:
+    """kernel_config's answer for `keys` alone, found by the C string search: the later of `K=v` and
+    `# K is not set` wins, as in the whole parse."""
+    text = "\n" + text
+    opts: dict[str, str] = {}
+    for k in keys:
+        set_at, unset_at = text.rfind(f"\n{k}="), text.rfind(f"\n# {k} is not set\n")
+        if unset_at < 0 and text.endswith(f"\n# {k} is not set"):
+            unset_at = len(text) - len(f"\n# {k} is not set")
+        if set_at > unset_at:
+            start = set_at + len(k) + 2
+            end = text.find("\n", start)
+            opts[k] = text[start:end if end >= 0 else len(text)].strip().strip('"')
+        elif unset_at >= 0:
+            opts[k] = "n"
+    return opts
 
 
 def _gunzip(raw: bytes, cap: int) -> str | None:
@@ -158,6 +180,10 @@ def _release(text: str | None) -> str | None:
     return text if text and _RELEASE.fullmatch(text) else None
 
 
+# the kernel config options read_kernel judges by
+CONFIG_KEYS = ("CONFIG_MODULE_SIG_FORCE", "CONFIG_MODULE_UNLOAD", "CONFIG_MODULES")
+
+
 def read_kernel(root: Root, warnings: list[str]) -> KernelFacts:
     raw_release = root.read_first_line("/proc/sys/kernel/osrelease") or None
     release = _release(raw_release)
@@ -174,7 +200,7 @@ def read_kernel(root: Root, warnings: list[str]) -> KernelFacts:
         arch = _ARCH_FROM_RELEASE.get(release.rsplit("-", 1)[-1])
     cmdline = read_cmdline(root)
     params = cmdline_params(cmdline)
-    config, config_source = kernel_config(root, release)
+    config, config_source = kernel_config(root, release, CONFIG_KEYS)
     proc_modules = root.read_text("/proc/modules")
 
     sources: list[str] = []

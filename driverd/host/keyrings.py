@@ -23,6 +23,7 @@ matches a sign-file signature against (see driverd.package.modsig).
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -101,17 +102,14 @@ def keyctl_members(serial: int) -> list[int] | None:
     """KEYCTL_READ (11) of a keyring on the live kernel: its members' serials (what `keyctl rlist`
     prints); None when not permitted or not available here."""
     import ctypes
-    import ctypes.util
-    import platform
+    import os
     import sys
-    nr = {"x86_64": 250, "aarch64": 219, "ppc64le": 311, "s390x": 280}.get(platform.machine())
+    nr = {"x86_64": 250, "aarch64": 219, "ppc64le": 311, "s390x": 280}.get(os.uname().machine)
     if nr is None:
         return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    except OSError:
+    libc = _libc()
+    if libc is None:
         return None
-    libc.syscall.restype = ctypes.c_long
     size = 4096
     for _ in range(4):
         buf = ctypes.create_string_buffer(size)
@@ -123,6 +121,19 @@ def keyctl_members(serial: int) -> list[int] | None:
             return [int.from_bytes(raw[i:i + 4], sys.byteorder, signed=True) for i in range(0, n - n % 4, 4)]
         size = n
     return None
+
+
+@functools.cache
+def _libc():
+    """The C library this process already runs on (dlopen(NULL): its global symbols), for syscall(2).
+    Not ctypes.util.find_library("c"): that runs `ldconfig -p` each time (issue 47: ~5 ms of detect)."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+    except (OSError, AttributeError):
+        return None
+    return libc
 
 
 def _membership_live(keyrings: dict[str, str]) -> dict[str, set[str]] | None:

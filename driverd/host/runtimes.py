@@ -5,8 +5,14 @@ from __future__ import annotations
 
 from driverd.root import Root
 from driverd.runtime.model import DEFAULT_BINARY, RuntimeFacts
-from driverd.runtime.registry import detect_all
+from driverd.runtime.registry import Versions, detect_all, start_versions
 
 
-def read_runtimes(root: Root, handler: str = "nvidia", binary: str = DEFAULT_BINARY) -> list[RuntimeFacts]:
-    return detect_all(root, handler, binary)
+def start(root: Root) -> Versions:
+    """The runtime binaries' `--version` runs, started before the other reads of a collect."""
+    return start_versions(root)
+
+
+def read_runtimes(root: Root, handler: str = "nvidia", binary: str = DEFAULT_BINARY,
+                  versions: Versions | None = None) -> list[RuntimeFacts]:
+    return detect_all(root, handler, binary, versions)

@@ -24,9 +24,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import subprocess
 import tomllib
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import ClassVar, Iterable
 
 from driverd.root import Root
 from driverd.runtime.model import DEFAULT_BINARY, CdiFacts, ChangeReport, FileEdit, Options, RuntimeFacts
@@ -61,9 +62,11 @@ class Runtime(ABC):
     def find_binary(self, root: Root) -> str | None:
         return first(root, self.binaries)
 
-    def detect(self, root: Root, handler: str, handler_bin: str = DEFAULT_BINARY) -> RuntimeFacts | None:
+    def detect(self, root: Root, handler: str, handler_bin: str = DEFAULT_BINARY,
+               versions: Versions | None = None) -> RuntimeFacts | None:
         """This runtime's facts, None when nothing of it (binary, config, socket) is on the host.
-        `handler_bin` is runtime.binary: what a handler driverd adds would run."""
+        `handler_bin` is runtime.binary: what a handler driverd adds would run; `versions`: the
+        `--version` runs started earlier (`Versions.start`), else this one runs now."""
         binary = self.find_binary(root)
         config = first(root, self.configs)
         socket = first(root, self.sockets, want_file=False)
@@ -71,7 +74,7 @@ class Runtime(ABC):
             return None
         handlers, note = self.effective_handlers(root, config)
         facts = RuntimeFacts(
-            name=self.name, binary=binary, version=version(root, binary) if binary else None,
+            name=self.name, binary=binary, version=(versions or Versions(root)).get(binary) if binary else None,
             config_path=config or self.default_config, config_exists=config is not None,
             socket=socket or self.default_socket, socket_exists=socket is not None, handlers=tuple(handlers),
             nvidia_handler=handler in handlers, note=note)
@@ -155,18 +158,53 @@ def version_tuple(text: str | None) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def version(root: Root, binary: str) -> str | None:
-    if not root.is_live():
+class Versions:
+    """Each runtime binary's `--version`, run while everything else is read (issue 47: containerd's took
+    20-50 ms, and going through `sh` another 45 ms of imports, in a `detect` that should cost what
+    `nvidia-smi -q` does). `start` launches them, `get` collects one; a run never collected is killed
+    with this object. On a captured tree the versions come from the capture."""
+
+    def __init__(self, root: Root) -> None:
+        self.root = root
+        self._runs: dict[str, subprocess.Popen | None] = {}
+
+    @classmethod
+    def start(cls, root: Root, binaries: Iterable[str]) -> Versions:
+        v = cls(root)
+        if root.is_live():
+            for b in binaries:
+                v._runs[b] = v._spawn(b)
+        return v
+
+    def _spawn(self, binary: str) -> subprocess.Popen | None:
         try:
-            v = json.loads(root.read_text(CAPTURED_VERSIONS) or "{}").get(binary)
-        except (ValueError, AttributeError, RecursionError):
+            return subprocess.Popen([str(self.root.real(binary)), "--version"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                                    errors="replace", cwd="/")
+        except OSError:
             return None
-        return v if isinstance(v, str) else None
-    from driverd.runner import Runner
-    from driverd.errors import CommandError
-    try:
-        res = Runner().run([str(root.real(binary)), "--version"], timeout=5, check=False, mutates=False)
-    except CommandError:
-        return None
-    m = re.search(r"\bv?(\d+\.\d+\.\d+[\w.+~-]*)", res.stdout + res.stderr)
-    return m.group(1) if m else None
+
+    def get(self, binary: str) -> str | None:
+        if not self.root.is_live():
+            try:
+                v = json.loads(self.root.read_text(CAPTURED_VERSIONS) or "{}").get(binary)
+            except (ValueError, AttributeError, RecursionError):
+                return None
+            return v if isinstance(v, str) else None
+        p = self._runs.pop(binary) if binary in self._runs else self._spawn(binary)
+        if p is None:
+            return None
+        try:
+            out, _ = p.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            return None
+        m = re.search(r"\bv?(\d+\.\d+\.\d+[\w.+~-]*)", out or "")
+        return m.group(1) if m else None
+
+    def __del__(self) -> None:
+        for p in self._runs.values():
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()

@@ -84,3 +84,48 @@ def test_empty_tree_never_crashes(tmp_path):
     w = []
     k = read_kernel(Root(tmp_path), w)
     assert k.release is None and any("release unknown" in x for x in w)
+
+
+@pytest.mark.parametrize("text", [
+    "CONFIG_MODULES=y\n# CONFIG_MODULE_SIG_FORCE is not set\nCONFIG_MODULE_UNLOAD=y\n",
+    "# CONFIG_MODULE_UNLOAD is not set\nCONFIG_MODULE_UNLOAD=y",             # set later, no final newline
+    "CONFIG_MODULE_UNLOAD=y\n# CONFIG_MODULE_UNLOAD is not set",             # unset later, no final newline
+    "CONFIG_MODULES_TREE_LOOKUP=y\nCONFIG_MODULE_SIG_FORCE_X=y\n",           # longer names: not the keys
+    'CONFIG_MODULES="y" \n# CONFIG_MODULES is not set\nCONFIG_MODULES=m\n',
+    "",
+])
+def test_the_few_keys_detect_reads_are_what_the_whole_parse_says(tmp_path, text):
+    """Issue 47: read_kernel finds its three options by string search instead of parsing the whole
+    config (~10,000 lines); for those keys it must answer exactly as the whole parse does."""
+    from driverd.host.kernel import CONFIG_KEYS, kernel_config
+    boot = tmp_path / "boot"
+    boot.mkdir()
+    (boot / "config-6.1.0-1-amd64").write_text(text)
+    whole, src = kernel_config(Root(tmp_path), "6.1.0-1-amd64")
+    picked, src2 = kernel_config(Root(tmp_path), "6.1.0-1-amd64", CONFIG_KEYS)
+    assert picked == {k: whole[k] for k in CONFIG_KEYS if k in whole} and src == src2
+
+
+def test_the_few_keys_on_the_real_configs_of_this_machine():
+    """The same on the real distribution configs this machine's kernel header packages carry."""
+    from pathlib import Path
+
+    from driverd.host.kernel import CONFIG_KEYS
+    configs = sorted(Path("/usr/src").glob("linux-headers-*/.config"))
+    if not configs:
+        pytest.skip("no kernel header package with a .config here")
+    for cfg in configs:
+        release = cfg.parent.name.removeprefix("linux-headers-")
+        (whole, _), (picked, _) = _config_at(cfg, release, None), _config_at(cfg, release, CONFIG_KEYS)
+        assert picked == {k: whole[k] for k in CONFIG_KEYS if k in whole}
+        assert set(picked) == set(CONFIG_KEYS), cfg
+
+
+def _config_at(cfg, release, keys):
+    from driverd.host import kernel
+    text = cfg.read_text()
+
+    class R:
+        def read_text(self, path):
+            return text if path == f"/boot/config-{release}" else None
+    return kernel.kernel_config(R(), release, keys)

@@ -62,3 +62,36 @@ def test_garbled_configs_are_noted_not_fatal(tmp_path):
 
 def test_no_runtime(tmp_path):
     assert runtimes(tmp_path, {}) == {}
+
+
+def test_live_versions_run_while_the_rest_is_read_and_an_uncollected_one_is_stopped(tmp_path):
+    """Issue 47: a live collect starts each runtime binary's `--version` first and reads its answer
+    last; a run nobody collects does not outlive the read."""
+    import os
+    import time
+
+    from driverd.runtime.base import Versions
+    started = tmp_path / "started"
+    fast, slow = tmp_path / "containerd", tmp_path / "crio"
+    fast.write_text(f"#!/bin/sh\necho $$ > {started}\necho 'containerd github.com/containerd/containerd 1.6.20~ds1 abc'\n")
+    slow.write_text(f"#!/bin/sh\necho $$ > {started}.slow\nexec sleep 60\n")
+    for f in (fast, slow):
+        f.chmod(0o755)
+    v = Versions.start(Root("/"), [str(fast), str(slow)])
+    deadline = time.monotonic() + 10
+    while not (started.exists() and (tmp_path / "started.slow").exists()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert started.exists(), "the --version run did not start before its answer was asked for"
+    assert v.get(str(fast)) == "1.6.20~ds1"
+    assert v.get(str(fast)) == "1.6.20~ds1"           # asked again: run again, same answer
+    pid = int((tmp_path / "started.slow").read_text())
+    del v
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.02)
+    else:
+        raise AssertionError("the uncollected --version run still runs")
