@@ -1,10 +1,10 @@
 """Read-only host facts. `collect(root)` returns one immutable snapshot; nothing is changed."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-# Nothing is imported here at module level: driverd.host.cudaprobe, the workload check's child, is a module of
-# this package and pays for every import of it (the facts' classes alone are ~50 ms) at every check.
+# Nothing is imported here at module level: driverd.host.cudaprobe and driverd.host.nvml, the children of the
+# workload check and of NVML's report, are modules of this package and pay for every import of it (the facts'
+# classes alone are ~50 ms; typing itself ~18 ms on a GPU host, hence not typing.TYPE_CHECKING).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from driverd.host.facts import Facts
     from driverd.root import Root
@@ -37,13 +37,17 @@ def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia",
     if hostname is not None and (len(hostname) > 64 or not hostname.isprintable()):
         warnings.append("/proc/sys/kernel/hostname is garbled; ignored")
         hostname = None
+    if not nvml:
+        nvml_facts = NvmlFacts(False, "NVML disabled (--no-nvml)")
+    else:
+        asked = early() if early is not None else None      # collected even when unused: no child left behind
+        nvml_facts = asked if asked is not None and drv.loaded else read_nvml(root, drv.loaded)
     return Facts(
         root=root.base, hostname=hostname,
         kernel=k, os=o, gpus=tuple(gpus), nvswitches=tuple(switches), mellanox_nics=tuple(nics), nouveau=nv,
         driver=drv, gpu_users=tuple(users), daemons=tuple(processes.daemons(root)),
         runtimes=tuple(runtimes.read_runtimes(root, handler, binary, versions)),
-        nvml=(early() if early is not None and drv.loaded else read_nvml(root, drv.loaded)) if nvml
-        else NvmlFacts(False, "NVML disabled (--no-nvml)"),
+        nvml=nvml_facts,
         warnings=tuple(warnings), keyrings=keyrings.read_keyrings(root),
         rdma=rdma.read_rdma(root, k.release, modules.loaded_modules(root)) if nics else None,
         driver_owner=ownership.read_ownership(root, k.release, (drv.version, drv.flavor) if drv.loaded else None),
@@ -52,45 +56,16 @@ def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia",
 
 
 def _nvml_early(root: Root):
-    """NVML's report, started in a thread before anything else is read, where it will be asked for (a live
-    root with a loaded driver, in this process): nvmlInit is the driver's own work behind ctypes calls that
-    release the GIL (~30-50 ms on an H200 host), so it runs while the imports and the sysfs reads go on, and
-    `detect` costs what the slower of the two does, not their sum. None where NVML is not read in-process
-    (the daemon reads it in a child: driverd.host.nvml.query_in_child, which imported that module)."""
+    """NVML's report, asked of a child started before anything else is read, where it will be asked for (a
+    live root with a loaded driver): pynvml's import, nvmlInit and the queries then run on another core
+    while this process imports and reads, and `detect` costs what the slower of the two does, not their
+    sum. None elsewhere (read_nvml says why)."""
     import os
-    import sys
-    import threading
     from driverd.driver.ident import VERSION_FILE
-    loaded = sys.modules.get("driverd.host.nvml")
-    if (loaded is not None and loaded._in_child) or not root.is_live() or not os.path.exists(VERSION_FILE):
+    if not root.is_live() or not os.path.exists(VERSION_FILE):
         return None
-    box: list = []
-
-    def run() -> None:
-        started = False
-        try:
-            import pynvml           # the init first: the facts' imports below overlap it
-            pynvml.nvmlInit()
-            started = True
-        except Exception:           # read_nvml below says why, as it always has
-            pass
-        from driverd.host.nvml import read_nvml
-        try:
-            box.append(read_nvml(root, True))
-        finally:
-            if started:
-                try:
-                    pynvml.nvmlShutdown()
-                except Exception:
-                    pass
-    t = threading.Thread(target=run, name="nvml", daemon=True)
-    t.start()
-
-    def result():
-        from driverd.host.nvml import read_nvml
-        t.join()
-        return box[0] if box else read_nvml(root, True)
-    return result
+    from driverd.host.nvml import start_child
+    return start_child()
 
 
 def _userspace(workload, root: Root, loaded: str | None, driver_root: str | None) -> dict:

@@ -2,22 +2,36 @@
 
 On a live root the data comes from NVML itself. A captured tree may carry the NVML report of the
 machine it was captured on (CAPTURE_PATH), which is then reported with source "capture".
+
+The live report is plain data (`report()`), made either in this process or in a short-lived child
+(`start_child()`) that prints it; the facts are built from it here, so the child imports neither the
+facts' classes nor anything else of driverd's but this module (issue 47: `detect` asks NVML in a
+child started before its other reads, on another core, instead of paying for pynvml's import and
+NVML's calls on its own path).
 """
 from __future__ import annotations
 
 import json
 
-from driverd.host.facts import NvmlDevice, NvmlFacts
-from driverd.root import Root
+TYPE_CHECKING = False           # not typing's: the child would pay for importing typing (~18 ms on a GPU host)
+if TYPE_CHECKING:
+    from typing import Callable
+
+    from driverd.host.facts import NvmlFacts
+    from driverd.root import Root
 
 CAPTURE_PATH = "/var/lib/driverd/capture/nvml.json"
 
 
-def _from_json(doc: dict) -> NvmlFacts:
+def _facts(doc: dict, source: str | None) -> NvmlFacts:
+    """A report (`report()`'s shape, or a captured one) as facts."""
+    from driverd.host.facts import NvmlDevice, NvmlFacts
     if not isinstance(doc, dict) or not isinstance(doc.get("devices", []), list):
         raise TypeError("not an NVML report object")
-    return NvmlFacts(available=bool(doc.get("available")), reason=doc.get("reason"), source="capture",
-                     driver_version=doc.get("driver_version"), cuda_driver_version=doc.get("cuda_driver_version"),
+    available = bool(doc.get("available"))
+    return NvmlFacts(available=available, reason=doc.get("reason"), source=source if available or source == "capture"
+                     else None, driver_version=doc.get("driver_version"),
+                     cuda_driver_version=doc.get("cuda_driver_version"),
                      devices=tuple(NvmlDevice(**d) for d in doc.get("devices", [])))
 
 
@@ -33,54 +47,47 @@ def query_in_child(on: bool = True) -> None:
 
 def read_nvml(root: Root, driver_loaded: bool) -> NvmlFacts:
     if _in_child and root.is_live() and driver_loaded:
-        return _read_in_child()
+        return start_child()()
     if not root.is_live():
         text = root.read_text(CAPTURE_PATH)
         if text:
             try:
-                return _from_json(json.loads(text))
+                return _facts(json.loads(text), "capture")
             except (ValueError, TypeError, AttributeError, RecursionError) as e:
-                return NvmlFacts(False, f"captured NVML report {CAPTURE_PATH} is garbled ({e.__class__.__name__})")
-        return NvmlFacts(False, f"root {root.base} is not the live host; NVML reports only on the live host")
+                return _facts({"reason": f"captured NVML report {CAPTURE_PATH} is garbled ({e.__class__.__name__})"},
+                              None)
+        return _facts({"reason": f"root {root.base} is not the live host; NVML reports only on the live host"}, None)
     if not driver_loaded:
-        return NvmlFacts(False, "the NVIDIA driver is not loaded")
-    try:
-        import pynvml
-    except ImportError:
-        return NvmlFacts(False, "the pynvml Python package is not installed")
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError_LibRmVersionMismatch:
-        return NvmlFacts(False, "NVML could not start: NVML/RM version mismatch (the libnvidia-ml.so.1 found is not "
-                                "the loaded kernel driver's version)")
-    except pynvml.NVMLError as e:
-        return NvmlFacts(False, f"NVML could not start: {e} (libnvidia-ml.so.1 missing or driver mismatch)")
-    except OSError as e:
-        return NvmlFacts(False, f"NVML could not start: {e}")
-    try:
-        return query(pynvml)
-    except pynvml.NVMLError as e:
-        return NvmlFacts(False, f"NVML query failed: {e}")
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
+        return _facts({"reason": "the NVIDIA driver is not loaded"}, None)
+    return _facts(report(), "live")
 
 
-def _read_in_child() -> NvmlFacts:
+def start_child() -> Callable[[], NvmlFacts]:
+    """The live report, asked of a child started now; the returned function waits for it (60 s at most)
+    and gives the facts. The child runs without site-packages' start-up files, with pynvml's directory
+    only (driverd.runner.python_child)."""
     import subprocess
 
     from driverd.runner import CHILD_CWD, python_child
     try:
-        res = subprocess.run(python_child("driverd.host.nvml"), capture_output=True, text=True, timeout=60,
-                             stdin=subprocess.DEVNULL, cwd=CHILD_CWD)
-        doc = json.loads(res.stdout)
-        facts = _from_json(doc)
-    except (OSError, subprocess.TimeoutExpired, ValueError, TypeError, AttributeError, RecursionError) as e:
-        return NvmlFacts(False, f"the NVML query process failed ({e.__class__.__name__}: {e})")
-    return NvmlFacts(facts.available, facts.reason, "live" if facts.available else None, facts.driver_version,
-                     facts.cuda_driver_version, facts.devices)
+        proc = subprocess.Popen(python_child("driverd.host.nvml", site_modules=("pynvml",)), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, cwd=CHILD_CWD)
+    except OSError as e:
+        why = f"the NVML query process failed ({e.__class__.__name__}: {e})"
+        return lambda: _facts({"reason": why}, None)
+
+    def result() -> NvmlFacts:
+        try:
+            out, _ = proc.communicate(timeout=60)
+            return _facts(json.loads(out), "live")
+        except subprocess.TimeoutExpired as e:
+            proc.kill()
+            proc.communicate()
+            err: Exception = e
+        except (ValueError, TypeError, AttributeError, RecursionError) as e:
+            err = e
+        return _facts({"reason": f"the NVML query process failed ({err.__class__.__name__}: {err})"}, None)
+    return result
 
 
 def _opt(fn, *a):
@@ -95,7 +102,34 @@ def _s(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def query(pynvml) -> NvmlFacts:
+def report() -> dict:
+    """What NVML says on this live host, as plain data; a failure is `available: false` and the reason."""
+    try:
+        import pynvml
+    except ImportError:
+        return {"available": False, "reason": "the pynvml Python package is not installed"}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibRmVersionMismatch:
+        return {"available": False, "reason": "NVML could not start: NVML/RM version mismatch (the libnvidia-ml.so.1 "
+                                              "found is not the loaded kernel driver's version)"}
+    except pynvml.NVMLError as e:
+        return {"available": False,
+                "reason": f"NVML could not start: {e} (libnvidia-ml.so.1 missing or driver mismatch)"}
+    except OSError as e:
+        return {"available": False, "reason": f"NVML could not start: {e}"}
+    try:
+        return query(pynvml)
+    except pynvml.NVMLError as e:
+        return {"available": False, "reason": f"NVML query failed: {e}"}
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+
+
+def query(pynvml) -> dict:
     devices = []
     for i in range(pynvml.nvmlDeviceGetCount()):
         h = pynvml.nvmlDeviceGetHandleByIndex(i)
@@ -103,17 +137,16 @@ def query(pynvml) -> NvmlFacts:
         pm = _opt(pynvml.nvmlDeviceGetPersistenceMode, h)
         mig = _opt(pynvml.nvmlDeviceGetMigMode, h)
         pci = pynvml.nvmlDeviceGetPciInfo(h)
-        devices.append(NvmlDevice(
+        devices.append(dict(
             index=i, name=_s(pynvml.nvmlDeviceGetName(h)), uuid=_s(pynvml.nvmlDeviceGetUUID(h)),
             pci_bus_id=_s(pci.busId).lower(), memory_total_mib=mem.total // (1 << 20) if mem else None,
             persistence_mode=None if pm is None else pm == pynvml.NVML_FEATURE_ENABLED,
             mig_mode_current=None if mig is None else bool(mig[0]),
             mig_mode_pending=None if mig is None else bool(mig[1])))
     cuda = _opt(pynvml.nvmlSystemGetCudaDriverVersion)
-    return NvmlFacts(True, None, "live", _s(pynvml.nvmlSystemGetDriverVersion()),
-                     f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None, tuple(devices))
+    return {"available": True, "reason": None, "driver_version": _s(pynvml.nvmlSystemGetDriverVersion()),
+            "cuda_driver_version": f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None, "devices": devices}
 
 
-if __name__ == "__main__":          # the child of _read_in_child: one NVML report on stdout
-    from dataclasses import asdict
-    print(json.dumps(asdict(read_nvml(Root("/"), True))))
+if __name__ == "__main__":          # the child of start_child: one NVML report on stdout
+    print(json.dumps(report()))
