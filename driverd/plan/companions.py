@@ -19,8 +19,10 @@ calls these with the offers driverd.apply.companions made of each companion the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from driverd.plan.model import Step
+if TYPE_CHECKING:
+    from driverd.plan.model import Step
 
 # driverd.kmod.daemons' names, by value: plan sits beside kmod in the layers, not above it.
 PERSISTENCED, FABRICMANAGER, NVLSM, IMEX = "nvidia-persistenced", "nv-fabricmanager", "nvlsm", "nvidia-imex"
@@ -96,6 +98,7 @@ def decide(fab, nvswitches: int, fabricmanager: str = "auto", imex: str = "auto"
 
 def install_step(o) -> Step:
     """The install-companion step of an offer (driverd.apply.companions.CompanionOffer) with a tree to switch to."""
+    from driverd.plan.model import Step     # here: detect asks decide() only, and the plan's model is ~5 ms of imports
     return Step("install-companion", f"the {o.version} {o.kind.title}: {o.ours.evidence}{o.carry}", dict(o.install))
 
 
@@ -151,6 +154,7 @@ def daemon_steps(facts, fd, offers: dict, version: str,
     their order after the load — each from the offer of its version (blocked when that is known to be another
     version, or there is none), NVLSM only once the InfiniBand modules are up —, the companion of a daemon that
     is not running switched first when the driver stays loaded, and NSCQ's warning."""
+    from driverd.plan.model import Step
     steps: list[Step] = []
     blocked: list[str] = []
     warnings: list[str] = []
