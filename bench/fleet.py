@@ -38,11 +38,13 @@ observer with its own watch counts unavailable nodes at every change.
       apiserver-restart,daemon-kill,pdb-never,node-notready,reload-fails,no-controller,two-pdbs,stuck-terminating
 
 --max-parallel takes a list: one rollout after the other on the same fleet (to the new driver, back,
-...), each measured on its own. Per rollout, first a one-node rollout of a node outside --nodes
-measures the per-node time now (admitted -> done: the node's work and its own API path, alone), and
-(timed hosts) one round of node transactions at the rollout's parallelism runs with no API at all;
-then the rollout of the N nodes. Prints one JSON object (--json: on one line; with several
-rollouts {"runs": [...]}) with:
+...), each measured on its own. --nodes takes a list too: the same rollouts on a fleet of each size,
+one fleet after the other (each with a control plane of its own), and how the coordinator's CPU per
+node scales with the fleet (issue 47's target: the largest fleet's at most 1.2x the smallest's).
+Per rollout, first a one-node rollout of a node outside --nodes measures the per-node time now
+(admitted -> done: the node's work and its own API path, alone), and (timed hosts) one round of node
+transactions at the rollout's parallelism runs with no API at all; then the rollout of the N nodes.
+Prints one JSON object (--json: on one line; with several rollouts {"runs": [...]}) with:
   makespan_s           first admission to the last node done
   one_node_s           the one-node rollout's admitted -> done
   ideal_s              ceil(N / min(maxParallel, the unavailability limit)) x one_node_s
@@ -82,6 +84,12 @@ rollouts {"runs": [...]}) with:
                        a node going NotReady by itself may take max_unavailable_seen past the limit),
   limit_unavailable, left_cordoned_by_us, final_states, phase (Paused when the failures exceed
                        --failure-budget), fault_outcomes.
+With several --nodes: {"sizes": [{"nodes": N, "runs": [...]}, ...], "scaling": [...]}, one scaling row
+per maxParallel:
+  coordinator_cpu_ms_per_node   the coordinator's CPU per node at each size (cpu_ms_per_node's)
+  coordinator_cpu_ratio        the largest fleet's / the smallest's (the baseline: the smallest fleet
+                               of the same run)
+  api_requests_per_node, makespan_ratio   at each size
 
 Faults (with one --max-parallel only): pdb-never, reload-fails, no-controller (a GPU pod nothing
 would recreate), two-pdbs (the Eviction API answers 500), stuck-terminating (a finalizer keeps the
@@ -112,7 +120,8 @@ COORDINATOR_USER = "system:serviceaccount:driverd:driverd-coordinator"
 def main(argv=None) -> int:
     from driverd.sim.timedhost import RELOAD_S, VALIDATE_S
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nodes", type=int, default=50)
+    ap.add_argument("--nodes", default="50", help="the fleet's size; a comma list: a fleet of each size, one "
+                    "after the other, and how the coordinator's CPU per node scales (default 50)")
     ap.add_argument("--max-parallel", default="10", help="spec.maxParallel; a comma list: one rollout after "
                     "the other on the same fleet (default 10)")
     ap.add_argument("--max-unavailable", default="10%", help="spec.maxUnavailable (default 10%%)")
@@ -146,10 +155,62 @@ def main(argv=None) -> int:
                     help="write each rollout's per-node times (when the observer saw each state) to FILE as JSON "
                          "lines, one per rollout: where a slow node's time went")
     a = ap.parse_args(argv)
-    res = run(a)
+    sizes = _sizes(a.nodes)
+    if len(sizes) == 1:
+        a.nodes = sizes[0]
+        res = run(a)
+        runs = res.get("runs", [res])
+    else:
+        res = run_sizes(a, sizes)
+        runs = [r for size in res["sizes"] for r in size["runs"]]
     print(json.dumps(res, indent=None if a.json else 2, sort_keys=True))
     return 0 if all(r["completed"] and r["admissions_over_limit"] == 0 and r["left_cordoned_by_us"] == 0
-                    for r in res.get("runs", [res])) else 1
+                    for r in runs) else 1
+
+
+def _sizes(text) -> list[int]:
+    try:
+        sizes = [int(n) for n in str(text).split(",") if n.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise SystemExit(f"fleet.py: --nodes {text!r}: one or more numbers >= 1")
+    return sizes
+
+
+def run_sizes(a, sizes: list[int]) -> dict:
+    """The same rollouts on a fleet of each size, one after the other (a control plane each), and per
+    maxParallel how the coordinator's CPU per node, the requests per node and the makespan's ratio to
+    the ideal go with the fleet's size; the baseline is the smallest fleet of this run."""
+    out = []
+    for n in sizes:
+        workdir = os.path.join(a.workdir, f"nodes-{n}") if a.workdir else None
+        res = run(argparse.Namespace(**(vars(a) | {"nodes": n, "workdir": workdir})))
+        out.append({"nodes": n, "runs": res.get("runs", [res])})
+    scaling = _scaling(out)
+    for row in scaling:
+        cpu = ", ".join(f"{n} nodes {ms} ms" for n, ms in zip(row["nodes"], row["coordinator_cpu_ms_per_node"]))
+        print(f"fleet.py: maxParallel {row['max_parallel']}: coordinator CPU per node {cpu}: "
+              f"{row['coordinator_cpu_ratio']}x the smallest fleet's (target <= 1.2); requests per node "
+              f"{', '.join(map(str, row['api_requests_per_node']))}; makespan "
+              f"{', '.join(map(str, row['makespan_ratio']))} x ideal", file=sys.stderr, flush=True)
+    return {"nodes": sizes, "sizes": out, "scaling": scaling, "apiserver": getattr(a, "apiserver", "real")}
+
+
+def _scaling(sizes: list[dict]) -> list[dict]:
+    """Per maxParallel, in the order the rollouts ran: each size's numbers, smallest fleet first."""
+    rows = []
+    by_size = sorted(sizes, key=lambda s: s["nodes"])
+    for i, first in enumerate(by_size[0]["runs"]):
+        runs = [s["runs"][i] for s in by_size if i < len(s["runs"])]
+        cpu = [r["cpu_ms_per_node"].get("coordinator") for r in runs]
+        measured = len(cpu) > 1 and bool(cpu[0]) and cpu[-1] is not None     # a coordinator process of its own
+        rows.append({"max_parallel": first["max_parallel"], "nodes": [r["nodes"] for r in runs],
+                     "coordinator_cpu_ms_per_node": cpu,
+                     "coordinator_cpu_ratio": round(cpu[-1] / cpu[0], 2) if measured else None,
+                     "api_requests_per_node": [r["api_requests_per_node"] for r in runs],
+                     "makespan_ratio": [r["makespan_ratio"] for r in runs]})
+    return rows
 
 
 class Real:
@@ -510,7 +571,7 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
         timeline = {nd: dict(seen) for nd, seen in obs.entered.items()}
     if getattr(a, "timeline", None):
         with open(a.timeline, "a") as fh:
-            fh.write(json.dumps({"rollout": name, "max_parallel": p, "one_node_s": one_node,
+            fh.write(json.dumps({"rollout": name, "fleet_size": a.nodes, "max_parallel": p, "one_node_s": one_node,
                                  "nodes": timeline}) + "\n")
     per_node = statistics.median(per) if per else 0.0
     makespan = last - first

@@ -26,7 +26,10 @@ Only the coordinator (the daemon holding the rollout Lease) acts on the decision
 """
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import chain, islice
 
 from driverd.cluster.model import ACTIVE, DONE, FAILED, NodeView, Rollout
 from driverd.cluster.states import node_state
@@ -76,67 +79,194 @@ def _up_to_date(n: NodeView, r: Rollout) -> bool:
     return p.get("rollout") == r.key and p.get("ok") and not p.get("needed", True)
 
 
-def _not_ready_for(n: NodeView, now: float) -> float:
-    from driverd.cluster.kube import parse_time
-    t = parse_time(n.ready_since)
-    return 0.0 if n.ready or t is None else max(0.0, now - t)
+class _Sorted:
+    """Names kept in order, with a set beside them: an update is a binary search and a move of the
+    list's pointers (a fleet's few thousand), never a Python loop over the fleet."""
+    __slots__ = ("names", "set")
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.set: set[str] = set()
+
+    def add(self, name: str) -> None:
+        if name not in self.set:
+            self.set.add(name)
+            insort(self.names, name)
+
+    def discard(self, name: str) -> None:
+        if name in self.set:
+            self.set.discard(name)
+            del self.names[bisect_left(self.names, name)]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.set
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+class Targets:
+    """A rollout's target nodes, each sorted once into what `decide` asks of it (done, failed,
+    upgrading, skipped, pending and its preflight answer, Ready, available). The coordinator keeps one
+    per rollout and `put`s only the nodes whose record changed: a pass then costs what changed, not
+    the fleet (every node, every rollout, every pass grew its CPU per node with the fleet, issue 47).
+    `decide(r, nodes)` is `decide_on(Targets.of(r, nodes))`: one rule, whichever way it is fed."""
+
+    def __init__(self, r: Rollout) -> None:
+        self.r = r
+        self.views: dict[str, NodeView] = {}
+        self.mine: set[str] = set()                 # its record names this rollout (any generation)
+        self.done: set[str] = set()
+        self.done_since: dict[str, float] = {}      # done -> when (the canary's soak starts at the last)
+        self.failed = _Sorted()
+        self.failed_entry: dict[str, dict] = {}
+        self.active: set[str] = set()
+        self.skipped: set[str] = set()
+        self.pending = _Sorted()                    # none of the four above
+        self.unanswered = _Sorted()                 # pending, no preflight answer for this generation
+        self.refusing = _Sorted()                   # pending, its preflight said no
+        self.refusal: dict[str, dict] = {}
+        self.eligible = _Sorted()                   # pending, its preflight said yes, a state we know
+        self.unknown: set[str] = set()              # pending, a state this driverd does not know
+        self.not_ready: dict[str, float | None] = {}    # NotReady -> since (its condition's transition)
+        self.unavailable: set[str] = set()
+
+    @classmethod
+    def of(cls, r: Rollout, nodes: Iterable[NodeView]) -> Targets:
+        t = cls(r)
+        for n in nodes:
+            if r.selects(n.labels):
+                t.put(n)
+        return t
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def put(self, n: NodeView) -> None:
+        """The node (a target of the rollout) as it is now."""
+        from driverd.cluster.kube import parse_time
+        r, name = self.r, n.name
+        self.discard(name)
+        self.views[name] = n
+        mine = n.in_rollout(r)
+        # done/failed count only for the current target: after an edit of spec.driver they are pending again
+        fits = n.target in ("", r.target)
+        done = (mine and n.state == DONE and fits) or _up_to_date(n, r)
+        failed = mine and n.state == FAILED and not n.retry and fits
+        active = mine and n.state in ACTIVE
+        skipped = n.skip and not active
+        if mine:
+            self.mine.add(name)
+        if done:
+            self.done.add(name)
+            if (since := parse_time(n.since)) is not None:
+                self.done_since[name] = since
+        if failed:
+            self.failed.add(name)
+            self.failed_entry[name] = {"node": name, "reason": f"{n.reason}: {n.message}".strip(": ")}
+        if active:
+            self.active.add(name)
+        if skipped:
+            self.skipped.add(name)
+        if not (done or failed or active or skipped):
+            self.pending.add(name)
+            known = node_state(n.state) is not None
+            pre = _pre_ok(n, r)
+            if pre is None:
+                self.unanswered.add(name)
+            elif not pre:
+                self.refusing.add(name)
+                self.refusal[name] = {"node": name, "reason": "; ".join((n.preflight or {}).get("reasons")
+                                                                        or ["preflight failed"])}
+            elif known:
+                self.eligible.add(name)
+            if not known:
+                self.unknown.add(name)
+        if not n.ready:
+            self.not_ready[name] = parse_time(n.ready_since)
+        if n.unavailable:
+            self.unavailable.add(name)
+
+    def discard(self, name: str) -> None:
+        """The node is no target (any more)."""
+        if self.views.pop(name, None) is None:
+            return
+        for s in (self.mine, self.done, self.active, self.skipped, self.unknown, self.unavailable):
+            s.discard(name)
+        for d in (self.done_since, self.failed_entry, self.refusal, self.not_ready):
+            d.pop(name, None)
+        for o in (self.failed, self.pending, self.unanswered, self.refusing, self.eligible):
+            o.discard(name)
 
 
 def decide(r: Rollout, nodes: list[NodeView], *, now: float, started: float, canary_approved: bool = False,
-           held: dict | None = None, refused: dict | None = None) -> Decision:
-    held, refused = dict(held or {}), dict(refused or {})
-    targets = sorted((n for n in nodes if r.selects(n.labels)), key=lambda n: n.name)
-    mine = [n for n in targets if n.in_rollout(r)]
-    # done/failed count only for the current target: after an edit of spec.driver they are pending again
-    done = [n for n in targets if (n.in_rollout(r) and n.state == DONE and n.target in ("", r.target))
-            or _up_to_date(n, r)]
-    failed = [n for n in mine if n.state == FAILED and not n.retry and n.target in ("", r.target)]
-    active = [n for n in mine if n.state in ACTIVE]
-    skipped = [n for n in targets if n.skip and n not in active]
-    settled = {n.name for n in done + failed + active + skipped}
-    pending = [n for n in targets if n.name not in settled]
-    held = {n.name: held[n.name] for n in pending if n.name in held}
-    refused = {n.name: refused[n.name] for n in pending if n.name in refused}
+           held: Mapping[str, str] | None = None, refused: Mapping[str, str] | None = None) -> Decision:
+    return decide_on(Targets.of(r, nodes), now=now, started=started, canary_approved=canary_approved,
+                     held=held, refused=refused)
+
+
+def decide_on(t: Targets, *, now: float, started: float, canary_approved: bool = False,
+              held: Mapping[str, str] | None = None, refused: Mapping[str, str] | None = None) -> Decision:
+    """decide() on the rollout's targets as sorted by `Targets`: it looks at the nodes a decision
+    names (a wave's candidates, the NotReady, the held, the refused), never at every target."""
+    r = t.r
+    pending = t.pending.set
+    held = {k: held[k] for k in sorted(held.keys() & pending)} if held else {}
+    refused = {k: refused[k] for k in sorted(refused.keys() & pending)} if refused else {}
     # a target node NotReady past the bound and not being upgraded: named, and out of the budget's
     # count and base (a failed one stays failed: the failure budget counts it)
-    upgrading = {n.name for n in active}
-    gone = {n.name: t for n in targets if n.name not in upgrading and (t := _not_ready_for(n, now)) > r.not_ready_timeout_s}
-    gone_pending = sorted(n.name for n in pending if n.name in gone)
-    limit = r.unavailable_limit(len(targets) - len(gone))
+    gone: dict[str, float] = {}
+    for name in sorted(t.not_ready):
+        since = t.not_ready[name]
+        if name not in t.active and since is not None and max(0.0, now - since) > r.not_ready_timeout_s:
+            gone[name] = max(0.0, now - since)
+    gone_pending = sorted(name for name in gone if name in pending)
+    limit = r.unavailable_limit(len(t) - len(gone))
     # a state this driverd does not know: not free, so not admitted (its daemon fails it: UnknownState)
-    unknown = {n.name for n in pending if node_state(n.state) is None}
-    waiting = [n.name for n in pending if _pre_ok(n, r) is None and n.name not in held and n.name not in gone]
+    unknown = t.unknown
+    waiting = [name for name in t.unanswered if name not in held and name not in gone] if held or gone \
+        else list(t.unanswered)
     late = now - started > PREFLIGHT_DEADLINE_S
-    excluded = [{"node": n.name, "reason": "; ".join(n.preflight.get("reasons") or ["preflight failed"])}
-                for n in pending if _pre_ok(n, r) is False]
+    excluded = [t.refusal[name] for name in t.refusing]
     if late:
         excluded += [{"node": name, "reason": f"its driverd did not answer the preflight within "
                       f"{PREFLIGHT_DEADLINE_S:.0f}s (is the daemon running on it?)"} for name in waiting]
         waiting = []
     bad = {e["node"] for e in excluded}
-    excluded = [e for e in excluded if e["node"] not in gone]
-    bad -= set(gone)
-    candidates = [n for n in pending if n.name not in bad and n.name not in waiting and n.name not in held
-                  and n.name not in gone and n.name not in unknown and n.name not in refused]
-    unavailable = sum(1 for n in targets if n.unavailable and n.name not in gone)
-    counts = {"total": len(targets), "done": len(done), "failed": len(failed), "upgrading": len(active),
-              "pending": len(pending) - len(bad), "skipped": len(skipped), "excluded": len(bad) if r.preflight ==
+    if gone:
+        excluded = [e for e in excluded if e["node"] not in gone]
+        bad -= set(gone)
+    # in name order: pending, a yes to this generation's preflight (so neither excluded nor waiting), a
+    # state we know, and not held, gone or refused
+    candidates: Iterator[NodeView] = (t.views[name] for name in t.eligible
+                                      if name not in held and name not in gone and name not in refused)
+    first = next(candidates, None)
+    if first is not None:
+        candidates = chain((first,), candidates)
+    # every target that is NotReady is unavailable: those gone are the NotReady ones left out
+    unavailable = len(t.unavailable) - len(gone)
+    failed = [t.failed_entry[name] for name in t.failed]
+    counts = {"total": len(t), "done": len(t.done), "failed": len(failed), "upgrading": len(t.active),
+              "pending": len(t.pending) - len(bad), "skipped": len(t.skipped), "excluded": len(bad) if r.preflight ==
               "Exclude" else 0, "notReady": len(gone)}
-    d = Decision("Progressing", "Progressing", "", counts=counts, excluded=excluded,
-                 failed=[{"node": n.name, "reason": f"{n.reason}: {n.message}".strip(": ")} for n in failed],
-                 waiting=waiting, pending=[n.name for n in pending], unavailable=unavailable,
+    d = Decision("Progressing", "Progressing", "", counts=counts, excluded=excluded, failed=failed,
+                 waiting=waiting, pending=list(t.pending), unavailable=unavailable,
                  limit_unavailable=limit, held=held, refused=refused,
                  not_ready=[{"node": k, "reason": f"NotReady for {v:.0f}s (more than notReadyTimeoutSeconds "
                              f"{r.not_ready_timeout_s})"} for k, v in sorted(gone.items())])
-    started_any = bool(mine)
-    if not targets:
+    started_any = bool(t.mine)
+    active, done = len(t.active), len(t.done)
+    if not t:
         d.phase, d.reason, d.message = "Completed", "NoTargets", "no node matches the rollout's nodeSelector"
         return d
     if waiting and not started_any:
         d.phase, d.reason = "Preflight", "WaitingForPreflight"
         d.message = f"waiting for {len(waiting)} node(s) to answer the preflight: {', '.join(waiting[:5])}"
         return d
-    if held and not candidates and not active:
+    if held and first is None and not active:
         d.phase, d.reason = "Preflight" if not started_any else "Progressing", "NodesHeld"
         d.message = (f"{len(held)} node(s) take part in another rollout that has not ended: " + ", ".join(
             f"{k} ({v})" for k, v in sorted(held.items())[:5]) + " (it must end, be aborted or deleted first)")
@@ -153,22 +283,22 @@ def decide(r: Rollout, nodes: list[NodeView], *, now: float, started: float, can
             f"{f['node']}: {f['reason']}" for f in d.failed[:3]) + " (retry with `kubectl driverd node retry NODE` "
             "or raise spec.failureBudget)")
         return d
-    if not candidates and not active:
+    if first is None and not active:
         if refused:
             d.message = _refused_words(refused)
             return d
         if gone_pending:
             d.phase, d.reason = "Paused", "NodesNotReady"
             d.message = (f"{len(gone_pending)} target node(s) NotReady for more than {r.not_ready_timeout_s}s: "
-                         + ", ".join(gone_pending[:5]) + f" ({len(done)}/{len(targets)} done; they are upgraded "
+                         + ", ".join(gone_pending[:5]) + f" ({done}/{len(t)} done; they are upgraded "
                          "once Ready again, or leave them out with `kubectl driverd node skip NODE`)")
             return d
         if unknown:
             d.message = (f"{len(unknown)} node(s) record a state this driverd does not know: " + ", ".join(
-                [f"{n.name} ({n.state})" for n in pending if n.name in unknown][:5]) + " (their daemons fail them "
+                [f"{name} ({t.views[name].state})" for name in sorted(unknown)][:5]) + " (their daemons fail them "
                 "as UnknownState; then `kubectl driverd node retry NODE`)")
             return d
-        if pending and not candidates and not bad:
+        if t.pending and not bad:
             if r.paused:        # a paused rollout says so while its nodes answer an edited spec
                 d.phase, d.reason, d.message = "Paused", "PausedBySpec", PAUSED_WORDS
                 return d
@@ -176,29 +306,29 @@ def decide(r: Rollout, nodes: list[NodeView], *, now: float, started: float, can
             return d
         d.phase = "Failed" if failed else "Completed"
         d.reason = "NodesFailed" if failed else "Completed"
-        d.message = (f"{len(done)} node(s) run driver {r.driver}" + (f", {len(failed)} failed" if failed else "")
+        d.message = (f"{done} node(s) run driver {r.driver}" + (f", {len(failed)} failed" if failed else "")
                      + (f", {len(bad)} excluded by the preflight" if bad else "")
-                     + (f", {len(skipped)} skipped" if skipped else ""))
+                     + (f", {len(t.skipped)} skipped" if t.skipped else ""))
         return d
     if r.paused:
         d.phase, d.reason, d.message = "Paused", "PausedBySpec", PAUSED_WORDS
         return d
     # canary: the first N nodes in order go alone; then pause, or continue after the soak time
-    budget = r.max_parallel - len(active)
+    budget = r.max_parallel - active
     if r.canary:
-        in_canary = len(done) + len(failed) + len(active)
+        in_canary = done + len(failed) + active
         if in_canary < r.canary:
-            candidates = candidates[:r.canary - in_canary]
+            candidates = islice(candidates, r.canary - in_canary)
         elif not canary_approved:
             if active:
-                candidates = []
+                candidates = iter(())
             elif r.canary_soak_s is None:
                 d.phase, d.reason = "Paused", "CanaryDone"
                 d.message = (f"the {r.canary} canary node(s) are done; continue with `kubectl driverd rollout "
                              f"resume {r.name}`")
                 return d
             else:
-                soak_from = _latest_done(done)
+                soak_from = max(t.done_since.values(), default=None)
                 left = (soak_from or now) + r.canary_soak_s - now
                 if left > 0:
                     d.reason, d.message = "CanarySoak", f"canary done; soaking {left:.0f}s more before the rest"
@@ -222,9 +352,9 @@ def decide(r: Rollout, nodes: list[NodeView], *, now: float, started: float, can
         if not n.unavailable:
             unavailable += 1
     d.unavailable = unavailable
-    d.counts["upgrading"] = len(active) + len(d.admit)
+    d.counts["upgrading"] = active + len(d.admit)
     d.counts["pending"] -= len(d.admit)
-    d.message = (f"{len(done)}/{len(targets)} done, {len(active) + len(d.admit)} upgrading, "
+    d.message = (f"{done}/{len(t)} done, {active + len(d.admit)} upgrading, "
                  f"{unavailable}/{limit} unavailable" + (f", {len(failed)} failed" if failed else "")
                  + (f"; NotReady for more than {r.not_ready_timeout_s}s: {', '.join(sorted(gone)[:5])}" if gone else "")
                  + (f"; held by other rollouts: {', '.join(sorted(held)[:5])}" if held else "")
@@ -256,9 +386,3 @@ def _refused_words(refused: dict) -> str:
     return (f"the API server refused the admission of {len(refused)} node(s): " + "; ".join(
         f"{k}: {v}" for k, v in sorted(refused.items())[:3]) + f" (tried again when the node changes, at the "
         f"latest after {REFUSED_RETRY_S:.0f}s; status.conditions AdmissionRefused)")
-
-
-def _latest_done(done: list[NodeView]) -> float | None:
-    from driverd.cluster.kube import parse_time
-    ts = [t for t in (parse_time(n.since) for n in done) if t is not None]
-    return max(ts) if ts else None

@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from driverd.cluster import events
 from driverd.cluster import model as m
-from driverd.cluster.admission import A_CANARY_APPROVED, REFUSED_RETRY_S, decide, reopened
+from driverd.cluster.admission import A_CANARY_APPROVED, REFUSED_RETRY_S, Targets, decide_on, reopened
 from driverd.cluster.fleet_status import FleetStatus
 from driverd.cluster.informer import Informer
 from driverd.cluster.states import PHASES
@@ -33,8 +33,9 @@ from driverd.cluster.kube import (
     rollout_path,
 )
 from driverd.cluster.lease import LEASE_DURATION_S, LEASE_NAME, Lease
+from driverd.cluster.nodeindex import NodeIndex
 from driverd.cluster.poolkeeper import PoolKeeper
-from driverd.cluster.pools import SUPERSEDED
+from driverd.cluster.pools import SUPERSEDED, owner
 
 COALESCE_S = 0.02
 # Every node's daemon watches every DriverRollout, so each status write is one watch event per node of
@@ -75,9 +76,8 @@ class Coordinator:
         self._written: dict[str, tuple[dict, float]] = {}     # rollout -> (status written, when)
         self._seen_gen: dict[str, tuple[int, float]] = {}      # rollout -> (generation, first seen)
         self.admitted = 0
-        self._view_cache: dict[tuple, m.NodeView] = {}
+        self.index = NodeIndex()          # the nodes as this pass decides on them (one per nodes informer)
         self._refused: dict[tuple[str, str], _Refusal] = {}   # (rollout ident, node) -> the API's refusal
-        self._decided_on: dict[str, dict] = {}                # node -> the Node object this pass decided on
         self._status_due: float | None = None                 # when a held-back status write is due (monotonic)
         self.fleet = FleetStatus()        # the last pass's numbers, for the daemon's /metrics
         self._idle = threading.Event()    # run() is not running (its pass loop has returned)
@@ -116,6 +116,7 @@ class Coordinator:
                         self.log(f"driverd cluster: {self.identity} lost the Lease")
                         self.nodes.close()
                         self.nodes = None
+                        self.index = NodeIndex()
                         self.fleet.clear()
                     if self.lease.expires_in(self.lease_watch.get(f"{self.ns}/{LEASE_NAME}")) <= 0 and \
                             self.lease.try_acquire():
@@ -123,7 +124,7 @@ class Coordinator:
                 if self.lease.holding() and self.nodes is None:
                     self.log(f"driverd cluster: {self.identity} coordinates rollouts (holds the Lease)")
                     self.nodes = Informer(self.kube, node_path(), name="nodes",
-                                          on_change=lambda k, o: self.wake.set(), log=self.log).start()
+                                          on_change=self._node_changed, log=self.log).start()
                     self.nodes.synced.wait(30)
                     self._seen_holding()
                 if self.lease.holding() and self.nodes is not None:
@@ -149,6 +150,10 @@ class Coordinator:
             except Exception as e:  # never die: say it and retry
                 self.log(f"driverd cluster coordinator: {e.__class__.__name__}: {e}")
                 self.wake.wait(2.0)
+
+    def _node_changed(self, kind: str, obj: dict) -> None:
+        self.index.changed(kind, obj)
+        self.wake.set()
 
     def _keep_renewing(self) -> None:
         """Renew the Lease every third of its duration for as long as we hold it, in a thread of its
@@ -197,35 +202,36 @@ class Coordinator:
         assert self.nodes is not None
         wait = 30.0
         self._status_due = None
-        views = self._views()
+        self.index.sync(self.nodes)
         if self.pool_keeper is not None:
-            if not self.pool_keeper.act(views):
+            if not self.pool_keeper.act(self.index.views.values()):
                 return 1.0            # the DriverPools are not read yet: which rollout takes which node is unknown
             if self.pool_keeper.again:
                 wait = self.status_interval_s
         decided: dict[str, dict] = {}      # rollout -> the status this pass decided (fleet metrics)
-        held: dict[str, str] = {}          # node -> the older rollout (not ended) that holds it
-        for v in views:
-            if v.active and v.rollout:
-                held[v.name] = f"rollout {v.rollout.split('/')[0]}: {v.state}"
+        # node -> the rollout that holds it: the nodes being upgraded, then (one layer per rollout, in
+        # order) the nodes each rollout that has not ended selects, for the rollouts after it
+        held = _Held({v.name: f"rollout {v.rollout.split('/')[0]}: {v.state}"
+                      for v in self.index.active.values() if v.rollout}, [])
         for obj in sorted(self.rollouts.snapshot(), key=m.oldest_first):
             try:
-                wait = min(wait, self._act_on(obj, views, held, decided))
+                wait = min(wait, self._act_on(obj, held, decided))
             except KubeError as e:
                 if _not_holder(e):
                     raise
                 self.log(f"driverd cluster: rollout {obj['metadata'].get('name')}: {e.one_line()}")
                 wait = min(wait, 2.0)
+        self.index.forget_unused()
         self.fleet.publish(self.rollouts.snapshot(), decided)
         if self._status_due is not None:          # a progress write held back: the pass that writes it
             wait = min(wait, max(COALESCE_S, self._status_due - time.monotonic()))
         return wait
 
-    def _act_on(self, obj: dict, views: list[m.NodeView], held: dict[str, str], decided: dict[str, dict]) -> float:
+    def _act_on(self, obj: dict, held: _Held, decided: dict[str, dict]) -> float:
         name = obj["metadata"]["name"]
         md = obj["metadata"]
         if md.get("deletionTimestamp"):
-            self._deleted(obj, views)
+            self._deleted(obj)
             return 30.0
         if m.FINALIZER not in (md.get("finalizers") or []):
             self._add_finalizer(obj)
@@ -239,8 +245,11 @@ class Coordinator:
         if m.ended(obj) and (obj.get("status") or {}).get("phase") == SUPERSEDED:
             return 30.0                     # its pool's next revision replaced it: no verb reopens it
         if m.ended(obj):
-            # terminal for this spec, holding no node, until an operator's verb reopens it
-            why = reopened(r, obj.get("status") or {}, views)
+            # terminal for this spec, holding no node, until an operator's verb reopens it: a retry of
+            # a node it failed, a skip of a node its preflight refused — the only nodes to look at
+            st = obj.get("status") or {}
+            named = {e.get("node") for e in st.get("preflightFailures") or [] if isinstance(e, dict)}
+            why = reopened(r, st, list(self.index.named(self.index.retry | named)))
             if why is None:
                 return 30.0
             self.log(f"driverd cluster: rollout {name} ({(obj.get('status') or {}).get('phase')}) reopened by {why}")
@@ -256,21 +265,20 @@ class Coordinator:
                 if (obj.get("status") or {}).get("observedGeneration") == r.generation else None
             since = prev or self.clock()
             self._seen_gen[r.ident] = (r.generation, since)
-        # a pool's rollout takes its pool's members only, any other rollout nodes in no pool
-        targets = self.pool_keeper.targets(obj, views) if self.pool_keeper is not None else views
-        mine_active = {v.name for v in views if v.active and v.in_rollout(r)}
-        d = decide(r, targets, now=self.clock(), started=since,
-                   canary_approved=ann.get(A_CANARY_APPROVED) == "true",
-                   held={k: w for k, w in held.items() if k not in mine_active},
-                   refused=self._refusals(r))
+        targets = self._targets(r, obj)
+        mine_active = {v.name for v in self.index.active.values() if v.in_rollout(r)}
+        d = decide_on(targets, now=self.clock(), started=since,
+                      canary_approved=ann.get(A_CANARY_APPROVED) == "true",
+                      held=held.for_rollout(mine_active), refused=self._refusals(r))
         if not m.ended(dict(obj, status=d.status(r))):
             # a rollout that has not ended holds the nodes it selects for the rollouts after it
             # (their daemons answer the oldest one's preflight first)
-            for v in targets:
-                if r.selects(v.labels):
-                    held.setdefault(v.name, f"rollout {r.name}: {d.phase}")
-        for key in [k for k in self._refused if k[0] == r.ident and k[1] not in d.pending]:
-            del self._refused[key]          # admitted, skipped, no longer selected: nothing refused
+            held.layers.append((targets.views.keys(), f"rollout {r.name}: {d.phase}"))
+        if mine_refused := [k for k in self._refused if k[0] == r.ident]:
+            pending = set(d.pending)
+            for key in mine_refused:
+                if key[1] not in pending:
+                    del self._refused[key]          # admitted, skipped, no longer selected: nothing refused
         st = decided[name] = d.status(r)
         st["generationSince"] = now_rfc3339(since)
         st["conditions"] = self._conditions(r)
@@ -295,20 +303,15 @@ class Coordinator:
             self._status(obj, st)
         return 5.0 if d.phase in ("Preflight", "Progressing") else 30.0
 
-    def _views(self) -> list[m.NodeView]:
-        """Every node's view, reparsed only for nodes whose resourceVersion changed (a fleet's
-        coordinator looks at all nodes after every change of any of them)."""
-        assert self.nodes is not None
-        out, cache, seen = [], {}, {}
-        for n in self.nodes.snapshot():
-            md = n.get("metadata") or {}
-            key = (md.get("name"), md.get("resourceVersion"))
-            v = self._view_cache.get(key) or m.NodeView.from_node(n)
-            cache[key] = v
-            seen[v.name] = n
-            out.append(v)
-        self._view_cache, self._decided_on = cache, seen
-        return out
+    def _targets(self, r: m.Rollout, obj: dict) -> Targets:
+        """The nodes rollout `r` may take, kept by the index from one pass to the next: a pool's rollout
+        its pool's members only, any other rollout nodes in no pool (pools.takes), and those it is
+        upgrading now (a pool created over them mid-upgrade: they still hold the rollout's slots)."""
+        if self.pool_keeper is None:
+            return self.index.targets(r, r, lambda v: r.selects(v.labels))
+        takes = self.pool_keeper.taker(obj)
+        return self.index.targets(r, (r, owner(obj), tuple(self.pool_keeper.current)), lambda v: r.selects(
+            v.labels) and (takes(v.labels) or (v.active and v.in_rollout_name(r.name))))
 
     def _admit_all(self, r: m.Rollout, names: list[str], obj: dict, said: list[tuple[dict, str]]) -> list[str]:
         """Write a pass's admissions, up to ADMIT_AT_ONCE at a time: each is one patch of its own node
@@ -328,7 +331,7 @@ class Coordinator:
         assert self.nodes is not None
         # the Node as the decision saw it: its resourceVersion makes the write fail (409) if the node
         # changed since, so an admission is never written over a state the decision did not see
-        node = self._decided_on.get(name) or {}
+        node = self.index.obj(name) or {}
         v = m.NodeView.from_node(node)
         prev = f"{v.driver}/{v.flavor}" if v.driver else ""
         message = f"admitted by {self.identity} to upgrade to {r.driver} (rollout {r.name})"
@@ -341,6 +344,7 @@ class Coordinator:
         try:
             new = self.kube.patch(node_path(name), patch)
             self.nodes.put(new)
+            self.index.changed("MODIFIED", new)     # our own write: no watch event has said it yet
         except KubeError as e:
             if e.conflict:        # the node changed since we looked: decide again with the new view
                 self.wake.set()
@@ -402,7 +406,7 @@ class Coordinator:
             if not (e.conflict or e.not_found):       # changed meanwhile: the next pass adds it
                 raise
 
-    def _deleted(self, obj: dict, views: list[m.NodeView]) -> None:
+    def _deleted(self, obj: dict) -> None:
         """A deleted rollout is an aborted one: its daemons give back the nodes not yet unloading;
         the finalizer goes when none of its nodes is active any more."""
         md = obj["metadata"]
@@ -410,7 +414,7 @@ class Coordinator:
             return
         try:
             r = m.Rollout.from_object(obj)
-            busy = [v.name for v in views if v.active and v.in_rollout(r)]
+            busy = sorted(v.name for v in self.index.active.values() if v.in_rollout(r))
         except m.SpecError:
             busy = []
         if busy:
@@ -433,7 +437,7 @@ class Coordinator:
         if _same(last, status):
             return
         phase_changed = (last.get("phase"), last.get("reason")) != (status.get("phase"), status.get("reason"))
-        interval = max(self.status_interval_s, len(self._decided_on) / STATUS_EVENTS_PER_S)
+        interval = max(self.status_interval_s, len(self.index) / STATUS_EVENTS_PER_S)
         if not phase_changed and time.monotonic() - when < interval:
             due = when + interval     # written by the first pass after that
             self._status_due = due if self._status_due is None else min(self._status_due, due)
@@ -457,6 +461,25 @@ class Coordinator:
         events.record(self.kube, involved, status.get("reason") or "Progressing", status.get("message") or "",
                       warning=getattr(PHASES.get(status.get("phase") or ""), "warning", False),
                       instance=self.identity, log=self.log, now=self.clock())
+
+
+@dataclass
+class _Held:
+    """The nodes other rollouts hold, as a pass goes through the rollouts oldest first: those being
+    upgraded (`active`: node -> by which), then one layer per rollout that has not ended (the nodes it
+    selects) for the rollouts after it. A node is held by the first that names it."""
+    active: dict[str, str]
+    layers: list[tuple[Collection[str], str]]
+
+    def for_rollout(self, mine: set[str]) -> dict[str, str]:
+        """What holds each node for a rollout that is upgrading `mine` (its own nodes are not held)."""
+        held: dict[str, str] = {}
+        for names, by in reversed(self.layers):
+            held.update(dict.fromkeys(names, by))
+        held.update(self.active)
+        for name in mine:
+            held.pop(name, None)
+        return held
 
 
 def _not_holder(e: KubeError) -> bool:

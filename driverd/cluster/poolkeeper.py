@@ -3,14 +3,14 @@ pass of the Lease holder, for each pool, mark a revision the pool no longer want
 the next revision's DriverRollout (owned by the pool, its spec the pool's), and write the pool's
 status — desired driver, nodes on it, nodes behind and why, the Converged and Overlap conditions —
 when it changed (at most once per `status_interval_s` unless a condition changed). It also tells
-the coordinator which nodes each rollout may take (`targets`): a pool's rollout its pool's members
-only, any other rollout only nodes in no pool.
+the coordinator which nodes each rollout may take (`taker`, given the pools this pass read): a pool's
+rollout its pool's members only, any other rollout only nodes in no pool.
 """
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from driverd.cluster import events
 from driverd.cluster import model as m
@@ -31,7 +31,7 @@ class PoolKeeper:
         self._refused: set[str] = set()          # rollout names whose creation the API refused (said once)
         self.again = False                        # a status write was held back: look again soon
 
-    def act(self, views: list[m.NodeView]) -> bool:
+    def act(self, views: Collection[m.NodeView]) -> bool:
         """One pass over the pools; False while the DriverPools are not read yet (then which rollout
         may take which node is not known, and the coordinator admits nothing)."""
         self.again = False
@@ -45,6 +45,8 @@ class PoolKeeper:
             name = (o.get("metadata") or {}).get("name", "")
             if name in bad:
                 self._status(o, pl.invalid_status(o, bad[name], now=now))
+        if not good:
+            return True             # no pool to assign the nodes to: every rollout takes nodes in no pool
         a = pl.assign(good, views)
         for pool in good:
             plan = pl.plan(pool, a, self.rollouts.snapshot(), now=now, previous=pool.obj.get("status"))
@@ -58,12 +60,9 @@ class PoolKeeper:
             self._status(pool.obj, plan.status)
         return True
 
-    def targets(self, rollout: dict, views: list[m.NodeView]) -> list[m.NodeView]:
-        """The nodes `rollout` may take, given the pools (pools.takes), and those it is upgrading now
-        (a pool created over them mid-upgrade: they still hold the rollout's slots until they finish)."""
-        name = rollout["metadata"]["name"]
-        takes = pl.taker(rollout, self.current)
-        return [v for v in views if takes(v.labels) or (v.active and v.in_rollout_name(name))]
+    def taker(self, rollout: dict) -> Callable[[dict], bool]:
+        """Whether `rollout` may take a node with these labels, given the pools (pools.takes)."""
+        return pl.taker(rollout, self.current)
 
     def _create(self, pool: pl.Pool, body: dict) -> None:
         name = body["metadata"]["name"]

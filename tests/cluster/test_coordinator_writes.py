@@ -42,20 +42,25 @@ class Writes:
 
 
 class Cache:
+    def __init__(self, objs: list[dict] = ()) -> None:
+        self.items = {o["metadata"]["name"]: o for o in objs}
+
     def put(self, obj: dict) -> None:
         pass
 
-    def get(self, name: str) -> None:
-        return None
+    def get(self, name: str) -> dict | None:
+        return self.items.get(name)
+
+    def snapshot(self) -> list[dict]:
+        return list(self.items.values())
 
 
 def _coordinator(kube, nodes: int, clock: list[float], monkeypatch) -> co.Coordinator:
     monkeypatch.setattr(co.time, "monotonic", lambda: clock[0])
     c = co.Coordinator(kube, "gpu-0000", "driverd", rollouts=Cache(), log=lambda msg: None,
                        clock=lambda: 1.8e9 + clock[0])
-    c.nodes = Cache()
-    c._decided_on = {f"gpu-{i:04d}": {"metadata": {"name": f"gpu-{i:04d}", "resourceVersion": "1"}}
-                     for i in range(nodes)}
+    c.nodes = Cache([{"metadata": {"name": f"gpu-{i:04d}", "resourceVersion": "1"}} for i in range(nodes)])
+    c.index.sync(c.nodes)
     return c
 
 
@@ -91,9 +96,11 @@ def test_a_pass_writes_its_admissions_concurrently_and_each_refusal_is_its_own(m
     r = m.Rollout.from_object({"metadata": {"name": "r", "generation": 1, "uid": "x"},
                                "spec": {"driver": "550.127.05", "maxParallel": 20, "maxUnavailable": 20}})
     names = [f"gpu-{i:04d}" for i in range(12)]
-    c._decided_on["gpu-0005"] = {"metadata": {"name": "refuse-gpu-0005", "resourceVersion": "1"}}
     names[5] = "refuse-gpu-0005"
-    c._decided_on["refuse-gpu-0005"] = c._decided_on.pop("gpu-0005")
+    c.nodes.items["refuse-gpu-0005"] = {"metadata": {"name": "refuse-gpu-0005", "resourceVersion": "1"}}
+    del c.nodes.items["gpu-0005"]
+    c.index.changed("SYNC", {})
+    c.index.sync(c.nodes)
     threading.Timer(0.5, hold.set).start()
     said: list = []
     results = c._admit_all(r, names, {"metadata": {"name": "r", "uid": "x"}}, said)
