@@ -204,7 +204,7 @@ class Coordinator:
         self._status_due = None
         self.index.sync(self.nodes)
         if self.pool_keeper is not None:
-            if not self.pool_keeper.act(self.index.views.values()):
+            if not self.pool_keeper.act(self.index):
                 return 1.0            # the DriverPools are not read yet: which rollout takes which node is unknown
             if self.pool_keeper.again:
                 wait = self.status_interval_s

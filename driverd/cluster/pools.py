@@ -369,25 +369,40 @@ def _condition(kind: str, ok: bool, reason: str, message: str, now: str, previou
     return {"type": kind, "status": status, "reason": reason, "message": message[:1000], "lastTransitionTime": since}
 
 
+def timeless(status: dict, previous: dict | None) -> bool:
+    """Every condition of `status` took its lastTransitionTime from `previous` (_condition's rule), none
+    the pass's `now`: the same inputs give the same status at any later time."""
+    for c in status.get("conditions") or []:
+        before = next((b for b in (previous or {}).get("conditions") or [] if b.get("type") == c.get("type")), {})
+        if not (before.get("status") == c.get("status") and before.get("lastTransitionTime")):
+            return False
+    return True
+
+
 def status(pool: Pool, a: Assignment, current: dict | None, *, now: str, previous: dict | None = None) -> dict:
     """The pool's status: its desired driver, its nodes (total, on it, behind), each node behind with
     why, its current rollout, and the conditions Converged and Overlap."""
     members = a.members.get(pool.name, [])
     over = sorted(n for n, ps in a.overlapped.items() if pool.name in ps)
-    behind: list[dict] = []
+    # the nodes behind, in order: (the node's view, or an overlapped node's name; whether its settings wait);
+    # only the listed ones are put in words (every member's, for the MAX_LISTED a status lists, were most
+    # of a pool's pass in a large pool)
+    lagging: list[tuple[m.NodeView | str, bool]] = []
     joining = 0
     for v in members:
         if pool.runs_desired(v):
             if waiting_settings(v) and not v.skip:
-                behind.append({"node": v.name, "driver": f"{v.driver}/{v.flavor}",
-                               "reason": why_settings(v, current)})
+                lagging.append((v, True))
             continue
         joining += v.driver is None and not v.active
-        behind.append({"node": v.name, "driver": f"{v.driver}/{v.flavor}" if v.driver else "",
-                       "reason": why_behind(pool, v, current, [])})
-    for n in over:
-        behind.append({"node": n, "driver": "", "reason": why_behind(pool, _stub(n), current, a.overlapped[n])})
-    on = len(members) - (len(behind) - len(over))       # a node whose settings wait runs the driver, not as kept
+        lagging.append((v, False))
+    lagging += [(n, False) for n in over]
+    behind = [{"node": v.name, "driver": f"{v.driver}/{v.flavor}" if v.driver else "",
+               "reason": why_settings(v, current) if settings else why_behind(pool, v, current, [])}
+              if isinstance(v, m.NodeView) else
+              {"node": v, "driver": "", "reason": why_behind(pool, _stub(v), current, a.overlapped[v])}
+              for v, settings in lagging[:MAX_LISTED]]
+    on = len(members) - (len(lagging) - len(over))      # a node whose settings wait runs the driver, not as kept
     conflicts = a.conflicts.get(pool.name, {})
     if conflicts:
         words = "; ".join(f"pool {q} also selects {', '.join(ns[:5])}" + (f" and {len(ns) - 5} more" if len(ns) > 5
@@ -397,21 +412,21 @@ def status(pool: Pool, a: Assignment, current: dict | None, *, now: str, previou
     else:
         overlap = _condition("Overlap", False, "NoOverlap", "no other pool selects its nodes", now, previous)
     name = ((current or {}).get("metadata") or {}).get("name")
-    if not behind:
+    if not lagging:
         conv = _condition("Converged", True, "AllCurrent" if members else "NoNodes",
                           f"{on} node(s) run {pool.version}" if members else "no node matches the nodeSelector",
                           now, previous)
     elif name and not m.ended(current):
-        conv = _condition("Converged", False, "RollingOut", f"rollout {name}: {len(behind)} node(s) behind", now,
+        conv = _condition("Converged", False, "RollingOut", f"rollout {name}: {len(lagging)} node(s) behind", now,
                           previous)
     else:
-        conv = _condition("Converged", False, "NodesBehind", f"{len(behind)} node(s) behind: " + "; ".join(
+        conv = _condition("Converged", False, "NodesBehind", f"{len(lagging)} node(s) behind: " + "; ".join(
             f"{b['node']}: {b['reason']}" for b in behind[:3]), now, previous)
     return {"observedGeneration": pool.generation, "driver": pool.version, "flavor": pool.flavor,
             "rollout": name or "",
-            "nodes": {"total": len(members) + len(over), "current": on, "behind": len(behind), "joining": joining,
+            "nodes": {"total": len(members) + len(over), "current": on, "behind": len(lagging), "joining": joining,
                       "overlapped": len(over)},
-            "behindNodes": behind[:MAX_LISTED], "conditions": [conv, overlap]}
+            "behindNodes": behind, "conditions": [conv, overlap]}
 
 
 def invalid_status(obj: dict, why: str, *, now: str) -> dict:
