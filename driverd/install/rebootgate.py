@@ -250,7 +250,7 @@ def enforcement(root, fam, release: str) -> list[str]:
     running kernel has — lockdown=... on the command line, or Secure Boot)."""
     from driverd.host.kernel import cmdline_params, kernel_config, parse_lockdown, read_cmdline, read_secure_boot
     from driverd.host.textfmt import kstrtobool
-    config, source = kernel_config(root, release)
+    config, source = kernel_config(root, release, ("CONFIG_MODULE_SIG_FORCE", "CONFIG_LOCK_DOWN_IN_EFI_SECURE_BOOT"))
     out = []
     if config.get("CONFIG_MODULE_SIG_FORCE") == "y":
         out.append(f"CONFIG_MODULE_SIG_FORCE=y ({source})")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from driverd.cluster import admission
@@ -79,7 +79,7 @@ change = hs.fixed_dictionaries({
     "deleted": hs.booleans(), "relist": hs.booleans()})
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # a busy machine
 @given(changes=hs.lists(change, min_size=1, max_size=25), par=hs.integers(1, 4), mu=hs.integers(1, 5),
        canary=hs.integers(0, 2), budget=hs.integers(0, 2), held=hs.sets(hs.integers(0, 11), max_size=3),
        refused=hs.sets(hs.integers(0, 11), max_size=3), late=hs.booleans())

@@ -79,9 +79,10 @@ def test_live_versions_run_while_the_rest_is_read_and_an_uncollected_one_is_stop
         f.chmod(0o755)
     v = Versions.start(Root("/"), [str(fast), str(slow)])
     deadline = time.monotonic() + 10
-    while not (started.exists() and (tmp_path / "started.slow").exists()) and time.monotonic() < deadline:
+    written = lambda f: f.exists() and f.read_text().strip().isdigit()     # created and written by the shell
+    while not (written(started) and written(tmp_path / "started.slow")) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert started.exists(), "the --version run did not start before its answer was asked for"
+    assert written(started), "the --version run did not start before its answer was asked for"
     assert v.get(str(fast)) == "1.6.20~ds1"
     assert v.get(str(fast)) == "1.6.20~ds1"           # asked again: run again, same answer
     pid = int((tmp_path / "started.slow").read_text())
