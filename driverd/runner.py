@@ -240,9 +240,9 @@ def which(name: str, root=None, extra: Sequence[str] = ()) -> str | None:
 # The directory driverd itself was imported from (site-packages, or a source checkout).
 _HOME = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# What an isolated child runs: driverd's own directory is appended (never prepended: the standard
-# library and site-packages come first) only when the interpreter's own path does not have it, then
-# the module runs as __main__ with its arguments.
+# What an isolated child runs: driverd's own directory, and those of the modules named (python_child's
+# site_modules), are appended (never prepended: the standard library and site-packages come first) where
+# the interpreter's own path does not have them, then the module runs as __main__ with its arguments.
 _BOOT = ("import os, sys, runpy; homes, module = sys.argv.pop(1), sys.argv.pop(1); "
          "[h in sys.path or sys.path.append(h) for h in homes.split(os.pathsep)]; "
          "runpy.run_module(module, run_name='__main__', alter_sys=True)")
