@@ -551,7 +551,14 @@ def _uuid(addr: str) -> str:
 
 
 def _write(p: Path, text: str) -> None:
-    p.parent.mkdir(parents=True, exist_ok=True)
+    # Every render writes the whole of /sys/module again; a file whose content stays is left alone, so a
+    # reader never meets it truncated mid-rewrite (a module's parameters read as '' while another module
+    # loaded: a flaky test under load). Real sysfs never shows a half-written value.
+    try:
+        if p.read_text() == text:
+            return
+    except OSError:
+        p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(text)
 
 
