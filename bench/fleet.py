@@ -78,7 +78,10 @@ Prints one JSON object (--json: on one line; with several rollouts {"runs": [...
   machine              cores, load averages before/after, busy_cores (all of the machine's CPU
                        use over the rollout, other work included, from /proc/stat); second by second:
                        busy_cores_peak_1s, busy_cores_p90_1s and saturated_s (seconds with >= 90% of
-                       the cores busy: then the makespan measures this machine, not the coordination)
+                       the cores busy: then the makespan measures this machine, not the coordination);
+                       with daemon processes, daemon_process_busy_p90_1s (the busiest one's cores)
+                       and daemon_processes_saturated_s (seconds one of them used >= 0.9 of a core:
+                       its daemons waited for its interpreter, and the makespan measures the harness)
   max_unavailable_seen, admissions_over_limit (nodes admitted while the nodes the rollout had taken
                        out — cordoned or being upgraded — were already past the limit: the guarantee;
                        a node going NotReady by itself may take max_unavailable_seen past the limit),
@@ -486,6 +489,8 @@ def _run(a, backend, faults, rnd, work, ps) -> list[dict]:
             runs.append(r)
             print(f"fleet.py: maxParallel {p}: {r['phase']}, makespan {r['makespan_s']} s = {r['makespan_ratio']} x "
                   f"ideal, {r['api_requests_per_node']} requests per node", file=sys.stderr, flush=True)
+            for line in _why_slow(r):
+                print(f"fleet.py: maxParallel {p}: {line}", file=sys.stderr, flush=True)
             if r["phase"] not in ("Completed", "Failed"):
                 break
     finally:
@@ -532,7 +537,9 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
     end = time.monotonic() + a.timeout
     phase, why = None, None
     last_note = 0.0
-    saturation = Saturation().start()
+    saturation = Saturation(pids=sorted({sn.proc.pid for nd, sn in fleet.nodes.items()
+                                         if sn.proc is not None and nd != coord}),
+                            cpu_of=proc_cpu_seconds).start()
     while time.monotonic() < end:
         if time.monotonic() - last_note > 15:
             last_note = time.monotonic()
@@ -698,10 +705,17 @@ def _busy_s() -> float:
 class Saturation:
     """The machine's busy cores second by second while a rollout runs: how long it had no CPU to
     spare (>= 90% of its cores busy). A rollout that spends its waves there measures this machine,
-    not the coordination: the apiserver, etcd and the daemons wait for each other's CPU."""
+    not the coordination: the apiserver, etcd and the daemons wait for each other's CPU.
 
-    def __init__(self, step: float = 1.0) -> None:
+    The same for each process of node daemons (`pids`): one interpreter runs its Python on one core
+    at a time, so a process near a whole core holds its daemons back however many cores the machine
+    has spare (2,000 nodes in 4 processes on 16 cores: admitted -> cordoned took 5.3 s, not 0.2 s,
+    with the machine at 10 of 16 cores). Then the makespan measures the harness's processes."""
+
+    def __init__(self, step: float = 1.0, pids: list[int] | None = None, cpu_of=None) -> None:
         self.step, self.samples = step, []
+        self.pids, self.cpu_of = list(pids or []), cpu_of
+        self.proc_samples: list[float] = []     # per sample: the busiest daemon process's cores
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="saturation", daemon=True)
 
@@ -713,19 +727,46 @@ class Saturation:
         self.stop.set()
         self.thread.join(5)
 
+    def _procs(self) -> list[float]:
+        return [self.cpu_of(pid) for pid in self.pids] if self.cpu_of else []
+
     def _run(self) -> None:
-        last, t = _busy_s(), time.monotonic()
+        last, procs, t = _busy_s(), self._procs(), time.monotonic()
         while not self.stop.wait(self.step):
-            now, t1 = _busy_s(), time.monotonic()
-            self.samples.append((now - last) / max(t1 - t, 1e-3))
-            last, t = now, t1
+            now, procs1, t1 = _busy_s(), self._procs(), time.monotonic()
+            dt = max(t1 - t, 1e-3)
+            self.samples.append((now - last) / dt)
+            if procs1:
+                self.proc_samples.append(max((b - a) / dt for a, b in zip(procs, procs1)))
+            last, procs, t = now, procs1, t1
 
     def summary(self) -> dict:
         cores = os.cpu_count() or 1
-        s = sorted(self.samples)
-        return {"busy_cores_peak_1s": round(s[-1], 2) if s else None,
-                "busy_cores_p90_1s": round(s[int(0.9 * (len(s) - 1))], 2) if s else None,
-                "saturated_s": round(sum(self.step for x in s if x >= 0.9 * cores), 1)}
+        s, ps = sorted(self.samples), sorted(self.proc_samples)
+        out = {"busy_cores_peak_1s": round(s[-1], 2) if s else None,
+               "busy_cores_p90_1s": round(s[int(0.9 * (len(s) - 1))], 2) if s else None,
+               "saturated_s": round(sum(self.step for x in s if x >= 0.9 * cores), 1)}
+        if self.pids:
+            out |= {"daemon_process_busy_p90_1s": round(ps[int(0.9 * (len(ps) - 1))], 2) if ps else None,
+                    "daemon_processes_saturated_s": round(sum(self.step for x in ps if x >= 0.9), 1)}
+        return out
+
+
+def _why_slow(r: dict) -> list[str]:
+    """What a rollout's makespan measured besides the coordination, in words: seconds of it with the
+    machine's cores all busy, or with a process of node daemons at a whole core (a tenth of the
+    rollout or more)."""
+    mach, wall = r.get("machine") or {}, (r.get("machine") or {}).get("rollout_wall_s") or 0
+    out = []
+    if wall and (mach.get("saturated_s") or 0) >= 0.1 * wall:
+        out.append(f"the machine had no core to spare for {mach['saturated_s']} s of {wall} s: the makespan "
+                   "measures its CPU, not the coordination")
+    if wall and (mach.get("daemon_processes_saturated_s") or 0) >= 0.1 * wall:
+        out.append(f"a process of node daemons used a whole core for {mach['daemon_processes_saturated_s']} s of "
+                   f"{wall} s (median admitted -> cordoned {(r.get('per_state_median_s') or {}).get('admitted')} s): "
+                   f"its daemons waited for its interpreter; give them more --node-processes "
+                   f"(now {r.get('daemon_processes')})")
+    return out
 
 
 def _cpu(fleet, coord, proc_cpu_seconds) -> dict:

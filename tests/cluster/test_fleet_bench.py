@@ -13,13 +13,17 @@ import pytest
 from tests.conftest import REPO
 
 
-def _bench():
-    from tests.controlplane import binaries
-    binaries()                      # skips locally / fails in CI without the real control plane
+def _module():
     spec = importlib.util.spec_from_file_location("fleet_bench", REPO / "bench/fleet.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _bench():
+    from tests.controlplane import binaries
+    binaries()                      # skips locally / fails in CI without the real control plane
+    return _module()
 
 
 ALL = "apiserver-restart,daemon-kill,pdb-never,node-notready,reload-fails,no-controller,two-pdbs,stuck-terminating"
@@ -88,6 +92,9 @@ def test_rollouts_one_after_the_other_on_one_fleet(tmp_path):
         assert r["api_requests_by_kind"]["create pods/eviction"] == 1.0, r["api_requests_by_kind"]
         assert set(r["per_state_p90_s"]) == set(r["per_state_median_s"]), r
         assert r["machine"]["saturated_s"] >= 0 and r["machine"]["busy_cores_peak_1s"] > 0, r["machine"]
+        # the two daemon processes were sampled too (their CPU, second by second)
+        assert r["machine"]["daemon_processes_saturated_s"] >= 0 and \
+            r["machine"]["daemon_process_busy_p90_1s"] is not None, r["machine"]
     # --timeline: each rollout's nodes, when each state was seen
     lines = [json.loads(x) for x in (tmp_path / "timeline.jsonl").read_text().splitlines()]
     assert [x["max_parallel"] for x in lines] == [2, 1]
@@ -97,9 +104,7 @@ def test_rollouts_one_after_the_other_on_one_fleet(tmp_path):
 
 def test_saturation_counts_the_seconds_the_machine_had_no_cpu_to_spare(monkeypatch):
     """The bench says when its makespan measures the machine: seconds with >= 90% of the cores busy."""
-    spec = importlib.util.spec_from_file_location("fleet_bench_s", REPO / "bench/fleet.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _module()
     busy = iter([0.0, 1.95, 2.9, 4.9, 6.85] + [6.85] * 1000)   # busy CPU seconds at each sample
     clock = iter([float(i) for i in range(1000)])
     monkeypatch.setattr(mod, "_busy_s", lambda: next(busy))
@@ -111,6 +116,35 @@ def test_saturation_counts_the_seconds_the_machine_had_no_cpu_to_spare(monkeypat
     assert [round(x, 2) for x in s.samples] == [1.95, 0.95, 2.0, 1.95]
     out = s.summary()
     assert out["saturated_s"] == 3.0 and out["busy_cores_peak_1s"] == 2.0, out
+    assert "daemon_processes_saturated_s" not in out         # no daemon processes: threads here
+
+
+def test_a_daemon_process_at_a_whole_core_is_counted_and_the_bench_says_why(monkeypatch):
+    """One interpreter runs Python on one core at a time: a process of node daemons at a whole core
+    holds its daemons back while the machine has cores to spare, and the bench says so."""
+    mod = _module()
+    busy = iter([0.0, 3.0, 6.0, 9.0, 12.0] + [12.0] * 1000)      # 3 of 16 cores: the machine is not saturated
+    clock = iter([float(i) for i in range(1000)])
+    cpu = {11: iter([0.0, 0.5, 1.45, 2.45, 2.6]), 12: iter([0.0, 0.2, 0.4, 0.6, 0.8])}
+    monkeypatch.setattr(mod, "_busy_s", lambda: next(busy))
+    monkeypatch.setattr(mod.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(mod.os, "cpu_count", lambda: 16)
+    s = mod.Saturation(step=1.0, pids=[11, 12], cpu_of=lambda pid: next(cpu[pid]))
+    s.stop.wait = lambda t, n=iter([False] * 4 + [True]): next(n)
+    s._run()
+    assert [round(x, 2) for x in s.proc_samples] == [0.5, 0.95, 1.0, 0.2]
+    out = s.summary()
+    assert out["saturated_s"] == 0 and out["daemon_processes_saturated_s"] == 2.0, out
+    assert out["daemon_process_busy_p90_1s"] == 0.95, out
+    r = {"machine": {"rollout_wall_s": 4.0, **out}, "per_state_median_s": {"admitted": 5.3}, "daemon_processes": 2}
+    (line,) = mod._why_slow(r)
+    assert "a process of node daemons used a whole core for 2.0 s of 4.0 s" in line and "5.3 s" in line, line
+    assert "more --node-processes (now 2)" in line, line
+    r["machine"] |= {"saturated_s": 3.0}
+    assert [x.split(" for ")[0] for x in mod._why_slow(r)] == ["the machine had no core to spare",
+                                                              "a process of node daemons used a whole core"]
+    r["machine"] |= {"saturated_s": 0.3, "daemon_processes_saturated_s": 0.3}     # under a tenth: nothing said
+    assert mod._why_slow(r) == []
 
 
 @pytest.mark.slow
