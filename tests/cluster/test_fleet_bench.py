@@ -156,3 +156,11 @@ def test_failures_beyond_the_budget_pause_the_rollout_and_the_bench_says_so(tmp_
     assert r["phase"] == "Paused" and not r["completed"], r
     assert r["final_states"].get("failed") == 1 and r["left_cordoned_by_us"] == 0
     assert r["work_round_s"] is None and r["coordinator"] is None
+
+
+def test_the_daemons_get_a_process_per_250_unless_told():
+    """At 500 daemons a process, on 16 cores, they reacted to their admission 5.3 s late (docs/testing.md):
+    the default keeps a process at 250 or fewer; what is asked is what runs (0: threads here)."""
+    mod = _module()
+    assert [mod.node_processes(None, n) for n in (3, 500, 1000, 1001, 2000)] == [4, 4, 4, 5, 8]
+    assert mod.node_processes(2, 2000) == 2 and mod.node_processes(0, 2000) == 0
