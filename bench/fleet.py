@@ -20,8 +20,9 @@ What a node's host does (--hosts):
   1×H200), 2.46 s the workload check on 4×H200 (0.91 s on 1×H100). The coordinator runs in a
   process of its own (a node no rollout selects, started first so it holds the Lease); the other
   daemons are spread over --node-processes processes of their own (default: one per 250 daemons, at
-  least 4; 0: threads of this process), one Kubernetes client, informers and watches each (nothing shared: each node's requests
-  are its own); their hosts' GPU processes are the played kubelet's, read from a file.
+  least 4; 0: threads of this process), one Kubernetes client, informers and watches each (nothing
+  shared: each node's requests are its own); their hosts' GPU processes are the played kubelet's,
+  read from a file.
 - files: every node a simulated host tree with the simulated kernel, the node transaction the real
   one — every node's work is this machine's CPU (what the fleet bench measured before issue 34).
 
