@@ -119,6 +119,23 @@ def test_host_commands_never_import_kubernetes(tmp_path):
     assert res.returncode == 0, res.stderr
 
 
+def test_detect_reads_the_gpu_table_without_importlib_resources(tmp_path):
+    """The GPU table is read from the package's directory: importlib.resources and its readers (zipfile,
+    tempfile) were ~3 ms of every detect (issue 47). No site, so nothing but driverd can import them."""
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
+    code = ("import contextlib, io, json, sys; from driverd.cli import main\n"
+            "out = io.StringIO()\n"
+            "with contextlib.redirect_stdout(out):\n"
+            f"    main(['detect', '--root', {str(tmp_path)!r}, '--json', '--no-nvml'])\n"
+            "gpus = json.loads(out.getvalue())['gpus']\n"
+            "bad = [m for m in ('importlib.resources', 'zipfile', 'tempfile') if m in sys.modules]\n"
+            "sys.exit(f'imported {bad}' if bad else 0 if gpus[0]['name'].startswith('NVIDIA H100') else gpus)")
+    path = [str(REPO)] + [p for p in sys.path if p]
+    res = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(path)})
+    assert res.returncode == 0, res.stderr
+
+
 def test_one_commands_parser_imports_only_what_its_help_needs():
     """`driverd reload` (any command but build, build-matrix and runtime) does not import the distributions'
     and the container runtimes' tables to write other commands' help (issue 34: start-up is part of a
