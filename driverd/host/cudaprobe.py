@@ -15,7 +15,6 @@ import json
 import os
 import sys
 import threading
-import time
 
 # CUDA driver API result codes (cuda.h, CUresult) we name when cuGetErrorName itself is unusable.
 _CU_NAMES = {0: "CUDA_SUCCESS", 3: "CUDA_ERROR_NOT_INITIALIZED", 100: "CUDA_ERROR_NO_DEVICE",
@@ -26,14 +25,7 @@ _CU_NAMES = {0: "CUDA_SUCCESS", 3: "CUDA_ERROR_NOT_INITIALIZED", 100: "CUDA_ERRO
 
 
 _EMIT = threading.Lock()
-CUINIT_STARTED = threading.Event()       # the main thread is in cuInit (or past it): the GIL is free
 CUINIT_DONE = threading.Event()          # cuInit returned (or failed): NVML may open the GPUs now
-NVML_WAITS_S = 2.0                       # the longest NVML waits for a cuInit that does not return
-
-
-def _cuinit_over() -> None:
-    CUINIT_STARTED.set()
-    CUINIT_DONE.set()
 
 
 def emit(doc: dict) -> None:
@@ -47,22 +39,12 @@ def _s(v) -> str:
     return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
 
 
-def probe_nvml(path: str, cuinit_by: float) -> None:
-    """pynvml's import (~14 ms here, pure Python: it loads no library) runs while cuInit runs in the main
-    thread, which holds no GIL inside the call (issue 47: it was on the way to NVML's answer after cuInit);
-    the library is loaded and NVML opens the GPUs once cuInit is over. A cuInit that hangs holds NVML back
-    until `cuinit_by` (a monotonic time) at most: its answer is kept for the report."""
-    emit({"stage": "nvml-import"})
-    try:
-        import pynvml
-    except ImportError as e:
-        emit({"nvml": {"ok": False, "error": "load", "message": str(e)}})
-        return
-    CUINIT_DONE.wait(max(0.0, cuinit_by - time.monotonic()))
+def probe_nvml(path: str) -> None:
     emit({"stage": "nvml-load"})
     try:
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-    except OSError as e:
+        import pynvml
+    except (OSError, ImportError) as e:
         emit({"nvml": {"ok": False, "error": "load", "message": str(e)}})
         return
     emit({"stage": "nvml-init"})
@@ -124,13 +106,12 @@ def probe_cuda(path: str, nbytes: int) -> None:
     try:
         cu = _Cuda(path)
     except OSError as e:
-        _cuinit_over()
+        CUINIT_DONE.set()
         emit({"cuda": {"ok": False, "error": "load", "message": str(e)}})
         return
     emit({"stage": "cuInit"})
     try:
         try:
-            CUINIT_STARTED.set()
             cu.call("cuInit", 0)
         finally:
             CUINIT_DONE.set()
@@ -204,20 +185,19 @@ def main(argv: list[str]) -> int:
     spec = json.loads(argv[1])
     # NVML beside CUDA (issue 47): NVML's init and queries take about as long as a context, and neither needs
     # the other. Each reports its own result line; "done" follows both.
-    def nvml_beside_cuinit() -> None:
+    def nvml_after_cuinit() -> None:
         # Both opening the GPUs at the same moment makes each slower (measured on an H200: cuInit ~100 ms
-        # alone, ~250 ms beside nvmlInit); NVML beside the contexts costs nothing. Its Python starts once
-        # the main thread is inside cuInit, so the two never queue for the GIL before it.
-        by = time.monotonic() + NVML_WAITS_S
-        CUINIT_STARTED.wait(NVML_WAITS_S)
-        probe_nvml(spec["nvml"], by)
-    nvml = threading.Thread(target=nvml_beside_cuinit, daemon=True, name="nvml") if spec.get("nvml") else None
+        # alone, ~250 ms beside nvmlInit); NVML beside the contexts costs nothing. A cuInit that hangs
+        # holds NVML back 2 s at most: its answer is kept for the report.
+        CUINIT_DONE.wait(2.0)
+        probe_nvml(spec["nvml"])
+    nvml = threading.Thread(target=nvml_after_cuinit, daemon=True, name="nvml") if spec.get("nvml") else None
     if nvml is not None:
         nvml.start()
     if spec.get("cuda"):
         probe_cuda(spec["cuda"], int(spec.get("bytes", 1 << 20)))
     else:
-        _cuinit_over()
+        CUINIT_DONE.set()
     if nvml is not None:
         nvml.join()
     emit({"stage": "done"})

@@ -194,9 +194,7 @@ def _hung_at(events: list[dict]) -> str:
         return cuda[-1]
     if any("cuda" in e for e in events) and nvml:
         return nvml[-1]
-    # neither answered: NVML opens nothing before cuInit is over (its import runs beside it), so the CUDA
-    # stage in progress is where the check stands
-    return (cuda or stages or ["start"])[-1]
+    return stages[-1] if stages else "start"
 
 
 def _parse(out: str) -> list[dict]:

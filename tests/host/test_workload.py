@@ -94,23 +94,6 @@ def test_a_hung_cuinit_is_killed_and_says_where(tmp_path):
     assert r.nvml["ok"], "what finished before the hang is kept"
 
 
-def test_nvml_imports_beside_a_running_cuinit_and_opens_nothing_before_it_is_over(tmp_path):
-    """Issue 47: pynvml's import runs while cuInit runs (the main thread holds no GIL in the call), and
-    NVML loads its library and opens the GPUs only once cuInit is over (both at once make each slower):
-    with cuInit hung and the check killed before NVML's wait for it ends (2 s), NVML's import began after
-    cuInit did, no NVML library was loaded and no NVML answer came, and the check names cuInit."""
-    root = host(tmp_path)
-    cudastandin.install(tmp_path, NEW, GPUS, hang=True)
-    us, _ = workload.quick(root, NEW)
-    spec = {"bytes": 4096, "nvml": str(root.path(us.libs["libnvidia-ml.so.1"])),
-            "cuda": str(root.path(us.libs["libcuda.so.1"]))}
-    events, hung_at = workload._run_child(root, us, spec, 1.5, None)
-    stages = [e["stage"] for e in events if "stage" in e]
-    assert stages.index("cuInit") < stages.index("nvml-import"), stages
-    assert "nvml-load" not in stages and not any("nvml" in e for e in events), events
-    assert hung_at == "cuInit"
-
-
 def test_every_gpus_context_is_made_at_once(tmp_path):
     """Issue 47: the check makes the GPUs' contexts concurrently (an 8-GPU node waited 8 contexts one after
     the other). The stand-in makes a context only while every GPU's is being made at the same time."""
