@@ -774,9 +774,10 @@ def _why_slow(r: dict) -> list[str]:
         out.append(f"the machine had no core to spare for {mach['saturated_s']} s of {wall} s: the makespan "
                    "measures its CPU, not the coordination")
     if wall and (mach.get("daemon_processes_saturated_s") or 0) >= 0.1 * wall:
+        admitted = (r.get("per_state_median_s") or {}).get("admitted")     # none when no node got that far
         out.append(f"a process of node daemons used a whole core for {mach['daemon_processes_saturated_s']} s of "
-                   f"{wall} s (median admitted -> cordoned {(r.get('per_state_median_s') or {}).get('admitted')} s): "
-                   f"its daemons waited for its interpreter; give them more --node-processes "
+                   f"{wall} s" + (f" (median admitted -> cordoned {admitted} s)" if admitted is not None else "") +
+                   f": its daemons waited for its interpreter; give them more --node-processes "
                    f"(now {r.get('daemon_processes')})")
     return out
 

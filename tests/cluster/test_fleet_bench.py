@@ -143,6 +143,10 @@ def test_a_daemon_process_at_a_whole_core_is_counted_and_the_bench_says_why(monk
     r["machine"] |= {"saturated_s": 3.0}
     assert [x.split(" for ")[0] for x in mod._why_slow(r)] == ["the machine had no core to spare",
                                                               "a process of node daemons used a whole core"]
+    r["machine"] |= {"saturated_s": 0}
+    r["per_state_median_s"] = {}                     # no node reached `admitted`: the words leave the median out
+    (line,) = mod._why_slow(r)
+    assert "None" not in line and "median" not in line and "whole core for 2.0 s of 4.0 s: its daemons" in line, line
     r["machine"] |= {"saturated_s": 0.3, "daemon_processes_saturated_s": 0.3}     # under a tenth: nothing said
     assert mod._why_slow(r) == []
 
