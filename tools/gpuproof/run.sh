@@ -67,8 +67,8 @@ if [ "$what" = workload ]; then
   python3 -c "
 from driverd.root import Root; from driverd.host import workload, pci
 g=[x.pci_address for x in pci.classify(Root('/'), pci.scan(Root('/'), []), [])[0]]
-import sys; from driverd.host.modules import parse_nvidia_version
-v=parse_nvidia_version(open('/proc/driver/nvidia/version').read())[0]
+from driverd.driver.ident import parse_version_file
+v=parse_version_file(open('/proc/driver/nvidia/version').read())[0]
 r=workload.check(Root('/'), v, g, driver_root='$u535'); print(r.ok, r.reason()); print(r.nvml); print(r.cuda)"
   say "daemon, host user-space"; daemon_probe good ""
   say "daemon, Debian 535 user-space"; daemon_probe stale "[validation]
