@@ -201,8 +201,9 @@ class Kube:
 
     # -- raw -----------------------------------------------------------------------------------
     def _call(self, method: str, path: str, *, query: dict | None = None, body: Any = None,
-              content_type: str | None = None, timeout: float | tuple | None = 30.0, stream: bool = False):
-        headers = {"Accept": "application/json"}
+              content_type: str | None = None, timeout: float | tuple | None = 30.0, stream: bool = False,
+              accept: str = "application/json"):
+        headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
             # Annotations, conditions, Events and rollout status quote reasons that may name a
@@ -281,8 +282,13 @@ class Kube:
                 return None
             raise
 
-    def list(self, path: str, *, labels: str | None = None, fields: str | None = None, retry: bool = True) -> dict:
-        return self.request("GET", path, retry=retry,
+    def list(self, path: str, *, labels: str | None = None, fields: str | None = None, retry: bool = True,
+             metadata_only: bool = False) -> dict:
+        """metadata_only: each item's metadata alone (name, labels, annotations: a PartialObjectMetadataList),
+        for a reader that needs nothing else: a real Node's status (its images, conditions) is most of its
+        size (issue 47: a list of 500 such Nodes 3.96 -> 1.31 MB, the API server's CPU 36 -> 16 ms). An API
+        server that cannot answer it answers the whole objects (the Accept header names both)."""
+        return self.request("GET", path, retry=retry, accept=METADATA_LIST if metadata_only else "application/json",
                             query={"labelSelector": labels or None, "fieldSelector": fields or None})
 
     def create(self, path: str, obj: dict, *, retry_429: bool = True, retry: bool = True,
@@ -354,6 +360,10 @@ class Kube:
             raise
         finally:
             resp.release_conn()
+
+
+# the Accept header of a metadata-only list (meta.k8s.io/v1, served since Kubernetes 1.15), then the plain list
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 
 
 def outage(e: BaseException) -> bool:

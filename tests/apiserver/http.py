@@ -325,8 +325,12 @@ class Handler(BaseHTTPRequestHandler):
         if cont:
             md["continue"] = cont
             md["remainingItemCount"] = remaining
+        kind, version = res.list_kind, res.api_version
+        if "as=PartialObjectMetadataList" in (self.headers.get("Accept") or ""):
+            # as kube-apiserver answers it: each item's kind, apiVersion and metadata alone
+            kind, version, items = "PartialObjectMetadataList", "meta.k8s.io/v1", [tables.partial(o) for o in items]
         body = b'{"kind":"%s","apiVersion":"%s","metadata":%s,"items":[%s]}' % (
-            res.list_kind.encode(), res.api_version.encode(), _dumps(md), b",".join(_dumps(o) for o in items))
+            kind.encode(), version.encode(), _dumps(md), b",".join(_dumps(o) for o in items))
         self._send(200, body)
 
     def _openapi(self, rest: str) -> None:

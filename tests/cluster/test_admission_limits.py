@@ -108,3 +108,37 @@ def test_an_admission_past_max_parallel_is_given_back_while_another_node_upgrade
     vs = views(f)
     assert vs["gpu-0001"].driver == NEW and vs["gpu-0002"].driver == NEW
     assert refusals(deployed, f.audit_from) == []
+
+
+def test_the_limits_read_every_nodes_metadata_alone_from_the_real_apiserver(control_plane):
+    """Issue 47: the check lists every Node at each admission, so what each list carries is paid once per
+    admitted node. kube-apiserver answers a metadata-only list: what the check reads (state, rollout and
+    target annotations, the labels a rollout selects on) is all there, the status (images, conditions) not."""
+    import json as _json
+
+    from driverd.cluster.kube import Kube, Target
+    cp, names = control_plane, ["limits-md-0", "limits-md-1"]
+    ann = {m.A_STATE: m.CORDONED, m.A_ROLLOUT: "r/uid-1/1", m.A_TARGET: f"{NEW}/open"}
+    try:
+        for n in names:
+            cp.api("POST", node_path(), {"apiVersion": "v1", "kind": "Node", "metadata": {
+                "name": n, "labels": {"pool": "a"}, "annotations": ann}, "spec": {"unschedulable": True}})
+            cp.api("PATCH", node_path(n) + "/status", {"status": {"images": [
+                {"names": [f"img{i}@sha256:" + "a" * 64], "sizeBytes": 1} for i in range(20)]}},
+                content_type="application/strategic-merge-patch+json")
+        kube = Kube(Target(kubeconfig=cp.kubeconfig))
+        full = kube.list(node_path(), labels="pool=a")
+        meta = kube.list(node_path(), labels="pool=a", metadata_only=True)
+        assert meta["kind"] == "PartialObjectMetadataList" and len(meta["items"]) == len(names), meta["kind"]
+        assert all(set(i) == {"kind", "apiVersion", "metadata"} for i in meta["items"]), meta["items"][0].keys()
+        for f, p in zip(full["items"], meta["items"]):
+            fv, pv = m.NodeView.from_node(f), m.NodeView.from_node(p)
+            assert (pv.name, pv.state, pv.rollout, pv.target, pv.labels, pv.active) == \
+                   (fv.name, fv.state, fv.rollout, fv.target, fv.labels, True)
+        assert len(_json.dumps(meta)) < len(_json.dumps(full)) / 2
+    finally:
+        for n in names:
+            try:
+                cp.api("DELETE", node_path(n))
+            except Exception:
+                pass

@@ -147,7 +147,9 @@ class NodeAdmission:
         if st.get("phase") == "Paused" and (st.get("reason") == "PausedBySpec" and (obj.get("spec") or {}).get("paused")
                                             or st.get("reason") == "CanaryDone" and not approved):
             return f"rollout {r.name} is paused ({st.get('reason')})"
-        views = [m.NodeView.from_node(n) for n in self.kube.list(node_path()).get("items") or []]
+        # every Node at each admission: their metadata alone (state, rollout and target are annotations,
+        # the selector's labels), not their status - what a fleet's API server serves per admitted node
+        views = [m.NodeView.from_node(n) for n in self.kube.list(node_path(), metadata_only=True).get("items") or []]
         mine = [w for w in views if w.name != v.name and w.in_rollout(r)]
         busy = sorted(w.name for w in mine if w.active)
         shown = ", ".join(busy[:5]) + (f" and {len(busy) - 5} more" if len(busy) > 5 else "")
