@@ -97,6 +97,8 @@ class Informer:
                 for ev in self.kube.watch(self.path, resource_version=self._rv, labels=self.labels,
                                           fields=self.fields, timeout_s=random.randrange(*self.watch_timeout_s),
                                           stop=self.stop):
+                    if self.stop.is_set():
+                        return        # closed: its stream may still bring events, nobody asked for them
                     self.error = None
                     obj = ev.get("object") or {}
                     rv = (obj.get("metadata") or {}).get("resourceVersion")

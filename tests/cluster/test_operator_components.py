@@ -442,3 +442,42 @@ def test_a_node_credential_pauses_only_true_operator_labels_of_its_own_node(clus
         own.patch(node_path("gpu-0001"), {"metadata": {"labels": {DP: oc.PAUSED}}})
     assert e.value.status in (403, 422)
     assert _labels(f, "gpu-0000")[DP] == "true" and _labels(f, "gpu-0001")[DP] == "true"
+
+
+class SlowBinder(Binder):
+    """Binder, binding each pod `delay_s` after it first saw it: a device plugin's pod that becomes Ready
+    only after the node began validating, with nothing on the Node changing then."""
+
+    def __init__(self, f, delay_s: float) -> None:
+        super().__init__(f)
+        self.delay_s, self.first_seen, self.bound = delay_s, {}, {}   # bound: pod uid -> the node's state then
+
+    def _place(self, p: dict) -> None:
+        seen = self.first_seen.setdefault(p["metadata"]["uid"], time.monotonic())
+        if p.get("spec", {}).get("nodeName") or time.monotonic() - seen >= self.delay_s:
+            if not p.get("spec", {}).get("nodeName"):
+                self.bound[p["metadata"]["uid"]] = views(self.f)["gpu-0000"].state
+            super()._place(p)
+
+
+def test_a_validating_node_is_woken_by_its_daemonsets_pod_becoming_ready(cluster, daemonset_controller, monkeypatch):
+    """Issue 47: `validating` waits for the DaemonSets' pods that left with the driver; one that becomes
+    Ready after the node's last look (a Pod's change, nothing on the Node) wakes it through the node's
+    pod watch. Here the periodic look is a minute away, so only the watch can finish the rollout in time
+    (before, it waited for that look: 5 s, one straggler in a 500-node rollout's makespan)."""
+    from driverd.cluster.agent import finish
+    monkeypatch.setattr(finish, "VALIDATE_POLL_S", 60.0)
+    f = _with_operator(cluster, deploy={"device-plugin": "true", "dcgm-exporter": "false",
+                                        "gpu-feature-discovery": "false"})
+    node = "gpu-0000"
+    with SlowBinder(f, 2.0) as b:
+        assert f.wait(lambda: "nvidia-device-plugin-daemonset" in operator_pods(f, node), 60), operator_pods(f, node)
+        before = operator_pods(f, node)
+        started(f)
+        kube(f).create(rollout_path(), _rollout("r", validation={"timeoutSeconds": 300}))
+        ro = wait_phase(f, "r", ("Completed", "Refused", "Failed"), timeout=40)
+        assert ro["status"]["phase"] == "Completed", ro["status"]
+        after = operator_pods(f, node)
+    new = after["nvidia-device-plugin-daemonset"]
+    assert new != before["nvidia-device-plugin-daemonset"], (before, after)
+    assert b.bound.get(new) == m.VALIDATING, b.bound       # the node waited for it, validating

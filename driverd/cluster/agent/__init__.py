@@ -51,14 +51,18 @@ EVICT_RETRY_S = 5.0          # the longest wait between two eviction rounds (the
 EVICT_FIRST_S = 0.25         # the first wait; doubled after every round that left pods behind
 # While a node is evicting, its pods are watched (a list, then a watch): the drain goes on as soon as
 # the last pod is gone instead of at the next poll, and the rounds read the watched pods, not the API.
-# The watch is re-opened within this range of seconds for as long as the node stays evicting.
+# The watch is re-opened within this range of seconds for as long as the node stays evicting. It stays
+# open until the node is validated: `validating` waits for the DaemonSets' pods that left with the driver
+# to be Ready again, and a pod's change must wake it as a Node's does (issue 47: a node that looked once
+# too early waited 5 s for its next look, one straggler in a 500-node rollout's makespan).
 DRAIN_WATCH_S = (30, 60)
+POD_WATCH_STATES = (m.EVICTING, m.UNLOADING, m.VALIDATING)
 
 
 # The admission side (agent/admission.py) and the finish (agent/finish.py) are mixins of their own; the
 # drain stays here, as tests tune its pace through this module's EVICT_* settings.
 class NodeAgent(NodeAdmission, NodeFinish):
-    _pod_watch = None           # the node's pods while it evicts (see _watched_pods)
+    _pod_watch = None           # the node's pods from its drain to its validation (see _watched_pods)
     _wl_watch = None            # the validation workload pod while validating (finish.py)
 
     def __init__(self, kube: Kube, node: str, *, cfg, log: Callable[[str], None], make_context: Callable | None = None,
@@ -180,7 +184,7 @@ class NodeAgent(NodeAdmission, NodeFinish):
         self.stop.set()
         self.wake.set()
         if self._pod_watch is not None:
-            self._end_drain_watch()
+            self._end_pod_watch()
         self._end_workload_watch()
         self.nodes.close()
         self.rollouts.close()
@@ -235,8 +239,8 @@ class NodeAgent(NodeAdmission, NodeFinish):
             self._labels_checked = True
             self._sync_labels(node, v)
             return 0
-        if v.state != m.EVICTING and self._pod_watch is not None:
-            self._end_drain_watch()
+        if v.state not in POD_WATCH_STATES and self._pod_watch is not None:
+            self._end_pod_watch()       # and the drain's own records: no state after these evicts again
         if v.state != m.VALIDATING and self._wl_watch is not None:
             self._end_workload_watch()
         state = states.node_state(v.state)
@@ -311,18 +315,26 @@ class NodeAgent(NodeAdmission, NodeFinish):
         return self.kube.list(pods_path(), labels=labels or None, fields=f"spec.nodeName={self.node}",
                               retry=retry).get("items") or []
 
-    def _watched_pods(self) -> list[dict]:
-        """The node's pods as its watch shows them (started at the first eviction round: one list, then
-        a watch whose every event wakes the agent); listed from the API while the watch is not synced
-        or has failed since its last event (RBAC without `watch` on pods, the API server restarting)."""
+    def _pod_watch_view(self) -> list[dict] | None:
+        """The node's pods as its watch shows them (started at the first call: one list, then a watch
+        whose every event wakes the agent); None while the watch is not synced or has failed since its
+        last event (RBAC without `watch` on pods, the API server restarting): then ask the API."""
         if self._pod_watch is None:
             self._pod_watch = Informer(self.kube, pods_path(), fields=f"spec.nodeName={self.node}",
                                        name=f"pods/{self.node}", on_change=self._changed, log=self.log,
                                        watch_timeout_s=DRAIN_WATCH_S).start()
         w = self._pod_watch
-        if w.tried.wait(10) and w.synced.is_set() and w.error is None:
-            pods = w.snapshot()
-        else:
+        return w.snapshot() if w.tried.wait(10) and w.synced.is_set() and w.error is None else None
+
+    def _node_pods(self) -> list[dict]:
+        """The node's pods, from its watch where it answers, else listed (retried)."""
+        pods = self._pod_watch_view()
+        return self._pods() if pods is None else pods
+
+    def _watched_pods(self) -> list[dict]:
+        """The drain's view of the node's pods (_pod_watch_view), and the start of the drain's clock."""
+        pods = self._pod_watch_view()
+        if pods is None:
             # the watch refused or broken: its cache may be behind, the API is not. Asked once: an API
             # server that does not answer stops the drain's clock (below) instead of a retry hiding it
             try:
@@ -342,7 +354,7 @@ class NodeAgent(NodeAdmission, NodeFinish):
         start = max(since, self._drain_view) if self._drain_view else since
         return max(0.0, self.clock() - start)
 
-    def _end_drain_watch(self) -> None:
+    def _end_pod_watch(self) -> None:
         if self._pod_watch is not None:
             self._pod_watch.close()
             self._pod_watch = None

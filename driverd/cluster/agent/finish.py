@@ -20,6 +20,10 @@ from driverd.cluster.nodehost import NodeHost
 
 A_BOOT = m.PREFIX + "boot-id"
 CONDITION = "GPUDriverReady"
+# `validating` looks again at least this often; most of what it waits for wakes it sooner, as it is
+# watched: the Node (Ready, its GPUs' count) and the node's pods (the DaemonSets' pods that left with the
+# driver). A DRA plugin's ResourceSlices are not: their return is seen at the next look.
+VALIDATE_POLL_S = 5.0
 
 
 class NodeFinish:
@@ -36,6 +40,7 @@ class NodeFinish:
     workload: tuple[bool, str] | None
     waiting: str | None
     _wl_watch: Informer | None
+    _node_pods: Callable[[], list[dict]]
     _reboot_checked: bool
     _to: Callable[..., dict]
     _elapsed: Callable[[m.NodeView], float]
@@ -141,7 +146,7 @@ class NodeFinish:
             return []
         if not isinstance(left, list) or not left:
             return []
-        pods = self.kube.list(pods_path(), fields=f"spec.nodeName={self.node}").get("items") or []
+        pods = self._node_pods()
         out = []
         for ref in left:
             ns, _, name = str(ref).partition("/")
@@ -155,7 +160,7 @@ class NodeFinish:
     def _validate(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
         if not v.ready:
             if self._elapsed(v) < r.validation_timeout_s:
-                return min(5.0, r.validation_timeout_s - self._elapsed(v) + 0.1)
+                return min(VALIDATE_POLL_S, r.validation_timeout_s - self._elapsed(v) + 0.1)
             return self._fail(node, v, "NodeNotReady", f"the driver is loaded but the node was not Ready within "
                               f"{r.validation_timeout_s}s (kubelet not posting Ready)")
         loaded = self.host.loaded(self.cfg)
@@ -184,7 +189,7 @@ class NodeFinish:
                 if self._elapsed(v) < r.validation_timeout_s:
                     self._say(node, v, "WaitingForGPUs", "driver validated; waiting for the node's GPUs to be "
                               "schedulable again: " + "; ".join(short))
-                    return min(5.0, r.validation_timeout_s - self._elapsed(v) + 0.1)
+                    return min(VALIDATE_POLL_S, r.validation_timeout_s - self._elapsed(v) + 0.1)
                 return self._fail(node, v, "GPUsNotSchedulable", "; ".join(short) + f" after "
                                   f"{r.validation_timeout_s}s (spec.validation.timeoutSeconds): the device plugin or "
                                   "the DRA kubelet plugin did not come back with the driver")
