@@ -32,7 +32,7 @@ A_PINNED = PREFIX + "pinned-driver"       # version/flavor the daemon keeps afte
 A_ABORT = PREFIX + "abort"                # on a DriverRollout: "true" = `kubectl driverd rollout abort`
 A_ADMITTED_BY = PREFIX + "admitted-by"    # the coordinator (Lease holder) that admitted the node
 A_GPUS_BEFORE = PREFIX + "gpus-before"    # JSON: what the scheduler could place on the node at its cordon
-A_LEFT_WITH = PREFIX + "left-with-driver"   # JSON: the DaemonSets (ns/name) whose pods left with the driver
+A_LEFT_WITH = PREFIX + "left-with-driver"   # JSON: the DaemonSets (ns/name) whose pods left with the driver -> the label that took them
 A_WAITING = PREFIX + "waiting"            # what the node's desired driver or settings want that waits for a rollout
 WAITING_SETTINGS = "configuration: "      # in A_WAITING, before the driver settings a rollout must apply
 FINALIZER = "driverd.io/rollout"          # keeps a deleted rollout's spec until its nodes are given back
@@ -367,6 +367,19 @@ class NodeView:
     def unavailable(self) -> bool:
         """Counts against maxUnavailable: NotReady, cordoned (by anyone), or being upgraded."""
         return (not self.ready) or self.unschedulable or self.active
+
+
+def left_with(annotations: dict | None) -> dict[str, str]:
+    """driverd.io/left-with-driver: DaemonSet (namespace/name) -> the node label whose `true` brings its
+    pods back (driver-ready, or a GPU Operator component's deploy label). A list (the form before the
+    labels were kept) reads as driver-ready for each; anything unreadable as none."""
+    try:
+        doc = json.loads((annotations or {}).get(A_LEFT_WITH) or "{}")
+    except ValueError:
+        return {}
+    if isinstance(doc, list):
+        return {str(ref): L_READY for ref in doc}
+    return {str(k): str(v) for k, v in doc.items()} if isinstance(doc, dict) else {}
 
 
 def state_patch(state: str, reason: str, message: str = "", *, since: str, rollout: str | None = None,

@@ -470,14 +470,25 @@ def test_a_validating_node_is_woken_by_its_daemonsets_pod_becoming_ready(cluster
     f = _with_operator(cluster, deploy={"device-plugin": "true", "dcgm-exporter": "false",
                                         "gpu-feature-discovery": "false"})
     node = "gpu-0000"
+    from driverd.cluster.informer import Informer
+    seen: list[tuple[str, str | None]] = []           # (state, driverd.io/left-with-driver) as the watch saw them
+    history = Informer(kube(f), node_path(), fields=f"metadata.name={node}", name="left-with", on_change=lambda k, o: (
+        seen.append(((o["metadata"].get("annotations") or {}).get(m.A_STATE),
+                     (o["metadata"].get("annotations") or {}).get(m.A_LEFT_WITH))) if o.get("metadata") else None))
     with SlowBinder(f, 2.0) as b:
         assert f.wait(lambda: "nvidia-device-plugin-daemonset" in operator_pods(f, node), 60), operator_pods(f, node)
         before = operator_pods(f, node)
         started(f)
+        history.start()
         kube(f).create(rollout_path(), _rollout("r", validation={"timeoutSeconds": 300}))
         ro = wait_phase(f, "r", ("Completed", "Refused", "Failed"), timeout=40)
+        history.close()
         assert ro["status"]["phase"] == "Completed", ro["status"]
         after = operator_pods(f, node)
-    new = after["nvidia-device-plugin-daemonset"]
-    assert new != before["nvidia-device-plugin-daemonset"], (before, after)
+    # which DaemonSets leave with the driver is read at the cordon, while their pods are all there (a fast
+    # DaemonSet controller removes them before the drain's first look)
+    at_cordon = next(left for state, left in seen if state == m.CORDONED)
+    assert m.left_with({m.A_LEFT_WITH: at_cordon}) == {"gpu-operator/nvidia-device-plugin-daemonset": DP}, seen
+    new = after.get("nvidia-device-plugin-daemonset")
+    assert new and new != before["nvidia-device-plugin-daemonset"], (before, after)
     assert b.bound.get(new) == m.VALIDATING, b.bound       # the node waited for it, validating

@@ -202,3 +202,14 @@ def test_cluster_mode_pins_from_the_table(tmp_path):
         got, hold = cm.keep(base)
         assert not hold and (got["driver.version"], got["driver.flavor"]) == want, state
         assert cm.busy() == (state in states.ACTIVE)
+
+
+def test_left_with_driver_reads_both_forms_and_nothing_from_garbage():
+    """driverd.io/left-with-driver: DaemonSet -> the label that brings it back; the list an older daemon
+    wrote mid-upgrade reads as driver-ready for each (waited for as before); garbage reads as none."""
+    from driverd.cluster import model as mm
+    dp = "nvidia.com/gpu.deploy.device-plugin"
+    assert mm.left_with({mm.A_LEFT_WITH: '{"gpu-operator/dp": "%s"}' % dp}) == {"gpu-operator/dp": dp}
+    assert mm.left_with({mm.A_LEFT_WITH: '["kube-system/plugin"]'}) == {"kube-system/plugin": mm.L_READY}
+    assert mm.left_with({mm.A_LEFT_WITH: "{not json"}) == {} and mm.left_with({mm.A_LEFT_WITH: "3"}) == {}
+    assert mm.left_with(None) == {} and mm.left_with({}) == {}

@@ -51,12 +51,20 @@ EVICT_RETRY_S = 5.0          # the longest wait between two eviction rounds (the
 EVICT_FIRST_S = 0.25         # the first wait; doubled after every round that left pods behind
 # While a node is evicting, its pods are watched (a list, then a watch): the drain goes on as soon as
 # the last pod is gone instead of at the next poll, and the rounds read the watched pods, not the API.
-# The watch is re-opened within this range of seconds for as long as the node stays evicting. It stays
-# open until the node is validated: `validating` waits for the DaemonSets' pods that left with the driver
-# to be Ready again, and a pod's change must wake it as a Node's does (issue 47: a node that looked once
-# too early waited 5 s for its next look, one straggler in a 500-node rollout's makespan).
+# The watch is re-opened within this range of seconds for as long as the node stays evicting. It is
+# open from the cordon (which reads which DaemonSets' pods will leave with the driver, while they are
+# all still there) until the node is validated: `validating` waits for those pods to be Ready again, and
+# a pod's change must wake it as a Node's does (issue 47: a node that looked once too early waited 5 s
+# for its next look, one straggler in a 500-node rollout's makespan).
 DRAIN_WATCH_S = (30, 60)
-POD_WATCH_STATES = (m.EVICTING, m.UNLOADING, m.VALIDATING)
+POD_WATCH_STATES = (m.CORDONED, m.WAITING, m.EVICTING, m.UNLOADING, m.VALIDATING)
+
+
+def _leaving(plan: DrainPlan) -> dict[str, str]:
+    """The plan's DaemonSets whose pods leave with the driver -> the label that takes them (a GPU Operator
+    component's, or driver-ready's, which the cordon removes)."""
+    return {plan.daemonset_of[u.uid]: plan.leaves_by.get(u.uid) or m.L_READY
+            for u in plan.with_label if u.uid in plan.daemonset_of}
 
 
 # The admission side (agent/admission.py) and the finish (agent/finish.py) are mixins of their own; the
@@ -101,7 +109,7 @@ class NodeAgent(NodeAdmission, NodeFinish):
         # leave: their kubelets could not confirm the deletions either
         self._drain_view: float | None = None
         self._evicted: set[str] = set()
-        self._left_with: set[str] = set()            # DaemonSets (ns/name) whose pods left with the driver
+        self._left_with: dict[str, str] = {}        # DaemonSets (ns/name) whose pods left -> the label that took them
         self._daemonsets: dict[tuple, dict | None] = {}
         self._refusals: dict[str, str] = {}
         self._labels_checked = False
@@ -315,6 +323,13 @@ class NodeAgent(NodeAdmission, NodeFinish):
         return self.kube.list(pods_path(), labels=labels or None, fields=f"spec.nodeName={self.node}",
                               retry=retry).get("items") or []
 
+    def _leaving_with_driver(self, r: m.Rollout) -> dict[str, str]:
+        """The DaemonSets (namespace/name) whose pods on the node leave with the driver, as the drain
+        decides it, read before the cordon: the cordon takes the driver-ready label away and a fast
+        DaemonSet controller removes their pods before the drain's first look (the kubelet's count of
+        their GPUs lags them by its status loop, so a DaemonSet missed here let `validating` end early)."""
+        return _leaving(self._drain_plan(r, watched=True, pods=self._node_pods()))
+
     def _pod_watch_view(self) -> list[dict] | None:
         """The node's pods as its watch shows them (started at the first call: one list, then a watch
         whose every event wakes the agent); None while the watch is not synced or has failed since its
@@ -362,8 +377,9 @@ class NodeAgent(NodeAdmission, NodeFinish):
         self._drain_view = None
         self._daemonsets, self._refusals = {}, {}
 
-    def _drain_plan(self, r: m.Rollout, *, watched: bool = False) -> DrainPlan:
-        pods = self._watched_pods() if watched else self._pods()
+    def _drain_plan(self, r: m.Rollout, *, watched: bool = False, pods: list[dict] | None = None) -> DrainPlan:
+        if pods is None:
+            pods = self._watched_pods() if watched else self._pods()
         extra = {p["metadata"]["uid"] for p in self._pods(r.drain_selector)} if r.drain_selector else set()
         self._empty_dir = {p["metadata"]["uid"] for p in pods
                            if any("emptyDir" in vol for vol in (p.get("spec") or {}).get("volumes") or [])}
@@ -408,15 +424,18 @@ class NodeAgent(NodeAdmission, NodeFinish):
         leaving = [u for u in plan.with_label if plan.leaves_by.get(u.uid) not in late]
         # the DaemonSets whose pods leave with the driver (the device plugin among them): `done` waits for
         # them to be back (validating), not only for the kubelet's count, which lags them by its status loop
-        self._left_with |= {plan.daemonset_of[u.uid] for u in plan.with_label if u.uid in plan.daemonset_of}
+        self._left_with.update(_leaving(plan))
         if not users and not leaving and not plan.held:
             # the DRA kubelet plugin goes last: the pods that left needed it to release their claims
             paused = self._pause_components(node, oc.LATE)
             if paused is not None:
                 return paused
-            left, self._left_with = sorted(self._left_with), set()
+            # what the cordon recorded, and what the drain saw leave since
+            left = {**m.left_with(node["metadata"].get("annotations")), **self._left_with}
+            self._left_with = {}
             self._to(node, m.UNLOADING, "Unloading", f"no GPU pods left; node transaction to driver {r.driver}: "
-                     "unload → install → load → validate", ann={m.A_LEFT_WITH: json.dumps(left) if left else None})
+                     "unload → install → load → validate",
+                     ann={m.A_LEFT_WITH: json.dumps(left, sort_keys=True) if left else None})
             return 0
         if not r.drain_empty_dir:
             local = [u for u in users if u.uid in self._empty_dir]

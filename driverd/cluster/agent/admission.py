@@ -32,6 +32,7 @@ class NodeAdmission:
     _elapsed: Callable[[m.NodeView], float]
     _pods: Callable[..., list[dict]]
     _drain_plan: Callable[..., DrainPlan]
+    _leaving_with_driver: Callable[[m.Rollout], dict[str, str]]
     _give_back: Callable[..., float | None]
     condition: Callable[[bool, str, str], None]
     event: Callable[..., None]
@@ -204,16 +205,19 @@ class NodeAdmission:
             return self._give_back(node, v, "AdmissionBeyondLimits", f"admission by {by} not acted on: {beyond}; "
                                    "nothing was cordoned, drained or installed", warning=True)
         drop_ready = {m.L_READY: None}
-        # what the scheduler can place on the node now: `validating` waits for it to be back
+        # what the scheduler can place on the node now, and the DaemonSets whose pods leave with the
+        # driver: `validating` waits for both to be back
         before = sched.encode(sched.counts(node, sched.node_slices(self.kube, self.node)))
+        left = self._leaving_with_driver(r)
+        ann = {m.A_GPUS_BEFORE: before, m.A_LEFT_WITH: json.dumps(left, sort_keys=True) if left else None}
         try:
             if v.unschedulable and not v.cordoned_by_us:
                 self._to(node, m.CORDONED, "AlreadyCordoned", "the node was already cordoned (not by driverd): it "
-                         "stays cordoned after the upgrade", ann={m.A_CORDONED: "false", m.A_GPUS_BEFORE: before},
+                         "stays cordoned after the upgrade", ann={m.A_CORDONED: "false", **ann},
                          labels=drop_ready, precondition=True)
             else:
                 self._to(node, m.CORDONED, "Cordoned", f"cordoned for the upgrade to {r.driver}",
-                         ann={m.A_CORDONED: "true", m.A_GPUS_BEFORE: before}, spec={"unschedulable": True},
+                         ann={m.A_CORDONED: "true", **ann}, spec={"unschedulable": True},
                          labels=drop_ready, precondition=True)
         except KubeError as e:
             if e.conflict:        # the node changed under us (an admin's cordon?): look again

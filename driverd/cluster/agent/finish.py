@@ -5,7 +5,6 @@ failed, given back), and what the node says of its driver all along: its labels 
 condition."""
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -137,14 +136,16 @@ class NodeFinish:
 
     # -- validating → done ---------------------------------------------------------------------------------
     def _not_back(self, node: dict) -> list[str]:
-        """The DaemonSets whose pods left with the driver (recorded at the drain) that have no Ready pod on
-        the node again, in words. The kubelet publishes a plugin's leaving and return in its next status
-        (up to 10 s): its count alone read the old plugin's devices as back (seen on the real kubelet)."""
-        try:
-            left = json.loads(((node.get("metadata") or {}).get("annotations") or {}).get(m.A_LEFT_WITH) or "[]")
-        except ValueError:
-            return []
-        if not isinstance(left, list) or not left:
+        """The DaemonSets whose pods left with the driver (recorded at the cordon and the drain) that have
+        no Ready pod on the node again, in words. The kubelet publishes a plugin's leaving and return in
+        its next status (up to 10 s): its count alone read the old plugin's devices as back (seen on the
+        real kubelet). One whose label is no longer `true` (an operator turned the component off during
+        the upgrade) does not come back and is not waited for."""
+        md = node.get("metadata") or {}
+        labels = md.get("labels") or {}
+        left = [ref for ref, label in sorted(m.left_with(md.get("annotations")).items())
+                if label == m.L_READY or labels.get(label) == "true"]
+        if not left:
             return []
         pods = self._node_pods()
         out = []
