@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -52,7 +53,8 @@ def main() -> int:
     if missing:
         print(f"limits_list.py: {missing}", file=sys.stderr)
         return 2
-    cp = ControlPlane(bindir, Path(tempfile.mkdtemp(prefix="driverd-limits-"))).start()
+    work = Path(tempfile.mkdtemp(prefix="driverd-limits-"))
+    cp = ControlPlane(bindir, work).start()
     try:
         for i in range(a.nodes):
             name = f"gpu-{i:04d}"
@@ -86,6 +88,7 @@ def main() -> int:
         print(f"a rollout over all {a.nodes}: {a.nodes} such lists")
     finally:
         cp.stop()
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -286,7 +286,7 @@ class Kube:
              metadata_only: bool = False) -> dict:
         """metadata_only: each item's metadata alone (name, labels, annotations: a PartialObjectMetadataList),
         for a reader that needs nothing else: a real Node's status (its images, conditions) is most of its
-        size (issue 47: a list of 500 such Nodes 3.96 -> 1.31 MB, the API server's CPU 36 -> 16 ms). An API
+        size (issue 47, bench/limits_list.py: 500 such Nodes 4.57 -> 1.56 MB, the API server's CPU 38 -> 17 ms). An API
         server that cannot answer it answers the whole objects (the Accept header names both)."""
         return self.request("GET", path, retry=retry, accept=METADATA_LIST if metadata_only else "application/json",
                             query={"labelSelector": labels or None, "fieldSelector": fields or None})

@@ -382,6 +382,11 @@ def left_with(annotations: dict | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in doc.items()} if isinstance(doc, dict) else {}
 
 
+def left_with_value(left: dict[str, str]) -> str | None:
+    """The value of driverd.io/left-with-driver for `left` (left_with's form); None (no annotation) when empty."""
+    return json.dumps(left, sort_keys=True) if left else None
+
+
 def state_patch(state: str, reason: str, message: str = "", *, since: str, rollout: str | None = None,
                 extra: dict | None = None) -> dict:
     """The merge patch that records a transition on the Node (one request per transition)."""

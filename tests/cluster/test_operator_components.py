@@ -480,6 +480,7 @@ def test_a_validating_node_is_woken_by_its_daemonsets_pod_becoming_ready(cluster
         before = operator_pods(f, node)
         started(f)
         history.start()
+        assert history.synced.wait(30)
         kube(f).create(rollout_path(), _rollout("r", validation={"timeoutSeconds": 300}))
         ro = wait_phase(f, "r", ("Completed", "Refused", "Failed"), timeout=120)
         history.close()
@@ -487,7 +488,7 @@ def test_a_validating_node_is_woken_by_its_daemonsets_pod_becoming_ready(cluster
         after = operator_pods(f, node)
     # which DaemonSets leave with the driver is read at the cordon, while their pods are all there (a fast
     # DaemonSet controller removes them before the drain's first look)
-    at_cordon = next(left for state, left in seen if state == m.CORDONED)
+    at_cordon = next((left for state, left in seen if state == m.CORDONED), None)
     assert m.left_with({m.A_LEFT_WITH: at_cordon}) == {"gpu-operator/nvidia-device-plugin-daemonset": DP}, seen
     new = after.get("nvidia-device-plugin-daemonset")
     assert new and new != before["nvidia-device-plugin-daemonset"], (before, after)

@@ -213,3 +213,33 @@ def test_left_with_driver_reads_both_forms_and_nothing_from_garbage():
     assert mm.left_with({mm.A_LEFT_WITH: '["kube-system/plugin"]'}) == {"kube-system/plugin": mm.L_READY}
     assert mm.left_with({mm.A_LEFT_WITH: "{not json"}) == {} and mm.left_with({mm.A_LEFT_WITH: "3"}) == {}
     assert mm.left_with(None) == {} and mm.left_with({}) == {}
+    d = {"gpu-operator/dp": dp, "kube-system/plugin": mm.L_READY}
+    assert mm.left_with({mm.A_LEFT_WITH: mm.left_with_value(d)}) == d and mm.left_with_value({}) is None
+
+
+def test_an_api_server_away_is_said_in_one_line_and_retried():
+    """The agent's loop: an API server that does not answer (the cordon now reads the node's pods too) is
+    said as what it is, with its fix, and the tick comes again - not logged as an unexpected error."""
+    import threading
+
+    from driverd.cluster.kube import Unreachable
+    agent = NodeAgent.__new__(NodeAgent)
+    agent.stop, agent.wake, said, waits = threading.Event(), threading.Event(), [], []
+    agent.start, agent.log = (lambda: agent), said.append
+    agent.nodes = agent.rollouts = agent.pools = type("Synced", (), {"synced": threading.Event()})()
+    agent.nodes.synced.set()
+    calls = iter([Unreachable("cannot reach the Kubernetes API at https://10.0.0.1:6443: connection refused",
+                              fix="check that the API server runs at that address")])
+
+    def tick():
+        try:
+            raise next(calls)
+        except StopIteration:
+            agent.stop.set()
+            return 0
+    agent.tick = tick
+    agent.wake.wait = lambda t=None: waits.append(t)
+    agent.run()
+    assert len(said) == 1 and "unexpected" not in said[0] and "connection refused" in said[0] \
+        and "check that the API server runs" in said[0], said
+    assert waits == [5.0], waits

@@ -70,7 +70,7 @@ def _leaving(plan: DrainPlan) -> dict[str, str]:
 # The admission side (agent/admission.py) and the finish (agent/finish.py) are mixins of their own; the
 # drain stays here, as tests tune its pace through this module's EVICT_* settings.
 class NodeAgent(NodeAdmission, NodeFinish):
-    _pod_watch = None           # the node's pods from its drain to its validation (see _watched_pods)
+    _pod_watch = None           # the node's pods from its cordon to its validation (see _pod_watch_view)
     _wl_watch = None            # the validation workload pod while validating (finish.py)
 
     def __init__(self, kube: Kube, node: str, *, cfg, log: Callable[[str], None], make_context: Callable | None = None,
@@ -210,7 +210,7 @@ class NodeAgent(NodeAdmission, NodeFinish):
             self.wake.clear()
             try:
                 delay = self.tick()
-            except KubeError as e:
+            except ClusterError as e:     # an API answer, or none (the API server away): said, retried
                 self.log(f"driverd cluster agent: {e.one_line()}")
                 delay = 5.0
             except Exception as e:    # a bug must not kill the agent: say it, retry later
@@ -435,7 +435,7 @@ class NodeAgent(NodeAdmission, NodeFinish):
             self._left_with = {}
             self._to(node, m.UNLOADING, "Unloading", f"no GPU pods left; node transaction to driver {r.driver}: "
                      "unload → install → load → validate",
-                     ann={m.A_LEFT_WITH: json.dumps(left, sort_keys=True) if left else None})
+                     ann={m.A_LEFT_WITH: m.left_with_value(left)})
             return 0
         if not r.drain_empty_dir:
             local = [u for u in users if u.uid in self._empty_dir]

@@ -209,7 +209,7 @@ class NodeAdmission:
         # driver: `validating` waits for both to be back
         before = sched.encode(sched.counts(node, sched.node_slices(self.kube, self.node)))
         left = self._leaving_with_driver(r)
-        ann = {m.A_GPUS_BEFORE: before, m.A_LEFT_WITH: json.dumps(left, sort_keys=True) if left else None}
+        ann = {m.A_GPUS_BEFORE: before, m.A_LEFT_WITH: m.left_with_value(left)}
         try:
             if v.unschedulable and not v.cordoned_by_us:
                 self._to(node, m.CORDONED, "AlreadyCordoned", "the node was already cordoned (not by driverd): it "

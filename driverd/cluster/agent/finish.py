@@ -144,7 +144,7 @@ class NodeFinish:
         md = node.get("metadata") or {}
         labels = md.get("labels") or {}
         left = [ref for ref, label in sorted(m.left_with(md.get("annotations")).items())
-                if label == m.L_READY or labels.get(label) == "true"]
+                if label == m.L_READY or labels.get(label) == oc.TRUE]
         if not left:
             return []
         pods = self._node_pods()
