@@ -32,7 +32,7 @@ def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia",
     gpus, switches, nics = pci.classify(root, pci.scan(root, warnings), warnings)
     drv = modules.read_driver(root, k.release, warnings)
     nv = nouveau.read_nouveau(root, [g.pci_address for g in gpus])
-    users = processes.gpu_users(root) if drv.loaded else []
+    users = processes.gpu_users(root, skip=(early.pid,) if early is not None else ()) if drv.loaded else []
     hostname = root.read_first_line("/proc/sys/kernel/hostname") or None
     if hostname is not None and (len(hostname) > 64 or not hostname.isprintable()):
         warnings.append("/proc/sys/kernel/hostname is garbled; ignored")

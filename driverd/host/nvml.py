@@ -4,14 +4,15 @@ On a live root the data comes from NVML itself. A captured tree may carry the NV
 machine it was captured on (CAPTURE_PATH), which is then reported with source "capture".
 
 The live report is plain data (`report()`), made either in this process or in a short-lived child
-(`start_child()`) that prints it; the facts are built from it here, so the child imports neither the
-facts' classes nor anything else of driverd's but this module (issue 47: `detect` asks NVML in a
-child started before its other reads, on another core, instead of paying for pynvml's import and
-NVML's calls on its own path).
+(`start_child()`: forked, or a fresh interpreter where this process has threads) that hands it back;
+the facts are built from it here, so a fresh child imports neither the facts' classes nor anything else
+of driverd's but this module (issue 47: `detect` asks NVML in a child started before its other reads,
+on another core, instead of paying for pynvml's import and NVML's calls on its own path).
 """
 from __future__ import annotations
 
 import json
+import os
 
 TYPE_CHECKING = False           # not typing's: the child would pay for importing typing (~18 ms on a GPU host)
 if TYPE_CHECKING:
@@ -62,10 +63,112 @@ def read_nvml(root: Root, driver_loaded: bool) -> NvmlFacts:
     return _facts(report(), "live")
 
 
-def start_child() -> Callable[[], NvmlFacts]:
-    """The live report, asked of a child started now; the returned function waits for it (60 s at most)
-    and gives the facts. The child runs without site-packages' start-up files, with pynvml's directory
-    only (driverd.runner.python_child)."""
+class Asked:
+    """NVML's report, being made by a child: calling it waits for the facts. `pid` is the child's (None
+    where none started): the child holds /dev/nvidia* while it asks, and is no GPU user of the host."""
+    __slots__ = ("pid", "_wait")
+
+    def __init__(self, pid: int | None, wait: Callable[[], NvmlFacts]) -> None:
+        self.pid, self._wait = pid, wait
+
+    def __call__(self) -> NvmlFacts:
+        return self._wait()
+
+
+def start_child(timeout: float = 60.0) -> Asked:
+    """The live report, asked of a child started now; calling the answer waits for it (`timeout` s at
+    most) and gives the facts.
+
+    A process with one thread (`detect`, `plan`) forks: the child already holds the modules this process
+    has imported, so pynvml's import (~30 ms of re, enum, subprocess, ctypes on a GPU host) and Python's
+    start-up are not on its path, and NVML's answer is there before this process has read the host
+    (issue 47). A process with threads (the daemon) must not fork, and runs a fresh interpreter instead:
+    without site-packages' start-up files, with pynvml's directory only (driverd.runner.python_child)."""
+    import threading
+    if hasattr(os, "fork") and threading.active_count() == 1:
+        return _forked(timeout)
+    return _spawned(timeout)
+
+
+def _failed(err: BaseException | str) -> NvmlFacts:
+    why = err if isinstance(err, str) else f"{err.__class__.__name__}: {err}"
+    return _facts({"reason": f"the NVML query process failed ({why})"}, None)
+
+
+def _known(facts: NvmlFacts) -> Asked:
+    return Asked(None, lambda: facts)
+
+
+def _forked(timeout: float) -> Asked:
+    import signal
+    try:
+        r, w = os.pipe()
+    except OSError as e:
+        return _known(_failed(e))
+    try:
+        pid = os.fork()
+    except OSError as e:
+        os.close(r)
+        os.close(w)
+        return _known(_failed(e))
+    if pid == 0:                                    # the child: one report down the pipe, then gone
+        code = 0
+        try:
+            # A signal kills it plainly: the parent's handlers (Ctrl-C's clean-up) are not the child's.
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            # Nothing of the parent's stays open here (its host lock, its sockets): a child that NVML
+            # keeps waiting must not hold them after the parent has gone.
+            os.closerange(3, w)
+            os.closerange(w + 1, _max_fd())
+            data = json.dumps(report()).encode()
+            while data:
+                data = data[os.write(w, data):]
+        except BaseException:                       # noqa: BLE001 -- whatever it was, the parent says so
+            code = 1
+        finally:
+            os._exit(code)                          # never the parent's atexit handlers or stdio buffers
+    os.close(w)
+
+    def result() -> NvmlFacts:
+        import selectors
+        import time
+        chunks: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(r, selectors.EVENT_READ)
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not sel.select(left):
+                        os.kill(pid, signal.SIGKILL)
+                        os.waitpid(pid, 0)
+                        return _failed(f"no answer in {timeout:g} s")
+                    chunk = os.read(r, 65536)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+        finally:
+            os.close(r)
+        _, status = os.waitpid(pid, 0)
+        if status:
+            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+            return _failed(f"killed by signal {sig}" if sig else f"exit status {os.waitstatus_to_exitcode(status)}")
+        try:
+            return _facts(json.loads(b"".join(chunks)), "live")
+        except (ValueError, TypeError, AttributeError, RecursionError) as e:
+            return _failed(e)
+    return Asked(pid, result)
+
+
+def _max_fd() -> int:
+    try:
+        return os.sysconf("SC_OPEN_MAX")
+    except (ValueError, OSError):
+        return 65536
+
+
+def _spawned(timeout: float) -> Asked:
     import subprocess
 
     from driverd.runner import CHILD_CWD, python_child
@@ -73,12 +176,11 @@ def start_child() -> Callable[[], NvmlFacts]:
         proc = subprocess.Popen(python_child("driverd.host.nvml", site_modules=("pynvml",)), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, cwd=CHILD_CWD)
     except OSError as e:
-        why = f"the NVML query process failed ({e.__class__.__name__}: {e})"
-        return lambda: _facts({"reason": why}, None)
+        return _known(_failed(e))
 
     def result() -> NvmlFacts:
         try:
-            out, _ = proc.communicate(timeout=60)
+            out, _ = proc.communicate(timeout=timeout)
             return _facts(json.loads(out), "live")
         except subprocess.TimeoutExpired as e:
             proc.kill()
@@ -86,8 +188,8 @@ def start_child() -> Callable[[], NvmlFacts]:
             err: Exception = e
         except (ValueError, TypeError, AttributeError, RecursionError) as e:
             err = e
-        return _facts({"reason": f"the NVML query process failed ({err.__class__.__name__}: {err})"}, None)
-    return result
+        return _failed(err)
+    return Asked(proc.pid, result)
 
 
 def _opt(fn, *a):

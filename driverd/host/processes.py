@@ -6,6 +6,7 @@ host's processes. The container / pod a process belongs to comes from its cgroup
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 
 from driverd.host.facts import DaemonFacts, GpuUser
 from driverd.root import Root
@@ -56,9 +57,12 @@ def process_name(root: Root, pid: int) -> str | None:
     return comm
 
 
-def gpu_users(root: Root) -> list[GpuUser]:
+def gpu_users(root: Root, skip: Collection[int | None] = ()) -> list[GpuUser]:
+    """Processes holding an NVIDIA device node open, but those in `skip` (driverd's own NVML query)."""
     users = []
     for pid in pids(root):
+        if pid in skip:
+            continue
         devs = set()
         for fd in root.listdir(f"/proc/{pid}/fd"):
             target = root.readlink(f"/proc/{pid}/fd/{fd}")

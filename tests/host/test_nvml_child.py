@@ -42,3 +42,90 @@ def test_the_child_imports_only_what_the_report_needs():
     heavy = {"dataclasses", "typing", "inspect", "pathlib", "driverd.host.facts", "driverd.root", "site"}
     assert not heavy & modules, heavy & modules
     assert {m for m in modules if m.startswith("driverd")} <= {"driverd", "driverd.host", "driverd.host.nvml"}
+
+
+# The forked child (issue 47): a process with one thread forks for NVML's report. What the child does is
+# steered from the test side: report() is replaced before the fork and the child runs the replacement.
+# Each case runs in a fresh interpreter, which has one thread whatever other tests left running here.
+
+def _in_fresh_process(setup: str, call: str = "nvml.start_child()()") -> dict:
+    import json
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent("""
+        import dataclasses, json, os, psutil, signal, sys, threading, time
+        from driverd.host import nvml
+        parent = os.getpid()
+        """) + textwrap.dedent(setup) + textwrap.dedent(f"""
+        started = time.monotonic()
+        f = {call}
+        print(json.dumps({{"facts": dataclasses.asdict(f), "s": time.monotonic() - started,
+                          "children": len(psutil.Process().children())}}))
+        """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_a_one_thread_process_forks_and_reads_the_childs_report():
+    got = _in_fresh_process("""
+        nvml.report = lambda: {"available": os.getpid() != parent, "reason": None, "driver_version": "580.1",
+                               "devices": [dict(index=0, name="H200", uuid="GPU-x", pci_bus_id="0000:01:00.0",
+                                                memory_total_mib=1, persistence_mode=True,
+                                                mig_mode_current=False, mig_mode_pending=False)]}
+        """)
+    f = got["facts"]
+    # available only where the report was made in another process: the fork, not this one
+    assert f["available"] and f["source"] == "live" and f["driver_version"] == "580.1"
+    assert f["devices"][0]["uuid"] == "GPU-x"
+    assert got["children"] == 0                     # reaped: a zombie would be listed too
+
+
+def test_a_process_with_threads_does_not_fork():
+    got = _in_fresh_process("""
+        nvml.report = lambda: {"available": True, "reason": "forked", "devices": []}
+        stop = threading.Event()
+        threading.Thread(target=stop.wait, daemon=True).start()
+        """)
+    # a fresh interpreter ran the real report, not this process's replacement
+    assert got["facts"]["reason"] != "forked" and "query process failed" not in (got["facts"]["reason"] or "")
+
+
+def test_a_child_that_never_answers_is_killed_and_named():
+    got = _in_fresh_process("nvml.report = lambda: time.sleep(60)", "nvml.start_child(timeout=0.5)()")
+    assert got["facts"]["reason"] == "the NVML query process failed (no answer in 0.5 s)"
+    assert not got["facts"]["available"] and got["s"] < 10 and got["children"] == 0
+
+
+def test_a_child_killed_by_a_signal_is_named_and_runs_none_of_the_parents_handlers(tmp_path):
+    mark = tmp_path / "handler-ran"
+    got = _in_fresh_process(f"""
+        signal.signal(signal.SIGTERM, lambda *a: open({str(mark)!r}, "w").write(str(os.getpid())))
+        nvml.report = lambda: os.kill(os.getpid(), signal.SIGTERM)
+        """)
+    assert not mark.exists()
+    assert got["facts"]["reason"] == "the NVML query process failed (killed by signal 15)"
+
+
+def test_a_child_that_raises_is_named():
+    got = _in_fresh_process("""
+        def boom():
+            raise RuntimeError("x")
+        nvml.report = boom
+        """)
+    assert got["facts"]["reason"] == "the NVML query process failed (exit status 1)"
+
+
+def test_the_forked_child_holds_none_of_the_parents_files():
+    """A child NVML keeps waiting must not keep the parent's host lock or sockets: here a pipe's write
+    end, open in the parent at the fork, reads as closed while the child still runs."""
+    got = _in_fresh_process("""
+        import select
+        nvml.report = lambda: time.sleep(3) or {"available": False, "reason": "slept"}
+        r, w = os.pipe()
+        result = nvml.start_child()
+        os.close(w)
+        closed = bool(select.select([r], [], [], 2)[0]) and os.read(r, 1) == b""
+        """, "(lambda f: dataclasses.replace(f, reason=f'{f.reason}, closed in the child: {closed}'))(result())")
+    assert got["facts"]["reason"] == "slept, closed in the child: True"

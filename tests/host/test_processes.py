@@ -59,3 +59,30 @@ def test_names_the_kernel_cut_at_15_characters_are_read_whole(tmp_path):
     assert names == {300: "nvidia-persistenced", 301: "nv-fabricmanager", 302: "a-training-work", 303: "python3"}
     r = __import__("tests.conftest", fromlist=["run_cli"]).run_cli("detect", "--root", str(tmp_path))
     assert "gpu user    pid 300 nvidia-persistenced" in r.stdout and "nvidia-persiste " not in r.stdout
+
+
+def test_the_nvml_query_child_is_no_gpu_user(tmp_path):
+    """detect's own NVML query holds /dev/nvidia* while it asks: it is left out (plan would otherwise block
+    an unload on 'the GPU is in use by' driverd itself)."""
+    from driverd.host import processes
+    write_host(tmp_path, HostSpec(
+        pci=[h100("0000:1b:00.0", "nvidia")], modules=[Module("nvidia", refcount=2)],
+        nvidia_version_text=nvidia_version_line("570.195.03", "open"),
+        procs=[Proc(100, "python3", ("/dev/nvidia0",)), Proc(4242, "driverd", ("/dev/nvidiactl", "/dev/nvidia0"))]))
+    assert {u.pid for u in processes.gpu_users(Root(tmp_path))} == {100, 4242}
+    assert {u.pid for u in processes.gpu_users(Root(tmp_path), skip=(4242,))} == {100}
+    assert {u.pid for u in processes.gpu_users(Root(tmp_path), skip=(None,))} == {100, 4242}
+
+
+def test_collect_leaves_its_own_nvml_child_out_of_the_gpu_users(tmp_path, monkeypatch):
+    import driverd.host as host
+    from driverd.host.facts import NvmlFacts
+    from driverd.host.nvml import Asked
+    write_host(tmp_path, HostSpec(
+        pci=[h100("0000:1b:00.0", "nvidia")], modules=[Module("nvidia", refcount=2)],
+        nvidia_version_text=nvidia_version_line("570.195.03", "open"),
+        procs=[Proc(100, "python3", ("/dev/nvidia0",)), Proc(4242, "driverd", ("/dev/nvidiactl",))]))
+    # the child a live root would start, as it looks from here: its pid, and its report when asked
+    monkeypatch.setattr(host, "_nvml_early", lambda root: Asked(4242, lambda: NvmlFacts(True, None, "live")))
+    f = collect(Root(tmp_path))
+    assert [u.pid for u in f.gpu_users] == [100] and f.nvml.source == "live"
