@@ -493,3 +493,33 @@ def test_a_validating_node_is_woken_by_its_daemonsets_pod_becoming_ready(cluster
     new = after.get("nvidia-device-plugin-daemonset")
     assert new and new != before["nvidia-device-plugin-daemonset"], (before, after)
     assert b.bound.get(new) == m.VALIDATING, b.bound       # the node waited for it, validating
+
+
+def test_validating_writes_the_driver_ready_label_with_its_state_and_says_a_long_wait(cluster, daemonset_controller):
+    """Issue 47: the node enters `validating` and gives the driver-ready label back in one patch (a
+    request a node fewer), and a wait for its GPUs is said (WaitingForGPUs, naming the DaemonSet) once it
+    has lasted finish.SAY_GPUS_WAIT_S; here the device plugin's pod is bound 6 s late."""
+    f = _with_operator(cluster, deploy={"device-plugin": "true", "dcgm-exporter": "false",
+                                        "gpu-feature-discovery": "false"})
+    node = "gpu-0000"
+    from driverd.cluster.informer import Informer
+    seen: list[tuple[str | None, str | None, str | None, str]] = []      # state, driver-ready, reason, message
+    history = Informer(kube(f), node_path(), fields=f"metadata.name={node}", name="validating", on_change=lambda k, o: (
+        seen.append(((o["metadata"].get("annotations") or {}).get(m.A_STATE),
+                     (o["metadata"].get("labels") or {}).get(m.L_READY),
+                     (o["metadata"].get("annotations") or {}).get(m.A_REASON),
+                     (o["metadata"].get("annotations") or {}).get(m.A_MESSAGE) or "")) if o.get("metadata") else None))
+    with SlowBinder(f, 6.0):
+        assert f.wait(lambda: "nvidia-device-plugin-daemonset" in operator_pods(f, node), 60), operator_pods(f, node)
+        started(f)
+        history.start()
+        assert history.synced.wait(30)
+        kube(f).create(rollout_path(), _rollout("r", validation={"timeoutSeconds": 300}))
+        ro = wait_phase(f, "r", ("Completed", "Refused", "Failed"), timeout=120)
+        history.close()
+        assert ro["status"]["phase"] == "Completed", ro["status"]
+    validating = [s for s in seen if s[0] == m.VALIDATING]
+    assert validating, seen
+    assert validating[0][1:3] == ("true", "Validating"), validating[0]
+    waits = [s for s in validating if s[2] == "WaitingForGPUs"]
+    assert waits and "DaemonSet gpu-operator/nvidia-device-plugin-daemonset" in waits[-1][3], validating
