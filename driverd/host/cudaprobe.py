@@ -57,7 +57,12 @@ def probe_nvml(path: str) -> None:
         out: dict = {"ok": True, "driver_version": _s(pynvml.nvmlSystemGetDriverVersion()), "devices": []}
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            dev = {"index": i, "pci_bus_id": _s(pynvml.nvmlDeviceGetPciInfo(h).busId).lower(), "fabric": None}
+            dev = {"index": i, "pci_bus_id": _s(pynvml.nvmlDeviceGetPciInfo(h).busId).lower(), "fabric": None,
+                   "persistence_mode": None}
+            try:        # for the validation's persistence check: no second NVML start for it
+                dev["persistence_mode"] = pynvml.nvmlDeviceGetPersistenceMode(h) == pynvml.NVML_FEATURE_ENABLED
+            except pynvml.NVMLError:
+                pass
             info = pynvml.c_nvmlGpuFabricInfo_t()
             try:
                 pynvml.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(info))

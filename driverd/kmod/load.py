@@ -311,21 +311,30 @@ def validate(kernel, version: str | None, flavor: str | None, services=None, per
     for m in modules:
         if m not in loaded:
             v.problems.append(f"module {m} is not loaded")
-    if ver is not None and kernel.name == "real" and root.is_live():
+    live = ver is not None and kernel.name == "real" and root.is_live()
+    checked = workload is not None and ver is not None and not v.problems
+    if live and not checked:
         from driverd.host.nvml import read_nvml
         n = read_nvml(root, True)
         if n.available and len(n.devices) != len(expected):
             v.problems.append(f"NVML sees {len(n.devices)} GPU(s), PCI shows {len(expected)}")
         if n.available and persistence and not all(d.persistence_mode for d in n.devices):
             v.problems.append("persistence mode is off on some GPUs although daemons.persistenced is on")
-    elif ver is not None and persistence and services is not None and not services.running("nvidia-persistenced"):
+    elif not live and ver is not None and persistence and services is not None \
+            and not services.running("nvidia-persistenced"):
         v.problems.append("nvidia-persistenced is not running although daemons.persistenced is on")
-    if workload is not None and ver is not None and not v.problems:
+    if checked:
+        # The workload check starts NVML itself, after cuInit (beside it, cuInit takes longer): its report
+        # answers what a query of our own would (every GPU seen, by bus id; persistence), and a second
+        # NVML start was ~65 ms of every validation, the container's fast path included (issue 47).
         from driverd.host import workload as wl
-        w = wl.check(root, ver, expected, driver_root=workload.get("driver_root"),
-                     timeout_s=float(workload.get("timeout_s") or 60))
+        w = wl.check(root, ver, expected, driver_root=(workload or {}).get("driver_root"),
+                     timeout_s=float((workload or {}).get("timeout_s") or 60))
         v.workload = w.to_json()
         if not w.ok:
             v.problems += ["not workload-ready: " + p for p in w.problems]
             v.fix = w.fix
+        devices = (w.nvml or {}).get("devices") or []
+        if live and persistence and (w.nvml or {}).get("ok") and not all(d.get("persistence_mode") for d in devices):
+            v.problems.append("persistence mode is off on some GPUs although daemons.persistenced is on")
     return v

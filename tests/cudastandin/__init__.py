@@ -39,7 +39,7 @@ def _compile(src: str, soname: str, defines: dict[str, str]) -> Path:
 def install(root: Path, version: str, gpus: list[str], *, libdir: str = "/usr/lib/x86_64-linux-gnu",
             hang: bool = False, fail_device: int | None = None, corrupt: bool = False,
             hang_device: int | None = None, together: bool = False,
-            fabric_state: int | None = None, rm_file: Path | None = None,
+            fabric_state: int | None = None, rm_file: Path | None = None, persistence: bool = True,
             only: tuple[str, ...] = ("nvml", "cuda")) -> Path:
     """Put the stand-ins of `version` into `root`/`libdir`; returns that directory."""
     rm = rm_file or root / "proc/driver/nvidia/version"
@@ -49,6 +49,8 @@ def install(root: Path, version: str, gpus: list[str], *, libdir: str = "/usr/li
     d.mkdir(parents=True, exist_ok=True)
     if "nvml" in only:
         nvml = dict(common, **({"STANDIN_FABRIC_STATE": str(fabric_state)} if fabric_state is not None else {}))
+        if not persistence:
+            nvml["STANDIN_PERSISTENCE_OFF"] = "1"
         _place(_compile("nvml.c", "libnvidia-ml.so.1", nvml), d, "libnvidia-ml", version)
     if "cuda" in only:
         cuda = dict(common)

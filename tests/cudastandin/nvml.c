@@ -49,6 +49,15 @@ int nvmlDeviceGetPciInfo_v3(void *h, nvmlPciInfo_t *p) {
     upper_bus(ids[i], p->busId, sizeof p->busId, 1);
     return 0;
 }
+int nvmlDeviceGetPersistenceMode(void *h, int *mode) {
+    (void)h;
+#ifdef STANDIN_PERSISTENCE_OFF
+    *mode = 0;                  /* NVML_FEATURE_DISABLED */
+#else
+    *mode = 1;                  /* NVML_FEATURE_ENABLED */
+#endif
+    return 0;
+}
 int nvmlDeviceGetGpuFabricInfo(void *h, nvmlGpuFabricInfo_t *f) {
     (void)h;
 #ifdef STANDIN_FABRIC_STATE

@@ -237,3 +237,13 @@ def test_the_probe_child_starts_without_site_and_gets_only_the_modules_it_names(
     bare = subprocess.run(python_child("report_mod"), capture_output=True, text=True, cwd=CHILD_CWD)
     assert bare.returncode != 0 and "No module named" in bare.stderr and "report_mod" in bare.stderr
     assert sys.flags.no_site == 0
+
+
+def test_nvml_report_carries_each_gpus_persistence_mode(tmp_path):
+    """The validation's persistence check reads it from here (driverd.kmod.load.validate, issue 47)."""
+    root = host(tmp_path)
+    cudastandin.install(tmp_path, NEW, GPUS)
+    assert [d["persistence_mode"] for d in workload.check(root, NEW, GPUS).nvml["devices"]] == [True, True]
+    cudastandin.install(tmp_path, NEW, GPUS, persistence=False)
+    r = workload.check(root, NEW, GPUS)
+    assert r.ok and [d["persistence_mode"] for d in r.nvml["devices"]] == [False, False]

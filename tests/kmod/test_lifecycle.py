@@ -235,3 +235,43 @@ def test_mig_layout_restored_across_reload(host):
     SimMig(k).create(GpuMig("0000:18:00.0", False))
     res = mig.restore(k, rec)
     assert res.must_reapply and "nvidia-mig-parted" in res.must_reapply[0]
+
+
+class _AsReal:
+    """The simulated kernel, named as the real one: validate() asks a live host's NVML only there."""
+    name = "real"
+
+    def __init__(self, kernel) -> None:
+        self._k = kernel
+
+    def __getattr__(self, attr):
+        return getattr(self._k, attr)
+
+
+@pytest.mark.parametrize("persistence", [True, False])
+def test_a_live_validation_with_the_workload_check_starts_nvml_once(host, monkeypatch, persistence):
+    """Issue 47: where the workload check runs, validate() takes what NVML says (every GPU, persistence) from
+    the check's own NVML report instead of starting NVML again in a query process of its own (~65 ms of every
+    validation, the container's fast path included). Stand-in NVIDIA libraries; the tree looks as this
+    machine's /host mount does (its boot id, /proc/self)."""
+    from driverd.host import nvml
+    from tests import cudastandin
+    k = kernel_of(host)
+    ld.load(k, CORE, {}, ("535.261.03", "open"))
+    (host / "proc/sys/kernel/random/boot_id").write_text(open("/proc/sys/kernel/random/boot_id").read())
+    if not (host / "proc/self").is_symlink():
+        (host / "proc/self").symlink_to("1")
+    assert Root(host).is_live()
+    gpus = sorted(os.listdir(host / "proc/driver/nvidia/gpus"))
+    cudastandin.install(host, "535.261.03", gpus, persistence=persistence)
+
+    def asked(*a, **kw):
+        raise AssertionError("a second NVML query was started")
+    monkeypatch.setattr(nvml, "read_nvml", asked)
+    v = ld.validate(_AsReal(k), "535.261.03", "open", persistence=True, workload={"timeout_s": 60})
+    assert v.workload["ok"] and [d["persistence_mode"] for d in v.workload["nvml"]["devices"]] == [persistence] * 2
+    assert v.problems == ([] if persistence else
+                          ["persistence mode is off on some GPUs although daemons.persistenced is on"])
+    # without the workload check, the query of its own is what reads NVML
+    with pytest.raises(AssertionError, match="second NVML query"):
+        ld.validate(_AsReal(k), "535.261.03", "open", persistence=True)
