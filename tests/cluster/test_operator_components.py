@@ -460,22 +460,14 @@ class SlowBinder(Binder):
             super()._place(p)
 
 
-def test_a_validating_node_is_woken_by_its_daemonsets_pod_becoming_ready(cluster, daemonset_controller, monkeypatch):
-    """Issue 47: `validating` waits for the DaemonSets' pods that left with the driver; one that becomes
-    Ready after the node's last look (a Pod's change, nothing on the Node) wakes it through the node's
-    pod watch. Here the periodic look is four minutes away, so only the watch can finish the rollout in time
-    (before, it waited for that look: 5 s, one straggler in a 500-node rollout's makespan)."""
-    from driverd.cluster.agent import finish
-    monkeypatch.setattr(finish, "VALIDATE_POLL_S", 240.0)
-    f = _with_operator(cluster, deploy={"device-plugin": "true", "dcgm-exporter": "false",
-                                        "gpu-feature-discovery": "false"})
-    node = "gpu-0000"
+def _rollout_with_a_late_device_plugin(f, node: str, delay_s: float):
+    """Rollout `r` over `node`, whose device plugin's new pod is bound `delay_s` after it is made: the Node's
+    metadata at every version its watch saw, the GPU Operator's pods before and after, the binder."""
     from driverd.cluster.informer import Informer
-    seen: list[tuple[str, str | None]] = []           # (state, driverd.io/left-with-driver) as the watch saw them
-    history = Informer(kube(f), node_path(), fields=f"metadata.name={node}", name="left-with", on_change=lambda k, o: (
-        seen.append(((o["metadata"].get("annotations") or {}).get(m.A_STATE),
-                     (o["metadata"].get("annotations") or {}).get(m.A_LEFT_WITH))) if o.get("metadata") else None))
-    with SlowBinder(f, 2.0) as b:
+    seen: list[dict] = []
+    history = Informer(kube(f), node_path(), fields=f"metadata.name={node}", name="history",
+                       on_change=lambda k, o: seen.append(o["metadata"]) if o.get("metadata") else None)
+    with SlowBinder(f, delay_s) as b:
         assert f.wait(lambda: "nvidia-device-plugin-daemonset" in operator_pods(f, node), 60), operator_pods(f, node)
         before = operator_pods(f, node)
         started(f)
@@ -486,9 +478,26 @@ def test_a_validating_node_is_woken_by_its_daemonsets_pod_becoming_ready(cluster
         history.close()
         assert ro["status"]["phase"] == "Completed", ro["status"]
         after = operator_pods(f, node)
+    return seen, before, after, b
+
+
+def _said(md: dict, key: str) -> str | None:
+    return (md.get("annotations") or {}).get(key)
+
+
+def test_a_validating_node_is_woken_by_its_daemonsets_pod_becoming_ready(cluster, daemonset_controller, monkeypatch):
+    """Issue 47: `validating` waits for the DaemonSets' pods that left with the driver; one that becomes
+    Ready after the node's last look (a Pod's change, nothing on the Node) wakes it through the node's
+    pod watch. Here the periodic look is four minutes away, so only the watch can finish the rollout in time
+    (before, it waited for that look: 5 s, one straggler in a 500-node rollout's makespan)."""
+    from driverd.cluster.agent import finish
+    monkeypatch.setattr(finish, "VALIDATE_POLL_S", 240.0)
+    f = _with_operator(cluster, deploy={"device-plugin": "true", "dcgm-exporter": "false",
+                                        "gpu-feature-discovery": "false"})
+    seen, before, after, b = _rollout_with_a_late_device_plugin(f, "gpu-0000", 2.0)
     # which DaemonSets leave with the driver is read at the cordon, while their pods are all there (a fast
     # DaemonSet controller removes them before the drain's first look)
-    at_cordon = next((left for state, left in seen if state == m.CORDONED), None)
+    at_cordon = next((_said(md, m.A_LEFT_WITH) for md in seen if _said(md, m.A_STATE) == m.CORDONED), None)
     assert m.left_with({m.A_LEFT_WITH: at_cordon}) == {"gpu-operator/nvidia-device-plugin-daemonset": DP}, seen
     new = after.get("nvidia-device-plugin-daemonset")
     assert new and new != before["nvidia-device-plugin-daemonset"], (before, after)
@@ -501,25 +510,11 @@ def test_validating_writes_the_driver_ready_label_with_its_state_and_says_a_long
     has lasted finish.SAY_GPUS_WAIT_S; here the device plugin's pod is bound 6 s late."""
     f = _with_operator(cluster, deploy={"device-plugin": "true", "dcgm-exporter": "false",
                                         "gpu-feature-discovery": "false"})
-    node = "gpu-0000"
-    from driverd.cluster.informer import Informer
-    seen: list[tuple[str | None, str | None, str | None, str]] = []      # state, driver-ready, reason, message
-    history = Informer(kube(f), node_path(), fields=f"metadata.name={node}", name="validating", on_change=lambda k, o: (
-        seen.append(((o["metadata"].get("annotations") or {}).get(m.A_STATE),
-                     (o["metadata"].get("labels") or {}).get(m.L_READY),
-                     (o["metadata"].get("annotations") or {}).get(m.A_REASON),
-                     (o["metadata"].get("annotations") or {}).get(m.A_MESSAGE) or "")) if o.get("metadata") else None))
-    with SlowBinder(f, 6.0):
-        assert f.wait(lambda: "nvidia-device-plugin-daemonset" in operator_pods(f, node), 60), operator_pods(f, node)
-        started(f)
-        history.start()
-        assert history.synced.wait(30)
-        kube(f).create(rollout_path(), _rollout("r", validation={"timeoutSeconds": 300}))
-        ro = wait_phase(f, "r", ("Completed", "Refused", "Failed"), timeout=120)
-        history.close()
-        assert ro["status"]["phase"] == "Completed", ro["status"]
-    validating = [s for s in seen if s[0] == m.VALIDATING]
+    seen, _, _, _ = _rollout_with_a_late_device_plugin(f, "gpu-0000", 6.0)
+    validating = [md for md in seen if _said(md, m.A_STATE) == m.VALIDATING]
     assert validating, seen
-    assert validating[0][1:3] == ("true", "Validating"), validating[0]
-    waits = [s for s in validating if s[2] == "WaitingForGPUs"]
-    assert waits and "DaemonSet gpu-operator/nvidia-device-plugin-daemonset" in waits[-1][3], validating
+    first = validating[0]
+    assert ((first.get("labels") or {}).get(m.L_READY), _said(first, m.A_REASON)) == ("true", "Validating"), first
+    waits = [md for md in validating if _said(md, m.A_REASON) == "WaitingForGPUs"]
+    assert waits and "DaemonSet gpu-operator/nvidia-device-plugin-daemonset" in _said(waits[-1], m.A_MESSAGE), \
+        [(_said(md, m.A_REASON), _said(md, m.A_MESSAGE)) for md in validating]
