@@ -1,3 +1,3 @@
-from driverd.cli import main
+from driverd.cli import entry
 
-raise SystemExit(main())
+entry()

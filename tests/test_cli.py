@@ -488,3 +488,23 @@ def test_gpus_flavor_keeps_only_that_flavours_answer():
     assert one["verdicts"]["proprietary"] == both["verdicts"]["proprietary"]
     text = run_cli("gpus", "2330", "--driver", "570.195.03", "--flavor", "open", check=True).stdout
     assert "570.195.03 open:" in text and "proprietary:" not in text, text
+
+
+def test_a_read_only_command_leaves_without_tearing_the_interpreter_down(tmp_path):
+    """Issue 47: after detect, plan, gpus, config and status the process leaves once its output is flushed
+    (freeing every module and the GPU table cost detect ~15 ms); its output is whole and its exit code
+    kept. Any other command exits as usual: here an atexit handler says whether the interpreter's
+    teardown ran."""
+    write_host(tmp_path, HostSpec(pci=[h100(f"0000:{b:02x}:00.0") for b in range(0x18, 0x98, 0x10)]))
+
+    def run(*words: str) -> subprocess.CompletedProcess:
+        code = ("import atexit, sys; atexit.register(lambda: sys.stderr.write('torn down\\n')); "
+                f"sys.argv = ['driverd', *{list(words)!r}]; from driverd.cli import entry; entry()")
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    det = run("detect", "--root", str(tmp_path), "--json")
+    assert det.returncode == 0 and "torn down" not in det.stderr, det.stderr
+    assert len(json.loads(det.stdout)["gpus"]) == 8                 # all of it, through the pipe
+    bad = run("plan", "--root", str(tmp_path), "--driver", "not-a-version", "--json")
+    assert bad.returncode == 2 and json.loads(bad.stdout)["error"] and "torn down" not in bad.stderr
+    other = run("--version")
+    assert other.returncode == 0 and other.stdout.startswith("driverd ") and "torn down" in other.stderr

@@ -14,7 +14,7 @@ def register(sub, common) -> None:
                        "NVIDIA GPUs with product/architecture/open-module support, NVSwitches, Mellanox NICs, "
                        "nouveau, the loaded driver, GPU users, container runtimes, NVML. Changes nothing.")
     p.add_argument("--no-nvml", action="store_true", help="skip NVML even on a live host")
-    p.set_defaults(handler=cmd_detect)
+    p.set_defaults(handler=cmd_detect, read_only=True)
 
     p = sub.add_parser("plan", parents=[common], help="print the steps a provisioning run would take, and why",
                        description="Decide the kernel-module flavour for the requested driver and print the "
@@ -23,7 +23,7 @@ def register(sub, common) -> None:
                        "reboot_required.")
     p.add_argument("--driver", metavar="VERSION", help="driver version, e.g. 535.261.03 (default: driver.version)")
     add_flavor(p, help="kernel-module flavour (default: driver.flavor)")
-    p.set_defaults(handler=cmd_plan)
+    p.set_defaults(handler=cmd_plan, read_only=True)
 
     p = sub.add_parser("gpus", parents=[common], help="look GPUs up in driverd's table: branches and flavours per NVIDIA",
                        description="Look device ids up in the GPU table generated from NVIDIA's lists "
@@ -37,7 +37,7 @@ def register(sub, common) -> None:
     p.add_argument("--driver", metavar="VERSION", help="judge this driver release, e.g. 570.195.03")
     add_flavor(p, choices=("open", "proprietary"), help="only this kernel-module flavour's branches and verdict "
                "(default: both)")
-    p.set_defaults(handler=cmd_gpus)
+    p.set_defaults(handler=cmd_gpus, read_only=True)
 
     p = sub.add_parser("config", parents=[common], help="show the effective configuration and where each value comes from",
                        description="Load and validate <root>/etc/driverd/config.toml plus DRIVERD_* environment "
@@ -46,7 +46,7 @@ def register(sub, common) -> None:
                        "file was read or that it is absent). --json: the same as an object.")
     p.add_argument("--keys", action="store_true", help="list every key, the environment variable that sets it (and "
                    "how: lists comma-separated; module parameters only in the file) and its help")
-    p.set_defaults(handler=cmd_config)
+    p.set_defaults(handler=cmd_config, read_only=True)
 
     dbg = sub.add_parser("debug", help="tools for bug reports and fixtures")
     dsub = dbg.add_subparsers(dest="debug_command", metavar="COMMAND")

@@ -120,7 +120,7 @@ def register(sub, common) -> None:
                        "the daemon's last reconcile when `driverd daemon` or the driver container runs; and how "
                        "the last run ended. Takes no lock and changes nothing.\n\nexample:\n  driverd status --json")
     add_kernel_backend(p)
-    p.set_defaults(handler=cmd_status)
+    p.set_defaults(handler=cmd_status, read_only=True)
 
     # the demo's own: it makes its sandbox host and configuration, so --root and --config are not offered (given
     # before the command name, they are refused with the reason, below)
