@@ -119,8 +119,7 @@ def _forked(timeout: float) -> Asked:
                 signal.signal(sig, signal.SIG_DFL)
             # Nothing of the parent's stays open here (its host lock, its sockets): a child that NVML
             # keeps waiting must not hold them after the parent has gone.
-            os.closerange(3, w)
-            os.closerange(w + 1, _max_fd())
+            _close_all_but(w)
             data = json.dumps(report()).encode()
             while data:
                 data = data[os.write(w, data):]
@@ -161,11 +160,21 @@ def _forked(timeout: float) -> Asked:
     return Asked(pid, result)
 
 
-def _max_fd() -> int:
+def _close_all_but(keep: int) -> None:
+    """Close every file descriptor above stderr but `keep`: those /proc/self/fd lists (a container's limit
+    of 1,048,576 would be as many close() calls where the kernel has no close_range)."""
     try:
-        return os.sysconf("SC_OPEN_MAX")
-    except (ValueError, OSError):
-        return 65536
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except (OSError, ValueError):
+        os.closerange(3, keep)
+        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+        return
+    for fd in fds:
+        if fd > 2 and fd != keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass                    # the directory's own descriptor, closed by now
 
 
 def _spawned(timeout: float) -> Asked:

@@ -117,7 +117,8 @@ class NodeFinish:
             done = f"driver {res.loaded['version']} ({res.loaded['flavor']}) loaded and validated on the host"
             # what `validating` would write next, in this patch where it can be (the node Ready): one
             # request a node fewer in every rollout
-            back = self._bring_back(node, v) if v.ready and res.loaded["version"] == r.driver else None
+            back = self._bring_back(node, v) if v is not None and v.ready and res.loaded["version"] == r.driver \
+                else None
             if back is None:
                 self._to(node, m.VALIDATING, "Validating", done + "; waiting for the node to be Ready")
                 return 0
