@@ -287,6 +287,10 @@ class Validation:
         return {**asdict(self), "ok": self.ok}
 
 
+# what NVML says of persistence when daemons.persistenced is on, whichever NVML report says it
+PERSISTENCE_OFF = "persistence mode is off on some GPUs although daemons.persistenced is on"
+
+
 def validate(kernel, version: str | None, flavor: str | None, services=None, persistence: bool = False,
              modules: list[str] = (), workload: dict | None = None) -> Validation:
     """The driver works: /proc/driver/nvidia/version shows the expected version and flavour, every
@@ -319,7 +323,7 @@ def validate(kernel, version: str | None, flavor: str | None, services=None, per
         if n.available and len(n.devices) != len(expected):
             v.problems.append(f"NVML sees {len(n.devices)} GPU(s), PCI shows {len(expected)}")
         if n.available and persistence and not all(d.persistence_mode for d in n.devices):
-            v.problems.append("persistence mode is off on some GPUs although daemons.persistenced is on")
+            v.problems.append(PERSISTENCE_OFF)
     elif not live and ver is not None and persistence and services is not None \
             and not services.running("nvidia-persistenced"):
         v.problems.append("nvidia-persistenced is not running although daemons.persistenced is on")
@@ -336,5 +340,5 @@ def validate(kernel, version: str | None, flavor: str | None, services=None, per
             v.fix = w.fix
         devices = (w.nvml or {}).get("devices") or []
         if live and persistence and (w.nvml or {}).get("ok") and not all(d.get("persistence_mode") for d in devices):
-            v.problems.append("persistence mode is off on some GPUs although daemons.persistenced is on")
+            v.problems.append(PERSISTENCE_OFF)
     return v

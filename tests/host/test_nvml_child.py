@@ -117,15 +117,21 @@ def test_a_child_that_raises_is_named():
     assert got["facts"]["reason"] == "the NVML query process failed (exit status 1)"
 
 
-def test_the_forked_child_holds_none_of_the_parents_files():
+def test_the_forked_child_holds_none_of_the_parents_files(tmp_path):
     """A child NVML keeps waiting must not keep the parent's host lock or sockets: here a pipe's write
     end, open in the parent at the fork, reads as closed while the child still runs."""
-    got = _in_fresh_process("""
+    flag = tmp_path / "checked"
+    got = _in_fresh_process(f"""
         import select
-        nvml.report = lambda: time.sleep(3) or {"available": False, "reason": "slept"}
+        def report():           # running until the parent has looked at its pipe
+            while not os.path.exists({str(flag)!r}):
+                time.sleep(0.02)
+            return {{"available": False, "reason": "asked"}}
+        nvml.report = report
         r, w = os.pipe()
         result = nvml.start_child()
         os.close(w)
-        closed = bool(select.select([r], [], [], 2)[0]) and os.read(r, 1) == b""
+        closed = bool(select.select([r], [], [], 60)[0]) and os.read(r, 1) == b""
+        open({str(flag)!r}, "w").close()
         """, "(lambda f: dataclasses.replace(f, reason=f'{f.reason}, closed in the child: {closed}'))(result())")
-    assert got["facts"]["reason"] == "slept, closed in the child: True"
+    assert got["facts"]["reason"] == "asked, closed in the child: True"

@@ -123,8 +123,7 @@ class NodeFinish:
                 self._to(node, m.VALIDATING, "Validating", done + "; waiting for the node to be Ready")
                 return 0
             labels, ann, said = back
-            new = self._to(node, m.VALIDATING, "Validating", f"{done}; its GPU DaemonSets may come back "
-                           f"(driverd.io/driver-ready=true{said})", labels=labels, ann=ann)
+            new = self._to(node, m.VALIDATING, "Validating", f"{done}; {_coming_back(said)}", labels=labels, ann=ann)
             self._said_back(new, said)
             return 0
         if res.state == "reboot-required":
@@ -208,8 +207,7 @@ class NodeFinish:
                 labels, ann, said = back
                 new = self.kube.patch(node_path(self.node), {"metadata": {"labels": labels, "annotations": ann}})
                 self.nodes.put(new)
-                self.log(f"driverd cluster: node {self.node}: validating: driver validated; its GPU DaemonSets may "
-                         f"come back (driverd.io/driver-ready=true{said})")
+                self.log(f"driverd cluster: node {self.node}: validating: driver validated; {_coming_back(said)}")
                 self._said_back(new, said)
                 return 0
             short = self._not_back(node) + sched.shortfall(
@@ -357,6 +355,10 @@ def _ready_pod(p: dict) -> bool:
     st = p.get("status") or {}
     return st.get("phase") == "Running" and not (p.get("metadata") or {}).get("deletionTimestamp") and any(
         c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+
+
+def _coming_back(said: str) -> str:
+    return f"its GPU DaemonSets may come back (driverd.io/driver-ready=true{said})"
 
 
 def _restored(node: dict) -> tuple[dict, dict, str]:
