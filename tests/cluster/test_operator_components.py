@@ -502,19 +502,3 @@ def test_a_validating_node_is_woken_by_its_daemonsets_pod_becoming_ready(cluster
     new = after.get("nvidia-device-plugin-daemonset")
     assert new and new != before["nvidia-device-plugin-daemonset"], (before, after)
     assert b.bound.get(new) == m.VALIDATING, b.bound       # the node waited for it, validating
-
-
-def test_validating_writes_the_driver_ready_label_with_its_state_and_says_a_long_wait(cluster, daemonset_controller):
-    """Issue 47: the node enters `validating` and gives the driver-ready label back in one patch (a
-    request a node fewer), and a wait for its GPUs is said (WaitingForGPUs, naming the DaemonSet) once it
-    has lasted finish.SAY_GPUS_WAIT_S; here the device plugin's pod is bound 6 s late."""
-    f = _with_operator(cluster, deploy={"device-plugin": "true", "dcgm-exporter": "false",
-                                        "gpu-feature-discovery": "false"})
-    seen, _, _, _ = _rollout_with_a_late_device_plugin(f, "gpu-0000", 6.0)
-    validating = [md for md in seen if _said(md, m.A_STATE) == m.VALIDATING]
-    assert validating, seen
-    first = validating[0]
-    assert ((first.get("labels") or {}).get(m.L_READY), _said(first, m.A_REASON)) == ("true", "Validating"), first
-    waits = [md for md in validating if _said(md, m.A_REASON) == "WaitingForGPUs"]
-    assert waits and "DaemonSet gpu-operator/nvidia-device-plugin-daemonset" in _said(waits[-1], m.A_MESSAGE), \
-        [(_said(md, m.A_REASON), _said(md, m.A_MESSAGE)) for md in validating]

@@ -23,9 +23,6 @@ CONDITION = "GPUDriverReady"
 # watched: the Node (Ready, its GPUs' count) and the node's pods (the DaemonSets' pods that left with the
 # driver). A DRA plugin's ResourceSlices are not: their return is seen at the next look.
 VALIDATE_POLL_S = 5.0
-# How long `validating` waits for the node's GPUs before it says so (WaitingForGPUs, a Node patch and an
-# Event): the device plugin's pod is usually back within a second, and a wait that short is not news.
-SAY_GPUS_WAIT_S = 2.0
 
 
 class NodeFinish:
@@ -114,17 +111,8 @@ class NodeFinish:
         res = self.host.transact(cfg)
         node, v = self.view()
         if res.converged:
-            done = f"driver {res.loaded['version']} ({res.loaded['flavor']}) loaded and validated on the host"
-            # what `validating` would write next, in this patch where it can be (the node Ready): one
-            # request a node fewer in every rollout
-            back = self._bring_back(node, v) if v is not None and v.ready and res.loaded["version"] == r.driver \
-                else None
-            if back is None:
-                self._to(node, m.VALIDATING, "Validating", done + "; waiting for the node to be Ready")
-                return 0
-            labels, ann, said = back
-            new = self._to(node, m.VALIDATING, "Validating", f"{done}; {_coming_back(said)}", labels=labels, ann=ann)
-            self._said_back(new, said)
+            self._to(node, m.VALIDATING, "Validating", f"driver {res.loaded['version']} ({res.loaded['flavor']}) "
+                     "loaded and validated on the host; waiting for the node to be Ready")
             return 0
         if res.state == "reboot-required":
             self._to(node, m.REBOOT, "RebootRequired", res.reason + " (the reboot sentinel /var/run/reboot-required "
@@ -170,23 +158,6 @@ class NodeFinish:
                                                   else "no pod on the node yet"))
         return out
 
-    def _bring_back(self, node: dict, v: m.NodeView) -> tuple[dict, dict, str] | None:
-        """The labels that bring the node's GPU DaemonSets back once its driver is validated (driver-ready,
-        and the GPU Operator's components the upgrade paused), their annotations and words for the message;
-        None when there is nothing to write: no GPUs were schedulable before the upgrade (the labels come
-        with `done`), or they are written already."""
-        if not sched.decode((node["metadata"].get("annotations") or {}).get(m.A_GPUS_BEFORE)):
-            return None
-        back, back_ann, said = _restored(node)
-        if v.labels.get(m.L_READY) == "true" and not back:
-            return None
-        return {m.L_READY: "true", **back}, back_ann, said
-
-    def _said_back(self, node: dict, said: str) -> None:
-        if said and self.events:
-            self.event(node, "RestoredOperatorComponents", f"driver validated{said}; the node stays cordoned "
-                       "until its GPUs are schedulable again")
-
     def _validate(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
         if not v.ready:
             if self._elapsed(v) < r.validation_timeout_s:
@@ -202,25 +173,24 @@ class NodeFinish:
             # done means its GPUs can be scheduled again. The device plugin (or DRA plugin) comes back with
             # the driver-ready label and the GPU Operator's component labels (their DaemonSets select
             # them; DaemonSet pods ignore the cordon): those first, the cordon stays until the count is back
-            back = self._bring_back(node, v)
-            if back is not None:
-                labels, ann, said = back
-                new = self.kube.patch(node_path(self.node), {"metadata": {"labels": labels, "annotations": ann}})
+            back, back_ann, said = _restored(node)
+            if v.labels.get(m.L_READY) != "true" or back:
+                new = self.kube.patch(node_path(self.node), {"metadata": {
+                    "labels": {m.L_READY: "true", **back}, "annotations": back_ann}})
                 self.nodes.put(new)
-                self.log(f"driverd cluster: node {self.node}: validating: driver validated; {_coming_back(said)}")
-                self._said_back(new, said)
+                self.log(f"driverd cluster: node {self.node}: validating: driver validated; its GPU DaemonSets may "
+                         f"come back (driverd.io/driver-ready=true{said})")
+                if said and self.events:
+                    self.event(new, "RestoredOperatorComponents", f"driver validated{said}; the node stays cordoned "
+                               "until its GPUs are schedulable again")
                 return 0
             short = self._not_back(node) + sched.shortfall(
                 before, sched.counts(node, sched.node_slices(self.kube, self.node) if sched.DRA_KEY in before else []))
             if short:
-                waited = self._elapsed(v)
-                if waited < r.validation_timeout_s:
-                    if waited >= SAY_GPUS_WAIT_S:
-                        self._say(node, v, "WaitingForGPUs", "driver validated; waiting for the node's GPUs to be "
-                                  "schedulable again: " + "; ".join(short))
-                    else:               # not news yet: look again when it would be (the watches wake it sooner)
-                        return min(VALIDATE_POLL_S, SAY_GPUS_WAIT_S - waited + 0.1)
-                    return min(VALIDATE_POLL_S, r.validation_timeout_s - waited + 0.1)
+                if self._elapsed(v) < r.validation_timeout_s:
+                    self._say(node, v, "WaitingForGPUs", "driver validated; waiting for the node's GPUs to be "
+                              "schedulable again: " + "; ".join(short))
+                    return min(VALIDATE_POLL_S, r.validation_timeout_s - self._elapsed(v) + 0.1)
                 return self._fail(node, v, "GPUsNotSchedulable", "; ".join(short) + f" after "
                                   f"{r.validation_timeout_s}s (spec.validation.timeoutSeconds): the device plugin or "
                                   "the DRA kubelet plugin did not come back with the driver")
@@ -355,10 +325,6 @@ def _ready_pod(p: dict) -> bool:
     st = p.get("status") or {}
     return st.get("phase") == "Running" and not (p.get("metadata") or {}).get("deletionTimestamp") and any(
         c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
-
-
-def _coming_back(said: str) -> str:
-    return f"its GPU DaemonSets may come back (driverd.io/driver-ready=true{said})"
 
 
 def _restored(node: dict) -> tuple[dict, dict, str]:
