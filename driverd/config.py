@@ -30,6 +30,7 @@ REPO_URL_HINT = "a repository URL: https://HOST/PATH, http://HOST/PATH, file:///
 
 @dataclass(frozen=True)
 class Key:
+    """One configuration key: its type, default, help and allowed values."""
     type: str                       # str | bool | int | list | params
     default: Any
     help: str
@@ -240,6 +241,7 @@ def is_service_link(name: str) -> bool:
 
 @dataclass
 class Config:
+    """A loaded configuration: each key's value and where it came from."""
     values: dict[str, Any]
     sources: dict[str, str] = field(default_factory=dict)
     path: str | None = None

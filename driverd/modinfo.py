@@ -25,6 +25,7 @@ OPEN_LICENSES = ("Dual MIT/GPL", "GPL", "Dual BSD/GPL", "GPL v2")
 
 @dataclass(frozen=True)
 class Param:
+    """One parameter a kernel module declares in its .modinfo section."""
     name: str
     type: str | None          # int, uint, bool, charp, "array of int", ... (None when undeclared)
     description: str = ""
@@ -32,6 +33,7 @@ class Param:
 
 @dataclass(frozen=True)
 class ModInfo:
+    """What one kernel module file declares in its .modinfo section, and whether it is signed."""
     path: str
     name: str | None
     version: str | None

@@ -20,6 +20,7 @@ from driverd.errors import CommandError
 
 @dataclass(frozen=True)
 class Result:
+    """One finished (or dry-run) command: its words, exit status and output."""
     argv: tuple[str, ...]
     returncode: int
     stdout: str
@@ -41,6 +42,7 @@ class Result:
 
 @dataclass
 class Runner:
+    """Runs host commands, records them, and can stop every one still running."""
     dry_run: bool = False
     env: dict[str, str] | None = None
     history: list[Result] = field(default_factory=list)

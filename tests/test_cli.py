@@ -119,6 +119,18 @@ def test_host_commands_never_import_kubernetes(tmp_path):
     assert res.returncode == 0, res.stderr
 
 
+def test_detect_imports_no_command_runner(tmp_path):
+    """detect runs no command of the host's: driverd.runner (its two dataclasses, shutil, threading, signal)
+    stays out of its start-up (issue 47)."""
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
+    code = ("import sys, contextlib, io; from driverd.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    rc = main(['detect', '--root', {str(tmp_path)!r}, '--json'])\n"
+            "sys.exit(rc or ('imported driverd.runner' if 'driverd.runner' in sys.modules else 0))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
 def test_detect_reads_the_gpu_table_without_importlib_resources(tmp_path):
     """The GPU table is read from the package's directory: importlib.resources and its readers (zipfile,
     tempfile) were ~3 ms of every detect (issue 47). No site, so nothing but driverd can import them."""

@@ -14,6 +14,7 @@ from driverd.plan.model import Desired, Plan
 
 @dataclass(frozen=True)
 class HostPlan:
+    """A host's facts as read under the root, and the plan made from them and the configuration."""
     facts: Facts
     plan: Plan
 

@@ -28,6 +28,7 @@ _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")      # a release name driver
 
 @dataclass
 class _Tried:
+    """The kernel watch's last failed preparation of one kernel's driver package, and when to try again."""
     attempts: int
     next_at: float          # monotonic
     reason: str

@@ -56,6 +56,7 @@ def executor(ctx: StepContext) -> Executor:
 
 @dataclass
 class Request:
+    """One command that changes the host, as `transact` runs it: its name, identity and how to build its steps."""
     command: str
     build: Callable[[StepContext], list[dict]]
     identity: dict = field(default_factory=dict)     # what makes two requests the same command

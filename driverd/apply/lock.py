@@ -28,6 +28,7 @@ class LockHeld(DriverdError):
 
 @dataclass
 class HostLock:
+    """The host lock file under the state directory, as one driverd command takes or probes it."""
     root: object
     state_dir: str
     command: str

@@ -23,6 +23,7 @@ OK_STATES = ("done", "nothing-to-do")
 
 @dataclass
 class Result:
+    """The outcome of one reconcile pass: the host's state, why, and what the pass did."""
     state: str                  # converged | blocked | failed | reboot-required | config-error | error
     reason: str                 # one line: what the host is, or why it is not converged
     failure: str | None = None  # metrics label: blocked lock rolled-back rollback-failed reboot-required config

@@ -13,6 +13,7 @@ from driverd.plan.actions import ACTIONS, MODULES, PACKAGE, USERSPACE  # noqa: F
 
 @dataclass
 class StepContext:
+    """What the steps of one transaction work with: the host root, runner, configuration and the run's document."""
     root: Any
     runner: Any
     kernel: Any

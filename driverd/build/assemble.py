@@ -18,6 +18,7 @@ from driverd.package.modfields import first, modinfo
 
 @dataclass(frozen=True)
 class PackageSpec:
+    """The identity and provenance of a kernel-module package about to be assembled."""
     driver_version: str
     flavor: str
     kernel_release: str

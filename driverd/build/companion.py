@@ -195,6 +195,7 @@ def driver_version(name: ArchiveName, entry: RedistEntry | None, driver: str | N
 
 @dataclass
 class BuildResult:
+    """A companion package just built from NVIDIA's redistributable archive, with its manifest."""
     ref: PackageRef
     manifest: cp.CompanionManifest
     redistrib: str | None = None           # the JSON the archive was checked against

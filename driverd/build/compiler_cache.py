@@ -61,6 +61,7 @@ INSTALL_HINT = "install ccache (Debian/Ubuntu: apt-get install ccache)"
 
 @dataclass(frozen=True)
 class CompilerCache:
+    """The ccache, checked usable and trusted, that a build (or one build-matrix cell) compiles through."""
     binary: str               # the ccache executable
     directory: Path           # CCACHE_DIR
     max_mb: int               # CCACHE_MAXSIZE

@@ -32,6 +32,7 @@ INCOMING = ".driverd-incoming"
 
 @dataclass
 class Intake:
+    """What became of the package one build pod of a Job left, when taken into the repository."""
     index: int
     cell: str
     status: str                     # accepted | refused | missing

@@ -65,6 +65,7 @@ DEFAULT_CCACHE_MAX_MB = 4096
 
 @dataclass
 class JobOptions:
+    """The settings `build-matrix --render-job` renders the matrix's Kubernetes objects with."""
     image: str = DEFAULT_IMAGE
     repo_volume: str = DEFAULT_REPO_VOLUME     # pvc:NAME | host:PATH | nfs:SERVER:PATH
     ccache_volume: str = DEFAULT_CCACHE_VOLUME  # the same, or none

@@ -32,6 +32,7 @@ _ARCH = {"amd64": "x86_64", "arm64": "aarch64"}
 
 @dataclass(frozen=True)
 class Cell:
+    """One driver x flavour x kernel cell of a build matrix: the package one build makes."""
     driver: str
     flavor: str
     release: str
@@ -46,6 +47,7 @@ class Cell:
 
 @dataclass
 class Matrix:
+    """A build-matrix file as loaded: its cells and the settings that apply to all of them."""
     path: Path
     cells: list[Cell]
     repository: str | None = None
@@ -60,6 +62,7 @@ class Matrix:
 
 @dataclass
 class CellResult:
+    """How one build-matrix cell ended: built, skipped, failed, would-build or interrupted."""
     cell: Cell
     status: str                  # built | skipped | failed | would-build | interrupted
     reason: str = ""

@@ -55,6 +55,7 @@ BUILD_EXIT = 3
 
 @dataclass
 class BuildResult:
+    """The package one `driverd build` made, or found already in the output directory, and how long it took."""
     package: PackageRef
     cached: bool
     seconds: float
@@ -79,6 +80,7 @@ class WrongModule(PackageError):
 
 @dataclass(frozen=True)
 class Source:
+    """An extracted NVIDIA kernel-module source tree to build from, with its driver version and origin."""
     tree: Path            # the directory holding the top-level Makefile and Kbuild
     version: str
     sha256: str | None
@@ -176,6 +178,7 @@ def peek_version(source: str | os.PathLike, work: Path) -> str | None:
 
 @dataclass(frozen=True)
 class Headers:
+    """One kernel's headers as kbuild takes them: the output (build) tree and the source tree."""
     output: Path          # SYSOUT: .config, Module.symvers, generated headers
     source: Path          # SYSSRC
 

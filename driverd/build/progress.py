@@ -38,6 +38,7 @@ _CONFTEST = re.compile(r"^\s*CONFTEST: ")
 
 @dataclass(frozen=True)
 class Expected:
+    """How many objects and modules a full compile of a source tree makes, as its Kbuild files say."""
     objects: int | None          # `CC [M]` lines a full compile prints (sources + one .mod.o per module)
     modules: int | None          # `.ko` files it links
 
@@ -77,6 +78,7 @@ def expected(tree: Path) -> Expected:
 
 @dataclass(frozen=True)
 class Status:
+    """One progress report of a running build: its phase, time so far and how far the phase is."""
     cell: str
     phase: str
     elapsed: float                 # seconds since the build started

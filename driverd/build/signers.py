@@ -35,6 +35,7 @@ REFUSED = "Key was rejected by service"
 
 @dataclass(frozen=True)
 class ModuleVerdict:
+    """Whether the running kernel will accept one module's signature, and the evidence for it."""
     module: str
     status: str                  # trusted | platform | untrusted | unsigned | unknown | damaged
     evidence: str
@@ -45,6 +46,7 @@ class ModuleVerdict:
 
 @dataclass(frozen=True)
 class SignerVerdict:
+    """The signer preflight's verdict: will the running kernel accept these modules' signatures."""
     status: str                  # accepted | refused | unknown | not-enforced | not-checked
     summary: str
     enforced: bool

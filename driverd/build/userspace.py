@@ -73,6 +73,7 @@ _CHUNK = 1 << 20
 
 @dataclass
 class BuildResult:
+    """A user-space package just built, with its manifest and the notes of its build."""
     ref: PackageRef
     manifest: us.UserspaceManifest
     notes: list[str] = field(default_factory=list)

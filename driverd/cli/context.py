@@ -10,7 +10,10 @@ from functools import cached_property
 from driverd import config as config_mod
 from driverd.errors import UsageError
 from driverd.root import Root
-from driverd.runner import Runner
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from driverd.runner import Runner
 
 # Commands whose answer is the host's facts (the others use --root for a few paths only).
 _HOST_COMMANDS = {"detect", "plan", "load", "unload", "reload", "rollback", "apply", "status", "debug", "daemon", "reboot-ready",
@@ -19,6 +22,7 @@ _HOST_COMMANDS = {"detect", "plan", "load", "unload", "reload", "rollback", "app
 
 @dataclass
 class Context:
+    """What every command handler gets: the host root, output mode and the configuration."""
     root: Root
     json: bool
     dry_run: bool
@@ -30,6 +34,7 @@ class Context:
 
     @cached_property
     def runner(self) -> Runner:
+        from driverd.runner import Runner      # not at import: the read-only commands run nothing
         return Runner(dry_run=self.dry_run)
 
     def step_context(self, cfg=None, kernel_choice: str | None = None):

@@ -42,6 +42,7 @@ PAUSED_WORDS = "spec.paused is true (resume: kubectl driverd rollout resume)"
 
 @dataclass
 class Decision:
+    """What admission decides for one rollout in one pass: its phase, the nodes admitted now, and why."""
     phase: str                      # Preflight Refused Progressing Paused Completed Failed
     reason: str                     # CamelCase, as Kubernetes reasons are
     message: str

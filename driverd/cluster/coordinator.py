@@ -48,6 +48,7 @@ CLOSE_WAIT_S = 5.0          # close() waits this long for the pass in flight bef
 
 @dataclass
 class _Refusal:
+    """The API's refusal to admit one node to a rollout, kept until the node changes or the retry is due."""
     rv: str            # the node's resourceVersion when the API refused its admission
     at: float          # when (monotonic), for REFUSED_RETRY_S
     message: str       # the API's words

@@ -34,6 +34,7 @@ from driverd.cluster.kube import Kube, KubeError
 
 @dataclass
 class DrainPlan:
+    """What a drain of this node will do, decided once from its pods: which are evicted, which leave, which stay."""
     evict: list[PodUse] = field(default_factory=list)          # through the Eviction API
     no_controller: list[PodUse] = field(default_factory=list)  # evicted only with spec.drain.force
     with_label: list[PodUse] = field(default_factory=list)     # DaemonSet pods that leave with the label

@@ -24,6 +24,7 @@ STATES = {"upgrading": "upgrading", "done": "done", "failed": "failed", "pending
 
 @dataclass(frozen=True)
 class RolloutCount:
+    """One rollout's phase and node counts as admission last decided them, for /metrics."""
     rollout: str
     phase: str
     driver: str
@@ -33,6 +34,7 @@ class RolloutCount:
 
 @dataclass(frozen=True)
 class Snapshot:
+    """The fleet numbers this daemon publishes on /metrics: every rollout's counts while it is the coordinator."""
     coordinator: bool                               # this daemon holds the Lease and published last
     rollouts: tuple[RolloutCount, ...] = ()
 

@@ -30,6 +30,7 @@ DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")
 
 @dataclass(frozen=True)
 class PodUse:
+    """A pod on the node that uses its GPUs, or must leave before the driver changes, and why."""
     namespace: str
     name: str
     uid: str

@@ -59,6 +59,7 @@ class Unreachable(ClusterError):
 
 @dataclass
 class Target:
+    """Which Kubernetes API to reach and how: a kubeconfig and context, or the in-cluster service account."""
     kubeconfig: str | None = None
     context: str | None = None
     in_cluster: bool | None = None     # None: in-cluster when running in a pod, else kubeconfig

@@ -124,6 +124,7 @@ class WorkloadPod:
 
 @dataclass(frozen=True)
 class Rollout:
+    """A DriverRollout's spec at one generation, as driverd reads the custom resource."""
     name: str
     generation: int
     driver: str

@@ -47,6 +47,7 @@ EARLY, LATE = "early", "late"
 
 @dataclass(frozen=True)
 class Component:
+    """One GPU Operator component, paused through its `nvidia.com/gpu.deploy.<component>` node label."""
     name: str                 # the <component> of nvidia.com/gpu.deploy.<component>
     stage: str = EARLY        # LATE: paused only once the node's GPU pods are gone
 

@@ -49,6 +49,7 @@ class PoolSpecError(m.SpecError):
 
 @dataclass(frozen=True)
 class Pool:
+    """A DriverPool: the driver one set of nodes should run, its spec read as a rollout's."""
     name: str
     uid: str
     generation: int

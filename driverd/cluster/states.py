@@ -20,6 +20,7 @@ PIN_FAILED = "failed"          # what ran when the upgrade failed (driverd.io/pi
 
 @dataclass(frozen=True)
 class NodeState:
+    """One state of the node state machine: who acts in it, whether it holds a rollout slot, where it may go."""
     name: str
     handler: str                 # the NodeAgent method that acts on a node in this state
     active: bool                 # holds a rollout slot: counts against maxParallel and is unavailable
@@ -67,6 +68,7 @@ def node_state(name: str | None) -> NodeState | None:
 
 @dataclass(frozen=True)
 class Phase:
+    """One rollout phase of status.phase: whether it ends the rollout, counts as success, and warns."""
     name: str
     ended: bool          # the rollout is over for its current spec: it holds no node
     ok: bool             # `kubectl driverd rollout status/wait` exit 0 (else 3)

@@ -63,6 +63,7 @@ def connection_cap(limit: int = MAX_CONNECTIONS) -> int:
 
 @dataclass
 class _Conn:
+    """One open client connection of the HTTP listener, from accept until it is closed."""
     sock: socket.socket
     opened: float
     inbuf: bytearray = field(default_factory=bytearray)

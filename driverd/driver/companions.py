@@ -83,6 +83,7 @@ class CompanionPlaces(NamedTuple):
 
 @dataclass(frozen=True)
 class CompanionTree:
+    """One installed tree of a companion component as read from disk, and whether it is intact."""
     name: str
     sha: str | None
     manifest: object                # a driverd.package.companion.CompanionManifest, None: unreadable

@@ -99,6 +99,7 @@ def firmware_same(fdir: Path, manifest: Manifest) -> bool:
 
 @dataclass(frozen=True)
 class Kept:
+    """One package of the kernel half as kept on disk, restorable by its sha256."""
     sha: str
     path: Path                  # real path, for reading and reports
     manifest: Manifest

@@ -14,6 +14,7 @@ SCHEMA_VERSION = 1
 
 @dataclass(frozen=True)
 class KernelFacts:
+    """The running kernel: its release, module support, signature and unload rules, headers."""
     release: str | None
     version: str | None                     # the full /proc/version line
     arch: str | None
@@ -32,6 +33,7 @@ class KernelFacts:
 
 @dataclass(frozen=True)
 class OsFacts:
+    """The distribution, as /etc/os-release names it."""
     id: str
     version_id: str | None
     id_like: tuple[str, ...] = ()
@@ -42,6 +44,7 @@ class OsFacts:
 
 @dataclass(frozen=True)
 class GpuFacts:
+    """One NVIDIA GPU on the PCI bus, with what NVIDIA's lists say of its model."""
     pci_address: str
     vendor_id: str
     device_id: str
@@ -63,6 +66,7 @@ class GpuFacts:
 
 @dataclass(frozen=True)
 class NvSwitchFacts:
+    """One NVSwitch on the PCI bus."""
     pci_address: str
     device_id: str
     name: str
@@ -71,6 +75,7 @@ class NvSwitchFacts:
 
 @dataclass(frozen=True)
 class NicFacts:
+    """One Mellanox (NVIDIA networking) NIC on the PCI bus, with its network interfaces."""
     pci_address: str
     vendor_id: str
     device_id: str
@@ -81,6 +86,7 @@ class NicFacts:
 
 @dataclass(frozen=True)
 class ModuleFacts:
+    """One loaded kernel module of the driver, as /sys/module shows it."""
     name: str
     size: int | None
     refcount: int | None                    # None when the kernel cannot unload modules
@@ -94,6 +100,7 @@ class ModuleFacts:
 
 @dataclass(frozen=True)
 class NouveauFacts:
+    """Whether nouveau is loaded, holds GPUs, and what blacklists it."""
     loaded: bool
     refcount: int | None
     holders: tuple[str, ...]
@@ -105,6 +112,7 @@ class NouveauFacts:
 
 @dataclass(frozen=True)
 class InstalledPackage:
+    """A driver package driverd installed for a kernel, as its records say."""
     kernel_release: str
     driver_version: str
     flavor: str
@@ -114,6 +122,7 @@ class InstalledPackage:
 
 @dataclass(frozen=True)
 class DriverFacts:
+    """The NVIDIA kernel driver: whether and which is loaded, its modules, driverd's installed packages."""
     loaded: bool
     version: str | None
     flavor: str | None                      # open | proprietary
@@ -124,6 +133,7 @@ class DriverFacts:
 
 @dataclass(frozen=True)
 class GpuUser:
+    """A process that holds a GPU device node open."""
     pid: int
     comm: str                       # its name: /proc/PID/comm, completed when the kernel cut it (processes.process_name)
     cmdline: str
@@ -134,6 +144,7 @@ class GpuUser:
 
 @dataclass(frozen=True)
 class DaemonFacts:
+    """A GPU daemon (persistenced, fabric manager, ...) and whether it runs."""
     name: str
     running: bool
     pids: tuple[int, ...] = ()
@@ -141,6 +152,7 @@ class DaemonFacts:
 
 @dataclass(frozen=True)
 class NvmlDevice:
+    """One GPU as NVML reports it."""
     index: int
     name: str
     uuid: str
@@ -153,6 +165,7 @@ class NvmlDevice:
 
 @dataclass(frozen=True)
 class NvmlFacts:
+    """NVML's report of the live host, or why there is none."""
     available: bool
     reason: str | None                      # why not, when unavailable
     source: str | None = None               # live | capture
@@ -163,6 +176,7 @@ class NvmlFacts:
 
 @dataclass(frozen=True)
 class FabricDevice:
+    """A device that makes up the GPU fabric (an NVSwitch, a switch tray's manager, a GPU)."""
     pci_address: str
     role: str                        # nvswitch | switch-tray-manager (a ConnectX LPF) | gpu
     device_id: str
@@ -205,6 +219,7 @@ class Fabric:
 
 @dataclass(frozen=True)
 class Facts:
+    """Everything driverd reads of one host at one moment; what plan decides from and detect prints."""
     root: str
     hostname: str | None
     kernel: KernelFacts

@@ -55,6 +55,7 @@ def _sub(vendor: str | None, device: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class GpuModel:
+    """What NVIDIA's shipped lists say of one GPU model: its name, architecture and which drivers can drive it."""
     device_id: str
     name: str
     architecture: str
@@ -77,6 +78,7 @@ class GpuModel:
 
 @dataclass(frozen=True)
 class Verdict:
+    """Whether one driver branch and flavour drives a GPU model, and which list says so."""
     supported: bool | None                # None: no NVIDIA list driverd ships covers this branch
     evidence: str                         # the list(s) that say so, one clause
     kind: str                             # listed | not-listed | too-old | legacy | no-open-modules | open-only | unknown
@@ -86,6 +88,7 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Inference:
+    """A GPU model missing from the lists, placed by the device-id blocks of its neighbours."""
     device_id: str
     flavor_class: str
     legacy_branch: str | None

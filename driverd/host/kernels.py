@@ -15,6 +15,7 @@ from driverd.root import Root
 
 @dataclass(frozen=True)
 class InstalledKernel:
+    """A kernel installed on the host: its image, modules and package record."""
     release: str
     image: str | None                       # the boot image (host path); None: none
     modules: bool                           # /lib/modules/<r>/kernel: the kernel's own modules are there

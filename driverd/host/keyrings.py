@@ -46,6 +46,7 @@ _KEYRING = re.compile(r"^(?P<name>.*?)(?:: (?:empty|\d+))?$")
 
 @dataclass(frozen=True)
 class KernelKey:
+    """One key in the kernel's keyrings, as /proc/keys lists it."""
     serial: str                             # /proc/keys id (hex)
     type: str                               # asymmetric | keyring | blacklist | ...
     description: str                        # the key's description ("<subject>: <key id>" for X.509)
@@ -59,6 +60,7 @@ class KernelKey:
 
 @dataclass(frozen=True)
 class KeyringFacts:
+    """The kernel's trusted keyrings and the asymmetric keys this reader can see in them."""
     readable: bool                          # /proc/keys could be read
     membership: str                         # keyctl | capture | unknown
     keyrings: dict[str, str] = field(default_factory=dict)   # name -> /proc/keys serial, for those visible

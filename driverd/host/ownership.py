@@ -41,6 +41,7 @@ _CORE_SUFFIXES = ("-uvm", "-modeset", "-drm", "-peermem", "_uvm", "_modeset", "_
 
 @dataclass(frozen=True)
 class DriverOwner:
+    """Who installed a set of NVIDIA kernel-module files (a package manager, DKMS, NVIDIA's installer, driverd)."""
     manager: str                      # driverd | dpkg | rpm | dkms | nvidia-installer | host | unknown
     package: str | None               # "nvidia-kernel-dkms", "nvidia-current/535.261.03", ...
     version: str | None
@@ -58,6 +59,7 @@ class DriverOwner:
 
 @dataclass(frozen=True)
 class OwnershipFacts:
+    """The NVIDIA kernel-module files for the running kernel and who owns them."""
     release: str | None
     module_files: tuple[str, ...]     # NVIDIA kernel-module files installed for the running kernel
     owners: tuple[DriverOwner, ...]

@@ -31,6 +31,7 @@ _HEX6 = re.compile(r"^0x[0-9a-f]{6}$")
 
 @dataclass(frozen=True)
 class PciDevice:
+    """One PCI function as sysfs shows it."""
     address: str
     vendor: str
     device: str

@@ -31,6 +31,7 @@ KALLSYMS_LIMIT = 128 << 20
 
 @dataclass(frozen=True)
 class RdmaFacts:
+    """Whether nvidia-peermem can load: ib_core, MLNX_OFED and its peer-memory API."""
     ib_core_loaded: bool
     ib_core_path: str | None          # the module file modprobe would load (host path), None when absent
     ib_core_source: str               # mlnx-ofed | inbox | absent

@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass, field
 
 from driverd.driver.files import UserSpace, find
 from driverd.root import Root
-from driverd.runner import CHILD_CWD, python_child
 
 # nvmlReturn_t values of NVML errors we put into words (nvml.h)
 _NVML_WORDS = {"NVMLError_LibRmVersionMismatch": "NVML/RM version mismatch",
@@ -40,6 +39,7 @@ ROUNDTRIP_BYTES = 1 << 20
 
 @dataclass
 class WorkloadCheck:
+    """The outcome of one workload check: CUDA on every GPU, or what failed and how to fix it."""
     ok: bool
     problems: list[str] = field(default_factory=list)
     fix: str | None = None
@@ -130,6 +130,7 @@ def _run_child(root: Root, us: UserSpace, spec: dict, timeout_s: float, python: 
     # check's alone.
     env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     # isolated, in /: nothing from the caller's working directory or environment is imported as root
+    from driverd.runner import CHILD_CWD, python_child      # not at import: detect never spawns the check
     argv = python_child("driverd.host.cudaprobe", json.dumps(spec), python=python, site_modules=("pynvml",))
     try:
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,

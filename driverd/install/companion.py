@@ -31,6 +31,7 @@ _os_errors = os_errors("companion", disk_full=True)
 
 @dataclass
 class CompanionReport:
+    """What an install or restore of a companion component did: the tree now current and what it replaced."""
     component: str
     package: str
     sha256: str | None

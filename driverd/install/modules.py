@@ -72,6 +72,7 @@ _RELEASE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 @dataclass
 class InstallReport:
+    """What an install, restore or rollback of a package's modules and firmware did for one kernel release."""
     package: str
     sha256: str
     driver_version: str

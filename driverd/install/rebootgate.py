@@ -37,6 +37,7 @@ DAEMON_STATE = "/run/driverd/daemon.json"   # driverd.apply.statefile: the daemo
 
 @dataclass
 class KernelVerdict:
+    """The reboot gate's verdict on one installed kernel: whether the node's driver is ready for it."""
     release: str
     ready: bool
     short: str = ""                 # "no package, no headers to build"; "" when ready
@@ -62,6 +63,7 @@ class KernelVerdict:
 
 @dataclass
 class Gate:
+    """The reboot gate: whether this node may reboot without coming back with no GPU driver, and why."""
     ready: bool
     running: str | None
     driver: dict | None             # {"version", "flavor", "source"} judged against

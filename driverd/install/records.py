@@ -37,6 +37,7 @@ def _root(root: Root | str | os.PathLike) -> Root:
 
 @dataclass
 class _Ctx:
+    """The install context of one kernel release: every host path an install for it writes."""
     root: Root
     release: str
     runner: Runner

@@ -68,6 +68,7 @@ class Switch:
 
 @dataclass
 class Done:
+    """The outcome of one switch by the install store: whether anything changed and what it replaced."""
     changed: bool
     replaced: str | None
     settled: Any = None               # what the part's settle() returned (depmod's output and resolution, ...)

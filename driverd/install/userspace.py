@@ -86,6 +86,7 @@ MAX_KEPT = layout.USERSPACE_MAX_KEPT
 
 @dataclass
 class UserspaceReport:
+    """What an install, restore or rollback of the user-space package did on this host."""
     package: str
     sha256: str | None
     driver_version: str | None

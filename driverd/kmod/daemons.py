@@ -54,6 +54,7 @@ LOGS = {FABRICMANAGER: "journalctl -u nvidia-fabricmanager or /var/log/fabricman
 
 @dataclass(frozen=True)
 class DaemonStatus:
+    """Whether one GPU daemon is running, and as which processes."""
     name: str
     running: bool
     pids: tuple[int, ...] = ()

@@ -28,6 +28,7 @@ _POD_KEYS = (("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.cri.sandbox-
 
 @dataclass(frozen=True)
 class ProcessHolder:
+    """A process that holds the NVIDIA modules, mapped back to its container and pod where known."""
     pid: int
     comm: str
     cmdline: str
@@ -49,6 +50,7 @@ class ProcessHolder:
 
 @dataclass(frozen=True)
 class ModuleHolder:
+    """A loaded module that holds one of the NVIDIA modules."""
     module: str                            # the holder
     holds: str                             # the NVIDIA module it holds
     foreign: bool                          # not part of the driver package
@@ -57,6 +59,7 @@ class ModuleHolder:
 
 @dataclass
 class Holders:
+    """Everything that holds the NVIDIA modules: modules, processes and references nothing visible explains."""
     modules: list[ModuleHolder] = field(default_factory=list)
     processes: list[ProcessHolder] = field(default_factory=list)
     unexplained: dict[str, int] = field(default_factory=dict)   # module -> references nobody visible explains

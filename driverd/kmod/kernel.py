@@ -37,6 +37,7 @@ NVRM_RE = re.compile(r"NVRM|nvidia", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class LoadedModule:
+    """A module loaded in the kernel, as sysfs shows it."""
     name: str
     refcount: int | None
     holders: tuple[str, ...]

@@ -229,6 +229,7 @@ def ensure_firmware(kernel, version: str) -> str | None:
 
 @dataclass
 class LoadReport:
+    """What one load of the driver's modules did, and what it found already loaded."""
     loaded: list[str] = field(default_factory=list)
     already: list[str] = field(default_factory=list)
     parameters: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -271,6 +272,7 @@ def load(kernel, modules: list[str], params: dict[str, dict[str, str]], expect: 
 
 @dataclass
 class Validation:
+    """Whether the loaded driver works as expected, with the problems found where it does not."""
     version: str | None
     flavor: str | None
     gpus_expected: list[str]

@@ -15,11 +15,13 @@ MIG_PARTED_CONFIG = "/etc/nvidia-mig-manager/config.yaml"
 
 @dataclass(frozen=True)
 class ComputeInstance:
+    """One MIG compute instance of a GPU instance, by its profile."""
     profile_id: int
 
 
 @dataclass(frozen=True)
 class GpuInstance:
+    """One MIG GPU instance as recorded before an unload, with its compute instances."""
     profile_id: int
     placement_start: int
     placement_size: int
@@ -28,6 +30,7 @@ class GpuInstance:
 
 @dataclass(frozen=True)
 class GpuMig:
+    """One GPU's MIG layout as read before an unload, to be restored after the reload."""
     pci_address: str
     mode: bool
     gpu_instances: tuple[GpuInstance, ...] = ()
@@ -42,6 +45,7 @@ class GpuMig:
 
 @dataclass
 class MigRestore:
+    """What re-creating the recorded MIG layouts after a load did, and what is left to the operator."""
     restored: list[str] = field(default_factory=list)          # GPUs whose layout was re-created
     must_reapply: list[str] = field(default_factory=list)      # what the operator must do, per GPU
 

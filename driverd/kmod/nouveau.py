@@ -19,6 +19,7 @@ BLACKLIST_TEXT = ("# written by driverd: nouveau must not claim NVIDIA GPUs\n"
 
 @dataclass
 class NouveauResult:
+    """What getting nouveau out of the way did, and whether a reboot is needed for it."""
     blacklist_written: bool = False
     unloaded: bool = False
     reboot_required: bool = False

@@ -48,6 +48,7 @@ def with_holders(kernel, targets) -> dict:
 
 @dataclass
 class UnloadReport:
+    """What one unload of the driver did: the order the modules went in and the processes it terminated."""
     order: list[str] = field(default_factory=list)
     unloaded: list[str] = field(default_factory=list)
     terminated: list[str] = field(default_factory=list)

@@ -122,6 +122,7 @@ def _load_manifest(package, data: bytes, layout: Layout | None):
 
 @dataclass(frozen=True)
 class PackageRef:
+    """A package archive on disk, identified by its sha256, with the manifest read from it."""
     path: Path
     sha256: str
     size: int

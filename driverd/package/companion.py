@@ -50,6 +50,7 @@ SCHEMA_VERSION = 1
 
 @dataclass(frozen=True)
 class Component:
+    """One companion component driverd packages from NVIDIA's per-driver-version redistributables."""
     name: str                  # driverd's name: fabricmanager | nscq | nvlsm | imex
     archives: tuple[str, ...]  # NVIDIA's archive (and redistrib key) names, the first the current one
     title: str
@@ -154,18 +155,21 @@ def inside(directory: str, target: str) -> str | None:
 
 @dataclass(frozen=True)
 class Link:
+    """A symbolic link in a companion package's tree, pointing inside the tree."""
     path: str            # lib/libnvfm.so
     target: str          # libnvfm.so.1: relative to the link's directory, staying in the tree
 
 
 @dataclass(frozen=True)
 class Library:
+    """A shared library in a companion package, with the soname it declares."""
     path: str            # lib/libnvfm.so.1
     soname: str | None   # its ELF DT_SONAME; None: it declares none
 
 
 @dataclass(frozen=True)
 class Source:
+    """The NVIDIA redistributable archive a companion package was built from."""
     name: str            # fabricmanager-linux-x86_64-550.163.01-archive.tar.xz
     sha256: str
     size: int
@@ -173,6 +177,7 @@ class Source:
 
 @dataclass(frozen=True)
 class Provenance:
+    """Where a companion package came from and what built it."""
     source: str = "nvidia-redist"
     archive: Source | None = None
     builder: str | None = None
@@ -180,6 +185,7 @@ class Provenance:
 
 @dataclass(frozen=True)
 class CompanionManifest:
+    """The manifest of a companion package: one component of one driver version for one arch."""
     component: str
     component_version: str
     driver_version: str

@@ -24,6 +24,7 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 @dataclass(frozen=True)
 class FileEntry:
+    """One file of a package archive, as its manifest records it."""
     path: str          # relative to the archive root, e.g. modules/nvidia.ko
     size: int
     mode: int          # permission bits only, e.g. 0o644
@@ -51,6 +52,7 @@ class ModuleInfo:
 
 @dataclass(frozen=True)
 class Provenance:
+    """Where a kernel-module package's modules came from: their source, compiler and build."""
     source_sha256: str | None = None
     source: str | None = None
     compiler: str | None = None
@@ -60,6 +62,7 @@ class Provenance:
 
 @dataclass(frozen=True)
 class Manifest:
+    """The manifest of a kernel-module package: one driver version and flavour for one kernel release and arch."""
     driver_version: str
     flavor: str
     kernel_release: str

@@ -63,6 +63,7 @@ class SignerId:
 
 @dataclass(frozen=True)
 class ModuleSignature:
+    """One module file's signature trailer as read from the file: whether it is signed, and by whom."""
     path: str
     signed: bool
     id_type: str | None = None          # PKCS#7 (every kernel since 4.3), X509/PGP (older)

@@ -127,12 +127,14 @@ def package_basename(driver_version: str, arch: str) -> str:
 
 @dataclass(frozen=True)
 class Link:
+    """A symbolic link in a user-space package's tree, naming a file in the same directory."""
     path: str            # lib64/libcuda.so.1
     target: str          # libcuda.so.550.163.01: a name in the same directory
 
 
 @dataclass(frozen=True)
 class Library:
+    """A shared library of a user-space package, with its soname and the component it belongs to."""
     path: str            # lib64/libcuda.so.550.163.01
     soname: str | None   # its ELF DT_SONAME, libcuda.so.1; None: it declares none (loaded by its file name)
     component: str       # utility | compute | video | graphics | other
@@ -140,6 +142,7 @@ class Library:
 
 @dataclass(frozen=True)
 class Source:
+    """One input a user-space package was built from: a Debian package or a .run installer's directory."""
     name: str            # a .deb's package name, or the .run's directory name
     version: str | None = None
     sha256: str | None = None
@@ -147,6 +150,7 @@ class Source:
 
 @dataclass(frozen=True)
 class Provenance:
+    """Where a user-space package came from (Debian's packages or NVIDIA's .run installer) and what built it."""
     source: str = ""                     # debian | nvidia-run
     inputs: tuple[Source, ...] = ()
     built_at: str | None = None
@@ -155,6 +159,7 @@ class Provenance:
 
 @dataclass(frozen=True)
 class UserspaceManifest:
+    """The manifest of a user-space package: NVIDIA's user-space of one driver version for one arch."""
     driver_version: str
     arch: str
     files: tuple[FileEntry, ...]

@@ -13,6 +13,7 @@ USERSPACE = "userspace"    # the driver's user-space driverd installed (userspac
 
 @dataclass(frozen=True)
 class Action:
+    """One action a step may name, and which parts of the host it may change."""
     name: str
     touches: frozenset[str] = frozenset()
     read_only: bool = False    # records or verifies only (snapshot, checks, validate): never the reason

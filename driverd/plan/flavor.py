@@ -30,6 +30,7 @@ def branch_of(version: str) -> int:
 
 @dataclass(frozen=True)
 class GpuVerdicts:
+    """What NVIDIA's lists say about one GPU: which flavours of the requested release support it."""
     gpu: GpuFacts
     label: str                                   # "0000:01:00.0 (Tesla V100-PCIE-16GB, Volta)"
     verdicts: dict[str, gputable.Verdict] | None   # None: unknown device, no inference

@@ -9,6 +9,7 @@ from driverd.runtime.model import HandlerNeeds
 
 @dataclass(frozen=True)
 class Step:
+    """One step of a plan: an action this host needs, and why."""
     action: str                         # e.g. "blacklist-nouveau", "load-modules"
     reason: str                         # why this host needs it
     params: dict[str, Any] = field(default_factory=dict)
@@ -48,6 +49,7 @@ class Desired:
 
 @dataclass(frozen=True)
 class FlavorDecision:
+    """The kernel-module flavour chosen for a host's GPUs, and why."""
     flavor: str | None                  # open | proprietary | None (no GPU)
     reason: str
     warnings: tuple[str, ...] = ()
@@ -55,6 +57,7 @@ class FlavorDecision:
 
 @dataclass(frozen=True)
 class Plan:
+    """What a host needs to reach the desired driver: the steps to take, what blocks them, or a reboot first."""
     driver_version: str | None
     flavor: str | None
     flavor_reason: str

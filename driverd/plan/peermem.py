@@ -24,6 +24,7 @@ DMABUF_KERNEL = (5, 12)
 
 @dataclass(frozen=True)
 class PeermemDecision:
+    """Whether to load nvidia-peermem on this host, and why (or what blocks it)."""
     load: bool
     reason: str
     blocked: str | None = None

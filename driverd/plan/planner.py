@@ -20,6 +20,7 @@ NOT_IN_PACKAGE = ("nvidia_fs", "nvidia_vgpu_vfio")
 
 @dataclass(frozen=True)
 class ModuleSet:
+    """The NVIDIA modules to load on this host, with why each is in or out of the set."""
     modules: list[str]
     reasons: dict[str, str]                 # module -> why it is (or is not) in the set
     blocked: tuple[str, ...] = ()

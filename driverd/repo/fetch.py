@@ -45,6 +45,7 @@ DOWNLOAD_DEADLINE_S = 1800.0        # one package, all attempts: ~300 MB at 170 
 
 @dataclass(frozen=True)
 class Want:
+    """The kernel-module package a host wants: one driver version and flavour for one kernel release and arch."""
     driver: str
     flavor: str
     kernel_release: str
@@ -57,6 +58,7 @@ class Want:
 
 @dataclass
 class FetchResult:
+    """The package found for a host (downloaded, cached or built here) and where it came from."""
     package: Path
     sha256: str
     source: str                 # repository URL, "cache" or "local-build"

@@ -49,6 +49,7 @@ _SHA_IN_NAME = re.compile(r"\.([0-9a-f]{64})\.tar\.zst$")
 
 @dataclass(frozen=True)
 class IndexEntry:
+    """One kernel-module package a repository's index lists."""
     driver: str
     flavor: str
     kernel_release: str
@@ -68,6 +69,7 @@ class IndexEntry:
 
 @dataclass(frozen=True)
 class UserspaceEntry:
+    """One user-space package a repository's index lists."""
     driver: str
     arch: str
     sha256: str
@@ -85,6 +87,7 @@ class UserspaceEntry:
 
 @dataclass(frozen=True)
 class CompanionEntry:
+    """One companion package a repository's index lists."""
     component: str                 # fabricmanager | nscq | nvlsm | imex (driverd.package.companion.COMPONENTS)
     driver: str
     arch: str
@@ -103,6 +106,7 @@ class CompanionEntry:
 
 @dataclass(frozen=True)
 class Index:
+    """A repository's index: the packages it holds, with the serial and expiry that protect it."""
     packages: tuple[IndexEntry, ...]
     generated_at: str | None = None
     serial: int | None = None              # only grows (rollback protection)

@@ -136,6 +136,7 @@ def offer(root, cfg, version: str | None, arch: str | None) -> Offer | None:
 
 @dataclass(frozen=True)
 class Fetched:
+    """The user-space package found for the wanted driver version, and where it came from."""
     package: str
     sha256: str
     source: str

@@ -46,6 +46,7 @@ def lookup(root: Root, name: str) -> str | None:
 
 @dataclass
 class Adoption:
+    """A runtime handler of NVIDIA's found in place, and the binary driverd makes it run."""
     handler: str
     where: str                   # the file whose handler definition wins
     before: str | None           # the binary it named

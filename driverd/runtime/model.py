@@ -89,6 +89,7 @@ class RuntimeFacts:
 
 @dataclass(frozen=True)
 class Options:
+    """How to configure a runtime's handler: its name, binary, CDI, restart and where driverd records it."""
     handler: str = "nvidia"
     binary: str = DEFAULT_BINARY
     set_as_default: bool = False
@@ -162,6 +163,7 @@ class FileEdit:
 
 @dataclass
 class ChangeReport:
+    """What configuring or reverting one runtime changed: its files and their backups."""
     runtime: str
     handler: str
     action: str = "configure"                # configure | revert

@@ -42,6 +42,7 @@ def default_vermagic(release: str) -> str:
 
 @dataclass
 class FakeModule:
+    """One fake kernel module to write as a real ELF `.ko`: its modinfo fields and the symbols it links by."""
     name: str                                       # module name as the kernel sees it (underscores)
     version: str = DEFAULT_VERSION
     vermagic: str = default_vermagic(DEFAULT_RELEASE)
@@ -277,6 +278,7 @@ def make_signing_key(directory: str | os.PathLike, cn: str = "driverd test signi
 
 @dataclass
 class Signer:
+    """A key and certificate that sign fake modules with the kernel's own `sign-file`."""
     key: Path
     cert: Path
     sign_file: str

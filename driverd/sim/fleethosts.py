@@ -30,6 +30,7 @@ def _quiet(msg: str) -> None:
 
 @dataclass
 class SimNode:
+    """One node of a simulated fleet: its host and the daemon parts (agent, coordinator) running for it."""
     name: str
     root: Path
     cfg: object = None

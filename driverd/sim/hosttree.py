@@ -15,6 +15,7 @@ EFI_GUID = "8be4df61-93ca-11d2-aa0d-e0a9e8d14b8c"
 
 @dataclass
 class Pci:
+    """One PCI device to write into a host tree's sysfs."""
     address: str
     vendor: str
     device: str
@@ -29,6 +30,7 @@ class Pci:
 
 @dataclass
 class Module:
+    """One loaded module to write into a host tree's /proc/modules and /sys/module."""
     name: str
     size: int = 100000
     refcount: int = 0
@@ -39,6 +41,7 @@ class Module:
 
 @dataclass
 class Proc:
+    """One process to write into a host tree's /proc, with the files it holds open."""
     pid: int
     comm: str
     fds: tuple[str, ...] = ()
@@ -48,6 +51,7 @@ class Proc:
 
 @dataclass
 class HostSpec:
+    """The small spec a host tree is written from: kernel, OS, devices, modules, processes and files."""
     release: str = "6.1.0-47-cloud-amd64"
     arch: str = "x86_64"
     os_release: str = ('PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian GNU/Linux"\n'

@@ -11,6 +11,7 @@ from pathlib import Path
 
 @dataclass
 class Faults:
+    """The faults the loopback repository server puts into its next package GETs, and the requests it saw."""
     truncate_next: int = 0          # the next N package GETs send half the body, then close
     fail_next: int = 0              # the next N package GETs answer 503
     requests: list[tuple[str, str | None, int]] = field(default_factory=list)   # (path, Range, status)

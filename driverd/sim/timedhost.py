@@ -34,6 +34,7 @@ VALIDATE_S = 2.46
 
 @dataclass(frozen=True)
 class NodeCosts:
+    """How long a simulated node's work takes in wall-clock seconds, by default as measured on real GPU machines."""
     reload_s: float = RELOAD_S          # unload -> install -> load of the target driver
     validate_s: float = VALIDATE_S      # the workload check the transaction ends with
     preflight_s: float = 0.0            # plan and package pre-pull before the rollout admits anyone

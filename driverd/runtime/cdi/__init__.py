@@ -154,6 +154,7 @@ def _links(lib: driverfiles.Library, cdir: str) -> list[tuple[str, str]]:
 
 @dataclass
 class UserSpaceEdits:
+    """What a container is given to see the driver's user-space: mounts, hooks, environment."""
     env: list[str] = field(default_factory=list)
     mounts: list[dict] = field(default_factory=list)
     hooks: list[dict] = field(default_factory=list)
