@@ -27,6 +27,8 @@ class NodeState:
     pin: str | None              # PIN_TARGET | PIN_FAILED | None (the node's own configuration)
     next: frozenset[str]         # the states the handler (or, from a free state, admission) may record
     summary: str
+    # recorded only by an earlier driverd: a node found in it is carried on, none is put into it now
+    legacy: bool = False
 
     @property
     def free(self) -> bool:
@@ -34,17 +36,21 @@ class NodeState:
         return not self.active
 
 
-def _s(name: str, handler: str, active: bool, pin: str | None, next_: tuple[str, ...], summary: str) -> NodeState:
-    return NodeState(name, handler, active, pin, frozenset(next_), summary)
+def _s(name: str, handler: str, active: bool, pin: str | None, next_: tuple[str, ...], summary: str,
+       legacy: bool = False) -> NodeState:
+    return NodeState(name, handler, active, pin, frozenset(next_), summary, legacy)
 
 
 # The preflight handler of the free states answers rollouts; their way out is the coordinator's
 # admission (-> admitted). A node given back (aborted, deleted rollout) returns to idle.
 NODE_STATES: dict[str, NodeState] = {s.name: s for s in (
     _s(IDLE, "_preflight", False, None, (ADMITTED,), "not in a rollout"),
-    _s(ADMITTED, "_cordon", True, PIN_TARGET, (CORDONED, IDLE, FAILED),
-       "admitted by the coordinator; cordons next (an admission no live rollout made: failed, AdmissionRejected)"),
-    _s(CORDONED, "_after_cordon", True, PIN_TARGET, (WAITING, EVICTING, IDLE), "cordoned; drains next"),
+    _s(ADMITTED, "_cordon", True, PIN_TARGET, (WAITING, EVICTING, IDLE, FAILED),
+       "admitted by the coordinator; cordons and starts the drain in one transition (an admission no live "
+       "rollout made: failed, AdmissionRejected)"),
+    # the cordon was a transition of its own before it became the drain's start (issue 47)
+    _s(CORDONED, "_after_cordon", True, PIN_TARGET, (WAITING, EVICTING, IDLE), "cordoned; drains next",
+       legacy=True),
     _s(WAITING, "_wait_jobs", True, PIN_TARGET, (EVICTING, IDLE), "waiting for the rollout's job pods to finish"),
     _s(EVICTING, "_evict", True, PIN_TARGET, (EVICTING, UNLOADING, FAILED, IDLE),
        "evicting the GPU pods (PDBs respected; forced deletion only with spec.drain.force)"),

@@ -497,7 +497,7 @@ def test_a_validating_node_is_woken_by_its_daemonsets_pod_becoming_ready(cluster
     seen, before, after, b = _rollout_with_a_late_device_plugin(f, "gpu-0000", 2.0)
     # which DaemonSets leave with the driver is read at the cordon, while their pods are all there (a fast
     # DaemonSet controller removes them before the drain's first look)
-    at_cordon = next((_said(md, m.A_LEFT_WITH) for md in seen if _said(md, m.A_STATE) == m.CORDONED), None)
+    at_cordon = next((_said(md, m.A_LEFT_WITH) for md in seen if _said(md, m.A_REASON) == "Cordoned"), None)
     assert m.left_with({m.A_LEFT_WITH: at_cordon}) == {"gpu-operator/nvidia-device-plugin-daemonset": DP}, seen
     new = after.get("nvidia-device-plugin-daemonset")
     assert new and new != before["nvidia-device-plugin-daemonset"], (before, after)

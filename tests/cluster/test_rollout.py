@@ -96,9 +96,11 @@ def test_rollout_completes_within_limits_and_says_so(cluster):
     # the GPU pods were evicted (their PDBs allowed it)
     assert not [p for p in k.list("/api/v1/namespaces/gpu-jobs/pods")["items"]]
     # every transition has an Event on its Node
-    reasons = {e["reason"] for e in k.list("/api/v1/namespaces/default/events")["items"]
-               if e["involvedObject"]["name"] == "gpu-0001"}
-    assert {"Admitted", "Cordoned", "Evicting", "Unloading", "Validating", "Upgraded"} <= reasons
+    said = {e["reason"]: e["message"] for e in k.list("/api/v1/namespaces/default/events")["items"]
+            if e["involvedObject"]["name"] == "gpu-0001"}
+    assert {"Admitted", "Cordoned", "Unloading", "Validating", "Upgraded"} <= set(said), said
+    # the cordon and the drain's start are one transition: its Event says both
+    assert said["Cordoned"].endswith("; evicting the GPU pods through the Eviction API"), said
     # status, as a platform engineer reads it (the kubectl plugin through the real kubectl)
     env = dict(os.environ, PATH=f"{REPO}/.venv/bin:{os.environ['PATH']}", KUBECONFIG=f.operator_kubeconfig,
                HOME=str(f.work))
@@ -436,7 +438,7 @@ def test_the_drain_goes_on_when_the_pods_deletion_is_seen_not_at_the_next_poll(c
     f, k = _one_node_rollout(cluster, Fleet.stuck_terminating, budgets=True, drain={"timeoutSeconds": 300})
     pod = _pod_of(f, "gpu-0000")
     assert f.wait(lambda: (k.find(pod) or {}).get("metadata", {}).get("deletionTimestamp"), 60), "never evicted"
-    assert f.wait(lambda: views(f)["gpu-0000"].reason == "Evicting", 10)
+    assert f.wait(lambda: views(f)["gpu-0000"].state == m.EVICTING, 10)
     time.sleep(1.0)             # the agent has looked again and is waiting out its 60 s
     assert views(f)["gpu-0000"].state == m.EVICTING
     f.admin.patch(pod, {"metadata": {"finalizers": []}})       # the pod goes

@@ -41,8 +41,10 @@ def _direct(fn: ast.FunctionDef) -> tuple[set[str], set[str]]:
                 and n.func.value.id == "self":
             if n.func.attr == "_to":
                 arg = n.args[1]
-                assert isinstance(arg, ast.Attribute) and arg.attr in STATE_BY_CONST, ast.unparse(n)
-                recorded.add(STATE_BY_CONST[arg.attr])
+                # a state constant, or a choice between two (`m.WAITING if r.jobs_selector else m.EVICTING`)
+                for a in (arg.body, arg.orelse) if isinstance(arg, ast.IfExp) else (arg,):
+                    assert isinstance(a, ast.Attribute) and a.attr in STATE_BY_CONST, ast.unparse(n)
+                    recorded.add(STATE_BY_CONST[a.attr])
             elif n.func.attr == "_fail":
                 recorded.add(states.FAILED)
             elif n.func.attr == "_give_back":
@@ -96,7 +98,10 @@ def test_declared_transitions_are_all_made_and_every_state_is_reachable():
         if cur not in seen:
             seen.add(cur)
             todo += sorted(states.NODE_STATES[cur].next)
-    assert seen == set(states.NODE_STATES), set(states.NODE_STATES) - seen
+    # a legacy state (recorded by an earlier driverd) is carried on where found, never entered
+    assert seen == {s.name for s in states.NODE_STATES.values() if not s.legacy}, set(states.NODE_STATES) - seen
+    assert all(not (set(s.next) & {t.name for t in states.NODE_STATES.values() if t.legacy})
+               for s in states.NODE_STATES.values()), "a transition into a legacy state"
 
 
 def test_the_coordinator_only_admits_and_only_free_nodes_are_admitted():

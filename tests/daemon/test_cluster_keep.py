@@ -204,7 +204,7 @@ def test_a_configmap_edit_of_driver_settings_waits_for_a_rollout_and_the_rollout
         # drained: the transitions' Events (polling the Node can miss a state that lasts milliseconds)
         reasons = {e.get("reason") for e in k.list("/api/v1/namespaces/default/events")["items"]
                    if e["involvedObject"].get("name") == "gpu-0000"}
-        assert {"Cordoned", "Evicting"} <= reasons, (reasons, states)
+        assert {"Cordoned", "Unloading"} <= reasons, (reasons, states)     # "Unloading": no GPU pods left
         kern = kernel_of(root)
         assert kern.modules()["nvidia"].parameters.get("NVreg_EnableGpuFirmware") == "0"
         assert "nvidia_drm" in kern.loaded_names()
@@ -317,7 +317,7 @@ def test_a_settings_edit_on_a_pools_nodes_is_carried_by_the_pools_next_revision(
              lambda: (m.NodeView.from_node(k.get(node_path("gpu-0000"))), d.log[-3000:]))
         reasons = {e.get("reason") for e in k.list("/api/v1/namespaces/default/events")["items"]
                    if e["involvedObject"].get("name") == "gpu-0000"}
-        assert {"Cordoned", "Evicting"} <= reasons, reasons                 # drained, as a driver change is
+        assert {"Cordoned", "Unloading"} <= reasons, reasons                # drained, as a driver change is
         assert kernel_of(root).modules()["nvidia"].parameters.get("NVreg_EnableGpuFirmware") == "0"
         wait(lambda: m.NodeView.from_node(k.get(node_path("gpu-0000"))).waiting == "", 30, lambda: d.log)
         wait(lambda: ((k.get(pool_path("h100")).get("status") or {}).get("nodes") or {}).get("behind") == 0, 30,

@@ -210,13 +210,16 @@ class NodeAdmission:
         before = sched.encode(sched.counts(node, sched.node_slices(self.kube, self.node)))
         left = self._leaving_with_driver(r)
         ann = {m.A_GPUS_BEFORE: before, m.A_LEFT_WITH: m.left_with_value(left)}
+        # The cordon and the drain's start are one transition (one patch, one Event): `cordoned` was a
+        # state of no duration whose own patch and Event were two of a node's ~25 requests (issue 47).
+        then = _drain_start(r)
         try:
             if v.unschedulable and not v.cordoned_by_us:
-                self._to(node, m.CORDONED, "AlreadyCordoned", "the node was already cordoned (not by driverd): it "
-                         "stays cordoned after the upgrade", ann={m.A_CORDONED: "false", **ann},
+                self._to(node, m.WAITING if r.jobs_selector else m.EVICTING, "AlreadyCordoned", "the node was already cordoned (not by driverd): it "
+                         f"stays cordoned after the upgrade; {then}", ann={m.A_CORDONED: "false", **ann},
                          labels=drop_ready, precondition=True)
             else:
-                self._to(node, m.CORDONED, "Cordoned", f"cordoned for the upgrade to {r.driver}",
+                self._to(node, m.WAITING if r.jobs_selector else m.EVICTING, "Cordoned", f"cordoned for the upgrade to {r.driver}; {then}",
                          ann={m.A_CORDONED: "true", **ann}, spec={"unschedulable": True},
                          labels=drop_ready, precondition=True)
         except KubeError as e:
@@ -227,11 +230,10 @@ class NodeAdmission:
         return 0
 
     def _after_cordon(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
-        if r.jobs_selector:
-            self._to(node, m.WAITING, "WaitingForJobs", f"waiting up to {r.jobs_timeout_s}s for pods "
-                     f"{r.jobs_selector!r} on the node to finish")
-        else:
-            self._to(node, m.EVICTING, "Evicting", "evicting the GPU pods through the Eviction API")
+        """A node recorded as `cordoned` (by a driverd before the cordon and the drain's start were one
+        transition) goes on to the drain."""
+        self._to(node, m.WAITING if r.jobs_selector else m.EVICTING, "WaitingForJobs" if r.jobs_selector else "Evicting",
+                 _drain_start(r))
         return 0
 
     # -- waiting-for-jobs -----------------------------------------------------------------------------
@@ -244,6 +246,14 @@ class NodeAdmission:
             f"{len(running)} job pod(s) still running after {r.jobs_timeout_s}s ({_refs(running)}): evicting them")
         self._to(node, m.EVICTING, "Evicting", msg + "; evicting the GPU pods through the Eviction API")
         return 0
+
+
+def _drain_start(r: m.Rollout) -> str:
+    """What a cordoned node does first, in words: waits for the rollout's job pods (waiting-for-jobs) where
+    it names some, else evicts."""
+    if r.jobs_selector:
+        return f"waiting up to {r.jobs_timeout_s}s for pods {r.jobs_selector!r} on the node to finish"
+    return "evicting the GPU pods through the Eviction API"
 
 
 def _refs(pods: list[dict]) -> str:
