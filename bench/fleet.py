@@ -583,6 +583,7 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
         with open(a.timeline, "a") as fh:
             fh.write(json.dumps({"rollout": name, "fleet_size": a.nodes, "max_parallel": p, "one_node_s": one_node,
                                  "nodes": timeline}) + "\n")
+    reasons = _event_reasons(obs_kube, t_start, outside)
     per_node = statistics.median(per) if per else 0.0
     makespan = last - first
     rounds = math.ceil(a.nodes / effective)
@@ -615,6 +616,8 @@ def _rollout(a, i, p, target, fleet, obs, obs_kube, backend, costs, calib, coord
         "api_requests_by_kind": None if counted is None else {
             f"{verb} {res}" + (f"/{sub}" if sub else ""): round(c / n, 2)
             for (verb, res, sub), c in sorted(counted.items(), key=lambda kv: -kv[1])[:12]},
+        # the Node Events of the rollout by reason: one a transition, and the waits a node said (WaitingFor...)
+        "event_reasons_per_node": {k: round(c / n, 2) for k, c in reasons.most_common(12)},
         "api_requests_per_node_client": round(requests / n, 1),
         "api_requests_per_node_metrics": None if mark1["metrics"] is None else
         round((mark1["metrics"] - mark0["metrics"]) / n, 1),
@@ -652,6 +655,19 @@ def _clear_rollouts(fleet, kube) -> None:
         kube.delete(rollout_path(ro["metadata"]["name"]))
     if not fleet.wait(lambda: not (kube.list(rollout_path()).get("items") or []), timeout=120, step=0.5):
         raise SystemExit("fleet.py: the ended rollouts were not deleted")
+
+
+def _event_reasons(kube, since: float, outside: set[str]) -> Counter:
+    """The driverd Events on the fleet's Nodes made since `since` (epoch s), counted by reason (the
+    harness's admin list: not counted as driverd's requests)."""
+    from driverd.cluster.events import NAMESPACE
+    from driverd.cluster.kube import parse_time
+    out: Counter = Counter()
+    for e in kube.list(f"/api/v1/namespaces/{NAMESPACE}/events", fields="involvedObject.kind=Node").get("items") or []:
+        made = parse_time((e.get("metadata") or {}).get("creationTimestamp"))
+        if made is not None and made >= since - 1 and (e.get("involvedObject") or {}).get("name") not in outside:
+            out[e.get("reason")] += 1
+    return out
 
 
 def _state_quantiles(entered: dict[str, dict[str, float]], q: float = 0.5) -> dict[str, float]:

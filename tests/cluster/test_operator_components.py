@@ -462,11 +462,13 @@ class SlowBinder(Binder):
 
 def _rollout_with_a_late_device_plugin(f, node: str, delay_s: float):
     """Rollout `r` over `node`, whose device plugin's new pod is bound `delay_s` after it is made: the Node's
-    metadata at every version its watch saw, the GPU Operator's pods before and after, the binder."""
+    metadata at every version its watch saw (with "_seen_at", time.monotonic() then), the GPU Operator's
+    pods before and after, the binder."""
     from driverd.cluster.informer import Informer
     seen: list[dict] = []
     history = Informer(kube(f), node_path(), fields=f"metadata.name={node}", name="history",
-                       on_change=lambda k, o: seen.append(o["metadata"]) if o.get("metadata") else None)
+                       on_change=lambda k, o: seen.append({**o["metadata"], "_seen_at": time.monotonic()})
+                       if o.get("metadata") else None)
     with SlowBinder(f, delay_s) as b:
         assert f.wait(lambda: "nvidia-device-plugin-daemonset" in operator_pods(f, node), 60), operator_pods(f, node)
         before = operator_pods(f, node)
@@ -492,6 +494,7 @@ def test_a_validating_node_is_woken_by_its_daemonsets_pod_becoming_ready(cluster
     (before, it waited for that look: 5 s, one straggler in a 500-node rollout's makespan)."""
     from driverd.cluster.agent import finish
     monkeypatch.setattr(finish, "VALIDATE_POLL_S", 240.0)
+    monkeypatch.setattr(finish, "SAY_GPUS_WAIT_S", 240.0)       # no look to say the wait either
     f = _with_operator(cluster, deploy={"device-plugin": "true", "dcgm-exporter": "false",
                                         "gpu-feature-discovery": "false"})
     seen, before, after, b = _rollout_with_a_late_device_plugin(f, "gpu-0000", 2.0)
@@ -502,3 +505,22 @@ def test_a_validating_node_is_woken_by_its_daemonsets_pod_becoming_ready(cluster
     new = after.get("nvidia-device-plugin-daemonset")
     assert new and new != before["nvidia-device-plugin-daemonset"], (before, after)
     assert b.bound.get(new) == m.VALIDATING, b.bound       # the node waited for it, validating
+
+
+def test_a_wait_for_the_gpus_is_said_once_it_has_lasted(cluster, daemonset_controller):
+    """Issue 47: `validating` says its wait for the node's GPUs (WaitingForGPUs: a Node patch and an Event
+    at each change of what it waits for) once it has lasted finish.SAY_GPUS_WAIT_S, not at every sub-second
+    change of a wait the device plugin ends within a second; a long one is said and names the DaemonSet.
+    Here the device plugin's pod is bound 6 s late."""
+    from driverd.cluster.agent import finish
+    f = _with_operator(cluster, deploy={"device-plugin": "true", "dcgm-exporter": "false",
+                                        "gpu-feature-discovery": "false"})
+    seen, _, _, _ = _rollout_with_a_late_device_plugin(f, "gpu-0000", 6.0)
+    validating = [md for md in seen if _said(md, m.A_STATE) == m.VALIDATING]
+    waits = [md for md in validating if _said(md, m.A_REASON) == "WaitingForGPUs"]
+    assert waits and "DaemonSet gpu-operator/nvidia-device-plugin-daemonset" in _said(waits[-1], m.A_MESSAGE), \
+        [(_said(md, m.A_REASON), _said(md, m.A_MESSAGE)) for md in validating]
+    # not before: the watch sees the wait's first record no sooner than the threshold after validating's
+    # (a busy machine only delays the second; 0.5 s for the watch delivering the first one late)
+    lasted = waits[0]["_seen_at"] - validating[0]["_seen_at"]
+    assert lasted >= finish.SAY_GPUS_WAIT_S - 0.5, (lasted, [(_said(md, m.A_REASON), md["_seen_at"]) for md in validating])
