@@ -1,6 +1,6 @@
 """The per-node state machine, run by the daemon on that node, recorded on its Node object:
 
-  idle → admitted → cordoned → [waiting-for-jobs] → evicting → unloading → validating → done
+  idle → admitted → (cordon) → [waiting-for-jobs] → evicting → unloading → validating → done
                                                                     ↘ reboot-required ↗
   any of them → failed  (the node transaction rolled back to the previous driver; uncordoned if we cordoned)
 

@@ -79,7 +79,7 @@ class NodeAdmission:
             return None
         return None
 
-    # -- admitted → cordoned --------------------------------------------------------------------------
+    # -- admitted → cordoned and draining -----------------------------------------------------------
     def _admission_problem(self, v: m.NodeView) -> str | None:
         """Why this node's admission is not one to act on; None when it is. An admission must name a
         live DriverRollout (this object: name and uid) that has not ended, selects this node, installs
