@@ -83,7 +83,12 @@ func main() {
 	dir := flag.String("dir", pluginapi.DevicePluginPath, "the kubelet's device-plugin directory")
 	flag.Parse()
 	p := &plugin{devices: *devices, stale: *stale, driverFile: *driverFile, seen: readFile(*driverFile)}
-	endpoint := fmt.Sprintf("standin-%d.sock", os.Getpid())
+	// A socket of this instance's own: in a pod the plugin is PID 1, so "standin-<pid>" named every
+	// instance's socket alike, and the kubelet does not support a new plugin taking over an old one's socket
+	// (kubernetes/kubernetes#135437, #139338: the old endpoint's late disconnection can unregister the new
+	// one, the node's allocatable dropping to 0 after the new plugin registered). The pod's name is its host name.
+	host, _ := os.Hostname()
+	endpoint := fmt.Sprintf("standin-%s-%d.sock", host, os.Getpid())
 	sock := filepath.Join(*dir, endpoint)
 	_ = os.Remove(sock)
 	lis, err := net.Listen("unix", sock)
