@@ -577,7 +577,9 @@ def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
     v = rollout("gpus-come-back", 120)
     assert v.state == m.DONE, v
     assert 0 in low, "the plugin never left: nothing was proven"        # the kubelet's count dropped, then came back
-    assert allocatable() == 2 and not v.unschedulable
+    assert allocatable() == 2 and not v.unschedulable, (   # on failure: what driverd and the kubelet did
+        allocatable(), v, low[-20:], node.container_log(NS, _pods(cp)[0]["metadata"]["name"], "driverd")[-6000:],
+        node.log_tail("kubelet", 6000))
     cp.api("DELETE", f"{dss}/plugin-back")
     wait_gpus(0)
 
