@@ -66,6 +66,8 @@ Prints one JSON object (--json: on one line; with several rollouts {"runs": [...
                        coordinator's included; the log survives an apiserver restart). Loopback: the
                        daemons' clients' count
   api_requests_by_kind the same per (verb resource/subresource), the largest
+  event_reasons_per_node  the rollout's Node Events a node, by reason: one per transition, and the
+                       waits a node said (WaitingForGPUs, WaitingForPods, ...)
   api_requests_per_node_client   the daemons' clients' own count (killed and restarted ones included)
   api_requests_per_node_metrics  apiserver_request_total's growth / N, summed over the apiserver's
                        lifetimes (every client: the harness and the controller-manager too)

@@ -523,4 +523,5 @@ def test_a_wait_for_the_gpus_is_said_once_it_has_lasted(cluster, daemonset_contr
     # not before: the watch sees the wait's first record no sooner than the threshold after validating's
     # (a busy machine only delays the second; 0.5 s for the watch delivering the first one late)
     lasted = waits[0]["_seen_at"] - validating[0]["_seen_at"]
-    assert lasted >= finish.SAY_GPUS_WAIT_S - 0.5, (lasted, [(_said(md, m.A_REASON), md["_seen_at"]) for md in validating])
+    assert lasted >= finish.SAY_GPUS_WAIT_S - 0.5, (lasted, [(_said(md, m.A_REASON), md["_seen_at"])
+                                                             for md in validating])

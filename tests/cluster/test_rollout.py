@@ -428,6 +428,28 @@ def _pod_of(f: Fleet, node: str) -> str:
     return pods_path(f.gpu_ns(node), f"train-{node}-0")
 
 
+def test_a_node_an_earlier_driverd_left_cordoned_goes_on_to_its_drain(cluster, monkeypatch):
+    """The cordon was a transition of its own (`cordoned`, now a legacy state): a node recorded in it by an
+    earlier driverd, whose daemon was replaced in between, is drained and upgraded, not failed as an
+    unknown state. Here the cordon records `cordoned` as that driverd did."""
+    from driverd.cluster.agent.admission import NodeAdmission
+    real = NodeAdmission._start_drain
+
+    def as_before(self, node, r, reason, done, **kw):
+        if reason == "Cordoned":
+            return self._to(node, m.CORDONED, reason, done, **kw)
+        return real(self, node, r, reason, done, **kw)
+    monkeypatch.setattr(NodeAdmission, "_start_drain", as_before)
+    f, k = _one_node_rollout(cluster)
+    ro = wait_phase(f, "r", ("Completed", "Failed"), timeout=120)
+    assert ro["status"]["phase"] == "Completed", ro["status"]
+    said = {e["reason"]: e["message"] for e in k.list("/api/v1/namespaces/default/events")["items"]
+            if e["involvedObject"]["name"] == "gpu-0000"}
+    assert said.get("Cordoned") == f"cordoned for the upgrade to {NEW}", said       # recorded as before
+    assert said.get("Evicting") == "evicting the GPU pods through the Eviction API", said     # then drained
+    assert views(f)["gpu-0000"].state == m.DONE
+
+
 def test_the_drain_goes_on_when_the_pods_deletion_is_seen_not_at_the_next_poll(cluster, monkeypatch):
     """While a node evicts, its pods are watched: the pod held Terminating by a finalizer is let go,
     and the node goes on to unload at once, although the rounds now poll only once a minute."""

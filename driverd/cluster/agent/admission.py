@@ -18,6 +18,8 @@ from driverd.cluster.kube import ClusterError, Kube, KubeError, node_path, rollo
 from driverd.cluster.nodehost import NodeHost
 
 
+EVICTING_WORDS = "evicting the GPU pods through the Eviction API"
+
 class NodeAdmission:
     """NodeAgent's side from preflight to drain (a mixin: NodeAgent holds these)."""
     kube: Kube
@@ -212,16 +214,15 @@ class NodeAdmission:
         ann = {m.A_GPUS_BEFORE: before, m.A_LEFT_WITH: m.left_with_value(left)}
         # The cordon and the drain's start are one transition (one patch, one Event): `cordoned` was a
         # state of no duration whose own patch and Event were two of a node's ~25 requests (issue 47).
-        then = _drain_start(r)
         try:
             if v.unschedulable and not v.cordoned_by_us:
-                self._to(node, m.WAITING if r.jobs_selector else m.EVICTING, "AlreadyCordoned", "the node was already cordoned (not by driverd): it "
-                         f"stays cordoned after the upgrade; {then}", ann={m.A_CORDONED: "false", **ann},
-                         labels=drop_ready, precondition=True)
+                self._start_drain(node, r, "AlreadyCordoned", "the node was already cordoned (not by driverd): it "
+                                  "stays cordoned after the upgrade", ann={m.A_CORDONED: "false", **ann},
+                                  labels=drop_ready, precondition=True)
             else:
-                self._to(node, m.WAITING if r.jobs_selector else m.EVICTING, "Cordoned", f"cordoned for the upgrade to {r.driver}; {then}",
-                         ann={m.A_CORDONED: "true", **ann}, spec={"unschedulable": True},
-                         labels=drop_ready, precondition=True)
+                self._start_drain(node, r, "Cordoned", f"cordoned for the upgrade to {r.driver}",
+                                  ann={m.A_CORDONED: "true", **ann}, spec={"unschedulable": True},
+                                  labels=drop_ready, precondition=True)
         except KubeError as e:
             if e.conflict:        # the node changed under us (an admin's cordon?): look again
                 return 0
@@ -232,9 +233,16 @@ class NodeAdmission:
     def _after_cordon(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
         """A node recorded as `cordoned` (by a driverd before the cordon and the drain's start were one
         transition) goes on to the drain."""
-        self._to(node, m.WAITING if r.jobs_selector else m.EVICTING, "WaitingForJobs" if r.jobs_selector else "Evicting",
-                 _drain_start(r))
+        self._start_drain(node, r, "WaitingForJobs" if r.jobs_selector else "Evicting", None)
         return 0
+
+    def _start_drain(self, node: dict, r: m.Rollout, reason: str, done: str | None, **kw) -> dict:
+        """The transition into the drain: waiting-for-jobs where the rollout names job pods, else evicting;
+        `done`: what the transition did besides (the cordon), said first; `kw`: _to's."""
+        then = (f"waiting up to {r.jobs_timeout_s}s for pods {r.jobs_selector!r} on the node to finish"
+                if r.jobs_selector else EVICTING_WORDS)
+        return self._to(node, m.WAITING if r.jobs_selector else m.EVICTING, reason,
+                        f"{done}; {then}" if done else then, **kw)
 
     # -- waiting-for-jobs -----------------------------------------------------------------------------
     def _wait_jobs(self, node: dict, v: m.NodeView, r: m.Rollout) -> float:
@@ -244,16 +252,8 @@ class NodeAdmission:
             return min(10.0, r.jobs_timeout_s - self._elapsed(v) + 0.1)
         msg = "no job pods left" if not running else (
             f"{len(running)} job pod(s) still running after {r.jobs_timeout_s}s ({_refs(running)}): evicting them")
-        self._to(node, m.EVICTING, "Evicting", msg + "; evicting the GPU pods through the Eviction API")
+        self._to(node, m.EVICTING, "Evicting", f"{msg}; {EVICTING_WORDS}")
         return 0
-
-
-def _drain_start(r: m.Rollout) -> str:
-    """What a cordoned node does first, in words: waits for the rollout's job pods (waiting-for-jobs) where
-    it names some, else evicts."""
-    if r.jobs_selector:
-        return f"waiting up to {r.jobs_timeout_s}s for pods {r.jobs_selector!r} on the node to finish"
-    return "evicting the GPU pods through the Eviction API"
 
 
 def _refs(pods: list[dict]) -> str:

@@ -199,7 +199,8 @@ class NodeFinish:
                     if self._short_since is None or self._short_since[0] != v.since:
                         self._short_since = (v.since, self.clock())
                     short_for = self.clock() - self._short_since[1]
-                    if short_for < SAY_GPUS_WAIT_S:     # not news yet: look again when it would be (watches wake it sooner)
+                    if short_for < SAY_GPUS_WAIT_S:     # not news yet: look again when it would be (a watch may wake
+                        # it sooner)
                         return min(VALIDATE_POLL_S, SAY_GPUS_WAIT_S - short_for + 0.05)
                     self._say(node, v, "WaitingForGPUs", "driver validated; waiting for the node's GPUs to be "
                               "schedulable again: " + "; ".join(short))
