@@ -414,7 +414,8 @@ def _check_arch(dev: str, arch: str, cls: str, legacy: str | None, name: str) ->
 
 
 def render(doc: dict) -> str:
-    """Stable JSON, one device (or NVSwitch) per line so that a regeneration diffs by device."""
+    """Stable JSON, one device (or NVSwitch) per line so that a regeneration diffs by device, and so that
+    driverd.host.gputable decodes only the lines of the devices a host has."""
     def one(v) -> str:
         return json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     lines = ["{"]

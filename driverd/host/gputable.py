@@ -35,12 +35,62 @@ def branch_of(version: str) -> int:
 
 
 @lru_cache(maxsize=1)
-def table() -> dict:
+def _text() -> str:
     # the package's own directory, as installed (a wheel or the image; never a zip): importlib.resources
     # and its readers were ~3 ms of every detect's imports for this one file
     from driverd import data
-    with open(os.path.join(os.path.dirname(data.__file__), "gpus.json"), "rb") as f:
-        return json.load(f)
+    with open(os.path.join(os.path.dirname(data.__file__), "gpus.json"), encoding="utf-8") as f:
+        return f.read()
+
+
+@lru_cache(maxsize=1)
+def table() -> dict:
+    """The whole table, every device decoded."""
+    return json.loads(_text())
+
+
+# The devices' block as tools/gen_gpus.py's render() writes it: one device a line, between these two.
+_DEVICES_START = '\n "devices": {\n'
+_DEVICES_END = "\n },\n"
+
+
+@lru_cache(maxsize=1)
+def _split() -> tuple[dict, int, int] | None:
+    """The table without its devices, and where their block lies in the text: a host's GPUs are looked
+    up there one line each (`_device`). Decoding all 1,181 devices was ~4 ms of every `detect` on a
+    GPU host (~10 on the GPU machines' CPUs) for the one or two it has. None when the file is not laid
+    out as render() writes it: table() answers then."""
+    text = _text()
+    start = text.find(_DEVICES_START)
+    end = text.find(_DEVICES_END, start + 1) if start >= 0 else -1
+    if end < 0:
+        return None
+    try:
+        rest = json.loads(text[:start + len(_DEVICES_START)] + "}" + text[end + 3:])
+    except ValueError:
+        return None
+    return rest, start + len(_DEVICES_START) - 1, end
+
+
+def _device(did: str) -> dict | None:
+    """One device's entry (`did` normalised), decoded alone from its line. A device not found on a line
+    of its own is looked for in the whole table, which then decides (an unknown id, a hand-edited file)."""
+    split = None if table.cache_info().currsize else _split()
+    if split is not None:
+        at = _text().find(f'\n  "{did}": ', split[1], split[2])
+        if at >= 0:
+            line_end = _text().find("\n", at + 1)
+            try:
+                return json.loads(_text()[at + len(did) + 7:line_end].removesuffix(","))
+            except ValueError:
+                pass
+    return table()["devices"].get(did)
+
+
+def _part(key: str):
+    """A part of the table other than its devices, without decoding them."""
+    split = None if table.cache_info().currsize else _split()
+    return (table() if split is None else split[0]).get(key)
 
 
 def norm_id(device_id: str) -> str:
@@ -124,14 +174,13 @@ def lookup(device_id: str, subsystem_vendor: str | None = None, subsystem_device
     *and* subsystem id) are matched on both; the device's plain row, when it has one, covers every
     subsystem. A GPU whose subsystem matches no row of a device listed only by subsystem gets the
     union of the device's rows, and `subsystem_note` says so."""
-    t = table()
     did = norm_id(device_id)
-    dev = t["devices"].get(did)
+    dev = _device(did)
     if dev is None:
         return None
     sub = _sub(subsystem_vendor, subsystem_device)
     variants = dev["variants"]
-    rel = t["releases"]
+    rel = _part("releases")
     exact = [v for v in variants if sub is not None and v["subsystem"] == sub]
     plain = [v for v in variants if v["subsystem"] is None]
     note = None
@@ -164,7 +213,7 @@ def lookup(device_id: str, subsystem_vendor: str | None = None, subsystem_device
 
 
 def nvswitch_name(device_id: str) -> str | None:
-    sw = table().get("nvswitches", {}).get(norm_id(device_id))
+    sw = (_part("nvswitches") or {}).get(norm_id(device_id))
     return sw["name"] if sw else None
 
 

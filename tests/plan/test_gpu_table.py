@@ -122,6 +122,44 @@ def test_lookup_is_case_and_prefix_insensitive():
     assert g.lookup("0xfff0") is None
 
 
+def _fresh_table(monkeypatch, text=None):
+    for f in (g._text, g.table, g._split):
+        f.cache_clear()
+    if text is not None:
+        monkeypatch.setattr(g, "_text", lambda: text)
+
+
+def test_a_lookup_decodes_only_the_devices_it_asks_for_and_says_what_the_whole_table_says(monkeypatch):
+    """detect on a GPU host looks up one or two devices: it reads their lines, not all 1,181 entries, and
+    each entry read alone is the whole table's (every id, every subsystem row)."""
+    whole = g.table()
+    _fresh_table(monkeypatch)
+    h200 = g.lookup("0x2335", "0x10de", "0x18be")
+    assert h200.name == "NVIDIA H200" and g.nvswitch_name("0x22a3") == "NVSwitch (3rd gen, LS10)"
+    assert g.table.cache_info().currsize == 0, "a known device's lookup decoded the whole table"
+    alone = {did: g._device(did) for did in whole["devices"]}
+    assert alone == whole["devices"] and g.table.cache_info().currsize == 0
+    assert g.lookup("0xfff0") is None          # unknown: the whole table decides
+    assert g.table.cache_info().currsize == 1
+    for f in (g._text, g.table, g._split):
+        f.cache_clear()
+    assert g.lookup("0x2335", "0x10de", "0x18be") == h200
+
+
+def test_a_table_not_laid_out_one_device_a_line_is_read_whole(monkeypatch):
+    """A table re-indented by hand (or by another tool) still answers every lookup, from its whole text."""
+    whole = g.table()
+    text = json.dumps(whole, indent=2)
+    _fresh_table(monkeypatch, text)
+    try:
+        assert g.lookup("0x2335", "0x10de", "0x18be").name == "NVIDIA H200"
+        assert g.lookup("0x1eb8", "0x10de", "0x12a2").name == "Tesla T4"
+        assert g.nvswitch_name("0x1ae8") == "NVSwitch (2nd gen, LR10)"
+    finally:
+        for f in (g.table, g._split):
+            f.cache_clear()
+
+
 def test_subsystem_rows_are_matched_on_both_ids():
     assert g.lookup("0x1e30").name == "Quadro RTX 6000"                        # the plain row
     assert g.lookup("0x1e30", "0x10de", "0x129e").name == "Quadro RTX 8000"    # device + subsystem row
