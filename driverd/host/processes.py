@@ -63,11 +63,7 @@ def gpu_users(root: Root, skip: Collection[int | None] = ()) -> list[GpuUser]:
     for pid in pids(root):
         if pid in skip:
             continue
-        devs = set()
-        for fd in root.listdir(f"/proc/{pid}/fd"):
-            target = root.readlink(f"/proc/{pid}/fd/{fd}")
-            if target and target.startswith("/dev/nvidia"):
-                devs.add(target)
+        devs = {t for t in root.link_targets(f"/proc/{pid}/fd").values() if t.startswith("/dev/nvidia")}
         if not devs:
             continue
         comm = process_name(root, pid) or "?"

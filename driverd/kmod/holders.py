@@ -140,13 +140,8 @@ def process_holders(root: Root, exclude: set[int] = frozenset()) -> list[Process
     for pid in _pids(root):
         if pid in exclude or pid == me:
             continue
-        uses: set[str] = set()
-        for fd in root.listdir(f"/proc/{pid}/fd"):
-            t = root.readlink(f"/proc/{pid}/fd/{fd}")
-            if not t:
-                continue
-            if t.startswith("/dev/nvidia") or (t.startswith("/dev/vfio/") and os.path.basename(t) in vfio):
-                uses.add(t)
+        uses = {t for t in root.link_targets(f"/proc/{pid}/fd").values()
+                if t.startswith("/dev/nvidia") or (t.startswith("/dev/vfio/") and os.path.basename(t) in vfio)}
         for path in _maps(root, pid):
             m = GPU_LIBS.search(path)
             if m:

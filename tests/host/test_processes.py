@@ -86,3 +86,42 @@ def test_collect_leaves_its_own_nvml_child_out_of_the_gpu_users(tmp_path, monkey
     monkeypatch.setattr(host, "_nvml_early", lambda root: Asked(4242, lambda: NvmlFacts(True, None, "live")))
     f = collect(Root(tmp_path))
     assert [u.pid for u in f.gpu_users] == [100] and f.nvml.source == "live"
+
+
+def test_open_files_are_read_from_the_live_proc_by_their_links(tmp_path):
+    """The real /proc: a file this process opens is among its fd links, named by its target."""
+    import os
+    f = tmp_path / "held"
+    f.write_text("x")
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        links = Root("/").link_targets(f"/proc/{os.getpid()}/fd")
+        assert links[str(fd)] == str(f)
+    finally:
+        os.close(fd)
+
+
+def test_a_process_fd_directory_that_leads_out_of_the_tree_is_not_read(tmp_path):
+    """A captured (or hostile) tree whose /proc/PID/fd is a link to a directory outside it: the link is
+    resolved inside the tree, so the outside directory's links are never listed; regular files among a
+    directory's entries are no links; a capture records each link it reads."""
+    import os
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink("/dev/nvidia0", outside / "3")
+    host = tmp_path / "host"
+    write_host(host, HostSpec(
+        pci=[h100("0000:1b:00.0", "nvidia")], modules=[Module("nvidia", refcount=2)],
+        nvidia_version_text=nvidia_version_line("570.195.03", "open"),
+        procs=[Proc(100, "python3", ("/dev/nvidia0", "/dev/null")), Proc(200, "evil", ())]))
+    os.rmdir(host / "proc/200/fd")
+    os.symlink(str(outside), host / "proc/200/fd")
+    (host / "proc/100/fd/9").write_text("not a link")
+    root = Root(host)
+    assert root.link_targets("/proc/200/fd") == {}
+    assert sorted(root.link_targets("/proc/100/fd").values()) == ["/dev/null", "/dev/nvidia0"]
+    from driverd.host.processes import gpu_users
+    assert [u.pid for u in gpu_users(root)] == [100]
+    rec = Root(host, record=True)
+    assert sorted(rec.link_targets("/proc/100/fd").values()) == ["/dev/null", "/dev/nvidia0"]
+    assert {"/proc/100/fd/3", "/proc/100/fd/4"} <= rec.recorded
