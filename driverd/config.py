@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -479,6 +478,7 @@ def set_value(root, cfg: Config, key: str, value: Any) -> str:
             text = Path(shown).read_text() if Path(shown).exists() else ""
         else:
             text = root.read_text(CONFIG_PATH) or ""
+        import tomllib
         doc = tomlkit.parse(text)
         doc.setdefault(section, tomlkit.table())[name] = value
         out = tomlkit.dumps(doc)
@@ -528,6 +528,7 @@ def load(root, path: str | None = None, environ: Mapping[str, str] | None = None
         raise ConfigError(f"cannot read {shown}: {e.strerror}", cause="the file is not readable",
                           fix="check its permissions") from None
     if raw is not None:
+        import tomllib  # not at the top: most hosts parse no TOML, and its import was ~4 ms of detect
         try:
             doc = tomllib.loads(raw.decode("utf-8", errors="replace"))
         except RecursionError:

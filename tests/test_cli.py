@@ -131,6 +131,23 @@ def test_detect_imports_no_command_runner(tmp_path):
     assert res.returncode == 0, res.stderr
 
 
+def test_detect_parses_toml_only_on_a_host_that_has_some(tmp_path):
+    """tomllib (and the typing it imports) was ~4 ms of every detect (issue 47): a host with no TOML file
+    to read does not import it; one with driverd's config file still has it parsed and checked."""
+    bare, configured = tmp_path / "bare", tmp_path / "configured"
+    write_host(bare, HostSpec(pci=[h100("0000:1b:00.0")]))
+    write_host(configured, HostSpec(pci=[h100("0000:1b:00.0")],
+                                    files={"/etc/driverd/config.toml": '[driver]\nflavour = "open"\n'}))
+    code = ("import sys, contextlib, io; from driverd.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    rc = main(['detect', '--root', sys.argv[1], '--json'])\n"
+            "print(rc, 'tomllib' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code, str(bare)], capture_output=True, text=True)
+    assert res.stdout.split() == ["0", "False"], res.stderr
+    res = subprocess.run([sys.executable, "-c", code, str(configured)], capture_output=True, text=True)
+    assert res.stdout.split() == ["2", "True"], res.stderr        # read: its unknown key refused
+
+
 def test_detect_reads_the_gpu_table_without_importlib_resources(tmp_path):
     """The GPU table is read from the package's directory: importlib.resources and its readers (zipfile,
     tempfile) were ~3 ms of every detect (issue 47). No site, so nothing but driverd can import them."""

@@ -25,7 +25,6 @@ import dataclasses
 import json
 import re
 import subprocess
-import tomllib
 from abc import ABC, abstractmethod
 from typing import ClassVar, Iterable
 
@@ -136,6 +135,7 @@ def read_toml(root: Root, path: str) -> dict:
     if path.endswith(".tmpl"):
         # Go-template lines ({{ ... }}) are not TOML; the static part still names the runtimes.
         text = "\n".join(ln for ln in text.splitlines() if "{{" not in ln)
+    import tomllib  # not at the top: most hosts parse no TOML, and its import was ~4 ms of detect
     try:
         return tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError):   # deeply nested junk overflows the parser

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import tomllib
 
 from driverd.errors import EXIT_USAGE, RuntimeConfigError
 from driverd.root import Root
@@ -55,6 +54,7 @@ def _load(root: Root, path: str) -> dict:
     text = root.read_text(path)
     if not text or not text.strip():
         return {}
+    import tomllib  # not at the top: most hosts parse no TOML, and its import was ~4 ms of detect
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

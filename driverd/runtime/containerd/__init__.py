@@ -19,7 +19,6 @@ import copy
 import fnmatch
 import os
 import re
-import tomllib
 from typing import Any
 
 from driverd.errors import RuntimeConfigError
@@ -325,6 +324,7 @@ def _plan_dropin(root, config_path, text, doc, opts, report, rec) -> list[FileEd
 
 # -- k3s / RKE2 Go templates -----------------------------------------------------------------------
 def _static_toml(text: str) -> dict:
+    import tomllib  # not at the top: most hosts parse no TOML, and its import was ~4 ms of detect
     try:
         return tomllib.loads("\n".join(ln for ln in text.splitlines() if "{{" not in ln))
     except tomllib.TOMLDecodeError:
