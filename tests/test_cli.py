@@ -119,14 +119,16 @@ def test_host_commands_never_import_kubernetes(tmp_path):
     assert res.returncode == 0, res.stderr
 
 
-def test_detect_imports_no_command_runner(tmp_path):
-    """detect runs no command of the host's: driverd.runner (its two dataclasses, shutil, threading, signal)
-    stays out of its start-up (issue 47)."""
+def test_detect_imports_no_command_runner_and_no_runtime_change(tmp_path):
+    """detect runs no command of the host's and configures no runtime: driverd.runner (its two dataclasses,
+    shutil, threading, signal) and driverd.runtime.changes (four dataclasses) stay out of its start-up
+    (issue 47), although every runtime's module is imported to detect it."""
     write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
     code = ("import sys, contextlib, io; from driverd.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             f"    rc = main(['detect', '--root', {str(tmp_path)!r}, '--json'])\n"
-            "sys.exit(rc or ('imported driverd.runner' if 'driverd.runner' in sys.modules else 0))")
+            "bad = [m for m in ('driverd.runner', 'driverd.runtime.changes') if m in sys.modules]\n"
+            "sys.exit(rc or (f'imported {bad}' if bad or 'driverd.runtime.docker' not in sys.modules else 0))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
 

@@ -240,7 +240,7 @@ class Reconciler:
             return
         from driverd.apply.lock import HostLock
         from driverd.runtime import cdi
-        from driverd.runtime.model import Options
+        from driverd.runtime.changes import Options
         try:
             with HostLock(sctx.root, cfg["state.dir"], "cdi-refresh").acquire(self.lock_wait_s):
                 rep = cdi.refresh(sctx.root, Options.from_config(cfg))

@@ -82,7 +82,7 @@ def register(sub, common) -> None:
 
 
 def _options(ctx, args):
-    from driverd.runtime.model import Options
+    from driverd.runtime.changes import Options
     return Options.from_config(ctx.config, handler=getattr(args, "handler_name", None) or None,
                                binary=getattr(args, "binary", None), set_as_default=getattr(args, "set_as_default", None),
                                cdi=getattr(args, "cdi", None), restart=args.restart, dry_run=args.dry_run,

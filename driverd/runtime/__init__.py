@@ -8,7 +8,18 @@ Nothing heavy is imported here: tomlkit/yaml load only when a runtime is configu
 """
 from __future__ import annotations
 
-from driverd.runtime.model import ChangeReport, Options
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from driverd.runtime.changes import ChangeReport, Options
+
+
+def __getattr__(name: str):
+    # Options and ChangeReport are configure's (driverd.runtime.changes): made when first asked for, not
+    # by every import of this package (detect's, issue 47)
+    if name in ("Options", "ChangeReport"):
+        from driverd.runtime import changes
+        return getattr(changes, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def configure(root, runtime_name, options, runner=None, facts=None) -> ChangeReport:
@@ -17,6 +28,7 @@ def configure(root, runtime_name, options, runner=None, facts=None) -> ChangeRep
 
 
 def revert(root, runtime_name, options=None, runner=None, facts=None) -> ChangeReport:
+    from driverd.runtime.changes import Options
     from driverd.runtime.handler import revert as _revert
     return _revert(root, runtime_name, options or Options(), runner, facts)
 

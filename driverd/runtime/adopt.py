@@ -25,7 +25,10 @@ from dataclasses import dataclass
 
 from driverd.errors import RuntimeConfigError
 from driverd.root import Root
-from driverd.runtime.model import ChangeReport, Options
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from driverd.runtime.changes import ChangeReport, Options
 
 NVIDIA_RUNTIME = re.compile(r"^nvidia-container-runtime([.-](cdi|legacy|experimental))?$")
 # dockerd and the runtimes resolve a bare binary name with PATH; systemd's default PATH for services.

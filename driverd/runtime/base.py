@@ -26,10 +26,13 @@ import json
 import re
 import subprocess
 from abc import ABC, abstractmethod
-from typing import ClassVar, Iterable
+from typing import TYPE_CHECKING, ClassVar, Iterable
 
 from driverd.root import Root
-from driverd.runtime.model import DEFAULT_BINARY, CdiFacts, ChangeReport, FileEdit, Options, RuntimeFacts
+from driverd.runtime.model import DEFAULT_BINARY, CdiFacts, RuntimeFacts
+
+if TYPE_CHECKING:
+    from driverd.runtime.changes import ChangeReport, FileEdit, Options
 
 # `driverd debug capture-host` records each runtime binary's `--version` here: a captured tree is not
 # live, so its binaries cannot be run.

@@ -16,7 +16,11 @@ from driverd.errors import EXIT_USAGE, RuntimeConfigError
 from driverd.root import Root
 from driverd.runtime import adopt, tomldoc
 from driverd.runtime.base import Runtime, dig, read_toml, version_tuple
-from driverd.runtime.model import CDI_SPEC_DIRS, CdiFacts, ChangeReport, FileEdit, Options, RuntimeFacts
+from driverd.runtime.model import CDI_SPEC_DIRS, CdiFacts, RuntimeFacts
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from driverd.runtime.changes import ChangeReport, FileEdit, Options
 
 DEFAULT_CONFIG = "/etc/crio/crio.conf"
 DEFAULT_DIR = "/etc/crio/crio.conf.d"
@@ -86,6 +90,7 @@ def _read_files(root: Root, config_path: str | None, cdir: str, ours: str) -> li
 
 def plan(root: Root, config_path: str | None, opts: Options, report: ChangeReport,
          rec: dict | None = None) -> list[FileEdit]:
+    from driverd.runtime.changes import FileEdit
     cdir = config_dir(root)
     ours = dropin_path(cdir, opts.handler)
     order = _read_files(root, config_path, cdir, ours)

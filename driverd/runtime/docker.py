@@ -8,13 +8,18 @@ from driverd.errors import RuntimeConfigError
 from driverd.root import Root
 from driverd.runtime import adopt, jsondoc
 from driverd.runtime.base import Runtime, version_tuple
-from driverd.runtime.model import CDI_SPEC_DIRS, CdiFacts, Change, ChangeReport, FileEdit, Options, RuntimeFacts
+from driverd.runtime.model import CDI_SPEC_DIRS, CdiFacts, RuntimeFacts
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from driverd.runtime.changes import Change, ChangeReport, FileEdit, Options
 
 DEFAULT_CONFIG = "/etc/docker/daemon.json"
 RESERVED = ("runc", "io.containerd.runc.v2", "io.containerd.runtime.v1.linux")
 
 
 def plan(root: Root, config_path: str | None, opts: Options, report: ChangeReport, rec: dict | None) -> list[FileEdit]:
+    from driverd.runtime.changes import FileEdit
     path = config_path or DEFAULT_CONFIG
     raw = root.read_bytes(path)
     text = raw.decode() if raw is not None else ""

@@ -11,7 +11,8 @@ from driverd.root import Root
 from driverd.runner import Runner
 from driverd.runtime import registry, state
 from driverd.runtime.base import Runtime
-from driverd.runtime.model import HANDLER_NAME, RESTART_MODES, ChangeReport, FileEdit, Options
+from driverd.runtime.changes import ChangeReport, FileEdit, Options
+from driverd.runtime.model import HANDLER_NAME, RESTART_MODES
 from driverd.runtime.needs import TOOLKIT, resolve_binary
 from driverd.runtime.restart import DidNotStart
 

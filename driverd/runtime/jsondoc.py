@@ -7,7 +7,10 @@ import re
 from typing import Any
 
 from driverd.errors import EXIT_USAGE, RuntimeConfigError
-from driverd.runtime.model import Change
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from driverd.runtime.changes import Change
 
 
 def parse(text: str, path: str) -> dict:
@@ -38,6 +41,7 @@ def dumps(doc: dict, like: str) -> str:
 
 
 def set_key(doc: dict, key: list[str], value: Any) -> Change:
+    from driverd.runtime.changes import Change
     cur = doc
     for i, k in enumerate(key[:-1]):
         if k not in cur:

@@ -17,7 +17,7 @@ import json
 
 from driverd.errors import HostPathError, RuntimeConfigError
 from driverd.root import Root
-from driverd.runtime.model import Change, ChangeReport, FileEdit
+from driverd.runtime.changes import Change, ChangeReport, FileEdit
 
 DEFAULT_STATE_DIR = "/var/lib/driverd"           # state.dir's default
 STATE_FILE = f"{DEFAULT_STATE_DIR}/runtime/state.json"     # the record under the default state.dir

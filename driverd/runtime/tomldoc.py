@@ -10,8 +10,9 @@ if TYPE_CHECKING:
     import tomlkit
     from tomlkit.items import Table
 
+    from driverd.runtime.changes import Change
+
 from driverd.errors import EXIT_USAGE, RuntimeConfigError
-from driverd.runtime.model import Change
 
 MISSING = object()
 
@@ -67,6 +68,7 @@ def set_key(doc: Any, key: list[str], value: Any) -> Change:
 
     When an ancestor table is missing, the change records that ancestor (undo deletes it whole).
     """
+    from driverd.runtime.changes import Change
     cur = doc
     for i, k in enumerate(key[:-1]):
         if k not in cur:
@@ -99,6 +101,7 @@ def delete_key(doc: Any, key: list[str]) -> None:
 
 def remove_key(doc: Any, key: list[str]) -> Change:
     """Delete doc[key...] (which must exist); returns the change that puts it back."""
+    from driverd.runtime.changes import Change
     old = plain(get(doc, key))
     delete_key(doc, key)
     return Change("delete", list(key), had_old=True, old=old)

@@ -13,7 +13,7 @@ import pytest
 from driverd.root import Root
 from driverd.runtime import registry
 from driverd.runtime.base import Runtime, dig, read_toml
-from driverd.runtime.model import FileEdit
+from driverd.runtime.changes import FileEdit
 from driverd.sim.hosttree import HostSpec, h100, write_host
 
 BIN = "/usr/bin/nvidia-container-runtime"

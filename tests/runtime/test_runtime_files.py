@@ -311,7 +311,7 @@ def test_two_files_whose_backup_names_once_collided_revert_to_their_own_bytes(tm
     """Issue 44, item 7: backups were named by the path with '/' made '__': /etc/a__b/c.conf and
     /etc/a/b__c.conf shared one backup, and revert gave the second file the first one's bytes."""
     from driverd.runtime import state
-    from driverd.runtime.model import ChangeReport, FileEdit
+    from driverd.runtime.changes import ChangeReport, FileEdit
     host = make_host(tmp_path / "host", {"/etc/rt/a__b/c.conf": "first original\n",
                                          "/etc/rt/a/b__c.conf": "second original\n"})
     root = Root(host)

@@ -8,7 +8,7 @@ from driverd.apply.steps.common import restore_files_steps
 
 
 def runtime_options(ctx, params, dry_run: bool = False):
-    from driverd.runtime.model import Options
+    from driverd.runtime.changes import Options
     opts = dict(params.get("options") or {})
     return Options.from_config(ctx.config, handler=params.get("handler"), dry_run=dry_run or ctx.runner.dry_run,
                                **{k: v for k, v in opts.items() if k != "handler"})

@@ -462,7 +462,7 @@ def _step_back(root: Root, options, report, sp: SpecPlan, dry: bool) -> None:
     rewrites it (no moment without a spec); one it wrote anywhere else goes (it would define the devices
     a second time)."""
     from driverd.runtime import state
-    from driverd.runtime.model import ChangeReport
+    from driverd.runtime.changes import ChangeReport
     dropped = _forget_rewritten(root, options.state_dir, report, dry)
     files = {p: f for p, f in _recorded_specs(root, options.state_dir).items() if p not in dropped}
     if not files:
@@ -486,7 +486,7 @@ def refresh(root: Root, options=None, facts=None, dry_run: bool | None = None):
     the driver is back rewrites it), or when the spec on disk is already the one the host gives. Changes
     go through driverd's runtime record ("cdi"), so `driverd runtime revert --runtime cdi` removes the
     spec (or puts back a spec another tool had written there). Call it under the host lock."""
-    from driverd.runtime.model import ChangeReport, Options
+    from driverd.runtime.changes import ChangeReport, Options
     options = options or Options(cdi=True)
     dry = options.dry_run if dry_run is None else dry_run
     report = ChangeReport("cdi", options.handler, "refresh", options.cdi_spec_path, dry_run=dry)
@@ -523,7 +523,7 @@ def write_spec(root: Root, options, report, facts=None, dry: bool = False, spec:
     """Write the spec (built from the GPUs now visible unless given) through driverd's runtime record
     ("cdi"): backed up once if another tool's spec was there, restored or removed by revert."""
     from driverd.runtime import state
-    from driverd.runtime.model import ChangeReport, FileEdit
+    from driverd.runtime.changes import ChangeReport, FileEdit
     spec = spec or build(root, facts)
     new = render(spec).encode()
     old = root.read_bytes(options.cdi_spec_path)

@@ -19,7 +19,7 @@ import copy
 import fnmatch
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from driverd.errors import RuntimeConfigError
 from driverd.root import Root
@@ -47,7 +47,10 @@ from driverd.runtime.containerd.tables import (
     runc_family,
     runs,
 )
-from driverd.runtime.model import CdiFacts, Change, ChangeReport, FileEdit, Options, RuntimeFacts
+from driverd.runtime.model import CdiFacts, RuntimeFacts
+
+if TYPE_CHECKING:
+    from driverd.runtime.changes import Change, ChangeReport, FileEdit, Options
 
 K3S_DIRS = ("/var/lib/rancher/k3s/agent/etc/containerd/", "/var/lib/rancher/rke2/agent/etc/containerd/")
 _VERSION_RE = re.compile(r"^\s*version\s*=\s*(\S+)", re.M)
@@ -123,6 +126,7 @@ def plan(root: Root, config_path: str, opts: Options, report: ChangeReport, vers
 
 
 def _plan_in_place(root, config_path, text, doc, version, opts, report, binv, rec) -> list[FileEdit]:
+    from driverd.runtime.changes import FileEdit
     cri = CRI_PLUGIN[version]
     docs = {config_path: (text, doc)}
     for f in load_order(root, config_path, doc):
@@ -227,6 +231,7 @@ def _order_with(root: Root, config_path: str, doc: dict, dropin: str) -> tuple[l
 
 
 def _plan_dropin(root, config_path, text, doc, opts, report, rec) -> list[FileEdit]:
+    from driverd.runtime.changes import Change, FileEdit
     cri = CRI_PLUGIN[3]
     dropin = dropin_path(config_path, opts.handler)
     order, imported = _order_with(root, config_path, doc, dropin)
@@ -345,6 +350,7 @@ def _render_table(prefix: list[str], value: dict) -> str:
 
 
 def _plan_template(root, config_path, opts, report, binv, rec) -> list[FileEdit]:
+    from driverd.runtime.changes import FileEdit
     tmpl = config_path if config_path.endswith(".tmpl") else config_path + ".tmpl"
     generated = tmpl[:-len(".tmpl")]
     text = _read(root, tmpl)
