@@ -144,32 +144,25 @@ class HostPaths:
             return None
 
     def link_targets(self, hostdir: str) -> dict[str, str]:
-        """The target of each symbolic link in `hostdir`, by name (a process's open files: /proc/PID/fd),
-        read through one handle on the directory: the directory is resolved once, not once a link
-        (in the driver container every path under /host/proc was an lstat a component; a GPU-user scan
-        read each open file of each process that way). The links themselves are read, never followed."""
+        """The target of each symbolic link in `hostdir`, by name (a process's open files: /proc/PID/fd).
+        The directory is resolved once, not once a link (in the driver container each path under
+        /host/proc was an lstat a component: a GPU-user scan read every open file of every process that
+        way); the links themselves are read, never followed."""
         if self.recorded is not None:                 # a capture records each link it reads
             d = self._norm(hostdir).rstrip("/")
             return {n: t for n in self.listdir(d) if (t := self.readlink(f"{d}/{n}")) is not None}
         real = self._direct(hostdir) or self.safe_real(hostdir)
-        if real is None:
-            return {}
         try:
-            fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            names = os.listdir(real) if real is not None else ()
         except (OSError, ValueError):
             return {}
-        try:
-            out: dict[str, str] = {}
-            for name in os.listdir(fd):
-                try:
-                    out[name] = os.readlink(name, dir_fd=fd)
-                except OSError:                       # not a link, or the file was closed meanwhile
-                    pass
-            return out
-        except OSError:
-            return {}
-        finally:
-            os.close(fd)
+        out: dict[str, str] = {}
+        for name in names:
+            try:
+                out[name] = os.readlink(f"{real}/{name}")
+            except OSError:                           # not a link, or the file was closed meanwhile
+                pass
+        return out
 
     def _stat(self, hostpath: str) -> os.stat_result | None:
         real = self._direct(hostpath) or self.safe_real(hostpath)
