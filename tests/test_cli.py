@@ -108,15 +108,31 @@ def test_bad_config_file(tmp_path):
     assert json.loads(res.stdout)["error"].startswith("unknown key driver.flavour")
 
 
+def _in_a_child(*commands: list[str], flags: tuple[str, ...] = (), **run_kw) -> tuple[list[tuple[int, str]], set[str]]:
+    """driverd's main() for each command in one fresh interpreter (python3 `flags`): each command's exit
+    code and output, and every module that interpreter imported (what a command's start-up pays for)."""
+    code = ("import contextlib, io, json, sys; from driverd.cli import main\n"
+            "runs = []\n"
+            "for words in json.loads(sys.argv[1]):\n"
+            "    out = io.StringIO()\n"
+            "    with contextlib.redirect_stdout(out):\n"
+            "        try: rc = main(words)\n"
+            "        except SystemExit as e: rc = e.code\n"
+            "    runs.append([rc, out.getvalue()])\n"
+            "sys.__stdout__.write(json.dumps({'runs': runs, 'modules': sorted(sys.modules)}))")
+    res = subprocess.run([sys.executable, *flags, "-c", code, json.dumps(commands)], capture_output=True, text=True,
+                         **run_kw)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    return [(rc, out) for rc, out in doc["runs"]], set(doc["modules"])
+
+
 def test_host_commands_never_import_kubernetes(tmp_path):
     write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
-    code = ("import sys; from driverd.cli import main; "
-            f"main(['detect', '--root', {str(tmp_path)!r}, '--json']); "
-            f"main(['plan', '--root', {str(tmp_path)!r}, '--driver', '570.195.03', '--json']); "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'requests', 'tomlkit', 'yaml', 'prometheus_client')]; "
-            "sys.exit(f'imported {bad}' if bad else 0)")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
+    runs, modules = _in_a_child(["detect", "--root", str(tmp_path), "--json"],
+                                ["plan", "--root", str(tmp_path), "--driver", "570.195.03", "--json"])
+    assert [m for m in modules if m.split(".")[0] in ("kubernetes", "requests", "tomlkit", "yaml",
+                                                        "prometheus_client")] == [], runs
 
 
 def test_detect_imports_no_command_runner_and_no_runtime_change(tmp_path):
@@ -124,13 +140,9 @@ def test_detect_imports_no_command_runner_and_no_runtime_change(tmp_path):
     shutil, threading, signal) and driverd.runtime.changes (four dataclasses) stay out of its start-up
     (issue 47), although every runtime's module is imported to detect it."""
     write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
-    code = ("import sys, contextlib, io; from driverd.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            f"    rc = main(['detect', '--root', {str(tmp_path)!r}, '--json'])\n"
-            "bad = [m for m in ('driverd.runner', 'driverd.runtime.changes') if m in sys.modules]\n"
-            "sys.exit(rc or (f'imported {bad}' if bad or 'driverd.runtime.docker' not in sys.modules else 0))")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
+    [(rc, _)], modules = _in_a_child(["detect", "--root", str(tmp_path), "--json"])
+    assert rc == 0 and "driverd.runtime.docker" in modules
+    assert {"driverd.runner", "driverd.runtime.changes"} & modules == set()
 
 
 def test_detect_parses_toml_only_on_a_host_that_has_some(tmp_path):
@@ -140,45 +152,31 @@ def test_detect_parses_toml_only_on_a_host_that_has_some(tmp_path):
     write_host(bare, HostSpec(pci=[h100("0000:1b:00.0")]))
     write_host(configured, HostSpec(pci=[h100("0000:1b:00.0")],
                                     files={"/etc/driverd/config.toml": '[driver]\nflavour = "open"\n'}))
-    code = ("import sys, contextlib, io; from driverd.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            "    rc = main(['detect', '--root', sys.argv[1], '--json'])\n"
-            "print(rc, 'tomllib' in sys.modules)")
-    res = subprocess.run([sys.executable, "-c", code, str(bare)], capture_output=True, text=True)
-    assert res.stdout.split() == ["0", "False"], res.stderr
-    res = subprocess.run([sys.executable, "-c", code, str(configured)], capture_output=True, text=True)
-    assert res.stdout.split() == ["2", "True"], res.stderr        # read: its unknown key refused
+    [(rc, _)], modules = _in_a_child(["detect", "--root", str(bare), "--json"])
+    assert rc == 0 and "tomllib" not in modules
+    [(rc, out)], modules = _in_a_child(["detect", "--root", str(configured), "--json"])
+    assert rc == 2 and "tomllib" in modules                       # read: its unknown key refused
+    assert json.loads(out)["error"].startswith("unknown key driver.flavour"), out
 
 
 def test_detect_reads_the_gpu_table_without_importlib_resources(tmp_path):
     """The GPU table is read from the package's directory: importlib.resources and its readers (zipfile,
     tempfile) were ~3 ms of every detect (issue 47). No site, so nothing but driverd can import them."""
     write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
-    code = ("import contextlib, io, json, sys; from driverd.cli import main\n"
-            "out = io.StringIO()\n"
-            "with contextlib.redirect_stdout(out):\n"
-            f"    main(['detect', '--root', {str(tmp_path)!r}, '--json', '--no-nvml'])\n"
-            "gpus = json.loads(out.getvalue())['gpus']\n"
-            "bad = [m for m in ('importlib.resources', 'zipfile', 'tempfile') if m in sys.modules]\n"
-            "sys.exit(f'imported {bad}' if bad else 0 if gpus[0]['name'].startswith('NVIDIA H100') else gpus)")
     path = [str(REPO)] + [p for p in sys.path if p]
-    res = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(path)})
-    assert res.returncode == 0, res.stderr
+    [(rc, out)], modules = _in_a_child(["detect", "--root", str(tmp_path), "--json", "--no-nvml"], flags=("-S",),
+                                       cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(path)})
+    assert rc == 0 and json.loads(out)["gpus"][0]["name"].startswith("NVIDIA H100"), out
+    assert {"importlib.resources", "zipfile", "tempfile"} & modules == set()
 
 
 def test_one_commands_parser_imports_only_what_its_help_needs():
     """`driverd reload` (any command but build, build-matrix and runtime) does not import the distributions'
     and the container runtimes' tables to write other commands' help (issue 34: start-up is part of a
     reload's cost); the commands whose help names them still do."""
-    code = ("import sys, contextlib, io; from driverd.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            "    try: main(['reload', '--help'])\n"
-            "    except SystemExit: pass\n"
-            "bad = [m for m in sys.modules if m.startswith(('driverd.distro', 'driverd.runtime.registry', 'sqlite3'))]\n"
-            "sys.exit(f'imported {bad}' if bad else 0)")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
+    [(rc, out)], modules = _in_a_child(["reload", "--help"])
+    assert rc == 0 and "usage: driverd reload" in out
+    assert [m for m in modules if m.startswith(("driverd.distro", "driverd.runtime.registry", "sqlite3"))] == []
     build = run_cli("build", "--help").stdout
     assert "/usr/src/linux-headers-RELEASE" in build.replace("\n", "").replace(" ", ""), build
     assert "(containerd, CRI-O, Docker)" in " ".join(run_cli("--help").stdout.split())

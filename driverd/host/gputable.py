@@ -72,16 +72,21 @@ def _split() -> tuple[dict, int, int] | None:
     return rest, start + len(_DEVICES_START) - 1, end
 
 
+def _light() -> tuple[dict, int, int] | None:
+    """_split(), unless the whole table is decoded already: then it answers everything."""
+    return None if table.cache_info().currsize else _split()
+
+
 def _device(did: str) -> dict | None:
     """One device's entry (`did` normalised), decoded alone from its line. A device not found on a line
     of its own is looked for in the whole table, which then decides (an unknown id, a hand-edited file)."""
-    split = None if table.cache_info().currsize else _split()
+    split = _light()
     if split is not None:
-        at = _text().find(f'\n  "{did}": ', split[1], split[2])
+        text, key = _text(), f'\n  "{did}": '
+        at = text.find(key, split[1], split[2])
         if at >= 0:
-            line_end = _text().find("\n", at + 1)
             try:
-                return json.loads(_text()[at + len(did) + 7:line_end].removesuffix(","))
+                return json.loads(text[at + len(key):text.find("\n", at + 1)].removesuffix(","))
             except ValueError:
                 pass
     return table()["devices"].get(did)
@@ -89,7 +94,7 @@ def _device(did: str) -> dict | None:
 
 def _part(key: str):
     """A part of the table other than its devices, without decoding them."""
-    split = None if table.cache_info().currsize else _split()
+    split = _light()
     return (table() if split is None else split[0]).get(key)
 
 
