@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -475,7 +475,11 @@ def set_value(root, cfg: Config, key: str, value: Any) -> str:
     shown = cfg.path or (CONFIG_PATH if root.is_slash else f"{root.base}{CONFIG_PATH}")
     try:
         if cfg.explicit:
-            text = Path(shown).read_text() if Path(shown).exists() else ""
+            try:
+                with open(shown) as f:
+                    text = f.read()
+            except FileNotFoundError:
+                text = ""
         else:
             text = root.read_text(CONFIG_PATH) or ""
         import tomllib
@@ -501,24 +505,25 @@ def load(root, path: str | None = None, environ: Mapping[str, str] | None = None
     environ = os.environ if environ is None else environ
     path = path or environ.get("DRIVERD_CONFIG")
     if path:  # an explicit file is a path on the machine running driverd, not under the root
-        real, shown = Path(path), path
+        real, shown = os.fspath(path), path
     else:
         shown = CONFIG_PATH if root.is_slash else f"{root.base}{CONFIG_PATH}"
         try:
-            real = root.real(CONFIG_PATH)
+            real = root.real_on_disk(CONFIG_PATH)
         except OSError as e:   # e.g. a symlink loop under the root
             raise ConfigError(f"cannot read {shown}: {e.strerror}", cause="the path does not resolve to a file",
                               fix=f"replace {shown} with a regular file") from None
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     try:
-        if real.exists() and not real.is_file():   # a directory, FIFO or device: never block on it
-            raise IsADirectoryError(21, "not a regular file") if real.is_dir() else OSError(22, "not a regular file")
-        if real.is_file():
-            # Only root (or the user running a one-shot command on their own file) may be able to change
-            # it: a config another user can write decides what root loads, trusts and runs.
-            real = trusted_file(real, "config file", shown=shown) or real
-        raw = real.read_bytes()
+        mode = os.stat(real).st_mode
+        if not stat.S_ISREG(mode):                 # a directory, FIFO or device: never block on it
+            raise IsADirectoryError(21, "not a regular file") if stat.S_ISDIR(mode) else OSError(22, "not a regular file")
+        # Only root (or the user running a one-shot command on their own file) may be able to change
+        # it: a config another user can write decides what root loads, trusts and runs.
+        real = trusted_file(real, "config file", shown=shown) or real
+        with open(real, "rb") as f:
+            raw = f.read()
     except FileNotFoundError:
         if path:
             raise ConfigError(f"config file {shown} does not exist", cause="--config names a missing file",

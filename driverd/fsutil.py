@@ -12,7 +12,10 @@ from __future__ import annotations
 import json
 import os
 import stat
-from pathlib import Path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
@@ -96,6 +99,7 @@ def atomic_write(path: str | os.PathLike, data: bytes | str, mode: int | None = 
     For driverd's own files (caches, journals, packages). Host paths under a Root go through
     Root.atomic_write, which resolves the path inside the root.
     """
+    from pathlib import Path
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if mode is None:
@@ -325,6 +329,7 @@ def _trusted(path, what: str, shown: str | None, missing_ok: bool, kind: str, no
         raise ConfigError(f"refusing {what} {shown}: {real} is not a {noun}", cause=why_kind,
                           fix=f"point {what} at a {noun}")
     _judge_owner(path, real, st, what, shown, cause)
+    from pathlib import Path
     return Path(real)
 
 

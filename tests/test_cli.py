@@ -170,6 +170,18 @@ def test_detect_reads_the_gpu_table_without_importlib_resources(tmp_path):
     assert {"importlib.resources", "zipfile", "tempfile"} & modules == set()
 
 
+def test_detect_reads_the_host_by_strings_without_pathlib(tmp_path):
+    """detect's reads name the host's files by strings: pathlib (with urllib.parse and ipaddress, ~3 ms)
+    is imported only where a Path is handed out (issue 47). The config file's absence is read the same
+    way."""
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
+    path = [str(REPO)] + [p for p in sys.path if p]
+    [(rc, out)], modules = _in_a_child(["detect", "--root", str(tmp_path), "--json", "--no-nvml"], flags=("-S",),
+                                       cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(path)})
+    assert rc == 0 and json.loads(out)["kernel"]["release"], out
+    assert {"pathlib", "urllib.parse", "ipaddress"} & modules == set()
+
+
 def test_one_commands_parser_imports_only_what_its_help_needs():
     """`driverd reload` (any command but build, build-matrix and runtime) does not import the distributions'
     and the container runtimes' tables to write other commands' help (issue 34: start-up is part of a

@@ -341,7 +341,7 @@ class Inventory:
 
 
 def _is_exec(root: Root, hostpath: str) -> bool:
-    real = root.safe_real(hostpath)
+    real = root.safe_on_disk(hostpath)
     try:
         st = os.stat(real) if real is not None else None
     except OSError:
@@ -452,7 +452,7 @@ def _ipc(root: Root, us: UserSpace, left_out: list[str]) -> dict[str, str]:
         kind = "socket" if target.endswith("socket") else "dir"
         for p in [_join(base, x.lstrip("/")) for x in places if base != "/"] + list(places):
             st = root.lstat(p)              # the directories on the way resolved inside the root
-            parent = root.safe_real(os.path.dirname(p))
+            parent = root.safe_on_disk(os.path.dirname(p))
             if st is None or parent is None or (here := f"{parent}/{os.path.basename(p)}") in seen:
                 continue                    # absent, or one place seen already (/var/run is often /run)
             seen.add(here)

@@ -90,7 +90,7 @@ def _source(path: str | None, release: str) -> str:
 
 def kallsyms_has(root: Root, symbol: str) -> bool | None:
     """Whether /proc/kallsyms names `symbol` (streamed: the file is tens of MB on a real host)."""
-    real = root.safe_real("/proc/kallsyms")
+    real = root.safe_on_disk("/proc/kallsyms")
     if real is None:
         return None
     want = f" {symbol}"

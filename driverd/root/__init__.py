@@ -27,10 +27,13 @@ import ctypes
 import errno
 import os
 import stat
-from pathlib import Path
 
 from driverd.root.confined import _CLOEXEC, ConfinedOps, _is_link
 from driverd.root.paths import _MAX_LINKS, read_regular
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
 
 _O_PATH = getattr(os, "O_PATH", 0)
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from pathlib import Path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
 
 _MAX_LINKS = 40
 
@@ -32,8 +35,15 @@ class HostPaths:
 
     def path(self, hostpath: str) -> Path:
         """The real path of `hostpath` under the root, without following symlinks."""
+        # pathlib here, not at the top: detect on the live root makes no Path, and pathlib's import (with the
+        # urllib.parse and ipaddress it brings) was ~3 ms of it.
+        from pathlib import Path
+        return Path(self.on_disk(hostpath))
+
+    def on_disk(self, hostpath: str) -> str:
+        """path() as a string."""
         hp = self._norm(hostpath)
-        return Path(self.base + hp) if not self.is_slash else Path(hp)
+        return self.base + hp if not self.is_slash else hp
 
     def resolve(self, hostpath: str) -> str:
         """Follow symlinks the way the host would, keeping absolute targets inside the root.
@@ -82,6 +92,10 @@ class HostPaths:
         """The real on-disk path of `hostpath`, symlinks resolved inside the root."""
         return self.path(self.resolve(hostpath))
 
+    def real_on_disk(self, hostpath: str) -> str:
+        """real() as a string."""
+        return self.on_disk(self.resolve(hostpath))
+
     def _record(self, hp: str) -> None:
         if self.recorded is not None:
             self.recorded.add(hp)
@@ -91,8 +105,16 @@ class HostPaths:
     # loops (ELOOP), names the OS rejects (ENAMETOOLONG, NUL bytes -> ValueError), directories
     # where files belong, FIFOs and devices (which would block or never end).
     def safe_real(self, hostpath: str) -> Path | None:
+        real = self.safe_on_disk(hostpath)
+        if real is None:
+            return None
+        from pathlib import Path
+        return Path(real)
+
+    def safe_on_disk(self, hostpath: str) -> str | None:
+        """safe_real() as a string."""
         try:
-            return self.real(hostpath)
+            return self.real_on_disk(hostpath)
         except (OSError, ValueError):
             return None
 
@@ -108,7 +130,7 @@ class HostPaths:
         return None
 
     def read_bytes(self, hostpath: str, limit: int = 4 << 20) -> bytes | None:
-        real = self._direct(hostpath) or self.safe_real(hostpath)
+        real = self._direct(hostpath) or self.safe_on_disk(hostpath)
         return None if real is None else read_regular(real, limit)
 
     def read_text(self, hostpath: str, limit: int = 4 << 20) -> str | None:
@@ -125,7 +147,7 @@ class HostPaths:
 
     def listdir(self, hostpath: str) -> list[str]:
         try:
-            return sorted(os.listdir(self._direct(hostpath) or self.real(hostpath)))
+            return sorted(os.listdir(self._direct(hostpath) or self.real_on_disk(hostpath)))
         except (OSError, ValueError):
             return []
 
@@ -139,7 +161,7 @@ class HostPaths:
             parent = self.resolve(os.path.dirname(hp))
             leaf = parent.rstrip("/") + "/" + os.path.basename(hp)
             self._record(leaf)
-            return os.readlink(self.path(leaf))
+            return os.readlink(self.on_disk(leaf))
         except (OSError, ValueError):
             return None
 
@@ -151,7 +173,7 @@ class HostPaths:
         if self.recorded is not None:                 # a capture records each link it reads
             d = self._norm(hostdir).rstrip("/")
             return {n: t for n in self.listdir(d) if (t := self.readlink(f"{d}/{n}")) is not None}
-        real = self._direct(hostdir) or self.safe_real(hostdir)
+        real = self._direct(hostdir) or self.safe_on_disk(hostdir)
         try:
             names = os.listdir(real) if real is not None else ()
         except (OSError, ValueError):
@@ -165,7 +187,7 @@ class HostPaths:
         return out
 
     def _stat(self, hostpath: str) -> os.stat_result | None:
-        real = self._direct(hostpath) or self.safe_real(hostpath)
+        real = self._direct(hostpath) or self.safe_on_disk(hostpath)
         if real is None:
             return None
         try:
@@ -203,9 +225,9 @@ class HostPaths:
         if self.is_slash:
             return True
         mine = _boot_id("/proc/sys/kernel/random/boot_id")
-        theirs = _boot_id(str(self.path("/proc/sys/kernel/random/boot_id")))
+        theirs = _boot_id(self.on_disk("/proc/sys/kernel/random/boot_id"))
         try:
-            return mine is not None and mine == theirs and self.path("/proc/self").is_symlink()
+            return mine is not None and mine == theirs and os.path.islink(self.on_disk("/proc/self"))
         except (OSError, ValueError):
             return False
 

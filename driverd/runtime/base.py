@@ -181,7 +181,7 @@ class Versions:
 
     def _spawn(self, binary: str) -> subprocess.Popen | None:
         try:
-            return subprocess.Popen([str(self.root.real(binary)), "--version"], stdout=subprocess.PIPE,
+            return subprocess.Popen([self.root.real_on_disk(binary), "--version"], stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                                     errors="replace", cwd="/")
         except OSError:
