@@ -78,6 +78,7 @@ class ControlPlane:
         self.retired_requests: dict[tuple[str, str, str], float] = {}
         self.retired_policy_s: dict[str, float] = {}
         self.restarts = 0
+        self.controllers_at = 0        # self.restarts when kube-controller-manager last started
         self.port = 0
         self.url = ""
         self.ca = str(workdir / "certs" / "apiserver.crt")
@@ -169,6 +170,13 @@ class ControlPlane:
         self._spawn("kube-apiserver", self.args["kube-apiserver"])
         self.restarts += 1
         self._wait_ready(120)
+
+    def restart_controller_manager(self) -> None:
+        """kube-controller-manager stops and starts again: its informers list the API server afresh."""
+        self._retire("kube-controller-manager")
+        stop_process(self.procs["kube-controller-manager"])
+        self._spawn("kube-controller-manager", self.args["kube-controller-manager"])
+        self.controllers_at = self.restarts
 
     def _retire(self, name: str) -> None:
         """Keep what a component's process counted before it stops: its CPU from /proc, and for the
@@ -542,6 +550,18 @@ def reset(cp: ControlPlane) -> None:
     ReplicaSets, PDBs, device-plugin DaemonSet, Lease or Events of an earlier test (the deploy/
     objects stay). Finalizers nobody will remove any more (a rollout's, once its daemons are gone; a
     test's pod held Terminating) are dropped first."""
+    if cp.restarts != cp.controllers_at:
+        # kube-apiserver was restarted since kube-controller-manager started (an earlier test's outage):
+        # its informers back off while the API server is away (client-go's reflector: 0.8 s doubling to
+        # 30 s, jittered up to twice that, reset only after 2 min without a failure) and stay blind for
+        # up to a minute after it is back. The disruption controller then counted the next test's GPU pod
+        # 51 s after its fleet was built, next to the 60 s its budgets wait allows. A test starts from
+        # controllers that watch the API server, as from an emptied one. And from an admission that has its
+        # policies: a restarted kube-apiserver refuses what deploy/'s policy matches until its discovery
+        # finds the policy's paramKind (up to 30 s): a test's first DriverRollout creation was retried for
+        # 24 s in that window.
+        cp.restart_controller_manager()
+        wait_policies_configured(cp)
     gone = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
     unfinal = {"metadata": {"finalizers": None}}
     for coll in ("/apis/driverd.io/v1alpha1/driverrollouts", "/api/v1/namespaces/gpu-jobs/pods"):
