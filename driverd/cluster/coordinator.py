@@ -83,6 +83,7 @@ class Coordinator:
         self.fleet = FleetStatus()        # the last pass's numbers, for the daemon's /metrics
         self._idle = threading.Event()    # run() is not running (its pass loop has returned)
         self._idle.set()
+        self._held = False                # it has held the Lease: its identity may, whatever a 403 says later
 
     def close(self) -> None:
         """Stop, and give the Lease up once the pass in flight has ended: its last writes (a status,
@@ -103,6 +104,11 @@ class Coordinator:
         try:
             self._run()
         finally:
+            if not self.stop.is_set():
+                # the pass loop gave up on its own: a coordinator that no longer coordinates must not keep the
+                # Lease (its renewer would hold it, and no other coordinator could take over)
+                self.stop.set()
+                self.lease.release()
             self._idle.set()
 
     def _run(self) -> None:
@@ -123,6 +129,7 @@ class Coordinator:
                             self.lease.try_acquire():
                         self._keep_renewing()
                 if self.lease.holding() and self.nodes is None:
+                    self._held = True
                     self.log(f"driverd cluster: {self.identity} coordinates rollouts (holds the Lease)")
                     self.nodes = Informer(self.kube, node_path(), name="nodes",
                                           on_change=self._node_changed, log=self.log).start()
@@ -136,9 +143,12 @@ class Coordinator:
                     exp = self.lease.expires_in(self.lease_watch.get(f"{self.ns}/{LEASE_NAME}"))
                     self.wake.wait(max(0.2, exp + 0.05) if exp > 0 else 1.0)
             except KubeError as e:
-                if e.status == 403 and not _not_holder(e) and self.nodes is None:
+                if e.status == 403 and not _not_holder(e) and self.nodes is None and not self._held:
                     # RBAC or deploy/'s policy gives this identity no Lease (a GPU node's, issue 44): the
-                    # coordinator is another identity; this daemon stops trying, said once
+                    # coordinator is another identity; this daemon stops trying, said once. Not an identity
+                    # that has held it: after a 27-s kube-apiserver outage a coordinator took a 403 for its last
+                    # word and stopped coordinating while its renewer took the Lease back and kept it (a node
+                    # done, its rollout Progressing for good, no other coordinator able to take over)
                     self.log(f"driverd cluster: {self.identity} may not hold the rollout Lease ({e.one_line()}): it "
                              "runs its own node's side of rollouts only; deploy/'s driverd-coordinator coordinates "
                              "(set cluster.coordinate = false to say so)")
