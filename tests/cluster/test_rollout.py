@@ -493,6 +493,41 @@ def test_an_api_server_away_mid_drain_does_not_count_against_the_drain_timeout(c
     assert ro["status"]["phase"] == "Completed", views(f)["gpu-0000"].message
 
 
+def test_a_coordinator_that_held_the_lease_takes_a_403_after_an_outage_as_passing(cluster, monkeypatch):
+    """The coordinator loses its Lease while the API server is away, then the Lease answers 403 a few
+    times (as from a kube-apiserver just restarted) before it answers again. An identity that has held
+    the Lease may hold it: the coordinator takes it back and coordinates. It took the 403 for "this
+    identity may not hold the Lease" and stopped coordinating, while its renewer took the Lease back and
+    kept it: a 27-s outage left a rollout Progressing with its node done."""
+    from driverd.cluster.kube import KubeError
+    srv, make = cluster
+    f = started(make(1))
+    coord = f.coordinators[Fleet.COORDINATOR].coordinator
+    assert f.wait(lambda: coord.nodes is not None, 30), "the coordinator never took the Lease"
+    real_call, mode, forbidden = coord.kube._call, ["up"], []
+
+    def call(method, path, **kw):
+        if path.startswith(lease_path("driverd")) and mode[0] == "down":
+            raise KubeError(500, "InternalError", "etcdserver: request timed out")
+        if path.startswith(lease_path("driverd")) and mode[0] == "forbidden":
+            forbidden.append(path)
+            raise KubeError(403, "Forbidden", 'leases.coordination.k8s.io "driverd-rollout" is forbidden: User '
+                            '"system:serviceaccount:driverd:driverd-coordinator" cannot get resource "leases"')
+        return real_call(method, path, **kw)
+    monkeypatch.setattr(coord.kube, "_call", call)
+    mode[0] = "down"
+    assert f.wait(lambda: coord.nodes is None, 60), "the coordinator never lost the Lease"
+    mode[0] = "forbidden"
+    assert f.wait(lambda: len(forbidden) >= 3, 60), forbidden
+    mode[0] = "up"
+    k = kube(f)
+    k.create(rollout_path(), {"apiVersion": "driverd.io/v1alpha1", "kind": "DriverRollout", "metadata": {"name": "r"},
+                              "spec": {"driver": NEW}})
+    ro = wait_phase(f, "r", ("Completed", "Failed", "Paused"), timeout=90)
+    assert ro["status"]["phase"] == "Completed", (ro["status"], views(f)["gpu-0000"].message)
+    assert coord.nodes is not None and not coord._idle.is_set()      # coordinating, its pass loop running
+
+
 def test_a_drain_whose_pod_watch_is_refused_lists_the_pods_instead(cluster, monkeypatch):
     """A pod watch refused (RBAC without `watch` on pods): the drain reads the pods from the API each
     round, never from a cache the refused watch left behind."""
@@ -512,6 +547,35 @@ def test_a_drain_whose_pod_watch_is_refused_lists_the_pods_instead(cluster, monk
     assert ro["status"]["phase"] == "Completed", (ro["status"], views(f)["gpu-0000"].message)
     assert refused, "the drain never tried to watch its pods"
     assert views(f)["gpu-0000"].state == m.DONE
+
+
+def test_a_cordon_that_meets_a_concurrent_change_keeps_its_pod_watch(cluster, monkeypatch):
+    """The cordon reads the node's pods through the pod watch it opens while the node is still admitted;
+    a cordon patch that meets a concurrent change of the Node (409) is tried again on the same watch: one
+    list and one watch of the node's pods for the whole upgrade, not one more per conflict."""
+    from driverd.cluster.informer import Informer
+    from driverd.cluster.kube import KubeError
+    real_patch, real_init = Kube.patch, Informer.__init__
+    conflicts, pod_watches = [], []
+
+    def patch(self, path, body, **kw):
+        if path == node_path("gpu-0000") and (body.get("spec") or {}).get("unschedulable") and not conflicts:
+            conflicts.append(path)
+            raise KubeError(409, "Conflict", "Operation cannot be fulfilled on nodes \"gpu-0000\": the object has "
+                            "been modified; please apply your changes to the latest version and try again")
+        return real_patch(self, path, body, **kw)
+
+    def init(self, kube, path, *a, **kw):
+        if path == "/api/v1/pods" and (kw.get("fields") or "") == "spec.nodeName=gpu-0000":
+            pod_watches.append(kw.get("name"))
+        real_init(self, kube, path, *a, **kw)
+    monkeypatch.setattr(Kube, "patch", patch)
+    monkeypatch.setattr(Informer, "__init__", init)
+    f, k = _one_node_rollout(cluster, budgets=True)
+    ro = wait_phase(f, "r", ("Completed", "Failed", "Paused"), timeout=90)
+    assert ro["status"]["phase"] == "Completed", (ro["status"], views(f)["gpu-0000"].message)
+    assert conflicts, "the cordon never met the conflict"
+    assert pod_watches == ["pods/gpu-0000"], pod_watches
 
 
 def test_a_drain_whose_pod_watch_is_refused_still_times_out(cluster, monkeypatch):

@@ -57,7 +57,9 @@ EVICT_FIRST_S = 0.25         # the first wait; doubled after every round that le
 # a pod's change must wake it as a Node's does (issue 47: a node that looked once too early waited 5 s
 # for its next look, one straggler in a 500-node rollout's makespan).
 DRAIN_WATCH_S = (30, 60)
-POD_WATCH_STATES = (m.CORDONED, m.WAITING, m.EVICTING, m.UNLOADING, m.VALIDATING)
+# `admitted` too: the cordon opens the watch while the node is still admitted, and a cordon that meets a
+# concurrent change of the Node (409) is tried again from `admitted` on the same watch, not a new list.
+POD_WATCH_STATES = (m.ADMITTED, m.CORDONED, m.WAITING, m.EVICTING, m.UNLOADING, m.VALIDATING)
 
 
 def _leaving(plan: DrainPlan) -> dict[str, str]:
