@@ -207,13 +207,16 @@ def test_a_pool_deleted_and_recreated_under_its_name_is_a_new_pool_and_rolls_out
 def test_overlapping_pools_are_refused_naming_both_and_their_nodes_left_alone(cluster):
     srv, make = cluster
     f = make(3)
-    label(f, "gpu-0000", {"pool": "a"})
-    label(f, "gpu-0001", {"pool": "a", "zone": "z"})            # selected by both pools
-    label(f, "gpu-0002", {"zone": "z"})
     started(f)
     k = kube(f)
+    # both pools first, selecting nothing yet, then the node both select, then the others: the coordinator
+    # never sees pool a without pool z or a node of either pool before the overlap (pools created one after
+    # the other over labelled nodes let a pass see pool a alone, which rightly rolled gpu-0000)
     k.create(pool_path(), pool("a", NEW, {"pool": "a"}))
     k.create(pool_path(), pool("z", NEW, {"zone": "z"}))
+    label(f, "gpu-0001", {"pool": "a", "zone": "z"})            # selected by both pools
+    label(f, "gpu-0000", {"pool": "a"})
+    label(f, "gpu-0002", {"zone": "z"})
     for name, other in (("a", "z"), ("z", "a")):
         st = wait_pool(f, name, lambda st: cond(st, "Overlap").get("status") == "True")["status"]
         c = cond(st, "Overlap")
