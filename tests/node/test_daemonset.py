@@ -91,11 +91,26 @@ def helm_install(cp, work: Path, host: Path, binary: str) -> str:
     return cp.api("GET", f"/api/v1/namespaces/{NS}/configmaps/driverd-config")["data"]["config.toml"]
 
 
-def remove_plugin(cp, name: str) -> None:
-    """A stand-in device plugin's DaemonSet deleted and its own pods gone (another test's plugin DaemonSet
-    may stay in that namespace). A plugin stopped by a drain mid-serving, or one whose replacement never
-    served, leaves the socket it registered in the kubelet's fixed directory, which the real node checks is
-    as it found it: removed here."""
+def gpus_allocatable(cp, node: str) -> int:
+    """The node's nvidia.com/gpu allocatable as the kubelet last published it."""
+    n = cp.api("GET", f"/api/v1/nodes/{node}")
+    return int((n["status"].get("allocatable") or {}).get("nvidia.com/gpu") or 0)
+
+
+def wait_no_gpus(cp, node: str, timeout: float = 60) -> None:
+    """Until the kubelet has published that no plugin's GPUs are left (its count lags a plugin's leaving by
+    its status loop, up to 10 s): a test that waits for its own plugin's GPUs must not find another's."""
+    end = time.monotonic() + timeout
+    while (n := gpus_allocatable(cp, node)) != 0:
+        assert time.monotonic() < end, f"nvidia.com/gpu allocatable still {n} {timeout}s after the plugins left"
+        time.sleep(0.3)
+
+
+def remove_plugin(cp, name: str, node: str) -> None:
+    """A stand-in device plugin's DaemonSet deleted, its own pods gone (another test's plugin DaemonSet
+    may stay in that namespace) and its GPUs gone from the node's allocatable. A plugin stopped by a drain
+    mid-serving, or one whose replacement never served, leaves the socket it registered in the kubelet's
+    fixed directory, which the real node checks is as it found it: removed here."""
     from tests.node import deviceplugin as dp
     cp.api("DELETE", f"/apis/apps/v1/namespaces/{dp.NS}/daemonsets/{name}")
     end = time.monotonic() + 60
@@ -104,6 +119,7 @@ def remove_plugin(cp, name: str) -> None:
         time.sleep(0.5)
     for sock in Path("/var/lib/kubelet/device-plugins").glob("standin-*.sock"):
         sock.unlink(missing_ok=True)
+    wait_no_gpus(cp, node)
 
 
 def _pods(cp) -> list[dict]:
@@ -447,12 +463,12 @@ def test_a_rollouts_workload_pod_runs_on_the_node_through_the_nvidia_runtime_bef
     dss = f"/apis/apps/v1/namespaces/{dp.NS}/daemonsets"
     ds = dp.daemonset("plugin-wl", host, args=["-devices", "2"], node_selector={m.L_READY: "true"})
     ds["spec"]["template"]["spec"]["runtimeClassName"] = "nvidia"       # a GPU user: it leaves with the driver
+    wait_no_gpus(cp, node.name)         # no earlier plugin's count taken for this one's
     cp.api("POST", dss, ds)
     calls = node.dir / "nvidia-runtime.calls"
 
     def allocatable() -> int:
-        n = cp.api("GET", f"/api/v1/nodes/{node.name}")
-        return int((n["status"].get("allocatable") or {}).get("nvidia.com/gpu") or 0)
+        return gpus_allocatable(cp, node.name)
 
     def validation_pods() -> list[dict]:
         return cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector={wlp.LABEL}")["items"]
@@ -518,7 +534,7 @@ def test_a_rollouts_workload_pod_runs_on_the_node_through_the_nvidia_runtime_bef
                   for r in cp.api("GET", "/apis/driverd.io/v1alpha1/driverrollouts")["items"]):
             assert time.monotonic() < end, "the rollouts were not deleted"
             time.sleep(0.3)
-        remove_plugin(cp, "plugin-wl")
+        remove_plugin(cp, "plugin-wl", node.name)
 
 
 def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
@@ -539,8 +555,7 @@ def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
     low: list[int] = []
 
     def allocatable() -> int:
-        n = cp.api("GET", f"/api/v1/nodes/{node.name}")
-        return int((n["status"].get("allocatable") or {}).get("nvidia.com/gpu") or 0)
+        return gpus_allocatable(cp, node.name)
 
     def wait_gpus(n: int, timeout: float = 90) -> None:
         end = time.monotonic() + timeout
@@ -572,6 +587,10 @@ def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
     pod_spec["runtimeClassName"] = "nvidia"
     pod_spec["initContainers"] = [{"name": "wait", "image": IMAGE, "imagePullPolicy": "Never",
                                    "command": ["sh", "-c", "sleep 15"]}]
+    # the count of the plugin an earlier test removed is published up to 10 s late: read as this plugin's,
+    # it let the rollout start before this plugin had registered (one full run: `done` 3 s after the
+    # rollout's creation, and the count 0 after it)
+    wait_no_gpus(cp, node.name)
     cp.api("POST", dss, ds)
     wait_gpus(2)
     v = rollout("gpus-come-back", 120)
@@ -599,7 +618,7 @@ def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
     assert v.state == m.FAILED and v.reason == "GPUsNotSchedulable", v
     assert "nvidia.com/gpu allocatable 0, was 2 before the upgrade" in v.message, v.message
     assert not v.unschedulable                         # given back, uncordoned, with the reason on the Node
-    remove_plugin(cp, "plugin-gone")
+    remove_plugin(cp, "plugin-gone", node.name)
 
 
 
