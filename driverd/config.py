@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Callable, Mapping
 
+from driverd.datatypes import dataclass
 from driverd.errors import ConfigError
 from driverd.fsutil import trusted_file
 from driverd.runtime.model import HANDLER_NAME

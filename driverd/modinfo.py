@@ -15,8 +15,9 @@ from __future__ import annotations
 import lzma
 import os
 import struct
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from driverd.datatypes import dataclass
 from driverd.errors import ModuleError
 
 SIG_MAGIC = b"~Module signature appended~\n"

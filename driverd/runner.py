@@ -12,9 +12,10 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable, Sequence
 
+from driverd.datatypes import dataclass
 from driverd.errors import CommandError
 
 

@@ -17,6 +17,7 @@ COMPOSITION_ROOT = {"driverd/cli/context.py", "driverd/cli/lifecycle_cmds.py", "
 # docs/architecture.md's layer order, bottom first: a module may import its own package and any
 # layer below its own, never a layer above it or a neighbour in its own layer.
 LAYERS = [
+    {"datatypes"},
     {"data", "redact"}, {"errors"},
     {"backends", "fsutil", "log", "modinfo", "nvproc", "observe", "runner", "safetar"},
     {"root"},

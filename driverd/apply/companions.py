@@ -15,8 +15,8 @@ blocks — its absence is a plan warning."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from driverd.datatypes import dataclass
 from driverd.root import Root
 
 _UPSTREAM = re.compile(r"^(?:\d+:)?(\d+\.\d+(?:\.\d+)?)")

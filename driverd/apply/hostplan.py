@@ -6,8 +6,7 @@ disagree about a host: the same facts and configuration give the same plan, and 
 the same verdict (converged, steps to take, blocked, reboot first)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from driverd.datatypes import dataclass
 from driverd.host.facts import Facts
 from driverd.plan.model import Desired, Plan
 

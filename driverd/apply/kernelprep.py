@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
 from typing import Callable
 
+from driverd.datatypes import dataclass
 from driverd.errors import DriverdError
 
 _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")      # a release name driverd's install accepts

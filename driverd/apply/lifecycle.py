@@ -11,7 +11,7 @@ The CLI only parses arguments and renders what this returns.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable
 
 from driverd.apply import hostview
@@ -20,6 +20,7 @@ from driverd.apply.journal import UNFINISHED, Journal, phases
 from driverd.apply.lock import HostLock
 from driverd.apply.step import StepContext
 from driverd.apply import steps as st
+from driverd.datatypes import dataclass
 from driverd.plan import steplists as sl
 from driverd.errors import EXIT_REBOOT, ConfigError, DriverdError, ModuleError, PackageError, PlanError, UsageError
 

@@ -14,8 +14,8 @@ import json
 import os
 import socket
 import time
-from dataclasses import dataclass
 
+from driverd.datatypes import dataclass
 from driverd.errors import DriverdError, EXIT_BLOCKED
 
 LOCK_NAME = "lock"

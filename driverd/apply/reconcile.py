@@ -6,7 +6,7 @@ differ from the configured ones, then the same validation a transaction ends wit
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable
 
 from driverd.apply import lifecycle as lc
@@ -15,6 +15,7 @@ from driverd.apply.hostplan import verdict_for_host
 from driverd.apply.lock import LockHeld
 from driverd.apply.validation import validate_driver
 from driverd.apply import fingerprint as fpr
+from driverd.datatypes import dataclass
 from driverd.errors import ConfigError, DriverdError, PlanError, UsageError
 
 LOCK_WAIT_S = 3600.0      # the daemon waits for another driverd (a boot-time apply, an operator) this long

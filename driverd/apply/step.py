@@ -5,9 +5,10 @@ handed to it as an explicit registry (action name -> implementation).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Callable
 
+from driverd.datatypes import dataclass
 from driverd.plan.actions import ACTIONS, MODULES, PACKAGE, USERSPACE  # noqa: F401  (the steps' vocabulary)
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from driverd.datatypes import dataclass
 from driverd.errors import PackageError
 from driverd.package.archive import PackageRef, file_entry, pack
 from driverd.package.manifest import (FIRMWARE_DIR, MODULES_DIR, Manifest, ModuleInfo, Provenance)

@@ -34,9 +34,10 @@ import posixpath
 import re
 import tarfile
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
+from driverd.datatypes import dataclass
 from driverd.driver.files import elf_soname
 from driverd.errors import PackageError
 from driverd.package import companion as cp

@@ -49,9 +49,9 @@ import os
 import re
 import shlex
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
+from driverd.datatypes import dataclass
 from driverd.errors import PackageError
 from driverd.runner import which
 

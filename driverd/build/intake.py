@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
+from driverd.datatypes import dataclass
 from driverd.errors import PackageError
 from driverd.package.archive import SUFFIX, package_filename, verify_package
 

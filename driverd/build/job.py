@@ -43,8 +43,9 @@ Nothing here talks to a cluster: the objects are plain dicts (rendered as YAML o
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from driverd.datatypes import dataclass
 from driverd.errors import UsageError
 from driverd.build.matrix import Cell, Matrix
 

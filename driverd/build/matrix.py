@@ -15,11 +15,12 @@ import threading
 import time
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TextIO
 
 from driverd import distro
+from driverd.datatypes import dataclass
 from driverd.errors import DriverdError, UsageError
 from driverd.root import Root
 from driverd.runner import Runner

@@ -28,11 +28,11 @@ import shutil
 import tarfile
 import tempfile
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from driverd import safetar
+from driverd.datatypes import dataclass
 from driverd.errors import PackageError, UsageError
 from driverd.fsutil import atomic_write_json, writable_dir
 from driverd.package.archive import SUFFIX, PackageRef, read_manifest, sha256_file

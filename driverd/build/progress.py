@@ -20,9 +20,10 @@ import re
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
+
+from driverd.datatypes import dataclass
 
 # in the order a build goes through them
 PHASES = ("extract", "copy", "make", "conftest", "compile", "link", "strip", "sign", "pack")

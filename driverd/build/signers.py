@@ -24,8 +24,9 @@ key not available". Without enforcement they load and taint the kernel (E).
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
+from driverd.datatypes import dataclass
 from driverd.host.keyrings import BLACKLIST, BUILTIN, MACHINE, PLATFORM, SECONDARY, KeyringFacts
 from driverd.package.modsig import CertIdentity, ModuleSignature, SignerId, signer_matches_cert
 

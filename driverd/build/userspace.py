@@ -47,9 +47,10 @@ import os
 import re
 import tarfile
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
+from driverd.datatypes import dataclass
 from driverd.driver.files import elf_soname
 from driverd.errors import PackageError
 from driverd.package import userspace as us

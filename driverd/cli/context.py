@@ -4,10 +4,10 @@ This is also the composition root: the one place that decides to bring in the si
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from functools import cached_property
 
 from driverd import config as config_mod
+from driverd.datatypes import dataclass
 from driverd.errors import UsageError
 from driverd.root import Root
 

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from itertools import chain, islice
 
 from driverd.cluster.model import ACTIVE, DONE, FAILED, NodeView, Rollout
 from driverd.cluster.states import node_state
+from driverd.datatypes import dataclass
 
 PREFLIGHT_DEADLINE_S = 120.0
 REFUSED_RETRY_S = 30.0          # a refused admission is tried again after this (or when the node changes)

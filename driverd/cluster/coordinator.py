@@ -15,7 +15,6 @@ import json
 import threading
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 
 from driverd.cluster import events
 from driverd.cluster import model as m
@@ -36,6 +35,7 @@ from driverd.cluster.lease import LEASE_DURATION_S, LEASE_NAME, Lease
 from driverd.cluster.nodeindex import NodeIndex
 from driverd.cluster.poolkeeper import PoolKeeper
 from driverd.cluster.pools import SUPERSEDED, owner
+from driverd.datatypes import dataclass
 
 COALESCE_S = 0.02
 # Every node's daemon watches every DriverRollout, so each status write is one watch event per node of

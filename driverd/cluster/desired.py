@@ -22,10 +22,10 @@ bypass a rollout's canary and failure budget).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from driverd.cluster import states
 from driverd.cluster.model import A_PINNED, A_PREVIOUS, A_STATE, A_TARGET, split_driver
+from driverd.datatypes import dataclass
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,13 @@ the `evicting` state carries it out, so the two cannot disagree.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from driverd.cluster import model as m
 from driverd.cluster import operator_components as oc
 from driverd.cluster.gpuusers import PodUse, classify
 from driverd.cluster.kube import Kube, KubeError
+from driverd.datatypes import dataclass
 
 
 @dataclass

@@ -12,9 +12,10 @@ available), one set per cluster; driverd's are per rollout (label `rollout`).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from driverd.cluster.states import PHASES as _PHASES
+from driverd.datatypes import dataclass
 
 PHASES = tuple(_PHASES)        # the values of driverd_rollout_phase's `phase` label
 # status.nodes keys (admission.Decision.counts) -> the `state` label of driverd_rollout_nodes

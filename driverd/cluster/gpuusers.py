@@ -19,9 +19,9 @@ driver is unloaded is named by the unload's in-use check.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from driverd.cluster.kube import Kube, KubeError
+from driverd.datatypes import dataclass
 
 GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-")
 NVIDIA_DRA_DRIVER = "gpu.nvidia.com"

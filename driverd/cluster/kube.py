@@ -16,10 +16,10 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from driverd.datatypes import dataclass
 from driverd.errors import EXIT_USAGE, ClusterError, DriverdError
 from driverd.redact import redact_obj
 

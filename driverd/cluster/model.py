@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 
 # The node states and rollout phases are tables in cluster/states.py; the model speaks their names.
 from driverd.cluster.states import (
     ACTIVE, ADMITTED, CORDONED, DONE, ENDED, EVICTING, FAILED, IDLE, REBOOT, UNLOADING, VALIDATING, WAITING)
+from driverd.datatypes import dataclass
 from driverd.errors import ClusterError
 
 PREFIX = "driverd.io/"

@@ -33,9 +33,9 @@ happens when such a pod uses the GPU.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from driverd.cluster import model as m
+from driverd.datatypes import dataclass
 
 DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
 TRUE = "true"

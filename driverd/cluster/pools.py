@@ -28,11 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from driverd.cluster import model as m
 from driverd.cluster.desired import Desired
 from driverd.cluster.states import ACTIVE, DONE, FAILED
+from driverd.datatypes import dataclass
 
 KIND = "DriverPool"
 API_VERSION = "driverd.io/v1alpha1"

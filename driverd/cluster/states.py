@@ -7,7 +7,8 @@ and every transition the agent and the coordinator make is declared.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from driverd.datatypes import dataclass
+
 
 IDLE, ADMITTED, CORDONED, WAITING, EVICTING, UNLOADING, REBOOT, VALIDATING, DONE, FAILED = (
     "idle", "admitted", "cordoned", "waiting-for-jobs", "evicting", "unloading", "reboot-required", "validating",

@@ -28,8 +28,9 @@ import selectors
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from driverd.datatypes import dataclass
 from driverd.errors import UsageError
 
 MAX_CONNECTIONS = 128

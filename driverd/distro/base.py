@@ -12,9 +12,9 @@ Every answer is data or a read-only lookup under the root; nothing here runs a c
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import ClassVar
 
+from driverd.datatypes import dataclass
 from driverd.root import Root
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import re
 import stat
-from dataclasses import dataclass
 from typing import NamedTuple
 
+from driverd.datatypes import dataclass
 from driverd.driver.layout import CURRENT, DEFAULT_STATE_DIR, USERSPACE_RECORD, USERSPACE_ROOT
 from driverd.driver.records import read_json, valid_sha
 from driverd.driver.userspace import tree_intact

@@ -31,9 +31,10 @@ import os
 import re
 import stat
 import struct
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import NamedTuple
 
+from driverd.datatypes import dataclass
 from driverd.driver.layout import LDCONF, USERSPACE_DRIVER_LINK
 from driverd.package import KEY_SONAMES
 from driverd.root import Root

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
+from driverd.datatypes import dataclass
 from driverd.driver.layout import KEPT_DIR, MODULES_DIR, MODULES_RECORD
 from driverd.driver.records import valid_sha
 from driverd.errors import PackageError

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from driverd.datatypes import dataclass
 from driverd.driver.layout import LDCONF, USERSPACE_RECORD, Places
 from driverd.driver.records import read_json, valid_sha
 from driverd.errors import DriverdError

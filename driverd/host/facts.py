@@ -1,8 +1,9 @@
 """Facts: one immutable, JSON-serialisable snapshot of a host. Reading facts never changes anything."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 
+from driverd.datatypes import dataclass
 from driverd.host.keyrings import KeyringFacts
 from driverd.host.ownership import OwnershipFacts
 from driverd.host.rdma import RdmaFacts

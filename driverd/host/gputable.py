@@ -13,8 +13,9 @@ from __future__ import annotations
 import bisect
 import json
 import os
-from dataclasses import dataclass
 from functools import lru_cache
+
+from driverd.datatypes import dataclass
 
 ARCH_ORDER = ("Fahrenheit/Celsius", "Celsius/Kelvin", "Rankine", "Curie", "Tesla", "Fermi", "Kepler", "Maxwell",
               "Pascal", "Volta", "Turing", "Ampere", "Ada Lovelace", "Hopper", "Blackwell")

@@ -6,8 +6,9 @@ without modules.dep — each one line naming the fix. `driverd reboot-ready` and
 read it; nothing here writes or runs anything."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from driverd.datatypes import dataclass
 from driverd.distro import DEFAULT, Distro, choose
 from driverd.distro.base import KernelPackage
 from driverd.root import Root

@@ -26,8 +26,9 @@ from __future__ import annotations
 import functools
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from driverd.datatypes import dataclass
 from driverd.root import Root
 
 # The keyrings that matter for modules (certs/system_keyring.c, security/integrity/).

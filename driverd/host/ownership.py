@@ -26,9 +26,9 @@ Read-only, bounded, never raises.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from driverd import distro
+from driverd.datatypes import dataclass
 from driverd.driver.layout import MODULES_DIR
 from driverd.root import Root
 

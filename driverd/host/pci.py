@@ -3,8 +3,8 @@ Mellanox NICs. The `class` file holds 24 bits: base class, subclass, programming
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from driverd.datatypes import dataclass
 from driverd.host import gputable
 from driverd.host.facts import GpuFacts, NicFacts, NvSwitchFacts
 from driverd.host.textfmt import kernel_int

@@ -18,8 +18,8 @@ Read-only, never raises: absence is a fact.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from driverd.datatypes import dataclass
 from driverd.root import Root
 
 SYMBOL = "ib_register_peer_memory_client"

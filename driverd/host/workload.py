@@ -23,8 +23,9 @@ import os
 import subprocess
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 
+from driverd.datatypes import dataclass
 from driverd.driver.files import UserSpace, find
 from driverd.root import Root
 

@@ -12,10 +12,11 @@ Nothing outside the component's directory is written: the daemons start its bina
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from driverd.datatypes import dataclass
 from driverd.driver.companions import (RECORD, CompanionPlaces, CompanionTree, current, current_name,
                                        is_installed, lookup, read_tree, trees)
 from driverd.driver.records import valid_sha

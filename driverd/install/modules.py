@@ -41,9 +41,10 @@ import errno
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
+from driverd.datatypes import dataclass
 from driverd.errors import DriverdError, PackageError
 from driverd.driver.records import read_json
 from driverd.install import kept as kp

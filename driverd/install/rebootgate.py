@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from driverd.datatypes import dataclass
 from driverd.driver.state import DriverState
 from driverd.host.kernels import InstalledKernel, family, installed_kernels, newer_than
 from driverd.host.kernel import running_release

@@ -5,10 +5,10 @@ from __future__ import annotations
 import functools
 import os
 import re
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from driverd.datatypes import dataclass
 from driverd.driver import layout
 from driverd.driver.layout import MODULES_DIR as INSTALL_DIR
 from driverd.driver.modules import ModulesTree, current_tree

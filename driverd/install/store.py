@@ -21,10 +21,11 @@ there it settles on what is current. Every write goes through the part's Root (d
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import UTC, datetime
 from typing import Any, Callable, Protocol
 
+from driverd.datatypes import dataclass
 from driverd.driver.records import read_json, valid_sha
 from driverd.errors import DriverdError, PackageError
 from driverd.install.kept import Additions

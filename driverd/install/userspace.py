@@ -51,10 +51,11 @@ import errno
 import os
 import platform
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from driverd.datatypes import dataclass
 from driverd.driver import files as driverfiles
 from driverd.driver import layout
 from driverd.driver.layout import Places

@@ -22,8 +22,8 @@ import signal
 import subprocess
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 
+from driverd.datatypes import dataclass
 from driverd.errors import ModuleError
 from driverd.host.processes import DAEMONS
 from driverd.runner import CHILD_CWD

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 
+from driverd.datatypes import dataclass
 from driverd.host.processes import container_of
 from driverd.root import Root
 

@@ -23,9 +23,10 @@ import signal as _signal
 import stat
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Iterable
 
+from driverd.datatypes import dataclass
 from driverd.errors import ConfigError, ModuleError
 from driverd.host.modules import INSTALL_DIR, loaded_modules, read_module
 from driverd.kmod import kmsg

@@ -3,8 +3,9 @@ path when the package's firmware is not where the kernel looks, /dev nodes, then
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 
+from driverd.datatypes import dataclass
 from driverd.errors import ConfigError, ModuleError
 from driverd.host import pci
 from driverd.driver.ident import loaded as loaded_driver

@@ -7,7 +7,9 @@ Backends: NVML (pynvml) on a live host; the simulated GPUs of a sim tree.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
+
+from driverd.datatypes import dataclass
 
 
 MIG_PARTED_CONFIG = "/etc/nvidia-mig-manager/config.yaml"

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import gzip
 import lzma
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 
 from driverd import distro
+from driverd.datatypes import dataclass
 from driverd.host.nouveau import read_nouveau
 from driverd.runner import which
 

@@ -4,8 +4,9 @@ terminating processes (SIGTERM, grace period, SIGKILL), unload in the order the 
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from driverd.datatypes import dataclass
 from driverd.errors import ModuleError
 from driverd.kmod.holders import NVIDIA_FAMILY, Holders, find_holders
 

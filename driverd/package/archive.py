@@ -46,10 +46,10 @@ import os
 import shutil
 import tarfile
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
+from driverd.datatypes import dataclass
 from driverd.errors import PackageError
 from driverd.fsutil import fsync_dir
 from driverd.safetar import UnsafeMember, check_member

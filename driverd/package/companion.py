@@ -38,9 +38,10 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
+from driverd.datatypes import dataclass
 from driverd.errors import PackageError
 from driverd.package.manifest import MANIFEST_NAME, FileEntry, malformed, parse_json
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
 from driverd import package
+from driverd.datatypes import dataclass
 from driverd.errors import PackageError
 
 SCHEMA_VERSION = 1

@@ -29,7 +29,9 @@ from __future__ import annotations
 import os
 import re
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+
+from driverd.datatypes import dataclass
 
 SIG_MAGIC = b"~Module signature appended~\n"
 _SIG_STRUCT = struct.Struct(">BBBBB3xI")

@@ -3,7 +3,8 @@ the planner (which builds step lists) and the executor (which runs them, with th
 in driverd.apply.steps — one for each name here, checked by tests/test_architecture.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from driverd.datatypes import dataclass
+
 
 # What a step can change on the host; the rollback converges exactly the parts that were touched.
 PACKAGE = "package"        # the installed driver package for the running kernel

@@ -8,8 +8,7 @@ that rule does not apply, `auto` is refused with the device id and the fix, neve
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from driverd.datatypes import dataclass
 from driverd.errors import PlanError, UsageError
 from driverd.host import gputable
 from driverd.host.facts import GpuFacts

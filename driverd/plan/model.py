@@ -1,9 +1,10 @@
 """Plans are data: what driverd will do, in order, and why. Printing a plan explains a run."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
+from driverd.datatypes import dataclass
 from driverd.runtime.model import HandlerNeeds
 
 

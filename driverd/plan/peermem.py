@@ -17,7 +17,8 @@ A pure function of the facts: every answer carries its reason.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from driverd.datatypes import dataclass
 
 DMABUF_KERNEL = (5, 12)
 

@@ -1,8 +1,9 @@
 """plan(facts, desired) -> Plan: a pure function. No I/O, no clock; same inputs, same plan."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from driverd.datatypes import dataclass
 from driverd.errors import UsageError
 from driverd.host.facts import Facts
 from driverd.plan import companions as comp

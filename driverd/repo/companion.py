@@ -14,10 +14,10 @@ Root installs what these name and runs it, so a directory of packages and each p
 and not writable by others (driverd.fsutil.trusted_dir / trusted_file, as for userspace.package)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from driverd.datatypes import dataclass
 from driverd.errors import PackageError
 from driverd.package import companion as cp
 from driverd.package.archive import SUFFIX

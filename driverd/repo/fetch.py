@@ -21,10 +21,11 @@ import re
 import shutil
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from driverd.datatypes import dataclass
 from driverd.errors import PackageError
 from driverd.redact import redact
 from driverd.package.archive import verify_package

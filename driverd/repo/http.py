@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 from urllib.parse import unquote, urlsplit
 
+from driverd.datatypes import dataclass
 from driverd.errors import PackageError
 from driverd.redact import redact
 

@@ -27,11 +27,12 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from driverd.datatypes import dataclass
 from driverd.errors import PackageError
 from driverd.fsutil import atomic_write, fsync_dir
 from driverd.package.archive import SUFFIX, read_manifest, sha256_file

@@ -10,9 +10,9 @@ fetch-userspace step."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
+from driverd.datatypes import dataclass
 from driverd.errors import PackageError
 from driverd.package import userspace as us
 from driverd.package.archive import SUFFIX

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 
+from driverd.datatypes import dataclass
 from driverd.errors import RuntimeConfigError
 from driverd.root import Root
 

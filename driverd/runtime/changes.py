@@ -3,9 +3,10 @@ a structured file, one edit of one file, and the report of a run. Apart from dri
 detection's facts) so that `detect`, which configures nothing, does not make these classes (issue 47)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
+from driverd.datatypes import dataclass
 from driverd.runtime.model import DEFAULT_BINARY, DEFAULT_CDI_SPEC
 
 

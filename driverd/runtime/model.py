@@ -3,7 +3,8 @@ What a configure asks for and changes is driverd.runtime.changes: detect never m
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from driverd.datatypes import dataclass
 
 RESTART_MODES = ("systemd", "signal", "none")
 DEFAULT_CDI_SPEC = "/var/run/cdi/nvidia.yaml"

@@ -15,8 +15,10 @@ import os
 import shutil
 import struct
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
+
+from driverd.datatypes import dataclass
 
 EM_BY_ARCH = {"x86_64": 62, "aarch64": 183}
 ET_REL = 1

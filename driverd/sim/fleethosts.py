@@ -7,9 +7,10 @@ import itertools
 import os
 import shutil
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
+from driverd.datatypes import dataclass
 from driverd.sim.scenario import RELEASE
 
 OLD, NEW = "535.261.03", "550.127.05"

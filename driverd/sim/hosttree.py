@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import gzip
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
+
+from driverd.datatypes import dataclass
 
 EFI_GUID = "8be4df61-93ca-11d2-aa0d-e0a9e8d14b8c"
 

@@ -21,7 +21,8 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+
+from driverd.datatypes import dataclass
 
 # nvidia.ko loaded -> the GPUs initialised (the kernel log's "Persistence mode is deprecated" line,
 # written once persistence mode is set on the initialised GPUs): 4.54 s on 4×H200, 3.20 s on 1×H200

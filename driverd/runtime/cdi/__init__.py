@@ -49,8 +49,9 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from driverd.datatypes import dataclass
 from driverd.driver import files as driverfiles
 from driverd.errors import RuntimeConfigError
 from driverd.nvproc import gpu_addresses, gpu_information, imex_channels

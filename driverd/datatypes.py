@@ -1,0 +1,78 @@
+"""`dataclass`: the standard library's, with one shared `__eq__`, `__hash__` and `__repr__` for every
+class instead of three generated for each.
+
+Why (issue 47): Python 3.12 compiles each method `dataclasses` generates with its own `exec`, six for a
+frozen class (`__init__`, `__repr__`, `__eq__`, `__setattr__`, `__delattr__`, `__hash__`). `detect` makes
+about forty of these classes before it reads anything; on a GPU host that was the largest part of its
+own start-up (driverd.host.facts alone: 24 ms of import there). The shared methods read each class's
+field names once, when it is made, so they compare, hash and print exactly as the generated ones do
+(fields with compare=False, hash=..., repr=False included); `__init__` and the frozen class's
+`__setattr__` and `__delattr__` are still the standard library's.
+
+Anything this does not cover (order=True, slots=True, ...) is handed to the standard decorator as is.
+"""
+from __future__ import annotations
+
+import dataclasses
+import reprlib
+from operator import attrgetter
+
+_SHARED = {"frozen"}        # the only keyword the shared methods are written for
+
+
+def _getter(names: tuple[str, ...]):
+    """The values of `names` of an instance, as a tuple (attrgetter gives a bare value for one name)."""
+    if len(names) > 1:
+        return attrgetter(*names)
+    if names:
+        one = names[0]
+        return lambda o: (getattr(o, one),)
+    return lambda o: ()
+
+
+def _eq(self, other):
+    if other.__class__ is self.__class__:
+        key = type(self)._dt_compare
+        return key(self) == key(other)
+    return NotImplemented
+
+
+def _hash(self):
+    return hash(type(self)._dt_hash(self))
+
+
+@reprlib.recursive_repr()
+def _repr(self):
+    cls = type(self)
+    return f"{cls.__qualname__}(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in cls._dt_repr) + ")"
+
+
+def _shared(cls: type, frozen: bool) -> type:
+    own = cls.__dict__
+    class_hash = own.get("__hash__", dataclasses.MISSING)
+    explicit_hash = not (class_hash is dataclasses.MISSING or (class_hash is None and "__eq__" in own))
+    wants_eq, wants_repr = "__eq__" not in own, "__repr__" not in own
+    cls = dataclasses.dataclass(cls, frozen=frozen, eq=False, repr=False)
+    fields = dataclasses.fields(cls)
+    cls._dt_compare = _getter(tuple(f.name for f in fields if f.compare))
+    cls._dt_hash = _getter(tuple(f.name for f in fields if (f.compare if f.hash is None else f.hash)))
+    cls._dt_repr = tuple(f.name for f in fields if f.repr)
+    if wants_eq:
+        cls.__eq__ = _eq
+    if wants_repr:
+        cls.__repr__ = _repr
+    if not explicit_hash:
+        # as the standard decorator's table for eq=True: frozen gets a hash of its compared fields,
+        # mutable gets none (unhashable)
+        cls.__hash__ = _hash if frozen else None
+    return cls
+
+
+def dataclass(cls: type | None = None, /, **kw):
+    """`dataclasses.dataclass`, with the shared methods where the keywords are only `frozen`."""
+    if set(kw) - _SHARED:
+        return dataclasses.dataclass(cls, **kw) if cls is not None else dataclasses.dataclass(**kw)
+    frozen = bool(kw.get("frozen", False))
+    if cls is None:
+        return lambda c: _shared(c, frozen)
+    return _shared(cls, frozen)
