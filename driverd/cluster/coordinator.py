@@ -85,6 +85,11 @@ class Coordinator:
         self._idle.set()
         self._held = False                # it has held the Lease: its identity may, whatever a 403 says later
 
+    @property
+    def coordinating(self) -> bool:
+        """It holds the Lease (its nodes informer is open) and its pass loop runs."""
+        return self.nodes is not None and not self._idle.is_set()
+
     def close(self) -> None:
         """Stop, and give the Lease up once the pass in flight has ended: its last writes (a status,
         the Event of a phase change) are the holder's, and would be refused by deploy/'s

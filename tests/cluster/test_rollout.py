@@ -503,7 +503,7 @@ def test_a_coordinator_that_held_the_lease_takes_a_403_after_an_outage_as_passin
     srv, make = cluster
     f = started(make(1))
     coord = f.coordinators[Fleet.COORDINATOR].coordinator
-    assert f.wait(lambda: coord.nodes is not None, 30), "the coordinator never took the Lease"
+    assert f.wait(lambda: coord.coordinating, 30), "the coordinator never took the Lease"
     real_call, mode, forbidden = coord.kube._call, ["up"], []
 
     def call(method, path, **kw):
@@ -516,7 +516,7 @@ def test_a_coordinator_that_held_the_lease_takes_a_403_after_an_outage_as_passin
         return real_call(method, path, **kw)
     monkeypatch.setattr(coord.kube, "_call", call)
     mode[0] = "down"
-    assert f.wait(lambda: coord.nodes is None, 60), "the coordinator never lost the Lease"
+    assert f.wait(lambda: not coord.coordinating, 60), "the coordinator never lost the Lease"
     mode[0] = "forbidden"
     assert f.wait(lambda: len(forbidden) >= 3, 60), forbidden
     mode[0] = "up"
@@ -525,7 +525,7 @@ def test_a_coordinator_that_held_the_lease_takes_a_403_after_an_outage_as_passin
                               "spec": {"driver": NEW}})
     ro = wait_phase(f, "r", ("Completed", "Failed", "Paused"), timeout=90)
     assert ro["status"]["phase"] == "Completed", (ro["status"], views(f)["gpu-0000"].message)
-    assert coord.nodes is not None and not coord._idle.is_set()      # coordinating, its pass loop running
+    assert coord.coordinating           # it holds the Lease and its pass loop runs
 
 
 def test_a_drain_whose_pod_watch_is_refused_lists_the_pods_instead(cluster, monkeypatch):
