@@ -11,12 +11,15 @@ import os
 import re
 import stat
 from dataclasses import field
-from typing import Any, Callable, Mapping
 
 from driverd.datatypes import dataclass
 from driverd.errors import ConfigError
 from driverd.fsutil import trusted_file
 from driverd.runtime.model import HANDLER_NAME
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Mapping
 
 CONFIG_PATH = "/etc/driverd/config.toml"
 VERSION_RE = re.compile(r"^\d{3}(\.\d{1,3}){1,2}$")

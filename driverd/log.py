@@ -22,9 +22,12 @@ import threading
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Iterator, TextIO
 
 from driverd.redact import redact
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Iterator, TextIO
 
 FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error")

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 _SCHEME = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://")
 _NEVER_IN_A_URI = frozenset(' "<>\\^`{|}')         # RFC 3986 §2: excluded from every URI

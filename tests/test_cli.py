@@ -182,6 +182,22 @@ def test_detect_reads_the_host_by_strings_without_pathlib(tmp_path):
     assert {"pathlib", "urllib.parse", "ipaddress"} & modules == set()
 
 
+def test_detect_on_a_host_without_toml_imports_no_typing(tmp_path):
+    """typing is 8-12 ms of detect's start on a GPU host (issue 47): driverd's modules on detect's path
+    import it only for type checkers. A host with a TOML config (here containerd's) still imports it,
+    through tomllib, which detect needs to read that file."""
+    bare, toml = tmp_path / "bare", tmp_path / "toml"
+    write_host(bare, HostSpec(pci=[h100("0000:1b:00.0")]))
+    write_host(toml, HostSpec(pci=[h100("0000:1b:00.0")], files={"/etc/containerd/config.toml": "version = 2\n"}))
+    path = [str(REPO)] + [p for p in sys.path if p]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(path)}
+    for root, typed in ((bare, False), (toml, True)):
+        [(rc, out)], modules = _in_a_child(["detect", "--root", str(root), "--json", "--no-nvml"], flags=("-S",),
+                                           cwd=tmp_path, env=env)
+        assert rc == 0 and json.loads(out)["gpus"][0]["name"].startswith("NVIDIA H100"), out
+        assert ("typing" in modules) == typed and ("tomllib" in modules) == typed, (root, typed)
+
+
 def test_one_commands_parser_imports_only_what_its_help_needs():
     """`driverd reload` (any command but build, build-matrix and runtime) does not import the distributions'
     and the container runtimes' tables to write other commands' help (issue 34: start-up is part of a

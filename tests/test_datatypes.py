@@ -155,3 +155,46 @@ def test_detect_compiles_no_generated_eq_hash_or_repr():
     inits, others = map(int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                             check=True).stdout.split())
     assert inits >= 20 and others == 0, (inits, others)
+
+
+def test_named_tuple_is_typings_namedtuple_without_typing():
+    import typing
+
+    class Std(typing.NamedTuple):
+        """a docstring"""
+        version: str
+        flavor: str = ""
+
+        def __str__(self) -> str:
+            return f"{self.version} ({self.flavor})"
+
+        @classmethod
+        def make(cls, v: str) -> "Std":
+            return cls(v)
+
+    @datatypes.named_tuple
+    class Ours:
+        """a docstring"""
+        version: str
+        flavor: str = ""
+
+        def __str__(self) -> str:
+            return f"{self.version} ({self.flavor})"
+
+        @classmethod
+        def make(cls, v: str) -> "Ours":
+            return cls(v)
+
+    s, o = Std("580", "open"), Ours("580", "open")
+    assert tuple(s) == tuple(o) and o == ("580", "open") and hash(o) == hash(s)     # tuples, as typing's
+    assert repr(o) == repr(s).replace("Std", "Ours") and str(o) == str(s) == "580 (open)"
+    assert Ours._fields == Std._fields and Ours._field_defaults == Std._field_defaults == {"flavor": ""}
+    assert Ours.make("1") == Ours("1", "") and type(Ours.make("1")) is Ours and o._replace(flavor="") == ("580", "")
+    assert Ours.__doc__ == "a docstring" and Ours.__annotations__ == {"version": "str", "flavor": "str"}
+    assert Ours.__module__ == __name__ and Ours.__qualname__.endswith("<locals>.Ours")
+    assert Ours.__mro__[1:] == Std.__mro__[1:] == (tuple, object)
+    with pytest.raises(TypeError):
+        datatypes.named_tuple(type("Bad", (), {"__annotations__": {"a": "int", "b": "int"}, "a": 1}))
+    with pytest.raises(AttributeError):
+        datatypes.named_tuple(type("Bad", (), {"__annotations__": {"a": "int"}, "_replace": None}))
+

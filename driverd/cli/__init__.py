@@ -9,10 +9,13 @@ import argparse
 import importlib
 import os
 import sys
-from typing import NoReturn
 
 from driverd import __version__
 from driverd.errors import EXIT_UNEXPECTED, EXIT_USAGE, DriverdError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 # Each module defines register(sub, common) and handlers taking (ctx, args) -> int.
 COMMAND_MODULES = ("driverd.cli.host_cmds", "driverd.cli.package_cmds", "driverd.cli.lifecycle_cmds",

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Callable
 
 from driverd.errors import DriverdError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 
 def emit(as_json: bool, data: dict, human: Callable[[dict], str] | str) -> None:

@@ -12,10 +12,13 @@ Every answer is data or a read-only lookup under the root; nothing here runs a c
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
 
 from driverd.datatypes import dataclass
 from driverd.root import Root
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import ClassVar
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Mapping, NamedTuple
+from collections.abc import Mapping
 
+from driverd.datatypes import named_tuple
 from driverd.root import Root
 
 VERSION_FILE = "/proc/driver/nvidia/version"
@@ -15,7 +16,8 @@ _VERSION_RE = re.compile(r"(?<![\w.])(\d{2,4}\.\d{1,3}(?:\.\d{1,3})?)(?![\w.])")
 
 # A NamedTuple rather than a frozen dataclass: `detect` and every status read build this module, and a
 # NamedTuple class costs a sixth of one to make.
-class DriverId(NamedTuple):
+@named_tuple
+class DriverId:
     version: str
     flavor: str = ""            # open | proprietary | "" (not known: a record that did not say)
 

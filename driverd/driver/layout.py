@@ -4,8 +4,8 @@ Readers (state.py) and writers (packages' installers, the daemon's records) take
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
 
+from driverd.datatypes import named_tuple
 from driverd.package import MANIFEST_NAME
 from driverd.root import Root
 
@@ -57,7 +57,8 @@ USERSPACE_STATE = "userspace"                   # under state.dir: pending.json,
 USERSPACE_RECORD = "install.json"               # in each tree: {"package_sha256", ...}
 
 
-class Places(NamedTuple):
+@named_tuple
+class Places:
     """Where a node's user-space goes (host paths, from the configuration)."""
     root: str = USERSPACE_ROOT                  # userspace.root
     bin_dir: str | None = USERSPACE_BIN_DIR     # userspace.bin_dir (None; "none" in the configuration: no PATH links)

@@ -4,15 +4,16 @@ detect` reads it on every call."""
 from __future__ import annotations
 
 import json
-from typing import NamedTuple
 
+from driverd.datatypes import named_tuple
 from driverd.driver import layout
 from driverd.driver.ident import DriverId
 from driverd.driver.records import read_json
 from driverd.root import Root
 
 
-class InstalledModules(NamedTuple):
+@named_tuple
+class InstalledModules:
     """The kernel half driverd installed for one kernel release."""
     driver: DriverId
     kernel_release: str
@@ -46,7 +47,8 @@ def installed_modules(root: Root, release: str | None, warnings: list[str] | Non
 # -- the kernel half's tree and records, as install/modules.py (through install/store.py) leaves them -----
 # driver/kept.py (manifests, sizes) is imported when asked: detect reads only installed_modules().
 
-class ModulesTree(NamedTuple):
+@named_tuple
+class ModulesTree:
     """The tree installed for a release now: there at all, its package, complete per its manifest."""
     exists: bool
     sha: str | None = None

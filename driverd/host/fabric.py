@@ -37,14 +37,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import TYPE_CHECKING, Sequence
 
 from driverd.host import gputable
 # the shapes live with the other facts (facts.py never imports this module: collect() does)
 from driverd.host.facts import Companion, Fabric, FabricDevice, GpuFacts, NicFacts, NvSwitchFacts
 from driverd.nvproc import IMEX_CHANNELS, IMEX_REGION, char_major, imex_channels
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Sequence
+
     from driverd.root import Root
 
 KINDS = ("none", "nvswitch", "nvlink5-switch-tray", "nvlink5-imex", "unknown")

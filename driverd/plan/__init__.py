@@ -4,10 +4,9 @@ The names are loaded on first use (PEP 562): `driverd detect` reads one small mo
 (plan/companions.py, who owns the fabric's daemons) and should not pay for the planner's imports."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 __all__ = ["Desired", "FlavorDecision", "Plan", "Step", "plan"]
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from driverd.plan.model import Desired, FlavorDecision, Plan, Step
     from driverd.plan.planner import plan

@@ -18,10 +18,9 @@ calls these with the offers driverd.apply.companions made of each companion the 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from driverd.datatypes import dataclass
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from driverd.plan.model import Step
 

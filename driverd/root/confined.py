@@ -13,9 +13,12 @@ import os
 import shutil
 import stat
 from collections.abc import Callable
-from typing import Iterator
 
 from driverd.root.paths import HostPaths
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterator
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 

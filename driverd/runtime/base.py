@@ -26,12 +26,14 @@ import json
 import re
 import subprocess
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar, Iterable
 
 from driverd.root import Root
 from driverd.runtime.model import DEFAULT_BINARY, CdiFacts, RuntimeFacts
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import ClassVar, Iterable
+
     from driverd.runtime.changes import ChangeReport, FileEdit, Options
 
 # `driverd debug capture-host` records each runtime binary's `--version` here: a captured tree is not

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 from driverd.errors import EXIT_USAGE, RuntimeConfigError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from driverd.runtime.changes import Change
 
 

@@ -4,9 +4,11 @@ detect, which reads with tomllib, must never pay for tomlkit)."""
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     import tomlkit
     from tomlkit.items import Table
 

@@ -19,7 +19,6 @@ import copy
 import fnmatch
 import os
 import re
-from typing import TYPE_CHECKING, Any
 
 from driverd.errors import RuntimeConfigError
 from driverd.root import Root
@@ -49,7 +48,10 @@ from driverd.runtime.containerd.tables import (
 )
 from driverd.runtime.model import CdiFacts, RuntimeFacts
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from driverd.runtime.changes import Change, ChangeReport, FileEdit, Options
 
 K3S_DIRS = ("/var/lib/rancher/k3s/agent/etc/containerd/", "/var/lib/rancher/rke2/agent/etc/containerd/")

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any
 
 from driverd.errors import RuntimeConfigError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 CRI_PLUGIN = {1: ["plugins", "cri"], 2: ["plugins", "io.containerd.grpc.v1.cri"],
               3: ["plugins", "io.containerd.cri.v1.runtime"]}
