@@ -1,5 +1,5 @@
 """`dataclass`: the standard library's, with one shared `__eq__`, `__hash__` and `__repr__` for every
-class instead of three generated for each; `named_tuple`: typing.NamedTuple's class form without typing.
+class instead of three generated for each; `NamedTuple`: typing's, without importing typing.
 
 Why (issue 47): Python 3.12 compiles each method `dataclasses` generates with its own `exec`, six for a
 frozen class (`__init__`, `__repr__`, `__eq__`, `__setattr__`, `__delattr__`, `__hash__`). `detect` makes
@@ -12,9 +12,10 @@ field names once, when it is made, so they compare, hash and print exactly as th
 Anything this does not cover (order=True, slots=True, ...) is handed to the standard decorator as is.
 
 `typing` costs 8-12 ms of a command's start on a GPU host on top of what else detect imports; driverd's
-modules on detect's path import it only for type checkers, and `named_tuple` makes their NamedTuples. A
-host with a TOML config (containerd's, CRI-O's, driverd's) still imports it, through tomllib; a bare host
-does not.
+modules on detect's path import it only for type checkers, and take `NamedTuple` from here: to a type
+checker it is typing's, at run time a base that makes the class a collections.namedtuple as typing's
+does. A host with a TOML config (containerd's, CRI-O's, driverd's) still imports typing, through tomllib;
+a bare host does not.
 """
 from __future__ import annotations
 
@@ -84,29 +85,42 @@ def dataclass(cls: type | None = None, /, **kw):
     return _shared(cls, frozen)
 
 
+
 # what a NamedTuple's body may not define (typing's own list: they are the tuple's)
 _TUPLE_OWN = frozenset({"__new__", "__init__", "__slots__", "__getnewargs__", "_fields", "_field_defaults",
                         "_make", "_replace", "_asdict", "_source"})
-_NOT_COPIED = frozenset({"__module__", "__annotations__", "__dict__", "__weakref__", "__qualname__"})
+_NOT_COPIED = frozenset({"__module__", "__annotations__", "__qualname__"})
 
 
-def named_tuple(cls: type) -> type:
-    """`class X(typing.NamedTuple)` written as `@named_tuple class X:`: the annotated names are the
-    fields, in order, a value being the field's default; everything else in the body (methods, the
-    docstring) goes onto the collections.namedtuple, as typing puts it there."""
-    own = dict(cls.__dict__)
-    annotations = own.get("__annotations__", {})
-    names = list(annotations)
-    defaults = [own[n] for n in names if n in own]
-    if any(n not in own for n in names[len(names) - len(defaults):]):
-        raise TypeError(f"{cls.__name__}: a field without a default follows one with a default")
-    bad = _TUPLE_OWN & set(own)
-    if bad:
-        raise AttributeError(f"{cls.__name__}: cannot overwrite the NamedTuple's {', '.join(sorted(bad))}")
-    made = collections.namedtuple(cls.__name__, names, defaults=defaults, module=cls.__module__)
-    made.__qualname__ = cls.__qualname__
-    made.__annotations__ = annotations
-    for key, value in own.items():
-        if key not in names and key not in _NOT_COPIED and not (key == "__doc__" and value is None):
-            setattr(made, key, value)
-    return made
+class _NamedTupleMeta(type):
+    """`class X(NamedTuple)`: the annotated names are the fields, in order, a value being the field's
+    default; everything else in the body (methods, the docstring) goes onto the collections.namedtuple
+    made, as typing's NamedTupleMeta puts it there."""
+
+    def __new__(mcls, name: str, bases: tuple, ns: dict):
+        if ns.get("_base_of_named_tuples"):
+            return super().__new__(mcls, name, bases, ns)
+        annotations = ns.get("__annotations__", {})
+        names = list(annotations)
+        defaults = [ns[n] for n in names if n in ns]
+        if any(n not in ns for n in names[len(names) - len(defaults):]):
+            raise TypeError(f"{name}: a field without a default follows one with a default")
+        bad = (_TUPLE_OWN | {"__classcell__"}) & set(ns)
+        if bad:
+            raise AttributeError(f"{name}: cannot define {', '.join(sorted(bad))} in a NamedTuple")
+        made = collections.namedtuple(name, names, defaults=defaults, module=ns.get("__module__"))
+        made.__qualname__ = ns.get("__qualname__", name)
+        made.__annotations__ = annotations
+        for key, value in ns.items():
+            if key not in names and key not in _NOT_COPIED:
+                setattr(made, key, value)
+        return made
+
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NamedTuple
+else:
+    class NamedTuple(metaclass=_NamedTupleMeta):
+        """The base of `class X(NamedTuple)`: X is made a collections.namedtuple (_NamedTupleMeta)."""
+        _base_of_named_tuples = True

@@ -157,7 +157,7 @@ def test_detect_compiles_no_generated_eq_hash_or_repr():
     assert inits >= 20 and others == 0, (inits, others)
 
 
-def test_named_tuple_is_typings_namedtuple_without_typing():
+def test_named_tuple_is_typings_without_typing():
     import typing
 
     class Std(typing.NamedTuple):
@@ -172,8 +172,7 @@ def test_named_tuple_is_typings_namedtuple_without_typing():
         def make(cls, v: str) -> "Std":
             return cls(v)
 
-    @datatypes.named_tuple
-    class Ours:
+    class Ours(datatypes.NamedTuple):
         """a docstring"""
         version: str
         flavor: str = ""
@@ -192,9 +191,14 @@ def test_named_tuple_is_typings_namedtuple_without_typing():
     assert Ours.make("1") == Ours("1", "") and type(Ours.make("1")) is Ours and o._replace(flavor="") == ("580", "")
     assert Ours.__doc__ == "a docstring" and Ours.__annotations__ == {"version": "str", "flavor": "str"}
     assert Ours.__module__ == __name__ and Ours.__qualname__.endswith("<locals>.Ours")
-    assert Ours.__mro__[1:] == Std.__mro__[1:] == (tuple, object)
+    assert Ours.__mro__[1:] == Std.__mro__[1:] == (tuple, object) and isinstance(o, tuple)
     with pytest.raises(TypeError):
-        datatypes.named_tuple(type("Bad", (), {"__annotations__": {"a": "int", "b": "int"}, "a": 1}))
+        class Bad(datatypes.NamedTuple):
+            a: int = 1
+            b: int
     with pytest.raises(AttributeError):
-        datatypes.named_tuple(type("Bad", (), {"__annotations__": {"a": "int"}, "_replace": None}))
+        class Worse(datatypes.NamedTuple):
+            a: int
 
+            def _replace(self):
+                return self

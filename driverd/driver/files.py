@@ -33,7 +33,7 @@ import stat
 import struct
 from dataclasses import field
 
-from driverd.datatypes import dataclass, named_tuple
+from driverd.datatypes import NamedTuple, dataclass
 from driverd.driver.layout import LDCONF, USERSPACE_DRIVER_LINK
 from driverd.package import KEY_SONAMES
 from driverd.root import Root
@@ -301,8 +301,7 @@ def elf_soname(path: str) -> str | None:
 
 
 # -- what a container needs of the user-space --------------------------------------------------------------
-@named_tuple
-class Library:       # a NamedTuple: cheaper to define than a dataclass, on detect's import path
+class Library(NamedTuple):       # a NamedTuple: cheaper to define than a dataclass, on detect's import path
     """One real library file of the driver and the links the host has for it in its directory."""
     path: str                                  # host path of the real file (libcuda.so.580.159.04)
     soname: str | None = None                  # its DT_SONAME (libcuda.so.1); None when unreadable

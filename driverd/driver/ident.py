@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from driverd.datatypes import named_tuple
+from driverd.datatypes import NamedTuple
 from driverd.root import Root
 
 VERSION_FILE = "/proc/driver/nvidia/version"
@@ -16,8 +16,7 @@ _VERSION_RE = re.compile(r"(?<![\w.])(\d{2,4}\.\d{1,3}(?:\.\d{1,3})?)(?![\w.])")
 
 # A NamedTuple rather than a frozen dataclass: `detect` and every status read build this module, and a
 # NamedTuple class costs a sixth of one to make.
-@named_tuple
-class DriverId:
+class DriverId(NamedTuple):
     version: str
     flavor: str = ""            # open | proprietary | "" (not known: a record that did not say)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from driverd.datatypes import named_tuple
+from driverd.datatypes import NamedTuple
 from driverd.package import MANIFEST_NAME
 from driverd.root import Root
 
@@ -57,8 +57,7 @@ USERSPACE_STATE = "userspace"                   # under state.dir: pending.json,
 USERSPACE_RECORD = "install.json"               # in each tree: {"package_sha256", ...}
 
 
-@named_tuple
-class Places:
+class Places(NamedTuple):
     """Where a node's user-space goes (host paths, from the configuration)."""
     root: str = USERSPACE_ROOT                  # userspace.root
     bin_dir: str | None = USERSPACE_BIN_DIR     # userspace.bin_dir (None; "none" in the configuration: no PATH links)

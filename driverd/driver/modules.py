@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 
-from driverd.datatypes import named_tuple
+from driverd.datatypes import NamedTuple
 from driverd.driver import layout
 from driverd.driver.ident import DriverId
 from driverd.driver.records import read_json
 from driverd.root import Root
 
 
-@named_tuple
-class InstalledModules:
+class InstalledModules(NamedTuple):
     """The kernel half driverd installed for one kernel release."""
     driver: DriverId
     kernel_release: str
@@ -47,8 +46,7 @@ def installed_modules(root: Root, release: str | None, warnings: list[str] | Non
 # -- the kernel half's tree and records, as install/modules.py (through install/store.py) leaves them -----
 # driver/kept.py (manifests, sizes) is imported when asked: detect reads only installed_modules().
 
-@named_tuple
-class ModulesTree:
+class ModulesTree(NamedTuple):
     """The tree installed for a release now: there at all, its package, complete per its manifest."""
     exists: bool
     sha: str | None = None
