@@ -157,40 +157,32 @@ def test_detect_compiles_no_generated_eq_hash_or_repr():
     assert inits >= 20 and others == 0, (inits, others)
 
 
+def _version_tuple(base):
+    """The same NamedTuple body on typing's base or on driverd.datatypes'."""
+    class Version(base):
+        """a docstring"""
+        version: str
+        flavor: str = ""
+
+        def __str__(self) -> str:
+            return f"{self.version} ({self.flavor})"
+
+        @classmethod
+        def make(cls, v: str) -> "Version":
+            return cls(v)
+    return Version
+
+
 def test_named_tuple_is_typings_without_typing():
     import typing
-
-    class Std(typing.NamedTuple):
-        """a docstring"""
-        version: str
-        flavor: str = ""
-
-        def __str__(self) -> str:
-            return f"{self.version} ({self.flavor})"
-
-        @classmethod
-        def make(cls, v: str) -> "Std":
-            return cls(v)
-
-    class Ours(datatypes.NamedTuple):
-        """a docstring"""
-        version: str
-        flavor: str = ""
-
-        def __str__(self) -> str:
-            return f"{self.version} ({self.flavor})"
-
-        @classmethod
-        def make(cls, v: str) -> "Ours":
-            return cls(v)
-
+    Std, Ours = _version_tuple(typing.NamedTuple), _version_tuple(datatypes.NamedTuple)
     s, o = Std("580", "open"), Ours("580", "open")
     assert tuple(s) == tuple(o) and o == ("580", "open") and hash(o) == hash(s)     # tuples, as typing's
-    assert repr(o) == repr(s).replace("Std", "Ours") and str(o) == str(s) == "580 (open)"
+    assert repr(o) == repr(s) == "Version(version='580', flavor='open')" and str(o) == str(s) == "580 (open)"
     assert Ours._fields == Std._fields and Ours._field_defaults == Std._field_defaults == {"flavor": ""}
     assert Ours.make("1") == Ours("1", "") and type(Ours.make("1")) is Ours and o._replace(flavor="") == ("580", "")
     assert Ours.__doc__ == "a docstring" and Ours.__annotations__ == {"version": "str", "flavor": "str"}
-    assert Ours.__module__ == __name__ and Ours.__qualname__.endswith("<locals>.Ours")
+    assert Ours.__module__ == Std.__module__ == __name__ and Ours.__qualname__ == Std.__qualname__
     assert Ours.__mro__[1:] == Std.__mro__[1:] == (tuple, object) and isinstance(o, tuple)
     with pytest.raises(TypeError):
         class Bad(datatypes.NamedTuple):
