@@ -85,7 +85,6 @@ def dataclass(cls: type | None = None, /, **kw):
     return _shared(cls, frozen)
 
 
-
 # what a NamedTuple's body may not define (typing's own list: they are the tuple's)
 _TUPLE_OWN = frozenset({"__new__", "__init__", "__slots__", "__getnewargs__", "_fields", "_field_defaults",
                         "_make", "_replace", "_asdict", "_source"})
@@ -105,9 +104,11 @@ class _NamedTupleMeta(type):
         defaults = [ns[n] for n in names if n in ns]
         if any(n not in ns for n in names[len(names) - len(defaults):]):
             raise TypeError(f"{name}: a field without a default follows one with a default")
-        bad = (_TUPLE_OWN | {"__classcell__"}) & set(ns)
+        bad = _TUPLE_OWN & set(ns)
         if bad:
             raise AttributeError(f"{name}: cannot define {', '.join(sorted(bad))} in a NamedTuple")
+        if "__classcell__" in ns:       # the class made is not the one the body's cell would name
+            raise TypeError(f"{name}: a NamedTuple's methods cannot use super() or __class__")
         made = collections.namedtuple(name, names, defaults=defaults, module=ns.get("__module__"))
         made.__qualname__ = ns.get("__qualname__", name)
         made.__annotations__ = annotations

@@ -194,3 +194,9 @@ def test_named_tuple_is_typings_without_typing():
 
             def _replace(self):
                 return self
+    with pytest.raises(TypeError, match="super"):
+        class Cell(datatypes.NamedTuple):
+            a: int
+
+            def __repr__(self):
+                return super().__repr__()
