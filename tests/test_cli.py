@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -127,6 +128,16 @@ def _in_a_child(*commands: list[str], flags: tuple[str, ...] = (), **run_kw) -> 
     return [(rc, out) for rc, out in doc["runs"]], set(doc["modules"])
 
 
+def _detect_without_site(root: Path, cwd: Path) -> tuple[int, dict, set[str]]:
+    """`detect --root ROOT --json --no-nvml` in an interpreter without site (-S, only driverd and its
+    dependencies on the path, run from `cwd`): its exit code, its JSON and every module it imported — what
+    nothing but driverd could have imported."""
+    path = [str(REPO)] + [p for p in sys.path if p]
+    [(rc, out)], modules = _in_a_child(["detect", "--root", str(root), "--json", "--no-nvml"], flags=("-S",),
+                                       cwd=cwd, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(path)})
+    return rc, json.loads(out), modules
+
+
 def test_host_commands_never_import_kubernetes(tmp_path):
     write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
     runs, modules = _in_a_child(["detect", "--root", str(tmp_path), "--json"],
@@ -163,10 +174,8 @@ def test_detect_reads_the_gpu_table_without_importlib_resources(tmp_path):
     """The GPU table is read from the package's directory: importlib.resources and its readers (zipfile,
     tempfile) were ~3 ms of every detect (issue 47). No site, so nothing but driverd can import them."""
     write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
-    path = [str(REPO)] + [p for p in sys.path if p]
-    [(rc, out)], modules = _in_a_child(["detect", "--root", str(tmp_path), "--json", "--no-nvml"], flags=("-S",),
-                                       cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(path)})
-    assert rc == 0 and json.loads(out)["gpus"][0]["name"].startswith("NVIDIA H100"), out
+    rc, doc, modules = _detect_without_site(tmp_path, tmp_path)
+    assert rc == 0 and doc["gpus"][0]["name"].startswith("NVIDIA H100"), doc
     assert {"importlib.resources", "zipfile", "tempfile"} & modules == set()
 
 
@@ -175,10 +184,8 @@ def test_detect_reads_the_host_by_strings_without_pathlib(tmp_path):
     is imported only where a Path is handed out (issue 47). The config file's absence is read the same
     way."""
     write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
-    path = [str(REPO)] + [p for p in sys.path if p]
-    [(rc, out)], modules = _in_a_child(["detect", "--root", str(tmp_path), "--json", "--no-nvml"], flags=("-S",),
-                                       cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(path)})
-    assert rc == 0 and json.loads(out)["kernel"]["release"], out
+    rc, doc, modules = _detect_without_site(tmp_path, tmp_path)
+    assert rc == 0 and doc["kernel"]["release"], doc
     assert {"pathlib", "urllib.parse", "ipaddress"} & modules == set()
 
 
@@ -189,12 +196,9 @@ def test_detect_on_a_host_without_toml_imports_no_typing(tmp_path):
     bare, toml = tmp_path / "bare", tmp_path / "toml"
     write_host(bare, HostSpec(pci=[h100("0000:1b:00.0")]))
     write_host(toml, HostSpec(pci=[h100("0000:1b:00.0")], files={"/etc/containerd/config.toml": "version = 2\n"}))
-    path = [str(REPO)] + [p for p in sys.path if p]
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(path)}
     for root, typed in ((bare, False), (toml, True)):
-        [(rc, out)], modules = _in_a_child(["detect", "--root", str(root), "--json", "--no-nvml"], flags=("-S",),
-                                           cwd=tmp_path, env=env)
-        assert rc == 0 and json.loads(out)["gpus"][0]["name"].startswith("NVIDIA H100"), out
+        rc, doc, modules = _detect_without_site(root, tmp_path)
+        assert rc == 0 and doc["gpus"][0]["name"].startswith("NVIDIA H100"), doc
         assert ("typing" in modules) == typed and ("tomllib" in modules) == typed, (root, typed)
 
 

@@ -91,27 +91,30 @@ def helm_install(cp, work: Path, host: Path, binary: str) -> str:
     return cp.api("GET", f"/api/v1/namespaces/{NS}/configmaps/driverd-config")["data"]["config.toml"]
 
 
-def gpus_allocatable(cp, node: str) -> int:
-    """The node's nvidia.com/gpu allocatable as the kubelet last published it."""
-    n = cp.api("GET", f"/api/v1/nodes/{node}")
+def gpus_allocatable(node) -> int:
+    """The real node's nvidia.com/gpu allocatable as its kubelet last published it."""
+    n = node.cp.api("GET", f"/api/v1/nodes/{node.name}")
     return int((n["status"].get("allocatable") or {}).get("nvidia.com/gpu") or 0)
 
 
-def wait_no_gpus(cp, node: str, timeout: float = 60) -> None:
-    """Until the kubelet has published that no plugin's GPUs are left (its count lags a plugin's leaving by
-    its status loop, up to 10 s): a test that waits for its own plugin's GPUs must not find another's."""
+def wait_gpus(node, count: int, timeout: float = 90) -> None:
+    """Until the kubelet publishes `count` nvidia.com/gpu allocatable. Its count lags a plugin's leaving by
+    its status loop (up to 10 s): a test that waits for its own plugin's GPUs first waits for 0, so that it
+    does not find the count of a plugin removed just before."""
     end = time.monotonic() + timeout
-    while (n := gpus_allocatable(cp, node)) != 0:
-        assert time.monotonic() < end, f"nvidia.com/gpu allocatable still {n} {timeout}s after the plugins left"
+    while (n := gpus_allocatable(node)) != count:
+        assert time.monotonic() < end, (f"nvidia.com/gpu allocatable {n}, never {count} within {timeout}s: "
+                                        f"{node.log_tail('kubelet')}")
         time.sleep(0.3)
 
 
-def remove_plugin(cp, name: str, node: str) -> None:
+def remove_plugin(node, name: str) -> None:
     """A stand-in device plugin's DaemonSet deleted, its own pods gone (another test's plugin DaemonSet
     may stay in that namespace) and its GPUs gone from the node's allocatable. A plugin stopped by a drain
     mid-serving, or one whose replacement never served, leaves the socket it registered in the kubelet's
     fixed directory, which the real node checks is as it found it: removed here."""
     from tests.node import deviceplugin as dp
+    cp = node.cp
     cp.api("DELETE", f"/apis/apps/v1/namespaces/{dp.NS}/daemonsets/{name}")
     end = time.monotonic() + 60
     while cp.api("GET", f"/api/v1/namespaces/{dp.NS}/pods?labelSelector=app%3D{name}")["items"]:
@@ -119,7 +122,7 @@ def remove_plugin(cp, name: str, node: str) -> None:
         time.sleep(0.5)
     for sock in Path("/var/lib/kubelet/device-plugins").glob("standin-*.sock"):
         sock.unlink(missing_ok=True)
-    wait_no_gpus(cp, node)
+    wait_gpus(node, 0, 60)
 
 
 def _pods(cp) -> list[dict]:
@@ -463,12 +466,9 @@ def test_a_rollouts_workload_pod_runs_on_the_node_through_the_nvidia_runtime_bef
     dss = f"/apis/apps/v1/namespaces/{dp.NS}/daemonsets"
     ds = dp.daemonset("plugin-wl", host, args=["-devices", "2"], node_selector={m.L_READY: "true"})
     ds["spec"]["template"]["spec"]["runtimeClassName"] = "nvidia"       # a GPU user: it leaves with the driver
-    wait_no_gpus(cp, node.name)         # no earlier plugin's count taken for this one's
+    wait_gpus(node, 0, 60)              # no earlier plugin's count taken for this one's
     cp.api("POST", dss, ds)
     calls = node.dir / "nvidia-runtime.calls"
-
-    def allocatable() -> int:
-        return gpus_allocatable(cp, node.name)
 
     def validation_pods() -> list[dict]:
         return cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector={wlp.LABEL}")["items"]
@@ -490,10 +490,7 @@ def test_a_rollouts_workload_pod_runs_on_the_node_through_the_nvidia_runtime_bef
             assert time.monotonic() - t0 < 300, (v, node.container_log(NS, _pods(cp)[0]["metadata"]["name"], "driverd"))
             time.sleep(0.3)
 
-    end = time.monotonic() + 90
-    while allocatable() != 2:
-        assert time.monotonic() < end, f"nvidia.com/gpu allocatable never became 2: {node.log_tail('kubelet')}"
-        time.sleep(0.3)
+    wait_gpus(node, 2)
     try:
         before = calls.read_text() if calls.exists() else ""
         v, seen, took = rollout("workload-ok", "echo vectorAdd passed; exit 0")
@@ -534,7 +531,7 @@ def test_a_rollouts_workload_pod_runs_on_the_node_through_the_nvidia_runtime_bef
                   for r in cp.api("GET", "/apis/driverd.io/v1alpha1/driverrollouts")["items"]):
             assert time.monotonic() < end, "the rollouts were not deleted"
             time.sleep(0.3)
-        remove_plugin(cp, "plugin-wl", node.name)
+        remove_plugin(node, "plugin-wl")
 
 
 def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
@@ -554,15 +551,6 @@ def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
     dss = f"/apis/apps/v1/namespaces/{dp.NS}/daemonsets"
     low: list[int] = []
 
-    def allocatable() -> int:
-        return gpus_allocatable(cp, node.name)
-
-    def wait_gpus(n: int, timeout: float = 90) -> None:
-        end = time.monotonic() + timeout
-        while allocatable() != n:
-            assert time.monotonic() < end, f"nvidia.com/gpu allocatable never became {n}: {node.log_tail('kubelet')}"
-            time.sleep(0.3)
-
     def rollout(name: str, timeout_s: int) -> m.NodeView:
         driver = "535.261.03" if NEW in (host / "proc/driver/nvidia/version").read_text() else NEW
         cp.api("POST", "/apis/driverd.io/v1alpha1/driverrollouts", {
@@ -571,7 +559,7 @@ def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
         end = time.monotonic() + 300
         while True:
             v = m.NodeView.from_node(cp.api("GET", f"/api/v1/nodes/{node.name}"))
-            low.append(allocatable())
+            low.append(gpus_allocatable(node))
             if v.in_rollout_name(name) and v.state in (m.DONE, m.FAILED):
                 return v
             assert time.monotonic() < end, (v, node.container_log(NS, _pods(cp)[0]["metadata"]["name"], "driverd"))
@@ -590,17 +578,17 @@ def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
     # the count of the plugin an earlier test removed is published up to 10 s late: read as this plugin's,
     # it let the rollout start before this plugin had registered (one full run: `done` 3 s after the
     # rollout's creation, and the count 0 after it)
-    wait_no_gpus(cp, node.name)
+    wait_gpus(node, 0, 60)
     cp.api("POST", dss, ds)
-    wait_gpus(2)
+    wait_gpus(node, 2)
     v = rollout("gpus-come-back", 120)
     assert v.state == m.DONE, v
     assert 0 in low, "the plugin never left: nothing was proven"        # the kubelet's count dropped, then came back
-    assert allocatable() == 2 and not v.unschedulable, (   # on failure: what driverd and the kubelet did
-        allocatable(), v, low[-20:], node.container_log(NS, _pods(cp)[0]["metadata"]["name"], "driverd")[-6000:],
-        node.log_tail("kubelet", 6000))
+    assert gpus_allocatable(node) == 2 and not v.unschedulable, (   # on failure: what driverd and the kubelet did
+        gpus_allocatable(node), v, low[-20:],
+        node.container_log(NS, _pods(cp)[0]["metadata"]["name"], "driverd")[-6000:], node.log_tail("kubelet", 6000))
     cp.api("DELETE", f"{dss}/plugin-back")
-    wait_gpus(0)
+    wait_gpus(node, 0)
 
     # the plugin leaves with the driver as before, but its replacement never gets to register
     ds = dp.daemonset("plugin-gone", host, args=["-devices", "2"], node_selector={m.L_READY: "true"})
@@ -613,12 +601,12 @@ def test_a_node_is_done_only_once_the_kubelet_publishes_its_gpus_again(on_node):
                                    "command": ["sh", "-c", f"if grep -q {target} /host-proc/driver/nvidia/version; "
                                                "then sleep 3600; fi"]}]
     cp.api("POST", dss, ds)
-    wait_gpus(2)
+    wait_gpus(node, 2)
     v = rollout("gpus-stay-away", 20)
     assert v.state == m.FAILED and v.reason == "GPUsNotSchedulable", v
     assert "nvidia.com/gpu allocatable 0, was 2 before the upgrade" in v.message, v.message
     assert not v.unschedulable                         # given back, uncordoned, with the reason on the Node
-    remove_plugin(cp, "plugin-gone", node.name)
+    remove_plugin(node, "plugin-gone")
 
 
 
