@@ -189,6 +189,18 @@ def _run(parser: argparse.ArgumentParser, words: list[str]) -> int:
         # a group without its verb (`rollout`, `node`): that group's help, not the whole program's
         (getattr(args, "help_of", None) or parser).print_help()
         return EXIT_USAGE
+    # A command's work that may start before its configuration is read (detect's NVML child); its
+    # release is called however the command ends.
+    release = args.early(args) if getattr(args, "early", None) else None
+    try:
+        return _handle(args)
+    finally:
+        if release is not None:
+            release()
+
+
+def _handle(args: argparse.Namespace) -> int:
+    """The command's handler: errors as one line and their exit code."""
     from driverd.cli.context import Context
     from driverd.cli.output import error
 

@@ -7,6 +7,7 @@ import os
 from functools import cached_property
 
 from driverd import config as config_mod
+from driverd.cli.options import root_of
 from driverd.datatypes import dataclass
 from driverd.errors import UsageError
 from driverd.root import Root
@@ -54,7 +55,7 @@ class Context:
             if getattr(args, opt.lstrip("-").replace("-", "_"), None) is not None:
                 raise UsageError(f"driverd {args.command} does not take {opt}", cause=cause, fix=fix)
         # container-entrypoint defaults to /host (the driver container's mount of the host root)
-        root = args.root or os.environ.get("DRIVERD_ROOT") or getattr(args, "default_root", None) or "/"
+        root = root_of(args)
         check_root(root, getattr(args, "command", None))
         return cls(Root(root), bool(args.json), bool(getattr(args, "dry_run", False)), args.config)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from driverd.cli.options import Deprecated, add_flavor
+from driverd.cli.options import Deprecated, add_flavor, root_of
 from driverd.cli.output import emit, table, yesno
 from driverd.errors import EXIT_BLOCKED, EXIT_OK
 
@@ -14,7 +14,7 @@ def register(sub, common) -> None:
                        "NVIDIA GPUs with product/architecture/open-module support, NVSwitches, Mellanox NICs, "
                        "nouveau, the loaded driver, GPU users, container runtimes, NVML. Changes nothing.")
     p.add_argument("--no-nvml", action="store_true", help="skip NVML even on a live host")
-    p.set_defaults(handler=cmd_detect, read_only=True)
+    p.set_defaults(handler=cmd_detect, read_only=True, early=early_detect)
 
     p = sub.add_parser("plan", parents=[common], help="print the steps a provisioning run would take, and why",
                        description="Decide the kernel-module flavour for the requested driver and print the "
@@ -61,6 +61,14 @@ def register(sub, common) -> None:
     p.add_argument("--out", dest="out", metavar="FILE", action=Deprecated, new="--archive",
                    why=" here (--out names a directory in build and build-matrix)", help=argparse.SUPPRESS)
     p.set_defaults(handler=cmd_capture)
+
+
+def early_detect(args):
+    """Before the configuration: NVML's child on the live host (driverd.host.ask_nvml_early)."""
+    if args.no_nvml:
+        return None
+    from driverd.host import ask_nvml_early
+    return ask_nvml_early(root_of(args))
 
 
 def cmd_detect(ctx, args) -> int:

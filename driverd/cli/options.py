@@ -14,11 +14,18 @@ is merely another spelling (--flavour, --workdir) is accepted silently.
 from __future__ import annotations
 
 import argparse
+import os
 
 FLAVORS = ("auto", "open", "proprietary")
 BACKENDS = ("auto", "real", "sim")
 BACKEND_HELP = ("kernel boundary: real (kmod tools; the default, also auto) or sim (the simulated kernel of a host "
                 "tree: used only when asked for here or by modules.kernel)")
+
+
+def root_of(args: argparse.Namespace) -> str:
+    """The host root a command reads: --root, else $DRIVERD_ROOT, else the command's own default (the
+    driver container's /host), else /."""
+    return args.root or os.environ.get("DRIVERD_ROOT") or getattr(args, "default_root", None) or "/"
 
 
 class Deprecated(argparse.Action):

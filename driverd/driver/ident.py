@@ -6,9 +6,9 @@ import re
 from collections.abc import Mapping
 
 from driverd.datatypes import NamedTuple
+from driverd.nvproc import VERSION_FILE
 from driverd.root import Root
 
-VERSION_FILE = "/proc/driver/nvidia/version"
 FLAVORS = ("open", "proprietary")
 # NVIDIA driver versions: 3-digit branch today (96.43.23 and 1xx.yy existed; allow 2-4 digits).
 _VERSION_RE = re.compile(r"(?<![\w.])(\d{2,4}\.\d{1,3}(?:\.\d{1,3})?)(?![\w.])")

@@ -59,13 +59,48 @@ def _nvml_early(root: Root):
     """NVML's report, asked of a child started before anything else is read, where it will be asked for (a
     live root with a loaded driver): pynvml's import, nvmlInit and the queries then run on another core
     while this process imports and reads, and `detect` costs what the slower of the two does, not their
-    sum. None elsewhere (read_nvml says why)."""
+    sum. The child ask_nvml_early() started for this command when there is one. None elsewhere
+    (read_nvml says why)."""
+    global _asked
+    if _asked is not None and root.is_live():
+        asked, _asked = _asked, None
+        return asked
     import os
-    from driverd.driver.ident import VERSION_FILE
+    from driverd.nvproc import VERSION_FILE
     if not root.is_live() or not os.path.exists(VERSION_FILE):
         return None
     from driverd.host.nvml import start_child
     return start_child()
+
+
+# The child ask_nvml_early() started, until collect() takes it or the command's release waits for it.
+_asked = None
+
+
+def ask_nvml_early(base: str):
+    """NVML's child, started now for a command that will collect the live host's facts with NVML
+    (`detect`), before that command has read its configuration or imported the facts' modules: on a GPU
+    host the child's pynvml import and nvmlInit take as long as everything this process does before its
+    reads, and were on its path once the reads began (issue 47). Only for the live root itself (--root /,
+    the default) with the driver loaded; elsewhere nothing starts and collect() decides as before.
+
+    Returns the release to call once the command is over (None when nothing started): it waits for a
+    child whose report went unused (the command failed first), so that none is left behind."""
+    import os
+    from driverd.nvproc import VERSION_FILE
+    global _asked
+    if _asked is not None or os.path.abspath(base) != "/" or not os.path.exists(VERSION_FILE):
+        return None
+    from driverd.host.nvml import start_child
+    _asked = start_child()
+    return _release_early
+
+
+def _release_early() -> None:
+    global _asked
+    asked, _asked = _asked, None
+    if asked is not None:
+        asked()
 
 
 def _userspace(workload, root: Root, loaded: str | None, driver_root: str | None) -> dict:

@@ -1,5 +1,7 @@
 """The daemon asks NVML in a short-lived child process (libnvidia-ml keeps ~20 MB resident after
 nvmlShutdown for the life of the process that loaded it): the child's report is the in-process one."""
+import json
+
 from driverd.host import nvml
 from driverd.root import Root
 
@@ -135,3 +137,74 @@ def test_the_forked_child_holds_none_of_the_parents_files(tmp_path):
         open({str(flag)!r}, "w").close()
         """, "(lambda f: dataclasses.replace(f, reason=f'{f.reason}, closed in the child: {closed}'))(result())")
     assert got["facts"]["reason"] == "asked, closed in the child: True"
+
+
+# detect starts NVML's child before it reads its configuration (issue 47): the child's pynvml import and
+# nvmlInit then overlap the parent's own imports. Steered from the test side as above, in a fresh
+# interpreter: the driver's report file is one of the test's (so that the driver reads as loaded), and the
+# child, instead of asking NVML, writes down which of driverd's modules its parent held at the fork.
+
+_LOADED = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  "
+           "(dvs-builder@U22-I3-AM02-24-3)  Wed Oct 15 01:36:23 UTC 2025\n")
+
+
+def _detect_in_fresh_process(tmp_path, *argv: str) -> dict:
+    import subprocess
+    import sys
+    import textwrap
+    version, seen = tmp_path / "version", tmp_path / "seen"
+    version.write_text(_LOADED)
+    code = textwrap.dedent(f"""
+        import contextlib, io, json, os, sys, psutil
+        import driverd.nvproc
+        from driverd.host import nvml
+        driverd.nvproc.VERSION_FILE = {str(version)!r}
+        def report():
+            with open({str(seen)!r}, "w") as f:
+                json.dump(sorted(m for m in sys.modules if m.startswith("driverd")), f)
+            return {{"available": False, "reason": "asked before the configuration"}}
+        nvml.report = report
+        from driverd.cli import main
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = main({list(argv)!r})
+        print(json.dumps({{"rc": rc, "out": out.getvalue(), "children": len(psutil.Process().children())}}))
+        """)
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    res = json.loads(got.stdout.splitlines()[-1])
+    res["held_at_fork"] = json.loads(seen.read_text()) if seen.exists() else None
+    res["stderr"] = got.stderr
+    return res
+
+
+def test_detect_asks_nvml_before_it_reads_its_configuration_or_the_facts(tmp_path):
+    got = _detect_in_fresh_process(tmp_path, "detect", "--json")
+    assert got["rc"] == 0, got["stderr"]
+    nv = json.loads(got["out"])["nvml"]
+    assert nv["reason"] == "asked before the configuration"         # the early child's report is the one used
+    held = set(got["held_at_fork"])
+    assert "driverd.host.nvml" in held
+    assert not held & {"driverd.config", "driverd.cli.context", "driverd.host.facts", "driverd.datatypes"}, held
+    assert got["children"] == 0                                       # reaped
+
+
+def test_a_detect_that_fails_before_its_reads_leaves_no_child(tmp_path):
+    bad = tmp_path / "config.toml"
+    bad.write_text("[runtime\n")
+    got = _detect_in_fresh_process(tmp_path, "detect", "--json", "--config", str(bad))
+    assert got["rc"] == 2 and "is not valid TOML" in got["stderr"]
+    assert got["held_at_fork"] is not None                            # the child had started...
+    assert got["children"] == 0                                       # ...and was waited for
+
+
+def test_detect_starts_no_early_child_off_the_live_root_or_without_nvml(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "proc").mkdir(parents=True)
+    (tree / "etc").mkdir()
+    (tree / "etc" / "os-release").write_text("ID=debian\n")
+    got = _detect_in_fresh_process(tmp_path, "detect", "--json", "--root", str(tree))
+    assert got["rc"] == 0 and got["held_at_fork"] is None and got["children"] == 0
+    got = _detect_in_fresh_process(tmp_path, "detect", "--json", "--no-nvml")
+    assert got["rc"] == 0 and got["held_at_fork"] is None
+    assert json.loads(got["out"])["nvml"]["reason"] == "NVML disabled (--no-nvml)"
