@@ -20,7 +20,6 @@ removed with the userinfo, never left beside it.
 from __future__ import annotations
 
 import re
-import unicodedata
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,6 +35,9 @@ def _in_uri(c: str) -> bool:
     o = ord(c)
     if o < 0x80:
         return 0x20 < o < 0x7F and c not in _NEVER_IN_A_URI
+    # imported here: its tables are ~1 ms of every command's start on a GPU host (issue 47), and only a
+    # non-ASCII character beside a URL's '@' gets this far
+    import unicodedata
     return not c.isspace() and unicodedata.category(c) not in ("Cc", "Cf", "Zs", "Zl", "Zp", "Cs")
 
 

@@ -202,6 +202,38 @@ def test_detect_on_a_host_without_toml_imports_no_typing(tmp_path):
         assert ("typing" in modules) == typed and ("tomllib" in modules) == typed, (root, typed)
 
 
+def test_detect_imports_neither_shutil_nor_unicodedata(tmp_path):
+    """argparse's help formatter would import shutil (bz2, lzma, zlib) to ask the terminal's width, and
+    redact unicodedata's tables, ~3.5 ms of detect's start on a GPU host between them (issue 47): neither
+    is on its path."""
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0")]))
+    rc, doc, modules = _detect_without_site(tmp_path, tmp_path)
+    assert rc == 0 and doc["gpus"], doc
+    assert {"shutil", "bz2", "lzma", "unicodedata"} & modules == set()
+
+
+@pytest.mark.parametrize("columns", ["50", "200", "", "junk"])
+def test_help_is_wrapped_as_argparse_wraps_it(monkeypatch, columns):
+    """driverd's parsers ask the terminal's width themselves (not through shutil): every command's help
+    is the text argparse's own formatter writes for the same $COLUMNS."""
+    import argparse
+
+    from driverd.cli import build_parser
+    from driverd.cli.options import Parser
+    monkeypatch.setenv("COLUMNS", columns)
+
+    def helps() -> list[str]:
+        parser = build_parser()
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        return [parser.format_help()] + [sub.choices[c].format_help() for c in ("detect", "plan", "build", "daemon")]
+
+    ours = helps()
+    monkeypatch.setattr(Parser, "_get_formatter", argparse.ArgumentParser._get_formatter)
+    assert ours == helps()
+    if columns == "50":                 # detect's help is wrapped (the others keep their raw descriptions)
+        assert max(len(line) for line in ours[1].splitlines()) <= 48
+
+
 def test_one_commands_parser_imports_only_what_its_help_needs():
     """`driverd reload` (any command but build, build-matrix and runtime) does not import the distributions'
     and the container runtimes' tables to write other commands' help (issue 34: start-up is part of a

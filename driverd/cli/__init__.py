@@ -11,6 +11,7 @@ import os
 import sys
 
 from driverd import __version__
+from driverd.cli.options import Parser
 from driverd.errors import EXIT_UNEXPECTED, EXIT_USAGE, DriverdError
 
 TYPE_CHECKING = False
@@ -38,7 +39,7 @@ more:        driverd --version         which driverd this is
 def common_parser(suppress: bool = False) -> argparse.ArgumentParser:
     """--root/--json/--config, accepted before or after the command name. On subcommands the
     defaults are SUPPRESS so that `driverd --root X plan` keeps X instead of the subcommand's default."""
-    p = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS if suppress else None)
+    p = Parser(add_help=False, argument_default=argparse.SUPPRESS if suppress else None)
     g = p.add_argument_group("common options")
     g.add_argument("--root", metavar="DIR", help="host root directory; every host path is read under it "
                    "(default: $DRIVERD_ROOT or /; the driver container uses /host)")
@@ -85,7 +86,7 @@ def command_name(argv: list[str]) -> str | None:
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """Every command's parser, or (`only`) just that command's: the others are not built."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="driverd", parents=[common_parser()], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="driverd takes a bare NVIDIA GPU host to workload-ready and keeps it there: it reads the "
                     "host, decides the driver flavour, fetches or builds a package for the exact kernel, "
@@ -260,7 +261,7 @@ def kubectl_parser() -> argparse.ArgumentParser:
     """The plugin's own parser, named as kubectl users call it: its usage lines and help say
     `kubectl driverd rollout start …`, not `driverd cluster rollout start …`."""
     from driverd.cli import cluster_cmds
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=KUBECTL_PROG, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=cluster_cmds.KUBECTL_EPILOG,
         description="Rolling NVIDIA driver upgrades across the cluster the kubeconfig names (the same commands\n"
                     "as `driverd cluster` on a node).\n"

@@ -2,7 +2,7 @@
 runs them; this module parses and renders)."""
 from __future__ import annotations
 
-from driverd.cli.options import add_flavor, add_kernel_backend, add_work_dir
+from driverd.cli.options import Parser, add_flavor, add_kernel_backend, add_work_dir
 from driverd.cli.output import emit
 from driverd.errors import EXIT_OK
 
@@ -125,7 +125,7 @@ def register(sub, common) -> None:
     # the demo's own: it makes its sandbox host and configuration, so --root and --config are not offered (given
     # before the command name, they are refused with the reason, below)
     import argparse
-    demo_common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    demo_common = Parser(add_help=False, argument_default=argparse.SUPPRESS)
     g = demo_common.add_argument_group("common options")
     g.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     g.add_argument("--log-format", choices=("text", "json"), help="logs on stderr: text (default) or one JSON "

@@ -15,11 +15,37 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 FLAVORS = ("auto", "open", "proprietary")
 BACKENDS = ("auto", "real", "sim")
 BACKEND_HELP = ("kernel boundary: real (kmod tools; the default, also auto) or sim (the simulated kernel of a host "
                 "tree: used only when asked for here or by modules.kernel)")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, its help wrapped to the terminal's width without importing shutil for it:
+    argparse's HelpFormatter imports shutil (and with it bz2, lzma, zlib, fnmatch) to ask its width at the
+    first add_argument, ~2.5 ms of every command's start on a GPU host (issue 47). The subcommands'
+    parsers are of this class too (add_subparsers makes them of its parser's class)."""
+
+    def _get_formatter(self):
+        return self.formatter_class(prog=self.prog, width=help_width())
+
+
+def help_width() -> int:
+    """What help is wrapped to, as argparse has it: shutil.get_terminal_size()'s columns ($COLUMNS, else
+    the terminal on stdout, else 80) less 2."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return (columns or 80) - 2
 
 
 def root_of(args: argparse.Namespace) -> str:

@@ -10,7 +10,6 @@ import contextlib
 import errno
 import io
 import os
-import shutil
 import stat
 from collections.abc import Callable
 
@@ -165,6 +164,8 @@ class ConfinedOps(HostPaths):
         """Remove `hostpath` and everything under it; True when something was removed. The parent is
         resolved inside the root, the tree is walked by file descriptors (shutil.rmtree with dir_fd:
         never through a symlink, also one swapped in meanwhile), a final symlink is removed itself."""
+        import shutil                   # here: not on the read-only commands' start (issue 47)
+
         from driverd.fsutil import fsync_fd
         try:
             with self.at(hostpath, action="remove") as (dfd, leaf):
