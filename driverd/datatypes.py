@@ -20,7 +20,6 @@ a bare host does not.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import reprlib
 from operator import attrgetter
 
@@ -55,6 +54,7 @@ def _repr(self):
 
 
 def _shared(cls: type, frozen: bool) -> type:
+    import dataclasses
     own = cls.__dict__
     class_hash = own.get("__hash__", dataclasses.MISSING)
     explicit_hash = not (class_hash is dataclasses.MISSING or (class_hash is None and "__eq__" in own))
@@ -77,6 +77,9 @@ def _shared(cls: type, frozen: bool) -> type:
 
 def dataclass(cls: type | None = None, /, **kw):
     """`dataclasses.dataclass`, with the shared methods where the keywords are only `frozen`."""
+    # dataclasses (with inspect, ast, dis: ~9 ms on a GPU host) is imported by the first class made, not
+    # by a module that only takes NamedTuple from here (driver/ident.py, which detect reads first)
+    import dataclasses
     if set(kw) - _SHARED:
         return dataclasses.dataclass(cls, **kw) if cls is not None else dataclasses.dataclass(**kw)
     frozen = bool(kw.get("frozen", False))

@@ -2,13 +2,10 @@
 (nv-procfs.c: "Key: \\t value" lines — Model, IRQ, GPU UUID, Device Minor, Bus Location, ...),
 present while nvidia is bound to the GPU; and the driver's IMEX channel devices with the major of their
 region. One reader for the facts (host/pci.py, host/fabric.py), the device nodes (kmod/devnodes.py) and
-the CDI spec (runtime/cdi/); the root object is passed in, so this sits at the bottom of the layers.
-Also where the driver's own report is (VERSION_FILE: parsed by driver/ident.py; present while the driver is
-loaded), for the callers that may not yet import the driver's layer."""
+the CDI spec (runtime/cdi/); the root object is passed in, so this sits at the bottom of the layers."""
 from __future__ import annotations
 
 GPUS = "/proc/driver/nvidia/gpus"
-VERSION_FILE = "/proc/driver/nvidia/version"
 
 
 def gpu_addresses(root) -> list[str]:

@@ -6,9 +6,14 @@ import re
 from collections.abc import Mapping
 
 from driverd.datatypes import NamedTuple
-from driverd.nvproc import VERSION_FILE
-from driverd.root import Root
 
+# Light on purpose: detect asks for VERSION_FILE before it has imported anything else of driverd's
+# (driverd.host.ask_nvml_early), so neither the root's module nor dataclasses come with it.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from driverd.root import Root
+
+VERSION_FILE = "/proc/driver/nvidia/version"
 FLAVORS = ("open", "proprietary")
 # NVIDIA driver versions: 3-digit branch today (96.43.23 and 1xx.yy existed; allow 2-4 digits).
 _VERSION_RE = re.compile(r"(?<![\w.])(\d{2,4}\.\d{1,3}(?:\.\d{1,3})?)(?![\w.])")

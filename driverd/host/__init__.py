@@ -66,7 +66,7 @@ def _nvml_early(root: Root):
         asked, _asked = _asked, None
         return asked
     import os
-    from driverd.nvproc import VERSION_FILE
+    from driverd.driver.ident import VERSION_FILE
     if not root.is_live() or not os.path.exists(VERSION_FILE):
         return None
     from driverd.host.nvml import start_child
@@ -87,7 +87,7 @@ def ask_nvml_early(base: str):
     Returns the release to call once the command is over (None when nothing started): it waits for a
     child whose report went unused (the command failed first), so that none is left behind."""
     import os
-    from driverd.nvproc import VERSION_FILE
+    from driverd.driver.ident import VERSION_FILE
     global _asked
     if _asked is not None or os.path.abspath(base) != "/" or not os.path.exists(VERSION_FILE):
         return None

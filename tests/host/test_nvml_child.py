@@ -142,7 +142,7 @@ def test_the_forked_child_holds_none_of_the_parents_files(tmp_path):
 # detect starts NVML's child before it reads its configuration (issue 47): the child's pynvml import and
 # nvmlInit then overlap the parent's own imports. Steered from the test side as above, in a fresh
 # interpreter: the driver's report file is one of the test's (so that the driver reads as loaded), and the
-# child, instead of asking NVML, writes down which of driverd's modules its parent held at the fork.
+# child, instead of asking NVML, writes down which modules its parent held at the fork.
 
 _LOADED = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  "
            "(dvs-builder@U22-I3-AM02-24-3)  Wed Oct 15 01:36:23 UTC 2025\n")
@@ -156,12 +156,12 @@ def _detect_in_fresh_process(tmp_path, *argv: str) -> dict:
     version.write_text(_LOADED)
     code = textwrap.dedent(f"""
         import contextlib, io, json, os, sys, psutil
-        import driverd.nvproc
+        import driverd.driver.ident
         from driverd.host import nvml
-        driverd.nvproc.VERSION_FILE = {str(version)!r}
+        driverd.driver.ident.VERSION_FILE = {str(version)!r}
         def report():
             with open({str(seen)!r}, "w") as f:
-                json.dump(sorted(m for m in sys.modules if m.startswith("driverd")), f)
+                json.dump(sorted(sys.modules), f)
             return {{"available": False, "reason": "asked before the configuration"}}
         nvml.report = report
         from driverd.cli import main
@@ -185,7 +185,9 @@ def test_detect_asks_nvml_before_it_reads_its_configuration_or_the_facts(tmp_pat
     assert nv["reason"] == "asked before the configuration"         # the early child's report is the one used
     held = set(got["held_at_fork"])
     assert "driverd.host.nvml" in held
-    assert not held & {"driverd.config", "driverd.cli.context", "driverd.host.facts", "driverd.datatypes"}, held
+    # neither the configuration nor the facts' classes, nor what they stand on (dataclasses, the root)
+    assert not held & {"driverd.config", "driverd.cli.context", "driverd.host.facts", "dataclasses",
+                       "driverd.root"}, sorted(m for m in held if m.startswith("driverd"))
     assert got["children"] == 0                                       # reaped
 
 
