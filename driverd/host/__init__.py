@@ -84,8 +84,9 @@ def ask_nvml_early(base: str):
     reads, and were on its path once the reads began (issue 47). Only for the live root itself (--root /,
     the default) with the driver loaded; elsewhere nothing starts and collect() decides as before.
 
-    Returns the release to call once the command is over (None when nothing started): it waits for a
-    child whose report went unused (the command failed first), so that none is left behind."""
+    Returns the release to call once the command is over (None when nothing started): a child whose
+    report went unused (the command failed first) is killed and reaped there, so that none is left behind
+    and a hung NVML call does not hold the failed command's exit."""
     import os
     from driverd.driver.ident import VERSION_FILE
     global _asked
@@ -100,7 +101,7 @@ def _release_early() -> None:
     global _asked
     asked, _asked = _asked, None
     if asked is not None:
-        asked()
+        asked.dismiss()
 
 
 def _userspace(workload, root: Root, loaded: str | None, driver_root: str | None) -> dict:

@@ -74,6 +74,17 @@ class Asked:
     def __call__(self) -> NvmlFacts:
         return self._wait()
 
+    def dismiss(self) -> None:
+        """The report is not wanted after all (the command failed before it): the child is killed and
+        reaped, so that an NVML call that hangs does not hold the command's exit."""
+        if self.pid is not None:
+            import signal
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._wait()
+
 
 def start_child(timeout: float = 60.0) -> Asked:
     """The live report, asked of a child started now; calling the answer waits for it (`timeout` s at

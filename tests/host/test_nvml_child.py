@@ -148,27 +148,34 @@ _LOADED = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04 
            "(dvs-builder@U22-I3-AM02-24-3)  Wed Oct 15 01:36:23 UTC 2025\n")
 
 
-def _detect_in_fresh_process(tmp_path, *argv: str) -> dict:
+def _detect_in_fresh_process(tmp_path, *argv: str, hang: bool = False) -> dict:
     import subprocess
     import sys
     import textwrap
     version, seen = tmp_path / "version", tmp_path / "seen"
     version.write_text(_LOADED)
     code = textwrap.dedent(f"""
-        import contextlib, io, json, os, sys, psutil
+        import contextlib, io, json, os, sys, time, psutil
         import driverd.driver.ident
         from driverd.host import nvml
         driverd.driver.ident.VERSION_FILE = {str(version)!r}
         def report():
             with open({str(seen)!r}, "w") as f:
                 json.dump(sorted(sys.modules), f)
+            if {hang!r}:
+                time.sleep(120)                     # an NVML call that never returns
             return {{"available": False, "reason": "asked before the configuration"}}
         nvml.report = report
+        asked = []                                  # the children started, seen from this side of the fork
+        start_child = nvml.start_child
+        nvml.start_child = lambda *a, **kw: asked.append(start_child(*a, **kw)) or asked[-1]
         from driverd.cli import main
         out = io.StringIO()
+        started = time.monotonic()
         with contextlib.redirect_stdout(out):
             rc = main({list(argv)!r})
-        print(json.dumps({{"rc": rc, "out": out.getvalue(), "children": len(psutil.Process().children())}}))
+        print(json.dumps({{"rc": rc, "out": out.getvalue(), "s": time.monotonic() - started, "asked": len(asked),
+                          "children": len(psutil.Process().children())}}))
         """)
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert got.returncode == 0, got.stderr
@@ -182,7 +189,7 @@ def test_detect_asks_nvml_before_it_reads_its_configuration_or_the_facts(tmp_pat
     got = _detect_in_fresh_process(tmp_path, "detect", "--json")
     assert got["rc"] == 0, got["stderr"]
     nv = json.loads(got["out"])["nvml"]
-    assert nv["reason"] == "asked before the configuration"         # the early child's report is the one used
+    assert got["asked"] == 1 and nv["reason"] == "asked before the configuration"   # the early child's report
     held = set(got["held_at_fork"])
     assert "driverd.host.nvml" in held
     # neither the configuration nor the facts' classes, nor what they stand on (dataclasses, the root)
@@ -196,8 +203,18 @@ def test_a_detect_that_fails_before_its_reads_leaves_no_child(tmp_path):
     bad.write_text("[runtime\n")
     got = _detect_in_fresh_process(tmp_path, "detect", "--json", "--config", str(bad))
     assert got["rc"] == 2 and "is not valid TOML" in got["stderr"]
-    assert got["held_at_fork"] is not None                            # the child had started...
-    assert got["children"] == 0                                       # ...and was waited for
+    assert got["asked"] == 1                                          # the child had started...
+    assert got["children"] == 0                                       # ...and is gone
+
+
+def test_a_hung_nvml_child_does_not_hold_a_failed_detect(tmp_path):
+    """The child's report is not wanted once the command has failed: a child NVML keeps waiting is killed
+    at once, not waited for up to its 60-s limit."""
+    bad = tmp_path / "config.toml"
+    bad.write_text("[runtime\n")
+    got = _detect_in_fresh_process(tmp_path, "detect", "--json", "--config", str(bad), hang=True)
+    assert got["rc"] == 2 and got["asked"] == 1
+    assert got["s"] < 20 and got["children"] == 0, got
 
 
 def test_detect_starts_no_early_child_off_the_live_root_or_without_nvml(tmp_path):
@@ -206,7 +223,7 @@ def test_detect_starts_no_early_child_off_the_live_root_or_without_nvml(tmp_path
     (tree / "etc").mkdir()
     (tree / "etc" / "os-release").write_text("ID=debian\n")
     got = _detect_in_fresh_process(tmp_path, "detect", "--json", "--root", str(tree))
-    assert got["rc"] == 0 and got["held_at_fork"] is None and got["children"] == 0
+    assert got["rc"] == 0 and got["asked"] == 0 and got["held_at_fork"] is None and got["children"] == 0
     got = _detect_in_fresh_process(tmp_path, "detect", "--json", "--no-nvml")
-    assert got["rc"] == 0 and got["held_at_fork"] is None
+    assert got["rc"] == 0 and got["asked"] == 0 and got["held_at_fork"] is None
     assert json.loads(got["out"])["nvml"]["reason"] == "NVML disabled (--no-nvml)"
