@@ -7,6 +7,7 @@ from __future__ import annotations
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from driverd.host.facts import Facts
+    from driverd.host.nvml import Asked
     from driverd.root import Root
 
 
@@ -62,19 +63,27 @@ def _nvml_early(root: Root):
     sum. The child ask_nvml_early() started for this command when there is one. None elsewhere
     (read_nvml says why)."""
     global _asked
-    if _asked is not None and root.is_live():
+    if not root.is_live():
+        return None
+    if _asked is not None:
         asked, _asked = _asked, None
         return asked
-    import os
-    from driverd.driver.ident import VERSION_FILE
-    if not root.is_live() or not os.path.exists(VERSION_FILE):
+    if not _driver_loaded():
         return None
     from driverd.host.nvml import start_child
     return start_child()
 
 
-# The child ask_nvml_early() started, until collect() takes it or the command's release waits for it.
-_asked = None
+def _driver_loaded() -> bool:
+    """Whether NVML may be asked on this live host: only while the driver is loaded (its version file is
+    there), as NVML would otherwise try to load it."""
+    import os
+    from driverd.driver.ident import VERSION_FILE
+    return os.path.exists(VERSION_FILE)
+
+
+# The child ask_nvml_early() started, until collect() takes it or the command's release dismisses it.
+_asked: Asked | None = None
 
 
 def ask_nvml_early(base: str):
@@ -88,9 +97,8 @@ def ask_nvml_early(base: str):
     report went unused (the command failed first) is killed and reaped there, so that none is left behind
     and a hung NVML call does not hold the failed command's exit."""
     import os
-    from driverd.driver.ident import VERSION_FILE
     global _asked
-    if _asked is not None or os.path.abspath(base) != "/" or not os.path.exists(VERSION_FILE):
+    if _asked is not None or os.path.abspath(base) != "/" or not _driver_loaded():
         return None
     from driverd.host.nvml import start_child
     _asked = start_child()

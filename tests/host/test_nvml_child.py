@@ -51,9 +51,6 @@ def test_the_child_imports_only_what_the_report_needs():
 # Each case runs in a fresh interpreter, which has one thread whatever other tests left running here.
 
 def _in_fresh_process(setup: str, call: str = "nvml.start_child()()") -> dict:
-    import json
-    import subprocess
-    import sys
     import textwrap
     code = textwrap.dedent("""
         import dataclasses, json, os, psutil, signal, sys, threading, time
@@ -65,9 +62,16 @@ def _in_fresh_process(setup: str, call: str = "nvml.start_child()()") -> dict:
         print(json.dumps({{"facts": dataclasses.asdict(f), "s": time.monotonic() - started,
                           "children": len(psutil.Process().children())}}))
         """)
+    return _run_fresh(code)[0]
+
+
+def _run_fresh(code: str) -> tuple[dict, str]:
+    """`code` in a fresh interpreter (one thread): the JSON of its last line on stdout, and its stderr."""
+    import subprocess
+    import sys
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.splitlines()[-1])
+    return json.loads(out.stdout.splitlines()[-1]), out.stderr
 
 
 def test_a_one_thread_process_forks_and_reads_the_childs_report():
@@ -149,8 +153,6 @@ _LOADED = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04 
 
 
 def _detect_in_fresh_process(tmp_path, *argv: str, hang: bool = False) -> dict:
-    import subprocess
-    import sys
     import textwrap
     version, seen = tmp_path / "version", tmp_path / "seen"
     version.write_text(_LOADED)
@@ -177,11 +179,8 @@ def _detect_in_fresh_process(tmp_path, *argv: str, hang: bool = False) -> dict:
         print(json.dumps({{"rc": rc, "out": out.getvalue(), "s": time.monotonic() - started, "asked": len(asked),
                           "children": len(psutil.Process().children())}}))
         """)
-    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert got.returncode == 0, got.stderr
-    res = json.loads(got.stdout.splitlines()[-1])
+    res, res["stderr"] = _run_fresh(code)
     res["held_at_fork"] = json.loads(seen.read_text()) if seen.exists() else None
-    res["stderr"] = got.stderr
     return res
 
 
