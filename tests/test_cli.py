@@ -601,3 +601,30 @@ def test_a_read_only_command_leaves_without_tearing_the_interpreter_down(tmp_pat
     assert bad.returncode == 2 and json.loads(bad.stdout)["error"] and "torn down" not in bad.stderr
     other = run("--version")
     assert other.returncode == 0 and other.stdout.startswith("driverd ") and "torn down" in other.stderr
+
+
+def test_the_collector_is_paused_for_a_read_only_command_alone(tmp_path):
+    """Issue 47: the console script pauses the cyclic garbage collector until the command is known; a
+    read-only command (detect, status) runs without it, any other (apply, which may be the daemon's
+    kind of work) with it, and main() called in-process leaves it as it was. The handler is replaced from
+    the test side by one that prints whether the collector runs."""
+    write_host(tmp_path, HostSpec(pci=[h100("0000:18:00.0")]))
+
+    def collector_in(module: str, handler: str, *words: str) -> str:
+        code = (f"import gc, sys, {module} as m; "
+                f"m.{handler} = lambda ctx, args: print('collector', gc.isenabled()) or 0; "
+                f"sys.argv = ['driverd', *{list(words)!r}]; from driverd.cli import entry; entry()")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+    assert collector_in("driverd.cli.host_cmds", "cmd_detect", "detect", "--root", str(tmp_path)) == "collector False"
+    assert collector_in("driverd.cli.lifecycle_cmds", "cmd_status", "status", "--root", str(tmp_path)) \
+        == "collector False"
+    assert collector_in("driverd.cli.lifecycle_cmds", "cmd_run", "apply", "--root", str(tmp_path),
+                        "--driver", "535.261.03") == "collector True"
+    inproc = ("import gc, sys, driverd.cli.host_cmds as m; "
+              "m.cmd_detect = lambda ctx, args: print('collector', gc.isenabled()) or 0; "
+              f"from driverd.cli import main; main(['detect', '--root', {str(tmp_path)!r}]); "
+              "print('after', gc.isenabled())")
+    r = subprocess.run([sys.executable, "-c", inproc], capture_output=True, text=True, timeout=120, cwd="/")
+    assert r.stdout.split() == ["collector", "True", "after", "True"], r.stderr
