@@ -300,5 +300,6 @@ def _gpu_count(sctx) -> int:
 def _blocking_users(sctx) -> list[str]:
     """Processes holding /dev/nvidia* other than the GPU daemons (a reload stops those itself)."""
     from driverd.host import processes
-    ours = {p for d in processes.daemons(sctx.root) for p in d.pids}
-    return [f"pid {u.pid} ({u.comm})" for u in processes.gpu_users(sctx.root) if u.pid not in ours]
+    users, daemons = processes.scan(sctx.root)
+    ours = {p for d in daemons for p in d.pids}
+    return [f"pid {u.pid} ({u.comm})" for u in users if u.pid not in ours]

@@ -33,7 +33,7 @@ def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia",
     gpus, switches, nics = pci.classify(root, pci.scan(root, warnings), warnings)
     drv = modules.read_driver(root, k.release, warnings)
     nv = nouveau.read_nouveau(root, [g.pci_address for g in gpus])
-    users = processes.gpu_users(root, skip=(early.pid,) if early is not None else ()) if drv.loaded else []
+    users, daemons = processes.scan(root, users=drv.loaded, skip=(early.pid,) if early is not None else ())
     hostname = root.read_first_line("/proc/sys/kernel/hostname") or None
     if hostname is not None and (len(hostname) > 64 or not hostname.isprintable()):
         warnings.append("/proc/sys/kernel/hostname is garbled; ignored")
@@ -46,7 +46,7 @@ def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia",
     return Facts(
         root=root.base, hostname=hostname,
         kernel=k, os=o, gpus=tuple(gpus), nvswitches=tuple(switches), mellanox_nics=tuple(nics), nouveau=nv,
-        driver=drv, gpu_users=tuple(users), daemons=tuple(processes.daemons(root)),
+        driver=drv, gpu_users=tuple(users), daemons=tuple(daemons),
         runtimes=tuple(runtimes.read_runtimes(root, handler, binary, versions)),
         nvml=nvml_facts,
         warnings=tuple(warnings), keyrings=keyrings.read_keyrings(root),

@@ -90,13 +90,14 @@ def start_child(timeout: float = 60.0) -> Asked:
     """The live report, asked of a child started now; calling the answer waits for it (`timeout` s at
     most) and gives the facts.
 
-    A process with one thread (`detect`, `plan`) forks: the child already holds the modules this process
-    has imported, so pynvml's import (~30 ms of re, enum, subprocess, ctypes on a GPU host) and Python's
-    start-up are not on its path, and NVML's answer is there before this process has read the host
-    (issue 47). A process with threads (the daemon) must not fork, and runs a fresh interpreter instead:
-    without site-packages' start-up files, with pynvml's directory only (driverd.runner.python_child)."""
-    import threading
-    if hasattr(os, "fork") and threading.active_count() == 1:
+    A process with one thread (`detect`, `plan`) forks (host/forked.py): the child already holds the
+    modules this process has imported, so pynvml's import (~30 ms of re, enum, subprocess, ctypes on a GPU
+    host) and Python's start-up are not on its path, and NVML's answer is there before this process has
+    read the host (issue 47). A process with threads (the daemon) must not fork, and runs a fresh
+    interpreter instead: without site-packages' start-up files, with pynvml's directory only
+    (driverd.runner.python_child)."""
+    from driverd.host import forked
+    if forked.can_fork():
         return _forked(timeout)
     return _spawned(timeout)
 
@@ -111,81 +112,20 @@ def _known(facts: NvmlFacts) -> Asked:
 
 
 def _forked(timeout: float) -> Asked:
-    import signal
+    from driverd.host import forked
     try:
-        r, w = os.pipe()
+        child = forked.fork(report)
     except OSError as e:
         return _known(_failed(e))
-    try:
-        pid = os.fork()
-    except OSError as e:
-        os.close(r)
-        os.close(w)
-        return _known(_failed(e))
-    if pid == 0:                                    # the child: one report down the pipe, then gone
-        code = 0
-        try:
-            # A signal kills it plainly: the parent's handlers (Ctrl-C's clean-up) are not the child's.
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                signal.signal(sig, signal.SIG_DFL)
-            # Nothing of the parent's stays open here (its host lock, its sockets): a child that NVML
-            # keeps waiting must not hold them after the parent has gone.
-            _close_all_but(w)
-            data = json.dumps(report()).encode()
-            while data:
-                data = data[os.write(w, data):]
-        except BaseException:                       # noqa: BLE001 -- whatever it was, the parent says so
-            code = 1
-        finally:
-            os._exit(code)                          # never the parent's atexit handlers or stdio buffers
-    os.close(w)
 
     def result() -> NvmlFacts:
-        import selectors
-        import time
-        chunks: list[bytes] = []
-        deadline = time.monotonic() + timeout
         try:
-            with selectors.DefaultSelector() as sel:
-                sel.register(r, selectors.EVENT_READ)
-                while True:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not sel.select(left):
-                        os.kill(pid, signal.SIGKILL)
-                        os.waitpid(pid, 0)
-                        return _failed(f"no answer in {timeout:g} s")
-                    chunk = os.read(r, 65536)
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-        finally:
-            os.close(r)
-        _, status = os.waitpid(pid, 0)
-        if status:
-            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
-            return _failed(f"killed by signal {sig}" if sig else f"exit status {os.waitstatus_to_exitcode(status)}")
-        try:
-            return _facts(json.loads(b"".join(chunks)), "live")
-        except (ValueError, TypeError, AttributeError, RecursionError) as e:
+            return _facts(child.answer(timeout), "live")
+        except forked.ChildFailed as e:
+            return _failed(str(e))
+        except (TypeError, AttributeError) as e:
             return _failed(e)
-    return Asked(pid, result)
-
-
-def _close_all_but(keep: int) -> None:
-    """Close every file descriptor above stderr but `keep`: those /proc/self/fd lists (a container's limit
-    of 1,048,576 would be as many close() calls where the kernel has no close_range)."""
-    try:
-        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
-    except (OSError, ValueError):
-        os.closerange(3, keep)
-        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
-        return
-    for fd in fds:
-        if fd > 2 and fd != keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass                    # the directory's own descriptor, closed by now
+    return Asked(child.pid, result)
 
 
 def _spawned(timeout: float) -> Asked:

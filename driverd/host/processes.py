@@ -9,6 +9,7 @@ import re
 from collections.abc import Collection
 
 from driverd.host.facts import DaemonFacts, GpuUser
+from driverd.host.procscan import each_process
 from driverd.root import Root
 
 DAEMONS = {"nvidia-persistenced": ("nvidia-persiste", "nvidia-persistenced"),   # comm is cut at 15 chars
@@ -59,25 +60,45 @@ def process_name(root: Root, pid: int) -> str | None:
 
 def gpu_users(root: Root, skip: Collection[int | None] = ()) -> list[GpuUser]:
     """Processes holding an NVIDIA device node open, but those in `skip` (driverd's own NVML query)."""
-    users = []
-    for pid in pids(root):
-        if pid in skip:
-            continue
-        devs = {t for t in root.link_targets(f"/proc/{pid}/fd").values() if t.startswith("/dev/nvidia")}
-        if not devs:
-            continue
-        comm = process_name(root, pid) or "?"
-        cmd = (root.read_text(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip()
-        ctr, pod = container_of(root.read_text(f"/proc/{pid}/cgroup") or "")
-        users.append(GpuUser(pid, comm, cmd, tuple(sorted(devs)), ctr, pod))
-    return users
+    return scan(root, skip=skip)[0]
 
 
 def daemons(root: Root) -> list[DaemonFacts]:
+    return scan(root, users=False)[1]
+
+
+def scan(root: Root, users: bool = True,
+         skip: Collection[int | None] = ()) -> tuple[list[GpuUser], list[DaemonFacts]]:
+    """The GPU users (where `users`: processes holding an NVIDIA device node open, but those in `skip`)
+    and the GPU daemons, from one pass over every process (host/procscan.py: split over workers on a
+    host with many)."""
+    seen = each_process(root, pids(root), _matters if users else _daemon)
     found: dict[str, list[int]] = {name: [] for name in DAEMONS}
-    for pid in pids(root):
-        comm = root.read_first_line(f"/proc/{pid}/comm")
+    held = []
+    for pid, (comm, devices) in seen.items():
         for name, comms in DAEMONS.items():
             if comm in comms:
                 found[name].append(pid)
-    return [DaemonFacts(name, bool(p), tuple(p)) for name, p in found.items()]
+        if devices and pid not in skip:
+            cmd = (root.read_text(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip()
+            ctr, pod = container_of(root.read_text(f"/proc/{pid}/cgroup") or "")
+            held.append(GpuUser(pid, process_name(root, pid) or "?", cmd, tuple(sorted(set(devices))), ctr, pod))
+    return held, [DaemonFacts(name, bool(p), tuple(p)) for name, p in found.items()]
+
+
+_DAEMON_COMMS = frozenset(c for comms in DAEMONS.values() for c in comms)
+
+
+def _daemon(root: Root, pid: int) -> tuple[str, list[str]] | None:
+    comm = root.read_first_line(f"/proc/{pid}/comm")
+    return (comm, []) if comm in _DAEMON_COMMS else None
+
+
+def _matters(root: Root, pid: int) -> tuple[str | None, list[str]] | None:
+    """What scan() keeps of a process: its name where it is a GPU daemon's, the NVIDIA device nodes it
+    holds open; None where neither."""
+    devices = [t for t in root.link_targets(f"/proc/{pid}/fd").values() if t.startswith("/dev/nvidia")]
+    comm = root.read_first_line(f"/proc/{pid}/comm")
+    if comm not in _DAEMON_COMMS:
+        comm = None
+    return (comm, devices) if devices or comm else None

@@ -174,16 +174,25 @@ class HostPaths:
             d = self._norm(hostdir).rstrip("/")
             return {n: t for n in self.listdir(d) if (t := self.readlink(f"{d}/{n}")) is not None}
         real = self._direct(hostdir) or self.safe_on_disk(hostdir)
+        if real is None:
+            return {}
         try:
-            names = os.listdir(real) if real is not None else ()
+            fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except (OSError, ValueError):
             return {}
         out: dict[str, str] = {}
-        for name in names:
-            try:
-                out[name] = os.readlink(f"{real}/{name}")
-            except OSError:                           # not a link, or the file was closed meanwhile
-                pass
+        try:
+            # each link read relative to the open directory: /proc/PID/fd is not walked (and its PID
+            # revalidated) again for every link, a quarter of the kernel's time on a busy host
+            for name in os.listdir(fd):
+                try:
+                    out[name] = os.readlink(name, dir_fd=fd)
+                except OSError:                       # not a link, or the file was closed meanwhile
+                    pass
+        except OSError:
+            return {}
+        finally:
+            os.close(fd)
         return out
 
     def _stat(self, hostpath: str) -> os.stat_result | None:

@@ -1,0 +1,199 @@
+"""Reading every process (driverd.host.procscan: here, which files each holds open), by one process or split
+over forked workers: the same answer either way, on the real /proc of this machine and on host trees; a worker
+that fails or hangs has its share read by the caller; no worker where the process may not fork.
+
+What forks runs in a fresh interpreter (`_fresh`): the test process may hold threads of session fixtures,
+and a process with threads does not fork (the code under test says so itself). The fresh process counts
+the workers it starts by wrapping driverd.host.forked.fork, and says as many CPUs as workers asked for."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from driverd.sim.hosttree import HostSpec, Module, Proc, h100, nvidia_version_line, write_host
+
+HOLD = ("import os, sys, time; fds = [os.open(sys.argv[1], os.O_RDONLY) for _ in range(3)]; print(flush=True); "
+        "time.sleep(300)")
+
+PRELUDE = """
+import json, os, sys, time
+from driverd.host import forked, procscan
+from driverd.host.processes import pids
+from driverd.root import Root
+def holding(path):
+    return lambda root, pid: [t for t in root.link_targets(f"/proc/{pid}/fd").values() if t == path] or None
+procscan._cpus = lambda: 16
+real_fork = forked.fork
+started = []
+def counting(fn):
+    child = real_fork(fn)
+    started.append(child.pid)
+    return child
+forked.fork = counting
+def reaped():
+    for pid in started:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+            return False
+        except ChildProcessError:
+            pass
+    return True
+"""
+
+
+def _fresh(body: str, *args: str) -> dict:
+    r = subprocess.run([sys.executable, "-c", PRELUDE + body, *args], capture_output=True, text=True, timeout=120,
+                       cwd="/")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def holders(tmp_path):
+    """24 processes of this machine holding a file of the test's open (3 descriptors each), and 8 holding
+    another file: the file and the holders' PIDs."""
+    mine, other = tmp_path / "held", tmp_path / "other"
+    mine.write_text("x")
+    other.write_text("y")
+    procs = [subprocess.Popen([sys.executable, "-c", HOLD, str(mine if i < 24 else other)], stdout=subprocess.PIPE)
+             for i in range(32)]
+    try:
+        for p in procs:
+            p.stdout.readline()                 # its files are open
+        yield str(mine), {p.pid for p in procs[:24]}
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+
+
+def test_workers_and_one_process_read_the_same_on_the_live_proc(holders):
+    path, mine = holders
+    got = _fresh("""
+root, path = Root("/"), sys.argv[1]
+every = pids(root)
+procscan.PER_WORKER = 10**6
+alone = procscan.each_process(root, every, holding(path))
+assert not started
+procscan.PER_WORKER = max(1, len(every) // 4)
+split = procscan.each_process(root, every, holding(path))
+print(json.dumps({"alone": alone, "split": split, "order": list(split), "workers": len(started), "reaped": reaped()}))
+""", path)
+    assert {int(p) for p in got["alone"]} == mine and all(t == [path] * 3 for t in got["alone"].values())
+    assert got["workers"] >= 2 and got["reaped"]
+    assert got["split"] == got["alone"] and got["order"] == sorted(got["order"], key=int)
+
+
+def test_a_failing_or_hanging_worker_has_its_share_read_by_the_caller(holders):
+    path, mine = holders
+    got = _fresh("""
+root, path = Root("/"), sys.argv[1]
+every = pids(root)
+procscan.PER_WORKER = max(1, len(every) // 4)
+procscan.WORKER_TIMEOUT_S = 1.0
+def faulty(fn):
+    n = len(started)
+    return counting((lambda: os._exit(3)) if n == 0 else (lambda: time.sleep(60)) if n == 1 else fn)
+forked.fork = faulty
+t = time.monotonic()
+found = procscan.each_process(root, every, holding(path))
+print(json.dumps({"found": found, "took": time.monotonic() - t, "workers": len(started), "reaped": reaped()}))
+""", path)
+    assert {int(p) for p in got["found"]} == mine
+    assert got["workers"] >= 2 and got["reaped"] and got["took"] < 20
+
+
+def test_no_worker_where_the_process_has_threads_or_few_processes(holders):
+    path, mine = holders
+    got = _fresh("""
+import threading
+root, path = Root("/"), sys.argv[1]
+every = pids(root)
+procscan.PER_WORKER = len(every) + 1          # fewer processes than one worker's share
+few = procscan.each_process(root, every, holding(path))
+workers_few = len(started)
+procscan.PER_WORKER = 1
+stop = threading.Event()
+other = threading.Thread(target=stop.wait)
+other.start()
+threaded = procscan.each_process(root, every, holding(path))
+stop.set()
+other.join()
+print(json.dumps({"few": few, "workers_few": workers_few, "threaded": threaded, "workers": len(started)}))
+""", path)
+    assert {int(p) for p in got["few"]} == mine and got["threaded"] == got["few"]
+    assert got["workers_few"] == 0 and got["workers"] == 0
+
+
+def test_gpu_users_and_daemons_on_a_host_tree_are_the_same_read_by_workers(tmp_path):
+    """A host tree of 600 processes, every fifth holding NVIDIA device files among others, two of them GPU
+    daemons (one holding nothing): the users and the daemons of one pass, read alone and by workers."""
+    procs = [Proc(1000 + i, f"worker{i}", (("/dev/nvidiactl", f"/dev/nvidia{i % 8}") if i % 5 == 0 else ())
+                  + ("/dev/null", f"/tmp/f{i}", "socket:[123]"), cmdline=f"python3 rank{i}.py") for i in range(600)]
+    procs += [Proc(2000, "nvidia-persistenced", ("/dev/nvidiactl", "/dev/nvidia0")), Proc(2001, "nv-fabricmanager")]
+    write_host(tmp_path, HostSpec(pci=[h100("0000:1b:00.0", "nvidia")], modules=[Module("nvidia", refcount=2)],
+                                  nvidia_version_text=nvidia_version_line("570.195.03", "open"), procs=procs))
+    got = _fresh("""
+from driverd.host.processes import scan
+root = Root(sys.argv[1])
+def both():
+    users, daemons = scan(root, skip=(1005,))
+    return [[u.pid, u.comm, u.cmdline, list(u.devices)] for u in users], [[d.name, list(d.pids)] for d in daemons]
+procscan.PER_WORKER = 10**6
+alone = both()
+procscan.PER_WORKER = 50
+split = both()
+print(json.dumps({"alone": alone, "split": split, "workers": len(started), "reaped": reaped()}))
+""", str(tmp_path))
+    assert got["workers"] >= 2 and got["reaped"]
+    assert got["split"] == got["alone"]
+    users, daemons = got["alone"]
+    assert [u[0] for u in users] == [1000 + i for i in range(0, 600, 5) if i != 5] + [2000]
+    assert users[1] == [1010, "worker10", "python3 rank10.py", ["/dev/nvidia2", "/dev/nvidiactl"]]
+    assert dict((n, p) for n, p in daemons) == {"nvidia-persistenced": [2000], "nv-fabricmanager": [2001],
+                                                "nvlsm": [], "nvidia-imex": []}
+
+
+def test_a_forked_child_holds_none_of_the_callers_files_nor_its_signal_handlers(tmp_path):
+    """driverd.host.forked: the child closes every descriptor of the caller's but its pipe (a host lock
+    held by the caller is not held on by a child left waiting) and takes the default action on SIGTERM
+    (the caller's handler, Ctrl-C's clean-up, is not the child's); a child that fails is said so."""
+    held = tmp_path / "lock"
+    held.write_text("")
+    got = _fresh("""
+import signal
+fd = os.open(sys.argv[1], os.O_RDONLY)
+seen = []
+signal.signal(signal.SIGTERM, lambda *a: seen.append(1))
+def files():
+    return sorted(os.readlink(f"/proc/self/fd/{n}") for n in os.listdir("/proc/self/fd")
+                  if int(n) > 2 and os.path.exists(f"/proc/self/fd/{n}"))
+child_files = forked.fork(files).answer(30)
+waiting = forked.fork(lambda: time.sleep(60))
+time.sleep(0.2)
+os.kill(waiting.pid, signal.SIGTERM)
+out = {"child_files": child_files, "mine": files()}
+for name, child in (("terminated", waiting), ("failing", forked.fork(lambda: 1 / 0)),
+                    ("unsendable", forked.fork(lambda: object()))):
+    try:
+        out[name] = child.answer(30)
+    except forked.ChildFailed as e:
+        out[name] = "failed: " + str(e)
+hung = forked.fork(lambda: time.sleep(60))
+t = time.monotonic()
+try:
+    hung.answer(0.5)
+except forked.ChildFailed as e:
+    out["hung"] = "failed: " + str(e)
+out["hung_took"] = time.monotonic() - t
+out["seen"], out["reaped"] = seen, reaped()
+print(json.dumps(out))
+""", str(held))
+    assert str(held) in got["mine"] and str(held) not in got["child_files"]
+    assert got["terminated"] == "failed: killed by signal 15" and not got["seen"]
+    assert got["failing"] == "failed: exit status 1"
+    assert got["hung"] == "failed: no answer in 0.5 s" and got["hung_took"] < 10
+    assert got["unsendable"] == "failed: exit status 1"
+    assert got["reaped"]
