@@ -64,11 +64,10 @@ def register(sub, common) -> None:
 
 
 def early_detect(args):
-    """Before the configuration: NVML's child on the live host (driverd.host.ask_nvml_early)."""
-    if args.no_nvml:
-        return None
-    from driverd.host import ask_nvml_early
-    return ask_nvml_early(root_of(args))
+    """Before the configuration: NVML's child and the pass over every process, on the live host
+    (driverd.host.start_early)."""
+    from driverd.host import start_early
+    return start_early(root_of(args), nvml=not args.no_nvml)
 
 
 def cmd_detect(ctx, args) -> int:

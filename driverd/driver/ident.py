@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from driverd.datatypes import NamedTuple
 
 # Light on purpose: detect asks for VERSION_FILE before it has imported anything else of driverd's
-# (driverd.host.ask_nvml_early), so neither the root's module nor dataclasses come with it.
+# (driverd.host.start_early), so neither the root's module nor dataclasses come with it.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from driverd.root import Root

@@ -7,6 +7,7 @@ from __future__ import annotations
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from driverd.host.facts import Facts
+    from driverd.host.forked import Forked
     from driverd.host.nvml import Asked
     from driverd.root import Root
 
@@ -17,6 +18,7 @@ def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia",
     /usr/bin/nvidia-container-runtime), whose needs each runtime reports; `driver_root`:
     validation.driver_root, where the driver's user-space is looked for first."""
     early = _nvml_early(root) if nvml else None       # first: NVML's start overlaps every read below
+    reading = _procs_early(root)                      # so does the pass over every process
     from driverd.host import runtimes
     versions = runtimes.start(root)                   # so do the runtime binaries' --version runs
     from driverd.host.facts import Facts
@@ -33,7 +35,8 @@ def collect(root: Root, *, nvml: bool = True, handler: str = "nvidia",
     gpus, switches, nics = pci.classify(root, pci.scan(root, warnings), warnings)
     drv = modules.read_driver(root, k.release, warnings)
     nv = nouveau.read_nouveau(root, [g.pci_address for g in gpus])
-    users, daemons = processes.scan(root, users=drv.loaded, skip=(early.pid,) if early is not None else ())
+    users, daemons = processes.scan(root, users=drv.loaded, skip=(early.pid,) if early is not None else (),
+                                    seen=_seen(reading))
     hostname = root.read_first_line("/proc/sys/kernel/hostname") or None
     if hostname is not None and (len(hostname) > 64 or not hostname.isprintable()):
         warnings.append("/proc/sys/kernel/hostname is garbled; ignored")
@@ -60,7 +63,7 @@ def _nvml_early(root: Root):
     """NVML's report, asked of a child started before anything else is read, where it will be asked for (a
     live root with a loaded driver): pynvml's import, nvmlInit and the queries then run on another core
     while this process imports and reads, and `detect` costs what the slower of the two does, not their
-    sum. The child ask_nvml_early() started for this command when there is one. None elsewhere
+    sum. The child start_early() started for this command when there is one. None elsewhere
     (read_nvml says why)."""
     global _asked
     if not root.is_live():
@@ -82,34 +85,87 @@ def _driver_loaded() -> bool:
     return os.path.exists(VERSION_FILE)
 
 
-# The child ask_nvml_early() started, until collect() takes it or the command's release dismisses it.
+# The children start_early() started, until collect() takes them or the command's release dismisses them:
+# NVML's report, and the pass over every process (host/processes.py).
 _asked: Asked | None = None
+_reading: Forked | None = None
 
 
-def ask_nvml_early(base: str):
-    """NVML's child, started now for a command that will collect the live host's facts with NVML
-    (`detect`), before that command has read its configuration or imported the facts' modules: on a GPU
-    host the child's pynvml import and nvmlInit take as long as everything this process does before its
-    reads, and were on its path once the reads began (issue 47). Only for the live root itself (--root /,
-    the default) with the driver loaded; elsewhere nothing starts and collect() decides as before.
+def start_early(base: str, nvml: bool = True):
+    """The children of a command that will collect the live host's facts (`detect`), started now, before
+    it has read its configuration or imported the facts' modules: NVML's report (with `nvml`, where the
+    driver is loaded) and the pass over every process. On a GPU host the child's pynvml import and
+    nvmlInit take as long as everything this process does before its reads, and were on its path once the
+    reads began; the pass reads every process's open files, tens of thousands on a busy node (issue 47).
+    Only for the live root itself (--root /, the default); elsewhere nothing starts and collect() decides
+    as before.
 
     Returns the release to call once the command is over (None when nothing started): a child whose
-    report went unused (the command failed first) is killed and reaped there, so that none is left behind
-    and a hung NVML call does not hold the failed command's exit."""
+    answer went unused (the command failed first) is killed and reaped there, so that none is left behind
+    and a hung call does not hold the failed command's exit."""
     import os
-    global _asked
-    if _asked is not None or os.path.abspath(base) != "/" or not _driver_loaded():
+    global _asked, _reading
+    if _asked is not None or _reading is not None or os.path.abspath(base) != "/":
         return None
-    from driverd.host.nvml import start_child
-    _asked = start_child()
-    return _release_early
+    if nvml and _driver_loaded():
+        from driverd.host.nvml import start_child
+        _asked = start_child()
+    _reading = _start_reading("/")
+    return _release_early if _asked is not None or _reading is not None else None
 
 
 def _release_early() -> None:
-    global _asked
-    asked, _asked = _asked, None
+    global _asked, _reading
+    (asked, _asked), (reading, _reading) = (_asked, None), (_reading, None)
     if asked is not None:
         asked.dismiss()
+    if reading is not None:
+        reading.dismiss()
+
+
+def _procs_early(root: Root) -> Forked | None:
+    """The pass over every process, in a child started before anything else is read (a live root, a
+    process that may fork): the child start_early() started for this command when there is one. None
+    elsewhere: collect() reads in this process (processes.scan)."""
+    global _reading
+    if not root.is_live():
+        return None
+    if _reading is not None:
+        reading, _reading = _reading, None
+        return reading
+    return _start_reading(root.base)
+
+
+def _start_reading(base: str) -> Forked | None:
+    from driverd.host import forked
+    if not forked.can_fork():
+        return None
+    try:
+        return forked.fork(lambda: _read_all(base))
+    except OSError:
+        return None                             # read in this process instead
+
+
+def _read_all(base: str) -> dict:
+    """In the child: the pass over every process but the child itself."""
+    import os
+
+    from driverd.host import processes
+    from driverd.root import Root
+    return processes.read_all(Root(base), but=os.getpid())
+
+
+def _seen(reading: Forked | None) -> dict | None:
+    """The child's pass (pid -> what it kept), None where there is none or it failed: collect() then
+    reads in this process, and nothing is lost."""
+    if reading is None:
+        return None
+    from driverd.host.forked import ChildFailed
+    from driverd.host.procscan import WORKER_TIMEOUT_S
+    try:
+        return {int(pid): (comm, devices) for pid, (comm, devices) in reading.answer(WORKER_TIMEOUT_S).items()}
+    except (ChildFailed, AttributeError, TypeError, ValueError):
+        return None
 
 
 def _userspace(workload, root: Root, loaded: str | None, driver_root: str | None) -> dict:

@@ -67,12 +67,13 @@ def daemons(root: Root) -> list[DaemonFacts]:
     return scan(root, users=False)[1]
 
 
-def scan(root: Root, users: bool = True,
-         skip: Collection[int | None] = ()) -> tuple[list[GpuUser], list[DaemonFacts]]:
+def scan(root: Root, users: bool = True, skip: Collection[int | None] = (),
+         seen: dict[int, Seen] | None = None) -> tuple[list[GpuUser], list[DaemonFacts]]:
     """The GPU users (where `users`: processes holding an NVIDIA device node open, but those in `skip`)
     and the GPU daemons, from one pass over every process (host/procscan.py: split over workers on a
-    host with many)."""
-    seen = each_process(root, pids(root), _matters if users else _daemon)
+    host with many), or from `seen`, that pass made earlier (`read_all()`, in a child of collect())."""
+    if seen is None:
+        seen = each_process(root, pids(root), _matters if users else _daemon)
     found: dict[str, list[int]] = {name: [] for name in DAEMONS}
     held = []
     for pid, (comm, devices) in seen.items():
@@ -88,15 +89,24 @@ def scan(root: Root, users: bool = True,
 
 _DAEMON_COMMS = frozenset(c for comms in DAEMONS.values() for c in comms)
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    # what the pass keeps of a process: its name where it is a GPU daemon's, the NVIDIA device nodes it holds
+    Seen = tuple[str | None, list[str]]
 
-def _daemon(root: Root, pid: int) -> tuple[str, list[str]] | None:
+
+def read_all(root: Root, but: int | None = None) -> dict[int, Seen]:
+    """scan()'s pass over every process but `but` (the reader itself), users and daemons alike."""
+    return each_process(root, [p for p in pids(root) if p != but], _matters)
+
+
+def _daemon(root: Root, pid: int) -> Seen | None:
     comm = root.read_first_line(f"/proc/{pid}/comm")
     return (comm, []) if comm in _DAEMON_COMMS else None
 
 
-def _matters(root: Root, pid: int) -> tuple[str | None, list[str]] | None:
-    """What scan() keeps of a process: its name where it is a GPU daemon's, the NVIDIA device nodes it
-    holds open; None where neither."""
+def _matters(root: Root, pid: int) -> Seen | None:
+    """What scan() keeps of a process (None where nothing)."""
     devices = [t for t in root.link_targets(f"/proc/{pid}/fd").values() if t.startswith("/dev/nvidia")]
     comm = root.read_first_line(f"/proc/{pid}/comm")
     if comm not in _DAEMON_COMMS:

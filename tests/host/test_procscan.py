@@ -6,8 +6,10 @@ What forks runs in a fresh interpreter (`_fresh`): the test process may hold thr
 and a process with threads does not fork (the code under test says so itself). The fresh process counts
 the workers it starts by wrapping driverd.host.forked.fork, and says as many CPUs as workers asked for."""
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -197,3 +199,83 @@ print(json.dumps(out))
     assert got["hung"] == "failed: no answer in 0.5 s" and got["hung_took"] < 10
     assert got["unsendable"] == "failed: exit status 1"
     assert got["reaped"]
+
+
+# detect starts the pass over every process in a child before it reads its configuration (driverd.host.
+# start_early), like NVML's: on a busy node the pass is tens of thousands of reads. On this machine's real
+# /proc, a process named as a GPU daemon (a copy of sleep called nvlsm) must be found, from that child.
+
+DETECT = """
+import contextlib, io, sys, psutil
+from driverd.host import processes
+forks, given = [], []
+def recording(fn):
+    forks.append({"fn": fn.__qualname__, "config_read": "driverd.config" in sys.modules})
+    return (counting(lambda: 1 / 0) if os.environ.get("FAIL_EARLY") and len(forks) == 1 else
+            counting((lambda: time.sleep(120)) if os.environ.get("HANG_EARLY") and len(forks) == 1 else fn))
+forked.fork = recording
+scan = processes.scan
+def scanning(*a, **kw):
+    given.append(kw.get("seen") is not None)
+    return scan(*a, **kw)
+processes.scan = scanning
+from driverd.cli import main
+out = io.StringIO()
+t = time.monotonic()
+with contextlib.redirect_stdout(out):
+    rc = main(sys.argv[1:])
+took = time.monotonic() - t
+facts = json.loads(out.getvalue()) if rc == 0 else None
+print(json.dumps({"rc": rc, "took": took, "forks": forks, "given": given, "reaped": reaped(),
+                  "children": len(psutil.Process().children()),
+                  "nvlsm": facts and [d["pids"] for d in facts["daemons"] if d["name"] == "nvlsm"][0]}))
+"""
+
+
+@pytest.fixture
+def nvlsm(tmp_path):
+    """A process of this machine whose name is a GPU daemon's (nvlsm): its pid."""
+    import shutil
+    exe = tmp_path / "nvlsm"
+    shutil.copy(shutil.which("sleep"), exe)
+    p = subprocess.Popen([str(exe), "300"])
+    try:
+        time.sleep(0.2)
+        yield p.pid
+    finally:
+        p.kill()
+        p.wait()
+
+
+def _detect(*argv: str, env: dict | None = None) -> dict:
+    r = subprocess.run([sys.executable, "-c", PRELUDE + DETECT, *argv], capture_output=True, text=True, timeout=120,
+                       cwd="/", env={**os.environ, **(env or {})})
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_detect_reads_every_process_in_a_child_started_before_its_configuration(nvlsm):
+    got = _detect("detect", "--json", "--no-nvml")
+    assert got["rc"] == 0 and nvlsm in got["nvlsm"]
+    early = got["forks"][0]
+    assert early["fn"].startswith("_start_reading") and not early["config_read"], got["forks"]
+    assert got["given"] == [True]                     # the facts took the child's pass, not one of their own
+    assert got["reaped"] and got["children"] == 0
+
+
+def test_a_failed_early_pass_is_read_again_and_a_failed_detect_leaves_none(nvlsm, tmp_path):
+    got = _detect("detect", "--json", "--no-nvml", env={"FAIL_EARLY": "1"})
+    assert got["rc"] == 0 and nvlsm in got["nvlsm"] and got["given"] == [False]   # read here: nothing lost
+    assert got["reaped"] and got["children"] == 0
+    bad = tmp_path / "config.toml"
+    bad.write_text("[runtime\n")
+    got = _detect("detect", "--json", "--no-nvml", "--config", str(bad), env={"HANG_EARLY": "1"})
+    assert got["rc"] == 2 and got["forks"] and got["took"] < 20       # a pass that hangs does not hold it
+    assert got["reaped"] and got["children"] == 0
+
+
+def test_no_early_pass_off_the_live_root(tmp_path):
+    tree = tmp_path / "tree"
+    write_host(tree, HostSpec(procs=[Proc(100, "nvlsm")]))
+    got = _detect("detect", "--json", "--root", str(tree))
+    assert got["rc"] == 0 and got["forks"] == [] and got["given"] == [False] and got["nvlsm"] == [100]
