@@ -2,15 +2,25 @@
 
 Read from <root>/proc so that the driver container (root=/host with the host's /proc) sees the
 host's processes. The container / pod a process belongs to comes from its cgroup path.
+
+The pass over every process (`read_all`) runs in a child forked before the facts' modules are imported
+(driverd.host.start_early), which imports this module: the facts' classes are imported where the facts
+are made (scan), not here.
 """
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
 
-from driverd.host.facts import DaemonFacts, GpuUser
 from driverd.host.procscan import each_process
-from driverd.root import Root
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Collection
+
+    from driverd.host.facts import DaemonFacts, GpuUser
+    from driverd.root import Root
+    # what the pass keeps of a process: its name where it is a GPU daemon's, the NVIDIA device nodes it holds
+    Seen = tuple[str | None, list[str]]
 
 DAEMONS = {"nvidia-persistenced": ("nvidia-persiste", "nvidia-persistenced"),   # comm is cut at 15 chars
            "nv-fabricmanager": ("nv-fabricmanage", "nv-fabricmanager"),
@@ -72,6 +82,7 @@ def scan(root: Root, users: bool = True, skip: Collection[int | None] = (),
     """The GPU users (where `users`: processes holding an NVIDIA device node open, but those in `skip`)
     and the GPU daemons, from one pass over every process (host/procscan.py: split over workers on a
     host with many), or from `seen`, that pass made earlier (`read_all()`, in a child of collect())."""
+    from driverd.host.facts import DaemonFacts, GpuUser
     if seen is None:
         seen = each_process(root, pids(root), _matters if users else _daemon)
     found: dict[str, list[int]] = {name: [] for name in DAEMONS}
@@ -88,11 +99,6 @@ def scan(root: Root, users: bool = True, skip: Collection[int | None] = (),
 
 
 _DAEMON_COMMS = frozenset(c for comms in DAEMONS.values() for c in comms)
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    # what the pass keeps of a process: its name where it is a GPU daemon's, the NVIDIA device nodes it holds
-    Seen = tuple[str | None, list[str]]
 
 
 def read_all(root: Root, but: int | None = None) -> dict[int, Seen]:

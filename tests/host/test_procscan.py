@@ -279,3 +279,15 @@ def test_no_early_pass_off_the_live_root(tmp_path):
     write_host(tree, HostSpec(procs=[Proc(100, "nvlsm")]))
     got = _detect("detect", "--json", "--root", str(tree))
     assert got["rc"] == 0 and got["forks"] == [] and got["given"] == [False] and got["nvlsm"] == [100]
+
+
+def test_the_early_pass_imports_neither_the_facts_classes_nor_dataclasses():
+    """What the early child imports is on its path (on a busy node it was the last to answer): the pass
+    needs the root and driverd.host.processes, not the facts' classes."""
+    code = ("import json, sys; from driverd.host import _read_all; before = set(sys.modules); "
+            "seen = _read_all('/'); print(json.dumps([sorted(set(sys.modules) - before), len(seen)]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    assert r.returncode == 0, r.stderr
+    added, _ = json.loads(r.stdout)
+    assert "driverd.host.processes" in added and "driverd.root" in added
+    assert not {"dataclasses", "driverd.host.facts", "driverd.config", "typing", "inspect"} & set(added), added
