@@ -65,14 +65,11 @@ def _nvml_early(root: Root):
     while this process imports and reads, and `detect` costs what the slower of the two does, not their
     sum. The child start_early() started for this command when there is one. None elsewhere
     (read_nvml says why)."""
-    global _asked
     if not root.is_live():
         return None
-    if _asked is not None:
-        asked, _asked = _asked, None
+    asked = _started.take("nvml")
+    if asked is not None or not _driver_loaded():
         return asked
-    if not _driver_loaded():
-        return None
     from driverd.host.nvml import start_child
     return start_child()
 
@@ -85,10 +82,25 @@ def _driver_loaded() -> bool:
     return os.path.exists(VERSION_FILE)
 
 
-# The children start_early() started, until collect() takes them or the command's release dismisses them:
-# NVML's report, and the pass over every process (host/processes.py).
-_asked: Asked | None = None
-_reading: Forked | None = None
+class _Started:
+    """The children start_early() started, until collect() takes them or the command's release dismisses
+    them: NVML's report, and the pass over every process (host/processes.py)."""
+    nvml: Asked | None = None
+    reading: Forked | None = None
+
+    def take(self, which: str):
+        child = getattr(self, which)
+        setattr(self, which, None)
+        return child
+
+    def dismiss(self) -> None:
+        for which in ("nvml", "reading"):
+            child = self.take(which)
+            if child is not None:
+                child.dismiss()
+
+
+_started = _Started()
 
 
 def start_early(base: str, nvml: bool = True):
@@ -104,36 +116,23 @@ def start_early(base: str, nvml: bool = True):
     answer went unused (the command failed first) is killed and reaped there, so that none is left behind
     and a hung call does not hold the failed command's exit."""
     import os
-    global _asked, _reading
-    if _asked is not None or _reading is not None or os.path.abspath(base) != "/":
+    if _started.nvml is not None or _started.reading is not None or os.path.abspath(base) != "/":
         return None
     if nvml and _driver_loaded():
         from driverd.host.nvml import start_child
-        _asked = start_child()
-    _reading = _start_reading("/")
-    return _release_early if _asked is not None or _reading is not None else None
-
-
-def _release_early() -> None:
-    global _asked, _reading
-    (asked, _asked), (reading, _reading) = (_asked, None), (_reading, None)
-    if asked is not None:
-        asked.dismiss()
-    if reading is not None:
-        reading.dismiss()
+        _started.nvml = start_child()
+    _started.reading = _start_reading("/")
+    return _started.dismiss if _started.nvml is not None or _started.reading is not None else None
 
 
 def _procs_early(root: Root) -> Forked | None:
     """The pass over every process, in a child started before anything else is read (a live root, a
     process that may fork): the child start_early() started for this command when there is one. None
     elsewhere: collect() reads in this process (processes.scan)."""
-    global _reading
     if not root.is_live():
         return None
-    if _reading is not None:
-        reading, _reading = _reading, None
-        return reading
-    return _start_reading(root.base)
+    reading = _started.take("reading")
+    return reading if reading is not None else _start_reading(root.base)
 
 
 def _start_reading(base: str) -> Forked | None:
