@@ -91,7 +91,7 @@ def scan(root: Root, users: bool = True, skip: Collection[int | None] = (),
         for name, comms in DAEMONS.items():
             if comm in comms:
                 found[name].append(pid)
-        if devices and pid not in skip:
+        if users and devices and pid not in skip:
             cmd = (root.read_text(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip()
             ctr, pod = container_of(root.read_text(f"/proc/{pid}/cgroup") or "")
             held.append(GpuUser(pid, process_name(root, pid) or "?", cmd, tuple(sorted(set(devices))), ctr, pod))

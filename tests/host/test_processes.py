@@ -125,3 +125,18 @@ def test_a_process_fd_directory_that_leads_out_of_the_tree_is_not_read(tmp_path)
     rec = Root(host, record=True)
     assert sorted(rec.link_targets("/proc/100/fd").values()) == ["/dev/null", "/dev/nvidia0"]
     assert {"/proc/100/fd/3", "/proc/100/fd/4"} <= rec.recorded
+
+
+def test_a_pass_made_earlier_names_gpu_users_only_where_they_are_asked_for(tmp_path):
+    """collect() takes the pass its early child made (device nodes held and daemon names, read whether the
+    driver is loaded or not); with the driver not loaded the facts name no GPU users from it, as a pass of
+    their own (daemon names only) would not."""
+    from driverd.host import processes
+    write_host(tmp_path, HostSpec(procs=[Proc(100, "python3", ("/dev/nvidia0",)), Proc(200, "nvlsm")]))
+    root = Root(tmp_path)
+    seen = {100: (None, ["/dev/nvidia0"]), 200: ("nvlsm", [])}
+    users, daemons = processes.scan(root, users=False, seen=seen)
+    assert users == [] and dict((d.name, d.pids) for d in daemons)["nvlsm"] == (200,)
+    assert processes.scan(root, users=False) == (users, daemons)
+    users, _ = processes.scan(root, seen=seen)
+    assert [(u.pid, u.comm, u.devices) for u in users] == [(100, "python3", ("/dev/nvidia0",))]
