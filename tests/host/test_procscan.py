@@ -173,8 +173,14 @@ def files():
     return sorted(os.readlink(f"/proc/self/fd/{n}") for n in os.listdir("/proc/self/fd")
                   if int(n) > 2 and os.path.exists(f"/proc/self/fd/{n}"))
 child_files = forked.fork(files).answer(30)
-waiting = forked.fork(lambda: time.sleep(60))
-time.sleep(0.2)
+ready = sys.argv[1] + ".ready"
+def wait_ready():                       # the child's function runs once its signals are the defaults
+    open(ready, "w").close()
+    time.sleep(60)
+waiting = forked.fork(wait_ready)
+deadline = time.monotonic() + 60        # however busy the machine, SIGTERM goes to a child that is ready
+while not os.path.exists(ready) and time.monotonic() < deadline:
+    time.sleep(0.01)
 os.kill(waiting.pid, signal.SIGTERM)
 out = {"child_files": child_files, "mine": files()}
 for name, child in (("terminated", waiting), ("failing", forked.fork(lambda: 1 / 0)),
