@@ -44,9 +44,9 @@ def reaped():
 """
 
 
-def _fresh(body: str, *args: str) -> dict:
+def _fresh(body: str, *args: str, env: dict | None = None) -> dict:
     r = subprocess.run([sys.executable, "-c", PRELUDE + body, *args], capture_output=True, text=True, timeout=120,
-                       cwd="/")
+                       cwd="/", env={**os.environ, **(env or {})})
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -254,10 +254,7 @@ def nvlsm(tmp_path):
 
 
 def _detect(*argv: str, env: dict | None = None) -> dict:
-    r = subprocess.run([sys.executable, "-c", PRELUDE + DETECT, *argv], capture_output=True, text=True, timeout=120,
-                       cwd="/", env={**os.environ, **(env or {})})
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return _fresh(DETECT, *argv, env=env)
 
 
 def test_detect_reads_every_process_in_a_child_started_before_its_configuration(nvlsm):
