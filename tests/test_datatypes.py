@@ -1,5 +1,6 @@
-"""driverd.datatypes.dataclass behaves as the standard library's: the same equality, hash and repr (its
-methods are shared instead of compiled for each class), the same frozen errors, the same fields."""
+"""driverd.datatypes.dataclass behaves as the standard library's: the same equality, hash and repr, the
+same __init__ (defaults, factories, __post_init__, the same errors), the same frozen errors, the same
+fields: its methods are shared or closures instead of compiled for each class."""
 from __future__ import annotations
 
 import dataclasses
@@ -138,23 +139,190 @@ def test_other_keywords_are_the_standard_decorators():
     assert O(1) < O(2) and "__lt__" in O.__dict__
 
 
-def test_detect_compiles_no_generated_eq_hash_or_repr():
-    """Why the module exists: making driverd's classes compiles only __init__ (and the frozen
-    __setattr__/__delattr__), not a __eq__, __hash__ or __repr__ for each."""
+def test_detect_compiles_no_method_of_its_classes():
+    """Why the module exists: making driverd's classes compiles nothing (3.12 compiled six methods for
+    each frozen class), and the standard decorator is still what makes them dataclasses."""
     if not hasattr(dataclasses, "_create_fn"):
         pytest.skip("this Python compiles a class's generated methods in one go (3.13+): nothing to count")
     code = ("import dataclasses, collections\n"
             "made = collections.Counter()\n"
-            "orig = dataclasses._create_fn\n"
+            "orig, proc = dataclasses._create_fn, dataclasses._process_class\n"
             "def count(name, *a, **k):\n"
             "    made[name] += 1\n"
             "    return orig(name, *a, **k)\n"
-            "dataclasses._create_fn = count\n"
+            "def processed(*a, **k):\n"
+            "    made['class'] += 1\n"
+            "    return proc(*a, **k)\n"
+            "dataclasses._create_fn, dataclasses._process_class = count, processed\n"
             "import driverd.host.facts, driverd.config, driverd.cli.context\n"
-            "print(made['__init__'], made['__eq__'] + made['__hash__'] + made['__repr__'])\n")
-    inits, others = map(int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                            check=True).stdout.split())
-    assert inits >= 20 and others == 0, (inits, others)
+            "print(made.pop('class'), sum(made.values()))\n")
+    classes, compiled = map(int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                                check=True).stdout.split())
+    assert classes >= 20 and compiled == 0, (classes, compiled)
+
+
+def _fields_body():
+    class F:
+        """f"""
+        a: int
+        b: str = "x"
+        c: list = field(default_factory=list)
+        d: dict = field(default_factory=dict, init=False)
+        e: int = field(default=5, init=False)
+        f: tuple = ()
+    return F
+
+
+CALLS = [((1,), {}), ((1, "y", [2], (3,)), {}), ((), {"a": 1}), ((), {"f": (1,), "a": 2, "c": [9]}),
+         ((1,), {"b": "z"}), ((1, "y"), {"c": [], "f": ()})]
+BAD_CALLS = [((), {}), ((1, 2, 3, 4, 5), {}), ((1,), {"a": 2}), ((1,), {"zz": 2}), ((), {"b": "y"}),
+             ((), {"d": {}}), ((), {"a": 1, "zz": 2, "b": "q"})]
+
+
+def _heat(cls, *args) -> None:
+    """Make the class often enough for its __init__ to become the standard decorator's compiled one."""
+    closure = cls.__init__
+    for _ in range(datatypes.HOT_AFTER):
+        cls(*args)
+    assert cls.__init__ is not closure and cls.__init__.__code__.co_filename == "<string>"
+    assert cls.__init__.__qualname__ == f"{cls.__qualname__}.__init__"
+
+
+HEAT = [False, True]
+
+
+@pytest.mark.parametrize("heated", HEAT, ids=["closure", "compiled"])
+@pytest.mark.parametrize("kw", KINDS, ids=["mutable", "frozen"])
+def test_init_binds_defaults_factories_and_errors_as_the_compiled_one(kw, heated):
+    std, ours = _pair(kw, _fields_body)
+    assert "__init__" in ours.__dict__ and ours.__dataclass_params__.init and \
+        ours.__dataclass_params__.frozen == std.__dataclass_params__.frozen
+    assert ours.__init__.__code__.co_filename != "<string>"        # nothing compiled while it is made
+    if heated:
+        _heat(ours, 1)
+    for args, kwargs in CALLS:
+        s, o = std(*args, **kwargs), ours(*args, **kwargs)
+        assert list(vars(s).items()) == list(vars(o).items())       # the same values, set in the same order
+        assert dataclasses.asdict(s) == dataclasses.asdict(o) and repr(s) == repr(o)
+    a, b = ours(1), ours(1)
+    assert a.c is not b.c and a.d is not b.d                          # a factory's value per instance
+    assert ours.e == 5 and "e" not in vars(a)                         # init=False with a default: the class's
+    for args, kwargs in BAD_CALLS:
+        with pytest.raises(TypeError) as s_err:
+            std(*args, **kwargs)
+        with pytest.raises(TypeError) as o_err:
+            ours(*args, **kwargs)
+        assert str(o_err.value).replace(ours.__qualname__, "X") == str(s_err.value).replace(std.__qualname__, "X")
+
+
+@pytest.mark.parametrize("heated", HEAT, ids=["closure", "compiled"])
+def test_post_init_runs_and_a_subclass_sets_through_its_own_setattr(heated):
+    seen = []
+
+    @datatypes.dataclass
+    class P:
+        """p"""
+        a: int
+
+        def __post_init__(self):
+            seen.append(self.a)
+            self.b = self.a + 1
+    if heated:
+        _heat(P, 0)
+        seen.clear()
+    assert P(3).b == 4 and seen == [3]
+
+    class Loud(P):                     # not a dataclass: its own __setattr__ still sees every field set
+        def __setattr__(self, name, value):
+            seen.append(name)
+            super().__setattr__(name, value)
+    assert Loud(5).b == 6 and seen[1:] == ["a", 5, "b"]
+
+    @datatypes.dataclass(frozen=True)
+    class F:
+        """f"""
+        a: int
+
+    class Free(F):
+        pass
+    if heated:
+        _heat(F, 0)
+    free = Free(1)
+    free.other = 2                      # a subclass's own attribute may be set; a field still may not
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'a'"):
+        free.a = 3
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot delete field 'a'"):
+        del F(1).a
+
+
+@pytest.mark.parametrize("heated", HEAT, ids=["closure", "compiled"])
+@pytest.mark.parametrize("kw", KINDS, ids=["mutable", "frozen"])
+def test_a_fields_descriptor_on_a_base_is_set_through(kw, heated):
+    class Doubling:
+        """A base (not a dataclass) whose property has a field's name."""
+        a = property(lambda self: self._a, lambda self, v: object.__setattr__(self, "_a", v * 2))
+
+    def body():
+        class D(Doubling):
+            """d"""
+            a: int
+            b: list = field(default_factory=list, init=False)
+        return D
+    std, ours = _pair(kw, body)
+    if heated:
+        _heat(ours, 1)
+    assert ours(2).a == std(2).a == 4 and list(vars(ours(2))) == list(vars(std(2))) == ["_a", "b"]
+
+
+def test_what_the_closures_are_not_written_for_is_the_standard_decorators():
+    @datatypes.dataclass(frozen=True)
+    class Init:
+        """i"""
+        a: int
+        scale: dataclasses.InitVar[int] = 1
+
+        def __post_init__(self, scale):
+            object.__setattr__(self, "a", self.a * scale)
+    assert Init(2, 3).a == 6
+
+    @datatypes.dataclass
+    class Kw:
+        """k"""
+        a: int
+        b: int = field(default=0, kw_only=True)
+    assert Kw(1, b=2).b == 2
+    with pytest.raises(TypeError):
+        Kw(1, 2)
+
+    @datatypes.dataclass
+    class NoDoc:
+        a: int
+    assert NoDoc.__doc__ == dataclasses.dataclass(type("NoDoc", (), {"__annotations__": {"a": "int"}})).__doc__
+
+    with pytest.raises(TypeError, match="non-default argument 'b' follows default argument"):
+        @datatypes.dataclass
+        class Order:
+            """o"""
+            a: int = 0
+            b: int
+    with pytest.raises(TypeError, match="Cannot overwrite attribute __setattr__"):
+        @datatypes.dataclass(frozen=True)
+        class Own:
+            """o"""
+            a: int
+
+            def __setattr__(self, name, value):
+                pass
+    with pytest.raises(TypeError, match="cannot inherit non-frozen dataclass from a frozen one"):
+        @datatypes.dataclass(frozen=True)
+        class Base:
+            """b"""
+            a: int
+
+        @datatypes.dataclass
+        class Thaw(Base):
+            """t"""
+            b: int = 0
 
 
 def _version_tuple(base):
