@@ -138,6 +138,21 @@ def test_ld_cache_finds_a_directory_only_ld_so_conf_names(tmp_path, so_cache):
     assert f"libnvidia-cfg.so.{NEW}" in _names(inventory(Root(host), us))
 
 
+def test_the_ld_cache_is_read_once_for_every_library_asked_of_it(tmp_path):
+    """A host with no user-space anywhere: each driver root's cache is read once, not once a library."""
+    reads = []
+
+    class Counting(Root):
+        def read_bytes(self, path, limit=4 << 20):
+            reads.append(path)
+            return super().read_bytes(path, limit)
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/ld.so.cache").write_bytes(b"glibc-ld.so.cache1.1" + b"\0" * 28)
+    us = find(Counting(tmp_path))
+    caches = [r for r in reads if r.endswith("ld.so.cache")]
+    assert not us.found and caches and len(caches) == len(set(caches)), reads
+
+
 def test_ld_cache_parser_rejects_garbage_and_reads_the_old_prefix(tmp_path):
     import struct
     assert driverfiles.parse_ld_cache(b"") == [] and driverfiles.parse_ld_cache(b"\0" * 100) == []

@@ -187,8 +187,9 @@ def find(root: Root, driver_root: str | None = None, *, driverd: bool = True, ex
     for base in roots:
         cache = _join(base, LD_CACHE.lstrip("/"))
         searched.append(cache)
+        entries = ld_cache_entries(root, cache)         # read and parsed once for every library asked of it
         for soname in KEY_LIBS:
-            for path in ld_cache_lookup(root, cache, soname):
+            for path in (p for k, p in entries if k == soname):
                 d = _resolved(root, os.path.dirname(_join(base, path.lstrip("/"))))
                 if d is None or _under(d, exclude):
                     continue
@@ -242,11 +243,15 @@ def _cstr(buf: bytes, off: int) -> str | None:
     return buf[off:end].decode("utf-8", "replace") if end > off else None
 
 
+def ld_cache_entries(root: Root, cache: str) -> list[tuple[str, str]]:
+    """(soname, path) of every entry of the ld cache at `cache` (a host path), each path as written in the
+    cache (relative to the root the cache belongs to)."""
+    return parse_ld_cache(root.read_bytes(cache, 16 << 20) or b"")
+
+
 def ld_cache_lookup(root: Root, cache: str, soname: str) -> list[str]:
-    """The paths the ld cache at `cache` (a host path) gives for `soname`, as written in the cache
-    (relative to the root the cache belongs to)."""
-    data = root.read_bytes(cache, 16 << 20)
-    return [p for k, p in parse_ld_cache(data or b"") if k == soname]
+    """The paths the ld cache at `cache` gives for `soname` (ld_cache_entries)."""
+    return [p for k, p in ld_cache_entries(root, cache) if k == soname]
 
 
 # -- ELF: a library's DT_SONAME ----------------------------------------------------------------------------
