@@ -112,11 +112,21 @@ def start_early(base: str, nvml: bool = True):
     Only for the live root itself (--root /, the default); elsewhere nothing starts and collect() decides
     as before.
 
-    Returns the release to call once the command is over (None when nothing started): a child whose
+    Called again once children run (the console script starts them before the command line is read,
+    driverd/__main__.py), it keeps those that are what this call asks for and dismisses the others.
+
+    Returns the release to call once the command is over (None when nothing runs): a child whose
     answer went unused (the command failed first) is killed and reaped there, so that none is left behind
     and a hung call does not hold the failed command's exit."""
     import os
-    if _started.nvml is not None or _started.reading is not None or os.path.abspath(base) != "/":
+    live = os.path.abspath(base) == "/"
+    if _started.nvml is not None or _started.reading is not None:
+        if not live:
+            _started.dismiss()
+        elif not nvml and _started.nvml is not None:
+            _started.take("nvml").dismiss()
+        return _started.dismiss if _started.nvml is not None or _started.reading is not None else None
+    if not live:
         return None
     if nvml and _driver_loaded():
         from driverd.host.nvml import start_child

@@ -216,7 +216,8 @@ import contextlib, io, sys, psutil
 from driverd.host import processes
 forks, given = [], []
 def recording(fn):
-    forks.append({"fn": fn.__qualname__, "config_read": "driverd.config" in sys.modules})
+    forks.append({"fn": fn.__qualname__, "config_read": "driverd.config" in sys.modules,
+                  "command_line_read": "driverd.cli" in sys.modules})
     return (counting(lambda: 1 / 0) if os.environ.get("FAIL_EARLY") and len(forks) == 1 else
             counting((lambda: time.sleep(120)) if os.environ.get("HANG_EARLY") and len(forks) == 1 else fn))
 forked.fork = recording
@@ -225,13 +226,27 @@ def scanning(*a, **kw):
     given.append(kw.get("seen") is not None)
     return scan(*a, **kw)
 processes.scan = scanning
-from driverd.cli import main
 out = io.StringIO()
 t = time.monotonic()
 with contextlib.redirect_stdout(out):
-    rc = main(sys.argv[1:])
+    if os.environ.get("CONSOLE_SCRIPT"):
+        # the console script, whole; its exit taken from the test side, to report from here
+        import driverd.__main__ as script
+        me, real_exit = os.getpid(), os._exit
+        def leave(code):
+            if os.getpid() != me:
+                real_exit(code)         # a forked child's own exit
+            raise SystemExit(code)
+        os._exit, sys.argv = leave, ["driverd", *sys.argv[1:]]
+        try:
+            script.entry()
+        except SystemExit as e:
+            rc = e.code
+    else:
+        from driverd.cli import main
+        rc = main(sys.argv[1:])
 took = time.monotonic() - t
-facts = json.loads(out.getvalue()) if rc == 0 else None
+facts = json.loads(out.getvalue()) if rc == 0 and out.getvalue().startswith("{") else None  # not help
 print(json.dumps({"rc": rc, "took": took, "forks": forks, "given": given, "reaped": reaped(),
                   "children": len(psutil.Process().children()),
                   "nvlsm": facts and [d["pids"] for d in facts["daemons"] if d["name"] == "nvlsm"][0]}))
@@ -275,6 +290,43 @@ def test_a_failed_early_pass_is_read_again_and_a_failed_detect_leaves_none(nvlsm
     got = _detect("detect", "--json", "--no-nvml", "--config", str(bad), env={"HANG_EARLY": "1"})
     assert got["rc"] == 2 and got["forks"] and got["took"] < 20       # a pass that hangs does not hold it
     assert got["reaped"] and got["children"] == 0
+
+
+def test_the_console_script_starts_the_pass_before_it_reads_the_command_line(nvlsm, tmp_path):
+    got = _detect("detect", "--json", "--no-nvml", env={"CONSOLE_SCRIPT": "1"})
+    assert got["rc"] == 0 and nvlsm in got["nvlsm"]
+    assert len(got["forks"]) == 1 and not got["forks"][0]["command_line_read"], got["forks"]
+    assert got["given"] == [True] and got["reaped"] and got["children"] == 0
+    # help, a usage error, another root: whatever started is gone when the command is; off the live root
+    # nothing is started before the command line is read, and the pass is the tree's
+    # (the last looks plain, so the pass starts, and argparse refuses it)
+    for argv, started in ((("detect", "--help"), False), (("detect", "--json", "--bogus"), False),
+                          (("detect", "-o", "json", "-o"), True)):
+        got = _detect(*argv, env={"CONSOLE_SCRIPT": "1"})
+        assert got["rc"] in (0, 2) and bool(got["forks"]) == started, (argv, got)
+        assert got["reaped"] and got["children"] == 0, (argv, got)
+    tree = tmp_path / "tree"
+    write_host(tree, HostSpec(procs=[Proc(100, "nvlsm")]))
+    for argv, env in ((("detect", "--json", "--root", str(tree)), {}),
+                      (("detect", "--json"), {"DRIVERD_ROOT": str(tree)})):
+        got = _detect(*argv, env={"CONSOLE_SCRIPT": "1", **env})
+        assert got["rc"] == 0 and got["forks"] == [] and got["nvlsm"] == [100], (argv, got)
+
+
+def test_children_started_for_the_live_root_are_dismissed_for_another():
+    """start_early called again once its children run (the console script started them before the command
+    line was read): the same root keeps them, another root dismisses them."""
+    got = _fresh("""
+import driverd.host as host
+first = host.start_early("/")
+child = host._started.reading
+again = host.start_early("/")
+kept = host._started.reading is child and again is not None
+other = host.start_early("/srv/tree")
+print(json.dumps({"first": first is not None, "kept": kept, "other": other, "gone": host._started.reading is None,
+                  "reaped": reaped()}))
+""")
+    assert got == {"first": True, "kept": True, "other": None, "gone": True, "reaped": True}
 
 
 def test_no_early_pass_off_the_live_root(tmp_path):
