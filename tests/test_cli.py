@@ -246,6 +246,18 @@ def test_one_commands_parser_imports_only_what_its_help_needs():
     assert "(containerd, CRI-O, Docker)" in " ".join(run_cli("--help").stdout.split())
 
 
+def test_a_commands_parser_imports_no_command_module_after_its_own():
+    """detect's parser is built from host_cmds alone (the first command module): the other command modules,
+    their imports with them, are not imported for it; a command a later module defines is still found."""
+    [(rc, out)], modules = _in_a_child(["detect", "--help"])
+    assert rc == 0 and "usage: driverd detect" in out
+    from driverd.cli import COMMAND_MODULES
+    assert COMMAND_MODULES[0] == "driverd.cli.host_cmds"
+    assert sorted(m for m in modules if m in COMMAND_MODULES) == ["driverd.cli.host_cmds"], modules
+    [(rc, out)], modules = _in_a_child(["completion", "--help"])
+    assert rc == 0 and "usage: driverd completion" in out and set(COMMAND_MODULES) <= set(modules)
+
+
 def test_capture_roundtrip(tmp_path):
     src = tmp_path / "src"
     write_host(src, HostSpec(pci=[h100("0000:1b:00.0", "nvidia")], sig_enforce=True,

@@ -99,6 +99,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     target = _OnlyCommand(sub, only) if only else sub
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(target, common)
+        if only and only in sub.choices:
+            break       # the modules after its own are not imported (host_cmds, detect's, comes first)
     if only and only not in sub.choices:
         return build_parser()           # an unknown command: argparse names the choices
     return parser
