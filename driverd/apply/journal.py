@@ -87,7 +87,11 @@ class Journal:
         self.root.atomic_write_json(self.hostpath, doc, 0o600)
 
     def new(self, command: str, steps: list[dict], meta: dict | None = None) -> dict:
-        return {"schema": SCHEMA, "run_id": time.strftime("%Y%m%dT%H%M%S") + "-" + os.urandom(3).hex(),
+        # the run id orders the archive (history, prune): to the microsecond, so that runs of one second
+        # keep the order they ran in, not the random suffix's
+        now = time.time()
+        run_id = f"{time.strftime('%Y%m%dT%H%M%S', time.localtime(now))}.{int(now % 1 * 1e6):06d}-{os.urandom(3).hex()}"
+        return {"schema": SCHEMA, "run_id": run_id,
                 "command": command, "state": "running", "started_at": time.time(), "meta": meta or {},
                 "steps": [{"action": s["action"], "params": s.get("params", {}), "reason": s.get("reason", ""),
                            "status": "pending"} for s in steps],

@@ -91,6 +91,28 @@ def test_journal_history_is_pruned_to_the_configured_count(loaded_host):
     assert journal(loaded_host)["command"] == "load"
 
 
+def test_runs_of_one_second_are_archived_and_pruned_in_the_order_they_ran(tmp_path, monkeypatch):
+    """Run ids order journal.d (history, prune, the last run status names): runs started within one second
+    (a command right after another) must keep the order they ran in, whatever their random suffix."""
+    import time
+    import types
+
+    from driverd.apply import journal as jmod
+    from driverd.root import Root
+    ticks = iter(1_790_000_000.0 + i * 0.001 for i in range(100))
+    # the journal module's clock, from the test side: every run within the same second
+    monkeypatch.setattr(jmod, "time", types.SimpleNamespace(time=lambda: next(ticks), localtime=time.localtime,
+                                                           strftime=time.strftime))
+    j = jmod.Journal(Root(tmp_path), keep=8)
+    ran = []
+    for i in range(30):
+        doc = j.new("load" if i % 2 else "reload", [])
+        j.archive(doc)
+        ran.append(doc["run_id"])
+    assert len({r[:15] for r in ran}) == 1                  # one second
+    assert j.history() == ran[-8:]                           # the newest kept, oldest first
+
+
 # -- any exception is a failed step ----------------------------------------------------------------
 
 def test_malformed_installed_manifest_fails_the_step_and_rolls_back(loaded_host):
