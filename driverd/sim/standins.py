@@ -116,7 +116,7 @@ class Kubelet:
     def _resync(self) -> None:
         pods = self.pods.snapshot()
         live = {p["metadata"]["uid"] for p in pods if not p["metadata"].get("deletionTimestamp")}
-        for name, sn in self.fleet.nodes.items():
+        for name, sn in list(self.fleet.nodes.items()):     # a node may join meanwhile (the fleet's thread)
             if sn.host is not None:
                 for uid in sn.host.pod_uids() - live:
                     sn.host.end_process(uid)
