@@ -221,8 +221,12 @@ def _init_for(cls: type, fields: tuple, frozen: bool):
         if post:
             self.__post_init__()
         calls += 1
-        if calls == HOT_AFTER and cls.__dict__.get("__init__") is __init__:
-            cls.__init__ = _compiled_init(cls, fields, frozen)
+        # >=: threads may both count past HOT_AFTER; the class's own __init__ is checked, so it switches once
+        if calls >= HOT_AFTER and cls.__dict__.get("__init__") is __init__:
+            try:
+                cls.__init__ = _compiled_init(cls, fields, frozen)
+            except Exception:       # the closure stays: a switch that fails must not fail this instance
+                calls = -(1 << 62)
 
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     __init__.__module__ = cls.__module__

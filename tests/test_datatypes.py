@@ -215,6 +215,17 @@ def test_init_binds_defaults_factories_and_errors_as_the_compiled_one(kw, heated
         assert str(o_err.value).replace(ours.__qualname__, "X") == str(s_err.value).replace(std.__qualname__, "X")
 
 
+def test_a_switch_that_fails_leaves_the_closure_and_makes_the_instance(monkeypatch):
+    def broken(*a):
+        raise RuntimeError("no compiler here")
+    monkeypatch.setattr(datatypes, "_compiled_init", broken)      # from the test side
+    std, ours = _pair(dict(frozen=True), _fields_body)
+    closure = ours.__init__
+    made = [ours(i) for i in range(datatypes.HOT_AFTER * 2)]
+    assert ours.__init__ is closure and made[-1] == ours(datatypes.HOT_AFTER * 2 - 1)
+    assert repr(made[7]) == repr(std(7)).replace(std.__qualname__, ours.__qualname__)
+
+
 @pytest.mark.parametrize("heated", HEAT, ids=["closure", "compiled"])
 def test_post_init_runs_and_a_subclass_sets_through_its_own_setattr(heated):
     seen = []
