@@ -169,12 +169,13 @@ def _seen(reading: Forked | None) -> dict | None:
     reads in this process, and nothing is lost."""
     if reading is None:
         return None
-    from driverd.host.forked import ChildFailed
-    from driverd.host.procscan import WORKER_TIMEOUT_S
-    try:
-        return {int(pid): (comm, devices) for pid, (comm, devices) in reading.answer(WORKER_TIMEOUT_S).items()}
-    except (ChildFailed, AttributeError, TypeError, ValueError):
-        return None
+    from driverd.host.procscan import answer_of
+    return answer_of(reading, _comm_and_devices)
+
+
+def _comm_and_devices(kept) -> tuple:
+    comm, devices = kept            # what processes.read_all keeps of a process; else not the pass's answer
+    return comm, devices
 
 
 def _userspace(workload, root: Root, loaded: str | None, driver_root: str | None) -> dict:

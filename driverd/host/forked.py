@@ -2,7 +2,7 @@
 
 For a process with one thread only (`can_fork()`): the child already holds every module its parent
 imported, so it starts at once and runs on another core while the parent goes on (NVML's report in
-`detect`, host/nvml.py; a share of every process's open files on a host with many, host/openfiles.py).
+`detect`, host/nvml.py; a share of every process's open files on a host with many, host/procscan.py).
 The child closes everything of the parent's but its pipe (a host lock, sockets: a child left waiting must
 not hold them after the parent has gone), takes the default action on a signal (the parent's handlers,
 Ctrl-C's clean-up, are not the child's) and leaves by `_exit` (never the parent's atexit handlers or

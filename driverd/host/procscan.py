@@ -18,6 +18,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 
+    from driverd.host.forked import Forked
     from driverd.root import Root
 
 # At least this many processes a worker: below it, the forks cost more than they save (a share of ~130
@@ -43,14 +44,20 @@ def each_process(root: Root, pids: list[int], read: Callable[[Root, int], Any]) 
             started.append((share, None))
     found: dict[int, Any] = {}
     for share, child in started:
-        got = None
-        if child is not None:
-            try:
-                got = {int(pid): answer for pid, answer in child.answer(WORKER_TIMEOUT_S).items()}
-            except (forked.ChildFailed, AttributeError, TypeError, ValueError):
-                got = None
+        got = answer_of(child) if child is not None else None
         found.update(_read(root, share, read) if got is None else got)
     return {pid: found[pid] for pid in pids if pid in found}
+
+
+def answer_of(child: Forked, each: Callable[[Any], Any] | None = None) -> dict[int, Any] | None:
+    """A pass's answer from the child that made it (pid -> what it kept, through `each`), waited for up to
+    WORKER_TIMEOUT_S; None where the child failed or its answer is not of that shape: the caller then reads
+    those processes itself, and nothing is lost."""
+    from driverd.host.forked import ChildFailed
+    try:
+        return {int(pid): (each(kept) if each else kept) for pid, kept in child.answer(WORKER_TIMEOUT_S).items()}
+    except (ChildFailed, AttributeError, TypeError, ValueError):
+        return None
 
 
 def _workers(root: Root, processes: int) -> int:

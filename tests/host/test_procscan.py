@@ -288,7 +288,7 @@ def test_a_failed_early_pass_is_read_again_and_a_failed_detect_leaves_none(nvlsm
     bad = tmp_path / "config.toml"
     bad.write_text("[runtime\n")
     got = _detect("detect", "--json", "--no-nvml", "--config", str(bad), env={"HANG_EARLY": "1"})
-    assert got["rc"] == 2 and got["forks"] and got["took"] < 20       # a pass that hangs does not hold it
+    assert got["rc"] == 2 and got["forks"] and got["took"] < 60       # a pass that hangs (120 s) does not hold it
     assert got["reaped"] and got["children"] == 0
 
 
@@ -346,3 +346,21 @@ def test_the_early_pass_imports_neither_the_facts_classes_nor_dataclasses():
     added, _ = json.loads(r.stdout)
     assert "driverd.host.processes" in added and "driverd.root" in added
     assert not {"dataclasses", "driverd.host.facts", "driverd.config", "typing", "inspect"} & set(added), added
+
+
+def test_a_pass_answer_of_another_shape_is_none_and_read_again():
+    """answer_of (the workers' and the early child's answers alike): what is not pid -> what the pass keeps
+    is no answer, so the caller reads those processes itself."""
+    got = _fresh("""
+import driverd.host as host
+from driverd.host.procscan import answer_of
+out = {}
+for name, made in (("good", {"7": [None, ["/dev/nvidia0"]]}), ("list", [1, 2]), ("pid", {"x": [None, []]}),
+                   ("short", {"7": [None]}), ("failed", None)):
+    child = forked.fork((lambda made=made: made) if made is not None else (lambda: 1 / 0))
+    out[name] = answer_of(child, host._comm_and_devices)
+print(json.dumps({"out": out, "reaped": reaped()}))
+""")
+    assert got["out"] == {"good": {"7": [None, ["/dev/nvidia0"]]}, "list": None, "pid": None, "short": None,
+                          "failed": None}
+    assert got["reaped"]
